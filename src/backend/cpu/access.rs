@@ -1,0 +1,268 @@
+//! The one place where CPU kernels touch raw memory.
+//!
+//! A [`TView`] is a tensor's layout plus a pointer to its first byte inside a
+//! live [`super::CpuBuffer`]. Invariants, established by
+//! [`super::CpuBackend::compute`] before any kernel runs:
+//! 1. `[ptr, ptr + span)` lies inside one CPU buffer that outlives the compute
+//!    call (the storage map holds an `Arc` to it), where `span` is the
+//!    tensor's `nbytes`.
+//! 2. Kernels only pass indices `i[k] < ne[k]` (checked with `debug_assert!`),
+//!    so every computed address is inside the span.
+//! 3. Within one node, threads write disjoint destination elements, and
+//!    reads of a source never overlap writes of the destination except in
+//!    the in-place case, where element `e` of the destination is written only
+//!    after element `e` (and no other element) of the source was read into
+//!    scratch by the same thread ([`TView::load_row_f32`] copies, it does not
+//!    borrow).
+//!
+//! No `&mut` reference to buffer memory is ever created here: reads and writes
+//! go through `ptr::read_unaligned`/`ptr::write_unaligned` and
+//! `ptr::copy_nonoverlapping` into caller-owned scratch, so aliasing views
+//! (a view and its source, in-place results) never form overlapping Rust
+//! references.
+
+use crate::error::Result;
+use crate::tensor::{quant, GgmlType, Tensor};
+use half::{bf16, f16};
+
+/// A tensor's layout and data pointer for kernels (see the module invariants).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TView {
+    ptr: *mut u8,
+    /// Element type.
+    pub ty: GgmlType,
+    /// Extents, `ne[0]` innermost.
+    pub ne: [usize; 4],
+    /// Byte strides.
+    pub nb: [usize; 4],
+    span: usize,
+}
+
+// SAFETY: a TView is a pointer into a buffer kept alive by the compute call;
+// concurrent use follows invariant 3 of the module docs.
+unsafe impl Send for TView {}
+// SAFETY: as above.
+unsafe impl Sync for TView {}
+
+impl TView {
+    /// # Safety
+    /// `ptr` must point to the first byte of `t`'s data and `[ptr, ptr + t.nbytes())`
+    /// must be valid for reads and writes for as long as the view is used.
+    pub(crate) unsafe fn new(ptr: *mut u8, t: &Tensor) -> Self {
+        TView {
+            ptr,
+            ty: t.ty,
+            ne: [t.ne[0] as usize, t.ne[1] as usize, t.ne[2] as usize, t.ne[3] as usize],
+            nb: t.nb,
+            span: t.nbytes(),
+        }
+    }
+
+    /// A view with the same pointer and a different layout, used by kernels
+    /// that reinterpret a tensor (e.g. as rows). The new layout must not reach
+    /// past the original span.
+    pub(crate) fn with_layout(&self, ty: GgmlType, ne: [usize; 4], nb: [usize; 4]) -> Option<TView> {
+        let ne_i = [ne[0] as i64, ne[1] as i64, ne[2] as i64, ne[3] as i64];
+        let span = crate::tensor::nbytes(ty, &ne_i, &nb);
+        (span <= self.span).then_some(TView { ptr: self.ptr, ty, ne, nb, span })
+    }
+
+    /// Element count.
+    pub fn nelements(&self) -> usize {
+        self.ne.iter().product()
+    }
+
+    /// Rows (`ne1·ne2·ne3`).
+    pub fn nrows(&self) -> usize {
+        self.ne[1] * self.ne[2] * self.ne[3]
+    }
+
+    /// Splits a flat row index into (i1, i2, i3).
+    pub fn row_index(&self, r: usize) -> (usize, usize, usize) {
+        let i1 = r % self.ne[1].max(1);
+        let i2 = (r / self.ne[1].max(1)) % self.ne[2].max(1);
+        let i3 = r / (self.ne[1].max(1) * self.ne[2].max(1));
+        (i1, i2, i3)
+    }
+
+    /// True if each row is packed (`nb[0] == type_size`).
+    pub fn rows_packed(&self) -> bool {
+        self.ne[0] <= 1 || self.nb[0] == self.ty.type_size()
+    }
+
+    /// True if the whole tensor is packed in ggml order.
+    pub fn is_contiguous(&self) -> bool {
+        let ne_i = [self.ne[0] as i64, self.ne[1] as i64, self.ne[2] as i64, self.ne[3] as i64];
+        crate::tensor::is_contiguous(self.ty, &ne_i, &self.nb)
+    }
+
+    #[inline]
+    fn offset(&self, i0: usize, i1: usize, i2: usize, i3: usize) -> usize {
+        debug_assert!(
+            i0 < self.ne[0].max(1) && i1 < self.ne[1].max(1) && i2 < self.ne[2].max(1) && i3 < self.ne[3].max(1)
+        );
+        (i0 / self.ty.block_size()) * self.nb[0] + i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3]
+    }
+
+    #[inline]
+    fn read<T: Copy>(&self, off: usize) -> T {
+        debug_assert!(off + std::mem::size_of::<T>() <= self.span);
+        // SAFETY: module invariants 1-2 keep `off` inside the span.
+        unsafe { std::ptr::read_unaligned(self.ptr.add(off) as *const T) }
+    }
+
+    #[inline]
+    fn write<T: Copy>(&self, off: usize, v: T) {
+        debug_assert!(off + std::mem::size_of::<T>() <= self.span);
+        // SAFETY: module invariants 1-3 (inside the span, disjoint writers).
+        unsafe { std::ptr::write_unaligned(self.ptr.add(off) as *mut T, v) }
+    }
+
+    /// Reads element (i0, i1, i2, i3) of a non-quantized tensor as f32
+    /// (integers are converted).
+    #[inline]
+    pub fn get_f32(&self, i0: usize, i1: usize, i2: usize, i3: usize) -> f32 {
+        let o = self.offset(i0, i1, i2, i3);
+        match self.ty {
+            GgmlType::F32 => self.read::<f32>(o),
+            GgmlType::F16 => f16::from_bits(self.read::<u16>(o)).to_f32(),
+            GgmlType::BF16 => bf16::from_bits(self.read::<u16>(o)).to_f32(),
+            GgmlType::F64 => self.read::<f64>(o) as f32,
+            GgmlType::I8 => self.read::<i8>(o) as f32,
+            GgmlType::I16 => self.read::<i16>(o) as f32,
+            GgmlType::I32 => self.read::<i32>(o) as f32,
+            GgmlType::I64 => self.read::<i64>(o) as f32,
+            _ => f32::NAN,
+        }
+    }
+
+    /// Writes element (i0, i1, i2, i3) of a non-quantized tensor from f32.
+    #[inline]
+    pub fn set_f32(&self, i0: usize, i1: usize, i2: usize, i3: usize, v: f32) {
+        let o = self.offset(i0, i1, i2, i3);
+        match self.ty {
+            GgmlType::F32 => self.write(o, v),
+            GgmlType::F16 => self.write(o, f16::from_f32(v).to_bits()),
+            GgmlType::BF16 => self.write(o, bf16::from_f32(v).to_bits()),
+            GgmlType::F64 => self.write(o, v as f64),
+            GgmlType::I8 => self.write(o, v as i8),
+            GgmlType::I16 => self.write(o, v as i16),
+            GgmlType::I32 => self.write(o, v as i32),
+            GgmlType::I64 => self.write(o, v as i64),
+            _ => {}
+        }
+    }
+
+    /// Reads an integer element (I8/I16/I32/I64; floats are truncated) as i64.
+    #[inline]
+    pub fn get_i64(&self, i0: usize, i1: usize, i2: usize, i3: usize) -> i64 {
+        let o = self.offset(i0, i1, i2, i3);
+        match self.ty {
+            GgmlType::I32 => self.read::<i32>(o) as i64,
+            GgmlType::I64 => self.read::<i64>(o),
+            GgmlType::I16 => self.read::<i16>(o) as i64,
+            GgmlType::I8 => self.read::<i8>(o) as i64,
+            _ => self.get_f32(i0, i1, i2, i3) as i64,
+        }
+    }
+
+    /// Writes an I32 element (argmax/top_k/argsort results).
+    #[inline]
+    pub fn set_i32(&self, i0: usize, i1: usize, i2: usize, i3: usize, v: i32) {
+        let o = self.offset(i0, i1, i2, i3);
+        match self.ty {
+            GgmlType::I64 => self.write(o, v as i64),
+            _ => self.write(o, v),
+        }
+    }
+
+    /// Copies the raw bytes of row (i1, i2, i3) into `out` (`out.len()` =
+    /// row bytes). Rows must be packed ([`Self::rows_packed`]).
+    pub fn load_row_bytes(&self, i1: usize, i2: usize, i3: usize, out: &mut [u8]) {
+        let o = self.offset(0, i1, i2, i3);
+        let n = out.len().min(self.span.saturating_sub(o));
+        // SAFETY: `[o, o+n)` is inside the span (clamped); `out` is caller-owned, so no overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr(), n) }
+    }
+
+    /// Copies `data` into the raw bytes of row (i1, i2, i3). Rows must be packed.
+    pub fn store_row_bytes(&self, i1: usize, i2: usize, i3: usize, data: &[u8]) {
+        let o = self.offset(0, i1, i2, i3);
+        let n = data.len().min(self.span.saturating_sub(o));
+        // SAFETY: inside the span; `data` is caller-owned scratch (invariant 3).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o), n) }
+    }
+
+    /// Loads row (i1, i2, i3) as f32 into `out` (`out.len()` = `ne[0]`),
+    /// converting from any float, integer or quantized type and following
+    /// `nb[0]` for strided rows.
+    pub fn load_row_f32(&self, i1: usize, i2: usize, i3: usize, out: &mut [f32]) -> Result<()> {
+        let n = self.ne[0].min(out.len());
+        if self.ty.is_quantized() {
+            let rb = (n / self.ty.block_size()) * self.ty.type_size();
+            let mut raw = vec![0u8; rb];
+            self.load_row_bytes(i1, i2, i3, &mut raw);
+            return quant::dequantize_row(self.ty, &raw, &mut out[..n]);
+        }
+        if self.ty == GgmlType::F32 && self.rows_packed() {
+            let o = self.offset(0, i1, i2, i3);
+            debug_assert!(o + 4 * n <= self.span);
+            // SAFETY: inside the span; `out` is caller-owned.
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o) as *const f32, out.as_mut_ptr(), n) }
+            return Ok(());
+        }
+        for (i0, v) in out[..n].iter_mut().enumerate() {
+            *v = self.get_f32(i0, i1, i2, i3);
+        }
+        Ok(())
+    }
+
+    /// Stores `data` (`ne[0]` values) into row (i1, i2, i3), converting to the
+    /// tensor's type (quantized types use the reference quantizer).
+    pub fn store_row_f32(&self, i1: usize, i2: usize, i3: usize, data: &[f32]) -> Result<()> {
+        let n = self.ne[0].min(data.len());
+        if self.ty.is_quantized() {
+            let rb = (n / self.ty.block_size()) * self.ty.type_size();
+            let mut raw = vec![0u8; rb];
+            quant::quantize_chunk(self.ty, &data[..n], &mut raw, 1, n)?;
+            self.store_row_bytes(i1, i2, i3, &raw);
+            return Ok(());
+        }
+        if self.ty == GgmlType::F32 && self.rows_packed() {
+            let o = self.offset(0, i1, i2, i3);
+            debug_assert!(o + 4 * n <= self.span);
+            // SAFETY: inside the span; `data` is caller-owned scratch (invariant 3).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o) as *mut f32, n) }
+            return Ok(());
+        }
+        for (i0, &v) in data[..n].iter().enumerate() {
+            self.set_f32(i0, i1, i2, i3, v);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Context;
+
+    #[test]
+    fn strided_rows_round_trip_through_scratch() {
+        let mut ctx = Context::new();
+        let id = ctx.new_tensor_2d(GgmlType::F16, 3, 2).unwrap();
+        let t = ctx.tensor(id).unwrap().clone();
+        let mut mem = vec![0u8; t.nbytes()];
+        // SAFETY: `mem` holds exactly the tensor's bytes and outlives `v`.
+        let v = unsafe { TView::new(mem.as_mut_ptr(), &t) };
+        v.store_row_f32(1, 0, 0, &[1.0, -2.5, 3.0]).unwrap();
+        let mut out = [0f32; 3];
+        v.load_row_f32(1, 0, 0, &mut out).unwrap();
+        assert_eq!(out, [1.0, -2.5, 3.0]);
+        assert_eq!(v.get_f32(1, 1, 0, 0), -2.5);
+        // A transposed layout over the same bytes reads column-wise.
+        let tv = v.with_layout(GgmlType::F16, [2, 3, 1, 1], [6, 2, 12, 12]).unwrap();
+        assert_eq!(tv.get_f32(1, 2, 0, 0), 3.0);
+        assert!(v.with_layout(GgmlType::F16, [4, 2, 1, 1], [2, 8, 16, 16]).is_none());
+    }
+}

@@ -1,0 +1,244 @@
+//! The CPU backend: the reference implementation of every op, multi-threaded
+//! (one rayon pool per instance) with SIMD where it pays. Several instances
+//! in one process are independent devices, each with its own buffers and
+//! threads (the virtual devices of the meta backend).
+
+mod access;
+pub(crate) mod kernels;
+
+pub(crate) use access::TView;
+
+use super::{Backend, Buffer, BufferType, DeviceInfo, DeviceKind, TensorStorage};
+use crate::error::{Error, Result};
+use crate::graph::{Context, Graph};
+use crate::ops::Op;
+use crate::tensor::TensorId;
+use smallvec::SmallVec;
+use std::alloc::Layout;
+use std::any::Any;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Alignment of CPU buffers and of tensor offsets in them, in bytes
+/// (ggml's `TENSOR_ALIGNMENT` is 32; 64 keeps AVX-512 loads in one line).
+pub const CPU_ALIGNMENT: usize = 64;
+
+static NEXT_CPU: AtomicU32 = AtomicU32::new(0);
+
+/// Configuration of a CPU backend instance.
+#[derive(Clone, Debug)]
+pub struct CpuConfig {
+    /// Worker threads (≥ 1). Default: the machine's available parallelism.
+    pub n_threads: usize,
+    /// Largest single buffer, in bytes (default `usize::MAX / 2`); lower it to
+    /// make the graph allocator split across several buffers.
+    pub max_buffer_size: usize,
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        CpuConfig {
+            n_threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            max_buffer_size: usize::MAX / 2,
+        }
+    }
+}
+
+/// A CPU device with its own thread pool and buffers.
+pub struct CpuBackend {
+    name: String,
+    config: CpuConfig,
+    pool: rayon::ThreadPool,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend").field("name", &self.name).field("config", &self.config).finish()
+    }
+}
+
+impl CpuBackend {
+    /// A CPU device with `config.n_threads` worker threads.
+    ///
+    /// # Errors
+    /// [`Error::Compute`] if `n_threads` is 0 or the pool cannot start.
+    pub fn new(config: CpuConfig) -> Result<Self> {
+        if config.n_threads == 0 {
+            return Err(Error::Compute { detail: "CpuConfig::n_threads must be at least 1".into() });
+        }
+        let n = NEXT_CPU.fetch_add(1, Ordering::Relaxed);
+        let name = format!("CPU{n}");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.n_threads)
+            .thread_name(move |i| format!("shardgraph-cpu{n}-{i}"))
+            .build()
+            .map_err(|e| Error::Compute { detail: format!("thread pool: {e}") })?;
+        Ok(CpuBackend { name, config, pool })
+    }
+
+    /// A CPU device with `n_threads` threads and default limits.
+    ///
+    /// # Errors
+    /// As [`CpuBackend::new`].
+    pub fn with_threads(n_threads: usize) -> Result<Self> {
+        Self::new(CpuConfig { n_threads, ..CpuConfig::default() })
+    }
+
+    /// Worker thread count.
+    pub fn n_threads(&self) -> usize {
+        self.config.n_threads
+    }
+
+    fn view(&self, ctx: &Context, storage: &TensorStorage, id: TensorId) -> Result<TView> {
+        let t = ctx.t(id);
+        let (buf, offs) = storage.locate(ctx, id)?;
+        let cpu = buf
+            .as_any()
+            .downcast_ref::<CpuBuffer>()
+            .ok_or_else(|| Error::Compute { detail: format!("tensor {:?} lives in a non-CPU buffer", t.name) })?;
+        let n = t.nbytes();
+        if offs.checked_add(n).is_none_or(|e| e > cpu.size) {
+            return Err(Error::OutOfBounds {
+                detail: format!("tensor {:?} at {offs}+{n} exceeds its buffer of {}", t.name, cpu.size),
+            });
+        }
+        // SAFETY: [offs, offs+n) was just checked to lie inside `cpu`, which the
+        // storage's Arc keeps alive for the whole compute call.
+        Ok(unsafe { TView::new(cpu.ptr.add(offs), t) })
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn device(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: self.name.clone(),
+            description: format!("CPU, {} threads", self.config.n_threads),
+            kind: DeviceKind::Cpu,
+            memory_total: 0,
+        }
+    }
+
+    fn buffer_type(&self) -> BufferType {
+        BufferType { name: "CPU".into(), alignment: CPU_ALIGNMENT, max_size: self.config.max_buffer_size }
+    }
+
+    fn alloc_buffer(&self, size: usize) -> Result<Arc<dyn Buffer>> {
+        if size > self.config.max_buffer_size {
+            return Err(Error::Alloc {
+                detail: format!("{size} bytes exceeds the CPU buffer maximum {}", self.config.max_buffer_size),
+            });
+        }
+        Ok(Arc::new(CpuBuffer::new(size)?))
+    }
+
+    fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
+        ctx.tensor(id).map(|t| kernels::supports(ctx, t)).unwrap_or(false)
+    }
+
+    fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
+        if graph.context_id() != ctx.id() {
+            return Err(Error::ForeignTensor {
+                id: 0,
+                ctx: ctx.id(),
+                detail: format!("graph was built from context {}", graph.context_id()),
+            });
+        }
+        self.pool.install(|| {
+            for &id in &graph.nodes {
+                let t = ctx.t(id);
+                if matches!(t.op, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose) {
+                    continue;
+                }
+                if t.nelements() == 0 {
+                    continue;
+                }
+                let dst = self.view(ctx, storage, id)?;
+                let src: SmallVec<[TView; 6]> =
+                    t.src.iter().map(|&s| self.view(ctx, storage, s)).collect::<Result<_>>()?;
+                // Contain a kernel panic (a bug, never expected) as an error.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernels::compute(&t.op, &dst, &src)))
+                    .map_err(|_| Error::Compute {
+                        detail: format!("kernel for {} on {} panicked", t.op.name(), t.describe()),
+                    })??;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A zero-initialised, [`CPU_ALIGNMENT`]-aligned host allocation.
+pub struct CpuBuffer {
+    ptr: *mut u8,
+    size: usize,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is plain memory; concurrent access follows the kernel
+// invariants in `access.rs` (disjoint writers) and the `set`/`get` copies.
+unsafe impl Send for CpuBuffer {}
+// SAFETY: as above.
+unsafe impl Sync for CpuBuffer {}
+
+impl std::fmt::Debug for CpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CpuBuffer({} bytes)", self.size)
+    }
+}
+
+impl CpuBuffer {
+    fn new(size: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(size.max(1), CPU_ALIGNMENT)
+            .map_err(|e| Error::Alloc { detail: format!("{size} bytes: {e}") })?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::Alloc { detail: format!("out of memory allocating {size} bytes") });
+        }
+        Ok(CpuBuffer { ptr, size, layout })
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|e| e > self.size) {
+            return Err(Error::OutOfBounds {
+                detail: format!("bytes {offset}..+{len} of a {}-byte buffer", self.size),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CpuBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+impl Buffer for CpuBuffer {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        // SAFETY: range checked; `data` is a caller slice, never buffer memory handed out as a reference.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
+        Ok(())
+    }
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len())?;
+        // SAFETY: range checked; `out` is caller-owned.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+    fn clear(&self, value: u8) {
+        // SAFETY: the whole allocation.
+        unsafe { std::ptr::write_bytes(self.ptr, value, self.size) };
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,105 @@
+//! The backend interface: devices, buffer types, buffers, tensor storage,
+//! `compute(graph)` and `supports_op`. CPU is always present and is the
+//! reference; CUDA and HIP sit behind cargo features.
+
+pub mod cpu;
+mod storage;
+
+pub use storage::TensorStorage;
+
+use crate::error::Result;
+use crate::graph::{Context, Graph};
+use crate::tensor::TensorId;
+use std::any::Any;
+use std::sync::Arc;
+
+/// What a device is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// Host CPU (one instance per virtual device).
+    Cpu,
+    /// A GPU.
+    Gpu,
+}
+
+/// A device's description.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Short name, unique in the process ("CPU0", "CUDA1", …).
+    pub name: String,
+    /// Human description.
+    pub description: String,
+    /// Kind.
+    pub kind: DeviceKind,
+    /// Memory the device reports, in bytes (0 if unknown).
+    pub memory_total: usize,
+}
+
+/// A buffer type: where and how a backend allocates.
+#[derive(Clone, Debug)]
+pub struct BufferType {
+    /// Name.
+    pub name: String,
+    /// Required alignment of tensor offsets, in bytes (power of two).
+    pub alignment: usize,
+    /// Largest single buffer, in bytes; the allocator splits above it.
+    pub max_size: usize,
+}
+
+/// Memory owned by a backend. Reads and writes take byte offsets; out-of-range
+/// access is an error, not a panic. Interior mutability: a buffer is shared
+/// (`Arc`) between the storage map and running kernels.
+pub trait Buffer: Send + Sync + std::fmt::Debug {
+    /// Size in bytes.
+    fn size(&self) -> usize;
+    /// Writes `data` at byte `offset`.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfBounds`] if `offset + data.len()` exceeds the size.
+    fn set(&self, offset: usize, data: &[u8]) -> Result<()>;
+    /// Reads `out.len()` bytes from byte `offset`.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfBounds`] if the range exceeds the size.
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Fills the whole buffer with `value`.
+    fn clear(&self, value: u8);
+    /// For downcasting to the backend's concrete type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A compute backend instance (one device).
+pub trait Backend: Send + Sync {
+    /// Backend name ("CPU", "CUDA", …).
+    fn name(&self) -> &str;
+    /// The device this instance drives.
+    fn device(&self) -> DeviceInfo;
+    /// Its default buffer type.
+    fn buffer_type(&self) -> BufferType;
+    /// Allocates a zero-filled buffer of `size` bytes.
+    ///
+    /// # Errors
+    /// [`crate::Error::Alloc`] if `size` exceeds the buffer type's maximum or memory runs out.
+    fn alloc_buffer(&self, size: usize) -> Result<Arc<dyn Buffer>>;
+    /// True if this backend can compute node `id` of `ctx` (op, types, layout).
+    fn supports_op(&self, ctx: &Context, id: TensorId) -> bool;
+    /// Computes every node of `graph`, reading and writing tensors through
+    /// `storage`. Every node and leaf of the graph must have storage.
+    ///
+    /// # Errors
+    /// [`crate::Error::NoStorage`], [`crate::Error::UnsupportedOp`],
+    /// [`crate::Error::Compute`].
+    fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()>;
+}
+
+/// Copies tensor `id`'s bytes from one storage (any backend) to another
+/// (`ggml_backend_tensor_copy`), through host memory.
+///
+/// # Errors
+/// [`crate::Error::NoStorage`] if either side has no storage for `id`.
+pub fn copy_tensor(ctx: &Context, id: TensorId, from: &TensorStorage, to: &TensorStorage) -> Result<()> {
+    let t = ctx.tensor(id)?;
+    let mut tmp = vec![0u8; t.nbytes()];
+    from.get_bytes(ctx, id, 0, &mut tmp)?;
+    to.set_bytes(ctx, id, 0, &tmp)
+}

@@ -1,0 +1,307 @@
+//! Where each tensor's bytes live: a map from tensor to (buffer, byte offset).
+//! Views resolve to their storage owner plus the view offset.
+
+use super::{Backend, Buffer};
+use crate::error::{Error, Result};
+use crate::graph::Context;
+use crate::tensor::{GgmlType, TensorId};
+use half::{bf16, f16};
+use std::sync::Arc;
+
+/// Tensor → (buffer, offset) placements for one context, plus the buffers.
+#[derive(Debug, Default, Clone)]
+pub struct TensorStorage {
+    pub(crate) ctx_id: Option<u32>,
+    pub(crate) buffers: Vec<Arc<dyn Buffer>>,
+    /// Indexed by tensor index: (buffer index, byte offset) for storage owners.
+    pub(crate) slots: Vec<Option<(usize, usize)>>,
+}
+
+impl TensorStorage {
+    /// An empty storage map.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The buffers, in the order they were added.
+    pub fn buffers(&self) -> &[Arc<dyn Buffer>] {
+        &self.buffers
+    }
+
+    /// Total bytes of all buffers.
+    pub fn total_bytes(&self) -> usize {
+        self.buffers.iter().map(|b| b.size()).sum()
+    }
+
+    pub(crate) fn bind_ctx(&mut self, ctx: &Context) -> Result<()> {
+        match self.ctx_id {
+            Some(c) if c != ctx.id() => {
+                Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail: format!("storage belongs to context {c}") })
+            }
+            _ => {
+                self.ctx_id = Some(ctx.id());
+                if self.slots.len() < ctx.len() {
+                    self.slots.resize(ctx.len(), None);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds a buffer; returns its index.
+    pub(crate) fn add_buffer(&mut self, b: Arc<dyn Buffer>) -> usize {
+        self.buffers.push(b);
+        self.buffers.len() - 1
+    }
+
+    /// Places storage owner `id` at (`buffer`, `offset`).
+    pub(crate) fn place(&mut self, id: TensorId, buffer: usize, offset: usize) {
+        if self.slots.len() <= id.index() {
+            self.slots.resize(id.index() + 1, None);
+        }
+        self.slots[id.index()] = Some((buffer, offset));
+    }
+
+    /// True if `id` (or, for a view, its storage owner) has storage.
+    pub fn has_storage(&self, ctx: &Context, id: TensorId) -> bool {
+        self.locate(ctx, id).is_ok()
+    }
+
+    /// (buffer, byte offset of the tensor's first byte) for `id`.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`], [`Error::NoStorage`].
+    pub fn locate(&self, ctx: &Context, id: TensorId) -> Result<(&Arc<dyn Buffer>, usize)> {
+        let t = ctx.tensor(id)?;
+        if self.ctx_id.is_some_and(|c| c != ctx.id()) {
+            return Err(Error::ForeignTensor {
+                id: id.idx,
+                ctx: ctx.id(),
+                detail: "storage belongs to another context".into(),
+            });
+        }
+        let (owner, offs) = match t.view_src {
+            Some(o) => (o, t.view_offs),
+            None => (id, 0),
+        };
+        match self.slots.get(owner.index()).copied().flatten() {
+            Some((b, o)) => Ok((&self.buffers[b], o + offs)),
+            None => {
+                Err(Error::NoStorage { name: t.name.clone(), detail: format!("{} is not allocated", t.describe()) })
+            }
+        }
+    }
+
+    /// Allocates one buffer on `backend` holding every tensor in `ids` that is
+    /// a storage owner without storage yet (ggml's
+    /// `ggml_backend_alloc_ctx_tensors`, for weights and caches).
+    /// Returns the buffer's size in bytes.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`], [`Error::Alloc`].
+    pub fn alloc_tensors(&mut self, backend: &dyn Backend, ctx: &Context, ids: &[TensorId]) -> Result<usize> {
+        self.bind_ctx(ctx)?;
+        let align = backend.buffer_type().alignment.max(1);
+        let mut offs = 0usize;
+        let mut todo = Vec::new();
+        for &id in ids {
+            let t = ctx.tensor(id)?;
+            if t.view_src.is_some()
+                || self.slots.get(id.index()).copied().flatten().is_some()
+                || todo.iter().any(|(i, _)| *i == id)
+            {
+                continue;
+            }
+            todo.push((id, offs));
+            offs = offs
+                .checked_add(t.nbytes().div_ceil(align) * align)
+                .ok_or_else(|| Error::Alloc { detail: "size overflow".into() })?;
+        }
+        let b = backend.alloc_buffer(offs.max(align))?;
+        let bi = self.add_buffer(b);
+        for (id, o) in todo {
+            self.place(id, bi, o);
+        }
+        Ok(offs)
+    }
+
+    fn check_range(&self, ctx: &Context, id: TensorId, offset: usize, len: usize) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        let n = t.nbytes();
+        if offset.checked_add(len).is_none_or(|e| e > n) {
+            return Err(Error::OutOfBounds {
+                detail: format!("bytes {offset}..+{len} of tensor {:?} ({} bytes)", t.name, n),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes raw bytes into `id` starting at byte `offset` of its span
+    /// (`ggml_backend_tensor_set`). For a non-contiguous view the bytes are
+    /// its storage span as laid out in memory.
+    ///
+    /// # Errors
+    /// [`Error::NoStorage`], [`Error::OutOfBounds`].
+    pub fn set_bytes(&self, ctx: &Context, id: TensorId, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range(ctx, id, offset, data.len())?;
+        let (b, o) = self.locate(ctx, id)?;
+        b.set(o + offset, data)
+    }
+
+    /// Reads raw bytes of `id` from byte `offset` (`ggml_backend_tensor_get`).
+    ///
+    /// # Errors
+    /// [`Error::NoStorage`], [`Error::OutOfBounds`].
+    pub fn get_bytes(&self, ctx: &Context, id: TensorId, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(ctx, id, offset, out.len())?;
+        let (b, o) = self.locate(ctx, id)?;
+        b.get(o + offset, out)
+    }
+
+    /// Writes `data` (one value per element, ggml order) into a contiguous
+    /// tensor of type F32, F16 or BF16 (converted), or any quantized type
+    /// (quantized with ggml's reference quantizer).
+    ///
+    /// # Errors
+    /// [`Error::DataMismatch`] if `data.len()` differs from the element count
+    /// or the tensor is not contiguous; [`Error::UnsupportedType`] for integer types.
+    pub fn set_f32(&self, ctx: &Context, id: TensorId, data: &[f32]) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        if data.len() as i64 != t.nelements() || !t.is_contiguous() {
+            return Err(Error::DataMismatch {
+                name: t.name.clone(),
+                detail: format!("{} values for {} (contiguous: {})", data.len(), t.describe(), t.is_contiguous()),
+            });
+        }
+        let bytes = encode_f32(t.ty, data, t.ne[0] as usize)?;
+        self.set_bytes(ctx, id, 0, &bytes)
+    }
+
+    /// Reads a tensor of any float or quantized type as f32 values in ggml
+    /// element order (`ne[0]` fastest), following its strides (views and
+    /// permuted tensors read their logical elements).
+    ///
+    /// # Errors
+    /// [`Error::NoStorage`]; [`Error::UnsupportedType`] for integer types (use [`Self::get_i32`]).
+    pub fn get_f32(&self, ctx: &Context, id: TensorId) -> Result<Vec<f32>> {
+        let t = ctx.tensor(id)?.clone();
+        let span = t.nbytes();
+        let mut raw = vec![0u8; span];
+        self.get_bytes(ctx, id, 0, &mut raw)?;
+        let ne0 = t.ne[0] as usize;
+        let mut out = Vec::with_capacity(t.nelements().max(0) as usize);
+        let mut row = vec![0f32; ne0];
+        let rb = t.row_bytes();
+        for i3 in 0..t.ne[3] as usize {
+            for i2 in 0..t.ne[2] as usize {
+                for i1 in 0..t.ne[1] as usize {
+                    let base = i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+                    if t.ty.is_quantized() || t.nb[0] == t.ty.type_size() {
+                        decode_f32(t.ty, &raw[base..base + rb], &mut row)?;
+                    } else {
+                        let ts = t.ty.type_size();
+                        for (i0, r) in row.iter_mut().enumerate() {
+                            let o = base + i0 * t.nb[0];
+                            let mut v = [0f32; 1];
+                            decode_f32(t.ty, &raw[o..o + ts], &mut v)?;
+                            *r = v[0];
+                        }
+                    }
+                    out.extend_from_slice(&row);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes I32 values into a contiguous I32 tensor (positions, row ids).
+    ///
+    /// # Errors
+    /// [`Error::DataMismatch`] on a wrong type, length or a non-contiguous tensor.
+    pub fn set_i32(&self, ctx: &Context, id: TensorId, data: &[i32]) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        if t.ty != GgmlType::I32 || data.len() as i64 != t.nelements() || !t.is_contiguous() {
+            return Err(Error::DataMismatch {
+                name: t.name.clone(),
+                detail: format!("{} i32 values for {}", data.len(), t.describe()),
+            });
+        }
+        self.set_bytes(ctx, id, 0, bytemuck::cast_slice(data))
+    }
+
+    /// Writes I64 values into a contiguous I64 tensor (set_rows indices).
+    ///
+    /// # Errors
+    /// [`Error::DataMismatch`] on a wrong type, length or a non-contiguous tensor.
+    pub fn set_i64(&self, ctx: &Context, id: TensorId, data: &[i64]) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        if t.ty != GgmlType::I64 || data.len() as i64 != t.nelements() || !t.is_contiguous() {
+            return Err(Error::DataMismatch {
+                name: t.name.clone(),
+                detail: format!("{} i64 values for {}", data.len(), t.describe()),
+            });
+        }
+        self.set_bytes(ctx, id, 0, bytemuck::cast_slice(data))
+    }
+
+    /// Reads a contiguous I32 tensor (argmax, top_k, argsort results).
+    ///
+    /// # Errors
+    /// [`Error::DataMismatch`] on a wrong type or a non-contiguous tensor.
+    pub fn get_i32(&self, ctx: &Context, id: TensorId) -> Result<Vec<i32>> {
+        let t = ctx.tensor(id)?;
+        if t.ty != GgmlType::I32 || !t.is_contiguous() {
+            return Err(Error::DataMismatch { name: t.name.clone(), detail: format!("get_i32 on {}", t.describe()) });
+        }
+        let mut raw = vec![0u8; t.nbytes()];
+        self.get_bytes(ctx, id, 0, &mut raw)?;
+        Ok(raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
+/// Encodes f32 values as `ty` (rows of `ne0` for quantized types).
+pub(crate) fn encode_f32(ty: GgmlType, data: &[f32], ne0: usize) -> Result<Vec<u8>> {
+    Ok(match ty {
+        GgmlType::F32 => bytemuck::cast_slice(data).to_vec(),
+        GgmlType::F16 => data.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect(),
+        GgmlType::BF16 => data.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
+        GgmlType::F64 => data.iter().flat_map(|&x| (x as f64).to_le_bytes()).collect(),
+        t if t.is_quantized() => {
+            let nrows = if ne0 == 0 { 0 } else { data.len() / ne0 };
+            let rs = t.row_size(ne0 as i64)?;
+            let mut out = vec![0u8; rs * nrows];
+            crate::tensor::quant::quantize_chunk(t, data, &mut out, nrows, ne0)?;
+            out
+        }
+        t => return Err(Error::unsupported_type(t, "set_f32 needs a float or quantized tensor")),
+    })
+}
+
+/// Decodes a packed run of `ty` values (whole blocks for quantized types) into `out`.
+pub(crate) fn decode_f32(ty: GgmlType, raw: &[u8], out: &mut [f32]) -> Result<()> {
+    match ty {
+        GgmlType::F32 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        GgmlType::BF16 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        GgmlType::F64 => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(8)) {
+                *o = f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32;
+            }
+        }
+        t if t.is_quantized() => crate::tensor::quant::dequantize_row(t, raw, out)?,
+        t => return Err(Error::unsupported_type(t, "not a float type")),
+    }
+    Ok(())
+}

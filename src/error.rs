@@ -1,0 +1,113 @@
+//! Typed errors. Every public function that takes caller input returns
+//! [`Result`]; nothing a caller can pass makes the crate panic.
+
+use crate::tensor::GgmlType;
+
+/// The crate's error type.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum Error {
+    /// An op constructor rejected its operands. `op` is ggml's op name
+    /// (`"mul_mat"`, `"rope_ext"`, …), `operand` names the offending input
+    /// (`"src0"`, `"mask"`, …), `detail` gives the shapes/types involved.
+    #[error("{op}: invalid {operand}: {detail}")]
+    InvalidOperand {
+        /// ggml op name.
+        op: &'static str,
+        /// Which operand is wrong.
+        operand: &'static str,
+        /// Shapes and types, in ggml order (`ne[0]` first).
+        detail: String,
+    },
+    /// A tensor id that does not belong to this context (or is out of range).
+    #[error("tensor id {id} does not belong to context {ctx} ({detail})")]
+    ForeignTensor {
+        /// The raw id.
+        id: u32,
+        /// The context that was asked.
+        ctx: u32,
+        /// What was being done.
+        detail: String,
+    },
+    /// A shape that is not valid for a tensor (negative extents, overflow).
+    #[error("invalid shape {ne:?}: {detail}")]
+    InvalidShape {
+        /// The rejected `ne`.
+        ne: Vec<i64>,
+        /// Why.
+        detail: String,
+    },
+    /// A type id that ggml does not define, or a type an operation cannot handle.
+    #[error("unsupported type {ty}: {detail}")]
+    UnsupportedType {
+        /// Type name.
+        ty: String,
+        /// Why.
+        detail: String,
+    },
+    /// A view or byte range outside its source's storage.
+    #[error("out of bounds: {detail}")]
+    OutOfBounds {
+        /// Offsets and sizes in bytes.
+        detail: String,
+    },
+    /// Tensor data access on a tensor that has no storage yet.
+    #[error("tensor {name:?} has no storage: {detail}")]
+    NoStorage {
+        /// Tensor name (may be empty).
+        name: String,
+        /// Why.
+        detail: String,
+    },
+    /// Buffer data of the wrong length or type for a tensor.
+    #[error("data mismatch for tensor {name:?}: {detail}")]
+    DataMismatch {
+        /// Tensor name (may be empty).
+        name: String,
+        /// Expected and given sizes.
+        detail: String,
+    },
+    /// A backend cannot run an op (type or layout combination it lacks).
+    #[error("backend {backend} does not support {op} ({detail})")]
+    UnsupportedOp {
+        /// Backend name.
+        backend: String,
+        /// Op name.
+        op: &'static str,
+        /// Types/shapes.
+        detail: String,
+    },
+    /// An allocation request the backend cannot satisfy.
+    #[error("allocation failed: {detail}")]
+    Alloc {
+        /// Sizes in bytes.
+        detail: String,
+    },
+    /// A graph that cannot be built (a cycle, no outputs, …).
+    #[error("graph: {detail}")]
+    Graph {
+        /// Why.
+        detail: String,
+    },
+    /// A backend failure during compute (including a kernel that panicked;
+    /// the panic is contained and reported here).
+    #[error("compute failed: {detail}")]
+    Compute {
+        /// Why.
+        detail: String,
+    },
+}
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Shorthand for [`Error::InvalidOperand`].
+    pub(crate) fn operand(op: &'static str, operand: &'static str, detail: impl Into<String>) -> Self {
+        Error::InvalidOperand { op, operand, detail: detail.into() }
+    }
+
+    /// Shorthand for [`Error::UnsupportedType`].
+    pub(crate) fn unsupported_type(ty: GgmlType, detail: impl Into<String>) -> Self {
+        Error::UnsupportedType { ty: ty.name().to_string(), detail: detail.into() }
+    }
+}

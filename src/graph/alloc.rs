@@ -1,0 +1,1 @@
+//! The graph allocator (ggml's `gallocr`): see the module's constructors.

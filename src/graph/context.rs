@@ -1,0 +1,253 @@
+//! The graph arena: a [`Context`] owns tensor descriptors addressed by
+//! [`TensorId`]s. Op constructors (in `crate::ops`) add nodes to it.
+
+use crate::error::{Error, Result};
+use crate::ops::Op;
+use crate::tensor::{contiguous_strides, nbytes, GgmlType, Tensor, TensorFlags, TensorId, MAX_DIMS};
+use smallvec::SmallVec;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static NEXT_CONTEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+/// Largest element count accepted in one dimension and in total (2^48), so
+/// byte sizes never overflow `usize` arithmetic.
+pub const MAX_ELEMENTS: i64 = 1 << 48;
+
+/// An arena of tensor descriptors (ggml's `ggml_context` with `no_alloc`):
+/// tensors are created here, data lives in backend buffers.
+#[derive(Debug)]
+pub struct Context {
+    id: u32,
+    tensors: Vec<Tensor>,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Context {
+    /// An empty context with a process-unique id.
+    pub fn new() -> Self {
+        Context { id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed), tensors: Vec::new() }
+    }
+
+    /// This context's id (stored in every [`TensorId`] it hands out).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Number of tensors created so far.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True if no tensor was created.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// All tensor ids in creation order.
+    pub fn ids(&self) -> impl Iterator<Item = TensorId> + '_ {
+        let ctx = self.id;
+        (0..self.tensors.len() as u32).map(move |idx| TensorId { ctx, idx })
+    }
+
+    /// The descriptor of `id`.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] if `id` comes from another context.
+    pub fn tensor(&self, id: TensorId) -> Result<&Tensor> {
+        if id.ctx != self.id {
+            return Err(Error::ForeignTensor {
+                id: id.idx,
+                ctx: self.id,
+                detail: format!("handle from context {}", id.ctx),
+            });
+        }
+        self.tensors.get(id.idx as usize).ok_or_else(|| Error::ForeignTensor {
+            id: id.idx,
+            ctx: self.id,
+            detail: "index out of range".into(),
+        })
+    }
+
+    /// Descriptor access for ids already validated (crate-internal; ids stored
+    /// in a context's own tensors always belong to it).
+    pub(crate) fn t(&self, id: TensorId) -> &Tensor {
+        &self.tensors[id.idx as usize]
+    }
+
+    /// Validated access for op constructors: names the op and operand in the error.
+    pub(crate) fn operand(&self, id: TensorId, op: &'static str, operand: &'static str) -> Result<&Tensor> {
+        self.tensor(id).map_err(|e| Error::operand(op, operand, e.to_string()))
+    }
+
+    /// Looks a tensor up by name (first match in creation order).
+    pub fn find(&self, name: &str) -> Option<TensorId> {
+        self.tensors.iter().position(|t| t.name == name).map(|i| TensorId { ctx: self.id, idx: i as u32 })
+    }
+
+    /// A new leaf tensor of type `ty` with `ne.len()` (1..=4) dims; missing
+    /// dims are 1. Strides are contiguous.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] for 0 or more than 4 dims, a negative extent,
+    /// more than [`MAX_ELEMENTS`] elements, or `ne[0]` not a multiple of the
+    /// type's block size.
+    pub fn new_tensor(&mut self, ty: GgmlType, ne: &[i64]) -> Result<TensorId> {
+        if ne.is_empty() || ne.len() > MAX_DIMS {
+            return Err(Error::InvalidShape { ne: ne.to_vec(), detail: "a tensor has 1 to 4 dims".into() });
+        }
+        let mut full = [1i64; MAX_DIMS];
+        full[..ne.len()].copy_from_slice(ne);
+        self.push_op(ty, full, Op::None, &[])
+    }
+
+    /// `new_tensor(ty, &[ne0])`.
+    pub fn new_tensor_1d(&mut self, ty: GgmlType, ne0: i64) -> Result<TensorId> {
+        self.new_tensor(ty, &[ne0])
+    }
+    /// `new_tensor(ty, &[ne0, ne1])`.
+    pub fn new_tensor_2d(&mut self, ty: GgmlType, ne0: i64, ne1: i64) -> Result<TensorId> {
+        self.new_tensor(ty, &[ne0, ne1])
+    }
+    /// `new_tensor(ty, &[ne0, ne1, ne2])`.
+    pub fn new_tensor_3d(&mut self, ty: GgmlType, ne0: i64, ne1: i64, ne2: i64) -> Result<TensorId> {
+        self.new_tensor(ty, &[ne0, ne1, ne2])
+    }
+    /// `new_tensor(ty, &[ne0, ne1, ne2, ne3])`.
+    pub fn new_tensor_4d(&mut self, ty: GgmlType, ne0: i64, ne1: i64, ne2: i64, ne3: i64) -> Result<TensorId> {
+        self.new_tensor(ty, &[ne0, ne1, ne2, ne3])
+    }
+
+    /// Sets a tensor's name (GGUF names for weights).
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] for a handle from another context.
+    pub fn set_name(&mut self, id: TensorId, name: &str) -> Result<()> {
+        self.tensor(id)?;
+        self.tensors[id.idx as usize].name = name.to_string();
+        Ok(())
+    }
+
+    /// Marks `id` as a graph input (`ggml_set_input`).
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] for a handle from another context.
+    pub fn set_input(&mut self, id: TensorId) -> Result<()> {
+        self.tensor(id)?;
+        self.tensors[id.idx as usize].flags.input = true;
+        Ok(())
+    }
+
+    /// Marks `id` as a graph output (`ggml_set_output`): its memory is not
+    /// reused by the allocator.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] for a handle from another context.
+    pub fn set_output(&mut self, id: TensorId) -> Result<()> {
+        self.tensor(id)?;
+        self.tensors[id.idx as usize].flags.output = true;
+        Ok(())
+    }
+
+    /// Adds a tensor with contiguous strides produced by `op` from `src`.
+    /// Sources must already be validated by the caller.
+    pub(crate) fn push_op(&mut self, ty: GgmlType, ne: [i64; MAX_DIMS], op: Op, src: &[TensorId]) -> Result<TensorId> {
+        check_shape(ty, &ne)?;
+        let nb = contiguous_strides(ty, &ne);
+        self.push(Tensor {
+            ty,
+            ne,
+            nb,
+            op,
+            src: SmallVec::from_slice(src),
+            view_src: None,
+            view_offs: 0,
+            name: String::new(),
+            flags: TensorFlags::default(),
+        })
+    }
+
+    /// Adds a view of `base`'s storage with layout (`ty`, `ne`, `nb`) at byte
+    /// offset `offs` relative to `base`'s own data. View chains resolve to the
+    /// storage owner. The view must lie inside the owner's bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_view(
+        &mut self,
+        base: TensorId,
+        ty: GgmlType,
+        ne: [i64; MAX_DIMS],
+        nb: [usize; MAX_DIMS],
+        offs: usize,
+        op: Op,
+        src: &[TensorId],
+    ) -> Result<TensorId> {
+        check_shape(ty, &ne)?;
+        let b = self.t(base);
+        let (owner, owner_offs) = match b.view_src {
+            Some(o) => (o, b.view_offs),
+            None => (base, 0),
+        };
+        let total_offs = owner_offs
+            .checked_add(offs)
+            .ok_or_else(|| Error::OutOfBounds { detail: "view offset overflows".into() })?;
+        let owner_bytes = self.t(owner).nbytes();
+        let need = nbytes(ty, &ne, &nb);
+        if need > 0 && total_offs.checked_add(need).is_none_or(|end| end > owner_bytes) {
+            return Err(Error::OutOfBounds {
+                detail: format!(
+                    "{}: view of {} bytes at offset {} exceeds the {} bytes of its source {}",
+                    op.name(),
+                    need,
+                    total_offs,
+                    owner_bytes,
+                    self.t(owner).describe()
+                ),
+            });
+        }
+        self.push(Tensor {
+            ty,
+            ne,
+            nb,
+            op,
+            src: SmallVec::from_slice(src),
+            view_src: Some(owner),
+            view_offs: total_offs,
+            name: String::new(),
+            flags: TensorFlags::default(),
+        })
+    }
+
+    fn push(&mut self, t: Tensor) -> Result<TensorId> {
+        if self.tensors.len() >= u32::MAX as usize {
+            return Err(Error::Graph { detail: "context is full".into() });
+        }
+        let id = TensorId { ctx: self.id, idx: self.tensors.len() as u32 };
+        self.tensors.push(t);
+        Ok(id)
+    }
+}
+
+/// Checks extents: non-negative, bounded, whole blocks along ne0.
+pub(crate) fn check_shape(ty: GgmlType, ne: &[i64; MAX_DIMS]) -> Result<()> {
+    let mut total: i64 = 1;
+    for &n in ne {
+        if !(0..=MAX_ELEMENTS).contains(&n) {
+            return Err(Error::InvalidShape { ne: ne.to_vec(), detail: format!("extent {n} outside 0..=2^48") });
+        }
+        total = total.saturating_mul(n.max(1));
+        if total > MAX_ELEMENTS {
+            return Err(Error::InvalidShape { ne: ne.to_vec(), detail: "more than 2^48 elements".into() });
+        }
+    }
+    if ne[0] % ty.block_size() as i64 != 0 {
+        return Err(Error::InvalidShape {
+            ne: ne.to_vec(),
+            detail: format!("ne[0] = {} is not a multiple of {}'s block size {}", ne[0], ty, ty.block_size()),
+        });
+    }
+    Ok(())
+}

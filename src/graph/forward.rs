@@ -1,0 +1,130 @@
+//! `build_forward`: the topological order of a graph (ggml's
+//! `ggml_build_forward_expand`), leafs separated from nodes, use counts, and a
+//! structural hash for caching plans and allocations.
+
+use crate::error::{Error, Result};
+use crate::graph::Context;
+use crate::ops::Op;
+use crate::tensor::TensorId;
+use std::hash::{Hash, Hasher};
+
+/// A computation graph over one [`Context`]: `nodes` in execution order
+/// (every source before its consumers), `leafs` (tensors with no op) and
+/// per-tensor use counts.
+#[derive(Clone, Debug)]
+pub struct Graph {
+    pub(crate) ctx_id: u32,
+    /// Op tensors in a valid execution order.
+    pub nodes: Vec<TensorId>,
+    /// Leaf tensors (weights, inputs, caches) reached from the outputs.
+    pub leafs: Vec<TensorId>,
+    /// The outputs `build_forward` was called with.
+    pub outputs: Vec<TensorId>,
+    /// Number of graph nodes that read each tensor, indexed by
+    /// [`TensorId::index`] (length = context size at build time). Outputs get one extra use.
+    pub use_counts: Vec<u32>,
+    /// Structural hash: op, parameters, types, shapes, strides, view offsets
+    /// and wiring; equal for two graphs built the same way.
+    pub hash: u64,
+}
+
+impl Graph {
+    /// Id of the context the graph was built from.
+    pub fn context_id(&self) -> u32 {
+        self.ctx_id
+    }
+
+    /// Number of op nodes.
+    pub fn n_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True if `id` is a node or leaf of this graph.
+    pub fn contains(&self, id: TensorId) -> bool {
+        id.ctx == self.ctx_id && self.nodes.contains(&id) || self.leafs.contains(&id)
+    }
+}
+
+impl Context {
+    /// Builds the graph that computes `outputs` (ggml's
+    /// `ggml_build_forward_expand` called on each output in turn): a
+    /// depth-first post-order, sources in order, each tensor once.
+    /// A view's storage owner (`view_src`) counts as a dependency.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] if an output belongs to another context;
+    /// [`Error::Graph`] if `outputs` is empty.
+    pub fn build_forward(&self, outputs: &[TensorId]) -> Result<Graph> {
+        if outputs.is_empty() {
+            return Err(Error::Graph { detail: "build_forward needs at least one output".into() });
+        }
+        for &o in outputs {
+            self.tensor(o)?;
+        }
+        let n = self.len();
+        let mut visited = vec![false; n];
+        let mut nodes = Vec::new();
+        let mut leafs = Vec::new();
+        let mut use_counts = vec![0u32; n];
+        // Iterative DFS (graphs of real models are deep; no recursion limits).
+        for &out in outputs {
+            let mut stack: Vec<(TensorId, usize)> = vec![(out, 0)];
+            while let Some((id, next)) = stack.pop() {
+                let i = id.index();
+                if next == 0 && visited[i] {
+                    continue;
+                }
+                let t = self.t(id);
+                let deps: smallvec::SmallVec<[TensorId; 6]> =
+                    t.src.iter().copied().chain(t.view_src.filter(|v| !t.src.contains(v))).collect();
+                if next < deps.len() {
+                    stack.push((id, next + 1));
+                    let d = deps[next];
+                    if !visited[d.index()] {
+                        stack.push((d, 0));
+                    }
+                    continue;
+                }
+                if visited[i] {
+                    continue;
+                }
+                visited[i] = true;
+                if matches!(t.op, Op::None) {
+                    leafs.push(id);
+                } else {
+                    for s in t.src.iter() {
+                        use_counts[s.index()] += 1;
+                    }
+                    nodes.push(id);
+                }
+            }
+        }
+        for &o in outputs {
+            use_counts[o.index()] += 1;
+        }
+        let hash = self.structural_hash(&nodes, &leafs);
+        Ok(Graph { ctx_id: self.id(), nodes, leafs, outputs: outputs.to_vec(), use_counts, hash })
+    }
+
+    fn structural_hash(&self, nodes: &[TensorId], leafs: &[TensorId]) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut hash_tensor = |id: TensorId, h: &mut std::collections::hash_map::DefaultHasher| {
+            let t = self.t(id);
+            id.index().hash(h);
+            t.ty.hash(h);
+            t.ne.hash(h);
+            t.nb.hash(h);
+            format!("{:?}", t.op).hash(h);
+            t.src.iter().map(|s| s.index()).collect::<Vec<_>>().hash(h);
+            t.view_src.map(|s| s.index()).hash(h);
+            t.view_offs.hash(h);
+        };
+        for &l in leafs {
+            hash_tensor(l, &mut h);
+        }
+        for &n in nodes {
+            hash_tensor(n, &mut h);
+        }
+        h.finish()
+    }
+}

@@ -1,0 +1,9 @@
+//! Graph arena, `build_forward` and the graph allocator.
+
+pub mod alloc;
+mod context;
+mod forward;
+
+pub(crate) use context::check_shape;
+pub use context::{Context, MAX_ELEMENTS};
+pub use forward::Graph;

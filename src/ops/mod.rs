@@ -1,0 +1,375 @@
+//! The ops: a typed enum ([`Op`]) with ggml's semantics, and the constructors
+//! on [`crate::Context`] that check operand shapes and types.
+//!
+//! Each op family lives in its own file with its shape rules and constructors;
+//! the CPU kernels live in `backend/cpu/kernels/` under the same family names.
+//! Op names are ggml's (`ggml_op_name` in lower case).
+
+mod attn;
+mod data;
+mod elementwise;
+mod matmul;
+mod norm;
+mod reduce;
+mod rope;
+mod ssm;
+
+/// Unary element-wise functions (`enum ggml_unary_op`, subset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// |x|
+    Abs,
+    /// −x
+    Neg,
+    /// tanh(x)
+    Tanh,
+    /// max(x, 0)
+    Relu,
+    /// 1 / (1 + e^−x)
+    Sigmoid,
+    /// ggml's tanh-approximated GELU.
+    Gelu,
+    /// x · sigmoid(1.702 x)
+    GeluQuick,
+    /// x · sigmoid(x)
+    Silu,
+    /// e^x
+    Exp,
+    /// log(1 + e^x) (ggml switches to x for x > 20).
+    Softplus,
+}
+
+impl UnaryOp {
+    /// ggml's name (`ggml_unary_op_name`).
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Abs => "abs",
+            UnaryOp::Neg => "neg",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluQuick => "gelu_quick",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Softplus => "softplus",
+        }
+    }
+}
+
+/// Gated linear unit variants (`enum ggml_glu_op`, subset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GluOp {
+    /// silu(gate) · up
+    Swiglu,
+    /// gelu(gate) · up (tanh approximation)
+    Geglu,
+}
+
+/// Sort order for `argsort` (`enum ggml_sort_order`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SortOrder {
+    /// Smallest first.
+    Asc,
+    /// Largest first.
+    Desc,
+}
+
+/// Rope modes (ggml's `GGML_ROPE_TYPE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeMode {
+    /// Rotate adjacent pairs (x[2i], x[2i+1]); mode 0.
+    Normal,
+    /// Rotate halves (x[i], x[i + n_dims/2]); mode 2.
+    Neox,
+    /// Multi-section rope (positions tensor has 4 per token); mode 8.
+    Mrope,
+    /// Interleaved multi-section rope (Qwen3-VL/Qwen3.5); mode 40.
+    Imrope,
+}
+
+impl RopeMode {
+    /// ggml's integer mode.
+    pub fn ggml_mode(self) -> i32 {
+        match self {
+            RopeMode::Normal => 0,
+            RopeMode::Neox => 2,
+            RopeMode::Mrope => 8,
+            RopeMode::Imrope => 40,
+        }
+    }
+}
+
+/// Parameters of `rope_ext` / `rope_multi` (ggml's op_params, typed).
+/// YaRN parameters follow ggml (`ggml_rope_yarn_corr_dims`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Rotated dims from the start of each row (≤ ne0, even).
+    pub n_dims: i32,
+    /// Mode.
+    pub mode: RopeMode,
+    /// Original training context (YaRN).
+    pub n_ctx_orig: i32,
+    /// θ base.
+    pub freq_base: f32,
+    /// Position scale (1/linear-scaling factor).
+    pub freq_scale: f32,
+    /// YaRN extrapolation mix factor (0 disables).
+    pub ext_factor: f32,
+    /// Magnitude scale.
+    pub attn_factor: f32,
+    /// YaRN β_fast.
+    pub beta_fast: f32,
+    /// YaRN β_slow.
+    pub beta_slow: f32,
+    /// Multi-section sizes (only for Mrope/Imrope; zeros otherwise).
+    pub sections: [i32; 4],
+}
+
+impl Default for RopeParams {
+    fn default() -> Self {
+        RopeParams {
+            n_dims: 0,
+            mode: RopeMode::Normal,
+            n_ctx_orig: 0,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            sections: [0; 4],
+        }
+    }
+}
+
+/// An op with its typed parameters. Sources are kept in the tensor's `src`
+/// list in ggml's order; each variant's doc says what they are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// A leaf (weight, input, cache): no op.
+    None,
+    /// Copy of src0 into a new contiguous tensor of the same type.
+    Dup,
+    /// src0 copied (and converted) into src1's storage; the result is a view of src1.
+    Cpy,
+    /// Contiguous copy of src0, possibly reshaped.
+    Cont,
+    /// Reshape of a contiguous src0 (a view).
+    Reshape,
+    /// A strided view of src0 at a byte offset.
+    View,
+    /// Permutation of src0's dims: `axes[i]` is where source dim i goes.
+    Permute {
+        /// Destination position of each source dim.
+        axes: [usize; 4],
+    },
+    /// Swap of dims 0 and 1 (a view).
+    Transpose,
+    /// Rows of src0 selected by I32 indices src1 → F32.
+    GetRows,
+    /// Rows of src0 (F32) written into the rows of src2 (the destination) at I64/I32
+    /// indices src1; the result is a view of src2 (ggml's legacy source order).
+    SetRows,
+    /// src0 and src1 joined along `dim`.
+    Concat {
+        /// Axis 0..3.
+        dim: usize,
+    },
+    /// src0 + src1 (src1 broadcast over src0).
+    Add,
+    /// src0 − src1 (broadcast).
+    Sub,
+    /// src0 · src1 (broadcast).
+    Mul,
+    /// src0 / src1 (broadcast).
+    Div,
+    /// src0 + scalar tensor src1.
+    Add1,
+    /// src0 + rows of src1 selected by I32 ids src2 (MoE bias).
+    AddId,
+    /// s·x + b.
+    Scale {
+        /// Multiplier.
+        s: f32,
+        /// Bias.
+        b: f32,
+    },
+    /// min(max(x, min), max).
+    Clamp {
+        /// Lower bound.
+        min: f32,
+        /// Upper bound.
+        max: f32,
+    },
+    /// x²
+    Sqr,
+    /// √x
+    Sqrt,
+    /// Sum of all elements → [1,1,1,1].
+    Sum,
+    /// Sum over ne0 → [1, ne1, ne2, ne3].
+    SumRows,
+    /// Mean over ne0 → [1, ne1, ne2, ne3].
+    Mean,
+    /// x / sqrt(mean(x²) + eps) per row.
+    RmsNorm {
+        /// ε.
+        eps: f32,
+    },
+    /// (x − mean) / sqrt(var + eps) per row.
+    Norm {
+        /// ε.
+        eps: f32,
+    },
+    /// x / max(‖x‖₂, eps) per row.
+    L2Norm {
+        /// ε.
+        eps: f32,
+    },
+    /// src0 [K, M, ...] × src1 [K, N, ...] → [M, N, ...] (broadcast over dims 2, 3).
+    MulMat,
+    /// Expert matmul: src0 experts [K, M, n_expert], src1 [K, n_used or 1, T], src2 ids I32 [n_used, T].
+    MulMatId,
+    /// Rotary embedding: src0 x, src1 positions I32, optional src2 frequency factors.
+    Rope(RopeParams),
+    /// soft_max(x·scale + mask·slope): optional src1 mask (F16/F32), optional src2 sinks.
+    SoftMax {
+        /// Scale applied to x.
+        scale: f32,
+        /// ALiBi max bias (0 disables).
+        max_bias: f32,
+    },
+    /// Fused attention: src0 q, src1 k, src2 v, optional src3 mask (F16), optional src4 sinks.
+    FlashAttnExt {
+        /// Scale of q·k.
+        scale: f32,
+        /// ALiBi max bias.
+        max_bias: f32,
+        /// Logit soft-cap (0 disables).
+        logit_softcap: f32,
+    },
+    /// Gated linear unit: fused (src0 holds gate and up halves) or split (src0 gate, src1 up).
+    Glu {
+        /// Which GLU.
+        op: GluOp,
+        /// Fused form only: up half first.
+        swapped: bool,
+    },
+    /// Element-wise unary function.
+    Unary(UnaryOp),
+    /// Index of the max of each row → I32 [ne1].
+    Argmax,
+    /// Indices of the k largest per row → I32 [k, ne1, ne2, ne3] (order within the k unspecified in ggml; ours is descending).
+    TopK {
+        /// k.
+        k: i32,
+    },
+    /// Row-wise sort indices → I32, same shape.
+    Argsort {
+        /// Order.
+        order: SortOrder,
+    },
+    /// Depthwise causal conv for SSMs: src0 sx [d_conv−1+n_t, d_inner, n_s], src1 c [d_conv, d_inner] → [d_inner, n_t, n_s].
+    SsmConv,
+    /// Gated delta rule: src0 q, src1 k, src2 v, src3 g, src4 beta, src5 state; see the constructor.
+    GatedDeltaNet {
+        /// Snapshot slot count (ggml's K op param).
+        k_snapshots: i64,
+    },
+    /// src0 tiled to the result's shape.
+    Repeat,
+    /// Zero-padding: `lp[i]` before and `rp[i]` after along each dim.
+    Pad {
+        /// Left pads.
+        lp: [i32; 4],
+        /// Right pads.
+        rp: [i32; 4],
+    },
+    /// Tensor of src0's shape filled with `c`.
+    Fill {
+        /// Fill value.
+        c: f32,
+    },
+}
+
+impl Op {
+    /// ggml's op name in lower case (`"mul_mat"`, `"unary"` ops by their function).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::None => "none",
+            Op::Dup => "dup",
+            Op::Cpy => "cpy",
+            Op::Cont => "cont",
+            Op::Reshape => "reshape",
+            Op::View => "view",
+            Op::Permute { .. } => "permute",
+            Op::Transpose => "transpose",
+            Op::GetRows => "get_rows",
+            Op::SetRows => "set_rows",
+            Op::Concat { .. } => "concat",
+            Op::Add => "add",
+            Op::Sub => "sub",
+            Op::Mul => "mul",
+            Op::Div => "div",
+            Op::Add1 => "add1",
+            Op::AddId => "add_id",
+            Op::Scale { .. } => "scale",
+            Op::Clamp { .. } => "clamp",
+            Op::Sqr => "sqr",
+            Op::Sqrt => "sqrt",
+            Op::Sum => "sum",
+            Op::SumRows => "sum_rows",
+            Op::Mean => "mean",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Norm { .. } => "norm",
+            Op::L2Norm { .. } => "l2_norm",
+            Op::MulMat => "mul_mat",
+            Op::MulMatId => "mul_mat_id",
+            Op::Rope(_) => "rope",
+            Op::SoftMax { .. } => "soft_max",
+            Op::FlashAttnExt { .. } => "flash_attn_ext",
+            Op::Glu { .. } => "glu",
+            Op::Unary(u) => u.name(),
+            Op::Argmax => "argmax",
+            Op::TopK { .. } => "top_k",
+            Op::Argsort { .. } => "argsort",
+            Op::SsmConv => "ssm_conv",
+            Op::GatedDeltaNet { .. } => "gated_delta_net",
+            Op::Repeat => "repeat",
+            Op::Pad { .. } => "pad",
+            Op::Fill { .. } => "fill",
+        }
+    }
+
+    /// True for ops whose result is a view of a source's storage (no kernel
+    /// runs, or the kernel writes into the source: `cpy`, `set_rows`).
+    pub fn is_view_op(&self) -> bool {
+        matches!(self, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose | Op::Cpy | Op::SetRows)
+    }
+
+    /// True if the result may be written into src0's memory when src0 is not
+    /// used afterwards (same shape, same type, element-wise; ggml's
+    /// `ggml_op_can_inplace`).
+    pub fn can_inplace(&self) -> bool {
+        matches!(
+            self,
+            Op::Add
+                | Op::Sub
+                | Op::Mul
+                | Op::Div
+                | Op::Add1
+                | Op::Scale { .. }
+                | Op::Clamp { .. }
+                | Op::Sqr
+                | Op::Sqrt
+                | Op::Unary(_)
+                | Op::RmsNorm { .. }
+                | Op::Norm { .. }
+                | Op::L2Norm { .. }
+                | Op::SoftMax { .. }
+                | Op::Rope(_)
+                | Op::Fill { .. }
+        )
+    }
+}
