@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set-up for a fresh machine: installs the test oracle (the real ggml 0.15.3,
+# built from source by the PyPI package ggml-python 0.0.45) into ./.venv.
+# Idempotent: a second run only checks that the libraries are there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null; then
+  echo "setup: python3 not found; install Python 3.9+ with venv and pip" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import ggml, os, sys; d=os.path.join(os.path.dirname(ggml.__file__),'lib'); sys.exit(0 if os.path.exists(os.path.join(d,'libggml-cpu.so')) else 1)" 2>/dev/null; then
+  echo "setup: building ggml 0.15.3 via pip install ggml-python==0.0.45 (about 2 minutes on 2 cores)"
+  .venv/bin/pip install --quiet --disable-pip-version-check ggml-python==0.0.45
+fi
+.venv/bin/python -c "import ggml, os; print('setup: ggml oracle at', os.path.join(os.path.dirname(ggml.__file__), 'lib'))"
