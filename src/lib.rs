@@ -1,18 +1,57 @@
 //! # shardgraph
 //!
-//! A ggml-compatible tensor/op compute graph with a graph allocator,
-//! pluggable backends and (later) a meta backend that runs one graph
+//! A ggml-compatible tensor/op compute graph with a graph allocator and
+//! pluggable backends; the base of a meta backend that runs one graph
 //! tensor-parallel across N devices.
 //!
-//! ## The model
-//! * [`tensor`]: ggml's tensor model — up to 4 dims, `ne` element counts
-//!   (`ne[0]` innermost), `nb` byte strides, views at byte offsets, ggml's
-//!   type ids and block formats ([`GgmlType`]).
-//! * [`ops`]: the op enum ([`Op`]) with typed parameters; constructors on
-//!   [`Context`] validate operands and return [`Result`].
-//! * [`graph`]: the [`Context`] arena, [`Context::build_forward`] and the
-//!   graph allocator.
-//! * [`backend`]: the backend interface and the CPU backend.
+//! ## The tensor model (ggml's, exactly)
+//! A tensor has up to 4 dimensions. `ne[0..4]` are element counts, `ne[0]`
+//! innermost; `nb[0..4]` are byte strides (`nb[0]` = type size, `nb[1]` = row
+//! size; a row of a block-quantized type is `ne[0] / block_size` blocks).
+//! Views share their source's storage at a byte offset; `permute` and
+//! `transpose` only change `ne`/`nb`; `reshape` needs a contiguous source;
+//! `cont` makes a contiguous copy. Types carry ggml's ids and block layouts
+//! ([`GgmlType`]; quantized blocks are byte-identical to ggml's,
+//! [`tensor::quant`]).
+//!
+//! ## Ops
+//! [`Op`] lists every op with typed parameters; constructors on [`Context`]
+//! (`ctx.mul_mat(a, b)`, `ctx.rope_ext(..)`, `ctx.flash_attn_ext(..)`, …)
+//! check operands as ggml does and return [`Result`] with an
+//! [`Error::InvalidOperand`] naming the op, the operand and the shapes. The
+//! semantics (broadcasting, `mul_mat` orientation `[K, M] × [K, N] → [M, N]`,
+//! rope modes, soft_max_ext, flash_attn_ext, …) are ggml 0.15.3's, checked
+//! against the real library by the differential suite in `tests/ggml_diff`.
+//!
+//! ## Graphs, allocation, backends
+//! [`Context::build_forward`] orders the nodes (ggml's
+//! `ggml_build_forward_expand`), separates leafs, counts uses and hashes the
+//! structure. [`graph::alloc::GraphAllocator`] places intermediates by
+//! liveness (ggml's `gallocr`), in place where the op allows, and can measure
+//! the peak without allocating. A [`Backend`] (the CPU backend,
+//! [`CpuBackend`], is always present; several instances are independent
+//! devices) computes a graph whose tensors are placed in a [`TensorStorage`].
+//!
+//! ```
+//! use shardgraph::graph::alloc::GraphAllocator;
+//! use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
+//!
+//! let mut ctx = Context::new();
+//! let w = ctx.new_tensor_2d(GgmlType::F32, 4, 3)?; // weights [K = 4, M = 3]
+//! let x = ctx.new_tensor_2d(GgmlType::F32, 4, 2)?; // input   [K = 4, N = 2]
+//! let y = ctx.mul_mat(w, x)?; // [3, 2]
+//! let graph = ctx.build_forward(&[y])?;
+//!
+//! let cpu = CpuBackend::with_threads(2)?;
+//! let mut storage = TensorStorage::new();
+//! storage.alloc_tensors(&cpu, &ctx, &graph.leafs)?;
+//! storage.set_f32(&ctx, w, &[1., 0., 0., 0., 0., 1., 0., 0., 0., 0., 1., 0.])?;
+//! storage.set_f32(&ctx, x, &[1., 2., 3., 4., 5., 6., 7., 8.])?;
+//! GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &graph, &mut storage)?;
+//! cpu.compute(&ctx, &graph, &storage)?;
+//! assert_eq!(storage.get_f32(&ctx, y)?, vec![1., 2., 3., 5., 6., 7.]);
+//! # Ok::<(), shardgraph::Error>(())
+//! ```
 
 #![deny(missing_docs)]
 

@@ -41,7 +41,7 @@ impl Graph {
 
     /// True if `id` is a node or leaf of this graph.
     pub fn contains(&self, id: TensorId) -> bool {
-        id.ctx == self.ctx_id && self.nodes.contains(&id) || self.leafs.contains(&id)
+        id.ctx == self.ctx_id && (self.nodes.contains(&id) || self.leafs.contains(&id))
     }
 }
 
@@ -108,7 +108,7 @@ impl Context {
 
     fn structural_hash(&self, nodes: &[TensorId], leafs: &[TensorId]) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        let mut hash_tensor = |id: TensorId, h: &mut std::collections::hash_map::DefaultHasher| {
+        let hash_tensor = |id: TensorId, h: &mut std::collections::hash_map::DefaultHasher| {
             let t = self.t(id);
             id.index().hash(h);
             t.ty.hash(h);

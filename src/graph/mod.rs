@@ -4,6 +4,6 @@ pub mod alloc;
 mod context;
 mod forward;
 
-pub(crate) use context::check_shape;
+pub use alloc::{AllocStats, GraphAllocator, Placement};
 pub use context::{Context, MAX_ELEMENTS};
 pub use forward::Graph;

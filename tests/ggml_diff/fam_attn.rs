@@ -1,8 +1,253 @@
-//! Differential cases of this op family.
+//! Differential cases of the attention family: `flash_attn_ext` with
+//! several head sizes, query counts, KV lengths, GQA ratios, K/V types,
+//! masks (causal with random holes, padded rows, per-head), ALiBi,
+//! soft-capping and llama.cpp-style permuted views of a KV cache.
 
-use crate::harness::Case;
+use crate::harness::{Built, Case, Compare, Init, Rng};
+use shardgraph::{Context, GgmlType, Result, TensorId};
+
+/// One flash-attention case.
+#[derive(Clone, Copy, Debug)]
+struct Fa {
+    d: i64,
+    dv: i64,
+    n_q: i64,
+    n_kv: i64,
+    h: i64,
+    h_kv: i64,
+    b: i64,
+    tk: GgmlType,
+    tv: GgmlType,
+    /// 0 = no mask, 1 = one mask for all heads, 2 = one mask per head.
+    mask: u8,
+    /// Extra mask rows beyond n_q (ggml has no padding rule; any ne1 ≥ n_q works).
+    mask_pad: i64,
+    max_bias: f32,
+    softcap: f32,
+    /// K/V are permuted views of a cache `[D·H_kv, kv_size, B]` (llama.cpp), q is permuted from `[D, H, n_q, B]`.
+    cache: bool,
+    /// Sliding window: keys more than this far behind a query are masked (0 = none).
+    window: i64,
+}
+
+impl Fa {
+    fn new(d: i64, n_q: i64, n_kv: i64, h: i64, h_kv: i64, t: GgmlType) -> Self {
+        Fa {
+            d,
+            dv: d,
+            n_q,
+            n_kv,
+            h,
+            h_kv,
+            b: 1,
+            tk: t,
+            tv: t,
+            mask: 1,
+            mask_pad: 0,
+            max_bias: 0.0,
+            softcap: 0.0,
+            cache: false,
+            window: 0,
+        }
+    }
+
+    fn vars(&self) -> String {
+        format!(
+            "d={},dv={},n_q={},n_kv={},h={},h_kv={},b={},k={},v={},mask={},pad={},max_bias={},softcap={},cache={},window={}",
+            self.d,
+            self.dv,
+            self.n_q,
+            self.n_kv,
+            self.h,
+            self.h_kv,
+            self.b,
+            self.tk,
+            self.tv,
+            self.mask,
+            self.mask_pad,
+            self.max_bias,
+            self.softcap,
+            self.cache,
+            self.window
+        )
+    }
+
+    /// A K or V operand `[dim, n_kv, h_kv, b]` of type `ty`.
+    fn kv(&self, ctx: &mut Context, ty: GgmlType, dim: i64) -> Result<TensorId> {
+        if !self.cache {
+            return ctx.new_tensor_4d(ty, dim, self.n_kv, self.h_kv, self.b);
+        }
+        // llama.cpp: cache [dim·H_kv, kv_size, B]; view [dim, H_kv, n_kv, B] of the first
+        // n_kv cells, then permute(0, 2, 1, 3) → [dim, n_kv, H_kv, B].
+        let kv_size = self.n_kv + 16;
+        let cache = ctx.new_tensor_3d(ty, dim * self.h_kv, kv_size, self.b)?;
+        let row = ty.row_size(dim)?;
+        let cell = ty.row_size(dim * self.h_kv)?;
+        let view = ctx.view_4d(cache, dim, self.h_kv, self.n_kv, self.b, row, cell, cell * kv_size as usize, 0)?;
+        ctx.permute(view, [0, 2, 1, 3])
+    }
+
+    fn build(&self, ctx: &mut Context) -> Result<Built> {
+        let q = if self.cache {
+            let q0 = ctx.new_tensor_4d(GgmlType::F32, self.d, self.h, self.n_q, self.b)?;
+            ctx.permute(q0, [0, 2, 1, 3])?
+        } else {
+            ctx.new_tensor_4d(GgmlType::F32, self.d, self.n_q, self.h, self.b)?
+        };
+        let k = self.kv(ctx, self.tk, self.d)?;
+        let v = self.kv(ctx, self.tv, self.dv)?;
+        let mut inits = Vec::new();
+        let mask = if self.mask > 0 {
+            let rows = self.n_q + self.mask_pad;
+            let heads = if self.mask == 2 { self.h } else { 1 };
+            let m = ctx.new_tensor_4d(GgmlType::F16, self.n_kv, rows, heads, self.b)?;
+            // Causal over the last n_q positions, plus random holes; the
+            // second query row of head 0 is fully masked (its output is 0).
+            let mut rng = Rng::new(0x5eed ^ (self.n_kv * 31 + self.n_q) as u64);
+            let p0 = self.n_kv - self.n_q;
+            let mut vals = Vec::new();
+            for _b in 0..self.b {
+                for hh in 0..heads {
+                    for i in 0..rows {
+                        for j in 0..self.n_kv {
+                            let pos = p0 + i.min(self.n_q - 1);
+                            let causal = j <= pos && (self.window == 0 || pos - j < self.window);
+                            let hole = rng.uniform(0.0, 1.0) < 0.15;
+                            let full = hh == 0 && i == 1 && self.n_q > 1;
+                            let allowed = causal && !hole && !full;
+                            // With ALiBi the mask carries the (negative) distance, as in llama.cpp.
+                            let bias = if self.max_bias > 0.0 { -((p0 + i - j).abs() as f32) } else { 0.0 };
+                            vals.push(if allowed { bias } else { f32::NEG_INFINITY });
+                        }
+                    }
+                }
+            }
+            inits.push((m, Init::Values(vals)));
+            Some(m)
+        } else {
+            None
+        };
+        let scale = 1.0 / (self.d as f32).sqrt();
+        let out = ctx.flash_attn_ext(q, k, v, mask, scale, self.max_bias, self.softcap)?;
+        let mut built = Built::out(&[out]);
+        for (id, init) in inits {
+            built = built.init(id, init);
+        }
+        Ok(built)
+    }
+}
+
+fn case(fa: Fa) -> Case {
+    Case::new("flash_attn_ext", fa.vars(), Compare::Nmse(5e-4), move |ctx| fa.build(ctx))
+}
 
 /// All cases of this family.
 pub fn cases() -> Vec<Case> {
-    vec![]
+    use GgmlType::*;
+    let mut v = Vec::new();
+    // Sizes × types, GQA (8 heads on 2) and plain MHA, causal masks.
+    for &t in &[F16, F32, Q8_0, Q4_0] {
+        for &(d, n_q, n_kv) in &[(64, 1, 256), (128, 7, 512), (64, 32, 256), (128, 1, 512)] {
+            v.push(case(Fa::new(d, n_q, n_kv, 8, 2, t)));
+        }
+        v.push(case(Fa::new(64, 7, 256, 4, 4, t)));
+        // llama.cpp cache views, q permuted.
+        v.push(case(Fa { cache: true, ..Fa::new(128, 7, 256, 8, 2, t) }));
+        v.push(case(Fa { cache: true, b: 2, ..Fa::new(64, 1, 512, 8, 2, t) }));
+    }
+    // No mask; mask per head; padded mask rows; batches with a broadcast mask.
+    v.push(case(Fa { mask: 0, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { mask: 0, ..Fa::new(128, 1, 512, 8, 8, F32) }));
+    v.push(case(Fa { mask: 2, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { mask_pad: 57, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { b: 2, ..Fa::new(64, 7, 256, 4, 2, F16) }));
+    // ALiBi (8 heads: m0 only; 12 heads: the m1 branch too) and soft-capping.
+    v.push(case(Fa { max_bias: 8.0, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { max_bias: 8.0, ..Fa::new(64, 7, 256, 12, 4, F32) }));
+    v.push(case(Fa { max_bias: 4.0, mask: 2, ..Fa::new(128, 1, 512, 12, 12, Q8_0) }));
+    v.push(case(Fa { softcap: 30.0, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { softcap: 1.5, mask: 0, ..Fa::new(128, 32, 256, 8, 2, F32) }));
+    v.push(case(Fa { softcap: 20.0, max_bias: 8.0, cache: true, ..Fa::new(64, 7, 256, 8, 2, Q4_0) }));
+    // Mixed K/V types and head sizes; BF16 K/V.
+    v.push(case(Fa { tv: Q8_0, ..Fa::new(128, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { tk: Q4_0, tv: F16, cache: true, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { dv: 64, ..Fa::new(128, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa::new(64, 7, 256, 8, 2, BF16)));
+    // Long decode (keys split into chunks), a sliding window that masks whole chunks.
+    v.push(case(Fa { cache: true, ..Fa::new(128, 1, 4096, 8, 2, F16) }));
+    v.push(case(Fa { cache: true, window: 300, ..Fa::new(128, 1, 4096, 8, 2, Q8_0) }));
+    v.push(case(Fa { window: 100, ..Fa::new(64, 2, 2048, 4, 1, Q4_0) }));
+    v.push(case(Fa { mask: 0, ..Fa::new(64, 1, 1024, 2, 1, F32) }));
+    // Prefill long enough for ggml's tiled path (n_q ≥ 64).
+    v.push(case(Fa::new(64, 64, 256, 4, 2, F16)));
+    v.push(case(Fa { cache: true, ..Fa::new(128, 80, 256, 4, 1, F32) }));
+    v
+}
+
+/// Wall-clock comparison with ggml on one decode and one prefill shape
+/// (`cargo test --release --test ggml_diff -- --ignored --nocapture attn_timing`;
+/// best of 8 runs each).
+#[test]
+#[ignore]
+fn attn_timing() {
+    use crate::oracle::{Ggml, P};
+    use shardgraph::graph::alloc::GraphAllocator;
+    use shardgraph::{Backend, CpuBackend, TensorStorage};
+    use std::time::Instant;
+    let Ok(g) = Ggml::get() else { return };
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let backend = CpuBackend::with_threads(threads).unwrap();
+    let shapes = [
+        ("decode f16", Fa { cache: true, ..Fa::new(128, 1, 4096, 32, 8, GgmlType::F16) }),
+        ("decode q8_0", Fa { cache: true, ..Fa::new(128, 1, 4096, 32, 8, GgmlType::Q8_0) }),
+        ("prefill f16", Fa { cache: true, ..Fa::new(128, 256, 1024, 32, 8, GgmlType::F16) }),
+        ("gdn", Fa::new(0, 0, 0, 0, 0, GgmlType::F32)),
+    ];
+    for (name, fa) in shapes {
+        let mut ctx = Context::new();
+        let out = if fa.d == 0 {
+            let (s, h, t, b) = (128, 32, 8, 1);
+            let q = ctx.new_tensor_4d(GgmlType::F32, s, h, t, b).unwrap();
+            let k = ctx.new_tensor_4d(GgmlType::F32, s, h, t, b).unwrap();
+            let v = ctx.new_tensor_4d(GgmlType::F32, s, h, t, b).unwrap();
+            let gg = ctx.new_tensor_4d(GgmlType::F32, 1, h, t, b).unwrap();
+            let beta = ctx.new_tensor_4d(GgmlType::F32, 1, h, t, b).unwrap();
+            let st = ctx.new_tensor_4d(GgmlType::F32, s, s, h, b).unwrap();
+            ctx.gated_delta_net(q, k, v, gg, beta, st, 1).unwrap()
+        } else {
+            fa.build(&mut ctx).unwrap().outputs[0]
+        };
+        let graph = ctx.build_forward(&[out]).unwrap();
+        let mut storage = TensorStorage::new();
+        storage.alloc_tensors(&backend, &ctx, &graph.leafs).unwrap();
+        let mut galloc = GraphAllocator::new(backend.buffer_type());
+        galloc.alloc_graph(&backend, &ctx, &graph, &mut storage).unwrap();
+        let reps = 8;
+        let mut ours = f64::INFINITY;
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            backend.compute(&ctx, &graph, &storage).unwrap();
+            ours = ours.min(t0.elapsed().as_secs_f64());
+        }
+
+        let total: usize = ctx.ids().map(|id| ctx.tensor(id).unwrap().nbytes() + 1024).sum::<usize>() + (8 << 20);
+        let gc = g.init(total);
+        let mut map: Vec<P> = vec![std::ptr::null_mut(); ctx.len()];
+        for &l in &graph.leafs {
+            let t = ctx.tensor(l).unwrap();
+            map[l.index()] = gc.new_tensor(t.ty.id(), t.ne);
+        }
+        for &n in &graph.nodes {
+            let t = ctx.tensor(n).unwrap();
+            let srcs: Vec<P> = t.src.iter().map(|s| map[s.index()]).collect();
+            map[n.index()] = gc.translate(&ctx, t, &srcs);
+        }
+        let mut theirs = f64::INFINITY;
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            gc.compute(&[map[out.index()]], threads as i32);
+            theirs = theirs.min(t0.elapsed().as_secs_f64());
+        }
+        println!("{name:12} ours {:8.3} ms   ggml {:8.3} ms ({threads} threads)", ours * 1e3, theirs * 1e3);
+    }
 }

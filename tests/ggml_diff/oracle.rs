@@ -93,6 +93,18 @@ impl Ggml {
         GgmlCtx { g: self, ctx }
     }
 
+    /// A ggml context that holds descriptors only (`no_alloc = true`): for
+    /// shape checks without computing.
+    pub fn init_no_alloc(&self, mem: usize) -> GgmlCtx<'_> {
+        // SAFETY: exact signature of ggml_init.
+        let ctx = unsafe {
+            let f: unsafe extern "C" fn(InitParams) -> P = self.sym("ggml_init");
+            f(InitParams { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true })
+        };
+        assert!(!ctx.is_null(), "ggml_init failed for {mem} bytes");
+        GgmlCtx { g: self, ctx }
+    }
+
     /// ggml's reference quantization of `nrows` rows (`ggml_quantize_chunk`, no imatrix).
     pub fn quantize_chunk(&self, type_id: u32, src: &[f32], nrows: usize, n_per_row: usize) -> Vec<u8> {
         unsafe {
@@ -166,6 +178,32 @@ impl GgmlCtx<'_> {
             }
             let st = cp(self.ctx, gf, n_threads);
             assert_eq!(st, 0, "ggml_graph_compute_with_ctx failed with status {st}");
+        }
+    }
+
+    /// Builds the graph of `outputs` once, with a persistent ggml thread pool
+    /// of `n_threads`, to be computed many times ([`GgmlGraph::compute`]);
+    /// for benchmarks.
+    pub fn graph(&self, outputs: &[P], n_threads: i32) -> GgmlGraph<'_> {
+        unsafe {
+            let ng: unsafe extern "C" fn(P, usize, bool) -> P = self.g.sym("ggml_new_graph_custom");
+            let fe: unsafe extern "C" fn(P, P) = self.g.sym("ggml_build_forward_expand");
+            let gf = ng(self.ctx, 8192, false);
+            for &o in outputs {
+                fe(gf, o);
+            }
+            // `struct ggml_threadpool_params` is about 530 bytes; let ggml fill
+            // a larger zeroed buffer with its defaults.
+            let mut params = vec![0u64; 512];
+            let init: unsafe extern "C" fn(P, i32) = self.g.sym("ggml_threadpool_params_init");
+            init(params.as_mut_ptr() as P, n_threads);
+            let new_tp: unsafe extern "C" fn(P) -> P = self.g.sym("ggml_threadpool_new");
+            let tp = new_tp(params.as_mut_ptr() as P);
+            assert!(!tp.is_null(), "ggml_threadpool_new failed");
+            let plan: unsafe extern "C" fn(P, i32, P) -> CPlan = self.g.sym("ggml_graph_plan");
+            let cplan = plan(gf, n_threads, tp);
+            let work = vec![0u8; cplan.work_size.max(1)];
+            GgmlGraph { g: self.g, gf, tp, cplan, work }
         }
     }
 
@@ -365,6 +403,49 @@ impl GgmlCtx<'_> {
                 ),
                 Op::Fill { c: v } => g.sym::<unsafe extern "C" fn(P, P, f32) -> P>("ggml_fill")(c, s[0], *v),
             }
+        }
+    }
+}
+
+/// `struct ggml_cplan` (ggml-cpu.h).
+#[repr(C)]
+struct CPlan {
+    work_size: usize,
+    work_data: *mut u8,
+    n_threads: i32,
+    threadpool: P,
+    abort_callback: P,
+    abort_callback_data: P,
+    use_ref: bool,
+}
+
+/// A ggml graph built once, computed many times with its own thread pool
+/// (see [`GgmlCtx::graph`]); the pool is freed on drop.
+pub struct GgmlGraph<'a> {
+    g: &'a Ggml,
+    gf: P,
+    tp: P,
+    cplan: CPlan,
+    work: Vec<u8>,
+}
+
+impl GgmlGraph<'_> {
+    /// Runs `ggml_graph_compute` once.
+    pub fn compute(&mut self) {
+        unsafe {
+            self.cplan.work_data = self.work.as_mut_ptr();
+            let cp: unsafe extern "C" fn(P, *mut CPlan) -> i32 = self.g.sym("ggml_graph_compute");
+            let st = cp(self.gf, &mut self.cplan);
+            assert_eq!(st, 0, "ggml_graph_compute failed with status {st}");
+        }
+    }
+}
+
+impl Drop for GgmlGraph<'_> {
+    fn drop(&mut self) {
+        unsafe {
+            let free: unsafe extern "C" fn(P) = self.g.sym("ggml_threadpool_free");
+            free(self.tp)
         }
     }
 }

@@ -185,11 +185,77 @@ impl TView {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr(), n) }
     }
 
+    /// Copies the raw bytes of elements `i0 ..` of row (i1, i2, i3) into
+    /// `out` (`out.len()` bytes, clamped to the span; `i0` at a block start
+    /// for block types). Rows must be packed. Used by kernels that stream a
+    /// long row in pieces (attention masks).
+    pub fn load_run_bytes(&self, i0: usize, i1: usize, i2: usize, i3: usize, out: &mut [u8]) {
+        let o = self.offset(i0, i1, i2, i3);
+        let n = out.len().min(self.span.saturating_sub(o));
+        // SAFETY: `[o, o+n)` is inside the span (clamped); `out` is caller-owned, so no overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr(), n) }
+    }
+
     /// Copies `data` into the raw bytes of row (i1, i2, i3). Rows must be packed.
     pub fn store_row_bytes(&self, i1: usize, i2: usize, i3: usize, data: &[u8]) {
         let o = self.offset(0, i1, i2, i3);
         let n = data.len().min(self.span.saturating_sub(o));
         // SAFETY: inside the span; `data` is caller-owned scratch (invariant 3).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o), n) }
+    }
+
+    /// The whole span as a shared byte slice, for read-heavy kernels (the
+    /// matrix product reads weight rows in place instead of copying them).
+    /// Element (i0, i1, i2, i3) starts at byte
+    /// `(i0 / block_size)·nb[0] + i1·nb[1] + i2·nb[2] + i3·nb[3]` of the slice.
+    ///
+    /// # Safety
+    /// Nothing may write any byte of the span while the slice lives: call it
+    /// only on sources of ops whose result never shares memory with them (ops
+    /// outside [`crate::ops::Op::can_inplace`], e.g. `mul_mat`), never on a destination.
+    pub(crate) unsafe fn src_bytes(&self) -> &[u8] {
+        // SAFETY: invariant 1 (the span is live for the compute call); the
+        // caller guarantees no concurrent writer, so a shared slice is sound.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.span) }
+    }
+
+    /// Writes `data` into consecutive elements `i0 .. i0 + data.len()` of row
+    /// (i1, i2, i3), converting to the tensor's type (non-quantized types;
+    /// one copy for packed F32 rows). Elements past `ne[0]` are dropped.
+    pub fn store_f32_run(&self, i0: usize, i1: usize, i2: usize, i3: usize, data: &[f32]) {
+        let n = data.len().min(self.ne[0].saturating_sub(i0));
+        if n == 0 || self.ty.is_quantized() {
+            return;
+        }
+        if self.ty == GgmlType::F32 && self.rows_packed() {
+            let o = self.offset(i0, i1, i2, i3);
+            debug_assert!(o + 4 * n <= self.span);
+            // SAFETY: elements i0..i0+n of the row are inside the span
+            // (invariant 2); `data` is caller-owned scratch (invariant 3).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o) as *mut f32, n) }
+            return;
+        }
+        for (k, &v) in data[..n].iter().enumerate() {
+            self.set_f32(i0 + k, i1, i2, i3, v);
+        }
+    }
+
+    /// Copies the raw bytes of one element (one block for block types; `i0`
+    /// is then an element index at a block start) into `out`
+    /// (`out.len()` = type size). Works for any strides.
+    pub fn load_elem_bytes(&self, i0: usize, i1: usize, i2: usize, i3: usize, out: &mut [u8]) {
+        let o = self.offset(i0, i1, i2, i3);
+        let n = out.len().min(self.ty.type_size()).min(self.span.saturating_sub(o));
+        // SAFETY: `[o, o+n)` is inside the span (clamped); `out` is caller-owned, so no overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr(), n) }
+    }
+
+    /// Writes the raw bytes of one element (one block for block types) from
+    /// `data` (`data.len()` = type size). Works for any strides.
+    pub fn store_elem_bytes(&self, i0: usize, i1: usize, i2: usize, i3: usize, data: &[u8]) {
+        let o = self.offset(i0, i1, i2, i3);
+        let n = data.len().min(self.ty.type_size()).min(self.span.saturating_sub(o));
+        // SAFETY: inside the span (clamped); `data` is caller-owned scratch (invariant 3).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o), n) }
     }
 

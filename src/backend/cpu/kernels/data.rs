@@ -1,10 +1,345 @@
-//! CPU kernels of this op family.
+//! CPU kernels of the data-movement family: `dup`/`cont`/`cpy` (copies in
+//! logical element order with type conversion), `get_rows`, `set_rows`,
+//! `concat`, `repeat` and `pad` (ggml-cpu `ops.cpp`: `ggml_compute_forward_dup*`,
+//! `_get_rows*`, `_set_rows*`, `_concat*`, `_repeat*`, `_pad*`).
+//!
+//! Every kernel splits work by destination rows with rayon and moves whole
+//! rows through per-task scratch buffers (so a destination that aliases a
+//! source is read before it is written, row by row).
+//!
+//! Index policy: an index outside the table (`get_rows`) or the destination
+//! (`set_rows`) makes the node fail with [`Error::Compute`] naming the op,
+//! the index and the valid range. `set_rows` checks all indices before it
+//! writes anything, so a failed `set_rows` leaves the destination untouched.
+//! Duplicate `set_rows` indices within one (i2, i3) slice: the last source
+//! row wins (deterministic; ggml leaves the order to its threads).
 
 use super::{unsupported, TView};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::Op;
+use rayon::prelude::*;
 
 /// Runs one op of this family.
 pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
-    Err(unsupported(op, dst, src))
+    let s0 = src.first().ok_or_else(|| unsupported(op, dst, src))?;
+    match op {
+        Op::Dup | Op::Cont | Op::Cpy => copy(op, dst, s0),
+        Op::GetRows => get_rows(dst, s0, src.get(1).ok_or_else(|| unsupported(op, dst, src))?),
+        Op::SetRows => set_rows(dst, s0, src.get(1).ok_or_else(|| unsupported(op, dst, src))?),
+        Op::Concat { dim } => concat(dst, s0, src.get(1).ok_or_else(|| unsupported(op, dst, src))?, *dim),
+        Op::Repeat => repeat(dst, s0),
+        Op::Pad { lp, rp } => pad(dst, s0, lp, rp),
+        _ => Err(unsupported(op, dst, src)),
+    }
+}
+
+/// Minimum rows per rayon task so tiny rows are not scheduled one by one.
+fn min_rows(row_elems: usize) -> usize {
+    (16384 / row_elems.max(1)).max(1)
+}
+
+/// Units (elements, or blocks for block types) in one row of `v`.
+fn units(v: &TView) -> usize {
+    v.ne[0] / v.ty.block_size()
+}
+
+/// Loads the raw bytes of row (i1, i2, i3) of `v` into `out`
+/// (`units(v) · type_size` bytes), for any strides.
+fn load_bytes(v: &TView, i1: usize, i2: usize, i3: usize, out: &mut [u8]) {
+    if v.rows_packed() {
+        v.load_row_bytes(i1, i2, i3, out);
+    } else {
+        let (ts, bs) = (v.ty.type_size(), v.ty.block_size());
+        for (k, chunk) in out.chunks_exact_mut(ts).enumerate() {
+            v.load_elem_bytes(k * bs, i1, i2, i3, chunk);
+        }
+    }
+}
+
+/// Stores `data` (`units(v) · type_size` bytes) into row (i1, i2, i3) of
+/// `v`, for any strides.
+fn store_bytes(v: &TView, i1: usize, i2: usize, i3: usize, data: &[u8]) {
+    if v.rows_packed() {
+        v.store_row_bytes(i1, i2, i3, data);
+    } else {
+        let (ts, bs) = (v.ty.type_size(), v.ty.block_size());
+        for (k, chunk) in data.chunks_exact(ts).enumerate() {
+            v.store_elem_bytes(k * bs, i1, i2, i3, chunk);
+        }
+    }
+}
+
+fn compute_err(detail: String) -> Error {
+    Error::Compute { detail }
+}
+
+// ----------------------------------------------------------------------
+// dup / cont / cpy
+// ----------------------------------------------------------------------
+
+/// Copies `s` into `d` in logical element order (dim 0 fastest), converting
+/// types. Shapes may differ; element counts must match.
+fn copy(op: &Op, d: &TView, s: &TView) -> Result<()> {
+    if d.nelements() != s.nelements() {
+        return Err(compute_err(format!(
+            "{}: element counts differ: src {}{:?}, dst {}{:?}",
+            op.name(),
+            s.ty,
+            s.ne,
+            d.ty,
+            d.ne
+        )));
+    }
+    if d.nelements() == 0 {
+        return Ok(());
+    }
+    if d.ty == s.ty {
+        copy_same_type(d, s)
+    } else {
+        copy_convert(d, s)
+    }
+}
+
+/// A streaming reader of a tensor's rows in logical order, caching the last
+/// row loaded.
+struct RowCache<T> {
+    row: usize,
+    buf: Vec<T>,
+}
+
+/// Same-type copy: raw bytes, one unit (element or block) at a time in
+/// logical order; whole rows when the row lengths agree.
+fn copy_same_type(d: &TView, s: &TView) -> Result<()> {
+    let ts = d.ty.type_size();
+    let (du, su) = (units(d), units(s));
+    let nrows = d.nrows();
+    (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
+        || (vec![0u8; du * ts], RowCache { row: usize::MAX, buf: vec![0u8; su * ts] }),
+        |(drow, cache), r| {
+            let (i1, i2, i3) = d.row_index(r);
+            if du == su {
+                let (j1, j2, j3) = s.row_index(r);
+                load_bytes(s, j1, j2, j3, drow);
+                store_bytes(d, i1, i2, i3, drow);
+                return Ok(());
+            }
+            // Row lengths differ: walk the unit stream.
+            let mut pos = r * du;
+            let mut filled = 0;
+            while filled < du {
+                let sr = pos / su;
+                let off = pos % su;
+                if cache.row != sr {
+                    let (j1, j2, j3) = s.row_index(sr);
+                    load_bytes(s, j1, j2, j3, &mut cache.buf);
+                    cache.row = sr;
+                }
+                let take = (su - off).min(du - filled);
+                drow[filled * ts..(filled + take) * ts].copy_from_slice(&cache.buf[off * ts..(off + take) * ts]);
+                filled += take;
+                pos += take;
+            }
+            store_bytes(d, i1, i2, i3, drow);
+            Ok(())
+        },
+    )
+}
+
+/// Converting copy through f32 scratch rows (dequantizing, quantizing whole
+/// destination rows with the reference quantizer).
+fn copy_convert(d: &TView, s: &TView) -> Result<()> {
+    let (d0, s0) = (d.ne[0], s.ne[0]);
+    let nrows = d.nrows();
+    (0..nrows).into_par_iter().with_min_len(min_rows(d0)).try_for_each_init(
+        || (vec![0f32; d0], RowCache { row: usize::MAX, buf: vec![0f32; s0] }),
+        |(drow, cache), r| -> Result<()> {
+            let (i1, i2, i3) = d.row_index(r);
+            if d0 == s0 {
+                let (j1, j2, j3) = s.row_index(r);
+                s.load_row_f32(j1, j2, j3, drow)?;
+                return d.store_row_f32(i1, i2, i3, drow);
+            }
+            let mut pos = r * d0;
+            let mut filled = 0;
+            while filled < d0 {
+                let sr = pos / s0;
+                let off = pos % s0;
+                if cache.row != sr {
+                    let (j1, j2, j3) = s.row_index(sr);
+                    s.load_row_f32(j1, j2, j3, &mut cache.buf)?;
+                    cache.row = sr;
+                }
+                let take = (s0 - off).min(d0 - filled);
+                drow[filled..filled + take].copy_from_slice(&cache.buf[off..off + take]);
+                filled += take;
+                pos += take;
+            }
+            d.store_row_f32(i1, i2, i3, drow)
+        },
+    )
+}
+
+// ----------------------------------------------------------------------
+// get_rows / set_rows
+// ----------------------------------------------------------------------
+
+/// dst[:, i10, i11, i12] = a[:, b[i10, i11, i12], i11, i12].
+fn get_rows(d: &TView, a: &TView, b: &TView) -> Result<()> {
+    let n_table = a.ne[1];
+    let ne0 = d.ne[0];
+    let same = d.ty == a.ty;
+    let ts = a.ty.type_size();
+    let nrows = d.nrows();
+    (0..nrows).into_par_iter().with_min_len(min_rows(ne0)).try_for_each_init(
+        || (vec![0f32; ne0], vec![0u8; units(a) * ts]),
+        |(frow, brow), r| -> Result<()> {
+            let (i10, i11, i12) = d.row_index(r);
+            let idx = b.get_i64(i10, i11, i12, 0);
+            if idx < 0 || idx as u64 >= n_table as u64 {
+                return Err(compute_err(format!(
+                    "get_rows: index {idx} at [{i10}, {i11}, {i12}] outside the table's {n_table} rows (src0 {}{:?})",
+                    a.ty, a.ne
+                )));
+            }
+            let idx = idx as usize;
+            if same {
+                load_bytes(a, idx, i11, i12, brow);
+                store_bytes(d, i10, i11, i12, brow);
+                Ok(())
+            } else {
+                a.load_row_f32(idx, i11, i12, frow)?;
+                d.store_row_f32(i10, i11, i12, frow)
+            }
+        },
+    )
+}
+
+/// dst[:, c[i, i02 % c.ne1, i03 % c.ne2], i02, i03] = b[:, i, i02, i03]
+/// (`dst` is the destination's storage; `b` F32 rows; `c` I64/I32 indices).
+fn set_rows(d: &TView, b: &TView, c: &TView) -> Result<()> {
+    let (n, ne2, ne3) = (b.ne[1], b.ne[2], b.ne[3]);
+    let (c1, c2) = (c.ne[1].max(1), c.ne[2].max(1));
+    let n_dst = d.ne[1];
+    // (dst row, i02, i03, source row i): validated before any write.
+    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(n * ne2 * ne3);
+    for i03 in 0..ne3 {
+        for i02 in 0..ne2 {
+            for i in 0..n {
+                let idx = c.get_i64(i, i02 % c1, i03 % c2, 0);
+                if idx < 0 || idx as u64 >= n_dst as u64 {
+                    return Err(compute_err(format!(
+                        "set_rows: index {idx} at [{i}, {}, {}] outside the destination's {n_dst} rows (dst {}{:?})",
+                        i02 % c1,
+                        i03 % c2,
+                        d.ty,
+                        d.ne
+                    )));
+                }
+                tasks.push((idx as usize, i02, i03, i));
+            }
+        }
+    }
+    // Last writer wins for duplicate destination rows: keep the final task
+    // of each (row, i02, i03) key (stable sort keeps source order in a key).
+    tasks.sort_by_key(|t| (t.2, t.1, t.0));
+    let mut winners: Vec<(usize, usize, usize, usize)> = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        match winners.last_mut() {
+            Some(last) if (last.0, last.1, last.2) == (t.0, t.1, t.2) => *last = t,
+            _ => winners.push(t),
+        }
+    }
+    let ne0 = b.ne[0];
+    winners.par_iter().with_min_len(min_rows(ne0)).try_for_each_init(
+        || vec![0f32; ne0],
+        |row, &(i1, i02, i03, i)| -> Result<()> {
+            b.load_row_f32(i, i02, i03, row)?;
+            d.store_row_f32(i1, i02, i03, row)
+        },
+    )
+}
+
+// ----------------------------------------------------------------------
+// concat / repeat / pad
+// ----------------------------------------------------------------------
+
+/// dst = a joined with b along `dim` (same type; raw bytes).
+fn concat(d: &TView, a: &TView, b: &TView, dim: usize) -> Result<()> {
+    if dim > 3 || a.ty != d.ty || b.ty != d.ty {
+        return Err(unsupported(&Op::Concat { dim }, d, &[*a, *b]));
+    }
+    let ts = d.ty.type_size();
+    let nrows = d.nrows();
+    let (au, bu) = (units(a), units(b));
+    (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
+        || vec![0u8; units(d) * ts],
+        |row, r| -> Result<()> {
+            let (i1, i2, i3) = d.row_index(r);
+            if dim == 0 {
+                load_bytes(a, i1, i2, i3, &mut row[..au * ts]);
+                load_bytes(b, i1, i2, i3, &mut row[au * ts..(au + bu) * ts]);
+            } else {
+                let mut idx = [0, i1, i2, i3];
+                if idx[dim] < a.ne[dim] {
+                    load_bytes(a, idx[1], idx[2], idx[3], row);
+                } else {
+                    idx[dim] -= a.ne[dim];
+                    load_bytes(b, idx[1], idx[2], idx[3], row);
+                }
+            }
+            store_bytes(d, i1, i2, i3, row);
+            Ok(())
+        },
+    )
+}
+
+/// dst[i] = a[i mod a.ne] (non-block types; raw bytes).
+fn repeat(d: &TView, a: &TView) -> Result<()> {
+    if a.ty != d.ty || a.ty.block_size() != 1 || a.ne.iter().any(|&n| n == 0) {
+        return Err(unsupported(&Op::Repeat, d, &[*a]));
+    }
+    let ts = d.ty.type_size();
+    let a0 = a.ne[0] * ts;
+    (0..d.nrows()).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
+        || (vec![0u8; a0], vec![0u8; d.ne[0] * ts]),
+        |(arow, drow), r| -> Result<()> {
+            let (i1, i2, i3) = d.row_index(r);
+            load_bytes(a, i1 % a.ne[1], i2 % a.ne[2], i3 % a.ne[3], arow);
+            for chunk in drow.chunks_exact_mut(a0) {
+                chunk.copy_from_slice(arow);
+            }
+            store_bytes(d, i1, i2, i3, drow);
+            Ok(())
+        },
+    )
+}
+
+/// Zero padding: dst[i] = a[i − lp] inside, 0 outside (non-block types).
+fn pad(d: &TView, a: &TView, lp: &[i32; 4], rp: &[i32; 4]) -> Result<()> {
+    let op = Op::Pad { lp: *lp, rp: *rp };
+    if a.ty != d.ty || a.ty.block_size() != 1 || lp.iter().chain(rp.iter()).any(|&p| p < 0) {
+        return Err(unsupported(&op, d, &[*a]));
+    }
+    let lpu = lp.map(|p| p as usize);
+    for k in 0..4 {
+        if d.ne[k] != a.ne[k] + lpu[k] + rp[k] as usize {
+            return Err(unsupported(&op, d, &[*a]));
+        }
+    }
+    let ts = d.ty.type_size();
+    let a0 = a.ne[0] * ts;
+    let inside = |i: usize, k: usize| i >= lpu[k] && i - lpu[k] < a.ne[k];
+    (0..d.nrows()).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
+        || vec![0u8; d.ne[0] * ts],
+        |row, r| -> Result<()> {
+            let (i1, i2, i3) = d.row_index(r);
+            row.fill(0);
+            if inside(i1, 1) && inside(i2, 2) && inside(i3, 3) && a.ne[0] > 0 {
+                let start = lpu[0] * ts;
+                load_bytes(a, i1 - lpu[1], i2 - lpu[2], i3 - lpu[3], &mut row[start..start + a0]);
+            }
+            store_bytes(d, i1, i2, i3, row);
+            Ok(())
+        },
+    )
 }

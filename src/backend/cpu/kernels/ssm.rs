@@ -1,10 +1,316 @@
-//! CPU kernels of this op family.
+//! CPU kernels of the recurrent-layer ops: `ssm_conv` (ggml's
+//! `ggml_compute_forward_ssm_conv_f32`) and `gated_delta_net` (ggml's
+//! `ggml_compute_forward_gated_delta_net_one_chunk`).
 
+use super::attn::vec::VecOps;
 use super::{unsupported, TView};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops::Op;
+use crate::tensor::GgmlType;
+use rayon::prelude::*;
+
+/// Channels per parallel task of `ssm_conv`.
+const CONV_CHANNELS_PER_TASK: usize = 64;
 
 /// Runs one op of this family.
 pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
-    Err(unsupported(op, dst, src))
+    match *op {
+        Op::SsmConv => ssm_conv(op, dst, src),
+        Op::GatedDeltaNet { k_snapshots } => gated_delta_net(op, dst, src, k_snapshots),
+        _ => Err(unsupported(op, dst, src)),
+    }
+}
+
+fn with_reason(e: Error, why: &str) -> Error {
+    match e {
+        Error::UnsupportedOp { backend, op, detail } => Error::UnsupportedOp { backend, op, detail: format!("{why}: {detail}") },
+        other => other,
+    }
+}
+
+/// `dst[i, t, s] = Σ_j sx[t + j, i, s] · c[j, i]`, summed in order of `j`.
+fn ssm_conv(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
+    let bad = |why: &str| with_reason(unsupported(op, dst, src), why);
+    let (sx, c) = match src {
+        [sx, c, ..] => (sx, c),
+        _ => return Err(bad("needs sx and c")),
+    };
+    let (nc, d_inner) = (c.ne[0], c.ne[1]);
+    let ncs = sx.ne[0];
+    let (n_t, n_s) = (dst.ne[1], dst.ne[2]);
+    if sx.ty != GgmlType::F32
+        || c.ty != GgmlType::F32
+        || dst.ty != GgmlType::F32
+        || sx.ne[1] != d_inner
+        || dst.ne[0] != d_inner
+        || sx.ne[2] != n_s
+        || ncs + 1 != nc + n_t
+    {
+        return Err(bad("operand shapes"));
+    }
+    let blocks: Vec<usize> = (0..d_inner).step_by(CONV_CHANNELS_PER_TASK).collect();
+    blocks.par_iter().try_for_each_init(
+        || (vec![0f32; ncs], vec![0f32; nc]),
+        |(xs, cs), &i0| -> Result<()> {
+            let i1 = (i0 + CONV_CHANNELS_PER_TASK).min(d_inner);
+            for i in i0..i1 {
+                c.load_row_f32(i, 0, 0, cs)?;
+                for s in 0..n_s {
+                    sx.load_row_f32(i, s, 0, xs)?;
+                    for t in 0..n_t {
+                        let mut sum = 0.0f32;
+                        for (x, w) in xs[t..t + nc].iter().zip(cs.iter()) {
+                            sum += x * w;
+                        }
+                        dst.set_f32(i, t, s, 0, sum);
+                    }
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The gated delta rule, one (head, sequence) pair per task; see
+/// `Context::gated_delta_net` for the layout of the result.
+fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64) -> Result<()> {
+    let bad = |why: &str| with_reason(unsupported(op, dst, src), why);
+    let (q, k, v, g, beta, state) = match src {
+        [q, k, v, g, beta, state, ..] => (q, k, v, g, beta, state),
+        _ => return Err(bad("needs q, k, v, g, beta, state")),
+    };
+    let [s_v, n_head, n_tok, n_seq] = v.ne;
+    let n_snap = usize::try_from(k_snapshots).map_err(|_| bad("k_snapshots < 1"))?;
+    let kda = g.ne[0] == s_v && s_v != 1;
+    let ok = [q, k, v, g, beta, state, dst].iter().all(|t| t.ty == GgmlType::F32)
+        && n_snap >= 1
+        && [q, k].iter().all(|t| {
+            t.ne[0] == s_v && t.ne[2] == n_tok && t.ne[1] > 0 && t.ne[3] > 0 && n_head % t.ne[1] == 0 && n_seq % t.ne[3] == 0
+        })
+        && (g.ne[0] == 1 || g.ne[0] == s_v)
+        && g.ne[1..] == [n_head, n_tok, n_seq]
+        && beta.ne == [1, n_head, n_tok, n_seq]
+        && state.ne == [s_v, s_v, n_head, n_seq]
+        && dst.is_contiguous()
+        && Some(dst.ne[0]) == s_v.checked_mul(n_head)
+        && n_snap.checked_mul(s_v).and_then(|x| x.checked_mul(n_seq)).and_then(|x| x.checked_add(n_tok * n_seq))
+            == Some(dst.ne[1]);
+    if !ok {
+        return Err(bad("operand shapes"));
+    }
+    if s_v == 0 {
+        return Ok(());
+    }
+    // The result seen as rows of `s_v` values: output row (b·T + t) holds head h at
+    // run (b·T + t)·H + h; snapshot slot `slot` of (h, b) starts at run
+    // T·B·H + slot·S·H·B + (b·H + h)·S.
+    let n_runs = dst.ne[0] * dst.ne[1] / s_v;
+    let runs = dst
+        .with_layout(GgmlType::F32, [s_v, n_runs, 1, 1], [4, 4 * s_v, 4 * s_v * n_runs, 4 * s_v * n_runs])
+        .ok_or_else(|| bad("result layout"))?;
+    let out_runs = n_tok * n_seq * n_head;
+    let snap_runs = s_v * n_head * n_seq;
+    let rq3 = n_seq / q.ne[3];
+    let rk3 = n_seq / k.ne[3];
+    let scale = 1.0 / (s_v as f32).sqrt();
+    let ops = VecOps::detect();
+
+    struct Scratch {
+        m: Vec<f32>,
+        qr: Vec<f32>,
+        kr: Vec<f32>,
+        vr: Vec<f32>,
+        gr: Vec<f32>,
+        delta: Vec<f32>,
+        out: Vec<f32>,
+    }
+
+    let write_state = |m: &[f32], slot: usize, h: usize, b: usize| -> Result<()> {
+        let base = out_runs + slot * snap_runs + (b * n_head + h) * s_v;
+        for (j, row) in m.chunks_exact(s_v).enumerate() {
+            runs.store_row_f32(base + j, 0, 0, row)?;
+        }
+        Ok(())
+    };
+
+    (0..n_head * n_seq).into_par_iter().try_for_each_init(
+        || Scratch {
+            m: vec![0f32; s_v * s_v],
+            qr: vec![0f32; s_v],
+            kr: vec![0f32; s_v],
+            vr: vec![0f32; s_v],
+            gr: vec![0f32; g.ne[0]],
+            delta: vec![0f32; s_v],
+            out: vec![0f32; s_v],
+        },
+        |sc, ir| -> Result<()> {
+            let (h, b) = (ir % n_head, ir / n_head);
+            let (iq1, ik1) = (h % q.ne[1], h % k.ne[1]);
+            let (iq3, ik3) = (b / rq3, b / rk3);
+            // m[j·S + i] = S[i][j]: row j of the stored state.
+            for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
+                state.load_row_f32(j, h, b, row)?;
+            }
+            for t in 0..n_tok {
+                q.load_row_f32(iq1, t, iq3, &mut sc.qr)?;
+                k.load_row_f32(ik1, t, ik3, &mut sc.kr)?;
+                v.load_row_f32(h, t, b, &mut sc.vr)?;
+                let beta_v = beta.get_f32(0, h, t, b);
+                if kda {
+                    g.load_row_f32(h, t, b, &mut sc.gr)?;
+                    sc.gr.iter_mut().for_each(|x| *x = x.exp());
+                    for row in sc.m.chunks_exact_mut(s_v) {
+                        row.iter_mut().zip(&sc.gr).for_each(|(x, e)| *x *= e);
+                    }
+                } else {
+                    (ops.scale)(&mut sc.m, g.get_f32(0, h, t, b).exp());
+                }
+                for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
+                    sc.delta[j] = (sc.vr[j] - (ops.dot)(row, &sc.kr)) * beta_v;
+                }
+                for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
+                    (ops.axpy)(row, &sc.kr, sc.delta[j]);
+                }
+                for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
+                    sc.out[j] = (ops.dot)(row, &sc.qr) * scale;
+                }
+                runs.store_row_f32((b * n_tok + t) * n_head + h, 0, 0, &sc.out)?;
+                if n_snap > 1 {
+                    let slot = n_tok - 1 - t;
+                    if slot < n_snap {
+                        write_state(&sc.m, slot, h, b)?;
+                    }
+                }
+            }
+            if n_snap == 1 {
+                write_state(&sc.m, 0, h, b)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::attn::tests::run;
+    use crate::{Context, GgmlType};
+
+    fn rand_vec(seed: &mut u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                lo + (hi - lo) * ((*seed >> 40) as f32 / (1u64 << 24) as f32)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ssm_conv_matches_reference() {
+        let (d_conv, d_inner, n_t, n_s) = (4usize, 130usize, 3usize, 2usize);
+        let ncs = d_conv - 1 + n_t;
+        let mut ctx = Context::new();
+        let sx = ctx.new_tensor_3d(GgmlType::F32, ncs as i64, d_inner as i64, n_s as i64).unwrap();
+        let c = ctx.new_tensor_2d(GgmlType::F32, d_conv as i64, d_inner as i64).unwrap();
+        let out = ctx.ssm_conv(sx, c).unwrap();
+        let mut seed = 7;
+        let xs = rand_vec(&mut seed, ncs * d_inner * n_s, -1.0, 1.0);
+        let cs = rand_vec(&mut seed, d_conv * d_inner, -1.0, 1.0);
+        let got = run(&ctx, &[(sx, xs.clone()), (c, cs.clone())], out, 2).unwrap();
+        for s in 0..n_s {
+            for t in 0..n_t {
+                for i in 0..d_inner {
+                    let mut want = 0f32;
+                    for j in 0..d_conv {
+                        want += xs[(s * d_inner + i) * ncs + t + j] * cs[i * d_conv + j];
+                    }
+                    assert_eq!(got[(s * n_t + t) * d_inner + i], want);
+                }
+            }
+        }
+    }
+
+    /// The documented recurrence in f64, head by head.
+    #[test]
+    fn gated_delta_net_matches_reference() {
+        for &(s_v, h, h_qk, n_t, n_s, g_vec, k_snap) in
+            &[(8usize, 4usize, 2usize, 5usize, 2usize, false, 3usize), (8, 2, 2, 3, 1, true, 1), (16, 2, 1, 2, 2, true, 4)]
+        {
+            let mut ctx = Context::new();
+            let q = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h_qk as i64, n_t as i64, n_s as i64).unwrap();
+            let k = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h_qk as i64, n_t as i64, n_s as i64).unwrap();
+            let v = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h as i64, n_t as i64, n_s as i64).unwrap();
+            let gw = if g_vec { s_v } else { 1 };
+            let g = ctx.new_tensor_4d(GgmlType::F32, gw as i64, h as i64, n_t as i64, n_s as i64).unwrap();
+            let beta = ctx.new_tensor_4d(GgmlType::F32, 1, h as i64, n_t as i64, n_s as i64).unwrap();
+            let st = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, s_v as i64, h as i64, n_s as i64).unwrap();
+            let out = ctx.gated_delta_net(q, k, v, g, beta, st, k_snap as i64).unwrap();
+            let mut seed = 11 + s_v as u64;
+            let a = 0.5;
+            let qs = rand_vec(&mut seed, s_v * h_qk * n_t * n_s, -a, a);
+            let ks = rand_vec(&mut seed, s_v * h_qk * n_t * n_s, -a, a);
+            let vs = rand_vec(&mut seed, s_v * h * n_t * n_s, -1.0, 1.0);
+            let gs = rand_vec(&mut seed, gw * h * n_t * n_s, -1.0, 0.0);
+            let bs = rand_vec(&mut seed, h * n_t * n_s, 0.0, 1.0);
+            let ss = rand_vec(&mut seed, s_v * s_v * h * n_s, -1.0, 1.0);
+            let leafs = vec![
+                (q, qs.clone()),
+                (k, ks.clone()),
+                (v, vs.clone()),
+                (g, gs.clone()),
+                (beta, bs.clone()),
+                (st, ss.clone()),
+            ];
+            let got = run(&ctx, &leafs, out, 3).unwrap();
+            let out_len = s_v * h * n_t * n_s;
+            let snap = s_v * s_v * h * n_s;
+            let (mut num, mut den) = (0f64, 0f64);
+            let mut cmp = |got: f32, want: f64| {
+                num += (got as f64 - want).powi(2);
+                den += want * want;
+            };
+            for b in 0..n_s {
+                for hh in 0..h {
+                    let hq = hh % h_qk;
+                    // S[i][j] = state[i + j·S].
+                    let mut m: Vec<Vec<f64>> = (0..s_v)
+                        .map(|i| (0..s_v).map(|j| ss[((b * h + hh) * s_v + j) * s_v + i] as f64).collect())
+                        .collect();
+                    for t in 0..n_t {
+                        let row = |x: &[f32], heads: usize, hd: usize| -> Vec<f64> {
+                            x[((b * n_t + t) * heads + hd) * s_v..][..s_v].iter().map(|&e| e as f64).collect()
+                        };
+                        let (qv, kv, vv) = (row(&qs, h_qk, hq), row(&ks, h_qk, hq), row(&vs, h, hh));
+                        let gi = (b * n_t + t) * h + hh;
+                        let bt = bs[gi] as f64;
+                        for (i, mi) in m.iter_mut().enumerate() {
+                            let e = if g_vec { gs[gi * s_v + i] } else { gs[gi] } as f64;
+                            mi.iter_mut().for_each(|x| *x *= e.exp());
+                        }
+                        let delta: Vec<f64> =
+                            (0..s_v).map(|j| bt * (vv[j] - (0..s_v).map(|i| m[i][j] * kv[i]).sum::<f64>())).collect();
+                        for i in 0..s_v {
+                            for j in 0..s_v {
+                                m[i][j] += kv[i] * delta[j];
+                            }
+                        }
+                        for j in 0..s_v {
+                            let o = (0..s_v).map(|i| m[i][j] * qv[i]).sum::<f64>() / (s_v as f64).sqrt();
+                            cmp(got[(b * n_t + t) * h * s_v + hh * s_v + j], o);
+                        }
+                        let slot = n_t - 1 - t;
+                        if slot < k_snap {
+                            for j in 0..s_v {
+                                for i in 0..s_v {
+                                    cmp(got[out_len + slot * snap + ((b * h + hh) * s_v + j) * s_v + i], m[i][j]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(num / den < 1e-12, "nmse {:e}", num / den);
+        }
+    }
 }

@@ -1,0 +1,208 @@
+//! Weight-row decoders: turn rows of `a` into the tile kernels' formats once
+//! per row tile, so the decode cost is shared by every column the tile meets.
+//!
+//! * Q4_0 / Q5_0 → u8 quants `q` (the stored unsigned value: the weight is
+//!   `d·(q − 8)` / `d·(q − 16)`) plus one f32 scale per 32.
+//! * Q8_0 → u8 quants `q + 128` (VNNI and portable) or the raw i8 (AVX2 sign
+//!   trick), plus scales.
+//! * Q4_K → u8 nibbles in element order, per super-block f32 `d`, `dmin`,
+//!   8 six-bit scales (each duplicated into a u32 for a broadcast) and 8 mins.
+//! * Anything else → f32 (`quant::dequantize_row`, BF16 widening).
+//!
+//! Block layouts are ggml's (`ggml-common.h`); `get_scale_min_k4` unpacking
+//! follows `ggml-quants.c`.
+
+use crate::error::{Error, Result};
+use crate::tensor::quant;
+use crate::tensor::GgmlType;
+use half::f16;
+
+/// Bytes of one Q4_0 block.
+pub(super) const Q4_0_BYTES: usize = 18;
+/// Bytes of one Q5_0 block.
+pub(super) const Q5_0_BYTES: usize = 22;
+/// Bytes of one Q8_0 block.
+pub(super) const Q8_0_BYTES: usize = 34;
+/// Bytes of one Q4_K super-block.
+pub(super) const Q4_K_BYTES: usize = 144;
+
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Q4_0 row (`q.len()` elements) → u8 quants and scales.
+pub(super) fn q4_0(src: &[u8], q: &mut [u8], d: &mut [f32], simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is set only when the CPU has AVX2; lengths are
+        // checked inside.
+        unsafe { x86::q4_0(src, q, d) };
+        return;
+    }
+    let _ = simd;
+    for ((blk, qs), dd) in src.chunks_exact(Q4_0_BYTES).zip(q.chunks_exact_mut(32)).zip(d.iter_mut()) {
+        *dd = f16_at(blk, 0);
+        for j in 0..16 {
+            qs[j] = blk[2 + j] & 0x0f;
+            qs[j + 16] = blk[2 + j] >> 4;
+        }
+    }
+}
+
+/// Q5_0 row → u8 quants (0..31) and scales.
+pub(super) fn q5_0(src: &[u8], q: &mut [u8], d: &mut [f32]) {
+    for ((blk, qs), dd) in src.chunks_exact(Q5_0_BYTES).zip(q.chunks_exact_mut(32)).zip(d.iter_mut()) {
+        *dd = f16_at(blk, 0);
+        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+        for j in 0..16 {
+            let h0 = (((qh >> j) << 4) & 0x10) as u8;
+            let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+            qs[j] = (blk[6 + j] & 0x0f) | h0;
+            qs[j + 16] = (blk[6 + j] >> 4) | h1;
+        }
+    }
+}
+
+/// Q8_0 row → quants (`signed`: raw i8 bits; else `q + 128`) and scales.
+pub(super) fn q8_0(src: &[u8], q: &mut [u8], d: &mut [f32], signed: bool, simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` is set only when the CPU has AVX2.
+        unsafe { x86::q8_0(src, q, d, signed) };
+        return;
+    }
+    let _ = simd;
+    let flip = if signed { 0 } else { 0x80 };
+    for ((blk, qs), dd) in src.chunks_exact(Q8_0_BYTES).zip(q.chunks_exact_mut(32)).zip(d.iter_mut()) {
+        *dd = f16_at(blk, 0);
+        for (o, &v) in qs.iter_mut().zip(&blk[2..34]) {
+            *o = v ^ flip;
+        }
+    }
+}
+
+/// Q4_K super-block metadata of one row, decoded.
+pub(super) struct Q4kMeta<'a> {
+    /// Super-block scale.
+    pub d: &'a mut [f32],
+    /// Super-block min scale.
+    pub dmin: &'a mut [f32],
+    /// 8 scales per super-block, duplicated into both u16 halves.
+    pub sc: &'a mut [u32],
+    /// 8 mins per super-block.
+    pub mn: &'a mut [i16],
+}
+
+/// Q4_K row → u8 nibbles in element order plus metadata.
+pub(super) fn q4_k(src: &[u8], q: &mut [u8], m: Q4kMeta<'_>, simd: bool) {
+    for (sb, (blk, qs)) in src.chunks_exact(Q4_K_BYTES).zip(q.chunks_exact_mut(256)).enumerate() {
+        m.d[sb] = f16_at(blk, 0);
+        m.dmin[sb] = f16_at(blk, 2);
+        let s = &blk[4..16];
+        for j in 0..8 {
+            let (sc, mn) = if j < 4 {
+                (s[j] & 63, s[j + 4] & 63)
+            } else {
+                ((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+            };
+            m.sc[8 * sb + j] = (sc as u32) | ((sc as u32) << 16);
+            m.mn[8 * sb + j] = mn as i16;
+        }
+        let packed = &blk[16..144];
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` only with AVX2; `packed` is 128 bytes and `qs` 256.
+            unsafe { x86::nibbles_k(packed, qs) };
+            continue;
+        }
+        let _ = simd;
+        for g in 0..4 {
+            for l in 0..32 {
+                let v = packed[32 * g + l];
+                qs[64 * g + l] = v & 0x0f;
+                qs[64 * g + 32 + l] = v >> 4;
+            }
+        }
+    }
+}
+
+/// Any supported weight row → f32 (`out.len()` elements).
+pub(super) fn to_f32(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
+    match ty {
+        GgmlType::F32 => {
+            for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            Ok(())
+        }
+        GgmlType::F16 => {
+            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+            Ok(())
+        }
+        GgmlType::BF16 => {
+            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+            Ok(())
+        }
+        _ => quant::dequantize_row(ty, src, out).map_err(|e| Error::Compute { detail: format!("mul_mat: {e}") }),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{f16_at, Q4_0_BYTES, Q8_0_BYTES};
+    use core::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn q4_0(src: &[u8], q: &mut [u8], d: &mut [f32]) {
+        let nb = d.len().min(q.len() / 32).min(src.len() / Q4_0_BYTES);
+        let mask = _mm_set1_epi8(0x0f);
+        for i in 0..nb {
+            d[i] = f16_at(src, i * Q4_0_BYTES);
+            // SAFETY: block i is inside `src` (16 bytes at +2) and `q` (32 bytes at 32·i).
+            unsafe {
+                let v = _mm_loadu_si128(src.as_ptr().add(i * Q4_0_BYTES + 2) as *const __m128i);
+                let lo = _mm_and_si128(v, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+                _mm256_storeu_si256(q.as_mut_ptr().add(32 * i) as *mut __m256i, _mm256_set_m128i(hi, lo));
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn q8_0(src: &[u8], q: &mut [u8], d: &mut [f32], signed: bool) {
+        let nb = d.len().min(q.len() / 32).min(src.len() / Q8_0_BYTES);
+        let flip = _mm256_set1_epi8(if signed { 0 } else { 0x80u8 as i8 });
+        for i in 0..nb {
+            d[i] = f16_at(src, i * Q8_0_BYTES);
+            // SAFETY: block i is inside `src` (32 bytes at +2) and `q`.
+            unsafe {
+                let v = _mm256_loadu_si256(src.as_ptr().add(i * Q8_0_BYTES + 2) as *const __m256i);
+                _mm256_storeu_si256(q.as_mut_ptr().add(32 * i) as *mut __m256i, _mm256_xor_si256(v, flip));
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn nibbles_k(packed: &[u8], q: &mut [u8]) {
+        if packed.len() < 128 || q.len() < 256 {
+            return;
+        }
+        let mask = _mm256_set1_epi8(0x0f);
+        for g in 0..4 {
+            // SAFETY: 32 bytes at 32·g of 128, 64 bytes at 64·g of 256.
+            unsafe {
+                let v = _mm256_loadu_si256(packed.as_ptr().add(32 * g) as *const __m256i);
+                _mm256_storeu_si256(q.as_mut_ptr().add(64 * g) as *mut __m256i, _mm256_and_si256(v, mask));
+                _mm256_storeu_si256(
+                    q.as_mut_ptr().add(64 * g + 32) as *mut __m256i,
+                    _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,543 @@
+//! Tile kernels: `RM` weight rows × `RN` activation columns of dot products
+//! in one pass over K, so each loaded weight vector serves `RN` columns and
+//! each activation vector `RM` rows (register blocking, as ggml's
+//! `tinyBLAS`). Formats (see `decode.rs` and `acts.rs`):
+//!
+//! * `Dense`: rows of f32 or f16 values × f32 columns.
+//! * `Q8`: rows of u8 quants (offset-encoded) with an f32 scale per 32 ×
+//!   Q8_0 columns (i8 quants, f32 scales, per-lane corrections).
+//! * `Q8S`: as `Q8` with signed i8 row quants (Q8_0 weights without VNNI).
+//! * `Q4K`: rows of u8 nibbles with per-super-block d, dmin, 8 scales and
+//!   8 mins × Q8_K columns.
+//!
+//! Every kernel exists as portable Rust and, on x86_64, as AVX2+FMA and
+//! AVX-512 VNNI builds of the same generic body, chosen once at run time.
+
+/// Largest row tile.
+pub(super) const MR: usize = 8;
+/// Largest column tile.
+pub(super) const NR: usize = 8;
+
+/// One tile's operands and results. Pointers past the tile's `rm`/`rn` are
+/// copies of the last valid one (the driver pads), so kernels never branch
+/// on partial tiles.
+#[derive(Clone, Copy)]
+pub(super) struct Tile {
+    /// Elements per dot product (K).
+    pub k: usize,
+    /// Row data: f32/f16 values or u8/i8 quants, `k` elements.
+    pub a: [*const u8; MR],
+    /// Q8: row block scales (k/32); Q4K: super-block d (k/256).
+    pub ad: [*const f32; MR],
+    /// Q4K: super-block dmin (k/256).
+    pub am: [*const f32; MR],
+    /// Q4K: 8 scales per super-block, each duplicated into both halves of a u32.
+    pub asc: [*const u32; MR],
+    /// Q4K: 8 mins per super-block (i16).
+    pub amn: [*const i16; MR],
+    /// Column data: f32 values or i8 quants, `k` elements.
+    pub b: [*const u8; NR],
+    /// Column scales: per 32 (Q8) or per 256 (Q4K).
+    pub bd: [*const f32; NR],
+    /// Q8: per-block lane corrections.
+    pub bc: [*const i32; NR],
+    /// Q4K: 8 sub-block sums per super-block.
+    pub bs: [*const i16; NR],
+    /// Results `out[row][col]`.
+    pub out: [[f32; NR]; MR],
+}
+
+impl Default for Tile {
+    fn default() -> Self {
+        Tile {
+            k: 0,
+            a: [std::ptr::null(); MR],
+            ad: [std::ptr::null(); MR],
+            am: [std::ptr::null(); MR],
+            asc: [std::ptr::null(); MR],
+            amn: [std::ptr::null(); MR],
+            b: [std::ptr::null(); NR],
+            bd: [std::ptr::null(); NR],
+            bc: [std::ptr::null(); NR],
+            bs: [std::ptr::null(); NR],
+            out: [[0.0; NR]; MR],
+        }
+    }
+}
+
+/// A tile kernel.
+///
+/// # Safety
+/// Every pointer of rows `0..rm` and columns `0..rn` of the kernel's tile
+/// size must be valid for the reads its format implies for `k` elements.
+pub(super) type KernFn = unsafe fn(&mut Tile);
+
+/// Formats with tile kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fmt {
+    /// f32 rows.
+    F32,
+    /// f16 rows.
+    F16,
+    /// u8 offset-encoded rows, Q8 columns.
+    Q8,
+    /// i8 rows, Q8 columns without corrections (needs no VNNI).
+    Q8S,
+    /// Q4_K rows, Q8_K columns.
+    Q4K,
+}
+
+/// The instruction set used by the kernels, detected once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// Portable Rust.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 + AVX-512 (F, BW, VL) with VNNI.
+    Vnni,
+}
+
+/// The best instruction set of this CPU (`SHARDGRAPH_MATMUL_ISA=scalar|avx2`
+/// lowers it, for tests and measurements).
+pub(crate) fn isa() -> Isa {
+    use std::sync::OnceLock;
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = detect();
+        match std::env::var("SHARDGRAPH_MATMUL_ISA").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+            _ => best,
+        }
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Isa {
+    let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+    let vnni = avx2
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
+    if vnni {
+        Isa::Vnni
+    } else if avx2 {
+        Isa::Avx2
+    } else {
+        Isa::Scalar
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Isa {
+    Isa::Scalar
+}
+
+/// The kernel for `fmt` with a tile of `rm × rn` (both must be one of the
+/// sizes instantiated below: see [`tile_shape`]).
+pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
+    macro_rules! pick {
+        ($f:ident) => {
+            match (rm, rn) {
+                (1, 1) => $f::<1, 1> as KernFn,
+                (4, 1) => $f::<4, 1> as KernFn,
+                (8, 1) => $f::<8, 1> as KernFn,
+                (2, 4) => $f::<2, 4> as KernFn,
+                (4, 2) => $f::<4, 2> as KernFn,
+                (3, 4) => $f::<3, 4> as KernFn,
+                (4, 3) => $f::<4, 3> as KernFn,
+                _ => $f::<4, 4> as KernFn,
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            use x86::*;
+            match fmt {
+                Fmt::F32 => pick!(f32_avx2),
+                Fmt::F16 => pick!(f16_avx2),
+                Fmt::Q8 => pick!(q8_avx2),
+                Fmt::Q8S => pick!(q8s_avx2),
+                Fmt::Q4K => pick!(q4k_avx2),
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Vnni => {
+            use x86::*;
+            match fmt {
+                Fmt::F32 => pick!(f32_vnni),
+                Fmt::F16 => pick!(f16_vnni),
+                Fmt::Q8 => pick!(q8_vnni),
+                Fmt::Q8S => pick!(q8s_vnni),
+                Fmt::Q4K => pick!(q4k_vnni),
+            }
+        }
+        _ => match fmt {
+            Fmt::F32 => pick!(dense_scalar_f32),
+            Fmt::F16 => pick!(dense_scalar_f16),
+            Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
+            Fmt::Q4K => pick!(q4k_scalar),
+        },
+    }
+}
+
+/// Tile shape (rows, columns) for `fmt` when a job has `ncols` columns.
+pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
+    if ncols == 1 {
+        return match isa {
+            Isa::Scalar => (4, 1),
+            _ => (4, 1),
+        };
+    }
+    match (isa, fmt) {
+        (Isa::Scalar, _) => (4, 4),
+        (Isa::Avx2, Fmt::Q4K) => (2, 4),
+        (Isa::Avx2, _) => (3, 4),
+        (Isa::Vnni, Fmt::Q4K) => (2, 4),
+        (Isa::Vnni, _) => (4, 4),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Portable kernels
+// ---------------------------------------------------------------------------
+
+#[inline(always)]
+unsafe fn rd<T: Copy>(p: *const u8, i: usize) -> T {
+    // SAFETY: caller keeps `p + i·size_of::<T>()` inside the row/column (KernFn contract).
+    unsafe { std::ptr::read_unaligned((p as *const T).add(i)) }
+}
+
+unsafe fn dense_scalar_f32<const RM: usize, const RN: usize>(t: &mut Tile) {
+    for r in 0..RM {
+        for c in 0..RN {
+            let mut s = 0f32;
+            for e in 0..t.k {
+                // SAFETY: e < k (KernFn contract).
+                unsafe { s += rd::<f32>(t.a[r], e) * rd::<f32>(t.b[c], e) };
+            }
+            t.out[r][c] = s;
+        }
+    }
+}
+
+unsafe fn dense_scalar_f16<const RM: usize, const RN: usize>(t: &mut Tile) {
+    for r in 0..RM {
+        for c in 0..RN {
+            let mut s = 0f32;
+            for e in 0..t.k {
+                // SAFETY: e < k (KernFn contract).
+                unsafe { s += half::f16::from_bits(rd::<u16>(t.a[r], e)).to_f32() * rd::<f32>(t.b[c], e) };
+            }
+            t.out[r][c] = s;
+        }
+    }
+}
+
+/// Portable Q8/Q8S: the row quants are u8 offset-encoded (`Q8`, corrected by
+/// the column's lane corrections) or signed (`Q8S`, corrections are zero);
+/// the driver encodes both so that `Σ a_enc·b + 8·c` is the exact block dot.
+unsafe fn q8_scalar<const RM: usize, const RN: usize>(t: &mut Tile) {
+    let nb = t.k / 32;
+    for r in 0..RM {
+        for c in 0..RN {
+            let mut s = 0f32;
+            for blk in 0..nb {
+                // SAFETY: blk < k/32 and e < k (KernFn contract).
+                unsafe {
+                    let mut acc = 8 * rd::<i32>(t.bc[c] as *const u8, blk);
+                    for e in 32 * blk..32 * blk + 32 {
+                        acc += rd::<u8>(t.a[r], e) as i32 * rd::<i8>(t.b[c], e) as i32;
+                    }
+                    s += acc as f32 * (rd::<f32>(t.ad[r] as *const u8, blk) * rd::<f32>(t.bd[c] as *const u8, blk));
+                }
+            }
+            t.out[r][c] = s;
+        }
+    }
+}
+
+unsafe fn q4k_scalar<const RM: usize, const RN: usize>(t: &mut Tile) {
+    let nsb = t.k / 256;
+    for r in 0..RM {
+        for c in 0..RN {
+            let mut s = 0f32;
+            for sb in 0..nsb {
+                // SAFETY: indices inside the super-block arrays (KernFn contract).
+                unsafe {
+                    let mut isum = 0i32;
+                    let mut imin = 0i32;
+                    for j in 0..8 {
+                        let sc = (rd::<u32>(t.asc[r] as *const u8, 8 * sb + j) & 0xffff) as i32;
+                        let mut dot = 0i32;
+                        for e in 256 * sb + 32 * j..256 * sb + 32 * j + 32 {
+                            dot += rd::<u8>(t.a[r], e) as i32 * rd::<i8>(t.b[c], e) as i32;
+                        }
+                        isum += sc * dot;
+                        imin += rd::<i16>(t.amn[r] as *const u8, 8 * sb + j) as i32
+                            * rd::<i16>(t.bs[c] as *const u8, 8 * sb + j) as i32;
+                    }
+                    let bd = rd::<f32>(t.bd[c] as *const u8, sb);
+                    s += bd
+                        * (rd::<f32>(t.ad[r] as *const u8, sb) * isum as f32
+                            - rd::<f32>(t.am[r] as *const u8, sb) * imin as f32);
+                }
+            }
+            t.out[r][c] = s;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// x86_64 kernels
+// ---------------------------------------------------------------------------
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Tile;
+    use core::arch::x86_64::*;
+
+    /// Integer dot-product steps that differ between AVX2 and VNNI.
+    pub(super) trait Dot {
+        /// `acc + Σ₄ a_u8·b_i8` per i32 lane (AVX2: `a` must keep pair sums in i16).
+        unsafe fn ub(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+        /// `acc + Σ₂ a_i16·b_i16` per i32 lane.
+        unsafe fn w(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    }
+    pub(super) struct Avx2;
+    pub(super) struct Vnni;
+    impl Dot for Avx2 {
+        #[inline(always)]
+        unsafe fn ub(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: only inlined into functions compiled with AVX2.
+            unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))) }
+        }
+        #[inline(always)]
+        unsafe fn w(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: as above.
+            unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)) }
+        }
+    }
+    impl Dot for Vnni {
+        #[inline(always)]
+        unsafe fn ub(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: only inlined into functions compiled with AVX-512 VNNI + VL.
+            unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+        }
+        #[inline(always)]
+        unsafe fn w(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            // SAFETY: as above.
+            unsafe { _mm256_dpwssd_epi32(acc, a, b) }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // SAFETY: AVX (implied by every caller's features).
+        unsafe {
+            let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+            let x = _mm_add_ss(x, _mm_movehdup_ps(x));
+            _mm_cvtss_f32(x)
+        }
+    }
+
+    /// f32 or f16 rows × f32 columns, 8 lanes per step, two steps unrolled.
+    #[inline(always)]
+    unsafe fn dense_body<const RM: usize, const RN: usize, const H: bool>(t: &mut Tile) {
+        // SAFETY: KernFn contract: rows and columns hold k elements.
+        unsafe {
+            let k = t.k;
+            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            let mut i = 0;
+            while i + 8 <= k {
+                let mut av = [_mm256_setzero_ps(); RM];
+                for r in 0..RM {
+                    av[r] = if H {
+                        _mm256_cvtph_ps(_mm_loadu_si128(t.a[r].add(2 * i) as *const __m128i))
+                    } else {
+                        _mm256_loadu_ps(t.a[r].add(4 * i) as *const f32)
+                    };
+                }
+                for c in 0..RN {
+                    let bv = _mm256_loadu_ps((t.b[c] as *const f32).add(i));
+                    for r in 0..RM {
+                        acc[r][c] = _mm256_fmadd_ps(av[r], bv, acc[r][c]);
+                    }
+                }
+                i += 8;
+            }
+            for r in 0..RM {
+                for c in 0..RN {
+                    let mut s = hsum(acc[r][c]);
+                    for e in i..k {
+                        let a = if H {
+                            half::f16::from_bits(std::ptr::read_unaligned((t.a[r] as *const u16).add(e))).to_f32()
+                        } else {
+                            std::ptr::read_unaligned((t.a[r] as *const f32).add(e))
+                        };
+                        s += a * std::ptr::read_unaligned((t.b[c] as *const f32).add(e));
+                    }
+                    t.out[r][c] = s;
+                }
+            }
+        }
+    }
+
+    /// u8 (offset-encoded) rows × i8 columns in blocks of 32 with f32 scales.
+    #[inline(always)]
+    unsafe fn q8_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract.
+        unsafe {
+            let nb = t.k / 32;
+            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            for blk in 0..nb {
+                let mut av = [_mm256_setzero_si256(); RM];
+                let mut ad = [_mm256_setzero_ps(); RM];
+                for r in 0..RM {
+                    av[r] = _mm256_loadu_si256(t.a[r].add(32 * blk) as *const __m256i);
+                    ad[r] = _mm256_broadcast_ss(&*t.ad[r].add(blk));
+                }
+                for c in 0..RN {
+                    let bv = _mm256_loadu_si256(t.b[c].add(32 * blk) as *const __m256i);
+                    let bd = _mm256_broadcast_ss(&*t.bd[c].add(blk));
+                    let corr = _mm256_set1_epi32(*t.bc[c].add(blk));
+                    for r in 0..RM {
+                        let s = D::ub(corr, av[r], bv);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ad[r], bd), acc[r][c]);
+                    }
+                }
+            }
+            for r in 0..RM {
+                for c in 0..RN {
+                    t.out[r][c] = hsum(acc[r][c]);
+                }
+            }
+        }
+    }
+
+    /// Signed i8 rows × i8 columns (sign trick for `maddubs`).
+    #[inline(always)]
+    unsafe fn q8s_body<const RM: usize, const RN: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract.
+        unsafe {
+            let nb = t.k / 32;
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            for blk in 0..nb {
+                let mut av = [_mm256_setzero_si256(); RM];
+                let mut aa = [_mm256_setzero_si256(); RM];
+                let mut ad = [_mm256_setzero_ps(); RM];
+                for r in 0..RM {
+                    av[r] = _mm256_loadu_si256(t.a[r].add(32 * blk) as *const __m256i);
+                    aa[r] = _mm256_sign_epi8(av[r], av[r]);
+                    ad[r] = _mm256_broadcast_ss(&*t.ad[r].add(blk));
+                }
+                for c in 0..RN {
+                    let bv = _mm256_loadu_si256(t.b[c].add(32 * blk) as *const __m256i);
+                    let bd = _mm256_broadcast_ss(&*t.bd[c].add(blk));
+                    for r in 0..RM {
+                        let p = _mm256_maddubs_epi16(aa[r], _mm256_sign_epi8(bv, av[r]));
+                        let s = _mm256_madd_epi16(p, ones);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ad[r], bd), acc[r][c]);
+                    }
+                }
+            }
+            for r in 0..RM {
+                for c in 0..RN {
+                    t.out[r][c] = hsum(acc[r][c]);
+                }
+            }
+        }
+    }
+
+    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns.
+    #[inline(always)]
+    unsafe fn q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract.
+        unsafe {
+            let nsb = t.k / 256;
+            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            for sb in 0..nsb {
+                let mut isum = [[_mm256_setzero_si256(); RN]; RM];
+                for j in 0..8 {
+                    let off = 256 * sb + 32 * j;
+                    let mut av = [_mm256_setzero_si256(); RM];
+                    let mut sc = [_mm256_setzero_si256(); RM];
+                    for r in 0..RM {
+                        av[r] = _mm256_loadu_si256(t.a[r].add(off) as *const __m256i);
+                        sc[r] = _mm256_set1_epi32(*t.asc[r].add(8 * sb + j) as i32);
+                    }
+                    for c in 0..RN {
+                        let bv = _mm256_loadu_si256(t.b[c].add(off) as *const __m256i);
+                        for r in 0..RM {
+                            isum[r][c] = D::w(isum[r][c], _mm256_maddubs_epi16(av[r], bv), sc[r]);
+                        }
+                    }
+                }
+                for r in 0..RM {
+                    let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
+                    let dm = _mm256_broadcast_ss(&*t.am[r].add(sb));
+                    let mins = _mm_loadu_si128(t.amn[r].add(8 * sb) as *const __m128i);
+                    for c in 0..RN {
+                        let bsum = _mm_loadu_si128(t.bs[c].add(8 * sb) as *const __m128i);
+                        let m = _mm_cvtepi32_ps(_mm_madd_epi16(mins, bsum));
+                        let m = _mm256_insertf128_ps(_mm256_setzero_ps(), m, 0);
+                        let v = _mm256_fnmadd_ps(dm, m, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r][c])));
+                        let bd = _mm256_broadcast_ss(&*t.bd[c].add(sb));
+                        acc[r][c] = _mm256_fmadd_ps(bd, v, acc[r][c]);
+                    }
+                }
+            }
+            for r in 0..RM {
+                for c in 0..RN {
+                    t.out[r][c] = hsum(acc[r][c]);
+                }
+            }
+        }
+    }
+
+    macro_rules! build {
+        ($feat:literal, $f32:ident, $f16:ident, $q8:ident, $q8s:ident, $q4k:ident, $dot:ty) => {
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $f32<const RM: usize, const RN: usize>(t: &mut Tile) {
+                // SAFETY: selected only when the CPU has these features; KernFn contract.
+                unsafe { dense_body::<RM, RN, false>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $f16<const RM: usize, const RN: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { dense_body::<RM, RN, true>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $q8<const RM: usize, const RN: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { q8_body::<$dot, RM, RN>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $q8s<const RM: usize, const RN: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { q8s_body::<RM, RN>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $q4k<const RM: usize, const RN: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { q4k_body::<$dot, RM, RN>(t) }
+            }
+        };
+    }
+
+    build!("avx2,fma,f16c", f32_avx2, f16_avx2, q8_avx2, q8s_avx2, q4k_avx2, Avx2);
+    build!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        f32_vnni,
+        f16_vnni,
+        q8_vnni,
+        q8s_vnni,
+        q4k_vnni,
+        Vnni
+    );
+}

@@ -1,0 +1,529 @@
+//! CPU kernels of the matrix-product family: `mul_mat`, `mul_mat_id`,
+//! `add_id` (ggml's `ggml_compute_forward_mul_mat`, `..._mul_mat_id` in
+//! `ggml-cpu.c` and `ggml_compute_forward_add_id` in `ops.cpp`).
+//!
+//! Strategy, as ggml's CPU backend:
+//! 1. every column of `b` is converted once to the weights' dot type
+//!    (`acts.rs`: F32, F16/BF16-rounded, Q8_0, Q8_1, Q8_K);
+//! 2. the product is split into tasks of (weight matrix, block of rows,
+//!    chunk of columns) run in parallel on the backend's rayon pool;
+//! 3. inside a task, a tile of weight rows is decoded once (`decode.rs`) and
+//!    multiplied with every column of the chunk by a register-blocked tile
+//!    kernel (`kern.rs`; AVX2 / AVX-512 VNNI where the CPU has them).
+//!
+//! Columns of `b` that share a weight matrix (broadcast over dims 2/3, or the
+//! tokens routed to one expert) are multiplied together, so each weight row
+//! is read once per chunk of columns.
+
+mod acts;
+mod decode;
+mod kern;
+
+use super::{unsupported, TView};
+use crate::error::{Error, Result};
+use crate::ops::Op;
+use crate::tensor::GgmlType;
+use acts::{ActKind, Acts, SrcRow};
+use kern::{Fmt, Isa, KernFn, Tile, MR, NR};
+use rayon::prelude::*;
+
+/// Runs one op of this family.
+pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
+    match (op, src) {
+        (Op::MulMat, [a, b, ..]) => mul_mat(dst, a, b).map_err(|e| annotate(e, op, dst, src)),
+        (Op::MulMatId, [a, b, ids, ..]) => mul_mat_id(dst, a, b, ids).map_err(|e| annotate(e, op, dst, src)),
+        (Op::AddId, [a, b, ids, ..]) => add_id(dst, a, b, ids).map_err(|e| annotate(e, op, dst, src)),
+        _ => Err(unsupported(op, dst, src)),
+    }
+}
+
+/// Adds the operand shapes to a compute error.
+fn annotate(e: Error, op: &Op, dst: &TView, src: &[TView]) -> Error {
+    match e {
+        Error::Compute { detail } => Error::Compute {
+            detail: format!(
+                "{}: {detail} (dst {}{:?}, src {:?})",
+                op.name(),
+                dst.ty,
+                dst.ne,
+                src.iter().map(|s| format!("{}{:?}", s.ty, s.ne)).collect::<Vec<_>>()
+            ),
+        },
+        other => other,
+    }
+}
+
+fn bad(detail: impl Into<String>) -> Error {
+    Error::Compute { detail: detail.into() }
+}
+
+// ---------------------------------------------------------------------------
+// Plans
+// ---------------------------------------------------------------------------
+
+/// How rows of a weight type are fed to the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowMode {
+    /// F32/F16 rows read in place.
+    Direct,
+    /// Q4_0 → u8 quants.
+    Q4_0,
+    /// Q5_0 → u8 quants.
+    Q5_0,
+    /// Q8_0 → u8 (`q + 128`) or signed quants.
+    Q8_0 { signed: bool },
+    /// Q4_K → nibbles and metadata.
+    Q4K,
+    /// Decoded to f32.
+    ToF32,
+}
+
+/// Everything fixed by the weight type and the CPU.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    wt: GgmlType,
+    rows: RowMode,
+    act: ActKind,
+    fmt: Fmt,
+    isa: Isa,
+}
+
+fn plan(wt: GgmlType, isa: Isa) -> Result<Plan> {
+    use GgmlType::*;
+    let simd = isa != Isa::Scalar;
+    let (rows, act, fmt) = match wt {
+        F32 => (RowMode::Direct, ActKind::F32, Fmt::F32),
+        F16 => (RowMode::Direct, ActKind::Round(F16), Fmt::F16),
+        BF16 => (RowMode::ToF32, ActKind::Round(BF16), Fmt::F32),
+        Q4_0 => (RowMode::Q4_0, ActKind::Q8 { corr_mul: 1 }, Fmt::Q8),
+        Q5_0 => (RowMode::Q5_0, ActKind::Q8 { corr_mul: 2 }, Fmt::Q8),
+        Q8_0 if simd && isa == Isa::Avx2 => (RowMode::Q8_0 { signed: true }, ActKind::Q8 { corr_mul: 0 }, Fmt::Q8S),
+        Q8_0 => (RowMode::Q8_0 { signed: false }, ActKind::Q8 { corr_mul: 16 }, Fmt::Q8),
+        Q4_K => (RowMode::Q4K, ActKind::Q8K, Fmt::Q4K),
+        Q4_1 | Q5_1 => (RowMode::ToF32, ActKind::Round(Q8_1), Fmt::F32),
+        Q2_K | Q3_K | Q5_K | Q6_K => (RowMode::ToF32, ActKind::Round(Q8_K), Fmt::F32),
+        other => return Err(Error::unsupported_type(other, "mul_mat weights")),
+    };
+    Ok(Plan { wt, rows, act, fmt, isa })
+}
+
+// ---------------------------------------------------------------------------
+// Jobs and tasks
+// ---------------------------------------------------------------------------
+
+/// One activation column to multiply and where its results go.
+#[derive(Clone, Copy, Debug)]
+struct Col {
+    /// Index into the prepared activations.
+    act: usize,
+    /// Destination row (i1, i2, i3) of `dst` (its elements are the weight rows).
+    dst: (usize, usize, usize),
+}
+
+/// A weight matrix and the columns multiplied with it.
+struct Job {
+    /// Byte offset of the matrix in `a`.
+    a_off: usize,
+    cols: Vec<Col>,
+}
+
+/// A block of rows × a chunk of columns of one job.
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    job: usize,
+    r0: usize,
+    r1: usize,
+    c0: usize,
+    c1: usize,
+}
+
+/// Shared state of one product.
+struct Run<'a> {
+    plan: Plan,
+    /// The weights' bytes (whole span of `a`).
+    a: &'a [u8],
+    /// Byte stride between rows of a matrix.
+    nb01: usize,
+    /// Bytes of one packed row.
+    row_bytes: usize,
+    /// Rows per matrix (M) and K.
+    m: usize,
+    k: usize,
+    acts: &'a Acts,
+    jobs: &'a [Job],
+    dst: &'a TView,
+    kern: KernFn,
+    rm: usize,
+    rn: usize,
+}
+
+/// Per-thread scratch.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<u8>,
+    d: Vec<f32>,
+    dmin: Vec<f32>,
+    sc: Vec<u32>,
+    mn: Vec<i16>,
+    f: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// Multiplies every job's matrix with its columns into `dst`.
+fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Result<()> {
+    let k = a.ne[0];
+    let m = a.ne[1];
+    if m == 0 || jobs.iter().all(|j| j.cols.is_empty()) {
+        return Ok(());
+    }
+    let row_bytes = (k / a.ty.block_size()) * a.ty.type_size();
+    // SAFETY: `a` is a source of mul_mat / mul_mat_id, which never run in
+    // place (not `Op::can_inplace`), so no byte of its span is written while
+    // this node computes.
+    let bytes = unsafe { a.src_bytes() };
+    for j in jobs {
+        let end = j.a_off.checked_add((m - 1).checked_mul(a.nb[1]).unwrap_or(usize::MAX)).and_then(|e| e.checked_add(row_bytes));
+        if end.is_none_or(|e| e > bytes.len()) {
+            return Err(bad(format!("weight matrix at byte {} leaves the {}-byte tensor", j.a_off, bytes.len())));
+        }
+    }
+    for j in jobs {
+        if let Some(c) = j.cols.iter().find(|c| act_len(acts, plan.act, c.act).is_none()) {
+            return Err(bad(format!("activation column {} was not prepared", c.act)));
+        }
+    }
+    let max_cols = jobs.iter().map(|j| j.cols.len()).max().unwrap_or(1);
+    let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
+    let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
+    let run = Run { plan, a: bytes, nb01: a.nb[1], row_bytes, m, k, acts, jobs, dst, kern, rm, rn };
+    let tasks = make_tasks(&run);
+    tasks.par_iter().try_for_each_init(Scratch::default, |scr, t| run.task(t, scr))
+}
+
+/// Checks that activation column `i` exists (returns its element offset).
+fn act_len(acts: &Acts, kind: ActKind, i: usize) -> Option<usize> {
+    let end = i.checked_add(1)?.checked_mul(acts.k)?;
+    let have = match kind {
+        ActKind::F32 | ActKind::Round(_) => acts.f.len(),
+        ActKind::Q8 { .. } | ActKind::Q8K => acts.q.len(),
+    };
+    (end <= have || acts.k == 0).then_some(i * acts.k)
+}
+
+/// Splits the jobs into tasks: column chunks sized to keep their activations
+/// in L2, row blocks sized for about four tasks per thread.
+fn make_tasks(run: &Run<'_>) -> Vec<Task> {
+    let threads = rayon::current_num_threads().max(1);
+    let col_bytes = match run.plan.act {
+        ActKind::F32 | ActKind::Round(_) => 4 * run.k,
+        ActKind::Q8 { .. } => run.k + run.k / 4,
+        ActKind::Q8K => run.k + run.k / 16,
+    }
+    .max(1);
+    let cb_max = ((192 * 1024 / col_bytes) / run.rn * run.rn).max(run.rn);
+    let chunks = |n: usize| n.div_ceil(cb_max.min(n).max(1));
+    let units: usize = run.jobs.iter().map(|j| chunks(j.cols.len()) * run.m).sum();
+    let target = threads * 4;
+    let avg_cols = (run.jobs.iter().map(|j| j.cols.len()).sum::<usize>() / run.jobs.len().max(1)).clamp(1, cb_max);
+    let min_rows = (65536 / (run.k.max(1) * avg_cols)).max(1);
+    let mut rb = units.div_ceil(target).max(min_rows).clamp(1, 256);
+    rb = rb.div_ceil(run.rm) * run.rm;
+    let mut tasks = Vec::new();
+    for (ji, j) in run.jobs.iter().enumerate() {
+        let n = j.cols.len();
+        if n == 0 {
+            continue;
+        }
+        let cb = cb_max.min(n);
+        let mut c0 = 0;
+        while c0 < n {
+            let c1 = (c0 + cb).min(n);
+            let mut r0 = 0;
+            while r0 < run.m {
+                let r1 = (r0 + rb).min(run.m);
+                tasks.push(Task { job: ji, r0, r1, c0, c1 });
+                r0 = r1;
+            }
+            c0 = c1;
+        }
+    }
+    tasks
+}
+
+impl Run<'_> {
+    fn task(&self, t: &Task, scr: &mut Scratch) -> Result<()> {
+        let job = &self.jobs[t.job];
+        let nrow = t.r1 - t.r0;
+        let ncol = t.c1 - t.c0;
+        scr.out.clear();
+        scr.out.resize(nrow * ncol, 0.0);
+        let mut tile = Tile { k: self.k, ..Tile::default() };
+        let mut r = t.r0;
+        while r < t.r1 {
+            let rows = self.rm.min(t.r1 - r);
+            self.load_rows(job.a_off, r, rows, scr, &mut tile)?;
+            let mut c = t.c0;
+            while c < t.c1 {
+                let cols = self.rn.min(t.c1 - c);
+                for jj in 0..self.rn {
+                    self.set_col(&mut tile, jj, job.cols[c + jj.min(cols - 1)].act);
+                }
+                // SAFETY: rows were bounds-checked against the weights in
+                // `execute` or point into `scr` (decoded above, not resized
+                // until the next row tile); columns were checked by
+                // `act_len`; padding repeats valid pointers.
+                unsafe { (self.kern)(&mut tile) };
+                for jj in 0..cols {
+                    let o = &mut scr.out[(c - t.c0 + jj) * nrow + (r - t.r0)..][..rows];
+                    for (ii, v) in o.iter_mut().enumerate() {
+                        *v = tile.out[ii][jj];
+                    }
+                }
+                c += cols;
+            }
+            r += rows;
+        }
+        for (jj, col) in job.cols[t.c0..t.c1].iter().enumerate() {
+            let (d1, d2, d3) = col.dst;
+            self.dst.store_f32_run(t.r0, d1, d2, d3, &scr.out[jj * nrow..(jj + 1) * nrow]);
+        }
+        Ok(())
+    }
+
+    /// Points the tile's rows at weight rows `r .. r + rows` (decoding them
+    /// into `scr` first where the format needs it); rows past `rows` repeat
+    /// the last one.
+    fn load_rows(&self, a_off: usize, r: usize, rows: usize, scr: &mut Scratch, t: &mut Tile) -> Result<()> {
+        let k = self.k;
+        let row = |i: usize| -> &[u8] {
+            let o = a_off + (r + i) * self.nb01;
+            &self.a[o..o + self.row_bytes]
+        };
+        let simd = self.plan.isa != Isa::Scalar;
+        match self.plan.rows {
+            RowMode::Direct => {
+                for i in 0..rows {
+                    t.a[i] = row(i).as_ptr();
+                }
+            }
+            RowMode::Q4_0 | RowMode::Q5_0 | RowMode::Q8_0 { .. } => {
+                let nb = k / 32;
+                scr.q.resize(MR * k, 0);
+                scr.d.resize(MR * nb, 0.0);
+                for i in 0..rows {
+                    let (q, d) = (&mut scr.q[i * k..(i + 1) * k], &mut scr.d[i * nb..(i + 1) * nb]);
+                    match self.plan.rows {
+                        RowMode::Q4_0 => decode::q4_0(row(i), q, d, simd),
+                        RowMode::Q5_0 => decode::q5_0(row(i), q, d),
+                        RowMode::Q8_0 { signed } => decode::q8_0(row(i), q, d, signed, simd),
+                        _ => {}
+                    }
+                }
+                for i in 0..rows {
+                    t.a[i] = scr.q[i * k..].as_ptr();
+                    t.ad[i] = scr.d[i * nb..].as_ptr();
+                }
+            }
+            RowMode::Q4K => {
+                let ns = k / 256;
+                scr.q.resize(MR * k, 0);
+                scr.d.resize(MR * ns, 0.0);
+                scr.dmin.resize(MR * ns, 0.0);
+                scr.sc.resize(MR * ns * 8, 0);
+                scr.mn.resize(MR * ns * 8, 0);
+                for i in 0..rows {
+                    let meta = decode::Q4kMeta {
+                        d: &mut scr.d[i * ns..(i + 1) * ns],
+                        dmin: &mut scr.dmin[i * ns..(i + 1) * ns],
+                        sc: &mut scr.sc[i * ns * 8..(i + 1) * ns * 8],
+                        mn: &mut scr.mn[i * ns * 8..(i + 1) * ns * 8],
+                    };
+                    decode::q4_k(row(i), &mut scr.q[i * k..(i + 1) * k], meta, simd);
+                }
+                for i in 0..rows {
+                    t.a[i] = scr.q[i * k..].as_ptr();
+                    t.ad[i] = scr.d[i * ns..].as_ptr();
+                    t.am[i] = scr.dmin[i * ns..].as_ptr();
+                    t.asc[i] = scr.sc[i * ns * 8..].as_ptr();
+                    t.amn[i] = scr.mn[i * ns * 8..].as_ptr();
+                }
+            }
+            RowMode::ToF32 => {
+                scr.f.resize(MR * k, 0.0);
+                for i in 0..rows {
+                    decode::to_f32(self.plan.wt, row(i), &mut scr.f[i * k..(i + 1) * k])?;
+                }
+                for i in 0..rows {
+                    t.a[i] = scr.f[i * k..].as_ptr() as *const u8;
+                }
+            }
+        }
+        for i in rows..self.rm {
+            t.a[i] = t.a[rows - 1];
+            t.ad[i] = t.ad[rows - 1];
+            t.am[i] = t.am[rows - 1];
+            t.asc[i] = t.asc[rows - 1];
+            t.amn[i] = t.amn[rows - 1];
+        }
+        Ok(())
+    }
+
+    /// Points tile column `j` at activation column `act`.
+    fn set_col(&self, t: &mut Tile, j: usize, act: usize) {
+        let (k, a) = (self.k, self.acts);
+        debug_assert!(j < NR);
+        match self.plan.act {
+            ActKind::F32 | ActKind::Round(_) => t.b[j] = a.f[act * k..].as_ptr() as *const u8,
+            ActKind::Q8 { .. } => {
+                let nb = k / 32;
+                t.b[j] = a.q[act * k..].as_ptr() as *const u8;
+                t.bd[j] = a.d[act * nb..].as_ptr();
+                t.bc[j] = a.c[act * nb..].as_ptr();
+            }
+            ActKind::Q8K => {
+                let ns = k / 256;
+                t.b[j] = a.q[act * k..].as_ptr() as *const u8;
+                t.bd[j] = a.d[act * ns..].as_ptr();
+                t.bs[j] = a.bs[act * ns * 8..].as_ptr();
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------
+
+/// Checks the layouts the kernels rely on (the constructors enforce them;
+/// this keeps a hand-built graph from reaching memory it should not).
+fn check_operands(op: &str, dst: &TView, a: &TView, b: &TView, isa: Isa) -> Result<Plan> {
+    let plan = plan(a.ty, isa)?;
+    let act_ok = b.ty == GgmlType::F32 || (matches!(b.ty, GgmlType::F16 | GgmlType::BF16) && b.ty == a.ty);
+    if !act_ok {
+        return Err(bad(format!("{op}: unsupported types {} × {}", a.ty, b.ty)));
+    }
+    if !a.rows_packed() {
+        return Err(bad(format!("{op}: weight rows are not packed (nb {:?})", a.nb)));
+    }
+    if dst.ty != GgmlType::F32 {
+        return Err(bad(format!("{op}: result must be f32, not {}", dst.ty)));
+    }
+    if a.ne[0] != b.ne[0] || a.ne[0] % a.ty.block_size() != 0 {
+        return Err(bad(format!("{op}: K differs ({} vs {})", a.ne[0], b.ne[0])));
+    }
+    Ok(plan)
+}
+
+fn mul_mat(dst: &TView, a: &TView, b: &TView) -> Result<()> {
+    mul_mat_isa(dst, a, b, kern::isa())
+}
+
+fn mul_mat_isa(dst: &TView, a: &TView, b: &TView, isa: Isa) -> Result<()> {
+    let plan = check_operands("mul_mat", dst, a, b, isa)?;
+    let bcast_ok = (2..4).all(|d| if a.ne[d] == 0 { b.ne[d] == 0 } else { b.ne[d] % a.ne[d] == 0 });
+    if !bcast_ok || dst.ne != [a.ne[1], b.ne[1], b.ne[2], b.ne[3]] {
+        return Err(bad("shapes do not match ggml_mul_mat's rules"));
+    }
+    if dst.nelements() == 0 {
+        return Ok(());
+    }
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let mut rows: Vec<SrcRow> = Vec::with_capacity(b.nrows());
+    let mut jobs = Vec::with_capacity(a.ne[2] * a.ne[3]);
+    for i03 in 0..a.ne[3] {
+        for i02 in 0..a.ne[2] {
+            let mut cols = Vec::with_capacity(b.ne[1] * r2 * r3);
+            for i13 in i03 * r3..(i03 + 1) * r3 {
+                for i12 in i02 * r2..(i02 + 1) * r2 {
+                    for i11 in 0..b.ne[1] {
+                        cols.push(Col { act: rows.len(), dst: (i11, i12, i13) });
+                        rows.push((i11, i12, i13));
+                    }
+                }
+            }
+            jobs.push(Job { a_off: i02 * a.nb[2] + i03 * a.nb[3], cols });
+        }
+    }
+    let acts = Acts::prepare(b, &rows, plan.act)?;
+    execute(dst, a, plan, &acts, &jobs)
+}
+
+fn mul_mat_id(dst: &TView, a: &TView, b: &TView, ids: &TView) -> Result<()> {
+    mul_mat_id_isa(dst, a, b, ids, kern::isa())
+}
+
+fn mul_mat_id_isa(dst: &TView, a: &TView, b: &TView, ids: &TView, isa: Isa) -> Result<()> {
+    let plan = check_operands("mul_mat_id", dst, a, b, isa)?;
+    let (n_expert, n_b, n_tok) = (a.ne[2], b.ne[1], b.ne[2]);
+    let n_used = ids.ne[0];
+    let shapes_ok = a.ne[3] == 1
+        && b.ne[3] == 1
+        && ids.ne[1] == n_tok
+        && ids.ne[2] == 1
+        && ids.ne[3] == 1
+        && (if n_b == 0 { n_used == 0 } else { n_used % n_b == 0 })
+        && dst.ne == [a.ne[1], n_used, n_tok, 1]
+        && matches!(ids.ty, GgmlType::I32);
+    if !shapes_ok {
+        return Err(bad("shapes do not match ggml_mul_mat_id's rules"));
+    }
+    if dst.nelements() == 0 {
+        return Ok(());
+    }
+    let mut per_expert: Vec<Vec<Col>> = (0..n_expert).map(|_| Vec::new()).collect();
+    for t in 0..n_tok {
+        for slot in 0..n_used {
+            let e = ids.get_i64(slot, t, 0, 0);
+            let cols = usize::try_from(e).ok().and_then(|e| per_expert.get_mut(e)).ok_or_else(|| {
+                bad(format!("expert id {e} at ids[{slot}, {t}] is outside 0..{n_expert}"))
+            })?;
+            cols.push(Col { act: slot % n_b + n_b * t, dst: (slot, t, 0) });
+        }
+    }
+    let rows: Vec<SrcRow> = (0..n_tok).flat_map(|t| (0..n_b).map(move |i| (i, t, 0))).collect();
+    let acts = Acts::prepare(b, &rows, plan.act)?;
+    let jobs: Vec<Job> = per_expert
+        .into_iter()
+        .enumerate()
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(e, cols)| Job { a_off: e * a.nb[2], cols })
+        .collect();
+    execute(dst, a, plan, &acts, &jobs)
+}
+
+fn add_id(dst: &TView, a: &TView, b: &TView, ids: &TView) -> Result<()> {
+    let ok = a.ty == GgmlType::F32
+        && b.ty == GgmlType::F32
+        && dst.ty == GgmlType::F32
+        && ids.ty == GgmlType::I32
+        && a.ne[0] == b.ne[0]
+        && ids.ne[0] == a.ne[1]
+        && ids.ne[1] == a.ne[2]
+        && dst.ne == a.ne
+        && (a.nelements() == 0 || b.nelements() > 0);
+    if !ok {
+        return Err(bad("shapes or types do not match ggml_add_id's rules"));
+    }
+    let n_expert = b.ne[1];
+    let ne0 = a.ne[0];
+    (0..a.nrows()).into_par_iter().try_for_each_init(
+        || (vec![0f32; ne0], vec![0f32; ne0]),
+        |(row, bias), r| -> Result<()> {
+            let (i1, i2, i3) = a.row_index(r);
+            let e = ids.get_i64(i1, i2, 0, 0);
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < n_expert)
+                .ok_or_else(|| bad(format!("expert id {e} at ids[{i1}, {i2}] is outside 0..{n_expert}")))?;
+            a.load_row_f32(i1, i2, i3, row)?;
+            b.load_row_f32(e, 0, 0, bias)?;
+            for (x, y) in row.iter_mut().zip(bias.iter()) {
+                *x += *y;
+            }
+            dst.store_row_f32(i1, i2, i3, row)
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests;

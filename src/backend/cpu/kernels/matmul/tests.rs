@@ -1,0 +1,296 @@
+//! Kernel tests against a plain f64 reference (weights decoded with ggml's
+//! formulas, activations rounded through the dot type as the kernels do),
+//! for every instruction set this CPU has.
+
+use super::acts::round_through;
+use super::kern::Isa;
+use super::*;
+use crate::graph::Context;
+use crate::tensor::{GgmlType, TensorId};
+use half::f16;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 32) as u8
+    }
+}
+
+fn put_f16(out: &mut Vec<u8>, v: f32) {
+    out.extend_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+}
+
+/// Random weights of `ty` ([K, rows]) as bytes, and their values.
+fn weights(ty: GgmlType, k: usize, rows: usize, rng: &mut Rng) -> (Vec<u8>, Vec<f64>) {
+    let mut bytes = Vec::new();
+    let mut vals = Vec::new();
+    for _ in 0..rows {
+        match ty {
+            GgmlType::F32 => (0..k).for_each(|_| {
+                let v = rng.f();
+                bytes.extend_from_slice(&v.to_le_bytes());
+                vals.push(v as f64);
+            }),
+            GgmlType::F16 => (0..k).for_each(|_| {
+                let v = f16::from_f32(rng.f());
+                bytes.extend_from_slice(&v.to_bits().to_le_bytes());
+                vals.push(v.to_f64());
+            }),
+            GgmlType::BF16 => (0..k).for_each(|_| {
+                let v = half::bf16::from_f32(rng.f());
+                bytes.extend_from_slice(&v.to_bits().to_le_bytes());
+                vals.push(v.to_f64());
+            }),
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+                for _ in 0..k / 32 {
+                    let d = f16::from_f32(0.001 + 0.02 * rng.f().abs());
+                    put_f16(&mut bytes, d.to_f32());
+                    let d = d.to_f64();
+                    let mut q = [0i32; 32];
+                    match ty {
+                        GgmlType::Q4_0 => {
+                            for j in 0..16 {
+                                let v = rng.byte();
+                                bytes.push(v);
+                                q[j] = (v & 15) as i32 - 8;
+                                q[j + 16] = (v >> 4) as i32 - 8;
+                            }
+                        }
+                        GgmlType::Q5_0 => {
+                            let qh: [u8; 4] = [rng.byte(), rng.byte(), rng.byte(), rng.byte()];
+                            bytes.extend_from_slice(&qh);
+                            let h = u32::from_le_bytes(qh);
+                            for j in 0..16 {
+                                let v = rng.byte();
+                                bytes.push(v);
+                                q[j] = ((v & 15) as i32 | (((h >> j) & 1) << 4) as i32) - 16;
+                                q[j + 16] = ((v >> 4) as i32 | (((h >> (j + 16)) & 1) << 4) as i32) - 16;
+                            }
+                        }
+                        _ => {
+                            for qj in q.iter_mut() {
+                                let v = rng.byte();
+                                bytes.push(v);
+                                *qj = v as i8 as i32;
+                            }
+                        }
+                    }
+                    vals.extend(q.iter().map(|&x| d * x as f64));
+                }
+            }
+            GgmlType::Q4_K => {
+                for _ in 0..k / 256 {
+                    let d = f16::from_f32(0.001 + 0.01 * rng.f().abs());
+                    let dm = f16::from_f32(0.001 + 0.01 * rng.f().abs());
+                    put_f16(&mut bytes, d.to_f32());
+                    put_f16(&mut bytes, dm.to_f32());
+                    let s: Vec<u8> = (0..12).map(|_| rng.byte()).collect();
+                    bytes.extend_from_slice(&s);
+                    let qs: Vec<u8> = (0..128).map(|_| rng.byte()).collect();
+                    bytes.extend_from_slice(&qs);
+                    for j in 0..8 {
+                        let (sc, mn) = if j < 4 {
+                            (s[j] & 63, s[j + 4] & 63)
+                        } else {
+                            ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+                        };
+                        let g = j / 2;
+                        for l in 0..32 {
+                            let b = qs[32 * g + l];
+                            let q = if j % 2 == 0 { b & 15 } else { b >> 4 };
+                            vals.push(d.to_f64() * sc as f64 * q as f64 - dm.to_f64() * mn as f64);
+                        }
+                    }
+                }
+            }
+            other => panic!("no test weights for {other}"),
+        }
+    }
+    (bytes, vals)
+}
+
+fn vdt(ty: GgmlType) -> GgmlType {
+    match ty {
+        GgmlType::F32 => GgmlType::F32,
+        GgmlType::F16 => GgmlType::F16,
+        GgmlType::BF16 => GgmlType::BF16,
+        GgmlType::Q4_K => GgmlType::Q8_K,
+        _ => GgmlType::Q8_0,
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A view over `mem` for tensor `id`.
+fn view(ctx: &Context, id: TensorId, mem: &mut [u8]) -> TView {
+    let t = ctx.tensor(id).unwrap();
+    assert!(mem.len() >= t.nbytes());
+    // SAFETY: `mem` holds the tensor's bytes and outlives the view's use in each test.
+    unsafe { TView::new(mem.as_mut_ptr(), t) }
+}
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::Scalar];
+    if kern::isa() != Isa::Scalar {
+        v.push(Isa::Avx2);
+    }
+    if kern::isa() == Isa::Vnni {
+        v.push(Isa::Vnni);
+    }
+    v
+}
+
+fn check_close(ours: &[f32], want: &[f64], scale: &[f64], what: &str) {
+    for (i, ((&o, &w), &s)) in ours.iter().zip(want).zip(scale).enumerate() {
+        let tol = 2e-5 * s + 1e-6;
+        assert!((o as f64 - w).abs() <= tol, "{what}: element {i}: ours {o} vs reference {w} (tol {tol})");
+    }
+}
+
+fn mul_mat_case(ty: GgmlType, k: usize, m: usize, n: usize, transposed_b: bool) {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (k * 31 + m * 7 + n) as u64);
+    let (mut abytes, avals) = weights(ty, k, m, &mut rng);
+    let bvals: Vec<f32> = (0..k * n).map(|_| rng.f()).collect();
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_2d(ty, k as i64, m as i64).unwrap();
+    // b as [K, N] (or the transpose of an [N, K] tensor holding the same values).
+    let (b, mut bbytes) = if transposed_b {
+        let x = ctx.new_tensor_2d(GgmlType::F32, n as i64, k as i64).unwrap();
+        let mut tr = vec![0f32; k * n];
+        for j in 0..n {
+            for e in 0..k {
+                tr[e * n + j] = bvals[j * k + e];
+            }
+        }
+        (ctx.transpose(x).unwrap(), f32_bytes(&tr))
+    } else {
+        (ctx.new_tensor_2d(GgmlType::F32, k as i64, n as i64).unwrap(), f32_bytes(&bvals))
+    };
+    let c = ctx.mul_mat(a, b).unwrap();
+    // Reference.
+    let mut want = vec![0f64; m * n];
+    let mut scale = vec![0f64; m * n];
+    for j in 0..n {
+        let mut col = bvals[j * k..(j + 1) * k].to_vec();
+        round_through(vdt(ty), &mut col).unwrap();
+        for i in 0..m {
+            for e in 0..k {
+                want[j * m + i] += avals[i * k + e] * col[e] as f64;
+                scale[j * m + i] += (avals[i * k + e] * col[e] as f64).abs();
+            }
+        }
+    }
+    for isa in isas() {
+        let mut cbytes = vec![0u8; 4 * m * n];
+        let (av, bv, cv) = (view(&ctx, a, &mut abytes), view(&ctx, b, &mut bbytes), view(&ctx, c, &mut cbytes));
+        mul_mat_isa(&cv, &av, &bv, isa).unwrap();
+        let ours: Vec<f32> = cbytes.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
+        check_close(&ours, &want, &scale, &format!("{ty} k={k} m={m} n={n} t={transposed_b} {isa:?}"));
+    }
+}
+
+#[test]
+fn mul_mat_all_kernel_types_match_reference() {
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for &(k, m, n) in &[(64, 7, 1), (32, 9, 2), (96, 13, 7), (64, 33, 17)] {
+            mul_mat_case(ty, k, m, n, false);
+        }
+    }
+    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9)] {
+        mul_mat_case(GgmlType::Q4_K, k, m, n, false);
+    }
+    for ty in [GgmlType::F32, GgmlType::F16] {
+        mul_mat_case(ty, 33, 7, 3, false);
+        mul_mat_case(ty, 1, 3, 2, false);
+        mul_mat_case(ty, 45, 5, 1, false);
+    }
+}
+
+#[test]
+fn mul_mat_transposed_activations() {
+    mul_mat_case(GgmlType::F32, 40, 6, 5, true);
+    mul_mat_case(GgmlType::Q8_0, 64, 6, 3, true);
+}
+
+#[test]
+fn mul_mat_many_tasks() {
+    // Enough rows and columns for several tasks and column chunks.
+    mul_mat_case(GgmlType::Q4_0, 4096, 37, 70, false);
+    mul_mat_case(GgmlType::F32, 512, 301, 9, false);
+}
+
+#[test]
+fn mul_mat_id_routes_and_rejects_bad_ids() {
+    let (k, m, ne, nu, nt) = (64usize, 5usize, 4usize, 3usize, 4usize);
+    let mut rng = Rng(77);
+    let (mut abytes, avals) = weights(GgmlType::F32, k, m * ne, &mut rng);
+    let bvals: Vec<f32> = (0..k * nt).map(|_| rng.f()).collect();
+    let ids: Vec<i32> = vec![0, 2, 2, 3, 3, 3, 1, 0, 2, 2, 1, 0];
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_3d(GgmlType::F32, k as i64, m as i64, ne as i64).unwrap();
+    let b = ctx.new_tensor_3d(GgmlType::F32, k as i64, 1, nt as i64).unwrap();
+    let ii = ctx.new_tensor_2d(GgmlType::I32, nu as i64, nt as i64).unwrap();
+    let c = ctx.mul_mat_id(a, b, ii).unwrap();
+    let mut bbytes = f32_bytes(&bvals);
+    let mut ibytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut cbytes = vec![0u8; 4 * m * nu * nt];
+    for isa in isas() {
+        let (av, bv, iv, cv) =
+            (view(&ctx, a, &mut abytes), view(&ctx, b, &mut bbytes), view(&ctx, ii, &mut ibytes), view(&ctx, c, &mut cbytes));
+        mul_mat_id_isa(&cv, &av, &bv, &iv, isa).unwrap();
+        let ours: Vec<f32> = cbytes.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
+        for t in 0..nt {
+            for s in 0..nu {
+                let e = ids[t * nu + s] as usize;
+                for i in 0..m {
+                    let want: f64 =
+                        (0..k).map(|x| avals[(e * m + i) * k + x] * bvals[t * k + x] as f64).sum();
+                    let got = ours[(t * nu + s) * m + i] as f64;
+                    assert!((got - want).abs() < 1e-4, "{isa:?} t={t} s={s} i={i}: {got} vs {want}");
+                }
+            }
+        }
+    }
+    // An expert id out of range is an error, not a crash.
+    ibytes[..4].copy_from_slice(&7i32.to_le_bytes());
+    let (av, bv, iv, cv) =
+        (view(&ctx, a, &mut abytes), view(&ctx, b, &mut bbytes), view(&ctx, ii, &mut ibytes), view(&ctx, c, &mut cbytes));
+    let e = compute(&Op::MulMatId, &cv, &[av, bv, iv]).unwrap_err();
+    assert!(e.to_string().contains("expert id 7"), "{e}");
+}
+
+#[test]
+fn add_id_adds_selected_rows() {
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_3d(GgmlType::F32, 3, 2, 2).unwrap();
+    let b = ctx.new_tensor_2d(GgmlType::F32, 3, 3).unwrap();
+    let ii = ctx.new_tensor_2d(GgmlType::I32, 2, 2).unwrap();
+    let c = ctx.add_id(a, b, ii).unwrap();
+    let av: Vec<f32> = (0..12).map(|x| x as f32).collect();
+    let bv: Vec<f32> = vec![100.0, 200.0, 300.0, 1000.0, 2000.0, 3000.0, 10.0, 20.0, 30.0];
+    let ids = [2i32, 0, 1, 1];
+    let (mut ab, mut bb) = (f32_bytes(&av), f32_bytes(&bv));
+    let mut ib: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut cb = vec![0u8; 48];
+    let views = [view(&ctx, a, &mut ab), view(&ctx, b, &mut bb), view(&ctx, ii, &mut ib)];
+    compute(&Op::AddId, &view(&ctx, c, &mut cb), &views).unwrap();
+    let out: Vec<f32> = cb.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
+    assert_eq!(&out[..3], &[10.0, 21.0, 32.0]);
+    assert_eq!(&out[3..6], &[103.0, 204.0, 305.0]);
+    assert_eq!(&out[6..9], &[1006.0, 2007.0, 3008.0]);
+    assert_eq!(&out[9..12], &[1009.0, 2010.0, 3011.0]);
+    ib[..4].copy_from_slice(&(-1i32).to_le_bytes());
+    let views = [view(&ctx, a, &mut ab), view(&ctx, b, &mut bb), view(&ctx, ii, &mut ib)];
+    assert!(compute(&Op::AddId, &view(&ctx, c, &mut cb), &views).is_err());
+}

@@ -1,0 +1,271 @@
+//! Unit tests of the quant module: round trips with error bounds, SIMD vs
+//! scalar dot products, length validation. Byte identity with ggml itself is
+//! checked in `tests/quant_bytes.rs` against the real library.
+
+use super::*;
+use crate::tensor::GgmlType::{self, *};
+
+/// Tiny deterministic xorshift64* generator (no dependencies).
+pub(crate) struct XorShift(u64);
+
+impl XorShift {
+    pub(crate) fn new(seed: u64) -> Self {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    pub(crate) fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// Roughly normal (sum of 4 uniforms), unit-ish variance.
+    pub(crate) fn normal(&mut self) -> f32 {
+        (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.866
+    }
+}
+
+const QUANT_TYPES: [GgmlType; 12] = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K];
+
+fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; ty.row_size(x.len() as i64).unwrap()];
+    quantize_chunk(ty, x, &mut q, 1, x.len()).unwrap();
+    q
+}
+
+fn dequantize(ty: GgmlType, q: &[u8], n: usize) -> Vec<f32> {
+    let mut y = vec![0f32; n];
+    dequantize_row(ty, q, &mut y).unwrap();
+    y
+}
+
+fn rms(v: impl Iterator<Item = f32>) -> f32 {
+    let (s, n) = v.fold((0f64, 0usize), |(s, n), x| (s + (x as f64) * (x as f64), n + 1));
+    (s / n.max(1) as f64).sqrt() as f32
+}
+
+/// Relative RMS error bound of a quantize → dequantize round trip on
+/// normal data, per type (ggml's own `test-quantize-fns` uses similar
+/// absolute bounds on data in [-1, 1]).
+fn rmse_bound(ty: GgmlType) -> f32 {
+    match ty {
+        Q8_0 | Q8_1 => 0.006,
+        Q8_K => 0.008,
+        Q6_K => 0.022,
+        Q5_0 | Q5_1 => 0.05,
+        Q5_K => 0.045,
+        Q4_0 | Q4_1 => 0.1,
+        Q4_K => 0.085,
+        Q3_K => 0.18,
+        Q2_K => 0.35,
+        _ => 0.0,
+    }
+}
+
+#[test]
+fn quant_round_trip_error_bounds() {
+    let mut rng = XorShift::new(1);
+    for ty in QUANT_TYPES {
+        let n = 4096;
+        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        let y = dequantize(ty, &quantize(ty, &x), n);
+        let err = rms(x.iter().zip(&y).map(|(a, b)| a - b)) / rms(x.iter().copied());
+        eprintln!("{ty}: relative rms error {err:.4}");
+        assert!(err < rmse_bound(ty), "{ty}: relative rms error {err} over bound {}", rmse_bound(ty));
+        assert!(y.iter().all(|v| v.is_finite()), "{ty}: non-finite output");
+    }
+}
+
+#[test]
+fn quant_zero_rows_and_extreme_values() {
+    for ty in QUANT_TYPES {
+        let n = 512;
+        // All zeros dequantize to zeros.
+        let y = dequantize(ty, &quantize(ty, &vec![0.0; n]), n);
+        assert!(y.iter().all(|&v| v == 0.0), "{ty}: zero row not preserved");
+        // Huge and tiny magnitudes stay finite and bounded by the input range.
+        // (f16 scales overflow past 65504, as in ggml, so stay below that.)
+        for scale in [1e-30f32, 1e-6, 1.0, 1e4] {
+            let mut rng = XorShift::new(7);
+            let x: Vec<f32> = (0..n).map(|_| rng.normal() * scale).collect();
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let y = dequantize(ty, &quantize(ty, &x), n);
+            for (i, &v) in y.iter().enumerate() {
+                assert!(v.is_finite() && v.abs() <= amax * 1.6 + 1e-30, "{ty} scale {scale}: y[{i}] = {v}");
+            }
+        }
+        // Non-finite input must not panic (the bytes are checked against ggml elsewhere).
+        let mut x = vec![1.0f32; n];
+        x[3] = f32::NAN;
+        x[40] = f32::INFINITY;
+        x[300] = f32::NEG_INFINITY;
+        let _ = dequantize(ty, &quantize(ty, &x), n);
+    }
+}
+
+#[test]
+fn quant_float_types_round_trip() {
+    let x = [1.0f32, -2.5, 65504.0, 1e-8, 3.25, -0.0];
+    let y = dequantize(F32, &quantize(F32, &x), x.len());
+    assert_eq!(x.map(f32::to_bits).to_vec(), y.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    let y = dequantize(F16, &quantize(F16, &x), x.len());
+    for (a, b) in x.iter().zip(&y) {
+        assert_eq!(half::f16::from_f32(*a).to_f32().to_bits(), b.to_bits());
+    }
+    let y = dequantize(BF16, &quantize(BF16, &x), x.len());
+    for (a, b) in x.iter().zip(&y) {
+        assert!((a - b).abs() <= a.abs() / 128.0 + 1e-30, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn quant_lengths_are_validated() {
+    let x = vec![0.5f32; 64];
+    // Not whole blocks.
+    assert!(matches!(quantize_chunk(Q4_0, &x[..48], &mut [0u8; 27], 1, 48), Err(Error::DataMismatch { .. })));
+    // Wrong dst length.
+    assert!(matches!(quantize_chunk(Q4_0, &x, &mut [0u8; 35], 1, 64), Err(Error::DataMismatch { .. })));
+    // Wrong src length for nrows.
+    assert!(matches!(quantize_chunk(Q4_0, &x, &mut [0u8; 72], 2, 64), Err(Error::DataMismatch { .. })));
+    // Overflow.
+    assert!(quantize_chunk(Q8_0, &x, &mut [0u8; 68], usize::MAX, 64).is_err());
+    // Unsupported types.
+    assert!(matches!(quantize_chunk(I32, &x, &mut [0u8; 256], 1, 64), Err(Error::UnsupportedType { .. })));
+    assert!(matches!(dequantize_row(I8, &[0u8; 4], &mut [0f32; 4]), Err(Error::UnsupportedType { .. })));
+    // Dequantize with a short or long source.
+    assert!(dequantize_row(Q4_K, &[0u8; 143], &mut [0f32; 256]).is_err());
+    assert!(dequantize_row(Q4_K, &[0u8; 145], &mut [0f32; 256]).is_err());
+    assert!(dequantize_row(Q4_K, &[0u8; 144], &mut [0f32; 255]).is_err());
+    // Dot products: short rows give NaN from the fn pointer and Err from vec_dot.
+    for ty in [Q4_0, Q8_0, Q4_K, Q6_K, F32, F16, BF16] {
+        let f = vec_dot_fn(ty).unwrap();
+        let g = vec_dot_fn_scalar(ty).unwrap();
+        let n = ty.block_size().max(32) * 2;
+        let xb = vec![0u8; ty.row_size(n as i64).unwrap()];
+        let yb = vec![0u8; vec_dot_type(ty).row_size(n as i64).unwrap()];
+        assert!(f(n, &xb[..xb.len() - 1], &yb).is_nan(), "{ty}");
+        assert!(g(n, &xb, &yb[..yb.len() - 1]).is_nan(), "{ty}");
+        if ty.block_size() > 1 {
+            assert!(f(n + 1, &xb, &yb).is_nan(), "{ty}");
+        }
+        assert_eq!(f(n, &xb, &yb), 0.0);
+        assert!(vec_dot(ty, n, &xb[1..], &yb).is_err());
+        assert_eq!(vec_dot(ty, n, &xb, &yb).unwrap(), 0.0);
+    }
+    assert!(vec_dot_fn(Q8_K).is_none());
+    assert!(vec_dot(I32, 4, &[0; 16], &[0; 16]).is_err());
+}
+
+#[test]
+fn quant_vec_dot_types_match_ggml() {
+    assert_eq!(vec_dot_type(Q4_0), Q8_0);
+    assert_eq!(vec_dot_type(Q5_0), Q8_0);
+    assert_eq!(vec_dot_type(Q8_0), Q8_0);
+    assert_eq!(vec_dot_type(Q4_1), Q8_1);
+    assert_eq!(vec_dot_type(Q5_1), Q8_1);
+    for k in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
+        assert_eq!(vec_dot_type(k), Q8_K);
+    }
+    for f in [F32, F16, BF16] {
+        assert_eq!(vec_dot_type(f), f);
+    }
+}
+
+const DOT_TYPES: [GgmlType; 13] = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16];
+
+/// A weight row and an activation row of `n` elements, packed.
+fn dot_rows(ty: GgmlType, n: usize, rng: &mut XorShift) -> (Vec<u8>, Vec<u8>, Vec<f32>, Vec<f32>) {
+    let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    let y: Vec<f32> = (0..n).map(|_| rng.normal() * 3.0).collect();
+    let xq = quantize(ty, &x);
+    let yq = quantize(vec_dot_type(ty), &y);
+    let xd = dequantize(ty, &xq, n);
+    let yd = dequantize(vec_dot_type(ty), &yq, n);
+    (xq, yq, xd, yd)
+}
+
+#[test]
+fn quant_dot_equals_dot_of_dequantized() {
+    let mut rng = XorShift::new(11);
+    for ty in DOT_TYPES {
+        for n in [256usize, 4096] {
+            let (xq, yq, xd, yd) = dot_rows(ty, n, &mut rng);
+            let exact: f64 = xd.iter().zip(&yd).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let mag: f64 = xd.iter().zip(&yd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            // Q8_1 keeps s = fp16(d·Σq) rounded: allow its f16 error too.
+            let tol = mag * 2e-6 + if vec_dot_type(ty) == Q8_1 { mag * 1e-3 } else { 0.0 };
+            for (name, f) in [("scalar", vec_dot_fn_scalar(ty).unwrap()), ("best", vec_dot_fn(ty).unwrap())] {
+                let got = f(n, &xq, &yq) as f64;
+                assert!((got - exact).abs() <= tol, "{ty} n={n} {name}: {got} vs {exact} (tol {tol})");
+            }
+        }
+    }
+}
+
+#[test]
+fn quant_simd_matches_scalar() {
+    let mut rng = XorShift::new(5);
+    eprintln!("quant: dot kernels use {}", simd_isa());
+    for ty in DOT_TYPES {
+        let (s, f) = (vec_dot_fn_scalar(ty).unwrap(), vec_dot_fn(ty).unwrap());
+        for n in [256usize, 512, 4096, 8192] {
+            for _ in 0..4 {
+                let (xq, yq, xd, yd) = dot_rows(ty, n, &mut rng);
+                let mag: f64 = xd.iter().zip(&yd).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                let (a, b) = (s(n, &xq, &yq), f(n, &xq, &yq));
+                assert!(((a - b) as f64).abs() <= mag * 1e-6, "{ty} n={n}: scalar {a} simd {b}");
+                // Unaligned buffers give the same answer.
+                let mut xu = vec![0u8; xq.len() + 1];
+                xu[1..].copy_from_slice(&xq);
+                let mut yu = vec![0u8; yq.len() + 3];
+                yu[3..].copy_from_slice(&yq);
+                assert_eq!(f(n, &xu[1..], &yu[3..]).to_bits(), b.to_bits(), "{ty}: unaligned");
+            }
+        }
+        // Dense rows of lengths that are not multiples of 8 exercise the tails.
+        if !ty.is_quantized() {
+            for n in [1usize, 7, 33, 100] {
+                let (xq, yq, _, _) = dot_rows(ty, n, &mut rng);
+                let (a, b) = (s(n, &xq, &yq), f(n, &xq, &yq));
+                assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{ty} n={n}: {a} vs {b}");
+            }
+        }
+    }
+}
+
+/// Times `f` on `n`-element rows; returns ns per call.
+fn time_dot(f: VecDotFn, n: usize, x: &[u8], y: &[u8]) -> f64 {
+    let iters = 5_000;
+    let mut acc = 0f32;
+    // Best of 7 runs: the machine may be shared.
+    let mut best = f64::MAX;
+    for _ in 0..7 {
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            acc += f(n, std::hint::black_box(x), std::hint::black_box(y));
+        }
+        best = best.min(t.elapsed().as_nanos() as f64 / iters as f64);
+    }
+    std::hint::black_box(acc);
+    best
+}
+
+/// `cargo test --release --lib quant_bench -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn quant_bench_dot() {
+    let mut rng = XorShift::new(3);
+    let n = 4096;
+    eprintln!("dot of {n} elements, ns per call (simd = {}):", simd_isa());
+    for ty in DOT_TYPES {
+        let (xq, yq, _, _) = dot_rows(ty, n, &mut rng);
+        let s = time_dot(vec_dot_fn_scalar(ty).unwrap(), n, &xq, &yq);
+        let f = time_dot(vec_dot_fn(ty).unwrap(), n, &xq, &yq);
+        eprintln!("  {:>5}: scalar {s:>8.0}  best {f:>7.0}  speedup {:>5.1}x", ty.name(), s / f);
+    }
+}
