@@ -88,7 +88,13 @@ fn main() {
         std::env::var("SHARDGRAPH_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(0.6),
     );
     let filter = std::env::var("SHARDGRAPH_BENCH_FILTER").unwrap_or_default();
-    let ggml = match oracle::Ggml::get() {
+    let ggml = match oracle::Ggml::get().and_then(|g| {
+        if std::env::var("SHARDGRAPH_BENCH_NO_GGML").is_ok() {
+            Err("SHARDGRAPH_BENCH_NO_GGML is set".to_string())
+        } else {
+            Ok(g)
+        }
+    }) {
         Ok(g) => Some(g),
         Err(why) => {
             println!("ops bench: ggml not available ({why}); ggml columns are n/a");

@@ -22,9 +22,9 @@ fn owner(ctx: &Context, id: TensorId) -> TensorId {
 }
 
 /// (birth, death) of storage owner `o` in node positions: -1 = alive before
-/// the first node (leafs, inputs), `i64::MAX` = never freed (inputs, outputs,
-/// or a view of it is one).
-fn lifetime(ctx: &Context, g: &Graph, o: TensorId) -> (i64, i64) {
+/// the first node (leafs, inputs), `i64::MAX` = never freed (outputs, kept
+/// inputs, or a view of it is one).
+fn lifetime(ctx: &Context, g: &Graph, o: TensorId, keep_inputs: bool) -> (i64, i64) {
     let t = ctx.tensor(o).unwrap();
     let birth = match g.nodes.iter().position(|&n| n == o) {
         Some(p) if !t.flags.input => p as i64,
@@ -32,7 +32,7 @@ fn lifetime(ctx: &Context, g: &Graph, o: TensorId) -> (i64, i64) {
     };
     let pinned = g.nodes.iter().chain(&g.leafs).any(|&id| {
         let ti = ctx.tensor(id).unwrap();
-        owner(ctx, id) == o && (ti.flags.input || ti.flags.output || g.outputs.contains(&id))
+        owner(ctx, id) == o && ((keep_inputs && ti.flags.input) || ti.flags.output || g.outputs.contains(&id))
     });
     if pinned {
         return (birth, i64::MAX);
@@ -65,8 +65,16 @@ fn legal_inplace(ctx: &Context, a: TensorId, b: TensorId) -> bool {
 /// Checks a finished `alloc_graph`: every graph tensor has storage inside its
 /// buffer, offsets are aligned, and no two owners alive at the same time share
 /// a byte (apart from a legal in-place hand-over). `external` owners were
-/// placed before and are skipped. Returns the number of owners checked.
-fn check_allocation(ctx: &Context, g: &Graph, st: &TensorStorage, align: usize, external: &[TensorId]) -> usize {
+/// placed before and are skipped; `keep_inputs` is false when the allocator
+/// frees inputs after their last use. Returns the number of owners checked.
+fn check_allocation(
+    ctx: &Context,
+    g: &Graph,
+    st: &TensorStorage,
+    align: usize,
+    external: &[TensorId],
+    keep_inputs: bool,
+) -> usize {
     let mut owners: Vec<TensorId> = Vec::new();
     for &id in g.leafs.iter().chain(&g.nodes) {
         let (buf, off) = st.locate(ctx, id).unwrap_or_else(|e| panic!("tensor {} has no storage: {e}", id.index()));
@@ -92,8 +100,8 @@ fn check_allocation(ctx: &Context, g: &Graph, st: &TensorStorage, align: usize, 
             if ba != bb || na == 0 || nb == 0 || oa >= ob + nb || ob >= oa + na {
                 continue;
             }
-            let (a0, a1) = lifetime(ctx, g, a);
-            let (b0, b1) = lifetime(ctx, g, b);
+            let (a0, a1) = lifetime(ctx, g, a, keep_inputs);
+            let (b0, b1) = lifetime(ctx, g, b, keep_inputs);
             if a1 < b0 || b1 < a0 {
                 continue;
             }
@@ -159,7 +167,7 @@ fn elementwise_chain_peak_is_exact() {
     assert!(a.reused_plan);
     let at = |id| storage.locate(&ctx, id).unwrap().1;
     assert_eq!((at(b), at(cur), at(x)), (0, 4_032, 1_205_248));
-    check_allocation(&ctx, &g, &storage, 64, &[]);
+    check_allocation(&ctx, &g, &storage, 64, &[], true);
 }
 
 /// xorshift64: deterministic random graphs without extra dependencies.
@@ -192,7 +200,7 @@ fn random_graph(ctx: &mut Context, rng: &mut Rng) -> Vec<TensorId> {
             pool.iter().copied().filter(|&b| ctx.tensor(b).unwrap().ne == ta.ne && b != a).collect();
         let same_k: Vec<TensorId> =
             pool.iter().copied().filter(|&b| ctx.tensor(b).unwrap().ne[0] == ta.ne[0]).collect();
-        let r = match rng.below(12) {
+        let r = match rng.below(15) {
             0 => ctx.silu(a),
             1 => ctx.scale(a, 0.5),
             2 | 3 => {
@@ -210,6 +218,9 @@ fn random_graph(ctx: &mut Context, rng: &mut Rng) -> Vec<TensorId> {
             8 if ta.ne[1] >= 2 => ctx.view_2d(a, ta.ne[0], ta.ne[1] / 2, ta.nb[1], 0),
             9 if ta.ne[1] >= 2 => ctx.view_2d(a, ta.ne[0], 1, ta.nb[1], ta.nb[1]),
             10 => ctx.soft_max(a),
+            11 if !same.is_empty() => ctx.cpy(a, same[rng.below(same.len())]),
+            12 => ctx.permute(a, [1, 0, 2, 3]).and_then(|t| ctx.scale(t, 2.0)),
+            13 if ta.is_contiguous() => ctx.reshape_2d(a, ta.ne[1], ta.ne[0]).and_then(|t| ctx.sqr(t)),
             _ => ctx.cont(a),
         };
         let Ok(t) = r else { continue };
@@ -241,14 +252,16 @@ fn random_graphs_have_no_live_overlap() {
         storage.alloc_tensors(&be, &ctx, &external).unwrap();
         let align = [64, 128, 256][round % 3];
         let mut ga = GraphAllocator::new(BufferType { name: "CPU".into(), alignment: align, max_size: max });
+        let keep_inputs = round % 4 != 3;
+        ga.set_reuse_inputs(!keep_inputs);
         let st = ga.alloc_graph(&be, &ctx, &g, &mut storage).unwrap();
         assert!(st.buffer_sizes.iter().all(|&s| s <= max), "{st:?}");
-        checked += check_allocation(&ctx, &g, &storage, align, &external);
+        checked += check_allocation(&ctx, &g, &storage, align, &external, keep_inputs);
         total_inplace += st.n_inplace;
         // Allocating again (reuse path) keeps everything valid.
         let st2 = ga.alloc_graph(&be, &ctx, &g, &mut storage).unwrap();
         assert!(!st2.reallocated && st2.reused_plan);
-        check_allocation(&ctx, &g, &storage, align, &external);
+        check_allocation(&ctx, &g, &storage, align, &external, keep_inputs);
     }
     assert!(total_inplace > 0);
     println!("alloc: random graphs: {checked} owners checked, {total_inplace} in place");
@@ -284,7 +297,7 @@ fn add_chain_runs_in_place() {
     }
     let inplace: Vec<_> = ga.placements().iter().filter_map(|p| p.inplace_of.map(|q| (q, p.tensor))).collect();
     assert_eq!(inplace.len(), 8);
-    check_allocation(&ctx, &g, &storage, CPU_ALIGNMENT, &[]);
+    check_allocation(&ctx, &g, &storage, CPU_ALIGNMENT, &[], true);
 }
 
 /// In-place reuse computes the same values as giving every tensor its own memory.
@@ -355,7 +368,7 @@ fn max_size_forces_several_buffers() {
     assert!(st.buffer_sizes.iter().all(|&s| s <= max));
     assert_eq!(ga.buffers().len(), st.buffer_sizes.len());
     assert!(ga.buffers().iter().all(|b| b.size() <= max));
-    check_allocation(&ctx, &g, &storage, CPU_ALIGNMENT, &[]);
+    check_allocation(&ctx, &g, &storage, CPU_ALIGNMENT, &[], true);
     for p in ga.placements() {
         assert!(p.offset + p.reserved <= st.buffer_sizes[p.buffer], "{p:?}");
     }

@@ -48,7 +48,7 @@ fn apply(ctx: &mut Context, pool: &mut Vec<TensorId>, step: Step) -> Option<shar
     let b = pick(y, pool);
     let ne_a = ctx.tensor(a).ok()?.ne;
     // A tensor broadcastable to `a` (some dims set to 1), or an unrelated one.
-    let mut bcast = |ctx: &mut Context| -> TensorId {
+    let bcast = |ctx: &mut Context| -> TensorId {
         if z % 3 == 0 {
             return b;
         }
@@ -219,6 +219,13 @@ fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
                 gc.new_tensor(t.ty.id(), t.ne)
             } else {
                 let srcs: Vec<oracle::P> = t.src.iter().map(|s| map[s.index()]).collect();
+                // ggml's constructors are not defined on empty operands (some
+                // divide by a zero extent); those nodes, and nodes built on
+                // them, are checked by properties 1 and 3 only.
+                let empty = t.src.iter().any(|s| ctx.tensor(*s).unwrap().nelements() == 0);
+                if empty || srcs.iter().any(|p| p.is_null()) {
+                    continue;
+                }
                 // Logged so a ggml abort (we accepted what ggml rejects) names the node.
                 eprintln!("props: ggml translate {} of {:?}", t.op.name(), t.src.iter().map(|s| ctx.tensor(*s).unwrap().describe()).collect::<Vec<_>>());
                 gc.translate(&ctx, &t, &srcs)

@@ -17,15 +17,17 @@
 //!
 //! # Liveness
 //!
-//! Nodes are walked in graph order. Leafs and inputs are placed first (ggml
-//! places every graph input before the first node so nothing overwrites it).
-//! Each node is then placed, and after it every owner whose **last use** was
-//! that node is freed. A use of a view counts as a use of its owner, and a
+//! Nodes are walked in graph order (the order [`Graph::nodes`] gives, which
+//! is the execution order). Leafs that need memory are placed first (as ggml
+//! does, so nothing overwrites them before they are read). Each node is then
+//! placed, and after it every owner whose **last use** was that node is freed
+//! (in the node's source order, then the node itself if nothing reads it). A use of a view counts as a use of its owner, and a
 //! view node itself keeps its owner alive up to its own position (ggml's
 //! `n_views`). These are never freed, so their memory is never reused:
 //!
-//! * outputs: `flags.output` or listed in [`Graph::outputs`] (a view that is
-//!   an output pins its owner);
+//! * outputs: `flags.output` or listed in [`Graph::outputs`] (a view in the
+//!   graph that is an output pins its owner; flags of tensors outside the
+//!   graph are not looked at);
 //! * inputs: `flags.input` (the caller writes them before each compute and
 //!   may compute again with the same inputs). An input is alive for the whole
 //!   graph, so it is placed *above* everything else (at the high-water mark
@@ -49,6 +51,8 @@
 //! node's type, shape and strides, and, if `src[0]` is a view, it starts at
 //! byte 0 of its owner (the owner's unused tail is freed). Only `src[0]` is
 //! considered, so kernels only ever have to support `dst == src0` aliasing.
+//! [`AllocStats::n_inplace`] counts these hand-overs and
+//! [`Placement::inplace_of`] names the owner reused.
 //!
 //! # Several buffers
 //!
@@ -76,6 +80,32 @@
 //! long as they are large enough; it reallocates only when the plan needs
 //! more. Every `alloc_graph` invalidates the placements of the previous graph
 //! allocated with this allocator (their memory is shared, as in ggml).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use shardgraph::graph::GraphAllocator;
+//! use shardgraph::{Context, CpuBackend, GgmlType, TensorStorage};
+//!
+//! # fn main() -> shardgraph::Result<()> {
+//! let backend = CpuBackend::with_threads(4)?;
+//! let mut ctx = Context::new();
+//! let w = ctx.new_tensor_2d(GgmlType::F32, 64, 64)?; // a weight
+//! let x = ctx.new_tensor_2d(GgmlType::F32, 64, 8)?;
+//! ctx.set_input(x)?;
+//! let h = ctx.mul_mat(w, x)?;
+//! let y = ctx.silu(h)?; // runs in place over `h`
+//! let graph = ctx.build_forward(&[y])?;
+//!
+//! let mut storage = TensorStorage::new();
+//! storage.alloc_tensors(&backend, &ctx, &[w])?; // weights: their own buffer
+//! let mut galloc = GraphAllocator::for_backend(&backend);
+//! let need = galloc.measure(&ctx, &graph, &storage)?; // plan only
+//! let got = galloc.alloc_graph(&backend, &ctx, &graph, &mut storage)?;
+//! assert_eq!(need.peak_bytes, got.peak_bytes);
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::backend::{Backend, Buffer, BufferType, TensorStorage};
 use crate::error::{Error, Result};
@@ -317,6 +347,8 @@ struct Plan {
 enum Slot {
     /// Not placed (yet).
     Empty,
+    /// A kept input, to be placed above everything else at the end.
+    Deferred,
     /// Placed and alive: (chunk, offset, reserved bytes).
     Live(usize, usize, usize),
     /// Placed, then freed or handed over to an in-place consumer.
@@ -782,9 +814,8 @@ impl Planner<'_> {
         }
         let reserved = self.alloc.reserve_size(id, self.ctx.t(id))?;
         if reserved > 0 && self.facts.top[i] {
-            if !self.deferred.contains(&id) {
-                self.deferred.push(id);
-            }
+            self.slots[i] = Slot::Deferred;
+            self.deferred.push(id);
             return Ok(());
         }
         self.place_with(id, reserved, false);

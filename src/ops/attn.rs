@@ -95,7 +95,11 @@ impl Context {
                 return Err(Error::operand(
                     OP,
                     name,
-                    format!("type {} is not supported for K/V (F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K); {}", t.ty, shapes()),
+                    format!(
+                        "type {} is not supported for K/V (F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K); {}",
+                        t.ty,
+                        shapes()
+                    ),
                 ));
             }
         }
@@ -104,22 +108,43 @@ impl Context {
                 return Err(Error::operand(
                     OP,
                     name,
-                    format!("rows must be packed (nb0 = {} but the type size is {}); {}", t.nb[0], t.ty.type_size(), shapes()),
+                    format!(
+                        "rows must be packed (nb0 = {} but the type size is {}); {}",
+                        t.nb[0],
+                        t.ty.type_size(),
+                        shapes()
+                    ),
                 ));
             }
         }
         // ggml_can_mul_mat(k, q) plus the batch asserts.
         if tk.ne[0] != tq.ne[0] {
-            return Err(Error::operand(OP, "k", format!("head size k.ne0 = {} ≠ q.ne0 = {}; {}", tk.ne[0], tq.ne[0], shapes())));
+            return Err(Error::operand(
+                OP,
+                "k",
+                format!("head size k.ne0 = {} ≠ q.ne0 = {}; {}", tk.ne[0], tq.ne[0], shapes()),
+            ));
         }
         if tv.ne[1] != tk.ne[1] {
-            return Err(Error::operand(OP, "v", format!("v.ne1 = {} ≠ k.ne1 = {} (n_kv); {}", tv.ne[1], tk.ne[1], shapes())));
+            return Err(Error::operand(
+                OP,
+                "v",
+                format!("v.ne1 = {} ≠ k.ne1 = {} (n_kv); {}", tv.ne[1], tk.ne[1], shapes()),
+            ));
         }
         if tk.ne[3] != tq.ne[3] {
-            return Err(Error::operand(OP, "k", format!("batch k.ne3 = {} ≠ q.ne3 = {}; {}", tk.ne[3], tq.ne[3], shapes())));
+            return Err(Error::operand(
+                OP,
+                "k",
+                format!("batch k.ne3 = {} ≠ q.ne3 = {}; {}", tk.ne[3], tq.ne[3], shapes()),
+            ));
         }
         if tv.ne[3] != tq.ne[3] {
-            return Err(Error::operand(OP, "v", format!("batch v.ne3 = {} ≠ q.ne3 = {}; {}", tv.ne[3], tq.ne[3], shapes())));
+            return Err(Error::operand(
+                OP,
+                "v",
+                format!("batch v.ne3 = {} ≠ q.ne3 = {}; {}", tv.ne[3], tq.ne[3], shapes()),
+            ));
         }
         if !divides(tk.ne[2], tq.ne[2]) {
             return Err(Error::operand(
@@ -156,13 +181,24 @@ impl Context {
                 return Err(Error::operand(
                     OP,
                     "mask",
-                    format!("mask.ne2/ne3 = {}/{} must divide q.ne2/ne3 = {}/{}; {}", tm.ne[2], tm.ne[3], tq.ne[2], tq.ne[3], ms()),
+                    format!(
+                        "mask.ne2/ne3 = {}/{} must divide q.ne2/ne3 = {}/{}; {}",
+                        tm.ne[2],
+                        tm.ne[3],
+                        tq.ne[2],
+                        tq.ne[3],
+                        ms()
+                    ),
                 ));
             }
             srcs.push(m);
         }
         if max_bias > 0.0 && mask.is_none() {
-            return Err(Error::operand(OP, "max_bias", format!("max_bias = {max_bias} (ALiBi) needs a mask; {}", shapes())));
+            return Err(Error::operand(
+                OP,
+                "max_bias",
+                format!("max_bias = {max_bias} (ALiBi) needs a mask; {}", shapes()),
+            ));
         }
         let ne = [tv.ne[0], tq.ne[2], tq.ne[1], tq.ne[3]];
         self.push_op(GgmlType::F32, ne, Op::FlashAttnExt { scale, max_bias, logit_softcap }, &srcs)

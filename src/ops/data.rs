@@ -310,10 +310,9 @@ impl Context {
     /// `a`'s logical order (dim 0 fastest).
     ///
     /// # Errors
-    /// [`Error::InvalidOperand`] for an element-count mismatch or a foreign
-    /// handle; for block-quantized types, `a`'s rows and the new ne0 must
-    /// both be whole blocks, and `a`'s ne0 must equal the new ne0 unless both
-    /// are contiguous-compatible (rows are copied whole).
+    /// [`Error::InvalidOperand`] for an element-count mismatch, a foreign
+    /// handle, or (block-quantized types) a new ne0 that is not whole blocks;
+    /// block types are copied block by block in logical order.
     pub fn cont_4d(&mut self, a: TensorId, ne0: i64, ne1: i64, ne2: i64, ne3: i64) -> Result<TensorId> {
         let ta = self.operand(a, "cont", "src0")?;
         let ne = [ne0, ne1, ne2, ne3];
@@ -326,18 +325,6 @@ impl Context {
             ));
         }
         let ty = ta.ty;
-        if ty.is_quantized() && ne0 != ta.ne[0] && !ta.is_contiguous() {
-            return Err(Error::operand(
-                "cont",
-                "src0",
-                format!(
-                    "block type {} can change ne0 ({} → {ne0}) only from a contiguous source; src0 strides {:?}",
-                    ta.describe(),
-                    ta.ne[0],
-                    ta.nb
-                ),
-            ));
-        }
         self.push_op(ty, ne, Op::Cont, &[a]).map_err(|e| Error::operand("cont", "ne", e.to_string()))
     }
 
@@ -360,7 +347,7 @@ impl Context {
     /// F32/F16/BF16 and to the block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
     /// Q2_K..Q6_K (from an F32 source, rows of whole blocks, `b`
     /// row-contiguous); any type to F32 (dequantized); I32 ↔ F32; and
-    /// same-type copies between arbitrary layouts (block types: whole rows).
+    /// same-type copies between arbitrary layouts (block types block by block).
     ///
     /// # Errors
     /// [`Error::InvalidOperand`] for different element counts, a conversion
@@ -401,7 +388,8 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::InvalidOperand`] if `b` is not I32, the batch dims disagree,
-    /// `a`'s type has no row loader (Q8_1, Q8_K, I64, …), or foreign handles.
+    /// `a`'s type has no row loader (Q8_1, Q8_K, I64, …), a block-quantized
+    /// `a` whose rows are not packed, or foreign handles.
     pub fn get_rows(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         let ta = self.operand(a, "get_rows", "src0")?;
         let tb = self.operand(b, "get_rows", "src1")?;
@@ -412,17 +400,17 @@ impl Context {
             return Err(Error::operand(
                 "get_rows",
                 "src1",
-                format!(
-                    "indices {} must be [n, src0.ne2, src0.ne3, 1] for src0 {}",
-                    tb.describe(),
-                    ta.describe()
-                ),
+                format!("indices {} must be [n, src0.ne2, src0.ne3, 1] for src0 {}", tb.describe(), ta.describe()),
             ));
         }
         let loadable = matches!(ta.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::I32)
-            || (ta.ty.is_quantized() && !matches!(ta.ty, GgmlType::Q8_1 | GgmlType::Q8_K));
+            || (ta.ty.is_quantized() && !matches!(ta.ty, GgmlType::Q8_1 | GgmlType::Q8_K) && ta.is_contiguous_rows());
         if !loadable {
-            return Err(Error::operand("get_rows", "src0", format!("type {} not supported ({})", ta.ty, ta.describe())));
+            return Err(Error::operand(
+                "get_rows",
+                "src0",
+                format!("type {} not supported ({})", ta.ty, ta.describe()),
+            ));
         }
         let ty = if ta.ty == GgmlType::I32 { GgmlType::I32 } else { GgmlType::F32 };
         let ne = [ta.ne[0], tb.ne[0], tb.ne[1], tb.ne[2]];
@@ -453,7 +441,11 @@ impl Context {
         let shapes = || format!("dst {}, src0 {}, indices {}", ta.describe(), tb.describe(), tc.describe());
         use GgmlType::*;
         if !matches!(ta.ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) {
-            return Err(Error::operand("set_rows", "dst", format!("destination type {} not supported ({})", ta.ty, shapes())));
+            return Err(Error::operand(
+                "set_rows",
+                "dst",
+                format!("destination type {} not supported ({})", ta.ty, shapes()),
+            ));
         }
         if tb.ty != F32 {
             return Err(Error::operand("set_rows", "src0", format!("rows must be F32 ({})", shapes())));
@@ -478,7 +470,11 @@ impl Context {
             ));
         }
         if !ta.is_contiguous_rows() || !tb.is_contiguous_rows() {
-            return Err(Error::operand("set_rows", "dst", format!("rows of dst and src0 must be packed ({})", shapes())));
+            return Err(Error::operand(
+                "set_rows",
+                "dst",
+                format!("rows of dst and src0 must be packed ({})", shapes()),
+            ));
         }
         self.view_same(a, Op::SetRows, &[b, c, a])
     }
@@ -501,20 +497,21 @@ impl Context {
             return Err(Error::operand("concat", "dim", format!("dim {dim} outside 0..4")));
         }
         if ta.ty != tb.ty {
-            return Err(Error::operand("concat", "src1", format!("types differ: src0 {}, src1 {}", ta.describe(), tb.describe())));
+            return Err(Error::operand(
+                "concat",
+                "src1",
+                format!("types differ: src0 {}, src1 {}", ta.describe(), tb.describe()),
+            ));
+        }
+        if let Some(d) = (0..MAX_DIMS).find(|&d| d != dim && ta.ne[d] != tb.ne[d]) {
+            return Err(Error::operand(
+                "concat",
+                "src1",
+                format!("dim {d} differs (concat on dim {dim}): src0 {}, src1 {}", ta.describe(), tb.describe()),
+            ));
         }
         let mut ne = ta.ne;
-        for d in 0..MAX_DIMS {
-            if d == dim {
-                ne[d] = ta.ne[d] + tb.ne[d];
-            } else if ta.ne[d] != tb.ne[d] {
-                return Err(Error::operand(
-                    "concat",
-                    "src1",
-                    format!("dim {d} differs (concat on dim {dim}): src0 {}, src1 {}", ta.describe(), tb.describe()),
-                ));
-            }
-        }
+        ne[dim] = ta.ne[dim] + tb.ne[dim];
         let ty = ta.ty;
         self.push_op(ty, ne, Op::Concat { dim }, &[a, b])
     }
@@ -588,7 +585,11 @@ impl Context {
         let lp = [lp0, lp1, lp2, lp3];
         let rp = [rp0, rp1, rp2, rp3];
         if lp.iter().chain(rp.iter()).any(|&p| p < 0) {
-            return Err(Error::operand("pad", "pads", format!("negative pad lp {lp:?} rp {rp:?} (src0 {})", ta.describe())));
+            return Err(Error::operand(
+                "pad",
+                "pads",
+                format!("negative pad lp {lp:?} rp {rp:?} (src0 {})", ta.describe()),
+            ));
         }
         if ta.ty.block_size() != 1 {
             return Err(Error::operand("pad", "src0", format!("block type not supported ({})", ta.describe())));
@@ -624,7 +625,13 @@ fn check_cpy(ta: &Tensor, tb: &Tensor) -> Result<()> {
         return Err(Error::operand(
             "cpy",
             "src1",
-            format!("src0 {} has {} elements, src1 {} has {}", ta.describe(), ta.nelements(), tb.describe(), tb.nelements()),
+            format!(
+                "src0 {} has {} elements, src1 {} has {}",
+                ta.describe(),
+                ta.nelements(),
+                tb.describe(),
+                tb.nelements()
+            ),
         ));
     }
     if !cpy_supported(ta.ty, tb.ty) {
@@ -637,16 +644,15 @@ fn check_cpy(ta: &Tensor, tb: &Tensor) -> Result<()> {
     if tb.ty.is_quantized() && ta.ty != tb.ty {
         // Quantizing: elements are consumed row by row of the destination.
         if !tb.is_contiguous_rows() {
-            return Err(Error::operand("cpy", "src1", format!("quantized destination {} rows not packed", tb.describe())));
+            return Err(Error::operand(
+                "cpy",
+                "src1",
+                format!("quantized destination {} rows not packed", tb.describe()),
+            ));
         }
     }
-    if ta.ty.is_quantized() && tb.ty.is_quantized() && ta.ne[0] != tb.ne[0] && !(ta.is_contiguous() && tb.is_contiguous())
-    {
-        return Err(Error::operand(
-            "cpy",
-            "src1",
-            format!("block copy {} → {} needs equal ne0 or contiguous tensors", ta.describe(), tb.describe()),
-        ));
+    if ta.ty.is_quantized() && ta.ty != tb.ty && !ta.is_contiguous_rows() {
+        return Err(Error::operand("cpy", "src0", format!("quantized source {} rows not packed", ta.describe())));
     }
     Ok(())
 }
@@ -674,7 +680,7 @@ mod tests {
     fn permute_rejects_bad_axes() {
         let mut ctx = Context::new();
         let a = ctx.new_tensor_3d(F32, 4, 5, 6).unwrap();
-        expect_operand(ctx.permute(a, [0, 1, 1, 3]), "permute", "F32[4, 5, 6, 1]");
+        expect_operand(ctx.permute(a, [0, 1, 1, 3]), "permute", "f32[4, 5, 6, 1]");
         expect_operand(ctx.permute(a, [0, 1, 2, 4]), "permute", "not a permutation");
         let p = ctx.permute(a, [1, 2, 0, 3]).unwrap();
         let t = ctx.tensor(p).unwrap();
@@ -687,7 +693,9 @@ mod tests {
         let mut ctx = Context::new();
         let a = ctx.new_tensor_2d(F32, 8, 4).unwrap();
         match ctx.view_1d(a, 30, 12) {
-            Err(Error::OutOfBounds { detail }) => assert!(detail.contains("view") && detail.contains("F32[8, 4, 1, 1]")),
+            Err(Error::OutOfBounds { detail }) => {
+                assert!(detail.contains("view") && detail.contains("f32[8, 4, 1, 1]"))
+            }
             other => panic!("{other:?}"),
         }
         assert!(ctx.view_2d(a, 8, 4, 32, 4).is_err());
@@ -720,10 +728,11 @@ mod tests {
         let a = ctx.new_tensor_3d(F32, 4, 5, 6).unwrap();
         let b = ctx.new_tensor_3d(F32, 4, 3, 6).unwrap();
         let c = ctx.new_tensor_3d(F16, 4, 5, 6).unwrap();
-        expect_operand(ctx.concat(a, b, 0), "concat", "F32[4, 3, 6, 1]");
+        expect_operand(ctx.concat(a, b, 0), "concat", "f32[4, 3, 6, 1]");
         expect_operand(ctx.concat(a, c, 1), "concat", "types differ");
         expect_operand(ctx.concat(a, b, 4), "concat", "outside");
-        assert_eq!(ctx.tensor(ctx.concat(a, b, 1).unwrap()).unwrap().ne, [4, 8, 6, 1]);
+        let cc = ctx.concat(a, b, 1).unwrap();
+        assert_eq!(ctx.tensor(cc).unwrap().ne, [4, 8, 6, 1]);
         expect_operand(ctx.repeat_4d(a, 8, 7, 6, 1), "repeat", "not a multiple");
         expect_operand(ctx.pad_ext(a, -1, 0, 0, 0, 0, 0, 0, 0), "pad", "negative");
         let i = ctx.new_tensor_1d(I64, 3).unwrap();
@@ -740,10 +749,10 @@ mod tests {
         let dst = ctx.new_tensor_2d(I32, 16, 10).unwrap();
         let b = ctx.new_tensor_2d(F32, 16, 4).unwrap();
         let c = ctx.new_tensor_1d(I64, 4).unwrap();
-        expect_operand(ctx.set_rows(dst, b, c), "set_rows", "destination type I32");
+        expect_operand(ctx.set_rows(dst, b, c), "set_rows", "destination type i32");
         let dst = ctx.new_tensor_2d(F16, 16, 10).unwrap();
         let c3 = ctx.new_tensor_1d(I64, 3).unwrap();
-        expect_operand(ctx.set_rows(dst, b, c3), "set_rows", "I64[3, 1, 1, 1]");
+        expect_operand(ctx.set_rows(dst, b, c3), "set_rows", "i64[3, 1, 1, 1]");
         let cf = ctx.new_tensor_1d(F32, 4).unwrap();
         expect_operand(ctx.set_rows(dst, b, cf), "set_rows", "I64 or I32");
         let b16 = ctx.new_tensor_2d(F16, 16, 4).unwrap();
@@ -818,6 +827,18 @@ mod tests {
     }
 
     #[test]
+    fn block_cont_with_new_ne0_follows_logical_order() {
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor_3d(Q8_0, 64, 3, 4).unwrap();
+        let p = ctx.permute(a, [0, 2, 1, 3]).unwrap();
+        let c = ctx.cont_2d(p, 32, 24).unwrap();
+        let vals: Vec<f32> = (0..768).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0).collect();
+        let (res, st) = run(&ctx, &[c], |st| st.set_f32(&ctx, a, &vals));
+        res.unwrap();
+        assert_eq!(st.get_f32(&ctx, c).unwrap(), st.get_f32(&ctx, p).unwrap());
+    }
+
+    #[test]
     fn layouts_ggml_cpu_rejects_still_compute() {
         // repeat of a transposed source, pad of F16, concat of Q8_0 rows.
         let mut ctx = Context::new();
@@ -837,10 +858,7 @@ mod tests {
             st.set_f32(&ctx, q2, &vals[32..])
         });
         res.unwrap();
-        assert_eq!(
-            st.get_f32(&ctx, rep).unwrap(),
-            vec![1.0, 3.0, 5.0, 1.0, 3.0, 5.0, 2.0, 4.0, 6.0, 2.0, 4.0, 6.0]
-        );
+        assert_eq!(st.get_f32(&ctx, rep).unwrap(), vec![1.0, 3.0, 5.0, 1.0, 3.0, 5.0, 2.0, 4.0, 6.0, 2.0, 4.0, 6.0]);
         assert_eq!(st.get_f32(&ctx, pd).unwrap(), vec![0.0, 7.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
         let mut want = st.get_f32(&ctx, q1).unwrap();
         want.extend(st.get_f32(&ctx, q2).unwrap());

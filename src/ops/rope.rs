@@ -206,7 +206,7 @@ mod tests {
         let ff = ctx.new_tensor_1d(F32, 16).unwrap();
         let (op, operand, d) = detail(ctx.rope_ext(a, pos, Some(ff), params(64, RopeMode::Normal)));
         assert_eq!((op, operand), ("rope", "freq_factors"));
-        assert!(d.contains("F32[16, 1, 1, 1]"));
+        assert!(d.contains("f32[16, 1, 1, 1]"));
         let mut mp = params(64, RopeMode::Imrope);
         assert_eq!(detail(ctx.rope_multi(a, pos4, None, mp)).1, "sections");
         mp.sections = [11, 11, 10, 0];

@@ -58,7 +58,11 @@ impl Context {
         let n_t = ts.ne[0] - d_conv + 1;
         let n_s = ts.ne[2];
         if ts.ne[1] != d_inner {
-            return Err(Error::operand(CONV, "sx", format!("sx.ne1 = {} ≠ d_inner = c.ne1 = {}; {}", ts.ne[1], d_inner, shapes())));
+            return Err(Error::operand(
+                CONV,
+                "sx",
+                format!("sx.ne1 = {} ≠ d_inner = c.ne1 = {}; {}", ts.ne[1], d_inner, shapes()),
+            ));
         }
         if n_t < 0 {
             return Err(Error::operand(
@@ -68,10 +72,18 @@ impl Context {
             ));
         }
         if !first_two_dims_packed(ts) {
-            return Err(Error::operand(CONV, "sx", format!("sx dims 0 and 1 must be packed (nb {:?}); {}", ts.nb, shapes())));
+            return Err(Error::operand(
+                CONV,
+                "sx",
+                format!("sx dims 0 and 1 must be packed (nb {:?}); {}", ts.nb, shapes()),
+            ));
         }
         if !first_two_dims_packed(tc) {
-            return Err(Error::operand(CONV, "c", format!("c dims 0 and 1 must be packed (nb {:?}); {}", tc.nb, shapes())));
+            return Err(Error::operand(
+                CONV,
+                "c",
+                format!("c dims 0 and 1 must be packed (nb {:?}); {}", tc.nb, shapes()),
+            ));
         }
         self.push_op(GgmlType::F32, [d_inner, n_t, n_s, 1], Op::SsmConv, &[sx, c])
     }
@@ -129,9 +141,8 @@ impl Context {
         for (&id, &name) in ids.iter().zip(&names) {
             ts.push(self.operand(id, GDN, name)?);
         }
-        let shapes = || {
-            names.iter().zip(&ts).map(|(n, t)| format!("{n} {}", t.describe())).collect::<Vec<_>>().join(", ")
-        };
+        let shapes =
+            || names.iter().zip(&ts).map(|(n, t)| format!("{n} {}", t.describe())).collect::<Vec<_>>().join(", ");
         for (&name, t) in names.iter().zip(&ts) {
             if t.ty != GgmlType::F32 {
                 return Err(Error::operand(GDN, name, format!("{name} must be F32; {}", shapes())));
@@ -140,24 +151,44 @@ impl Context {
         let (tq, tk, tv, tg, tb, tsn) = (ts[0], ts[1], ts[2], ts[3], ts[4], ts[5]);
         for (name, t) in [("q", tq), ("k", tk), ("v", tv)] {
             if !t.is_contiguous_rows() {
-                return Err(Error::operand(GDN, name, format!("{name} rows must be packed (nb {:?}); {}", t.nb, shapes())));
+                return Err(Error::operand(
+                    GDN,
+                    name,
+                    format!("{name} rows must be packed (nb {:?}); {}", t.nb, shapes()),
+                ));
             }
         }
         for (name, t) in [("g", tg), ("beta", tb), ("state", tsn)] {
             if !t.is_contiguous() {
-                return Err(Error::operand(GDN, name, format!("{name} must be contiguous (nb {:?}); {}", t.nb, shapes())));
+                return Err(Error::operand(
+                    GDN,
+                    name,
+                    format!("{name} must be contiguous (nb {:?}); {}", t.nb, shapes()),
+                ));
             }
         }
         let [s_v, h, n_t, n_s] = tv.ne;
         for (name, t) in [("q", tq), ("k", tk)] {
             if t.ne[0] != s_v {
-                return Err(Error::operand(GDN, name, format!("{name}.ne0 = {} ≠ head size v.ne0 = {s_v}; {}", t.ne[0], shapes())));
+                return Err(Error::operand(
+                    GDN,
+                    name,
+                    format!("{name}.ne0 = {} ≠ head size v.ne0 = {s_v}; {}", t.ne[0], shapes()),
+                ));
             }
             if t.ne[2] != n_t {
-                return Err(Error::operand(GDN, name, format!("{name}.ne2 = {} ≠ tokens v.ne2 = {n_t}; {}", t.ne[2], shapes())));
+                return Err(Error::operand(
+                    GDN,
+                    name,
+                    format!("{name}.ne2 = {} ≠ tokens v.ne2 = {n_t}; {}", t.ne[2], shapes()),
+                ));
             }
             if !divides(t.ne[1], h) {
-                return Err(Error::operand(GDN, name, format!("{name} heads {name}.ne1 = {} do not divide v heads {h}; {}", t.ne[1], shapes())));
+                return Err(Error::operand(
+                    GDN,
+                    name,
+                    format!("{name} heads {name}.ne1 = {} do not divide v heads {h}; {}", t.ne[1], shapes()),
+                ));
             }
             if !divides(t.ne[3], n_s) {
                 return Err(Error::operand(
@@ -174,12 +205,21 @@ impl Context {
             return Err(Error::operand(GDN, "beta", format!("beta must be [1, {h}, {n_t}, {n_s}]; {}", shapes())));
         }
         if tsn.ne != [s_v, s_v, h, n_s] {
-            return Err(Error::operand(GDN, "state", format!("state must be [{s_v}, {s_v}, {h}, {n_s}]; {}", shapes())));
+            return Err(Error::operand(
+                GDN,
+                "state",
+                format!("state must be [{s_v}, {s_v}, {h}, {n_s}]; {}", shapes()),
+            ));
         }
         if !(1..=i32::MAX as i64).contains(&k_snapshots) {
-            return Err(Error::operand(GDN, "k_snapshots", format!("k_snapshots = {k_snapshots} must be in 1..=2^31−1")));
+            return Err(Error::operand(
+                GDN,
+                "k_snapshots",
+                format!("k_snapshots = {k_snapshots} must be in 1..=2^31−1"),
+            ));
         }
-        let too_big = || Error::operand(GDN, "k_snapshots", format!("result rows overflow for K = {k_snapshots}; {}", shapes()));
+        let too_big =
+            || Error::operand(GDN, "k_snapshots", format!("result rows overflow for K = {k_snapshots}; {}", shapes()));
         let state_rows = k_snapshots.checked_mul(s_v).and_then(|x| x.checked_mul(n_s)).ok_or_else(too_big)?;
         let rows = n_t.checked_mul(n_s).and_then(|x| x.checked_add(state_rows)).ok_or_else(too_big)?;
         let ne0 = s_v.checked_mul(h).ok_or_else(too_big)?;

@@ -36,12 +36,17 @@ fn view_cases(v: &mut Vec<Case>) {
             let x = ctx.view_3d(a, 4, 3, 5, nb[1] * 2, nb[2], ts + nb[1])?;
             Ok(Built::out(&[ctx.cont(x)?]))
         }));
-        v.push(Case::new("cont", format!("view_4d,type={ty},ne=[6,5,4,3],view=[5,2,3,2]"), Compare::Exact, move |ctx| {
-            let a = leaf(ctx, ty, &[6, 5, 4, 3])?;
-            let nb = ctx.tensor(a)?.nb;
-            let x = ctx.view_4d(a, 5, 2, 3, 2, nb[1] * 2, nb[2], nb[3], ts + nb[2])?;
-            Ok(Built::out(&[ctx.cont(x)?]))
-        }));
+        v.push(Case::new(
+            "cont",
+            format!("view_4d,type={ty},ne=[6,5,4,3],view=[5,2,3,2]"),
+            Compare::Exact,
+            move |ctx| {
+                let a = leaf(ctx, ty, &[6, 5, 4, 3])?;
+                let nb = ctx.tensor(a)?.nb;
+                let x = ctx.view_4d(a, 5, 2, 3, 2, nb[1] * 2, nb[2], nb[3], ts + nb[2])?;
+                Ok(Built::out(&[ctx.cont(x)?]))
+            },
+        ));
         // A view of a view (offsets accumulate).
         v.push(Case::new("cont", format!("view_of_view,type={ty},ne=[12,10]"), Compare::Exact, move |ctx| {
             let a = leaf(ctx, ty, &[12, 10])?;
@@ -94,6 +99,8 @@ fn view_cases(v: &mut Vec<Case>) {
         let p = ctx.permute(a, [0, 2, 1, 3])?;
         Ok(Built::out(&[ctx.cont(p)?]))
     }));
+    // (A block type with a non-contiguous source and a new ne0 is covered by a
+    // unit test: ggml's dup_bytes copies `ne00 · type_size` bytes per row there.)
     v.push(Case::new("cont", "reshape_4d,type=f32,ne=[12,10]", Compare::Exact, |ctx| {
         let a = leaf(ctx, F32, &[12, 10])?;
         let r = ctx.reshape_4d(a, 3, 4, 5, 2)?;
@@ -104,7 +111,7 @@ fn view_cases(v: &mut Vec<Case>) {
 
 /// cpy / cast between types and layouts.
 fn cpy_cases(v: &mut Vec<Case>) {
-    let pairs: [(GgmlType, GgmlType, i64); 14] = [
+    let pairs: [(GgmlType, GgmlType, i64); 17] = [
         (F32, F16, 33),
         (F32, BF16, 33),
         (F32, F32, 33),
@@ -119,6 +126,9 @@ fn cpy_cases(v: &mut Vec<Case>) {
         (F32, Q4_K, 256),
         (Q8_0, F32, 64),
         (Q4_0, F32, 64),
+        (F16, Q8_0, 64),
+        (BF16, Q4_0, 64),
+        (Q6_K, F32, 256),
     ];
     for (src, dst, ne0) in pairs {
         v.push(Case::new("cpy", format!("src={src},dst={dst},ne=[{ne0},6,2]"), Compare::Exact, move |ctx| {
@@ -137,6 +147,16 @@ fn cpy_cases(v: &mut Vec<Case>) {
         }));
     }
     // Different shapes, same element count.
+    v.push(Case::new("cpy", "src=f32 [128,3],dst=q8_0 [64,6]", Compare::Exact, |ctx| {
+        let a = leaf(ctx, F32, &[128, 3])?;
+        let b = leaf(ctx, Q8_0, &[64, 6])?;
+        Ok(Built::out(&[ctx.cpy(a, b)?]))
+    }));
+    v.push(Case::new("cpy", "src=q4_0 [64,3],dst=f32 [32,6]", Compare::Exact, |ctx| {
+        let a = leaf(ctx, Q4_0, &[64, 3])?;
+        let b = leaf(ctx, F32, &[32, 6])?;
+        Ok(Built::out(&[ctx.cpy(a, b)?]))
+    }));
     v.push(Case::new("cpy", "src=f32 [6,8],dst=f16 [16,3]", Compare::Exact, |ctx| {
         let a = leaf(ctx, F32, &[6, 8])?;
         let b = leaf(ctx, F16, &[16, 3])?;
@@ -192,11 +212,16 @@ fn get_rows_cases(v: &mut Vec<Case>) {
     // Batched: a [12, 10, 3, 2], b [5, 3, 2].
     for ty in [F32, F16, Q8_0] {
         let ne0 = if ty == Q8_0 { 32 } else { 12 };
-        v.push(Case::new("get_rows", format!("batched,type={ty},ne=[{ne0},10,3,2],idx=[5,3,2]"), Compare::Exact, move |ctx| {
-            let a = leaf(ctx, ty, &[ne0, 10, 3, 2])?;
-            let b = leaf(ctx, I32, &[5, 3, 2])?;
-            Ok(Built::out(&[ctx.get_rows(a, b)?]).init(b, ints(30, |i| ((i * 7 + 3) % 10) as i64)))
-        }));
+        v.push(Case::new(
+            "get_rows",
+            format!("batched,type={ty},ne=[{ne0},10,3,2],idx=[5,3,2]"),
+            Compare::Exact,
+            move |ctx| {
+                let a = leaf(ctx, ty, &[ne0, 10, 3, 2])?;
+                let b = leaf(ctx, I32, &[5, 3, 2])?;
+                Ok(Built::out(&[ctx.get_rows(a, b)?]).init(b, ints(30, |i| ((i * 7 + 3) % 10) as i64)))
+            },
+        ));
     }
     v.push(Case::new("get_rows", "type=i32,ne=[6,8],idx=[4]", Compare::Exact, |ctx| {
         let a = leaf(ctx, I32, &[6, 8])?;
@@ -210,22 +235,32 @@ fn get_rows_cases(v: &mut Vec<Case>) {
 fn set_rows_cases(v: &mut Vec<Case>) {
     for (dty, ne0) in [(F32, 16), (F16, 16), (BF16, 16), (Q8_0, 64), (Q4_0, 64), (Q5_1, 64), (Q4_K, 256)] {
         for ity in [I64, I32] {
-            v.push(Case::new("set_rows", format!("dst={dty},idx={ity},ne=[{ne0},10],n=4"), Compare::Exact, move |ctx| {
-                let dst = leaf(ctx, dty, &[ne0, 10])?;
-                let b = leaf(ctx, F32, &[ne0, 4])?;
-                let c = leaf(ctx, ity, &[4])?;
-                Ok(Built::out(&[ctx.set_rows(dst, b, c)?]).init(c, Init::Ints(vec![7, 2, 9, 0])))
-            }));
+            v.push(Case::new(
+                "set_rows",
+                format!("dst={dty},idx={ity},ne=[{ne0},10],n=4"),
+                Compare::Exact,
+                move |ctx| {
+                    let dst = leaf(ctx, dty, &[ne0, 10])?;
+                    let b = leaf(ctx, F32, &[ne0, 4])?;
+                    let c = leaf(ctx, ity, &[4])?;
+                    Ok(Built::out(&[ctx.set_rows(dst, b, c)?]).init(c, Init::Ints(vec![7, 2, 9, 0])))
+                },
+            ));
         }
     }
     // Broadcast of the indices over dims 2 and 3.
     for dty in [F32, F16] {
-        v.push(Case::new("set_rows", format!("broadcast,dst={dty},ne=[8,10,6,2],idx=[3,2,1]"), Compare::Exact, move |ctx| {
-            let dst = leaf(ctx, dty, &[8, 10, 6, 2])?;
-            let b = leaf(ctx, F32, &[8, 3, 6, 2])?;
-            let c = leaf(ctx, I64, &[3, 2, 1])?;
-            Ok(Built::out(&[ctx.set_rows(dst, b, c)?]).init(c, Init::Ints(vec![1, 5, 8, 9, 0, 4])))
-        }));
+        v.push(Case::new(
+            "set_rows",
+            format!("broadcast,dst={dty},ne=[8,10,6,2],idx=[3,2,1]"),
+            Compare::Exact,
+            move |ctx| {
+                let dst = leaf(ctx, dty, &[8, 10, 6, 2])?;
+                let b = leaf(ctx, F32, &[8, 3, 6, 2])?;
+                let c = leaf(ctx, I64, &[3, 2, 1])?;
+                Ok(Built::out(&[ctx.set_rows(dst, b, c)?]).init(c, Init::Ints(vec![1, 5, 8, 9, 0, 4])))
+            },
+        ));
     }
     // Source rows from a non-contiguous (permuted, rows packed) tensor, destination a view.
     v.push(Case::new("set_rows", "src strided view,dst=f16 view,ne=[16,12]", Compare::Exact, |ctx| {
@@ -243,20 +278,25 @@ fn set_rows_cases(v: &mut Vec<Case>) {
 fn concat_cases(v: &mut Vec<Case>) {
     for dim in 0..4usize {
         for ty in [F32, F16, I32] {
-            v.push(Case::new("concat", format!("dim={dim},type={ty},ne=[5,4,3,2]+extra"), Compare::Exact, move |ctx| {
-                let ne_a = [5i64, 4, 3, 2];
-                let mut ne_b = ne_a;
-                ne_b[dim] = 3;
-                let a = leaf(ctx, ty, &ne_a)?;
-                let b = leaf(ctx, ty, &ne_b)?;
-                let mut built = Built::out(&[ctx.concat(a, b, dim)?]);
-                if ty == I32 {
-                    let na = ne_a.iter().product::<i64>() as usize;
-                    let nb = ne_b.iter().product::<i64>() as usize;
-                    built = built.init(a, ints(na, |i| i as i64)).init(b, ints(nb, |i| -(i as i64) - 1));
-                }
-                Ok(built)
-            }));
+            v.push(Case::new(
+                "concat",
+                format!("dim={dim},type={ty},ne=[5,4,3,2]+extra"),
+                Compare::Exact,
+                move |ctx| {
+                    let ne_a = [5i64, 4, 3, 2];
+                    let mut ne_b = ne_a;
+                    ne_b[dim] = 3;
+                    let a = leaf(ctx, ty, &ne_a)?;
+                    let b = leaf(ctx, ty, &ne_b)?;
+                    let mut built = Built::out(&[ctx.concat(a, b, dim)?]);
+                    if ty == I32 {
+                        let na = ne_a.iter().product::<i64>() as usize;
+                        let nb = ne_b.iter().product::<i64>() as usize;
+                        built = built.init(a, ints(na, |i| i as i64)).init(b, ints(nb, |i| -(i as i64) - 1));
+                    }
+                    Ok(built)
+                },
+            ));
         }
         // Non-contiguous inputs: both permuted views.
         v.push(Case::new("concat", format!("dim={dim},type=f32,non-contiguous"), Compare::Exact, move |ctx| {

@@ -4,7 +4,7 @@
 //! Qwen-style sections).
 
 use crate::harness::{Built, Case, Compare, Init};
-use shardgraph::{Context, GgmlType, Result, RopeMode, RopeParams, TensorId};
+use shardgraph::{Context, GgmlType, RopeMode, RopeParams};
 
 fn positions(n: usize, seed: i64) -> Vec<i64> {
     // Unsorted, repeated, and some large positions.
@@ -29,15 +29,7 @@ fn ext_params(n_dims: i32, mode: RopeMode, freq_scale: f32, ext_factor: f32, att
 
 /// One plain `rope_ext` case on a fresh `[hd, nh, nt, ne3]` leaf.
 #[allow(clippy::too_many_arguments)]
-fn plain(
-    v: &mut Vec<Case>,
-    ty: GgmlType,
-    ne: [i64; 4],
-    p: RopeParams,
-    with_ff: bool,
-    tol: f64,
-    label: &str,
-) {
+fn plain(v: &mut Vec<Case>, ty: GgmlType, ne: [i64; 4], p: RopeParams, with_ff: bool, tol: f64, label: &str) {
     let vars = format!(
         "{label},type={ty},ne={ne:?},mode={:?},n_dims={},fs={},ext={},attn={},ff={with_ff}",
         p.mode, p.n_dims, p.freq_scale, p.ext_factor, p.attn_factor
@@ -76,7 +68,9 @@ fn fused_qkv(v: &mut Vec<Case>, mode: RopeMode, hd: i64, n_dims: i32, ty: GgmlTy
 /// `rope_multi` on `[hd, nh, nt, 1]` with four position streams.
 fn multi(v: &mut Vec<Case>, mode: RopeMode, hd: i64, n_dims: i32, sections: [i32; 4], ty: GgmlType, ext: f32) {
     let (nh, nt) = (3i64, 6i64);
-    let vars = format!("multi,type={ty},hd={hd},nh={nh},nt={nt},mode={mode:?},n_dims={n_dims},sections={sections:?},ext={ext}");
+    let vars = format!(
+        "multi,type={ty},hd={hd},nh={nh},nt={nt},mode={mode:?},n_dims={n_dims},sections={sections:?},ext={ext}"
+    );
     v.push(Case::new("rope", vars, Compare::Nmse(1e-7), move |ctx: &mut Context| {
         let a = ctx.new_tensor(ty, &[hd, nh, nt])?;
         let pos = ctx.new_tensor(GgmlType::I32, &[4 * nt])?;
@@ -145,6 +139,3 @@ pub fn cases() -> Vec<Case> {
     }
     v
 }
-
-/// Unused-import guard.
-pub fn _id(_: TensorId) {}

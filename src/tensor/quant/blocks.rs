@@ -218,7 +218,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176 && std::mem::align_
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210 && std::mem::align_of::<BlockQ6K>() == 1);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292 && std::mem::align_of::<BlockQ8K>() == 1);
 
-/// A ggml block format: its element count and its activation partner.
+/// A ggml block format (implemented by every block struct here).
 pub trait Block: Pod {
     /// Elements per block.
     const QK: usize;

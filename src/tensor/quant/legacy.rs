@@ -24,6 +24,21 @@ pub(crate) fn c_trunc_i32(v: f32) -> i32 {
     }
 }
 
+/// C's `(int)roundf(v)` as x86 executes it: round half away from zero, then
+/// [`c_trunc_i32`]'s conversion. Written without `f32::round` (a libm call on
+/// baseline x86_64) so the Q8 quantizers stay fast.
+#[inline(always)]
+pub(crate) fn c_round_i32(v: f32) -> i32 {
+    if !(-2147483648.0..2147483648.0).contains(&v) {
+        return i32::MIN;
+    }
+    let t = v as i32;
+    // Exact: for |v| < 2^24 `t as f32` is exact, and above that v is an integer.
+    let frac = v - t as f32;
+    // Branch-free: the comparisons are data-dependent coin flips.
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
+}
+
 /// Index and value of the element with the largest |x|, first one on ties,
 /// as ggml's `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` loops.
 #[inline(always)]
@@ -148,7 +163,7 @@ pub(crate) fn quantize_q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         yb.d = f16_bytes(d);
         for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = c_trunc_i32((v * id).round()) as i8;
+            *q = c_round_i32(v * id) as i8;
         }
     }
 }
@@ -162,7 +177,7 @@ pub(crate) fn quantize_q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
         yb.d = f16_bytes(d);
         let mut sum = 0i32;
         for (q, &v) in yb.qs.iter_mut().zip(xb) {
-            *q = c_trunc_i32((v * id).round()) as i8;
+            *q = c_round_i32(v * id) as i8;
             sum += *q as i32;
         }
         yb.s = f16_bytes(sum as f32 * d);
@@ -242,6 +257,29 @@ pub(crate) fn dequantize_q8_1(x: &[BlockQ8_1], y: &mut [f32]) {
         let d = f16_le(b.d);
         for (o, &q) in yb.iter_mut().zip(&b.qs) {
             *o = q as f32 * d;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quant_c_round_matches_roundf_then_truncation() {
+        let mut vals =
+            vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 0.49999997, -0.49999997, 126.5, -127.5, 8388607.5, -8388607.5];
+        vals.extend([16777217.0, 2147483520.0, -2147483648.0, 2147483648.0, f32::INFINITY, f32::NAN, 1e30, -1e30]);
+        let mut st = 0x243F_6A88_85A3_08D3u64;
+        for _ in 0..100_000 {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            vals.push(f32::from_bits(st as u32));
+            vals.push(((st >> 32) as u32 as f32 / 4096.0) - 524288.0);
+        }
+        for v in vals {
+            assert_eq!(c_round_i32(v), c_trunc_i32(v.round()), "{v:e}");
         }
     }
 }

@@ -269,3 +269,90 @@ fn quant_bench_dot() {
         eprintln!("  {:>5}: scalar {s:>8.0}  best {f:>7.0}  speedup {:>5.1}x", ty.name(), s / f);
     }
 }
+
+/// `cargo test --release --lib quant_bench -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn quant_bench_quantize_dequantize() {
+    let mut rng = XorShift::new(9);
+    let n = 4096;
+    let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+    eprintln!("one row of {n} elements, µs per call:");
+    for ty in QUANT_TYPES.iter().copied().chain([F16, BF16]) {
+        let mut q = vec![0u8; ty.row_size(n as i64).unwrap()];
+        let mut y = vec![0f32; n];
+        let reps = 200;
+        let (mut tq, mut td) = (f64::MAX, f64::MAX);
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                quantize_chunk(ty, std::hint::black_box(&x), &mut q, 1, n).unwrap();
+            }
+            tq = tq.min(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                dequantize_row(ty, std::hint::black_box(&q), &mut y).unwrap();
+            }
+            td = td.min(t.elapsed().as_secs_f64() * 1e6 / reps as f64);
+        }
+        eprintln!("  {:>5}: quantize {tq:>8.1}  dequantize {td:>6.1}", ty.name());
+    }
+}
+
+/// Random weight bytes (every quant, scale and high-bit pattern) with sane
+/// f16 super-scales, against quantized activations: SIMD equals scalar.
+#[test]
+fn quant_simd_matches_scalar_on_random_weight_bytes() {
+    use super::blocks::*;
+    let mut rng = XorShift::new(77);
+    let n = 2048;
+    for ty in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
+        for _ in 0..8 {
+            let mut w: Vec<u8> = (0..ty.row_size(n as i64).unwrap()).map(|_| rng.next_u64() as u8).collect();
+            let mut scale = || f16_bytes(rng.uniform() * 0.1);
+            match ty {
+                Q4_0 => bytemuck::cast_slice_mut::<u8, BlockQ4_0>(&mut w).iter_mut().for_each(|b| b.d = scale()),
+                Q4_1 => bytemuck::cast_slice_mut::<u8, BlockQ4_1>(&mut w).iter_mut().for_each(|b| {
+                    b.d = scale();
+                    b.m = scale();
+                }),
+                Q5_0 => bytemuck::cast_slice_mut::<u8, BlockQ5_0>(&mut w).iter_mut().for_each(|b| b.d = scale()),
+                Q5_1 => bytemuck::cast_slice_mut::<u8, BlockQ5_1>(&mut w).iter_mut().for_each(|b| {
+                    b.d = scale();
+                    b.m = scale();
+                }),
+                Q8_0 => bytemuck::cast_slice_mut::<u8, BlockQ8_0>(&mut w).iter_mut().for_each(|b| {
+                    b.d = scale();
+                    // Weight quants of −128 are outside what ggml produces.
+                    b.qs.iter_mut().for_each(|q| *q = (*q).max(-127));
+                }),
+                Q2_K => bytemuck::cast_slice_mut::<u8, BlockQ2K>(&mut w).iter_mut().for_each(|b| {
+                    b.d = scale();
+                    b.dmin = scale();
+                }),
+                Q3_K => bytemuck::cast_slice_mut::<u8, BlockQ3K>(&mut w).iter_mut().for_each(|b| b.d = scale()),
+                Q4_K => bytemuck::cast_slice_mut::<u8, BlockQ4K>(&mut w).iter_mut().for_each(|b| {
+                    b.d = scale();
+                    b.dmin = scale();
+                }),
+                Q5_K => bytemuck::cast_slice_mut::<u8, BlockQ5K>(&mut w).iter_mut().for_each(|b| {
+                    b.d = scale();
+                    b.dmin = scale();
+                }),
+                Q6_K => bytemuck::cast_slice_mut::<u8, BlockQ6K>(&mut w).iter_mut().for_each(|b| b.d = scale()),
+                _ => unreachable!(),
+            }
+            let y: Vec<f32> = (0..n).map(|_| rng.normal() * 2.0).collect();
+            let a = quantize(vec_dot_type(ty), &y);
+            let xd = dequantize(ty, &w, n);
+            let yd = dequantize(vec_dot_type(ty), &a, n);
+            let mag: f64 = xd.iter().zip(&yd).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
+            let exact: f64 = xd.iter().zip(&yd).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let s = vec_dot_fn_scalar(ty).unwrap()(n, &w, &a) as f64;
+            let f = vec_dot_fn(ty).unwrap()(n, &w, &a) as f64;
+            let tol = mag * 2e-6 + if vec_dot_type(ty) == Q8_1 { mag * 1e-3 } else { 0.0 };
+            assert!((s - f).abs() <= mag * 1e-6, "{ty}: scalar {s} simd {f}");
+            assert!((s - exact).abs() <= tol, "{ty}: scalar {s} vs dequantized {exact}");
+        }
+    }
+}

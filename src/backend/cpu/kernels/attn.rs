@@ -38,9 +38,9 @@ use rayon::prelude::*;
 use vec::VecOps;
 
 /// Query rows per tile.
-const TILE_ROWS: usize = 16;
-/// Keys whose mask values are converted at a time.
-const KV_BLOCK: usize = 256;
+const TILE_ROWS: usize = 32;
+/// Keys processed as one block (mask values, K rows, scores, V rows).
+const KV_BLOCK: usize = 32;
 /// Tasks to aim for before keys are split into chunks.
 const TARGET_TASKS: usize = 32;
 /// Smallest key chunk when keys are split.
@@ -89,27 +89,49 @@ impl KDot {
     }
 }
 
-/// Row (i1, i2, i3) of a row-packed `t` as f32 into `out` (`out.len() == t.ne[0]`),
-/// using `raw` (u16 storage keeps F16/BF16 aligned) for the packed bytes.
-fn load_row(t: &TView, i1: usize, i2: usize, i3: usize, raw: &mut [u16], out: &mut [f32]) -> Result<()> {
-    match t.ty {
-        GgmlType::F32 => t.load_row_f32(i1, i2, i3, out),
-        GgmlType::F16 | GgmlType::BF16 => {
-            let raw = &mut raw[..out.len()];
-            t.load_row_bytes(i1, i2, i3, bytemuck::cast_slice_mut(raw));
-            if t.ty == GgmlType::F16 {
-                bytemuck::cast_slice::<u16, f16>(raw).convert_to_f32_slice(out);
-            } else {
-                bytemuck::cast_slice::<u16, bf16>(raw).convert_to_f32_slice(out);
-            }
-            Ok(())
+/// Read-only access to the packed rows of a K or V source, in place.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    ty: GgmlType,
+    nb: [usize; 4],
+    /// Bytes of one row.
+    rb: usize,
+    bytes: &'a [u8],
+    f16_to_f32: fn(&[u8], &mut [f32]),
+}
+
+impl<'a> Rows<'a> {
+    /// The packed bytes of row (i1, i2, i3).
+    fn row(&self, i1: usize, i2: usize, i3: usize) -> Result<&'a [u8]> {
+        let o = i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3];
+        self.bytes.get(o..o + self.rb).ok_or_else(|| Error::OutOfBounds {
+            detail: format!(
+                "flash_attn_ext: row ({i1}, {i2}, {i3}) of {} bytes at {o} outside the source span",
+                self.rb
+            ),
+        })
+    }
+
+    /// Row (i1, i2, i3) converted to f32 into `out` (`out.len()` = `ne[0]`).
+    fn row_f32(&self, i1: usize, i2: usize, i3: usize, out: &mut [f32]) -> Result<()> {
+        let row = self.row(i1, i2, i3)?;
+        match self.ty {
+            GgmlType::F32 => match bytemuck::try_cast_slice::<u8, f32>(row) {
+                Ok(x) => out.copy_from_slice(x),
+                Err(_) => out.iter_mut().zip(row.chunks_exact(4)).for_each(|(o, b)| {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }),
+            },
+            GgmlType::F16 => (self.f16_to_f32)(row, out),
+            GgmlType::BF16 => match bytemuck::try_cast_slice::<u8, bf16>(row) {
+                Ok(x) => x.convert_to_f32_slice(out),
+                Err(_) => out.iter_mut().zip(row.chunks_exact(2)).for_each(|(o, b)| {
+                    *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }),
+            },
+            ty => quant::dequantize_row(ty, row, out)?,
         }
-        ty => {
-            let rb = (out.len() / ty.block_size()) * ty.type_size();
-            let raw: &mut [u8] = &mut bytemuck::cast_slice_mut(raw)[..rb];
-            t.load_row_bytes(i1, i2, i3, raw);
-            quant::dequantize_row(ty, raw, out)
-        }
+        Ok(())
     }
 }
 
@@ -140,16 +162,16 @@ impl Task {
 
 /// Per-thread buffers.
 struct Scratch {
-    raw: Vec<u16>,
-    kraw: Vec<u8>,
+    kf: Vec<f32>,
     qbytes: Vec<u8>,
     qf: Vec<f32>,
-    kf: Vec<f32>,
-    vf: Vec<f32>,
     acc: Vec<f32>,
     rows: [(usize, usize); TILE_ROWS],
     mraw: Vec<u16>,
     mblk: Vec<f32>,
+    sblk: Vec<f32>,
+    active: [bool; KV_BLOCK],
+    vblk: Vec<f32>,
     mx: [f32; TILE_ROWS],
     sum: [f32; TILE_ROWS],
     slope: [f32; TILE_ROWS],
@@ -166,8 +188,8 @@ struct Partial {
 /// Everything a task needs besides its scratch.
 struct Job<'a> {
     q: &'a TView,
-    k: &'a TView,
-    v: &'a TView,
+    k: Rows<'a>,
+    v: Rows<'a>,
     mask: Option<&'a TView>,
     kdot: KDot,
     ops: VecOps,
@@ -230,11 +252,13 @@ impl Job<'_> {
         }
         sc.acc[..nt * dv].iter_mut().for_each(|x| *x = 0.0);
 
+        // Keys in blocks: mask values, then the K rows of the block (one
+        // stream of equally strided reads), the scores, then the V rows, then
+        // the per-key online softmax updates in key order.
         let mut blk0 = task.ic0;
         while blk0 < task.ic1 {
             let blk1 = (blk0 + KV_BLOCK).min(task.ic1);
             let nb = blk1 - blk0;
-            // Biased mask values of this block of keys, row by row.
             if let Some(m) = self.mask {
                 for t in 0..nt {
                     let (iq1, iq2) = sc.rows[t];
@@ -247,45 +271,66 @@ impl Job<'_> {
                         mrow.iter_mut().for_each(|x| *x *= slope);
                     }
                 }
+                for j in 0..nb {
+                    sc.active[j] = (0..nt).any(|t| sc.mblk[t * KV_BLOCK + j] != f32::NEG_INFINITY);
+                }
+            } else {
+                sc.mblk[..nt * KV_BLOCK].iter_mut().for_each(|x| *x = 0.0);
+                sc.active[..nb].iter_mut().for_each(|x| *x = true);
             }
-            for j in 0..nb {
+            // K rows (one stream of equally strided reads) and scores.
+            for j in (0..nb).filter(|&j| sc.active[j]) {
                 let ic = blk0 + j;
-                if self.mask.is_some() && (0..nt).all(|t| sc.mblk[t * KV_BLOCK + j] == f32::NEG_INFINITY) {
-                    continue;
-                }
-                match self.kdot {
-                    KDot::Float { .. } => load_row(self.k, ic, ik2, ik3, &mut sc.raw, &mut sc.kf)?,
-                    KDot::Block { .. } => self.k.load_row_bytes(ic, ik2, ik3, &mut sc.kraw),
-                }
-                load_row(self.v, ic, iv2, iv3, &mut sc.raw, &mut sc.vf)?;
+                let krow = match self.kdot {
+                    KDot::Float { .. } => {
+                        self.k.row_f32(ic, ik2, ik3, &mut sc.kf)?;
+                        &[][..]
+                    }
+                    KDot::Block { .. } => self.k.row(ic, ik2, ik3)?,
+                };
                 for t in 0..nt {
-                    let mv = if self.mask.is_some() { sc.mblk[t * KV_BLOCK + j] } else { 0.0 };
+                    let mv = sc.mblk[t * KV_BLOCK + j];
                     if mv == f32::NEG_INFINITY {
                         continue;
                     }
                     let dot = match self.kdot {
                         KDot::Float { .. } => (self.ops.dot)(&sc.qf[t * d..(t + 1) * d], &sc.kf),
-                        KDot::Block { qrb, dot, .. } => dot(d, &sc.kraw, &sc.qbytes[t * qrb..(t + 1) * qrb]),
+                        KDot::Block { qrb, dot, .. } => dot(d, krow, &sc.qbytes[t * qrb..(t + 1) * qrb]),
                     };
                     let mut s = dot * self.scale;
                     if self.softcap != 0.0 {
                         s = self.softcap * s.tanh();
                     }
-                    s += mv;
-                    let acc = &mut sc.acc[t * dv..(t + 1) * dv];
-                    let m_old = sc.mx[t];
+                    sc.sblk[t * KV_BLOCK + j] = s + mv;
+                }
+            }
+            // V rows.
+            for j in (0..nb).filter(|&j| sc.active[j]) {
+                self.v.row_f32(blk0 + j, iv2, iv3, &mut sc.vblk[j * dv..(j + 1) * dv])?;
+            }
+            // Online softmax, key by key (ggml's order of updates).
+            for t in 0..nt {
+                let acc = &mut sc.acc[t * dv..(t + 1) * dv];
+                let (mut m, mut sum) = (sc.mx[t], sc.sum[t]);
+                for j in (0..nb).filter(|&j| sc.active[j]) {
+                    let s = sc.sblk[t * KV_BLOCK + j];
+                    if sc.mblk[t * KV_BLOCK + j] == f32::NEG_INFINITY {
+                        continue;
+                    }
                     let mut ms = 1.0f32;
                     let mut vs = 1.0f32;
-                    if s > m_old {
-                        sc.mx[t] = s;
-                        ms = (m_old - s).exp();
+                    if s > m {
+                        ms = (m - s).exp();
+                        m = s;
                         (self.ops.scale)(acc, ms);
                     } else {
-                        vs = (s - m_old).exp();
+                        vs = (s - m).exp();
                     }
-                    (self.ops.axpy)(acc, &sc.vf, vs);
-                    sc.sum[t] = sc.sum[t] * ms + vs;
+                    (self.ops.axpy)(acc, &sc.vblk[j * dv..(j + 1) * dv], vs);
+                    sum = sum * ms + vs;
                 }
+                sc.mx[t] = m;
+                sc.sum[t] = sum;
             }
             blk0 = blk1;
         }
@@ -338,13 +383,19 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
         scale /= p.logit_softcap;
     }
     let n_head_log2 = 1u32 << ((n_head.max(1) as f64).log2().floor() as u32);
+    // SAFETY: flash_attn_ext never computes in place (it is not in
+    // `Op::can_inplace`), so its result never shares memory with K or V and
+    // nothing writes their spans while this kernel runs.
+    let (k_bytes, v_bytes) = unsafe { (k.src_bytes(), v.src_bytes()) };
+    let ops = VecOps::detect();
+    let cvt = ops.f16_to_f32;
     let job = Job {
         q,
-        k,
-        v,
+        k: Rows { ty: k.ty, nb: k.nb, rb: k.ty.row_size(d as i64)?, bytes: k_bytes, f16_to_f32: cvt },
+        v: Rows { ty: v.ty, nb: v.nb, rb: v.ty.row_size(dv as i64)?, bytes: v_bytes, f16_to_f32: cvt },
         mask,
         kdot,
-        ops: VecOps::detect(),
+        ops,
         d,
         dv,
         rk2: n_head / k.ne[2],
@@ -378,23 +429,21 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
     }
     let n_chunks = (TARGET_TASKS / tiles.len().max(1)).min(n_kv / MIN_KV_CHUNK).max(1);
 
-    let kraw_len = k.ty.row_size(d as i64)?;
-    let raw_len = [kraw_len, v.ty.row_size(dv as i64)?].into_iter().max().unwrap_or(0).div_ceil(2);
     let qb_len = match kdot {
         KDot::Block { qrb, .. } => qrb * TILE_ROWS,
         KDot::Float { .. } => 0,
     };
     let new_scratch = || Scratch {
-        raw: vec![0u16; raw_len],
-        kraw: vec![0u8; kraw_len],
+        kf: vec![0f32; d],
         qbytes: vec![0u8; qb_len],
         qf: vec![0f32; TILE_ROWS * d],
-        kf: vec![0f32; d],
-        vf: vec![0f32; dv],
         acc: vec![0f32; TILE_ROWS * dv],
         rows: [(0, 0); TILE_ROWS],
         mraw: vec![0u16; KV_BLOCK],
         mblk: vec![0f32; TILE_ROWS * KV_BLOCK],
+        sblk: vec![0f32; TILE_ROWS * KV_BLOCK],
+        active: [false; KV_BLOCK],
+        vblk: vec![0f32; KV_BLOCK * dv],
         mx: [f32::NEG_INFINITY; TILE_ROWS],
         sum: [0.0; TILE_ROWS],
         slope: [1.0; TILE_ROWS],
@@ -465,7 +514,12 @@ pub(crate) mod tests {
 
     /// Runs the graph of `out` with every tensor in its own storage; leafs
     /// get `vals` (one vector per leaf, in `leafs` order).
-    pub(crate) fn run(ctx: &Context, leafs: &[(TensorId, Vec<f32>)], out: TensorId, threads: usize) -> Result<Vec<f32>> {
+    pub(crate) fn run(
+        ctx: &Context,
+        leafs: &[(TensorId, Vec<f32>)],
+        out: TensorId,
+        threads: usize,
+    ) -> Result<Vec<f32>> {
         let backend = CpuBackend::with_threads(threads)?;
         let graph = ctx.build_forward(&[out])?;
         let mut storage = TensorStorage::new();
@@ -543,11 +597,18 @@ pub(crate) mod tests {
 
         let (qr, kr, vr) = (round(c.ty, &qv), round(c.ty, &kv), round(c.ty, &vv));
         let n_head_log2 = 1usize << (c.h as f64).log2().floor() as u32;
-        let (m0, m1) = (2f64.powf(-c.max_bias as f64 / n_head_log2 as f64), 2f64.powf(-(c.max_bias as f64 / 2.0) / n_head_log2 as f64));
+        let (m0, m1) = (
+            2f64.powf(-c.max_bias as f64 / n_head_log2 as f64),
+            2f64.powf(-(c.max_bias as f64 / 2.0) / n_head_log2 as f64),
+        );
         let (mut num, mut den) = (0f64, 0f64);
         for h in 0..c.h {
             let slope = if c.max_bias > 0.0 {
-                if h < n_head_log2 { m0.powi(h as i32 + 1) } else { m1.powi(2 * (h - n_head_log2) as i32 + 1) }
+                if h < n_head_log2 {
+                    m0.powi(h as i32 + 1)
+                } else {
+                    m1.powi(2 * (h - n_head_log2) as i32 + 1)
+                }
             } else {
                 1.0
             };
@@ -561,14 +622,16 @@ pub(crate) mod tests {
                         continue;
                     }
                     let krow = &kr[(hk * c.n_kv + j) * c.d..][..c.d];
-                    let mut s: f64 = qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64;
+                    let mut s: f64 =
+                        qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64;
                     if c.softcap != 0.0 {
                         s = c.softcap as f64 * (s / c.softcap as f64).tanh();
                     }
                     *sj = s + mv;
                 }
                 let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = scores.iter().map(|s| if mx == f64::NEG_INFINITY { 0.0 } else { (s - mx).exp() }).collect();
+                let w: Vec<f64> =
+                    scores.iter().map(|s| if mx == f64::NEG_INFINITY { 0.0 } else { (s - mx).exp() }).collect();
                 let z: f64 = w.iter().sum();
                 for e in 0..c.d {
                     let mut o = 0f64;

@@ -17,6 +17,7 @@
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
 use crate::ops::Op;
+use crate::tensor::GgmlType;
 use rayon::prelude::*;
 
 /// Runs one op of this family.
@@ -67,6 +68,62 @@ fn store_bytes(v: &TView, i1: usize, i2: usize, i3: usize, data: &[u8]) {
             v.store_elem_bytes(k * bs, i1, i2, i3, chunk);
         }
     }
+}
+
+/// Scratch for [`load_f32`]/[`store_f32`]: half-precision staging.
+#[derive(Default)]
+pub(crate) struct HalfScratch {
+    h: Vec<half::f16>,
+    b: Vec<half::bf16>,
+}
+
+/// Loads row (i1, i2, i3) of `v` as f32 (`out.len()` = `ne[0]`): packed
+/// F16/BF16 rows are converted in bulk (SIMD where the CPU has it), every
+/// other case goes through [`TView::load_row_f32`].
+pub(crate) fn load_f32(v: &TView, i1: usize, i2: usize, i3: usize, out: &mut [f32], s: &mut HalfScratch) -> Result<()> {
+    use half::slice::HalfFloatSliceExt;
+    if v.rows_packed() && out.len() == v.ne[0] {
+        match v.ty {
+            GgmlType::F16 => {
+                s.h.resize(out.len(), half::f16::ZERO);
+                v.load_row_bytes(i1, i2, i3, bytemuck::cast_slice_mut(&mut s.h));
+                s.h.convert_to_f32_slice(out);
+                return Ok(());
+            }
+            GgmlType::BF16 => {
+                s.b.resize(out.len(), half::bf16::ZERO);
+                v.load_row_bytes(i1, i2, i3, bytemuck::cast_slice_mut(&mut s.b));
+                s.b.convert_to_f32_slice(out);
+                return Ok(());
+            }
+            _ => {}
+        }
+    }
+    v.load_row_f32(i1, i2, i3, out)
+}
+
+/// Stores `data` (`ne[0]` values) into row (i1, i2, i3) of `v`, converting;
+/// the bulk counterpart of [`TView::store_row_f32`] for packed F16/BF16 rows.
+pub(crate) fn store_f32(v: &TView, i1: usize, i2: usize, i3: usize, data: &[f32], s: &mut HalfScratch) -> Result<()> {
+    use half::slice::HalfFloatSliceExt;
+    if v.rows_packed() && data.len() == v.ne[0] {
+        match v.ty {
+            GgmlType::F16 => {
+                s.h.resize(data.len(), half::f16::ZERO);
+                s.h.convert_from_f32_slice(data);
+                v.store_row_bytes(i1, i2, i3, bytemuck::cast_slice(&s.h));
+                return Ok(());
+            }
+            GgmlType::BF16 => {
+                s.b.resize(data.len(), half::bf16::ZERO);
+                s.b.convert_from_f32_slice(data);
+                v.store_row_bytes(i1, i2, i3, bytemuck::cast_slice(&s.b));
+                return Ok(());
+            }
+            _ => {}
+        }
+    }
+    v.store_row_f32(i1, i2, i3, data)
 }
 
 fn compute_err(detail: String) -> Error {
@@ -151,13 +208,13 @@ fn copy_convert(d: &TView, s: &TView) -> Result<()> {
     let (d0, s0) = (d.ne[0], s.ne[0]);
     let nrows = d.nrows();
     (0..nrows).into_par_iter().with_min_len(min_rows(d0)).try_for_each_init(
-        || (vec![0f32; d0], RowCache { row: usize::MAX, buf: vec![0f32; s0] }),
-        |(drow, cache), r| -> Result<()> {
+        || (vec![0f32; d0], RowCache { row: usize::MAX, buf: vec![0f32; s0] }, HalfScratch::default()),
+        |(drow, cache, hs), r| -> Result<()> {
             let (i1, i2, i3) = d.row_index(r);
             if d0 == s0 {
                 let (j1, j2, j3) = s.row_index(r);
-                s.load_row_f32(j1, j2, j3, drow)?;
-                return d.store_row_f32(i1, i2, i3, drow);
+                load_f32(s, j1, j2, j3, drow, hs)?;
+                return store_f32(d, i1, i2, i3, drow, hs);
             }
             let mut pos = r * d0;
             let mut filled = 0;
@@ -166,7 +223,7 @@ fn copy_convert(d: &TView, s: &TView) -> Result<()> {
                 let off = pos % s0;
                 if cache.row != sr {
                     let (j1, j2, j3) = s.row_index(sr);
-                    s.load_row_f32(j1, j2, j3, &mut cache.buf)?;
+                    load_f32(s, j1, j2, j3, &mut cache.buf, hs)?;
                     cache.row = sr;
                 }
                 let take = (s0 - off).min(d0 - filled);
@@ -174,7 +231,7 @@ fn copy_convert(d: &TView, s: &TView) -> Result<()> {
                 filled += take;
                 pos += take;
             }
-            d.store_row_f32(i1, i2, i3, drow)
+            store_f32(d, i1, i2, i3, drow, hs)
         },
     )
 }
@@ -191,8 +248,8 @@ fn get_rows(d: &TView, a: &TView, b: &TView) -> Result<()> {
     let ts = a.ty.type_size();
     let nrows = d.nrows();
     (0..nrows).into_par_iter().with_min_len(min_rows(ne0)).try_for_each_init(
-        || (vec![0f32; ne0], vec![0u8; units(a) * ts]),
-        |(frow, brow), r| -> Result<()> {
+        || (vec![0f32; ne0], vec![0u8; units(a) * ts], HalfScratch::default()),
+        |(frow, brow, hs), r| -> Result<()> {
             let (i10, i11, i12) = d.row_index(r);
             let idx = b.get_i64(i10, i11, i12, 0);
             if idx < 0 || idx as u64 >= n_table as u64 {
@@ -207,8 +264,8 @@ fn get_rows(d: &TView, a: &TView, b: &TView) -> Result<()> {
                 store_bytes(d, i10, i11, i12, brow);
                 Ok(())
             } else {
-                a.load_row_f32(idx, i11, i12, frow)?;
-                d.store_row_f32(i10, i11, i12, frow)
+                load_f32(a, idx, i11, i12, frow, hs)?;
+                store_f32(d, i10, i11, i12, frow, hs)
             }
         },
     )
@@ -251,10 +308,10 @@ fn set_rows(d: &TView, b: &TView, c: &TView) -> Result<()> {
     }
     let ne0 = b.ne[0];
     winners.par_iter().with_min_len(min_rows(ne0)).try_for_each_init(
-        || vec![0f32; ne0],
-        |row, &(i1, i02, i03, i)| -> Result<()> {
-            b.load_row_f32(i, i02, i03, row)?;
-            d.store_row_f32(i1, i02, i03, row)
+        || (vec![0f32; ne0], HalfScratch::default()),
+        |(row, hs), &(i1, i02, i03, i)| -> Result<()> {
+            load_f32(b, i, i02, i03, row, hs)?;
+            store_f32(d, i1, i02, i03, row, hs)
         },
     )
 }
@@ -295,7 +352,7 @@ fn concat(d: &TView, a: &TView, b: &TView, dim: usize) -> Result<()> {
 
 /// dst[i] = a[i mod a.ne] (non-block types; raw bytes).
 fn repeat(d: &TView, a: &TView) -> Result<()> {
-    if a.ty != d.ty || a.ty.block_size() != 1 || a.ne.iter().any(|&n| n == 0) {
+    if a.ty != d.ty || a.ty.block_size() != 1 || a.ne.contains(&0) {
         return Err(unsupported(&Op::Repeat, d, &[*a]));
     }
     let ts = d.ty.type_size();

@@ -13,9 +13,15 @@
 use super::{unsupported, TView};
 use crate::error::Result;
 use crate::ops::{GluOp, Op, UnaryOp};
+use crate::tensor::GgmlType;
 use half::f16;
 use rayon::prelude::*;
 use std::sync::OnceLock;
+
+#[path = "simd/elementwise_avx2.rs"]
+mod simd;
+
+use simd::EwOps;
 
 /// Elements a parallel task handles at least (rows are grouped up to this).
 const TASK_ELEMS: usize = 16 * 1024;
@@ -85,9 +91,10 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     }
 }
 
-/// The f16 lookup table of a function: entry `i` is `f(f16 i)` rounded to f16.
-fn f16_table(f: fn(f32) -> f32) -> Box<[u16]> {
-    (0..=u16::MAX).map(|i| f16::from_f32(f(f16::from_bits(i).to_f32())).to_bits()).collect()
+/// ggml's f16 lookup table of `f` widened to f32: entry `i` is `f(f16 i)`
+/// rounded to f16 (`ggml_table_gelu_f16` & co. in `ggml-cpu.c`).
+fn f16_table(f: fn(f32) -> f32) -> Box<[f32]> {
+    (0..=u16::MAX).map(|i| f16::from_f32(f(f16::from_bits(i).to_f32())).to_f32()).collect()
 }
 
 /// ggml's tanh-approximated GELU in f32 (`ggml_gelu_f32`).
@@ -103,45 +110,16 @@ fn gelu_quick_exact(x: f32) -> f32 {
     x * (1.0 / (1.0 + (GELU_QUICK_COEF * x).exp()))
 }
 
-/// ggml's `ggml_table_gelu_f16`.
-fn gelu_table() -> &'static [u16] {
-    static T: OnceLock<Box<[u16]>> = OnceLock::new();
+/// ggml's `ggml_table_gelu_f16` (as f32).
+fn gelu_table() -> &'static [f32] {
+    static T: OnceLock<Box<[f32]>> = OnceLock::new();
     T.get_or_init(|| f16_table(gelu_exact))
 }
 
-/// ggml's `ggml_table_gelu_quick_f16`.
-fn gelu_quick_table() -> &'static [u16] {
-    static T: OnceLock<Box<[u16]>> = OnceLock::new();
+/// ggml's `ggml_table_gelu_quick_f16` (as f32).
+fn gelu_quick_table() -> &'static [f32] {
+    static T: OnceLock<Box<[f32]>> = OnceLock::new();
     T.get_or_init(|| f16_table(gelu_quick_exact))
-}
-
-/// Table lookup of `x` rounded to f16.
-#[inline]
-fn lookup(table: &[u16], x: f32) -> f32 {
-    let i = f16::from_f32(x).to_bits() as usize;
-    f16::from_bits(table.get(i).copied().unwrap_or(0)).to_f32()
-}
-
-/// GELU as ggml's CPU computes it: F32 inputs are clamped (0 at x ≤ −10,
-/// x at x ≥ 10) and otherwise looked up through the F16 table; F16 inputs go
-/// straight to the table (`ggml_vec_gelu_f32` / `ggml_vec_gelu_f16`).
-#[inline]
-fn gelu_cpu(table: &[u16], clamp: bool, x: f32) -> f32 {
-    if clamp {
-        if x <= -10.0 {
-            return 0.0;
-        }
-        if x >= 10.0 {
-            return x;
-        }
-    }
-    lookup(table, x)
-}
-
-/// x / (1 + e^−x) (`ggml_silu_f32`).
-#[inline]
-pub(super) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// Checks that `a` and `dst` have the same extents (kernel precondition;
@@ -213,6 +191,14 @@ fn map<F>(op: &Op, dst: &TView, src: &[TView], f: F) -> Result<()>
 where
     F: Fn(f32) -> f32 + Sync + Send,
 {
+    map_rows(op, dst, src, |x| x.iter_mut().for_each(|v| *v = f(*v)))
+}
+
+/// `dst row = f(src0 row)`, the row transformed in place in f32 scratch.
+fn map_rows<F>(op: &Op, dst: &TView, src: &[TView], f: F) -> Result<()>
+where
+    F: Fn(&mut [f32]) + Sync + Send,
+{
     let Some(a) = src.first() else {
         return Err(unsupported(op, dst, src));
     };
@@ -225,9 +211,7 @@ where
         |x, r| {
             let (i1, i2, i3) = dst.row_index(r);
             a.load_row_f32(i1, i2, i3, x)?;
-            for v in x.iter_mut() {
-                *v = f(*v);
-            }
+            f(x);
             dst.store_row_f32(i1, i2, i3, x)
         },
     )
@@ -238,7 +222,9 @@ fn unary(op: &Op, u: UnaryOp, dst: &TView, src: &[TView]) -> Result<()> {
     let Some(a) = src.first() else {
         return Err(unsupported(op, dst, src));
     };
-    let clamp = a.ty == crate::tensor::GgmlType::F32;
+    // ggml clamps gelu at ±10 only on its F32 path.
+    let clamp = a.ty == GgmlType::F32;
+    let ew = EwOps::detect();
     match u {
         UnaryOp::Abs => map(op, dst, src, f32::abs),
         UnaryOp::Neg => map(op, dst, src, |x| -x),
@@ -247,13 +233,13 @@ fn unary(op: &Op, u: UnaryOp, dst: &TView, src: &[TView]) -> Result<()> {
         UnaryOp::Sigmoid => map(op, dst, src, |x| 1.0 / (1.0 + (-x).exp())),
         UnaryOp::Gelu => {
             let t = gelu_table();
-            map(op, dst, src, move |x| gelu_cpu(t, clamp, x))
+            map_rows(op, dst, src, move |x| (ew.table)(x, t, clamp))
         }
         UnaryOp::GeluQuick => {
             let t = gelu_quick_table();
-            map(op, dst, src, move |x| lookup(t, x))
+            map_rows(op, dst, src, move |x| (ew.table)(x, t, false))
         }
-        UnaryOp::Silu => map(op, dst, src, silu),
+        UnaryOp::Silu => map_rows(op, dst, src, move |x| (ew.silu)(x)),
         UnaryOp::Exp => map(op, dst, src, f32::exp),
         UnaryOp::Softplus => map(op, dst, src, |x| if x > 20.0 { x } else { (1.0 + x.exp()).ln() }),
     }
@@ -274,14 +260,9 @@ fn glu(op: &Op, g: GluOp, swapped: bool, dst: &TView, src: &[TView]) -> Result<(
     if !rows_ok || !cols_ok {
         return Err(unsupported(op, dst, src));
     }
-    let clamp = a.ty == crate::tensor::GgmlType::F32;
+    let clamp = a.ty == GgmlType::F32;
     let table = gelu_table();
-    let act = move |x: f32| -> f32 {
-        match g {
-            GluOp::Swiglu => silu(x),
-            GluOp::Geglu => gelu_cpu(table, clamp, x),
-        }
-    };
+    let ew = EwOps::detect();
     let n_a = a.ne[0];
     par_rows(
         dst.nrows(),
@@ -299,16 +280,11 @@ fn glu(op: &Op, g: GluOp, swapped: bool, dst: &TView, src: &[TView]) -> Result<(
                 None => (&x[..nc], &x[nc..2 * nc]),
             };
             match g {
-                // Specialised loops so the activation is not re-dispatched per element.
-                GluOp::Swiglu => {
-                    for ((o, &gv), &uv) in out.iter_mut().zip(gate).zip(up) {
-                        *o = silu(gv) * uv;
-                    }
-                }
+                GluOp::Swiglu => (ew.swiglu)(out, gate, up),
                 GluOp::Geglu => {
-                    for ((o, &gv), &uv) in out.iter_mut().zip(gate).zip(up) {
-                        *o = act(gv) * uv;
-                    }
+                    out.copy_from_slice(gate);
+                    (ew.table)(out, table, clamp);
+                    out.iter_mut().zip(up).for_each(|(o, &u)| *o *= u);
                 }
             }
             dst.store_row_f32(i1, i2, i3, out)
@@ -333,6 +309,7 @@ fn fill(op: &Op, c: f32, dst: &TView, src: &[TView]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::simd::table1;
     use super::*;
 
     #[test]
@@ -340,12 +317,16 @@ mod tests {
         let t = gelu_table();
         for &x in &[-3.0f32, -0.5, 0.0, 0.25, 1.0, 2.5, 9.5] {
             let want = f16::from_f32(gelu_exact(x)).to_f32();
-            assert_eq!(gelu_cpu(t, true, x), want, "x = {x}");
+            assert_eq!(table1(t, true, x), want, "x = {x}");
         }
-        assert_eq!(gelu_cpu(t, true, -11.0), 0.0);
-        assert_eq!(gelu_cpu(t, true, 12.5), 12.5);
+        assert_eq!(table1(t, true, -11.0), 0.0);
+        assert_eq!(table1(t, true, 12.5), 12.5);
         let q = gelu_quick_table();
-        assert_eq!(lookup(q, 1.0), f16::from_f32(gelu_quick_exact(1.0)).to_f32());
+        assert_eq!(table1(q, false, 1.0), f16::from_f32(gelu_quick_exact(1.0)).to_f32());
+        let mut v = vec![-11.0f32, -0.5, 0.5, 3.0, 12.0, 1.0, 2.0, -2.0, 0.1];
+        let want: Vec<f32> = v.iter().map(|&x| table1(t, true, x)).collect();
+        (EwOps::detect().table)(&mut v, t, true);
+        assert_eq!(v, want);
     }
 
     #[test]

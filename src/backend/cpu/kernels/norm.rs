@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::ops::Op;
 
 #[path = "simd/norm_avx2.rs"]
-mod simd;
+pub(super) mod simd;
 
 use simd::NormOps;
 

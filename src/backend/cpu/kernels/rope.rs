@@ -8,6 +8,7 @@
 //! streams). Rows (one head of one token) are then rotated in parallel
 //! through an f32 scratch row, so F16 tensors and in-place results work.
 
+use super::data::{load_f32, store_f32, HalfScratch};
 use super::{unsupported, TView};
 use crate::error::Result;
 use crate::ops::{Op, RopeMode, RopeParams};
@@ -78,14 +79,7 @@ fn yarn(theta_extrap: f32, i0: usize, k: &Consts) -> (f32, f32) {
 
 /// Fills `cache` (`n_dims` floats: cos, sin per pair) for one token.
 #[allow(clippy::too_many_arguments)]
-fn fill_cache(
-    cache: &mut [f32],
-    p: &RopeParams,
-    k: &Consts,
-    theta_scale: f32,
-    pos: [f32; 4],
-    ff: Option<&TView>,
-) {
+fn fill_cache(cache: &mut [f32], p: &RopeParams, k: &Consts, theta_scale: f32, pos: [f32; 4], ff: Option<&TView>) {
     let n = cache.len();
     let multi = matches!(p.mode, RopeMode::Mrope | RopeMode::Imrope);
     let imrope = p.mode == RopeMode::Imrope;
@@ -152,7 +146,8 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     if pos.nelements() < need_pos || ff.is_some_and(|f| f.ne[0] < n_dims / 2) {
         return Err(unsupported(op, dst, src));
     }
-    let k = Consts { freq_scale: p.freq_scale, ext_factor: p.ext_factor, attn_factor: p.attn_factor, corr: corr_dims(p) };
+    let k =
+        Consts { freq_scale: p.freq_scale, ext_factor: p.ext_factor, attn_factor: p.attn_factor, corr: corr_dims(p) };
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
 
     // One cache row per token.
@@ -174,10 +169,10 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     let half = n_dims / 2;
     let ne0 = a.ne[0];
     (0..dst.nrows()).into_par_iter().with_min_len((8192 / ne0.max(1)).max(1)).try_for_each_init(
-        || vec![0f32; ne0],
-        |row, r| -> Result<()> {
+        || (vec![0f32; ne0], HalfScratch::default()),
+        |(row, hs), r| -> Result<()> {
             let (i1, i2, i3) = dst.row_index(r);
-            a.load_row_f32(i1, i2, i3, row)?;
+            load_f32(a, i1, i2, i3, row, hs)?;
             let cache = &caches[i2 * n_dims..(i2 + 1) * n_dims];
             if neox {
                 let (lo, hi) = row[..n_dims].split_at_mut(half);
@@ -195,7 +190,7 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
                     xs[1] = v0 * s + v1 * c;
                 }
             }
-            dst.store_row_f32(i1, i2, i3, row)
+            store_f32(dst, i1, i2, i3, row, hs)
         },
     )
 }

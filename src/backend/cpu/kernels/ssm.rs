@@ -23,7 +23,9 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
 
 fn with_reason(e: Error, why: &str) -> Error {
     match e {
-        Error::UnsupportedOp { backend, op, detail } => Error::UnsupportedOp { backend, op, detail: format!("{why}: {detail}") },
+        Error::UnsupportedOp { backend, op, detail } => {
+            Error::UnsupportedOp { backend, op, detail: format!("{why}: {detail}") }
+        }
         other => other,
     }
 }
@@ -85,7 +87,12 @@ fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64) -> Res
     let ok = [q, k, v, g, beta, state, dst].iter().all(|t| t.ty == GgmlType::F32)
         && n_snap >= 1
         && [q, k].iter().all(|t| {
-            t.ne[0] == s_v && t.ne[2] == n_tok && t.ne[1] > 0 && t.ne[3] > 0 && n_head % t.ne[1] == 0 && n_seq % t.ne[3] == 0
+            t.ne[0] == s_v
+                && t.ne[2] == n_tok
+                && t.ne[1] > 0
+                && t.ne[3] > 0
+                && n_head % t.ne[1] == 0
+                && n_seq % t.ne[3] == 0
         })
         && (g.ne[0] == 1 || g.ne[0] == s_v)
         && g.ne[1..] == [n_head, n_tok, n_seq]
@@ -234,9 +241,11 @@ mod tests {
     /// The documented recurrence in f64, head by head.
     #[test]
     fn gated_delta_net_matches_reference() {
-        for &(s_v, h, h_qk, n_t, n_s, g_vec, k_snap) in
-            &[(8usize, 4usize, 2usize, 5usize, 2usize, false, 3usize), (8, 2, 2, 3, 1, true, 1), (16, 2, 1, 2, 2, true, 4)]
-        {
+        for &(s_v, h, h_qk, n_t, n_s, g_vec, k_snap) in &[
+            (8usize, 4usize, 2usize, 5usize, 2usize, false, 3usize),
+            (8, 2, 2, 3, 1, true, 1),
+            (16, 2, 1, 2, 2, true, 4),
+        ] {
             let mut ctx = Context::new();
             let q = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h_qk as i64, n_t as i64, n_s as i64).unwrap();
             let k = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h_qk as i64, n_t as i64, n_s as i64).unwrap();

@@ -13,9 +13,11 @@
 //!
 //! Integer products use `maddubs` (u8 × i8 pairs into i16) and `madd`
 //! (i16 pairs into i32); like ggml's kernels they assume activation quants in
-//! −127..=127, which ggml's and this crate's quantizers always produce.
+//! −127..=127, which ggml's and this crate's quantizers always produce. The
+//! k-quant kernels take the Q8_K block sums (`bsums`) for the min/offset
+//! terms, as ggml's kernels do, so those must match the quants (they do for
+//! every Q8_K block [`crate::tensor::quant::quantize_chunk`] writes).
 
-use super::super::blocks::q3k_scales;
 use super::super::blocks::*;
 use super::super::dot::{self, blocks_for, scales_mins_k4};
 use crate::tensor::GgmlType;

@@ -106,14 +106,7 @@ impl Acts {
                         || vec![0f32; k],
                         |tmp, (((q, d), c), &(i1, i2, i3))| -> Result<()> {
                             b.load_row_f32(i1, i2, i3, tmp)?;
-                            for (blk, ((xs, qs), (dd, cc))) in
-                                tmp.chunks_exact(QK8).zip(q.chunks_exact_mut(QK8)).zip(d.iter_mut().zip(c.iter_mut())).enumerate()
-                            {
-                                let _ = blk;
-                                let (dv, sum) = quantize_q8_block(xs, qs);
-                                *dd = dv;
-                                *cc = -corr_mul * sum;
-                            }
+                            quantize_q8_row(tmp, q, d, c, corr_mul);
                             Ok(())
                         },
                     )?;
@@ -135,13 +128,7 @@ impl Acts {
                         || vec![0f32; k],
                         |tmp, (((q, d), bs), &(i1, i2, i3))| -> Result<()> {
                             b.load_row_f32(i1, i2, i3, tmp)?;
-                            for ((xs, qs), (dd, sums)) in tmp
-                                .chunks_exact(QKK)
-                                .zip(q.chunks_exact_mut(QKK))
-                                .zip(d.iter_mut().zip(bs.chunks_exact_mut(8)))
-                            {
-                                *dd = quantize_q8k_block(xs, qs, sums);
-                            }
+                            quantize_q8k_row(tmp, q, d, bs);
                             Ok(())
                         },
                     )?;
@@ -188,6 +175,36 @@ pub(super) fn round_through(t: GgmlType, v: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
+/// Quantizes a row into split Q8 (quants, scales, corrections
+/// `-corr_mul · Σq` per block); bit-identical on every path.
+fn quantize_q8_row(x: &[f32], q: &mut [i8], d: &mut [f32], c: &mut [i32], corr_mul: i32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::kern::isa() != super::kern::Isa::Scalar {
+        // SAFETY: AVX2/FMA/F16C are present (detected by `isa`).
+        unsafe { x86::quantize_q8_row(x, q, d, c, corr_mul) };
+        return;
+    }
+    for ((xs, qs), (dd, cc)) in x.chunks_exact(QK8).zip(q.chunks_exact_mut(QK8)).zip(d.iter_mut().zip(c.iter_mut())) {
+        let (dv, sum) = quantize_q8_block(xs, qs);
+        *dd = dv;
+        *cc = -corr_mul * sum;
+    }
+}
+
+/// Quantizes a row into split Q8_K (quants, scales, 8 sums of 32 per
+/// super-block); bit-identical on every path.
+fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::kern::isa() != super::kern::Isa::Scalar {
+        // SAFETY: AVX2/FMA/F16C are present (detected by `isa`).
+        unsafe { x86::quantize_q8k_row(x, q, d, bs) };
+        return;
+    }
+    for ((xs, qs), (dd, sums)) in x.chunks_exact(QKK).zip(q.chunks_exact_mut(QKK)).zip(d.iter_mut().zip(bs.chunks_exact_mut(8))) {
+        *dd = quantize_q8k_block(xs, qs, sums);
+    }
+}
+
 /// Quantizes 32 values like ggml's x86 `quantize_row_q8_0`: returns the
 /// block scale as stored (f16, decoded) and the sum of the quants.
 #[inline]
@@ -231,9 +248,145 @@ pub(super) fn quantize_q8k_block(x: &[f32], q: &mut [i8], sums: &mut [i16]) -> f
     1.0 / iscale
 }
 
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{QK8, QKK};
+    use core::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn hmax(v: __m256) -> f32 {
+        // SAFETY: AVX.
+        unsafe {
+            let x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+            _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        // SAFETY: AVX2.
+        unsafe {
+            let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
+            _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01)))
+        }
+    }
+
+    /// 32 i32 (four vectors) → 32 i8 in order.
+    #[inline(always)]
+    unsafe fn pack32(i0: __m256i, i1: __m256i, i2: __m256i, i3: __m256i) -> __m256i {
+        // SAFETY: AVX2.
+        unsafe {
+            let a = _mm256_packs_epi32(i0, i1);
+            let b = _mm256_packs_epi32(i2, i3);
+            _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+        }
+    }
+
+    /// Rounds to nearest, ties to even (ggml's `_mm256_round_ps(.., _MM_ROUND_NEAREST)` / `nearest_int`).
+    #[inline(always)]
+    unsafe fn rne(v: __m256) -> __m256i {
+        // SAFETY: AVX.
+        unsafe { _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8_row(x: &[f32], q: &mut [i8], d: &mut [f32], c: &mut [i32], corr_mul: i32) {
+        let nb = (x.len() / QK8).min(q.len() / QK8).min(d.len()).min(c.len());
+        let sign = _mm256_set1_ps(-0.0);
+        for blk in 0..nb {
+            // SAFETY: block `blk` is inside `x` and `q`.
+            unsafe {
+                let p = x.as_ptr().add(QK8 * blk);
+                let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+                let m = _mm256_max_ps(
+                    _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                    _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+                );
+                let amax = hmax(m);
+                let dv = amax / 127.0;
+                let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+                let i = [
+                    rne(_mm256_mul_ps(v[0], id)),
+                    rne(_mm256_mul_ps(v[1], id)),
+                    rne(_mm256_mul_ps(v[2], id)),
+                    rne(_mm256_mul_ps(v[3], id)),
+                ];
+                let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+                _mm256_storeu_si256(q.as_mut_ptr().add(QK8 * blk) as *mut __m256i, pack32(i[0], i[1], i[2], i[3]));
+                d[blk] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(dv))));
+                c[blk] = -corr_mul * sum;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
+        let ns = (x.len() / QKK).min(q.len() / QKK).min(d.len()).min(bs.len() / 8);
+        let sign = _mm256_set1_ps(-0.0);
+        for sb in 0..ns {
+            let xs = &x[QKK * sb..QKK * (sb + 1)];
+            // SAFETY: super-block `sb` is inside `x`, `q` and `bs`.
+            unsafe {
+                let p = xs.as_ptr();
+                let mut m = _mm256_setzero_ps();
+                for j in 0..32 {
+                    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8 * j))));
+                }
+                let amax = hmax(m);
+                if amax == 0.0 || amax.is_nan() {
+                    // The portable path decides NaN and all-zero blocks.
+                    let sums = &mut bs[8 * sb..8 * sb + 8];
+                    d[sb] = super::quantize_q8k_block(xs, &mut q[QKK * sb..QKK * (sb + 1)], sums);
+                    continue;
+                }
+                // The first value of largest magnitude, with its sign (as the reference).
+                let max = xs.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+                let iscale = -127.0 / max;
+                let is = _mm256_set1_ps(iscale);
+                let hi = _mm256_set1_epi32(127);
+                let lo = _mm256_set1_epi32(-128);
+                for g in 0..8 {
+                    let mut i = [_mm256_setzero_si256(); 4];
+                    for (u, iu) in i.iter_mut().enumerate() {
+                        let v = _mm256_loadu_ps(p.add(32 * g + 8 * u));
+                        *iu = _mm256_max_epi32(_mm256_min_epi32(rne(_mm256_mul_ps(v, is)), hi), lo);
+                    }
+                    let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+                    bs[8 * sb + g] = sum as i16;
+                    _mm256_storeu_si256(q.as_mut_ptr().add(QKK * sb + 32 * g) as *mut __m256i, pack32(i[0], i[1], i[2], i[3]));
+                }
+                d[sb] = 1.0 / iscale;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn simd_quantizers_match_portable() {
+        let x: Vec<f32> = (0..1024).map(|i| ((i * 7919 % 2003) as f32 / 1001.0 - 1.0) * if i % 97 == 0 { 3.0 } else { 1.0 }).collect();
+        let (mut q1, mut d1, mut c1) = (vec![0i8; 1024], vec![0f32; 32], vec![0i32; 32]);
+        quantize_q8_row(&x, &mut q1, &mut d1, &mut c1, 16);
+        let (mut q2, mut d2, mut c2) = (vec![0i8; 1024], vec![0f32; 32], vec![0i32; 32]);
+        for (((xs, qs), dd), cc) in x.chunks(32).zip(q2.chunks_mut(32)).zip(d2.iter_mut()).zip(c2.iter_mut()) {
+            let (d, s) = quantize_q8_block(xs, qs);
+            *dd = d;
+            *cc = -16 * s;
+        }
+        assert_eq!((q1, d1, c1), (q2, d2, c2));
+        let (mut q1, mut d1, mut s1) = (vec![0i8; 1024], vec![0f32; 4], vec![0i16; 32]);
+        quantize_q8k_row(&x, &mut q1, &mut d1, &mut s1);
+        let (mut q2, mut d2, mut s2) = (vec![0i8; 1024], vec![0f32; 4], vec![0i16; 32]);
+        for (((xs, qs), dd), ss) in x.chunks(256).zip(q2.chunks_mut(256)).zip(d2.iter_mut()).zip(s2.chunks_mut(8)) {
+            *dd = quantize_q8k_block(xs, qs, ss);
+        }
+        assert_eq!((q1, d1, s1), (q2, d2, s2));
+    }
 
     #[test]
     fn q8_block_matches_ggml_rules() {

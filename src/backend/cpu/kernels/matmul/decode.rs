@@ -97,8 +97,19 @@ pub(super) struct Q4kMeta<'a> {
 /// Q4_K row → u8 nibbles in element order plus metadata.
 pub(super) fn q4_k(src: &[u8], q: &mut [u8], m: Q4kMeta<'_>, simd: bool) {
     for (sb, (blk, qs)) in src.chunks_exact(Q4_K_BYTES).zip(q.chunks_exact_mut(256)).enumerate() {
-        m.d[sb] = f16_at(blk, 0);
-        m.dmin[sb] = f16_at(blk, 2);
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` only with AVX2 + F16C.
+            (m.d[sb], m.dmin[sb]) = unsafe { x86::f16_pair(blk) };
+        } else {
+            m.d[sb] = f16_at(blk, 0);
+            m.dmin[sb] = f16_at(blk, 2);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            m.d[sb] = f16_at(blk, 0);
+            m.dmin[sb] = f16_at(blk, 2);
+        }
         let s = &blk[4..16];
         for j in 0..8 {
             let (sc, mn) = if j < 4 {
@@ -154,15 +165,41 @@ pub(super) fn to_f32(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{f16_at, Q4_0_BYTES, Q8_0_BYTES};
+    use super::{Q4_0_BYTES, Q8_0_BYTES};
     use core::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2")]
+    /// The f16 scales at the start of each of `d.len()` blocks of `bsz` bytes.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn scales(src: &[u8], bsz: usize, d: &mut [f32]) {
+        let n = d.len().min(src.len() / bsz);
+        let h = |i: usize| u16::from_le_bytes([src[i * bsz], src[i * bsz + 1]]) as i16;
+        let mut i = 0;
+        while i + 8 <= n {
+            let v = _mm_set_epi16(h(i + 7), h(i + 6), h(i + 5), h(i + 4), h(i + 3), h(i + 2), h(i + 1), h(i));
+            // SAFETY: d[i..i + 8] is in bounds.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_cvtph_ps(v)) };
+            i += 8;
+        }
+        while i < n {
+            d[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h(i) as u16 as i32)));
+            i += 1;
+        }
+    }
+
+    /// Two adjacent f16 at `b[0..4]` as f32.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn f16_pair(b: &[u8]) -> (f32, f32) {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn q4_0(src: &[u8], q: &mut [u8], d: &mut [f32]) {
         let nb = d.len().min(q.len() / 32).min(src.len() / Q4_0_BYTES);
+        // SAFETY: same features.
+        unsafe { scales(src, Q4_0_BYTES, &mut d[..nb]) };
         let mask = _mm_set1_epi8(0x0f);
         for i in 0..nb {
-            d[i] = f16_at(src, i * Q4_0_BYTES);
             // SAFETY: block i is inside `src` (16 bytes at +2) and `q` (32 bytes at 32·i).
             unsafe {
                 let v = _mm_loadu_si128(src.as_ptr().add(i * Q4_0_BYTES + 2) as *const __m128i);
@@ -173,12 +210,13 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn q8_0(src: &[u8], q: &mut [u8], d: &mut [f32], signed: bool) {
         let nb = d.len().min(q.len() / 32).min(src.len() / Q8_0_BYTES);
+        // SAFETY: same features.
+        unsafe { scales(src, Q8_0_BYTES, &mut d[..nb]) };
         let flip = _mm256_set1_epi8(if signed { 0 } else { 0x80u8 as i8 });
         for i in 0..nb {
-            d[i] = f16_at(src, i * Q8_0_BYTES);
             // SAFETY: block i is inside `src` (32 bytes at +2) and `q`.
             unsafe {
                 let v = _mm256_loadu_si256(src.as_ptr().add(i * Q8_0_BYTES + 2) as *const __m256i);

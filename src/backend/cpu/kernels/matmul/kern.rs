@@ -15,8 +15,8 @@
 
 /// Largest row tile.
 pub(super) const MR: usize = 8;
-/// Largest column tile.
-pub(super) const NR: usize = 8;
+/// Largest column tile (packed kernels: two groups of 8).
+pub(super) const NR: usize = 16;
 
 /// One tile's operands and results. Pointers past the tile's `rm`/`rn` are
 /// copies of the last valid one (the driver pads), so kernels never branch
@@ -85,6 +85,17 @@ pub(super) enum Fmt {
     Q8S,
     /// Q4_K rows, Q8_K columns.
     Q4K,
+    /// One column: raw Q4_0 rows × Q8 column (x86 only).
+    GemvQ4_0,
+    /// One column: raw Q8_0 rows × Q8 column (x86 only; offset-encoded with
+    /// VNNI, signed without).
+    GemvQ8_0,
+    /// One column: raw Q4_K rows × Q8_K column (x86 only).
+    GemvQ4K,
+    /// `Q8` rows × packed groups of 8 Q8 columns (x86 only; see `packed.rs`).
+    Q8I,
+    /// `Q4K` rows × packed groups of 8 Q8_K columns (x86 only).
+    Q4KI,
 }
 
 /// The instruction set used by the kernels, detected once.
@@ -152,6 +163,29 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             }
         };
     }
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! pick2 {
+        ($f:ident) => {
+            match (rm, rn) {
+                (2, 8) => $f::<2, 1> as KernFn,
+                (4, 8) => $f::<4, 1> as KernFn,
+                (2, 16) => $f::<2, 2> as KernFn,
+                (6, 16) => $f::<6, 2> as KernFn,
+                _ => $f::<4, 2> as KernFn,
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! pick1 {
+        ($f:ident) => {
+            match rm {
+                1 => $f::<1> as KernFn,
+                2 => $f::<2> as KernFn,
+                8 => $f::<8> as KernFn,
+                _ => $f::<4> as KernFn,
+            }
+        };
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
@@ -162,6 +196,11 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8 => pick!(q8_avx2),
                 Fmt::Q8S => pick!(q8s_avx2),
                 Fmt::Q4K => pick!(q4k_avx2),
+                Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
+                Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
+                Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
+                Fmt::Q8I => pick2!(q8i_avx2),
+                Fmt::Q4KI => pick2!(q4ki_avx2),
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -173,6 +212,11 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8 => pick!(q8_vnni),
                 Fmt::Q8S => pick!(q8s_vnni),
                 Fmt::Q4K => pick!(q4k_vnni),
+                Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
+                Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
+                Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
+                Fmt::Q8I => pick2!(q8i_vnni),
+                Fmt::Q4KI => pick2!(q4ki_vnni),
             }
         }
         _ => match fmt {
@@ -180,6 +224,8 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             Fmt::F16 => pick!(dense_scalar_f16),
             Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
             Fmt::Q4K => pick!(q4k_scalar),
+            // The driver never selects the fused formats without SIMD.
+            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI => pick!(dense_scalar_f32),
         },
     }
 }
@@ -187,12 +233,23 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
 /// Tile shape (rows, columns) for `fmt` when a job has `ncols` columns.
 pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
     if ncols == 1 {
-        return match isa {
-            Isa::Scalar => (4, 1),
-            _ => (4, 1),
+        // Dense rows stream from memory: more rows in flight keep more
+        // prefetch streams busy. Quantized rows are compute-bound.
+        let rm = match fmt {
+            Fmt::F32 | Fmt::F16 => 8,
+            _ => 4,
         };
+        return (rm, 1);
+    }
+    if ncols == 2 {
+        return (4, 2);
+    }
+    if ncols == 3 {
+        return (4, 3);
     }
     match (isa, fmt) {
+        (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI) => (2, 16),
+        (_, Fmt::Q8I | Fmt::Q4KI) => (4, 16),
         (Isa::Scalar, _) => (4, 4),
         (Isa::Avx2, Fmt::Q4K) => (2, 4),
         (Isa::Avx2, _) => (3, 4),
@@ -302,6 +359,8 @@ mod x86 {
 
     /// Integer dot-product steps that differ between AVX2 and VNNI.
     pub(super) trait Dot {
+        /// True for the VNNI build (Q8_0 rows are offset-encoded, not signed).
+        const VNNI: bool;
         /// `acc + Σ₄ a_u8·b_i8` per i32 lane (AVX2: `a` must keep pair sums in i16).
         unsafe fn ub(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
         /// `acc + Σ₂ a_i16·b_i16` per i32 lane.
@@ -310,6 +369,7 @@ mod x86 {
     pub(super) struct Avx2;
     pub(super) struct Vnni;
     impl Dot for Avx2 {
+        const VNNI: bool = false;
         #[inline(always)]
         unsafe fn ub(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             // SAFETY: only inlined into functions compiled with AVX2.
@@ -322,6 +382,7 @@ mod x86 {
         }
     }
     impl Dot for Vnni {
+        const VNNI: bool = true;
         #[inline(always)]
         unsafe fn ub(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             // SAFETY: only inlined into functions compiled with AVX-512 VNNI + VL.
@@ -500,8 +561,318 @@ mod x86 {
         }
     }
 
+    /// Sums of each of 8 i32x8 vectors, as the 8 lanes of one vector.
+    #[inline(always)]
+    unsafe fn reduce8(s: &[__m256i; 8]) -> __m256i {
+        // SAFETY: AVX2 (every caller's features).
+        unsafe {
+            let h01 = _mm256_hadd_epi32(s[0], s[1]);
+            let h23 = _mm256_hadd_epi32(s[2], s[3]);
+            let h45 = _mm256_hadd_epi32(s[4], s[5]);
+            let h67 = _mm256_hadd_epi32(s[6], s[7]);
+            let g0 = _mm256_hadd_epi32(h01, h23);
+            let g1 = _mm256_hadd_epi32(h45, h67);
+            _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        // SAFETY: AVX2.
+        unsafe {
+            let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
+            _mm_cvtsi128_si32(x)
+        }
+    }
+
+    /// The f16 scales at the start of 8 blocks `stride` bytes apart, as f32.
+    #[inline(always)]
+    unsafe fn scales8(p: *const u8, stride: usize) -> __m256 {
+        // SAFETY: the 8 blocks are inside the row (caller); F16C.
+        unsafe {
+            let h = |j: usize| std::ptr::read_unaligned(p.add(j * stride) as *const i16);
+            _mm256_cvtph_ps(_mm_set_epi16(h(7), h(6), h(5), h(4), h(3), h(2), h(1), h(0)))
+        }
+    }
+
+    /// One f16 at `p` as f32.
+    #[inline(always)]
+    unsafe fn f16_one(p: *const u8) -> f32 {
+        // SAFETY: 2 readable bytes at `p`; F16C.
+        unsafe {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
+        }
+    }
+
+    /// Block `j` of a raw Q4_0 (`Q8 = false`) or Q8_0 row as 32 bytes in the
+    /// encoding the dot uses (Q4_0: nibbles; Q8_0: `q + 128` with VNNI,
+    /// signed without).
+    #[inline(always)]
+    unsafe fn raw_block<D: Dot, const Q8: bool>(p: *const u8) -> __m256i {
+        // SAFETY: the block's quants (16 or 32 bytes) are readable at `p`.
+        unsafe {
+            if Q8 {
+                let v = _mm256_loadu_si256(p as *const __m256i);
+                if D::VNNI {
+                    _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+                } else {
+                    v
+                }
+            } else {
+                let v = _mm_loadu_si128(p as *const __m128i);
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f))
+            }
+        }
+    }
+
+    /// Integer dot of one encoded row block with an i8 column block.
+    #[inline(always)]
+    unsafe fn block_dot<D: Dot, const Q8: bool>(a: __m256i, b: __m256i) -> __m256i {
+        // SAFETY: features of the caller.
+        unsafe {
+            if Q8 && !D::VNNI {
+                let p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+                _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+            } else {
+                D::ub(_mm256_setzero_si256(), a, b)
+            }
+        }
+    }
+
+    /// One column × `RM` raw Q4_0 / Q8_0 rows, 8 blocks per step: the 8
+    /// block dots are reduced to one vector and scaled with one FMA.
+    #[inline(always)]
+    unsafe fn gemv_q8_body<D: Dot, const RM: usize, const Q8: bool>(t: &mut Tile) {
+        // SAFETY: KernFn contract (raw rows of k/32 blocks, one Q8 column).
+        unsafe {
+            let bsz = if Q8 { 34 } else { 18 };
+            let nb = t.k / 32;
+            let (b, bd, bc) = (t.b[0], t.bd[0], t.bc[0]);
+            let mut acc = [_mm256_setzero_ps(); RM];
+            let mut tail = [0f32; RM];
+            let mut blk = 0;
+            while blk + 8 <= nb {
+                let bd8 = _mm256_loadu_ps(bd.add(blk));
+                let corr = _mm256_slli_epi32(_mm256_loadu_si256(bc.add(blk) as *const __m256i), 3);
+                for r in 0..RM {
+                    let base = t.a[r].add(blk * bsz);
+                    let mut s = [_mm256_setzero_si256(); 8];
+                    for (j, sj) in s.iter_mut().enumerate() {
+                        let av = raw_block::<D, Q8>(base.add(j * bsz + 2));
+                        let bv = _mm256_loadu_si256(b.add(32 * (blk + j)) as *const __m256i);
+                        *sj = block_dot::<D, Q8>(av, bv);
+                    }
+                    let tot = _mm256_add_epi32(reduce8(&s), corr);
+                    let sc = _mm256_mul_ps(scales8(base, bsz), bd8);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), sc, acc[r]);
+                }
+                blk += 8;
+            }
+            while blk < nb {
+                for r in 0..RM {
+                    let p = t.a[r].add(blk * bsz);
+                    let av = raw_block::<D, Q8>(p.add(2));
+                    let bv = _mm256_loadu_si256(b.add(32 * blk) as *const __m256i);
+                    let tot = hsum_i32(block_dot::<D, Q8>(av, bv)) + 8 * *bc.add(blk);
+                    tail[r] += tot as f32 * (f16_one(p) * *bd.add(blk));
+                }
+                blk += 1;
+            }
+            for r in 0..RM {
+                t.out[r][0] = hsum(acc[r]) + tail[r];
+            }
+        }
+    }
+
+    /// One column × `RM` raw Q4_K rows (scales unpacked in registers, as
+    /// ggml's `ggml_vec_dot_q4_K_q8_K`).
+    #[inline(always)]
+    unsafe fn gemv_q4k_body<D: Dot, const RM: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract (raw rows of k/256 super-blocks, one Q8_K column).
+        unsafe {
+            const KM1: u32 = 0x3f3f_3f3f;
+            const KM2: u32 = 0x0f0f_0f0f;
+            const KM3: u32 = 0x0303_0303;
+            let nsb = t.k / 256;
+            let mask = _mm256_set1_epi8(0x0f);
+            let mut shuf = [_mm256_setzero_si256(); 8];
+            for (k, s) in shuf.iter_mut().enumerate() {
+                *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | 2 * k as i16);
+            }
+            let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
+            let mut acc = [_mm256_setzero_ps(); RM];
+            let mut accm = [_mm_setzero_ps(); RM];
+            for sb in 0..nsb {
+                let bdv = *bd.add(sb);
+                let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
+                let bq = b.add(256 * sb);
+                for r in 0..RM {
+                    let blk = t.a[r].add(144 * sb);
+                    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
+                    let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
+                    let (u0, u1, u2) = (u(0), u(1), u(2));
+                    let sc_lo = u0 & KM1;
+                    let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
+                    let mn_lo = u1 & KM1;
+                    let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
+                    let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
+                    let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
+                    let scales = _mm256_broadcastsi128_si256(sc16);
+                    let mut isum = _mm256_setzero_si256();
+                    for g in 0..4 {
+                        let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
+                        let lo = _mm256_and_si256(v, mask);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                        let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
+                        let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
+                        isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
+                        isum = D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
+                    }
+                    let d = _mm_cvtss_f32(dd) * bdv;
+                    let dm = _mm_cvtss_f32(_mm_movehdup_ps(dd)) * bdv;
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc[r]);
+                    let m = _mm_cvtepi32_ps(_mm_madd_epi16(mn16, bsum));
+                    accm[r] = _mm_fmadd_ps(m, _mm_set1_ps(dm), accm[r]);
+                }
+            }
+            for r in 0..RM {
+                let m = accm[r];
+                let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                t.out[r][0] = hsum(acc[r]) - _mm_cvtss_f32(m);
+            }
+        }
+    }
+
+    /// `Q8` rows × `NCV` packed groups of 8 columns: per 4-element step one
+    /// broadcast of each row's 4 quants and one dot per group.
+    #[inline(always)]
+    unsafe fn q8i_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract (rows of k u8 + k/32 scales; groups as in packed.rs).
+        unsafe {
+            let nb = t.k / 32;
+            let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
+            for blk in 0..nb {
+                let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
+                for cv in 0..NCV {
+                    let c = _mm256_loadu_si256(t.bc[cv].add(8 * blk) as *const __m256i);
+                    for row in acc.iter_mut() {
+                        row[cv] = c;
+                    }
+                }
+                for s in 0..8 {
+                    let step = 8 * blk + s;
+                    let mut bv = [_mm256_setzero_si256(); NCV];
+                    for (cv, b) in bv.iter_mut().enumerate() {
+                        *b = _mm256_loadu_si256(t.b[cv].add(32 * step) as *const __m256i);
+                    }
+                    for r in 0..RM {
+                        let av = _mm256_set1_epi32(std::ptr::read_unaligned(t.a[r].add(4 * step) as *const i32));
+                        for cv in 0..NCV {
+                            acc[r][cv] = D::ub(acc[r][cv], av, bv[cv]);
+                        }
+                    }
+                }
+                for r in 0..RM {
+                    let da = _mm256_broadcast_ss(&*t.ad[r].add(blk));
+                    for cv in 0..NCV {
+                        let bd = _mm256_loadu_ps(t.bd[cv].add(8 * blk));
+                        accf[r][cv] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(da, bd), accf[r][cv]);
+                    }
+                }
+            }
+            for r in 0..RM {
+                for cv in 0..NCV {
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
+                }
+            }
+        }
+    }
+
+    /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns.
+    #[inline(always)]
+    unsafe fn q4ki_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract (decoded Q4_K rows; groups as in packed.rs).
+        unsafe {
+            let nsb = t.k / 256;
+            let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
+            for sb in 0..nsb {
+                let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
+                for k in 0..8 {
+                    let mut ak = [[_mm256_setzero_si256(); NCV]; RM];
+                    for s in 0..8 {
+                        let step = 64 * sb + 8 * k + s;
+                        let mut bv = [_mm256_setzero_si256(); NCV];
+                        for (cv, b) in bv.iter_mut().enumerate() {
+                            *b = _mm256_loadu_si256(t.b[cv].add(32 * step) as *const __m256i);
+                        }
+                        for r in 0..RM {
+                            let av = _mm256_set1_epi32(std::ptr::read_unaligned(t.a[r].add(4 * step) as *const i32));
+                            for cv in 0..NCV {
+                                ak[r][cv] = D::ub(ak[r][cv], av, bv[cv]);
+                            }
+                        }
+                    }
+                    for r in 0..RM {
+                        let sc = _mm256_set1_epi32((*t.asc[r].add(8 * sb + k) & 0xffff) as i32);
+                        for cv in 0..NCV {
+                            acc[r][cv] = _mm256_add_epi32(acc[r][cv], _mm256_mullo_epi32(ak[r][cv], sc));
+                        }
+                    }
+                }
+                for r in 0..RM {
+                    let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
+                    let dm = _mm256_broadcast_ss(&*t.am[r].add(sb));
+                    for cv in 0..NCV {
+                        let mut m = _mm256_setzero_si256();
+                        for pr in 0..4 {
+                            let mp = _mm256_set1_epi32(std::ptr::read_unaligned(t.amn[r].add(8 * sb + 2 * pr) as *const i32));
+                            let bp = _mm256_loadu_si256(t.bc[cv].add(32 * sb + 8 * pr) as *const __m256i);
+                            m = D::w(m, mp, bp);
+                        }
+                        let bd = _mm256_loadu_ps(t.bd[cv].add(8 * sb));
+                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
+                        accf[r][cv] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), v);
+                    }
+                }
+            }
+            for r in 0..RM {
+                for cv in 0..NCV {
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
+                }
+            }
+        }
+    }
+
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $q8:ident, $q8s:ident, $q4k:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $q8i<const RM: usize, const NCV: usize>(t: &mut Tile) {
+                // SAFETY: selected only when the CPU has these features; KernFn contract.
+                unsafe { q8i_body::<$dot, RM, NCV>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $q4ki<const RM: usize, const NCV: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { q4ki_body::<$dot, RM, NCV>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $g40<const RM: usize>(t: &mut Tile) {
+                // SAFETY: selected only when the CPU has these features; KernFn contract.
+                unsafe { gemv_q8_body::<$dot, RM, false>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $g80<const RM: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { gemv_q8_body::<$dot, RM, true>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $g4k<const RM: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { gemv_q4k_body::<$dot, RM>(t) }
+            }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $f32<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -530,7 +901,20 @@ mod x86 {
         };
     }
 
-    build!("avx2,fma,f16c", f32_avx2, f16_avx2, q8_avx2, q8s_avx2, q4k_avx2, Avx2);
+    build!(
+        "avx2,fma,f16c",
+        f32_avx2,
+        f16_avx2,
+        q8_avx2,
+        q8s_avx2,
+        q4k_avx2,
+        gemv_q4_0_avx2,
+        gemv_q8_0_avx2,
+        gemv_q4k_avx2,
+        q8i_avx2,
+        q4ki_avx2,
+        Avx2
+    );
     build!(
         "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
         f32_vnni,
@@ -538,6 +922,11 @@ mod x86 {
         q8_vnni,
         q8s_vnni,
         q4k_vnni,
+        gemv_q4_0_vnni,
+        gemv_q8_0_vnni,
+        gemv_q4k_vnni,
+        q8i_vnni,
+        q4ki_vnni,
         Vnni
     );
 }

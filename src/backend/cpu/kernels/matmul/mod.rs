@@ -18,6 +18,7 @@
 mod acts;
 mod decode;
 mod kern;
+mod packed;
 
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
@@ -25,6 +26,7 @@ use crate::ops::Op;
 use crate::tensor::GgmlType;
 use acts::{ActKind, Acts, SrcRow};
 use kern::{Fmt, Isa, KernFn, Tile, MR, NR};
+use packed::Packed;
 use rayon::prelude::*;
 
 /// Runs one op of this family.
@@ -107,6 +109,37 @@ fn plan(wt: GgmlType, isa: Isa) -> Result<Plan> {
     Ok(Plan { wt, rows, act, fmt, isa })
 }
 
+/// For one column per matrix: the fused kernels that read raw weight blocks
+/// (no decode pass), where they exist. The activation format is unchanged.
+fn gemv_plan(p: Plan) -> Plan {
+    if p.isa == Isa::Scalar {
+        return p;
+    }
+    let fmt = match p.wt {
+        GgmlType::Q4_0 => Fmt::GemvQ4_0,
+        GgmlType::Q8_0 => Fmt::GemvQ8_0,
+        GgmlType::Q4_K => Fmt::GemvQ4K,
+        _ => return p,
+    };
+    Plan { rows: RowMode::Direct, fmt, ..p }
+}
+
+/// Fewest columns per matrix for the column-interleaved kernels.
+const PACKED_MIN_COLS: usize = 4;
+
+/// For several columns per matrix: the column-interleaved kernels where they
+/// exist (not for signed Q8_0 rows, which need the AVX2 sign trick).
+fn packed_plan(p: Plan, max_cols: usize) -> Plan {
+    if p.isa == Isa::Scalar || max_cols < PACKED_MIN_COLS {
+        return p;
+    }
+    match p.fmt {
+        Fmt::Q8 => Plan { fmt: Fmt::Q8I, ..p },
+        Fmt::Q4K => Plan { fmt: Fmt::Q4KI, ..p },
+        _ => p,
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Jobs and tasks
 // ---------------------------------------------------------------------------
@@ -150,11 +183,15 @@ struct Run<'a> {
     m: usize,
     k: usize,
     acts: &'a Acts,
+    /// Column-interleaved activations (packed formats only).
+    packed: &'a Packed,
     jobs: &'a [Job],
     dst: &'a TView,
     kern: KernFn,
     rm: usize,
     rn: usize,
+    /// F32 rows and columns through the `gemm` crate instead of tile kernels.
+    gemm: bool,
 }
 
 /// Per-thread scratch.
@@ -182,7 +219,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     // this node computes.
     let bytes = unsafe { a.src_bytes() };
     for j in jobs {
-        let end = j.a_off.checked_add((m - 1).checked_mul(a.nb[1]).unwrap_or(usize::MAX)).and_then(|e| e.checked_add(row_bytes));
+        let end = j.a_off.checked_add((m - 1).checked_mul(a.nb[1]).unwrap_or(8)).and_then(|e| e.checked_add(row_bytes));
         if end.is_none_or(|e| e > bytes.len()) {
             return Err(bad(format!("weight matrix at byte {} leaves the {}-byte tensor", j.a_off, bytes.len())));
         }
@@ -193,11 +230,28 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
         }
     }
     let max_cols = jobs.iter().map(|j| j.cols.len()).max().unwrap_or(1);
+    let plan = if max_cols == 1 { gemv_plan(plan) } else { packed_plan(plan, max_cols) };
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
+    let packed = if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI) { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
-    let run = Run { plan, a: bytes, nb01: a.nb[1], row_bytes, m, k, acts, jobs, dst, kern, rm, rn };
+    let gemm = plan.fmt == Fmt::F32
+        && plan.rows == RowMode::Direct
+        && max_cols >= gemm_min_cols()
+        && a.nb[1] % 4 == 0
+        && (bytes.as_ptr() as usize + jobs.iter().map(|j| j.a_off).fold(0, |x, o| x | o)) % 4 == 0;
+    let run = Run { plan, a: bytes, nb01: a.nb[1], row_bytes, m, k, acts, packed: &packed, jobs, dst, kern, rm, rn, gemm };
     let tasks = make_tasks(&run);
     tasks.par_iter().try_for_each_init(Scratch::default, |scr, t| run.task(t, scr))
+}
+
+/// Fewest columns per matrix for which F32 products go through `gemm`
+/// (`SHARDGRAPH_MM_GEMM_MIN_COLS` overrides, for measurements).
+fn gemm_min_cols() -> usize {
+    use std::sync::OnceLock;
+    static MIN: OnceLock<usize> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("SHARDGRAPH_MM_GEMM_MIN_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(8)
+    })
 }
 
 /// Checks that activation column `i` exists (returns its element offset).
@@ -220,7 +274,7 @@ fn make_tasks(run: &Run<'_>) -> Vec<Task> {
         ActKind::Q8K => run.k + run.k / 16,
     }
     .max(1);
-    let cb_max = ((192 * 1024 / col_bytes) / run.rn * run.rn).max(run.rn);
+    let cb_max = if run.gemm { 512 } else { ((384 * 1024 / col_bytes) / run.rn * run.rn).max(run.rn) };
     let chunks = |n: usize| n.div_ceil(cb_max.min(n).max(1));
     let units: usize = run.jobs.iter().map(|j| chunks(j.cols.len()) * run.m).sum();
     let target = threads * 4;
@@ -257,6 +311,9 @@ impl Run<'_> {
         let ncol = t.c1 - t.c0;
         scr.out.clear();
         scr.out.resize(nrow * ncol, 0.0);
+        if self.gemm && self.task_gemm(t, &mut scr.out) {
+            return self.store(t, &scr.out);
+        }
         let mut tile = Tile { k: self.k, ..Tile::default() };
         let mut r = t.r0;
         while r < t.r1 {
@@ -265,8 +322,18 @@ impl Run<'_> {
             let mut c = t.c0;
             while c < t.c1 {
                 let cols = self.rn.min(t.c1 - c);
-                for jj in 0..self.rn {
-                    self.set_col(&mut tile, jj, job.cols[c + jj.min(cols - 1)].act);
+                if matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI) {
+                    let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
+                    for jj in 0..self.rn / packed::G {
+                        let g = first + (c / packed::G + jj).min(last);
+                        tile.b[jj] = self.packed.q[g * self.packed.q_len..].as_ptr() as *const u8;
+                        tile.bd[jj] = self.packed.d[g * self.packed.d_len..].as_ptr();
+                        tile.bc[jj] = self.packed.c[g * self.packed.c_len..].as_ptr();
+                    }
+                } else {
+                    for jj in 0..self.rn {
+                        self.set_col(&mut tile, jj, job.cols[c + jj.min(cols - 1)].act);
+                    }
                 }
                 // SAFETY: rows were bounds-checked against the weights in
                 // `execute` or point into `scr` (decoded above, not resized
@@ -283,11 +350,58 @@ impl Run<'_> {
             }
             r += rows;
         }
-        for (jj, col) in job.cols[t.c0..t.c1].iter().enumerate() {
+        self.store(t, &scr.out)
+    }
+
+    /// Writes a task's results (column-major, `r1 - r0` per column) to `dst`.
+    fn store(&self, t: &Task, out: &[f32]) -> Result<()> {
+        let nrow = t.r1 - t.r0;
+        for (jj, col) in self.jobs[t.job].cols[t.c0..t.c1].iter().enumerate() {
             let (d1, d2, d3) = col.dst;
-            self.dst.store_f32_run(t.r0, d1, d2, d3, &scr.out[jj * nrow..(jj + 1) * nrow]);
+            self.dst.store_f32_run(t.r0, d1, d2, d3, &out[jj * nrow..(jj + 1) * nrow]);
         }
         Ok(())
+    }
+
+    /// The task through `gemm` (F32 rows read in place): false, and nothing
+    /// computed, if its columns are not consecutive prepared columns.
+    fn task_gemm(&self, t: &Task, out: &mut [f32]) -> bool {
+        let cols = &self.jobs[t.job].cols[t.c0..t.c1];
+        let act0 = cols[0].act;
+        if cols.iter().enumerate().any(|(i, c)| c.act != act0 + i) {
+            return false;
+        }
+        let (nrow, ncol, k) = (t.r1 - t.r0, t.c1 - t.c0, self.k);
+        let lhs = &self.a[self.jobs[t.job].a_off + t.r0 * self.nb01..];
+        let rhs = &self.acts.f[act0 * k..];
+        debug_assert!(out.len() >= nrow * ncol && rhs.len() >= ncol * k);
+        // SAFETY: rows r0..r1 of the matrix (k f32 each, `nb01` apart, 4-byte
+        // aligned: checked in `execute`) lie in `self.a`; columns act0.. hold
+        // `ncol·k` prepared values (`act_len`); `out` holds nrow·ncol.
+        unsafe {
+            gemm::gemm(
+                nrow,
+                ncol,
+                k,
+                out.as_mut_ptr(),
+                nrow as isize,
+                1,
+                false,
+                lhs.as_ptr() as *const f32,
+                1,
+                (self.nb01 / 4) as isize,
+                rhs.as_ptr(),
+                k as isize,
+                1,
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        true
     }
 
     /// Points the tile's rows at weight rows `r .. r + rows` (decoding them

@@ -203,11 +203,11 @@ fn mul_mat_case(ty: GgmlType, k: usize, m: usize, n: usize, transposed_b: bool) 
 #[test]
 fn mul_mat_all_kernel_types_match_reference() {
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
-        for &(k, m, n) in &[(64, 7, 1), (32, 9, 2), (96, 13, 7), (64, 33, 17)] {
+        for &(k, m, n) in &[(64, 7, 1), (32, 9, 2), (96, 13, 7), (64, 33, 17), (256, 9, 1), (288, 6, 1), (544, 3, 1)] {
             mul_mat_case(ty, k, m, n, false);
         }
     }
-    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9)] {
+    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9), (768, 5, 1), (512, 2, 1)] {
         mul_mat_case(GgmlType::Q4_K, k, m, n, false);
     }
     for ty in [GgmlType::F32, GgmlType::F16] {

@@ -15,6 +15,9 @@ pub(crate) struct VecOps {
     pub axpy: fn(&mut [f32], &[f32], f32),
     /// y[i] *= s.
     pub scale: fn(&mut [f32], f32),
+    /// Little-endian F16 bytes (2 per value) to f32, over `out.len()` values
+    /// (or fewer if the bytes run out).
+    pub f16_to_f32: fn(&[u8], &mut [f32]),
 }
 
 impl VecOps {
@@ -22,11 +25,14 @@ impl VecOps {
     pub(crate) fn detect() -> VecOps {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return VecOps { dot: x86::dot, axpy: x86::axpy, scale: x86::scale };
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                return VecOps { dot: x86::dot, axpy: x86::axpy, scale: x86::scale, f16_to_f32: x86::f16_to_f32 };
             }
         }
-        VecOps { dot: dot_lanes, axpy: axpy_lanes, scale: scale_lanes }
+        VecOps { dot: dot_lanes, axpy: axpy_lanes, scale: scale_lanes, f16_to_f32: f16_to_f32_portable }
     }
 }
 
@@ -68,6 +74,12 @@ fn axpy_lanes(y: &mut [f32], x: &[f32], a: f32) {
 fn scale_lanes(y: &mut [f32], s: f32) {
     for yi in y.iter_mut() {
         *yi *= s;
+    }
+}
+
+fn f16_to_f32_portable(src: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+        *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     }
 }
 
@@ -149,6 +161,30 @@ mod x86 {
         }
     }
 
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f16_to_f32_f16c(src: &[u8], out: &mut [f32]) {
+        let n = out.len().min(src.len() / 2);
+        let (ps, po) = (src.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        // SAFETY (loads/stores): 16 bytes at 2·i and 8 floats at i are inside
+        // `src` and `out` while i + 8 ≤ n.
+        while i + 8 <= n {
+            let h = _mm_loadu_si128(ps.add(2 * i) as *const __m128i);
+            _mm256_storeu_ps(po.add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        while i < n {
+            *po.add(i) = half::f16::from_le_bytes([*ps.add(2 * i), *ps.add(2 * i + 1)]).to_f32();
+            i += 1;
+        }
+    }
+
+    pub(super) fn f16_to_f32(src: &[u8], out: &mut [f32]) {
+        // SAFETY: only selected by `VecOps::detect` after AVX2 and F16C were
+        // detected; the function stays inside both slices.
+        unsafe { f16_to_f32_f16c(src, out) }
+    }
+
     pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: only selected by `VecOps::detect` after AVX2 and FMA were
         // detected; the function stays inside both slices.
@@ -182,6 +218,12 @@ mod tests {
             (ops.scale)(&mut y, 2.0);
             for i in 0..n {
                 assert!((y[i] - 2.0 * (b[i] + 0.5 * a[i])).abs() < 1e-5);
+            }
+            let h: Vec<u8> = a.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect();
+            let mut f = vec![0f32; n];
+            (ops.f16_to_f32)(&h, &mut f);
+            for i in 0..n {
+                assert_eq!(f[i], half::f16::from_f32(a[i]).to_f32());
             }
         }
     }

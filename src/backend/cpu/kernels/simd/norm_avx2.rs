@@ -80,6 +80,18 @@ fn exp_sub_sum_scalar(x: &mut [f32], max: f32) -> f64 {
     s
 }
 
+/// e^x on 8 lanes, the vector exponential of this module (shared with the
+/// element-wise activations).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    x86::exp8(x)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::NormOps;
@@ -220,7 +232,7 @@ mod x86 {
     /// e^x on 8 lanes (see the module docs for range and accuracy).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp8(x: __m256) -> __m256 {
+    pub(super) unsafe fn exp8(x: __m256) -> __m256 {
         const HI: f32 = 88.3;
         const LO: f32 = -87.3;
         const LOG2E: f32 = std::f32::consts::LOG2_E;
