@@ -267,7 +267,7 @@ pub(crate) fn encode_f32(ty: GgmlType, data: &[f32], ne0: usize) -> Result<Vec<u
         GgmlType::BF16 => data.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
         GgmlType::F64 => data.iter().flat_map(|&x| (x as f64).to_le_bytes()).collect(),
         t if t.is_quantized() => {
-            let nrows = if ne0 == 0 { 0 } else { data.len() / ne0 };
+            let nrows = data.len().checked_div(ne0).unwrap_or(0);
             let rs = t.row_size(ne0 as i64)?;
             let mut out = vec![0u8; rs * nrows];
             crate::tensor::quant::quantize_chunk(t, data, &mut out, nrows, ne0)?;

@@ -16,7 +16,7 @@ use crate::tensor::{GgmlType, Tensor, TensorId, MAX_DIMS};
 
 /// True if `t` has a zero extent (`ggml_is_empty`).
 pub(super) fn is_empty(t: &Tensor) -> bool {
-    t.ne.iter().any(|&n| n == 0)
+    t.ne.contains(&0)
 }
 
 /// True if `big` is a whole repetition of `small` along every dim
@@ -60,17 +60,16 @@ pub(super) fn is_padded_1d(t: &Tensor) -> bool {
 }
 
 /// Rejects any type outside `allowed` for `operand` of `op`.
-pub(super) fn expect_type(
-    op: &'static str,
-    operand: &'static str,
-    t: &Tensor,
-    allowed: &[GgmlType],
-) -> Result<()> {
+pub(super) fn expect_type(op: &'static str, operand: &'static str, t: &Tensor, allowed: &[GgmlType]) -> Result<()> {
     if allowed.contains(&t.ty) {
         return Ok(());
     }
     let names: Vec<&str> = allowed.iter().map(|a| a.name()).collect();
-    Err(Error::operand(op, operand, format!("{} has type {}; ggml's CPU backend takes {}", t.describe(), t.ty, names.join("/"))))
+    Err(Error::operand(
+        op,
+        operand,
+        format!("{} has type {}; ggml's CPU backend takes {}", t.describe(), t.ty, names.join("/")),
+    ))
 }
 
 /// Types accepted by the unary functions ggml computes through its generic
@@ -89,7 +88,11 @@ impl Context {
             return Err(Error::operand(
                 name,
                 "src1",
-                format!("{} cannot be broadcast over src0 {} (each src0 extent must be a multiple of src1's)", tb.describe(), ta.describe()),
+                format!(
+                    "{} cannot be broadcast over src0 {} (each src0 extent must be a multiple of src1's)",
+                    tb.describe(),
+                    ta.describe()
+                ),
             ));
         }
         use GgmlType::*;
@@ -101,7 +104,11 @@ impl Context {
                     return Err(Error::operand(
                         name,
                         "src1",
-                        format!("a quantized src0 {} needs an F32 src1 of the same shape, got {}", ta.describe(), tb.describe()),
+                        format!(
+                            "a quantized src0 {} needs an F32 src1 of the same shape, got {}",
+                            ta.describe(),
+                            tb.describe()
+                        ),
                     ));
                 }
                 true
@@ -197,7 +204,11 @@ impl Context {
             return Err(Error::operand(
                 "add1",
                 "src1",
-                format!("type combination src0 {} / src1 {} is not computed by ggml's CPU backend", ta.describe(), tb.describe()),
+                format!(
+                    "type combination src0 {} / src1 {} is not computed by ggml's CPU backend",
+                    ta.describe(),
+                    tb.describe()
+                ),
             ));
         }
         let (ty, ne) = (ta.ty, ta.ne);
@@ -289,7 +300,11 @@ impl Context {
             return Err(Error::operand(
                 name,
                 "src0",
-                format!("{} with nb0 = {} does not have packed rows (ggml_is_contiguous_rows)", ta.describe(), ta.nb[0]),
+                format!(
+                    "{} with nb0 = {} does not have packed rows (ggml_is_contiguous_rows)",
+                    ta.describe(),
+                    ta.nb[0]
+                ),
             ));
         }
         let types = match f {
@@ -396,7 +411,11 @@ impl Context {
             return Err(Error::operand(
                 "glu",
                 "src0",
-                format!("{} with strides {:?} is not contiguous above dim 1 (ggml_is_contiguous_1)", ta.describe(), ta.nb),
+                format!(
+                    "{} with strides {:?} is not contiguous above dim 1 (ggml_is_contiguous_1)",
+                    ta.describe(),
+                    ta.nb
+                ),
             ));
         }
         expect_type("glu", "src0", ta, F32_F16)?;
@@ -420,7 +439,11 @@ impl Context {
                 return Err(Error::operand(
                     "glu",
                     name,
-                    format!("{} with strides {:?} is not contiguous above dim 1 (ggml_is_contiguous_1)", t.describe(), t.nb),
+                    format!(
+                        "{} with strides {:?} is not contiguous above dim 1 (ggml_is_contiguous_1)",
+                        t.describe(),
+                        t.nb
+                    ),
                 ));
             }
         }
@@ -478,7 +501,11 @@ impl Context {
         let ta = self.operand(a, "fill", "src0")?;
         expect_type("fill", "src0", ta, F32_F16)?;
         if !ta.is_contiguous() {
-            return Err(Error::operand("fill", "src0", format!("{} with strides {:?} is not contiguous", ta.describe(), ta.nb)));
+            return Err(Error::operand(
+                "fill",
+                "src0",
+                format!("{} with strides {:?} is not contiguous", ta.describe(), ta.nb),
+            ));
         }
         let (ty, ne) = (ta.ty, ta.ne);
         self.push_op(ty, ne, Op::Fill { c }, &[a])

@@ -59,7 +59,10 @@ fn check_act(op: &'static str, wt: GgmlType, b: &Tensor) -> Result<()> {
         return Err(Error::operand(
             op,
             "src1",
-            format!("{} cannot multiply {wt} weights: src1 must be f32 (or the weights' own f16/bf16 type)", b.describe()),
+            format!(
+                "{} cannot multiply {wt} weights: src1 must be f32 (or the weights' own f16/bf16 type)",
+                b.describe()
+            ),
         ));
     }
     Ok(())
@@ -96,7 +99,13 @@ impl Context {
             return Err(Error::operand(
                 OP,
                 "src1",
-                format!("inner dimensions differ: src0 {} has K = {}, src1 {} has K = {}", ta.describe(), ta.ne[0], tb.describe(), tb.ne[0]),
+                format!(
+                    "inner dimensions differ: src0 {} has K = {}, src1 {} has K = {}",
+                    ta.describe(),
+                    ta.ne[0],
+                    tb.describe(),
+                    tb.ne[0]
+                ),
             ));
         }
         for d in 2..4 {
@@ -159,14 +168,24 @@ impl Context {
             return Err(Error::operand(
                 OP,
                 "ids",
-                format!("ids {} needs one expert list per token of src1 {} (ids.ne[1] != src1.ne[2])", ti.describe(), tb.describe()),
+                format!(
+                    "ids {} needs one expert list per token of src1 {} (ids.ne[1] != src1.ne[2])",
+                    ti.describe(),
+                    tb.describe()
+                ),
             ));
         }
         if ta.ne[0] != tb.ne[0] {
             return Err(Error::operand(
                 OP,
                 "src1",
-                format!("inner dimensions differ: src0 {} has K = {}, src1 {} has K = {}", ta.describe(), ta.ne[0], tb.describe(), tb.ne[0]),
+                format!(
+                    "inner dimensions differ: src0 {} has K = {}, src1 {} has K = {}",
+                    ta.describe(),
+                    ta.ne[0],
+                    tb.describe(),
+                    tb.ne[0]
+                ),
             ));
         }
         let bcast_ok = if tb.ne[1] == 0 { ti.ne[0] == 0 } else { ti.ne[0] % tb.ne[1] == 0 };
@@ -174,7 +193,12 @@ impl Context {
             return Err(Error::operand(
                 OP,
                 "src1",
-                format!("src1 {} cannot be broadcast over the {} used experts of ids {}", tb.describe(), ti.ne[0], ti.describe()),
+                format!(
+                    "src1 {} cannot be broadcast over the {} used experts of ids {}",
+                    tb.describe(),
+                    ti.ne[0],
+                    ti.describe()
+                ),
             ));
         }
         let ne = [ta.ne[1], ti.ne[0], tb.ne[2], 1];
@@ -203,7 +227,11 @@ impl Context {
                 return Err(Error::operand(OP, name, format!("{} must be f32", t.describe())));
             }
             if t.ne[0] > 1 && t.nb[0] != 4 {
-                return Err(Error::operand(OP, name, format!("{} with strides {:?}: rows must be packed", t.describe(), t.nb)));
+                return Err(Error::operand(
+                    OP,
+                    name,
+                    format!("{} with strides {:?}: rows must be packed", t.describe(), t.nb),
+                ));
             }
         }
         if ti.ty != GgmlType::I32 {

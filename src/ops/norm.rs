@@ -17,7 +17,7 @@ impl Context {
         let ta = self.operand(a, name, "src0")?;
         expect_type(name, "src0", ta, &[GgmlType::F32])?;
         // ggml's CPU asserts `eps >= 0.0f`, which also rejects NaN.
-        if !(eps >= 0.0) {
+        if eps.is_nan() || eps < 0.0 {
             return Err(Error::operand(name, "eps", format!("eps = {eps} must be ≥ 0 (src0 {})", ta.describe())));
         }
         let ne = ta.ne;

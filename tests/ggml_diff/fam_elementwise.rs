@@ -80,7 +80,11 @@ fn binary_cases(v: &mut Vec<Case>) {
                 if (t0, t1) != (F32, F32) && !(ne0 == [10, 5, 4, 3] && matches!(l0, Layout::Cont | Layout::Perm)) {
                     continue;
                 }
-                let vars = format!("type_a={},type_b={},ne_a={ne0:?},ne_b={ne1:?},layout_a={l0:?},layout_b={l1:?}", tn(t0), tn(t1));
+                let vars = format!(
+                    "type_a={},type_b={},ne_a={ne0:?},ne_b={ne1:?},layout_a={l0:?},layout_b={l1:?}",
+                    tn(t0),
+                    tn(t1)
+                );
                 v.push(Case::new(name, vars, NMSE, move |ctx| {
                     let (_, a) = input(ctx, t0, ne0, l0)?;
                     let (lb, b) = input(ctx, t1, ne1, l1)?;
@@ -96,12 +100,17 @@ fn binary_cases(v: &mut Vec<Case>) {
     }
     // A quantized src0 plus F32 (ggml re-quantizes with its CPU quantizer).
     for q in [GgmlType::Q8_0, GgmlType::Q4_0] {
-        v.push(Case::new("add", format!("type_a={},type_b=f32,ne=[64,3,2,1]", tn(q)), Compare::Nmse(5e-4), move |ctx| {
-            let a = ctx.new_tensor(q, &[64, 3, 2, 1])?;
-            let b = ctx.new_tensor(F32, &[64, 3, 2, 1])?;
-            let out = ctx.add(a, b)?;
-            Ok(Built::out(&[out]))
-        }));
+        v.push(Case::new(
+            "add",
+            format!("type_a={},type_b=f32,ne=[64,3,2,1]", tn(q)),
+            Compare::Nmse(5e-4),
+            move |ctx| {
+                let a = ctx.new_tensor(q, &[64, 3, 2, 1])?;
+                let b = ctx.new_tensor(F32, &[64, 3, 2, 1])?;
+                let out = ctx.add(a, b)?;
+                Ok(Built::out(&[out]))
+            },
+        ));
     }
 }
 

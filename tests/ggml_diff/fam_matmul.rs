@@ -141,7 +141,9 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
 
 /// ids for `n_used` × `n_tok` with experts repeated inside a token and across tokens.
 fn ids(n_expert: i64, n_used: i64, n_tok: i64) -> Init {
-    Init::Ints((0..n_used * n_tok).map(|i| (i * 7 + i / n_used) % n_expert).map(|e| if e == 1 { 0 } else { e }).collect())
+    Init::Ints(
+        (0..n_used * n_tok).map(|i| (i * 7 + i / n_used) % n_expert).map(|e| if e == 1 { 0 } else { e }).collect(),
+    )
 }
 
 fn mul_mat_id_cases(v: &mut Vec<Case>) {
@@ -161,6 +163,26 @@ fn mul_mat_id_cases(v: &mut Vec<Case>) {
                 },
             ));
         }
+    }
+}
+
+/// Many tokens per expert (the packed multi-column kernels with scattered columns).
+fn mul_mat_id_many_tokens(v: &mut Vec<Case>) {
+    for ty in [F32, F16, Q4_0, Q8_0, Q4_K] {
+        let k = if ty.block_size() == 256 { 256 } else { 128 };
+        let (n_expert, n_used, n_tok, m) = (8, 2, 40, 33);
+        v.push(Case::new(
+            "mul_mat_id",
+            format!("type_a={ty},k={k},m={m},n_expert={n_expert},n_used={n_used},n_b=1,n_tok={n_tok}"),
+            tol(ty),
+            move |ctx| {
+                let a = leaf(ctx, ty, &[k, m, n_expert])?;
+                let b = leaf(ctx, F32, &[k, 1, n_tok])?;
+                let i = leaf(ctx, I32, &[n_used, n_tok])?;
+                let out = ctx.mul_mat_id(a, b, i)?;
+                Ok(Built::out(&[out]).init(i, ids(n_expert, n_used, n_tok)))
+            },
+        ));
     }
 }
 
@@ -196,6 +218,7 @@ pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     mul_mat_cases(&mut v);
     mul_mat_id_cases(&mut v);
+    mul_mat_id_many_tokens(&mut v);
     add_id_cases(&mut v);
     v
 }

@@ -157,7 +157,9 @@ impl GgmlCtx<'_> {
         }
     }
 
-    /// The tensor's data bytes (`ggml_get_data`, `ggml_nbytes`).
+    /// The tensor's data bytes (`ggml_get_data`, `ggml_nbytes`). The memory
+    /// belongs to the ggml context; callers hold one tensor's bytes at a time.
+    #[allow(clippy::mut_from_ref)]
     pub fn data(&self, t: P) -> &mut [u8] {
         unsafe {
             let d: unsafe extern "C" fn(P) -> *mut c_void = self.g.sym("ggml_get_data");
@@ -330,9 +332,14 @@ impl GgmlCtx<'_> {
                         p.beta_slow,
                     ),
                 },
-                Op::SoftMax { scale, max_bias } => g.sym::<unsafe extern "C" fn(P, P, P, f32, f32) -> P>(
-                    "ggml_soft_max_ext",
-                )(c, s[0], opt(1), *scale, *max_bias),
+                Op::SoftMax { scale, max_bias } => g
+                    .sym::<unsafe extern "C" fn(P, P, P, f32, f32) -> P>("ggml_soft_max_ext")(
+                    c,
+                    s[0],
+                    opt(1),
+                    *scale,
+                    *max_bias,
+                ),
                 Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
                     g.sym::<unsafe extern "C" fn(P, P, P, P, P, f32, f32, f32) -> P>("ggml_flash_attn_ext")(
                         c,
@@ -382,18 +389,17 @@ impl GgmlCtx<'_> {
                     },
                 ),
                 Op::SsmConv => f2("ggml_ssm_conv"),
-                Op::GatedDeltaNet { k_snapshots } => {
-                    g.sym::<unsafe extern "C" fn(P, P, P, P, P, P, P, i64) -> P>("ggml_gated_delta_net")(
-                        c,
-                        s[0],
-                        s[1],
-                        s[2],
-                        s[3],
-                        s[4],
-                        s[5],
-                        *k_snapshots,
-                    )
-                }
+                Op::GatedDeltaNet { k_snapshots } => g
+                    .sym::<unsafe extern "C" fn(P, P, P, P, P, P, P, i64) -> P>("ggml_gated_delta_net")(
+                    c,
+                    s[0],
+                    s[1],
+                    s[2],
+                    s[3],
+                    s[4],
+                    s[5],
+                    *k_snapshots,
+                ),
                 Op::Repeat => g.sym::<unsafe extern "C" fn(P, P, i64, i64, i64, i64) -> P>("ggml_repeat_4d")(
                     c, s[0], ne[0], ne[1], ne[2], ne[3],
                 ),

@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::ops::Op;
 use crate::tensor::quant::{self, VecDotFn};
 use crate::tensor::GgmlType;
-use half::{bf16, f16, slice::HalfFloatSliceExt};
+use half::{bf16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use vec::VecOps;
 
@@ -42,7 +42,7 @@ const TILE_ROWS: usize = 32;
 /// Keys processed as one block (mask values, K rows, scores, V rows).
 const KV_BLOCK: usize = 32;
 /// Tasks to aim for before keys are split into chunks.
-const TARGET_TASKS: usize = 32;
+const TARGET_TASKS: usize = 64;
 /// Smallest key chunk when keys are split.
 const MIN_KV_CHUNK: usize = 256;
 
@@ -112,12 +112,21 @@ impl<'a> Rows<'a> {
         })
     }
 
+    /// Prefetch hint for rows `i1s` of head (i2, i3).
+    fn prefetch(&self, i1s: std::ops::Range<usize>, i2: usize, i3: usize) {
+        for i1 in i1s {
+            if let Ok(row) = self.row(i1, i2, i3) {
+                vec::prefetch(row);
+            }
+        }
+    }
+
     /// Row (i1, i2, i3) converted to f32 into `out` (`out.len()` = `ne[0]`).
     fn row_f32(&self, i1: usize, i2: usize, i3: usize, out: &mut [f32]) -> Result<()> {
         let row = self.row(i1, i2, i3)?;
         match self.ty {
             GgmlType::F32 => match bytemuck::try_cast_slice::<u8, f32>(row) {
-                Ok(x) => out.copy_from_slice(x),
+                Ok(x) => out.iter_mut().zip(x).for_each(|(o, &v)| *o = v),
                 Err(_) => out.iter_mut().zip(row.chunks_exact(4)).for_each(|(o, b)| {
                     *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }),
@@ -202,7 +211,7 @@ struct Job<'a> {
     scale: f32,
     softcap: f32,
     max_bias: f32,
-    n_head_log2: u32,
+    n_head_log2: u64,
     m0: f32,
     m1: f32,
 }
@@ -211,10 +220,11 @@ impl Job<'_> {
     /// ALiBi slope of head `h` (1 without ALiBi).
     fn slope(&self, h: usize) -> f32 {
         if self.max_bias > 0.0 {
-            if (h as u32) < self.n_head_log2 {
+            let h = h as u64;
+            if h < self.n_head_log2 {
                 self.m0.powf(h as f32 + 1.0)
             } else {
-                self.m1.powf((2 * (h as u32 - self.n_head_log2) + 1) as f32)
+                self.m1.powf((2 * (h - self.n_head_log2) + 1) as f32)
             }
         } else {
             1.0
@@ -265,7 +275,7 @@ impl Job<'_> {
                     let raw = &mut sc.mraw[..nb];
                     m.load_run_bytes(blk0, iq1, iq2 % m.ne[2], iq3 % m.ne[3], bytemuck::cast_slice_mut(raw));
                     let mrow = &mut sc.mblk[t * KV_BLOCK..t * KV_BLOCK + nb];
-                    bytemuck::cast_slice::<u16, f16>(raw).convert_to_f32_slice(mrow);
+                    (self.ops.f16_to_f32)(bytemuck::cast_slice(raw), mrow);
                     let slope = sc.slope[t];
                     if slope != 1.0 {
                         mrow.iter_mut().for_each(|x| *x *= slope);
@@ -278,7 +288,11 @@ impl Job<'_> {
                 sc.mblk[..nt * KV_BLOCK].iter_mut().for_each(|x| *x = 0.0);
                 sc.active[..nb].iter_mut().for_each(|x| *x = true);
             }
-            // K rows (one stream of equally strided reads) and scores.
+            // K rows (one stream of equally strided reads) and scores; the
+            // next block's K rows are fetched meanwhile (cache rows are far
+            // apart, so the hardware prefetchers do not see a stream).
+            let next = blk1..(blk1 + KV_BLOCK).min(task.ic1);
+            self.k.prefetch(next.clone(), ik2, ik3);
             for j in (0..nb).filter(|&j| sc.active[j]) {
                 let ic = blk0 + j;
                 let krow = match self.kdot {
@@ -304,7 +318,8 @@ impl Job<'_> {
                     sc.sblk[t * KV_BLOCK + j] = s + mv;
                 }
             }
-            // V rows.
+            // V rows (and a prefetch of the next block's).
+            self.v.prefetch(next, iv2, iv3);
             for j in (0..nb).filter(|&j| sc.active[j]) {
                 self.v.row_f32(blk0 + j, iv2, iv3, &mut sc.vblk[j * dv..(j + 1) * dv])?;
             }
@@ -382,7 +397,8 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
     if p.logit_softcap != 0.0 {
         scale /= p.logit_softcap;
     }
-    let n_head_log2 = 1u32 << ((n_head.max(1) as f64).log2().floor() as u32);
+    // ggml: 1 << floor(log2(n_head)), in 64 bits so no head count overflows.
+    let n_head_log2 = 1u64 << ((n_head.max(1) as f64).log2().floor() as u32).min(63);
     // SAFETY: flash_attn_ext never computes in place (it is not in
     // `Op::can_inplace`), so its result never shares memory with K or V and
     // nothing writes their spans while this kernel runs.

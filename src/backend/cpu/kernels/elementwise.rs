@@ -333,10 +333,15 @@ mod tests {
     fn par_rows_visits_every_row_once() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let hits: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
-        par_rows(1000, 100, || (), |_, r| {
-            hits[r].fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })
+        par_rows(
+            1000,
+            100,
+            || (),
+            |_, r| {
+                hits[r].fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            },
+        )
         .unwrap();
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
     }

@@ -97,15 +97,7 @@ pub(crate) fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
 
 /// `softmax(x·scale + slope·mask)` per row, with optional sinks (src2, one
 /// logit per head `i2`) counted in the normaliser.
-fn soft_max(
-    op: &Op,
-    scale: f32,
-    max_bias: f32,
-    ops: NormOps,
-    dst: &TView,
-    src: &[TView],
-    a: &TView,
-) -> Result<()> {
+fn soft_max(op: &Op, scale: f32, max_bias: f32, ops: NormOps, dst: &TView, src: &[TView], a: &TView) -> Result<()> {
     let mask = src.get(1);
     let sinks = src.get(2);
     if let Some(m) = mask {
@@ -114,7 +106,7 @@ fn soft_max(
         }
     }
     if let Some(s) = sinks {
-        if s.nelements() < a.ne[2] {
+        if s.ne[0] < a.ne[2] {
             return Err(unsupported(op, dst, src));
         }
     }

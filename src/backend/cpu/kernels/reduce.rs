@@ -238,7 +238,9 @@ fn argsort(op: &Op, order: SortOrder, dst: &TView, src: &[TView], a: &TView) -> 
             // order (a stable argsort) in both directions.
             keys.clear();
             match order {
-                SortOrder::Asc => keys.extend(x.iter().enumerate().map(|(i, &v)| ((ord_key(v) as u64) << 32) | i as u64)),
+                SortOrder::Asc => {
+                    keys.extend(x.iter().enumerate().map(|(i, &v)| ((ord_key(v) as u64) << 32) | i as u64))
+                }
                 SortOrder::Desc => keys.extend(x.iter().enumerate().map(|(i, &v)| desc_key(v, i))),
             }
             keys.sort_unstable();

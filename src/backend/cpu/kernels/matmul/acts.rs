@@ -18,8 +18,8 @@
 
 use crate::backend::cpu::TView;
 use crate::error::{Error, Result};
-use half::{bf16, f16};
 use crate::tensor::GgmlType;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Elements per Q8_0/Q8_1 block.
@@ -77,7 +77,8 @@ impl Acts {
         if n == 0 || k == 0 {
             return Ok(acts);
         }
-        let total = n.checked_mul(k).ok_or_else(|| Error::Compute { detail: "mul_mat: activation size overflows".into() })?;
+        let total =
+            n.checked_mul(k).ok_or_else(|| Error::Compute { detail: "mul_mat: activation size overflows".into() })?;
         match kind {
             ActKind::F32 | ActKind::Round(_) => {
                 acts.f = vec![0f32; total];
@@ -200,7 +201,9 @@ fn quantize_q8k_row(x: &[f32], q: &mut [i8], d: &mut [f32], bs: &mut [i16]) {
         unsafe { x86::quantize_q8k_row(x, q, d, bs) };
         return;
     }
-    for ((xs, qs), (dd, sums)) in x.chunks_exact(QKK).zip(q.chunks_exact_mut(QKK)).zip(d.iter_mut().zip(bs.chunks_exact_mut(8))) {
+    for ((xs, qs), (dd, sums)) in
+        x.chunks_exact(QKK).zip(q.chunks_exact_mut(QKK)).zip(d.iter_mut().zip(bs.chunks_exact_mut(8)))
+    {
         *dd = quantize_q8k_block(xs, qs, sums);
     }
 }
@@ -299,7 +302,12 @@ mod x86 {
             // SAFETY: block `blk` is inside `x` and `q`.
             unsafe {
                 let p = x.as_ptr().add(QK8 * blk);
-                let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+                let v = [
+                    _mm256_loadu_ps(p),
+                    _mm256_loadu_ps(p.add(8)),
+                    _mm256_loadu_ps(p.add(16)),
+                    _mm256_loadu_ps(p.add(24)),
+                ];
                 let m = _mm256_max_ps(
                     _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                     _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
@@ -355,7 +363,10 @@ mod x86 {
                     }
                     let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
                     bs[8 * sb + g] = sum as i16;
-                    _mm256_storeu_si256(q.as_mut_ptr().add(QKK * sb + 32 * g) as *mut __m256i, pack32(i[0], i[1], i[2], i[3]));
+                    _mm256_storeu_si256(
+                        q.as_mut_ptr().add(QKK * sb + 32 * g) as *mut __m256i,
+                        pack32(i[0], i[1], i[2], i[3]),
+                    );
                 }
                 d[sb] = 1.0 / iscale;
             }
@@ -369,7 +380,9 @@ mod tests {
 
     #[test]
     fn simd_quantizers_match_portable() {
-        let x: Vec<f32> = (0..1024).map(|i| ((i * 7919 % 2003) as f32 / 1001.0 - 1.0) * if i % 97 == 0 { 3.0 } else { 1.0 }).collect();
+        let x: Vec<f32> = (0..1024)
+            .map(|i| ((i * 7919 % 2003) as f32 / 1001.0 - 1.0) * if i % 97 == 0 { 3.0 } else { 1.0 })
+            .collect();
         let (mut q1, mut d1, mut c1) = (vec![0i8; 1024], vec![0f32; 32], vec![0i32; 32]);
         quantize_q8_row(&x, &mut q1, &mut d1, &mut c1, 16);
         let (mut q2, mut d2, mut c2) = (vec![0i8; 1024], vec![0f32; 32], vec![0i32; 32]);

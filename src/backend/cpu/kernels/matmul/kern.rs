@@ -601,9 +601,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn f16_one(p: *const u8) -> f32 {
         // SAFETY: 2 readable bytes at `p`; F16C.
-        unsafe {
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
-        }
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32))) }
     }
 
     /// Block `j` of a raw Q4_0 (`Q8 = false`) or Q8_0 row as 32 bytes in the
@@ -779,7 +777,8 @@ mod x86 {
                     let da = _mm256_broadcast_ss(&*t.ad[r].add(blk));
                     for cv in 0..NCV {
                         let bd = _mm256_loadu_ps(t.bd[cv].add(8 * blk));
-                        accf[r][cv] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(da, bd), accf[r][cv]);
+                        accf[r][cv] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(da, bd), accf[r][cv]);
                     }
                 }
             }
@@ -828,7 +827,9 @@ mod x86 {
                     for cv in 0..NCV {
                         let mut m = _mm256_setzero_si256();
                         for pr in 0..4 {
-                            let mp = _mm256_set1_epi32(std::ptr::read_unaligned(t.amn[r].add(8 * sb + 2 * pr) as *const i32));
+                            let mp = _mm256_set1_epi32(std::ptr::read_unaligned(
+                                t.amn[r].add(8 * sb + 2 * pr) as *const i32
+                            ));
                             let bp = _mm256_loadu_si256(t.bc[cv].add(32 * sb + 8 * pr) as *const __m256i);
                             m = D::w(m, mp, bp);
                         }

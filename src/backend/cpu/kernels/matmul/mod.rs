@@ -219,7 +219,10 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     // this node computes.
     let bytes = unsafe { a.src_bytes() };
     for j in jobs {
-        let end = j.a_off.checked_add((m - 1).checked_mul(a.nb[1]).unwrap_or(8)).and_then(|e| e.checked_add(row_bytes));
+        let end = j
+            .a_off
+            .checked_add((m - 1).checked_mul(a.nb[1]).unwrap_or(usize::MAX))
+            .and_then(|e| e.checked_add(row_bytes));
         if end.is_none_or(|e| e > bytes.len()) {
             return Err(bad(format!("weight matrix at byte {} leaves the {}-byte tensor", j.a_off, bytes.len())));
         }
@@ -232,14 +235,16 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     let max_cols = jobs.iter().map(|j| j.cols.len()).max().unwrap_or(1);
     let plan = if max_cols == 1 { gemv_plan(plan) } else { packed_plan(plan, max_cols) };
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
-    let packed = if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI) { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
+    let packed =
+        if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI) { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
     let gemm = plan.fmt == Fmt::F32
         && plan.rows == RowMode::Direct
         && max_cols >= gemm_min_cols()
         && a.nb[1] % 4 == 0
         && (bytes.as_ptr() as usize + jobs.iter().map(|j| j.a_off).fold(0, |x, o| x | o)) % 4 == 0;
-    let run = Run { plan, a: bytes, nb01: a.nb[1], row_bytes, m, k, acts, packed: &packed, jobs, dst, kern, rm, rn, gemm };
+    let run =
+        Run { plan, a: bytes, nb01: a.nb[1], row_bytes, m, k, acts, packed: &packed, jobs, dst, kern, rm, rn, gemm };
     let tasks = make_tasks(&run);
     tasks.par_iter().try_for_each_init(Scratch::default, |scr, t| run.task(t, scr))
 }
@@ -249,9 +254,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
 fn gemm_min_cols() -> usize {
     use std::sync::OnceLock;
     static MIN: OnceLock<usize> = OnceLock::new();
-    *MIN.get_or_init(|| {
-        std::env::var("SHARDGRAPH_MM_GEMM_MIN_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(8)
-    })
+    *MIN.get_or_init(|| std::env::var("SHARDGRAPH_MM_GEMM_MIN_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
 }
 
 /// Checks that activation column `i` exists (returns its element offset).
@@ -319,6 +322,10 @@ impl Run<'_> {
         while r < t.r1 {
             let rows = self.rm.min(t.r1 - r);
             self.load_rows(job.a_off, r, rows, scr, &mut tile)?;
+            if self.plan.rows != RowMode::Direct {
+                // The next tile's rows stream in while this one computes.
+                self.prefetch_rows(job.a_off, r + rows, self.rm.min(t.r1.saturating_sub(r + rows)));
+            }
             let mut c = t.c0;
             while c < t.c1 {
                 let cols = self.rn.min(t.c1 - c);
@@ -402,6 +409,23 @@ impl Run<'_> {
             );
         }
         true
+    }
+
+    /// Hints the CPU to fetch weight rows `r .. r + rows` into cache.
+    fn prefetch_rows(&self, a_off: usize, r: usize, rows: usize) {
+        #[cfg(target_arch = "x86_64")]
+        for i in 0..rows {
+            let o = a_off + (r + i) * self.nb01;
+            for line in self.a[o..o + self.row_bytes].chunks(64) {
+                // SAFETY: a prefetch hint on an address inside the slice; it
+                // never faults and changes no memory.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8)
+                };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (a_off, r, rows);
     }
 
     /// Points the tile's rows at weight rows `r .. r + rows` (decoding them
@@ -588,9 +612,10 @@ fn mul_mat_id_isa(dst: &TView, a: &TView, b: &TView, ids: &TView, isa: Isa) -> R
     for t in 0..n_tok {
         for slot in 0..n_used {
             let e = ids.get_i64(slot, t, 0, 0);
-            let cols = usize::try_from(e).ok().and_then(|e| per_expert.get_mut(e)).ok_or_else(|| {
-                bad(format!("expert id {e} at ids[{slot}, {t}] is outside 0..{n_expert}"))
-            })?;
+            let cols = usize::try_from(e)
+                .ok()
+                .and_then(|e| per_expert.get_mut(e))
+                .ok_or_else(|| bad(format!("expert id {e} at ids[{slot}, {t}] is outside 0..{n_expert}")))?;
             cols.push(Col { act: slot % n_b + n_b * t, dst: (slot, t, 0) });
         }
     }

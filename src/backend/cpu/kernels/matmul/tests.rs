@@ -246,16 +246,19 @@ fn mul_mat_id_routes_and_rejects_bad_ids() {
     let mut ibytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut cbytes = vec![0u8; 4 * m * nu * nt];
     for isa in isas() {
-        let (av, bv, iv, cv) =
-            (view(&ctx, a, &mut abytes), view(&ctx, b, &mut bbytes), view(&ctx, ii, &mut ibytes), view(&ctx, c, &mut cbytes));
+        let (av, bv, iv, cv) = (
+            view(&ctx, a, &mut abytes),
+            view(&ctx, b, &mut bbytes),
+            view(&ctx, ii, &mut ibytes),
+            view(&ctx, c, &mut cbytes),
+        );
         mul_mat_id_isa(&cv, &av, &bv, &iv, isa).unwrap();
         let ours: Vec<f32> = cbytes.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
         for t in 0..nt {
             for s in 0..nu {
                 let e = ids[t * nu + s] as usize;
                 for i in 0..m {
-                    let want: f64 =
-                        (0..k).map(|x| avals[(e * m + i) * k + x] * bvals[t * k + x] as f64).sum();
+                    let want: f64 = (0..k).map(|x| avals[(e * m + i) * k + x] * bvals[t * k + x] as f64).sum();
                     let got = ours[(t * nu + s) * m + i] as f64;
                     assert!((got - want).abs() < 1e-4, "{isa:?} t={t} s={s} i={i}: {got} vs {want}");
                 }
@@ -264,8 +267,12 @@ fn mul_mat_id_routes_and_rejects_bad_ids() {
     }
     // An expert id out of range is an error, not a crash.
     ibytes[..4].copy_from_slice(&7i32.to_le_bytes());
-    let (av, bv, iv, cv) =
-        (view(&ctx, a, &mut abytes), view(&ctx, b, &mut bbytes), view(&ctx, ii, &mut ibytes), view(&ctx, c, &mut cbytes));
+    let (av, bv, iv, cv) = (
+        view(&ctx, a, &mut abytes),
+        view(&ctx, b, &mut bbytes),
+        view(&ctx, ii, &mut ibytes),
+        view(&ctx, c, &mut cbytes),
+    );
     let e = compute(&Op::MulMatId, &cv, &[av, bv, iv]).unwrap_err();
     assert!(e.to_string().contains("expert id 7"), "{e}");
 }

@@ -97,8 +97,7 @@ mod x86 {
     use super::NormOps;
     use std::arch::x86_64::*;
 
-    pub(super) const OPS: NormOps =
-        NormOps { sum_sq, sum, center_sum_sq, max, exp_sub_sum };
+    pub(super) const OPS: NormOps = NormOps { sum_sq, sum, center_sum_sq, max, exp_sub_sum };
 
     // Safe wrappers: `NormOps::detect` hands these out only after
     // `is_x86_feature_detected!("avx2")` and `("fma")` returned true.
@@ -239,15 +238,16 @@ mod x86 {
         const LN2_HI: f32 = 0.693_359_4;
         const LN2_LO: f32 = -2.121_944_4e-4;
         let xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(LO)), _mm256_set1_ps(HI));
-        let n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        let n =
+            _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-        let mut q = _mm256_set1_ps(1.987_569_15e-4);
-        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.398_199_950_7e-3));
-        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.333_451_907_3e-3));
-        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.166_579_589_4e-2));
-        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.666_666_545_9e-1));
-        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.000_000_120_1e-1));
+        let mut q = _mm256_set1_ps(1.987_569_1e-4);
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.398_199_9e-3));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.333_452e-3));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.166_579_6e-2));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.666_666_6e-1));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5e-1));
         let r2 = _mm256_mul_ps(r, r);
         let y = _mm256_add_ps(_mm256_fmadd_ps(q, r2, r), _mm256_set1_ps(1.0));
         let e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
