@@ -9,8 +9,9 @@
 //! (substring of "type,N"); `SHARDGRAPH_BENCH_K`/`_M` change the shape.
 //! Without the ggml libraries the ggml columns read "n/a".
 //!
-//! Each side is timed the same way: warm-up runs, then repeated runs for
-//! about `SHARDGRAPH_BENCH_SECS` (default 0.6) seconds, reporting the fastest
+//! Each side is timed the same way, in alternating rounds (so both see the
+//! same machine load): a warm-up run, then repeated runs for about
+//! `SHARDGRAPH_BENCH_SECS` (default 1.2) seconds per side, reporting the fastest
 //! (`SHARDGRAPH_BENCH_STAT=median` for the median; `SHARDGRAPH_BENCH_VERBOSE=1`
 //! prints min/median/max of every measurement).
 
@@ -25,35 +26,64 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-/// Seconds per call of `f`, measured for about `budget`: the fastest run
-/// (`SHARDGRAPH_BENCH_STAT=median` for the median). The fastest run is the
-/// default because on a shared machine other processes only ever add time.
-fn time_it(mut f: impl FnMut(), budget: Duration) -> f64 {
-    for _ in 0..2 {
-        f();
+/// Timing samples (seconds per call) of one side.
+#[derive(Default)]
+struct Samples(Vec<f64>);
+
+impl Samples {
+    /// Runs `f` repeatedly for about `budget` (at least 3 times).
+    fn run(&mut self, f: &mut dyn FnMut(), budget: Duration) {
+        let start = Instant::now();
+        let mut n = 0;
+        while n < 3 || (start.elapsed() < budget && self.0.len() < 2000) {
+            let t = Instant::now();
+            f();
+            self.0.push(t.elapsed().as_secs_f64());
+            n += 1;
+        }
     }
-    let mut samples = Vec::new();
-    let start = Instant::now();
-    while samples.len() < 5 || (start.elapsed() < budget && samples.len() < 1000) {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64());
+
+    /// The fastest run (`SHARDGRAPH_BENCH_STAT=median` for the median). The
+    /// fastest is the default because on a shared machine other processes
+    /// only ever add time.
+    fn stat(&mut self, who: &str) -> f64 {
+        let s = &mut self.0;
+        s.sort_by(|a, b| a.total_cmp(b));
+        if std::env::var("SHARDGRAPH_BENCH_VERBOSE").is_ok() {
+            println!(
+                "  {who}: {} runs: min {:.3} ms, median {:.3} ms, max {:.3} ms",
+                s.len(),
+                s[0] * 1e3,
+                s[s.len() / 2] * 1e3,
+                s[s.len() - 1] * 1e3
+            );
+        }
+        if std::env::var("SHARDGRAPH_BENCH_STAT").as_deref() == Ok("median") {
+            s[s.len() / 2]
+        } else {
+            s[0]
+        }
     }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    if std::env::var("SHARDGRAPH_BENCH_VERBOSE").is_ok() {
-        println!(
-            "  {} runs: min {:.3} ms, median {:.3} ms, max {:.3} ms",
-            samples.len(),
-            samples[0] * 1e3,
-            samples[samples.len() / 2] * 1e3,
-            samples[samples.len() - 1] * 1e3
-        );
+}
+
+/// Times `ours` and (if given) `theirs` in alternating rounds, so both see
+/// the same machine conditions; `budget` is the total per side.
+fn time_pair(ours: &mut dyn FnMut(), mut theirs: Option<&mut dyn FnMut()>, budget: Duration) -> (f64, Option<f64>) {
+    const ROUNDS: u32 = 4;
+    ours();
+    if let Some(t) = theirs.as_mut() {
+        t();
     }
-    if std::env::var("SHARDGRAPH_BENCH_STAT").as_deref() == Ok("median") {
-        samples[samples.len() / 2]
-    } else {
-        samples[0]
+    let (mut a, mut b) = (Samples::default(), Samples::default());
+    for _ in 0..ROUNDS {
+        a.run(ours, budget / ROUNDS);
+        if let Some(t) = theirs.as_mut() {
+            b.run(*t, budget / ROUNDS);
+        }
     }
+    let ta = a.stat("ours");
+    let tb = theirs.map(|_| b.stat("ggml"));
+    (ta, tb)
 }
 
 struct Rng(u64);
@@ -93,7 +123,7 @@ fn main() {
     let k = env_usize("SHARDGRAPH_BENCH_K", 4096);
     let m = env_usize("SHARDGRAPH_BENCH_M", 4096);
     let budget = Duration::from_secs_f64(
-        std::env::var("SHARDGRAPH_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(0.6),
+        std::env::var("SHARDGRAPH_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(1.2),
     );
     let filter = std::env::var("SHARDGRAPH_BENCH_FILTER").unwrap_or_default();
     let ggml = match oracle::Ggml::get().and_then(|g| {
@@ -138,11 +168,10 @@ fn main() {
             storage.alloc_tensors(&backend, &ctx, &[a, b, c]).expect("alloc");
             storage.set_bytes(&ctx, a, 0, &wbytes).expect("set a");
             storage.set_bytes(&ctx, b, 0, &bbytes).expect("set b");
-            let ours = time_it(|| backend.compute(&ctx, &graph, &storage).expect("compute"), budget);
-            let ours_out = storage.get_f32(&ctx, c).expect("result");
+            let mut ours_fn = || backend.compute(&ctx, &graph, &storage).expect("compute");
 
-            // ggml.
-            let (gtime, nmse) = match ggml {
+            // ggml, same bytes.
+            let (ours, gtime, nmse) = match ggml {
                 Some(g) => {
                     let gc = g.init(wbytes.len() + bbytes.len() + 4 * m * n + (16 << 20));
                     let ga = gc.new_tensor(ty.id(), [k as i64, m as i64, 1, 1]);
@@ -156,18 +185,20 @@ fn main() {
                         )
                     };
                     let mut gg = gc.graph(&[gcres], threads as i32);
-                    let t = time_it(|| gg.compute(), budget);
+                    let mut ggml_fn = || gg.compute();
+                    let (ours, theirs) = time_pair(&mut ours_fn, Some(&mut ggml_fn), budget);
                     drop(gg);
-                    let theirs: Vec<f32> =
+                    let ours_out = storage.get_f32(&ctx, c).expect("result");
+                    let theirs_out: Vec<f32> =
                         gc.data(gcres).chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
                     let (mut num, mut den) = (0f64, 0f64);
-                    for (&x, &y) in ours_out.iter().zip(&theirs) {
+                    for (&x, &y) in ours_out.iter().zip(&theirs_out) {
                         num += (x as f64 - y as f64).powi(2);
                         den += (y as f64).powi(2);
                     }
-                    (Some(t), Some(if den > 0.0 { num / den } else { num }))
+                    (ours, theirs, Some(if den > 0.0 { num / den } else { num }))
                 }
-                None => (None, None),
+                None => (time_pair(&mut ours_fn, None, budget).0, None, None),
             };
             rows.push(Row { ty, n, ours, ggml: gtime, nmse });
         }

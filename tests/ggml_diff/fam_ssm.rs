@@ -37,12 +37,14 @@ struct Gdn {
     k_snap: i64,
     /// q, k, v are strided views of one fused `[S·(2·h_qk + h), T, B]` tensor.
     fused: bool,
+    /// q and k are permuted from `[S, T, h_qk, B]` tensors (rows packed, dims 1/2 swapped).
+    permuted: bool,
 }
 
 impl Gdn {
     fn vars(&self) -> String {
         format!(
-            "s={},h={},h_qk={},t={},b={},g={},k_snap={},fused={}",
+            "s={},h={},h_qk={},t={},b={},g={},k_snap={},fused={},permuted={}",
             self.s,
             self.h,
             self.h_qk,
@@ -50,7 +52,8 @@ impl Gdn {
             self.b,
             if self.g_vec { "vector" } else { "scalar" },
             self.k_snap,
-            self.fused
+            self.fused,
+            self.permuted
         )
     }
 
@@ -69,6 +72,14 @@ impl Gdn {
             let k = ctx.view_4d(base, s, hk, t, b, nb1, nb2, nb3, (s * hk) as usize * f)?;
             let v = ctx.view_4d(base, s, h, t, b, nb1, nb2, nb3, (2 * s * hk) as usize * f)?;
             (q, k, v)
+        } else if self.permuted {
+            let q0 = ctx.new_tensor_4d(GgmlType::F32, s, t, hk, b)?;
+            let k0 = ctx.new_tensor_4d(GgmlType::F32, s, t, hk, b)?;
+            let v = ctx.new_tensor_4d(GgmlType::F32, s, h, t, b)?;
+            for id in [q0, k0, v] {
+                inits.push((id, Init::Uniform(-a, a)));
+            }
+            (ctx.permute(q0, [0, 2, 1, 3])?, ctx.permute(k0, [0, 2, 1, 3])?, v)
         } else {
             let q = ctx.new_tensor_4d(GgmlType::F32, s, hk, t, b)?;
             let k = ctx.new_tensor_4d(GgmlType::F32, s, hk, t, b)?;
@@ -128,17 +139,19 @@ pub fn cases() -> Vec<Case> {
                         if s == 128 && (g_vec == (k_snap == 1) || h == 2 && t == 1) {
                             continue;
                         }
-                        v.push(gdn_case(Gdn { s, h, h_qk: h, t, b, g_vec, k_snap, fused: false }));
+                        v.push(gdn_case(Gdn { s, h, h_qk: h, t, b, g_vec, k_snap, fused: false, permuted: false }));
                     }
                 }
             }
         }
     }
     // q/k head broadcast (modulo), fused strided views, more slots than tokens.
-    v.push(gdn_case(Gdn { s: 16, h: 4, h_qk: 2, t: 7, b: 2, g_vec: false, k_snap: 2, fused: false }));
-    v.push(gdn_case(Gdn { s: 16, h: 4, h_qk: 2, t: 7, b: 2, g_vec: true, k_snap: 1, fused: true }));
-    v.push(gdn_case(Gdn { s: 128, h: 4, h_qk: 2, t: 7, b: 1, g_vec: false, k_snap: 2, fused: true }));
-    v.push(gdn_case(Gdn { s: 128, h: 2, h_qk: 2, t: 1, b: 2, g_vec: false, k_snap: 1, fused: true }));
-    v.push(gdn_case(Gdn { s: 16, h: 2, h_qk: 1, t: 3, b: 1, g_vec: true, k_snap: 5, fused: false }));
+    v.push(gdn_case(Gdn { s: 16, h: 4, h_qk: 2, t: 7, b: 2, g_vec: false, k_snap: 2, fused: false, permuted: false }));
+    v.push(gdn_case(Gdn { s: 16, h: 4, h_qk: 2, t: 7, b: 2, g_vec: true, k_snap: 1, fused: true, permuted: false }));
+    v.push(gdn_case(Gdn { s: 128, h: 4, h_qk: 2, t: 7, b: 1, g_vec: false, k_snap: 2, fused: true, permuted: false }));
+    v.push(gdn_case(Gdn { s: 128, h: 2, h_qk: 2, t: 1, b: 2, g_vec: false, k_snap: 1, fused: true, permuted: false }));
+    v.push(gdn_case(Gdn { s: 16, h: 2, h_qk: 1, t: 3, b: 1, g_vec: true, k_snap: 5, fused: false, permuted: false }));
+    v.push(gdn_case(Gdn { s: 16, h: 4, h_qk: 2, t: 7, b: 2, g_vec: false, k_snap: 1, fused: false, permuted: true }));
+    v.push(gdn_case(Gdn { s: 128, h: 2, h_qk: 2, t: 7, b: 1, g_vec: true, k_snap: 2, fused: false, permuted: true }));
     v
 }

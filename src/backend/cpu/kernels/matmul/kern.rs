@@ -13,6 +13,10 @@
 //! Every kernel exists as portable Rust and, on x86_64, as AVX2+FMA and
 //! AVX-512 VNNI builds of the same generic body, chosen once at run time.
 
+// Kernel bodies index several per-row / per-column register arrays with the
+// same loop variable; iterator chains would obscure them.
+#![allow(clippy::needless_range_loop)]
+
 /// Largest row tile.
 pub(super) const MR: usize = 8;
 /// Largest column tile (packed kernels: two groups of 8).
@@ -170,6 +174,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 (2, 8) => $f::<2, 1> as KernFn,
                 (4, 8) => $f::<4, 1> as KernFn,
                 (2, 16) => $f::<2, 2> as KernFn,
+
                 (6, 16) => $f::<6, 2> as KernFn,
                 _ => $f::<4, 2> as KernFn,
             }
@@ -249,12 +254,12 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
     }
     match (isa, fmt) {
         (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI) => (2, 16),
-        (_, Fmt::Q8I | Fmt::Q4KI) => (4, 16),
+        (_, Fmt::Q8I) => (6, 16),
+        (_, Fmt::Q4KI) => (4, 16),
         (Isa::Scalar, _) => (4, 4),
-        (Isa::Avx2, Fmt::Q4K) => (2, 4),
-        (Isa::Avx2, _) => (3, 4),
-        (Isa::Vnni, Fmt::Q4K) => (2, 4),
-        (Isa::Vnni, _) => (4, 4),
+        // 16 vector registers (the kernels are built for AVX2).
+        (_, Fmt::Q4K) => (2, 4),
+        _ => (3, 4),
     }
 }
 
@@ -381,18 +386,58 @@ mod x86 {
             unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)) }
         }
     }
+    // The VNNI instructions are emitted with `asm!` (EVEX-encoded, AVX-512 VL
+    // + VNNI) so the crate keeps its minimum Rust version: the AVX-512
+    // intrinsics and target features are stable only since Rust 1.89. The
+    // kernels that use them are selected only after run-time detection.
     impl Dot for Vnni {
         const VNNI: bool = true;
         #[inline(always)]
         unsafe fn ub(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-            // SAFETY: only inlined into functions compiled with AVX-512 VNNI + VL.
-            unsafe { _mm256_dpbusd_epi32(acc, a, b) }
+            // SAFETY: the CPU has AVX-512 VL + VNNI (`detect`); AVX2 callers.
+            unsafe { vpdpbusd(acc, a, b) }
         }
         #[inline(always)]
         unsafe fn w(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
             // SAFETY: as above.
-            unsafe { _mm256_dpwssd_epi32(acc, a, b) }
+            unsafe { vpdpwssd(acc, a, b) }
         }
+    }
+
+    /// `acc + Σ₄ a_u8·b_i8` per lane (`vpdpbusd`, EVEX: AVX-512 VL + VNNI).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn vpdpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        let mut r = acc;
+        // SAFETY: register-only instruction; callers check the CPU has it.
+        unsafe {
+            std::arch::asm!(
+                "{{evex}} vpdpbusd {r}, {a}, {b}",
+                r = inout(ymm_reg) r,
+                a = in(ymm_reg) a,
+                b = in(ymm_reg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+        r
+    }
+
+    /// `acc + Σ₂ a_i16·b_i16` per lane (`vpdpwssd`, EVEX: AVX-512 VL + VNNI).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn vpdpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        let mut r = acc;
+        // SAFETY: as above.
+        unsafe {
+            std::arch::asm!(
+                "{{evex}} vpdpwssd {r}, {a}, {b}",
+                r = inout(ymm_reg) r,
+                a = in(ymm_reg) a,
+                b = in(ymm_reg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+        r
     }
 
     #[inline(always)]
@@ -697,7 +742,7 @@ mod x86 {
             let mask = _mm256_set1_epi8(0x0f);
             let mut shuf = [_mm256_setzero_si256(); 8];
             for (k, s) in shuf.iter_mut().enumerate() {
-                *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | 2 * k as i16);
+                *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | (2 * k as i16));
             }
             let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
             let mut acc = [_mm256_setzero_ps(); RM];
@@ -917,7 +962,7 @@ mod x86 {
         Avx2
     );
     build!(
-        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        "avx2,fma,f16c",
         f32_vnni,
         f16_vnni,
         q8_vnni,

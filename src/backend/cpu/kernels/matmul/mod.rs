@@ -219,10 +219,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     // this node computes.
     let bytes = unsafe { a.src_bytes() };
     for j in jobs {
-        let end = j
-            .a_off
-            .checked_add((m - 1).checked_mul(a.nb[1]).unwrap_or(usize::MAX))
-            .and_then(|e| e.checked_add(row_bytes));
+        let end = j.a_off.checked_add((m - 1).saturating_mul(a.nb[1])).and_then(|e| e.checked_add(row_bytes));
         if end.is_none_or(|e| e > bytes.len()) {
             return Err(bad(format!("weight matrix at byte {} leaves the {}-byte tensor", j.a_off, bytes.len())));
         }
