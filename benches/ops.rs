@@ -6,7 +6,8 @@
 //! 4096 × 4096 weights: milliseconds per product and GFLOP/s (2·K·M·N / time)
 //! for both libraries, and ours/ggml throughput. Threads: 2, or
 //! `SHARDGRAPH_BENCH_THREADS`. `SHARDGRAPH_BENCH_FILTER=q4_0` limits the rows
-//! (substring of "type,N"); `SHARDGRAPH_BENCH_K`/`_M` change the shape.
+//! (substring of "type,N"); `SHARDGRAPH_BENCH_TYPES=q6_K,bf16` replaces the
+//! type list; `SHARDGRAPH_BENCH_K`/`_M` change the shape.
 //! Without the ggml libraries the ggml columns read "n/a".
 //!
 //! Each side is timed the same way, in alternating rounds (so both see the
@@ -69,7 +70,7 @@ impl Samples {
 /// Times `ours` and (if given) `theirs` in alternating rounds, so both see
 /// the same machine conditions; `budget` is the total per side.
 fn time_pair(ours: &mut dyn FnMut(), mut theirs: Option<&mut dyn FnMut()>, budget: Duration) -> (f64, Option<f64>) {
-    const ROUNDS: u32 = 4;
+    const ROUNDS: u32 = 12;
     ours();
     if let Some(t) = theirs.as_mut() {
         t();
@@ -148,7 +149,15 @@ fn main() {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let wvals: Vec<f32> = (0..k * m).map(|_| rng.f()).collect();
     let mut rows = Vec::new();
-    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+    // SHARDGRAPH_BENCH_TYPES=q6_K,q5_K,... replaces the default type list.
+    let types: Vec<GgmlType> = match std::env::var("SHARDGRAPH_BENCH_TYPES") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|n| shardgraph::tensor::ALL_TYPES.iter().copied().find(|t| t.name() == n.trim()))
+            .collect(),
+        Err(_) => vec![GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K],
+    };
+    for ty in types {
         let cases: Vec<usize> = [1usize, 64].into_iter().filter(|n| format!("{ty},{n}").contains(&filter)).collect();
         if cases.is_empty() {
             continue;

@@ -208,13 +208,8 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::test_util::err_of;
 
-    fn err_of(r: Result<TensorId>) -> String {
-        match r {
-            Err(e) => e.to_string(),
-            Ok(_) => panic!("expected an error"),
-        }
-    }
 
     #[test]
     fn flash_attn_ext_shapes_and_gqa() {

@@ -373,3 +373,26 @@ impl Op {
         )
     }
 }
+
+/// Assertions shared by the op families' unit tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::error::{Error, Result};
+    use crate::tensor::TensorId;
+
+    /// Asserts `r` is an `InvalidOperand` error for `op` and `operand`.
+    pub(crate) fn err_names(r: Result<TensorId>, op: &str, operand: &str) {
+        match r {
+            Err(Error::InvalidOperand { op: o, operand: w, .. }) => assert_eq!((o, w), (op, operand)),
+            other => panic!("expected InvalidOperand({op}, {operand}), got {other:?}"),
+        }
+    }
+
+    /// The message of the error `r` must be.
+    pub(crate) fn err_of(r: Result<TensorId>) -> String {
+        match r {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("expected an error"),
+        }
+    }
+}

@@ -109,13 +109,8 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::test_util::err_names;
 
-    fn err_names(r: Result<TensorId>, op: &str, operand: &str) {
-        match r {
-            Err(Error::InvalidOperand { op: o, operand: w, .. }) => assert_eq!((o, w), (op, operand)),
-            other => panic!("expected InvalidOperand({op}, {operand}), got {other:?}"),
-        }
-    }
 
     #[test]
     fn shapes_and_errors() {

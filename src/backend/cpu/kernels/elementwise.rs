@@ -203,6 +203,15 @@ where
         return Err(unsupported(op, dst, src));
     };
     same_shape(op, dst, src, a)?;
+    transform_rows(dst, a, f)
+}
+
+/// Loads each row of `a` into f32 scratch, applies `f` in place and stores
+/// the row into `dst` (same shape). Safe when `dst` aliases `a` (in place).
+pub(super) fn transform_rows<F>(dst: &TView, a: &TView, f: F) -> Result<()>
+where
+    F: Fn(&mut [f32]) + Sync + Send,
+{
     let n0 = dst.ne[0];
     par_rows(
         dst.nrows(),

@@ -7,7 +7,7 @@
 //! CPU has it (`simd/norm_avx2.rs`), which is what pays on vocabulary-sized
 //! rows; rows run in parallel on the backend's rayon pool.
 
-use super::elementwise::par_rows;
+use super::elementwise::{par_rows, transform_rows as rows};
 use super::{unsupported, TView};
 use crate::error::Result;
 use crate::ops::Op;
@@ -59,24 +59,6 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     }
 }
 
-/// Loads each row of `a`, applies `f` in place, stores it into `dst`.
-fn rows<F>(dst: &TView, a: &TView, f: F) -> Result<()>
-where
-    F: Fn(&mut [f32]) + Sync + Send,
-{
-    let n0 = dst.ne[0];
-    par_rows(
-        dst.nrows(),
-        n0,
-        || vec![0f32; n0],
-        |x, r| {
-            let (i1, i2, i3) = dst.row_index(r);
-            a.load_row_f32(i1, i2, i3, x)?;
-            f(x);
-            dst.store_row_f32(i1, i2, i3, x)
-        },
-    )
-}
 
 /// ALiBi slope of head `h` (`ggml_compute_forward_soft_max_f32`): 1 unless
 /// `max_bias > 0`.

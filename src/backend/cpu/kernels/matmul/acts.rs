@@ -42,6 +42,9 @@ pub(super) enum ActKind {
     },
     /// Split Q8_K.
     Q8K,
+    /// ggml's own packed rows of `GgmlType` (Q8_1 or Q8_K), for
+    /// `quant::vec_dot_fn` (see [`Acts::raw`]).
+    Raw(GgmlType),
 }
 
 /// Prepared activations, one column after another (column `c` of `f`/`q`
@@ -62,6 +65,10 @@ pub(super) struct Acts {
     pub c: Vec<i32>,
     /// Q8K: per super-block, the 8 sums of each 32-element sub-block.
     pub bs: Vec<i16>,
+    /// Raw: the columns in ggml's block layout, [`Acts::raw_row`] bytes each.
+    pub raw: Vec<u8>,
+    /// Raw: bytes per column.
+    pub raw_row: usize,
 }
 
 /// A source row of `b` to prepare: (i1, i2, i3).
@@ -112,6 +119,30 @@ impl Acts {
                         },
                     )?;
             }
+            ActKind::Raw(t) => {
+                let (bs, bsz) = match t {
+                    GgmlType::Q8_1 => (QK8, Q8_1_BYTES),
+                    GgmlType::Q8_K => (QKK, Q8_K_BYTES),
+                    other => return Err(Error::unsupported_type(other, "mul_mat: not a raw activation type")),
+                };
+                if k % bs != 0 {
+                    return Err(Error::Compute { detail: format!("mul_mat: K = {k} is not a multiple of {bs}") });
+                }
+                acts.raw_row = k / bs * bsz;
+                acts.raw = vec![0u8; n * acts.raw_row];
+                acts.raw.par_chunks_mut(acts.raw_row).zip(rows.par_iter()).try_for_each_init(
+                    || vec![0f32; k],
+                    |tmp, (out, &(i1, i2, i3))| -> Result<()> {
+                        b.load_row_f32(i1, i2, i3, tmp)?;
+                        if t == GgmlType::Q8_1 {
+                            raw_q8_1(tmp, out);
+                        } else {
+                            raw_q8_k(tmp, out);
+                        }
+                        Ok(())
+                    },
+                )?;
+            }
             ActKind::Q8K => {
                 if k % QKK != 0 {
                     return Err(Error::Compute { detail: format!("mul_mat: K = {k} is not a multiple of {QKK}") });
@@ -136,6 +167,42 @@ impl Acts {
             }
         }
         Ok(acts)
+    }
+}
+
+/// Bytes of a ggml `block_q8_1` (f16 d, f16 s = d·Σq, 32 × i8).
+pub(super) const Q8_1_BYTES: usize = 36;
+/// Bytes of a ggml `block_q8_K` (f32 d, 256 × i8, 16 × i16 sums of 16).
+pub(super) const Q8_K_BYTES: usize = 292;
+
+/// One row as ggml's x86 `quantize_row_q8_1` writes it.
+fn raw_q8_1(x: &[f32], out: &mut [u8]) {
+    let mut q = [0i8; QK8];
+    for (xs, blk) in x.chunks_exact(QK8).zip(out.chunks_exact_mut(Q8_1_BYTES)) {
+        let (d16, sum) = quantize_q8_block(xs, &mut q);
+        let d32 = xs.iter().fold(0f32, |m, &v| m.max(v.abs())) / 127.0;
+        blk[0..2].copy_from_slice(&f16::from_f32(d16).to_bits().to_le_bytes());
+        blk[2..4].copy_from_slice(&f16::from_f32(d32 * sum as f32).to_bits().to_le_bytes());
+        for (o, &v) in blk[4..].iter_mut().zip(q.iter()) {
+            *o = v as u8;
+        }
+    }
+}
+
+/// One row as ggml's `quantize_row_q8_K_ref` writes it.
+fn raw_q8_k(x: &[f32], out: &mut [u8]) {
+    let mut q = [0i8; QKK];
+    let mut s32 = [0i16; 8];
+    for (xs, blk) in x.chunks_exact(QKK).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
+        let d = quantize_q8k_block(xs, &mut q, &mut s32);
+        blk[0..4].copy_from_slice(&d.to_le_bytes());
+        for (o, &v) in blk[4..260].iter_mut().zip(q.iter()) {
+            *o = v as u8;
+        }
+        for (j, s) in q.chunks_exact(16).enumerate() {
+            let sum: i16 = s.iter().map(|&v| v as i16).sum();
+            blk[260 + 2 * j..262 + 2 * j].copy_from_slice(&sum.to_le_bytes());
+        }
     }
 }
 

@@ -7,14 +7,10 @@
 //!   trick), plus scales.
 //! * Q4_K → u8 nibbles in element order, per super-block f32 `d`, `dmin`,
 //!   8 six-bit scales (each duplicated into a u32 for a broadcast) and 8 mins.
-//! * Anything else → f32 (`quant::dequantize_row`, BF16 widening).
 //!
 //! Block layouts are ggml's (`ggml-common.h`); `get_scale_min_k4` unpacking
 //! follows `ggml-quants.c`.
 
-use crate::error::{Error, Result};
-use crate::tensor::quant;
-use crate::tensor::GgmlType;
 use half::f16;
 
 /// Bytes of one Q4_0 block.
@@ -135,31 +131,6 @@ pub(super) fn q4_k(src: &[u8], q: &mut [u8], m: Q4kMeta<'_>, simd: bool) {
                 qs[64 * g + 32 + l] = v >> 4;
             }
         }
-    }
-}
-
-/// Any supported weight row → f32 (`out.len()` elements).
-pub(super) fn to_f32(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
-    match ty {
-        GgmlType::F32 => {
-            for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-            Ok(())
-        }
-        GgmlType::F16 => {
-            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-            Ok(())
-        }
-        GgmlType::BF16 => {
-            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
-            }
-            Ok(())
-        }
-        _ => quant::dequantize_row(ty, src, out).map_err(|e| Error::Compute { detail: format!("mul_mat: {e}") }),
     }
 }
 

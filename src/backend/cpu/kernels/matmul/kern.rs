@@ -1,17 +1,23 @@
 //! Tile kernels: `RM` weight rows × `RN` activation columns of dot products
 //! in one pass over K, so each loaded weight vector serves `RN` columns and
 //! each activation vector `RM` rows (register blocking, as ggml's
-//! `tinyBLAS`). Formats (see `decode.rs` and `acts.rs`):
+//! `tinyBLAS`). Formats ([`Fmt`]; see `decode.rs`, `acts.rs`, `packed.rs`):
 //!
-//! * `Dense`: rows of f32 or f16 values × f32 columns.
+//! * `F32`, `F16`, `BF16`: rows of those values (read in place) × f32 columns.
 //! * `Q8`: rows of u8 quants (offset-encoded) with an f32 scale per 32 ×
-//!   Q8_0 columns (i8 quants, f32 scales, per-lane corrections).
+//!   Q8_0 columns (i8 quants, f32 scales, per-lane integer corrections).
 //! * `Q8S`: as `Q8` with signed i8 row quants (Q8_0 weights without VNNI).
 //! * `Q4K`: rows of u8 nibbles with per-super-block d, dmin, 8 scales and
 //!   8 mins × Q8_K columns.
+//! * `Q8I`, `Q4KI`: the same rows × groups of 8 column-interleaved columns
+//!   (`packed.rs`), 8 or 16 columns per tile.
+//! * `GemvQ4_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight blocks, 8
+//!   blocks' dots reduced together and scaled with one FMA.
 //!
-//! Every kernel exists as portable Rust and, on x86_64, as AVX2+FMA and
-//! AVX-512 VNNI builds of the same generic body, chosen once at run time.
+//! Every kernel exists as portable Rust and, on x86_64, as an AVX2+FMA+F16C
+//! build and an AVX-512 VNNI build (`vpdpbusd`/`vpdpwssd` through `asm!`,
+//! keeping the crate's minimum Rust version) of the same generic body, chosen
+//! once at run time.
 
 // Kernel bodies index several per-row / per-column register arrays with the
 // same loop variable; iterator chains would obscure them.
@@ -83,6 +89,11 @@ pub(super) enum Fmt {
     F32,
     /// f16 rows.
     F16,
+    /// bf16 rows.
+    BF16,
+    /// Raw rows × raw `vec_dot_type` columns through `quant::vec_dot_fn`
+    /// (types without a tile kernel); not a tile kernel: the driver loops.
+    VecDot,
     /// u8 offset-encoded rows, Q8 columns.
     Q8,
     /// i8 rows, Q8 columns without corrections (needs no VNNI).
@@ -198,6 +209,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             match fmt {
                 Fmt::F32 => pick!(f32_avx2),
                 Fmt::F16 => pick!(f16_avx2),
+                Fmt::BF16 => pick!(bf16_avx2),
                 Fmt::Q8 => pick!(q8_avx2),
                 Fmt::Q8S => pick!(q8s_avx2),
                 Fmt::Q4K => pick!(q4k_avx2),
@@ -206,6 +218,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
+                Fmt::VecDot => pick!(dense_scalar_f32),
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -214,6 +227,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             match fmt {
                 Fmt::F32 => pick!(f32_vnni),
                 Fmt::F16 => pick!(f16_vnni),
+                Fmt::BF16 => pick!(bf16_vnni),
                 Fmt::Q8 => pick!(q8_vnni),
                 Fmt::Q8S => pick!(q8s_vnni),
                 Fmt::Q4K => pick!(q4k_vnni),
@@ -222,26 +236,36 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
+                Fmt::VecDot => pick!(dense_scalar_f32),
             }
         }
         _ => match fmt {
             Fmt::F32 => pick!(dense_scalar_f32),
             Fmt::F16 => pick!(dense_scalar_f16),
+            Fmt::BF16 => pick!(dense_scalar_bf16),
             Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
             Fmt::Q4K => pick!(q4k_scalar),
             // The driver never selects the fused formats without SIMD.
-            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI => pick!(dense_scalar_f32),
+            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => {
+                pick!(dense_scalar_f32)
+            }
         },
     }
 }
 
 /// Tile shape (rows, columns) for `fmt` when a job has `ncols` columns.
 pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
+    if fmt == Fmt::VecDot {
+        return (1, 1);
+    }
     if ncols == 1 {
         // Dense rows stream from memory: more rows in flight keep more
-        // prefetch streams busy. Quantized rows are compute-bound.
+        // prefetch streams busy.
         let rm = match fmt {
-            Fmt::F32 | Fmt::F16 => 8,
+            Fmt::F32 | Fmt::F16 | Fmt::BF16 => 8,
+            // Fused quantized kernels: one row at a time streams best and
+            // keeps every accumulator in a register.
+            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K => 1,
             _ => 4,
         };
         return (rm, 1);
@@ -280,6 +304,19 @@ unsafe fn dense_scalar_f32<const RM: usize, const RN: usize>(t: &mut Tile) {
             for e in 0..t.k {
                 // SAFETY: e < k (KernFn contract).
                 unsafe { s += rd::<f32>(t.a[r], e) * rd::<f32>(t.b[c], e) };
+            }
+            t.out[r][c] = s;
+        }
+    }
+}
+
+unsafe fn dense_scalar_bf16<const RM: usize, const RN: usize>(t: &mut Tile) {
+    for r in 0..RM {
+        for c in 0..RN {
+            let mut s = 0f32;
+            for e in 0..t.k {
+                // SAFETY: e < k (KernFn contract).
+                unsafe { s += f32::from_bits((rd::<u16>(t.a[r], e) as u32) << 16) * rd::<f32>(t.b[c], e) };
             }
             t.out[r][c] = s;
         }
@@ -451,9 +488,10 @@ mod x86 {
         }
     }
 
-    /// f32 or f16 rows × f32 columns, 8 lanes per step, two steps unrolled.
+    /// f32 (`E = 0`), f16 (`E = 1`) or bf16 (`E = 2`) rows × f32 columns,
+    /// 8 lanes per step.
     #[inline(always)]
-    unsafe fn dense_body<const RM: usize, const RN: usize, const H: bool>(t: &mut Tile) {
+    unsafe fn dense_body<const RM: usize, const RN: usize, const E: u8>(t: &mut Tile) {
         // SAFETY: KernFn contract: rows and columns hold k elements.
         unsafe {
             let k = t.k;
@@ -462,10 +500,13 @@ mod x86 {
             while i + 8 <= k {
                 let mut av = [_mm256_setzero_ps(); RM];
                 for r in 0..RM {
-                    av[r] = if H {
-                        _mm256_cvtph_ps(_mm_loadu_si128(t.a[r].add(2 * i) as *const __m128i))
-                    } else {
-                        _mm256_loadu_ps(t.a[r].add(4 * i) as *const f32)
+                    av[r] = match E {
+                        1 => _mm256_cvtph_ps(_mm_loadu_si128(t.a[r].add(2 * i) as *const __m128i)),
+                        2 => _mm256_castsi256_ps(_mm256_slli_epi32(
+                            _mm256_cvtepu16_epi32(_mm_loadu_si128(t.a[r].add(2 * i) as *const __m128i)),
+                            16,
+                        )),
+                        _ => _mm256_loadu_ps(t.a[r].add(4 * i) as *const f32),
                     };
                 }
                 for c in 0..RN {
@@ -480,10 +521,10 @@ mod x86 {
                 for c in 0..RN {
                     let mut s = hsum(acc[r][c]);
                     for e in i..k {
-                        let a = if H {
-                            half::f16::from_bits(std::ptr::read_unaligned((t.a[r] as *const u16).add(e))).to_f32()
-                        } else {
-                            std::ptr::read_unaligned((t.a[r] as *const f32).add(e))
+                        let a = match E {
+                            1 => half::f16::from_bits(std::ptr::read_unaligned((t.a[r] as *const u16).add(e))).to_f32(),
+                            2 => f32::from_bits((std::ptr::read_unaligned((t.a[r] as *const u16).add(e)) as u32) << 16),
+                            _ => std::ptr::read_unaligned((t.a[r] as *const f32).add(e)),
                         };
                         s += a * std::ptr::read_unaligned((t.b[c] as *const f32).add(e));
                     }
@@ -893,7 +934,7 @@ mod x86 {
     }
 
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8i<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -922,12 +963,17 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $f32<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { dense_body::<RM, RN, false>(t) }
+                unsafe { dense_body::<RM, RN, 0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $f16<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { dense_body::<RM, RN, true>(t) }
+                unsafe { dense_body::<RM, RN, 1>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $bf16<const RM: usize, const RN: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { dense_body::<RM, RN, 2>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8<const RM: usize, const RN: usize>(t: &mut Tile) {
@@ -951,6 +997,7 @@ mod x86 {
         "avx2,fma,f16c",
         f32_avx2,
         f16_avx2,
+        bf16_avx2,
         q8_avx2,
         q8s_avx2,
         q4k_avx2,
@@ -965,6 +1012,7 @@ mod x86 {
         "avx2,fma,f16c",
         f32_vnni,
         f16_vnni,
+        bf16_vnni,
         q8_vnni,
         q8s_vnni,
         q4k_vnni,

@@ -3,17 +3,33 @@
 //! `ggml-cpu.c` and `ggml_compute_forward_add_id` in `ops.cpp`).
 //!
 //! Strategy, as ggml's CPU backend:
-//! 1. every column of `b` is converted once to the weights' dot type
-//!    (`acts.rs`: F32, F16/BF16-rounded, Q8_0, Q8_1, Q8_K);
+//! 1. every column of `b` (a row of `src1`, any strides) is converted once
+//!    to the weights' dot type (`acts.rs`: F32; F16/BF16-rounded f32; Q8_0,
+//!    Q8_1, Q8_K with ggml's x86 quantizers), so results match ggml's up to
+//!    summation order;
 //! 2. the product is split into tasks of (weight matrix, block of rows,
-//!    chunk of columns) run in parallel on the backend's rayon pool;
-//! 3. inside a task, a tile of weight rows is decoded once (`decode.rs`) and
-//!    multiplied with every column of the chunk by a register-blocked tile
-//!    kernel (`kern.rs`; AVX2 / AVX-512 VNNI where the CPU has them).
+//!    chunk of columns) run in parallel on the backend's rayon pool; columns
+//!    that share a weight matrix (broadcast over dims 2/3, or the tokens
+//!    routed to one expert) form one job, so each weight row is read once
+//!    per chunk of columns;
+//! 3. inside a task, per weight type and column count:
+//!    * one column (decode): fused kernels reading raw Q4_0 / Q8_0 / Q4_K
+//!      blocks, or 8-row dense F32/F16/BF16 kernels (`kern.rs`);
+//!    * several columns: a tile of weight rows is decoded once
+//!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
+//!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
+//!      elements × 8 columns) or register-blocked dense tiles; F32 with 8 or
+//!      more columns goes through the `gemm` crate;
+//!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K: `quant::vec_dot_fn` per (row,
+//!      column) on ggml's own activation blocks.
 //!
-//! Columns of `b` that share a weight matrix (broadcast over dims 2/3, or the
-//! tokens routed to one expert) are multiplied together, so each weight row
-//! is read once per chunk of columns.
+//! SIMD paths are chosen at run time (AVX2+FMA+F16C, plus AVX-512 VNNI);
+//! every path has a portable fallback, and `SHARDGRAPH_MATMUL_ISA=avx2|scalar`
+//! forces a lower one (tests and measurements).
+//!
+//! Errors, never panics: shapes or types a constructor would reject, and
+//! expert ids outside `0..n_expert` (`mul_mat_id`, `add_id`), return
+//! [`Error::Compute`] naming the op and the operand shapes.
 
 mod acts;
 mod decode;
@@ -23,7 +39,7 @@ mod packed;
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
 use crate::ops::Op;
-use crate::tensor::GgmlType;
+use crate::tensor::{quant, GgmlType};
 use acts::{ActKind, Acts, SrcRow};
 use kern::{Fmt, Isa, KernFn, Tile, MR, NR};
 use packed::Packed;
@@ -76,8 +92,6 @@ enum RowMode {
     Q8_0 { signed: bool },
     /// Q4_K → nibbles and metadata.
     Q4K,
-    /// Decoded to f32.
-    ToF32,
 }
 
 /// Everything fixed by the weight type and the CPU.
@@ -96,14 +110,14 @@ fn plan(wt: GgmlType, isa: Isa) -> Result<Plan> {
     let (rows, act, fmt) = match wt {
         F32 => (RowMode::Direct, ActKind::F32, Fmt::F32),
         F16 => (RowMode::Direct, ActKind::Round(F16), Fmt::F16),
-        BF16 => (RowMode::ToF32, ActKind::Round(BF16), Fmt::F32),
+        BF16 => (RowMode::Direct, ActKind::Round(BF16), Fmt::BF16),
         Q4_0 => (RowMode::Q4_0, ActKind::Q8 { corr_mul: 1 }, Fmt::Q8),
         Q5_0 => (RowMode::Q5_0, ActKind::Q8 { corr_mul: 2 }, Fmt::Q8),
         Q8_0 if simd && isa == Isa::Avx2 => (RowMode::Q8_0 { signed: true }, ActKind::Q8 { corr_mul: 0 }, Fmt::Q8S),
         Q8_0 => (RowMode::Q8_0 { signed: false }, ActKind::Q8 { corr_mul: 16 }, Fmt::Q8),
         Q4_K => (RowMode::Q4K, ActKind::Q8K, Fmt::Q4K),
-        Q4_1 | Q5_1 => (RowMode::ToF32, ActKind::Round(Q8_1), Fmt::F32),
-        Q2_K | Q3_K | Q5_K | Q6_K => (RowMode::ToF32, ActKind::Round(Q8_K), Fmt::F32),
+        Q4_1 | Q5_1 => (RowMode::Direct, ActKind::Raw(Q8_1), Fmt::VecDot),
+        Q2_K | Q3_K | Q5_K | Q6_K => (RowMode::Direct, ActKind::Raw(Q8_K), Fmt::VecDot),
         other => return Err(Error::unsupported_type(other, "mul_mat weights")),
     };
     Ok(Plan { wt, rows, act, fmt, isa })
@@ -202,7 +216,6 @@ struct Scratch {
     dmin: Vec<f32>,
     sc: Vec<u32>,
     mn: Vec<i16>,
-    f: Vec<f32>,
     out: Vec<f32>,
 }
 
@@ -239,7 +252,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
         && plan.rows == RowMode::Direct
         && max_cols >= gemm_min_cols()
         && a.nb[1] % 4 == 0
-        && (bytes.as_ptr() as usize + jobs.iter().map(|j| j.a_off).fold(0, |x, o| x | o)) % 4 == 0;
+        && jobs.iter().all(|j| (bytes.as_ptr() as usize).wrapping_add(j.a_off) % 4 == 0);
     let run =
         Run { plan, a: bytes, nb01: a.nb[1], row_bytes, m, k, acts, packed: &packed, jobs, dst, kern, rm, rn, gemm };
     let tasks = make_tasks(&run);
@@ -256,28 +269,34 @@ fn gemm_min_cols() -> usize {
 
 /// Checks that activation column `i` exists (returns its element offset).
 fn act_len(acts: &Acts, kind: ActKind, i: usize) -> Option<usize> {
+    if let ActKind::Raw(_) = kind {
+        let end = i.checked_add(1)?.checked_mul(acts.raw_row)?;
+        return (end <= acts.raw.len() || acts.k == 0).then_some(i * acts.raw_row);
+    }
     let end = i.checked_add(1)?.checked_mul(acts.k)?;
     let have = match kind {
         ActKind::F32 | ActKind::Round(_) => acts.f.len(),
-        ActKind::Q8 { .. } | ActKind::Q8K => acts.q.len(),
+        _ => acts.q.len(),
     };
     (end <= have || acts.k == 0).then_some(i * acts.k)
 }
 
 /// Splits the jobs into tasks: column chunks sized to keep their activations
-/// in L2, row blocks sized for about four tasks per thread.
+/// in L2, row blocks sized for about sixteen tasks per thread (small tasks
+/// let work stealing even out threads slowed by other load).
 fn make_tasks(run: &Run<'_>) -> Vec<Task> {
     let threads = rayon::current_num_threads().max(1);
     let col_bytes = match run.plan.act {
         ActKind::F32 | ActKind::Round(_) => 4 * run.k,
         ActKind::Q8 { .. } => run.k + run.k / 4,
         ActKind::Q8K => run.k + run.k / 16,
+        ActKind::Raw(_) => run.acts.raw_row,
     }
     .max(1);
     let cb_max = if run.gemm { 512 } else { ((384 * 1024 / col_bytes) / run.rn * run.rn).max(run.rn) };
     let chunks = |n: usize| n.div_ceil(cb_max.min(n).max(1));
     let units: usize = run.jobs.iter().map(|j| chunks(j.cols.len()) * run.m).sum();
-    let target = threads * 4;
+    let target = threads * 16;
     let avg_cols = (run.jobs.iter().map(|j| j.cols.len()).sum::<usize>() / run.jobs.len().max(1)).clamp(1, cb_max);
     let min_rows = (65536 / (run.k.max(1) * avg_cols)).max(1);
     let mut rb = units.div_ceil(target).max(min_rows).clamp(1, 256);
@@ -312,6 +331,10 @@ impl Run<'_> {
         scr.out.clear();
         scr.out.resize(nrow * ncol, 0.0);
         if self.gemm && self.task_gemm(t, &mut scr.out) {
+            return self.store(t, &scr.out);
+        }
+        if self.plan.fmt == Fmt::VecDot {
+            self.task_vec_dot(t, &mut scr.out)?;
             return self.store(t, &scr.out);
         }
         let mut tile = Tile { k: self.k, ..Tile::default() };
@@ -363,6 +386,23 @@ impl Run<'_> {
         for (jj, col) in self.jobs[t.job].cols[t.c0..t.c1].iter().enumerate() {
             let (d1, d2, d3) = col.dst;
             self.dst.store_f32_run(t.r0, d1, d2, d3, &out[jj * nrow..(jj + 1) * nrow]);
+        }
+        Ok(())
+    }
+
+    /// The task through `quant::vec_dot_fn` (raw weight rows × raw ggml
+    /// activation rows), row by row.
+    fn task_vec_dot(&self, t: &Task, out: &mut [f32]) -> Result<()> {
+        let dot = quant::vec_dot_fn(self.plan.wt)
+            .ok_or_else(|| bad(format!("no dot product for {} weights", self.plan.wt)))?;
+        let (nrow, rs) = (t.r1 - t.r0, self.acts.raw_row);
+        let a_off = self.jobs[t.job].a_off;
+        for r in t.r0..t.r1 {
+            let o = a_off + r * self.nb01;
+            let row = &self.a[o..o + self.row_bytes];
+            for (jj, col) in self.jobs[t.job].cols[t.c0..t.c1].iter().enumerate() {
+                out[jj * nrow + (r - t.r0)] = dot(self.k, row, &self.acts.raw[col.act * rs..(col.act + 1) * rs]);
+            }
         }
         Ok(())
     }
@@ -483,15 +523,6 @@ impl Run<'_> {
                     t.amn[i] = scr.mn[i * ns * 8..].as_ptr();
                 }
             }
-            RowMode::ToF32 => {
-                scr.f.resize(MR * k, 0.0);
-                for i in 0..rows {
-                    decode::to_f32(self.plan.wt, row(i), &mut scr.f[i * k..(i + 1) * k])?;
-                }
-                for i in 0..rows {
-                    t.a[i] = scr.f[i * k..].as_ptr() as *const u8;
-                }
-            }
         }
         for i in rows..self.rm {
             t.a[i] = t.a[rows - 1];
@@ -521,6 +552,8 @@ impl Run<'_> {
                 t.bd[j] = a.d[act * ns..].as_ptr();
                 t.bs[j] = a.bs[act * ns * 8..].as_ptr();
             }
+            // Not a tile format (the driver loops over rows itself).
+            ActKind::Raw(_) => {}
         }
     }
 }
