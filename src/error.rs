@@ -88,6 +88,14 @@ pub enum Error {
         /// Why.
         detail: String,
     },
+    /// A split state or split policy that cannot be honoured (extents that do
+    /// not cover the axis, a quantized row split off block boundaries, …);
+    /// the message names the tensor and the rule.
+    #[error("split: {detail}")]
+    Split {
+        /// What and why.
+        detail: String,
+    },
     /// A backend failure during compute (including a kernel that panicked;
     /// the panic is contained and reported here).
     #[error("compute failed: {detail}")]

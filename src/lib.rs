@@ -59,6 +59,7 @@ pub mod backend;
 pub mod error;
 pub mod graph;
 pub mod ops;
+pub mod split;
 pub mod tensor;
 
 pub use backend::cpu::{CpuBackend, CpuConfig};

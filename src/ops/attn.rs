@@ -210,7 +210,6 @@ mod tests {
     use super::*;
     use crate::ops::test_util::err_of;
 
-
     #[test]
     fn flash_attn_ext_shapes_and_gqa() {
         let mut ctx = Context::new();

@@ -517,7 +517,6 @@ mod tests {
     use super::*;
     use crate::ops::test_util::err_names;
 
-
     #[test]
     fn broadcast_rules() {
         let mut ctx = Context::new();

@@ -134,7 +134,6 @@ mod tests {
     use super::*;
     use crate::ops::test_util::err_names;
 
-
     #[test]
     fn soft_max_mask_rules() {
         let mut ctx = Context::new();

@@ -111,7 +111,6 @@ mod tests {
     use super::*;
     use crate::ops::test_util::err_names;
 
-
     #[test]
     fn shapes_and_errors() {
         let mut ctx = Context::new();

@@ -232,7 +232,6 @@ mod tests {
     use super::*;
     use crate::ops::test_util::err_of;
 
-
     #[test]
     fn ssm_conv_shapes_and_errors() {
         let mut ctx = Context::new();

@@ -59,7 +59,6 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     }
 }
 
-
 /// ALiBi slope of head `h` (`ggml_compute_forward_soft_max_f32`): 1 unless
 /// `max_bias > 0`.
 pub(crate) fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {

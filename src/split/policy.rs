@@ -1,0 +1,269 @@
+//! The split policy for leaf tensors (weights, caches, inputs), supplied by
+//! the embedder: name-pattern rules and/or a callback over the tensor's name,
+//! shape and type — like llama.cpp's `get_split_state` under
+//! `--split-mode tensor`, with ratios as in `--tensor-split`.
+//!
+//! A policy only says *how* a tensor may be split (axis, granule, segments);
+//! the concrete per-device extents come from the ratios and are checked
+//! against the tensor: extents sum to the axis length, a block-quantized row
+//! (axis 0) splits only on block boundaries, attention tensors split on whole
+//! heads (granule = head size). A rule that cannot be honoured is an error
+//! naming the tensor and the rule, never an abort.
+
+use super::state::{split_extents, AxisSplit, SplitState};
+use crate::error::{Error, Result};
+use crate::tensor::GgmlType;
+
+/// What the policy sees of a leaf.
+#[derive(Clone, Copy, Debug)]
+pub struct LeafInfo<'a> {
+    /// Tensor name (GGUF name for weights, e.g. `blk.3.attn_q.weight`).
+    pub name: &'a str,
+    /// Shape, ggml order.
+    pub ne: [i64; 4],
+    /// Element type.
+    pub ty: GgmlType,
+}
+
+/// How a leaf is to be laid out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SplitSpec {
+    /// Every device holds the whole tensor.
+    Mirrored,
+    /// Split along `axis` by the policy's ratios.
+    Axis {
+        /// Axis 0..=3.
+        axis: usize,
+        /// Boundaries fall on multiples of this many elements (a head's
+        /// size for attention weights, 1 for free splits). On axis 0 of a
+        /// block-quantized tensor it must also be a multiple of the block size.
+        granule: i64,
+        /// Lengths of the fused parts along the axis (gate|up, Q|K|V), each
+        /// split on its own; empty = one part (the whole axis).
+        segments: Vec<i64>,
+    },
+}
+
+/// A name rule: `pattern` with `*` wildcards (any run of characters,
+/// including dots), e.g. `blk.*.attn_q.weight`.
+#[derive(Clone, Debug)]
+pub struct SplitRule {
+    /// Glob over the tensor name.
+    pub pattern: String,
+    /// The layout for matching tensors.
+    pub spec: SplitSpec,
+}
+
+type Callback = Box<dyn Fn(&LeafInfo) -> Option<SplitSpec> + Send + Sync>;
+
+/// Ratios plus rules and an optional callback. The callback is asked first;
+/// then rules in the order added; a leaf nothing covers gets `None` (the
+/// caller then states it explicitly, e.g. inputs written to every device are
+/// mirrored).
+pub struct SplitPolicy {
+    ratios: Vec<f32>,
+    rules: Vec<SplitRule>,
+    callback: Option<Callback>,
+}
+
+impl std::fmt::Debug for SplitPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SplitPolicy")
+            .field("ratios", &self.ratios)
+            .field("rules", &self.rules)
+            .field("callback", &self.callback.is_some())
+            .finish()
+    }
+}
+
+impl SplitPolicy {
+    /// A policy over `ratios.len()` devices (llama.cpp's `--tensor-split`,
+    /// e.g. `[1.0, 1.0]` or `[3.0, 1.0]`).
+    ///
+    /// # Errors
+    /// [`Error::Split`] for no ratios, more than 64 devices, negative or
+    /// non-finite ratios, or all zero.
+    pub fn new(ratios: &[f32]) -> Result<Self> {
+        if ratios.is_empty()
+            || ratios.len() > 64
+            || ratios.iter().any(|r| !r.is_finite() || *r < 0.0)
+            || ratios.iter().all(|r| *r == 0.0)
+        {
+            return Err(Error::Split { detail: format!("invalid tensor split ratios {ratios:?} (1 to 64 devices)") });
+        }
+        Ok(SplitPolicy { ratios: ratios.to_vec(), rules: Vec::new(), callback: None })
+    }
+
+    /// Number of devices.
+    pub fn n_devices(&self) -> usize {
+        self.ratios.len()
+    }
+
+    /// The ratios.
+    pub fn ratios(&self) -> &[f32] {
+        &self.ratios
+    }
+
+    /// Adds a name rule (checked after the callback and earlier rules).
+    pub fn rule(mut self, pattern: &str, spec: SplitSpec) -> Self {
+        self.rules.push(SplitRule { pattern: pattern.to_string(), spec });
+        self
+    }
+
+    /// Sets the callback, asked before the rules; `None` from it falls through to the rules.
+    pub fn with_callback(mut self, f: impl Fn(&LeafInfo) -> Option<SplitSpec> + Send + Sync + 'static) -> Self {
+        self.callback = Some(Box::new(f));
+        self
+    }
+
+    /// The spec that covers `leaf` and where it came from (`"callback"` or the rule's pattern).
+    pub fn spec_for(&self, leaf: &LeafInfo) -> Option<(SplitSpec, String)> {
+        if let Some(s) = self.callback.as_ref().and_then(|f| f(leaf)) {
+            return Some((s, "callback".into()));
+        }
+        self.rules.iter().find(|r| glob_match(&r.pattern, leaf.name)).map(|r| (r.spec.clone(), r.pattern.clone()))
+    }
+
+    /// The concrete split state of `leaf`, or `None` if nothing covers it.
+    ///
+    /// # Errors
+    /// [`Error::Split`] naming the tensor and the rule when the rule cannot
+    /// be honoured: axis out of range, granule < 1 or not dividing the
+    /// axis/segments, a quantized row split off block boundaries, segments
+    /// that do not sum to the axis length.
+    pub fn state_for(&self, leaf: &LeafInfo) -> Result<Option<SplitState>> {
+        let Some((spec, origin)) = self.spec_for(leaf) else {
+            return Ok(None);
+        };
+        self.resolve(leaf, &spec).map(Some).map_err(|e| Error::Split {
+            detail: format!("tensor {:?} {}{:?}, rule {origin:?}: {e}", leaf.name, leaf.ty, leaf.ne),
+        })
+    }
+
+    /// Turns `spec` into a state for `leaf` using the ratios.
+    fn resolve(&self, leaf: &LeafInfo, spec: &SplitSpec) -> std::result::Result<SplitState, String> {
+        let (axis, granule, segments) = match spec {
+            SplitSpec::Mirrored => return Ok(SplitState::Mirrored),
+            SplitSpec::Axis { axis, granule, segments } => (*axis, *granule, segments),
+        };
+        if axis > 3 {
+            return Err(format!("axis {axis} is not 0..=3"));
+        }
+        if granule < 1 {
+            return Err(format!("granule {granule} must be ≥ 1"));
+        }
+        let bs = leaf.ty.block_size() as i64;
+        if axis == 0 && granule % bs != 0 {
+            return Err(format!(
+                "a {} row splits only on {bs}-element block boundaries; granule {granule} is not",
+                leaf.ty
+            ));
+        }
+        let len = leaf.ne[axis];
+        let parts: Vec<i64> = if segments.is_empty() { vec![len] } else { segments.clone() };
+        if parts.iter().sum::<i64>() != len || parts.iter().any(|&p| p < 0) {
+            return Err(format!("segments {parts:?} do not sum to the axis length {len}"));
+        }
+        let mut segs = Vec::with_capacity(parts.len());
+        for &p in &parts {
+            if p % granule != 0 {
+                return Err(format!("segment of {p} elements is not a whole number of granules of {granule}"));
+            }
+            segs.push(split_extents(p, &self.ratios, granule).map_err(|e| e.to_string())?);
+        }
+        let s = AxisSplit { axis, segments: segs, repeat: 1 };
+        s.validate(len, self.ratios.len()).map_err(|e| e.to_string())?;
+        Ok(SplitState::Split(s))
+    }
+}
+
+/// `*` matches any run of characters (including none and dots); everything
+/// else matches itself.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let s: Vec<char> = name.chars().collect();
+    // Iterative wildcard matching with backtracking to the last star.
+    let (mut pi, mut si) = (0usize, 0usize);
+    let (mut star, mut mark) = (None::<usize>, 0usize);
+    while si < s.len() {
+        if pi < p.len() && p[pi] != '*' && p[pi] == s[si] {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            pi += 1;
+            mark = si;
+        } else if let Some(st) = star {
+            pi = st + 1;
+            mark += 1;
+            si = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(name: &str, ty: GgmlType, ne: [i64; 4]) -> LeafInfo<'_> {
+        LeafInfo { name, ne, ty }
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("blk.*.attn_q.weight", "blk.12.attn_q.weight"));
+        assert!(!glob_match("blk.*.attn_q.weight", "blk.12.attn_qkv.weight"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("output*", "output.weight"));
+        assert!(!glob_match("a*b", "acbd"));
+    }
+
+    #[test]
+    fn heads_and_segments_resolve_to_extents() {
+        let pol = SplitPolicy::new(&[1.0, 1.0])
+            .unwrap()
+            .rule("blk.*.attn_q.weight", SplitSpec::Axis { axis: 1, granule: 128, segments: vec![] })
+            .rule("blk.*.ffn_up_gate.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![6, 6] })
+            .rule("blk.*.attn_output.weight", SplitSpec::Axis { axis: 0, granule: 128, segments: vec![] })
+            .rule("*norm*", SplitSpec::Mirrored);
+        let q = pol.state_for(&leaf("blk.0.attn_q.weight", GgmlType::Q4_K, [5120, 8192, 1, 1])).unwrap().unwrap();
+        assert_eq!(q, SplitState::split(1, vec![4096, 4096]));
+        let gu = pol.state_for(&leaf("blk.0.ffn_up_gate.weight", GgmlType::F32, [8, 12, 1, 1])).unwrap().unwrap();
+        assert_eq!(gu.as_split().unwrap().segments, vec![vec![3, 3], vec![3, 3]]);
+        assert_eq!(
+            pol.state_for(&leaf("output_norm.weight", GgmlType::F32, [8, 1, 1, 1])).unwrap(),
+            Some(SplitState::Mirrored)
+        );
+        assert_eq!(pol.state_for(&leaf("inp_tokens", GgmlType::I32, [8, 1, 1, 1])).unwrap(), None);
+        // Q4_K rows split on 128 elements: not a 256 block boundary.
+        let e = pol.state_for(&leaf("blk.0.attn_output.weight", GgmlType::Q4_K, [8192, 5120, 1, 1])).unwrap_err();
+        assert!(e.to_string().contains("blk.0.attn_output.weight") && e.to_string().contains("block"), "{e}");
+        // 3 heads of 128 do not divide 8192.
+        let e = pol.state_for(&leaf("blk.1.attn_q.weight", GgmlType::F16, [64, 100, 1, 1])).unwrap_err();
+        assert!(e.to_string().contains("granules"), "{e}");
+    }
+
+    #[test]
+    fn callback_first_and_bad_ratios() {
+        let pol = SplitPolicy::new(&[3.0, 1.0])
+            .unwrap()
+            .with_callback(|l| (l.name == "x").then_some(SplitSpec::Axis { axis: 0, granule: 1, segments: vec![] }))
+            .rule("*", SplitSpec::Mirrored);
+        assert_eq!(
+            pol.state_for(&leaf("x", GgmlType::F32, [8, 1, 1, 1])).unwrap(),
+            Some(SplitState::split(0, vec![6, 2]))
+        );
+        assert_eq!(pol.state_for(&leaf("y", GgmlType::F32, [8, 1, 1, 1])).unwrap(), Some(SplitState::Mirrored));
+        assert!(SplitPolicy::new(&[]).is_err());
+        assert!(SplitPolicy::new(&[-1.0, 2.0]).is_err());
+        let bad =
+            SplitPolicy::new(&[1.0]).unwrap().rule("*", SplitSpec::Axis { axis: 7, granule: 1, segments: vec![] });
+        assert!(bad.state_for(&leaf("z", GgmlType::F32, [8, 1, 1, 1])).is_err());
+    }
+}

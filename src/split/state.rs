@@ -1,0 +1,215 @@
+//! Split states: how one logical tensor is laid out over N devices
+//! (ggml's meta backend vocabulary: split axis, mirrored, partial).
+
+use crate::error::{Error, Result};
+
+/// How partial addends combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The value is the sum of the devices' addends.
+    Sum,
+}
+
+/// A split along one axis. Along `axis` the logical tensor is a sequence of
+/// `segments`, the whole sequence repeated `repeat` times; within segment `s`,
+/// device `j` holds the next `segments[s][j]` elements (ggml's
+/// `n_segments`/`nr`). A plain split is one segment with `repeat = 1`; a fused
+/// gate|up weight has two segments; flattening a head split (`[D, H, T]` →
+/// `[D, H·T]`) gives one segment of `H` repeated `T` times.
+///
+/// Device `j` stores, along `axis`, `repeat · Σ_s segments[s][j]` elements,
+/// in logical order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AxisSplit {
+    /// Split axis, 0..=3 (`ne` index).
+    pub axis: usize,
+    /// Per segment, per device element counts (may be 0; segments may differ in size).
+    pub segments: Vec<Vec<i64>>,
+    /// How many times the segment sequence repeats along the axis (≥ 1).
+    pub repeat: i64,
+}
+
+impl AxisSplit {
+    /// One segment over `n` devices with the given extents.
+    pub fn even(axis: usize, extents: Vec<i64>) -> Self {
+        AxisSplit { axis, segments: vec![extents], repeat: 1 }
+    }
+
+    /// Number of devices.
+    pub fn n_devices(&self) -> usize {
+        self.segments.first().map_or(0, |s| s.len())
+    }
+
+    /// Logical length along the axis (`repeat · Σ segments`).
+    pub fn axis_len(&self) -> i64 {
+        self.repeat * self.segments.iter().flatten().sum::<i64>()
+    }
+
+    /// Elements device `j` holds along the axis.
+    pub fn local_len(&self, j: usize) -> i64 {
+        self.repeat * self.segments.iter().map(|s| s.get(j).copied().unwrap_or(0)).sum::<i64>()
+    }
+
+    /// For device `j`: the logical ranges `[start, end)` along the axis it
+    /// holds, in the order it stores them (empty ranges omitted).
+    pub fn ranges(&self, j: usize) -> Vec<(i64, i64)> {
+        let seg_total: i64 = self.segments.iter().flatten().sum();
+        let mut out = Vec::new();
+        for r in 0..self.repeat {
+            let mut base = r * seg_total;
+            for seg in &self.segments {
+                let before: i64 = seg.iter().take(j).sum();
+                let n = seg.get(j).copied().unwrap_or(0);
+                if n > 0 {
+                    let start = base + before;
+                    match out.last_mut() {
+                        Some((_, e)) if *e == start => *e = start + n,
+                        _ => out.push((start, start + n)),
+                    }
+                }
+                base += seg.iter().sum::<i64>();
+            }
+        }
+        out
+    }
+
+    /// Checks internal consistency against a logical axis length and device count.
+    ///
+    /// # Errors
+    /// [`Error::Split`] when the extents do not sum to `axis_len`, a count is
+    /// negative, the axis is out of range, or the device counts disagree.
+    pub fn validate(&self, axis_len: i64, n_devices: usize) -> Result<()> {
+        let bad = |d: String| Err(Error::Split { detail: d });
+        if self.axis > 3 {
+            return bad(format!("split axis {} is not 0..=3", self.axis));
+        }
+        if self.repeat < 1 || self.segments.is_empty() {
+            return bad(format!("split on axis {} needs ≥ 1 segment and repeat ≥ 1", self.axis));
+        }
+        if self.segments.iter().any(|s| s.len() != n_devices) {
+            return bad(format!("split on axis {} has segments for a device count other than {n_devices}", self.axis));
+        }
+        if self.segments.iter().flatten().any(|&e| e < 0) {
+            return bad(format!("split on axis {} has a negative extent", self.axis));
+        }
+        if self.axis_len() != axis_len {
+            return bad(format!(
+                "split on axis {}: extents {:?} × {} cover {} elements, the axis has {axis_len}",
+                self.axis,
+                self.segments,
+                self.repeat,
+                self.axis_len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The split state of one logical tensor over N devices.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SplitState {
+    /// Every device holds all values.
+    Mirrored,
+    /// Every device holds a full-shape addend; the value is their reduction.
+    Partial(ReduceOp),
+    /// Each device holds a slice along one axis.
+    Split(AxisSplit),
+    /// Not decided yet: exists only while planning, never in a finished plan.
+    Unknown,
+}
+
+impl SplitState {
+    /// A single-segment split of `axis` with per-device `extents`.
+    pub fn split(axis: usize, extents: Vec<i64>) -> Self {
+        SplitState::Split(AxisSplit::even(axis, extents))
+    }
+
+    /// `Partial(Sum)`.
+    pub fn partial() -> Self {
+        SplitState::Partial(ReduceOp::Sum)
+    }
+
+    /// The split, if this is one.
+    pub fn as_split(&self) -> Option<&AxisSplit> {
+        match self {
+            SplitState::Split(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Short label: `mirrored`, `partial(sum)`, `split(axis=1, [4,4])`, `unknown`.
+    pub fn label(&self) -> String {
+        match self {
+            SplitState::Mirrored => "mirrored".into(),
+            SplitState::Partial(ReduceOp::Sum) => "partial(sum)".into(),
+            SplitState::Unknown => "unknown".into(),
+            SplitState::Split(s) if s.segments.len() == 1 && s.repeat == 1 => {
+                format!("split(axis={}, {:?})", s.axis, s.segments[0])
+            }
+            SplitState::Split(s) => format!("split(axis={}, segments={:?}, repeat={})", s.axis, s.segments, s.repeat),
+        }
+    }
+}
+
+/// Per-device extents of `len` elements split by `ratios` (llama.cpp's
+/// `--tensor-split`), in multiples of `granule` (a quant block, a head):
+/// cumulative boundaries are rounded down to the granule, the last device
+/// takes the rest. Zero extents are allowed.
+///
+/// # Errors
+/// [`Error::Split`] if `len` is not a multiple of `granule`, `granule < 1`,
+/// no ratios are given, or a ratio is negative/non-finite or all are zero.
+pub fn split_extents(len: i64, ratios: &[f32], granule: i64) -> Result<Vec<i64>> {
+    if granule < 1 || len < 0 || len % granule != 0 {
+        return Err(Error::Split { detail: format!("cannot split {len} elements in granules of {granule}") });
+    }
+    if ratios.is_empty() || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) || ratios.iter().all(|r| *r == 0.0) {
+        return Err(Error::Split { detail: format!("invalid tensor split ratios {ratios:?}") });
+    }
+    let total: f64 = ratios.iter().map(|&r| r as f64).sum();
+    let units = len / granule;
+    let mut out = Vec::with_capacity(ratios.len());
+    let mut acc = 0.0f64;
+    let mut prev = 0i64;
+    for (j, &r) in ratios.iter().enumerate() {
+        acc += r as f64;
+        let bound = if j + 1 == ratios.len() { units } else { ((acc / total) * units as f64 + 1e-9).floor() as i64 };
+        let bound = bound.clamp(prev, units);
+        out.push((bound - prev) * granule);
+        prev = bound;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_follow_segments_and_repeats() {
+        // Fused gate|up: two segments of 6, split 4:2 on two devices.
+        let s = AxisSplit { axis: 1, segments: vec![vec![4, 2], vec![4, 2]], repeat: 1 };
+        assert_eq!(s.ranges(0), vec![(0, 4), (6, 10)]);
+        assert_eq!(s.ranges(1), vec![(4, 6), (10, 12)]);
+        assert_eq!(s.local_len(0), 8);
+        s.validate(12, 2).unwrap();
+        assert!(s.validate(13, 2).is_err());
+        // Flattened head split: 8 heads (4/4) repeated 3 times.
+        let f = AxisSplit { axis: 1, segments: vec![vec![4, 4]], repeat: 3 };
+        assert_eq!(f.ranges(1), vec![(4, 8), (12, 16), (20, 24)]);
+        // Zero extent.
+        let z = AxisSplit::even(0, vec![3, 0, 1]);
+        assert!(z.ranges(1).is_empty());
+        assert_eq!(z.ranges(2), vec![(3, 4)]);
+    }
+
+    #[test]
+    fn tensor_split_rounds_to_granules() {
+        assert_eq!(split_extents(10240, &[1.0, 1.0, 1.0], 32).unwrap(), vec![3392, 3424, 3424]);
+        assert_eq!(split_extents(8, &[3.0, 1.0], 1).unwrap(), vec![6, 2]);
+        assert_eq!(split_extents(2, &[1.0, 1.0, 1.0, 1.0], 1).unwrap(), vec![0, 1, 0, 1]);
+        assert!(split_extents(10, &[1.0], 4).is_err());
+        assert!(split_extents(8, &[0.0, 0.0], 1).is_err());
+        assert!(split_extents(8, &[f32::NAN], 1).is_err());
+    }
+}
