@@ -13,7 +13,7 @@ fn main() -> shardgraph::Result<()> {
 
     let cpu = CpuBackend::with_threads(2)?;
     let mut storage = TensorStorage::new();
-    storage.alloc_tensors(&cpu, &ctx, &graph.leafs)?;
+    storage.alloc_tensors(&cpu, &ctx, graph.leafs())?;
     storage.set_f32(&ctx, w, &[1., 0., 0., 0., 0., 1., 0., 0., 0., 0., 1., 0.])?;
     storage.set_f32(&ctx, x, &[1., 2., 3., 4., 0., 0., 0., 0.])?;
     let mut galloc = GraphAllocator::new(cpu.buffer_type());
@@ -21,7 +21,12 @@ fn main() -> shardgraph::Result<()> {
     cpu.compute(&ctx, &graph, &storage)?;
 
     let probs = storage.get_f32(&ctx, p)?;
-    println!("graph: {} nodes, {} leafs, compute peak {} bytes", graph.n_nodes(), graph.leafs.len(), stats.peak_bytes);
+    println!(
+        "graph: {} nodes, {} leafs, compute peak {} bytes",
+        graph.n_nodes(),
+        graph.leafs().len(),
+        stats.peak_bytes
+    );
     for (col, c) in probs.chunks(3).enumerate() {
         println!("soft_max(W·x[:, {col}]) = {c:?}");
     }

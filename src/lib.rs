@@ -44,7 +44,7 @@
 //!
 //! let cpu = CpuBackend::with_threads(2)?;
 //! let mut storage = TensorStorage::new();
-//! storage.alloc_tensors(&cpu, &ctx, &graph.leafs)?;
+//! storage.alloc_tensors(&cpu, &ctx, graph.leafs())?;
 //! storage.set_f32(&ctx, w, &[1., 0., 0., 0., 0., 1., 0., 0., 0., 0., 1., 0.])?;
 //! storage.set_f32(&ctx, x, &[1., 2., 3., 4., 5., 6., 7., 8.])?;
 //! GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &graph, &mut storage)?;

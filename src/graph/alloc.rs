@@ -390,10 +390,10 @@ pub struct GraphAllocator {
 
 impl GraphAllocator {
     /// An allocator for buffers of type `buffer_type`: offsets are aligned to
-    /// `buffer_type.alignment` bytes (0 counts as 1) and no buffer exceeds
-    /// `buffer_type.max_size` bytes.
+    /// `buffer_type.alignment` bytes (rounded up to a power of two, clamped to
+    /// 1 B..=1 MiB) and no buffer exceeds `buffer_type.max_size` bytes.
     pub fn new(buffer_type: BufferType) -> Self {
-        let alignment = buffer_type.alignment.max(1);
+        let alignment = buffer_type.alignment.clamp(1, 1 << 20).next_power_of_two();
         GraphAllocator {
             buffer_type,
             alignment,
@@ -937,7 +937,7 @@ fn check_graph_ctx(ctx: &Context, graph: &Graph) -> Result<()> {
 fn stats_of(plan: &Plan, alignment: usize) -> AllocStats {
     AllocStats {
         buffer_sizes: plan.chunk_sizes.clone(),
-        peak_bytes: plan.chunk_sizes.iter().sum(),
+        peak_bytes: plan.chunk_sizes.iter().fold(0usize, |a, &b| a.saturating_add(b)),
         n_inplace: plan.n_inplace,
         n_allocated: plan.placements.len(),
         naive_bytes: plan.naive_bytes,

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::ops::Op;
-use crate::tensor::{contiguous_strides, nbytes, GgmlType, Tensor, TensorFlags, TensorId, MAX_DIMS};
+use crate::tensor::{checked_nbytes, contiguous_strides, GgmlType, Tensor, TensorFlags, TensorId, MAX_DIMS};
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -156,7 +156,12 @@ impl Context {
     /// Adds a tensor with contiguous strides produced by `op` from `src`.
     /// Sources must already be validated by the caller.
     pub(crate) fn push_op(&mut self, ty: GgmlType, ne: [i64; MAX_DIMS], op: Op, src: &[TensorId]) -> Result<TensorId> {
-        check_shape(ty, &ne)?;
+        if let Err(e) = check_shape(ty, &ne) {
+            return Err(match op {
+                Op::None => e,
+                _ => Error::operand(op.name(), "result", e.to_string()),
+            });
+        }
         let nb = contiguous_strides(ty, &ne);
         self.push(Tensor {
             ty,
@@ -195,8 +200,11 @@ impl Context {
             .checked_add(offs)
             .ok_or_else(|| Error::OutOfBounds { detail: "view offset overflows".into() })?;
         let owner_bytes = self.t(owner).nbytes();
-        let need = nbytes(ty, &ne, &nb);
-        if need > 0 && total_offs.checked_add(need).is_none_or(|end| end > owner_bytes) {
+        let need = checked_nbytes(ty, &ne, &nb).ok_or_else(|| Error::OutOfBounds {
+            detail: format!("{}: strides {nb:?} with shape {ne:?} overflow the address space", op.name()),
+        })?;
+        // An empty view still needs its offset inside the source.
+        if total_offs.checked_add(need).is_none_or(|end| end > owner_bytes) {
             return Err(Error::OutOfBounds {
                 detail: format!(
                     "{}: view of {} bytes at offset {} exceeds the {} bytes of its source {}",

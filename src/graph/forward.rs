@@ -8,30 +8,54 @@ use crate::ops::Op;
 use crate::tensor::TensorId;
 use std::hash::{Hash, Hasher};
 
-/// A computation graph over one [`Context`]: `nodes` in execution order
-/// (every source before its consumers), `leafs` (tensors with no op) and
-/// per-tensor use counts.
+/// A computation graph over one [`Context`]: nodes in execution order
+/// (every source before its consumers), leafs (tensors with no op) and
+/// per-tensor use counts. Read-only: only [`Context::build_forward`] makes one,
+/// so a graph is always consistent with its context.
 #[derive(Clone, Debug)]
 pub struct Graph {
     pub(crate) ctx_id: u32,
-    /// Op tensors in a valid execution order.
-    pub nodes: Vec<TensorId>,
-    /// Leaf tensors (weights, inputs, caches) reached from the outputs.
-    pub leafs: Vec<TensorId>,
-    /// The outputs `build_forward` was called with.
-    pub outputs: Vec<TensorId>,
-    /// Number of graph nodes that read each tensor, indexed by
-    /// [`TensorId::index`] (length = context size at build time). Outputs get one extra use.
-    pub use_counts: Vec<u32>,
-    /// Structural hash: op, parameters, types, shapes, strides, view offsets
-    /// and wiring; equal for two graphs built the same way.
-    pub hash: u64,
+    pub(crate) nodes: Vec<TensorId>,
+    pub(crate) leafs: Vec<TensorId>,
+    pub(crate) outputs: Vec<TensorId>,
+    pub(crate) use_counts: Vec<u32>,
+    pub(crate) hash: u64,
 }
 
 impl Graph {
     /// Id of the context the graph was built from.
     pub fn context_id(&self) -> u32 {
         self.ctx_id
+    }
+
+    /// Op tensors in a valid execution order (every source first).
+    pub fn nodes(&self) -> &[TensorId] {
+        &self.nodes
+    }
+
+    /// Leaf tensors (weights, inputs, caches) reached from the outputs, in
+    /// first-use order.
+    pub fn leafs(&self) -> &[TensorId] {
+        &self.leafs
+    }
+
+    /// The outputs `build_forward` was called with.
+    pub fn outputs(&self) -> &[TensorId] {
+        &self.outputs
+    }
+
+    /// Number of graph nodes that read each tensor, indexed by
+    /// [`TensorId::index`] (length = context size at build time); outputs
+    /// get one extra use.
+    pub fn use_counts(&self) -> &[u32] {
+        &self.use_counts
+    }
+
+    /// Structural hash: ops, parameters, types, shapes, strides, view
+    /// offsets and wiring; equal for two graphs built the same way (the key
+    /// for cached plans and allocations).
+    pub fn hash(&self) -> u64 {
+        self.hash
     }
 
     /// Number of op nodes.

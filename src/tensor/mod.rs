@@ -131,9 +131,9 @@ impl Tensor {
 pub fn contiguous_strides(ty: GgmlType, ne: &[i64; MAX_DIMS]) -> [usize; MAX_DIMS] {
     let mut nb = [0usize; MAX_DIMS];
     nb[0] = ty.type_size();
-    nb[1] = nb[0] * (ne[0].max(0) as usize / ty.block_size());
+    nb[1] = nb[0].saturating_mul(ne[0].max(0) as usize / ty.block_size());
     for i in 2..MAX_DIMS {
-        nb[i] = nb[i - 1] * ne[i - 1].max(0) as usize;
+        nb[i] = nb[i - 1].saturating_mul(ne[i - 1].max(0) as usize);
     }
     nb
 }
@@ -141,23 +141,22 @@ pub fn contiguous_strides(ty: GgmlType, ne: &[i64; MAX_DIMS]) -> [usize; MAX_DIM
 /// Bytes spanned by a tensor with this layout (`ggml_nbytes`). Zero for an
 /// empty tensor.
 pub fn nbytes(ty: GgmlType, ne: &[i64; MAX_DIMS], nb: &[usize; MAX_DIMS]) -> usize {
+    checked_nbytes(ty, ne, nb).unwrap_or(usize::MAX)
+}
+
+/// [`nbytes`] with overflow detection: `None` if the span does not fit in
+/// `usize` (a view with absurd strides).
+pub fn checked_nbytes(ty: GgmlType, ne: &[i64; MAX_DIMS], nb: &[usize; MAX_DIMS]) -> Option<usize> {
     if ne.iter().any(|&n| n <= 0) {
-        return 0;
+        return Some(0);
     }
     let bs = ty.block_size();
-    if bs == 1 {
-        let mut n = ty.type_size();
-        for i in 0..MAX_DIMS {
-            n += (ne[i] as usize - 1) * nb[i];
-        }
-        n
-    } else {
-        let mut n = (ne[0] as usize / bs) * nb[0];
-        for i in 1..MAX_DIMS {
-            n += (ne[i] as usize - 1) * nb[i];
-        }
-        n
+    let mut n = if bs == 1 { ty.type_size() } else { (ne[0] as usize / bs).checked_mul(nb[0])? };
+    let first = if bs == 1 { 0 } else { 1 };
+    for i in first..MAX_DIMS {
+        n = n.checked_add((ne[i] as usize - 1).checked_mul(nb[i])?)?;
     }
+    Some(n)
 }
 
 /// `ggml_is_contiguous` on a raw layout.

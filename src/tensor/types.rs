@@ -187,7 +187,10 @@ impl GgmlType {
                 detail: format!("row of {ne0} elements is not a whole number of {} blocks of {bs}", self.name()),
             });
         }
-        Ok((ne0 / bs) as usize * self.type_size())
+        ((ne0 / bs) as usize).checked_mul(self.type_size()).ok_or_else(|| Error::InvalidShape {
+            ne: vec![ne0],
+            detail: format!("a row of {ne0} {} elements overflows usize bytes", self.name()),
+        })
     }
 }
 

@@ -229,7 +229,7 @@ fn attn_timing() {
         };
         let graph = ctx.build_forward(&[out]).unwrap();
         let mut storage = TensorStorage::new();
-        storage.alloc_tensors(&backend, &ctx, &graph.leafs).unwrap();
+        storage.alloc_tensors(&backend, &ctx, graph.leafs()).unwrap();
         let mut galloc = GraphAllocator::new(backend.buffer_type());
         galloc.alloc_graph(&backend, &ctx, &graph, &mut storage).unwrap();
 
@@ -237,7 +237,7 @@ fn attn_timing() {
         let gc = g.init(total);
         let mut map: Vec<P> = vec![std::ptr::null_mut(); ctx.len()];
         let mut rng = Rng::new(42);
-        for &l in &graph.leafs {
+        for &l in graph.leafs() {
             let t = ctx.tensor(l).unwrap();
             let vals: Vec<f32> = (0..t.nelements())
                 .map(|_| {
@@ -249,7 +249,7 @@ fn attn_timing() {
             storage.get_bytes(&ctx, l, 0, gc.data(gt)).unwrap();
             map[l.index()] = gt;
         }
-        for &n in &graph.nodes {
+        for &n in graph.nodes() {
             let t = ctx.tensor(n).unwrap();
             let srcs: Vec<P> = t.src.iter().map(|s| map[s.index()]).collect();
             map[n.index()] = gc.translate(&ctx, t, &srcs);

@@ -70,7 +70,12 @@ pub struct Case {
 
 impl Case {
     /// A case for `op` with `vars`, compared by `cmp`.
-    pub fn new(op: &'static str, vars: impl Into<String>, cmp: Compare, build: impl Fn(&mut Context) -> Result<Built> + 'static) -> Self {
+    pub fn new(
+        op: &'static str,
+        vars: impl Into<String>,
+        cmp: Compare,
+        build: impl Fn(&mut Context) -> Result<Built> + 'static,
+    ) -> Self {
         Case { op, vars: vars.into(), cmp, build: Box::new(build) }
     }
 }
@@ -213,7 +218,10 @@ pub fn run_case(g: &Ggml, case: &Case, backend: &CpuBackend) -> Outcome {
         Ok(Err(e)) => Outcome::Fail(format!("error: {e}")),
         Err(p) => Outcome::Fail(format!(
             "panic: {}",
-            p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
         )),
     }
 }
@@ -226,11 +234,12 @@ fn run_case_inner(g: &Ggml, case: &Case, backend: &CpuBackend) -> Result<Outcome
 
     // Leaf bytes, shared by both sides.
     let mut storage = TensorStorage::new();
-    storage.alloc_tensors(backend, &ctx, &graph.leafs)?;
+    storage.alloc_tensors(backend, &ctx, graph.leafs())?;
     let mut leaf_data = Vec::new();
-    for &l in &graph.leafs {
+    for &l in graph.leafs() {
         let t = ctx.tensor(l)?;
-        let init = built.inits.iter().find(|(id, _)| *id == l).map(|(_, i)| i.clone()).unwrap_or(Init::Uniform(-1.0, 1.0));
+        let init =
+            built.inits.iter().find(|(id, _)| *id == l).map(|(_, i)| i.clone()).unwrap_or(Init::Uniform(-1.0, 1.0));
         let bytes = leaf_bytes(g, t, &init, &mut rng);
         storage.set_bytes(&ctx, l, 0, &bytes)?;
         leaf_data.push((l, bytes));
@@ -240,7 +249,8 @@ fn run_case_inner(g: &Ggml, case: &Case, backend: &CpuBackend) -> Result<Outcome
     backend.compute(&ctx, &graph, &storage)?;
 
     // ggml side.
-    let total: usize = ctx.ids().map(|id| ctx.tensor(id).map(|t| t.nbytes()).unwrap_or(0) + 1024).sum::<usize>() + (8 << 20);
+    let total: usize =
+        ctx.ids().map(|id| ctx.tensor(id).map(|t| t.nbytes()).unwrap_or(0) + 1024).sum::<usize>() + (8 << 20);
     let gc = g.init(total);
     let mut map: Vec<P> = vec![std::ptr::null_mut(); ctx.len()];
     for (l, bytes) in &leaf_data {
@@ -249,7 +259,7 @@ fn run_case_inner(g: &Ggml, case: &Case, backend: &CpuBackend) -> Result<Outcome
         gc.data(gt).copy_from_slice(bytes);
         map[l.index()] = gt;
     }
-    for &n in &graph.nodes {
+    for &n in graph.nodes() {
         let t = ctx.tensor(n)?;
         let srcs: Vec<P> = t.src.iter().map(|s| map[s.index()]).collect();
         let gt = gc.translate(&ctx, t, &srcs);
@@ -275,7 +285,10 @@ fn run_case_inner(g: &Ggml, case: &Case, backend: &CpuBackend) -> Result<Outcome
                 let e = nmse(&ours, &theirs);
                 worst = worst.max(e);
                 if e.is_nan() || e > max {
-                    return Ok(Outcome::Fail(format!("output {i}: nmse {e:.3e} > {max:.1e}{}", first_diff(&ours, &theirs))));
+                    return Ok(Outcome::Fail(format!(
+                        "output {i}: nmse {e:.3e} > {max:.1e}{}",
+                        first_diff(&ours, &theirs)
+                    )));
                 }
             }
             Compare::Exact => {
@@ -286,11 +299,13 @@ fn run_case_inner(g: &Ggml, case: &Case, backend: &CpuBackend) -> Result<Outcome
             Compare::ExactSortedRows => {
                 let n0 = t.ne[0].max(1) as usize;
                 let sort = |v: &[f64]| -> Vec<f64> {
-                    v.chunks(n0).flat_map(|r| {
-                        let mut r = r.to_vec();
-                        r.sort_by(|a, b| a.total_cmp(b));
-                        r
-                    }).collect()
+                    v.chunks(n0)
+                        .flat_map(|r| {
+                            let mut r = r.to_vec();
+                            r.sort_by(|a, b| a.total_cmp(b));
+                            r
+                        })
+                        .collect()
                 };
                 let (a, b) = (sort(&ours), sort(&theirs));
                 if a != b {

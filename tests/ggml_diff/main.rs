@@ -42,15 +42,20 @@ fn all_cases() -> Vec<Case> {
 #[test]
 fn ggml_diff() {
     let filter = std::env::var("GGML_DIFF_FILTER").unwrap_or_default();
-    let cases: Vec<Case> =
-        all_cases().into_iter().filter(|c| filter.is_empty() || format!("{}:{}", c.op, c.vars).contains(&filter)).collect();
+    let cases: Vec<Case> = all_cases()
+        .into_iter()
+        .filter(|c| filter.is_empty() || format!("{}:{}", c.op, c.vars).contains(&filter))
+        .collect();
     let ops: BTreeSet<&str> = cases.iter().map(|c| c.op).collect();
     let g = match oracle::Ggml::get() {
         Ok(g) => g,
         Err(why) => {
             println!("ggml_diff: SKIPPED all cases: ggml oracle not available: {why}");
             println!("ggml_diff: {} ops, {} cases, 0 failures, {} skipped", ops.len(), cases.len(), cases.len());
-            assert!(std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(), "SHARDGRAPH_REQUIRE_GGML is set but the oracle is missing");
+            assert!(
+                std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(),
+                "SHARDGRAPH_REQUIRE_GGML is set but the oracle is missing"
+            );
             return;
         }
     };

@@ -266,8 +266,12 @@ impl GgmlCtx<'_> {
                 Op::Scale { s: k, b } => {
                     g.sym::<unsafe extern "C" fn(P, P, f32, f32) -> P>("ggml_scale_bias")(c, s[0], *k, *b)
                 }
+                // ggml_clamp works in place (its result is a view of its
+                // input); clamp a copy so the input's other readers and the
+                // result's layout match ours (a new contiguous tensor).
                 Op::Clamp { min, max } => {
-                    g.sym::<unsafe extern "C" fn(P, P, f32, f32) -> P>("ggml_clamp")(c, s[0], *min, *max)
+                    let copy = g.sym::<F1>("ggml_cont")(c, s[0]);
+                    g.sym::<unsafe extern "C" fn(P, P, f32, f32) -> P>("ggml_clamp")(c, copy, *min, *max)
                 }
                 Op::Sqr => f1("ggml_sqr"),
                 Op::Sqrt => f1("ggml_sqrt"),

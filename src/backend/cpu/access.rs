@@ -17,7 +17,9 @@
 //!
 //! No `&mut` reference to buffer memory is ever created here: reads and writes
 //! go through `ptr::read_unaligned`/`ptr::write_unaligned` and
-//! `ptr::copy_nonoverlapping` into caller-owned scratch, so aliasing views
+//! byte-wise `ptr::copy_nonoverlapping` into caller-owned scratch (tensor
+//! data may sit at any byte offset, so no typed pointer into a buffer is ever
+//! dereferenced or copied through), so aliasing views
 //! (a view and its source, in-place results) never form overlapping Rust
 //! references.
 
@@ -232,7 +234,7 @@ impl TView {
             debug_assert!(o + 4 * n <= self.span);
             // SAFETY: elements i0..i0+n of the row are inside the span
             // (invariant 2); `data` is caller-owned scratch (invariant 3).
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o) as *mut f32, n) }
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, self.ptr.add(o), 4 * n) }
             return;
         }
         for (k, &v) in data[..n].iter().enumerate() {
@@ -274,7 +276,7 @@ impl TView {
             let o = self.offset(0, i1, i2, i3);
             debug_assert!(o + 4 * n <= self.span);
             // SAFETY: inside the span; `out` is caller-owned.
-            unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o) as *const f32, out.as_mut_ptr(), n) }
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr() as *mut u8, 4 * n) }
             return Ok(());
         }
         for (i0, v) in out[..n].iter_mut().enumerate() {
@@ -298,7 +300,7 @@ impl TView {
             let o = self.offset(0, i1, i2, i3);
             debug_assert!(o + 4 * n <= self.span);
             // SAFETY: inside the span; `data` is caller-owned scratch (invariant 3).
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o) as *mut f32, n) }
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, self.ptr.add(o), 4 * n) }
             return Ok(());
         }
         for (i0, &v) in data[..n].iter().enumerate() {

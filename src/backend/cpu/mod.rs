@@ -17,18 +17,21 @@ use smallvec::SmallVec;
 use std::alloc::Layout;
 use std::any::Any;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Alignment of CPU buffers and of tensor offsets in them, in bytes
 /// (ggml's `TENSOR_ALIGNMENT` is 32; 64 keeps AVX-512 loads in one line).
 pub const CPU_ALIGNMENT: usize = 64;
+
+/// Most worker threads one CPU backend instance accepts.
+pub const MAX_THREADS: usize = 1024;
 
 static NEXT_CPU: AtomicU32 = AtomicU32::new(0);
 
 /// Configuration of a CPU backend instance.
 #[derive(Clone, Debug)]
 pub struct CpuConfig {
-    /// Worker threads (≥ 1). Default: the machine's available parallelism.
+    /// Worker threads (1..=[`MAX_THREADS`]). Default: the machine's available parallelism.
     pub n_threads: usize,
     /// Largest single buffer, in bytes (default `usize::MAX / 2`); lower it to
     /// make the graph allocator split across several buffers.
@@ -63,8 +66,10 @@ impl CpuBackend {
     /// # Errors
     /// [`Error::Compute`] if `n_threads` is 0 or the pool cannot start.
     pub fn new(config: CpuConfig) -> Result<Self> {
-        if config.n_threads == 0 {
-            return Err(Error::Compute { detail: "CpuConfig::n_threads must be at least 1".into() });
+        if config.n_threads == 0 || config.n_threads > MAX_THREADS {
+            return Err(Error::Compute {
+                detail: format!("CpuConfig::n_threads is {}; it must be 1..={MAX_THREADS}", config.n_threads),
+            });
         }
         let n = NEXT_CPU.fetch_add(1, Ordering::Relaxed);
         let name = format!("CPU{n}");
@@ -147,6 +152,14 @@ impl Backend for CpuBackend {
                 detail: format!("graph was built from context {}", graph.context_id()),
             });
         }
+        // Hold every CPU buffer of the storage for the whole run (in address
+        // order, so concurrent runs over shared buffers cannot deadlock):
+        // another thread's compute or set/get on the same memory waits.
+        let mut cpu_bufs: Vec<&CpuBuffer> =
+            storage.buffers().iter().filter_map(|b| b.as_any().downcast_ref::<CpuBuffer>()).collect();
+        cpu_bufs.sort_by_key(|b| b.ptr as usize);
+        cpu_bufs.dedup_by_key(|b| b.ptr as usize);
+        let _guards: Vec<_> = cpu_bufs.iter().map(|b| b.lock()).collect();
         self.pool.install(|| {
             for &id in &graph.nodes {
                 let t = ctx.t(id);
@@ -175,6 +188,9 @@ pub struct CpuBuffer {
     ptr: *mut u8,
     size: usize,
     layout: Layout,
+    /// Held by a running compute and by each `set`/`get`, so no two threads
+    /// touch the memory at once.
+    busy: Mutex<()>,
 }
 
 // SAFETY: the buffer is plain memory; concurrent access follows the kernel
@@ -198,7 +214,12 @@ impl CpuBuffer {
         if ptr.is_null() {
             return Err(Error::Alloc { detail: format!("out of memory allocating {size} bytes") });
         }
-        Ok(CpuBuffer { ptr, size, layout })
+        Ok(CpuBuffer { ptr, size, layout, busy: Mutex::new(()) })
+    }
+
+    /// Exclusive access to the memory (poisoning is ignored: the memory is plain bytes).
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.busy.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<()> {
@@ -224,17 +245,20 @@ impl Buffer for CpuBuffer {
     }
     fn set(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
+        let _g = self.lock();
         // SAFETY: range checked; `data` is a caller slice, never buffer memory handed out as a reference.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
         Ok(())
     }
     fn get(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check(offset, out.len())?;
+        let _g = self.lock();
         // SAFETY: range checked; `out` is caller-owned.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
     fn clear(&self, value: u8) {
+        let _g = self.lock();
         // SAFETY: the whole allocation.
         unsafe { std::ptr::write_bytes(self.ptr, value, self.size) };
     }

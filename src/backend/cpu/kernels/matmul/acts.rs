@@ -42,7 +42,7 @@ pub(super) enum ActKind {
     },
     /// Split Q8_K.
     Q8K,
-    /// ggml's own packed rows of `GgmlType` (Q8_1 or Q8_K), for
+    /// ggml's own packed rows of `GgmlType` (Q8_0, Q8_1 or Q8_K), for
     /// `quant::vec_dot_fn` (see [`Acts::raw`]).
     Raw(GgmlType),
 }
@@ -121,6 +121,7 @@ impl Acts {
             }
             ActKind::Raw(t) => {
                 let (bs, bsz) = match t {
+                    GgmlType::Q8_0 => (QK8, Q8_0_BYTES),
                     GgmlType::Q8_1 => (QK8, Q8_1_BYTES),
                     GgmlType::Q8_K => (QKK, Q8_K_BYTES),
                     other => return Err(Error::unsupported_type(other, "mul_mat: not a raw activation type")),
@@ -134,10 +135,10 @@ impl Acts {
                     || vec![0f32; k],
                     |tmp, (out, &(i1, i2, i3))| -> Result<()> {
                         b.load_row_f32(i1, i2, i3, tmp)?;
-                        if t == GgmlType::Q8_1 {
-                            raw_q8_1(tmp, out);
-                        } else {
-                            raw_q8_k(tmp, out);
+                        match t {
+                            GgmlType::Q8_0 => raw_q8_0(tmp, out),
+                            GgmlType::Q8_1 => raw_q8_1(tmp, out),
+                            _ => raw_q8_k(tmp, out),
                         }
                         Ok(())
                     },
@@ -170,10 +171,24 @@ impl Acts {
     }
 }
 
+/// Bytes of a ggml `block_q8_0` (f16 d, 32 × i8).
+pub(super) const Q8_0_BYTES: usize = 34;
 /// Bytes of a ggml `block_q8_1` (f16 d, f16 s = d·Σq, 32 × i8).
 pub(super) const Q8_1_BYTES: usize = 36;
 /// Bytes of a ggml `block_q8_K` (f32 d, 256 × i8, 16 × i16 sums of 16).
 pub(super) const Q8_K_BYTES: usize = 292;
+
+/// One row as ggml's x86 `quantize_row_q8_0` writes it.
+fn raw_q8_0(x: &[f32], out: &mut [u8]) {
+    let mut q = [0i8; QK8];
+    for (xs, blk) in x.chunks_exact(QK8).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
+        let (d16, _) = quantize_q8_block(xs, &mut q);
+        blk[0..2].copy_from_slice(&f16::from_f32(d16).to_bits().to_le_bytes());
+        for (o, &v) in blk[2..].iter_mut().zip(q.iter()) {
+            *o = v as u8;
+        }
+    }
+}
 
 /// One row as ggml's x86 `quantize_row_q8_1` writes it.
 fn raw_q8_1(x: &[f32], out: &mut [u8]) {

@@ -182,10 +182,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
     macro_rules! pick2 {
         ($f:ident) => {
             match (rm, rn) {
-                (2, 8) => $f::<2, 1> as KernFn,
-                (4, 8) => $f::<4, 1> as KernFn,
                 (2, 16) => $f::<2, 2> as KernFn,
-
                 (6, 16) => $f::<6, 2> as KernFn,
                 _ => $f::<4, 2> as KernFn,
             }
@@ -218,7 +215,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
-                Fmt::VecDot => pick!(dense_scalar_f32),
+                Fmt::VecDot => unreachable_kernel,
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -236,7 +233,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
-                Fmt::VecDot => pick!(dense_scalar_f32),
+                Fmt::VecDot => unreachable_kernel,
             }
         }
         _ => match fmt {
@@ -245,10 +242,8 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             Fmt::BF16 => pick!(dense_scalar_bf16),
             Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
             Fmt::Q4K => pick!(q4k_scalar),
-            // The driver never selects the fused formats without SIMD.
-            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => {
-                pick!(dense_scalar_f32)
-            }
+            // The driver never selects these without SIMD (nor `VecDot` as a tile).
+            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => unreachable_kernel,
         },
     }
 }
@@ -290,6 +285,13 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
 // ---------------------------------------------------------------------------
 // Portable kernels
 // ---------------------------------------------------------------------------
+
+/// Stands in for format/ISA pairs the driver never selects: reads nothing
+/// and yields NaN, so a selection bug shows in results instead of reading
+/// memory in the wrong format.
+unsafe fn unreachable_kernel(t: &mut Tile) {
+    t.out = [[f32::NAN; NR]; MR];
+}
 
 #[inline(always)]
 unsafe fn rd<T: Copy>(p: *const u8, i: usize) -> T {

@@ -133,6 +133,10 @@ fn gemv_plan(p: Plan) -> Plan {
         GgmlType::Q4_0 => Fmt::GemvQ4_0,
         GgmlType::Q8_0 => Fmt::GemvQ8_0,
         GgmlType::Q4_K => Fmt::GemvQ4K,
+        // No fused kernel: the row dot product beats decoding each row.
+        GgmlType::Q5_0 => {
+            return Plan { rows: RowMode::Direct, act: ActKind::Raw(GgmlType::Q8_0), fmt: Fmt::VecDot, ..p }
+        }
         _ => return p,
     };
     Plan { rows: RowMode::Direct, fmt, ..p }
@@ -219,7 +223,23 @@ struct Scratch {
     out: Vec<f32>,
 }
 
-/// Multiplies every job's matrix with its columns into `dst`.
+/// Most columns multiplied with one weight matrix.
+fn max_cols(jobs: &[Job]) -> usize {
+    jobs.iter().map(|j| j.cols.len()).max().unwrap_or(1)
+}
+
+/// The plan refined for the column count (fused one-column kernels, or
+/// column-interleaved ones); decides the activation format, so it is applied
+/// before the activations are prepared.
+fn refine(plan: Plan, jobs: &[Job]) -> Plan {
+    match max_cols(jobs) {
+        1 => gemv_plan(plan),
+        n => packed_plan(plan, n),
+    }
+}
+
+/// Multiplies every job's matrix with its columns into `dst` (`plan` as
+/// refined by [`refine`] for these jobs, `acts` prepared for it).
 fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Result<()> {
     let k = a.ne[0];
     let m = a.ne[1];
@@ -242,8 +262,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
             return Err(bad(format!("activation column {} was not prepared", c.act)));
         }
     }
-    let max_cols = jobs.iter().map(|j| j.cols.len()).max().unwrap_or(1);
-    let plan = if max_cols == 1 { gemv_plan(plan) } else { packed_plan(plan, max_cols) };
+    let max_cols = max_cols(jobs);
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
     let packed =
         if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI) { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
@@ -612,6 +631,7 @@ fn mul_mat_isa(dst: &TView, a: &TView, b: &TView, isa: Isa) -> Result<()> {
             jobs.push(Job { a_off: i02 * a.nb[2] + i03 * a.nb[3], cols });
         }
     }
+    let plan = refine(plan, &jobs);
     let acts = Acts::prepare(b, &rows, plan.act)?;
     execute(dst, a, plan, &acts, &jobs)
 }
@@ -650,13 +670,14 @@ fn mul_mat_id_isa(dst: &TView, a: &TView, b: &TView, ids: &TView, isa: Isa) -> R
         }
     }
     let rows: Vec<SrcRow> = (0..n_tok).flat_map(|t| (0..n_b).map(move |i| (i, t, 0))).collect();
-    let acts = Acts::prepare(b, &rows, plan.act)?;
     let jobs: Vec<Job> = per_expert
         .into_iter()
         .enumerate()
         .filter(|(_, c)| !c.is_empty())
         .map(|(e, cols)| Job { a_off: e * a.nb[2], cols })
         .collect();
+    let plan = refine(plan, &jobs);
+    let acts = Acts::prepare(b, &rows, plan.act)?;
     execute(dst, a, plan, &acts, &jobs)
 }
 

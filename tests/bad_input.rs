@@ -1,0 +1,79 @@
+//! Bad input through the public API gets an `Err`, never a panic or UB
+//! (regressions from a newcomer's attempts to break the crate).
+
+use shardgraph::graph::alloc::GraphAllocator;
+use shardgraph::{Backend, Context, CpuBackend, CpuConfig, Error, GgmlType, TensorStorage};
+
+#[test]
+fn views_with_overflowing_strides_are_rejected() {
+    let mut c = Context::new();
+    let a = c.new_tensor_1d(GgmlType::F32, 8).unwrap();
+    assert!(matches!(c.view_2d(a, 1, 2, usize::MAX - 2, 0), Err(Error::OutOfBounds { .. })));
+    assert!(matches!(c.view_2d(a, 1, 3, 1 << 63, 0), Err(Error::OutOfBounds { .. })));
+    // An empty view still needs its offset inside the source.
+    assert!(c.view_1d(a, 0, 1 << 40).is_err());
+    assert!(c.view_1d(a, 0, 32).is_ok());
+}
+
+#[test]
+fn views_at_odd_byte_offsets_compute() {
+    // F32 rows starting 1 byte into the buffer, 17-byte row stride: kernels
+    // must not assume aligned typed access.
+    let mut c = Context::new();
+    let f = c.new_tensor_1d(GgmlType::F32, 64).unwrap();
+    let fv = c.view_2d(f, 4, 3, 17, 1).unwrap();
+    let s = c.sqr(fv).unwrap();
+    let cpu = CpuBackend::with_threads(2).unwrap();
+    let g = c.build_forward(&[s]).unwrap();
+    let mut st = TensorStorage::new();
+    st.alloc_tensors(&cpu, &c, g.leafs()).unwrap();
+    st.set_f32(&c, f, &(0..64).map(|i| 1.0 + i as f32 * 0.25).collect::<Vec<_>>()).unwrap();
+    GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &c, &g, &mut st).unwrap();
+    cpu.compute(&c, &g, &st).unwrap();
+    let input = st.get_f32(&c, fv).unwrap();
+    let want: Vec<f32> = input.iter().map(|x| x * x).collect();
+    let got = st.get_f32(&c, s).unwrap();
+    assert_eq!(got.len(), 12);
+    for (a, b) in got.iter().zip(&want) {
+        assert!(a == b || (a.is_nan() && b.is_nan()));
+    }
+}
+
+#[test]
+fn sizes_that_overflow_are_errors() {
+    assert!(GgmlType::F32.row_size(i64::MAX).is_err());
+    let mut c = Context::new();
+    let a = c.new_tensor_1d(GgmlType::F32, 1 << 30).unwrap();
+    let e = c.repeat_4d(a, 1 << 30, 1 << 30, 1, 1).unwrap_err();
+    assert!(e.to_string().contains("repeat"), "{e}");
+}
+
+#[test]
+fn thread_counts_are_bounded() {
+    assert!(CpuBackend::with_threads(0).is_err());
+    assert!(CpuBackend::new(CpuConfig { n_threads: 1 << 40, ..CpuConfig::default() }).is_err());
+}
+
+#[test]
+fn concurrent_computes_on_one_storage_serialise() {
+    // Two threads computing the same graph into the same buffers must not race.
+    let mut c = Context::new();
+    let a = c.new_tensor_1d(GgmlType::F32, 1 << 16).unwrap();
+    let mut x = a;
+    for _ in 0..8 {
+        x = c.scale_bias(x, 1.0, 1.0).unwrap();
+    }
+    c.set_output(x).unwrap();
+    let g = c.build_forward(&[x]).unwrap();
+    let cpu = CpuBackend::with_threads(1).unwrap();
+    let mut st = TensorStorage::new();
+    st.alloc_tensors(&cpu, &c, g.leafs()).unwrap();
+    st.set_f32(&c, a, &vec![0.0; 1 << 16]).unwrap();
+    GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &c, &g, &mut st).unwrap();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| cpu.compute(&c, &g, &st).unwrap());
+        }
+    });
+    assert!(st.get_f32(&c, x).unwrap().iter().all(|&v| v == 8.0));
+}
