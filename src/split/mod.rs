@@ -1,13 +1,31 @@
-//! Tensor parallelism: split states and the leaf split policy.
+//! Tensor parallelism (DESIGN.md sections 3-5): split states, the leaf split
+//! policy, the cost model and the planner.
 //!
-//! This is the first layer of the meta backend (DESIGN.md sections 3-4):
-//! [`SplitState`] says how one logical tensor lies over N devices, and
-//! [`SplitPolicy`] assigns states to leafs with granularity checks. The
-//! planner (propagation with repartition), lowering, executor, collectives
-//! and plan reports build on these and are not in the crate yet.
+//! * [`SplitState`] says how one logical tensor lies over N devices (split
+//!   along an axis with uneven/zero extents, segments and repeats; mirrored;
+//!   partial sum).
+//! * [`SplitPolicy`] assigns states to leafs (name rules and a callback,
+//!   like llama.cpp's `get_split_state`), with granularity checks.
+//! * [`Planner`] propagates states node by node: each op's rule lists
+//!   candidate strategies, the cheapest under the alpha-beta [`LinkModel`]
+//!   wins, and every disagreement becomes an explicit [`Repartition`]
+//!   (all-gather, all-reduce, reduce-scatter, all-to-all, rebalance, local
+//!   slice) instead of an assert. Partial sums flow through linear ops and are
+//!   reduced only where a non-linear consumer needs them; per-row ops over a
+//!   split row (argmax, top_k, soft_max, norms, sum_rows/mean) combine a few
+//!   values per row instead of gathering it.
+//!
+//! Not here yet: lowering a plan to per-device subgraphs, the executor and
+//! its collectives, plan caching, memory reports and DOT output. Until they
+//! land, plans are checked for their states and bytes, not executed.
 
+mod cost;
+mod planner;
 mod policy;
+mod rules;
 mod state;
 
+pub use cost::{conversion, Collective, LinkModel, Traffic};
+pub use planner::{Plan, Planner, Repartition};
 pub use policy::{glob_match, LeafInfo, SplitPolicy, SplitRule, SplitSpec};
 pub use state::{split_extents, AxisSplit, ReduceOp, SplitState};

@@ -1,0 +1,192 @@
+//! The communication cost model: bytes moved by each repartition and an
+//! alpha-beta time (latency per step + bytes / link bandwidth), following the
+//! table in DESIGN.md section 4 (ring collectives).
+
+use super::state::SplitState;
+
+/// The repartition (collective) that turns one split state into another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// `Mirrored` → `Split`: each device keeps its slice. No traffic.
+    LocalSlice,
+    /// `Split` → `Mirrored`.
+    AllGather,
+    /// `Split(a)` → `Split(b)`.
+    AllToAll,
+    /// `Split` → `Split` on the same axis with other extents: only moved rows travel.
+    Rebalance,
+    /// `Partial` → `Mirrored`.
+    AllReduce,
+    /// `Partial` → `Split`.
+    ReduceScatter,
+    /// `Mirrored` → `Partial`: one device keeps the values, the others zero. No traffic.
+    MirroredToPartial,
+    /// The small combine of a distributed per-row op (argmax, top_k,
+    /// soft_max, norms, sum_rows/mean over a split row): an all-reduce of a
+    /// few values per row instead of gathering the row.
+    RowCombine,
+}
+
+impl Collective {
+    /// The name used in plan reports (the collective names everyone uses).
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::LocalSlice => "local-slice",
+            Collective::AllGather => "all-gather",
+            Collective::AllToAll => "all-to-all",
+            Collective::Rebalance => "rebalance",
+            Collective::AllReduce => "all-reduce",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::MirroredToPartial => "mirrored-to-partial",
+            Collective::RowCombine => "row-combine",
+        }
+    }
+}
+
+/// Link model: a collective of `s` steps moving `b` bytes per device costs
+/// `s · latency_s + b / bandwidth`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkModel {
+    /// Latency per collective step, seconds (default 10 µs).
+    pub latency_s: f64,
+    /// Per-device link bandwidth, bytes per second (default 20 GB/s, PCIe 4.0 x16-ish).
+    pub bandwidth: f64,
+}
+
+impl Default for LinkModel {
+    fn default() -> Self {
+        LinkModel { latency_s: 10e-6, bandwidth: 20e9 }
+    }
+}
+
+/// Traffic of one repartition.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Traffic {
+    /// Which collective.
+    pub kind: Collective,
+    /// Bytes received by the busiest device.
+    pub bytes_per_device: u64,
+    /// Bytes received by all devices together.
+    pub total_bytes: u64,
+    /// Sequential steps (ring: N−1 or 2(N−1)).
+    pub steps: u32,
+}
+
+impl Traffic {
+    /// Alpha-beta time of this traffic under `link`, seconds.
+    pub fn time(&self, link: &LinkModel) -> f64 {
+        self.steps as f64 * link.latency_s + self.bytes_per_device as f64 / link.bandwidth
+    }
+}
+
+/// Fraction of the axis device `j` holds under `state` (1 for mirrored/partial).
+fn share(state: &SplitState, j: usize) -> f64 {
+    match state {
+        SplitState::Split(s) => {
+            let len = s.axis_len();
+            if len == 0 {
+                0.0
+            } else {
+                s.local_len(j) as f64 / len as f64
+            }
+        }
+        _ => 1.0,
+    }
+}
+
+/// The traffic that turns `from` into `to` for a tensor of `bytes` logical
+/// bytes on `n` devices, or `None` if no conversion is needed (equal states).
+/// `Unknown` on either side is treated as needing a full all-gather (it never
+/// reaches a finished plan).
+pub fn conversion(from: &SplitState, to: &SplitState, bytes: u64, n: usize) -> Option<Traffic> {
+    if from == to || n <= 1 {
+        return None;
+    }
+    let b = bytes as f64;
+    let nn = n as f64;
+    let steps = (n - 1) as u32;
+    let t = |kind, per_dev: f64, total: f64, steps| Traffic {
+        kind,
+        bytes_per_device: per_dev.ceil() as u64,
+        total_bytes: total.ceil() as u64,
+        steps,
+    };
+    let recv_missing = |st: &SplitState| -> (f64, f64) {
+        let per: Vec<f64> = (0..n).map(|j| b * (1.0 - share(st, j))).collect();
+        (per.iter().cloned().fold(0.0, f64::max), per.iter().sum())
+    };
+    Some(match (from, to) {
+        (SplitState::Mirrored, SplitState::Split(_)) => t(Collective::LocalSlice, 0.0, 0.0, 0),
+        (SplitState::Mirrored, SplitState::Partial(_)) => t(Collective::MirroredToPartial, 0.0, 0.0, 0),
+        (SplitState::Split(_), SplitState::Mirrored) => {
+            let (per, total) = recv_missing(from);
+            t(Collective::AllGather, per, total, steps)
+        }
+        (SplitState::Split(a), SplitState::Split(c)) if a.axis == c.axis => {
+            // Moved rows only: what each device needs that it does not hold.
+            let mut per = 0.0f64;
+            let mut total = 0.0;
+            for j in 0..n {
+                let have: f64 = overlap(&a.ranges(j), &c.ranges(j)) as f64;
+                let need = c.local_len(j) as f64;
+                let len = a.axis_len().max(1) as f64;
+                let moved = b * (need - have).max(0.0) / len;
+                per = per.max(moved);
+                total += moved;
+            }
+            t(Collective::Rebalance, per, total, 1)
+        }
+        (SplitState::Split(_), SplitState::Split(_)) => {
+            t(Collective::AllToAll, b * (nn - 1.0) / (nn * nn), b * (nn - 1.0) / nn, steps)
+        }
+        (SplitState::Partial(_), SplitState::Mirrored) => {
+            t(Collective::AllReduce, 2.0 * b * (nn - 1.0) / nn, 2.0 * b * (nn - 1.0), 2 * steps)
+        }
+        (SplitState::Partial(_), SplitState::Split(_)) => {
+            t(Collective::ReduceScatter, b * (nn - 1.0) / nn, b * (nn - 1.0), steps)
+        }
+        // Split → Partial: gather, then keep on one device (never cheaper than the gather).
+        (SplitState::Split(_), SplitState::Partial(_)) => {
+            let (per, total) = recv_missing(from);
+            t(Collective::AllGather, per, total, steps)
+        }
+        // Partial → Partial of another op does not occur (one reduce op); Unknown is gathered.
+        _ => t(Collective::AllGather, b * (nn - 1.0) / nn, b * (nn - 1.0), steps),
+    })
+}
+
+fn overlap(a: &[(i64, i64)], b: &[(i64, i64)]) -> i64 {
+    let mut n = 0;
+    for &(s0, e0) in a {
+        for &(s1, e1) in b {
+            n += (e0.min(e1) - s0.max(s1)).max(0);
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_bytes_follow_the_design_table() {
+        let b = 1000u64;
+        let sp = SplitState::split(0, vec![5, 5]);
+        let ar = conversion(&SplitState::partial(), &SplitState::Mirrored, b, 2).unwrap();
+        assert_eq!((ar.kind, ar.bytes_per_device, ar.total_bytes), (Collective::AllReduce, 1000, 2000));
+        let ag = conversion(&sp, &SplitState::Mirrored, b, 2).unwrap();
+        assert_eq!((ag.kind, ag.bytes_per_device, ag.total_bytes), (Collective::AllGather, 500, 1000));
+        let rs = conversion(&SplitState::partial(), &sp, b, 4).unwrap();
+        assert_eq!((rs.kind, rs.total_bytes), (Collective::ReduceScatter, 3000));
+        assert_eq!(conversion(&SplitState::Mirrored, &sp, b, 2).unwrap().total_bytes, 0);
+        assert!(conversion(&sp, &sp, b, 2).is_none());
+        // Rebalance 5/5 → 8/2: device 0 receives 3 of 10 rows.
+        let rb = conversion(&sp, &SplitState::split(0, vec![8, 2]), b, 2).unwrap();
+        assert_eq!((rb.kind, rb.bytes_per_device, rb.total_bytes), (Collective::Rebalance, 300, 300));
+        // Uneven gather 3:1: the small device receives 3/4.
+        let ag = conversion(&SplitState::split(1, vec![6, 2]), &SplitState::Mirrored, 800, 2).unwrap();
+        assert_eq!((ag.bytes_per_device, ag.total_bytes), (600, 800));
+        assert!(ar.time(&LinkModel::default()) > ag.time(&LinkModel::default()) / 2.0);
+    }
+}

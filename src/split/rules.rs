@@ -1,0 +1,416 @@
+//! Propagation rules: for each op, the candidate strategies — the state each
+//! input must be in and the state the output then has (DESIGN.md section 4,
+//! in the manner of DTensor's per-op strategy tables). Every op has the
+//! replicated strategy (all inputs mirrored → mirrored), so every graph has
+//! a plan. Candidates are derived from the inputs' current states; the
+//! planner prices the conversions and picks the cheapest.
+
+use super::state::{AxisSplit, SplitState};
+use crate::graph::Context;
+use crate::ops::{Op, UnaryOp};
+use crate::tensor::Tensor;
+
+/// One strategy for a node.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Candidate {
+    /// Required state per input (same order as the node's sources).
+    pub inputs: Vec<SplitState>,
+    /// Resulting state of the node.
+    pub output: SplitState,
+    /// Bytes of the per-row combine a distributed row op needs (all devices together), if any.
+    pub combine_bytes: Option<u64>,
+}
+
+fn cand(inputs: Vec<SplitState>, output: SplitState) -> Candidate {
+    Candidate { inputs, output, combine_bytes: None }
+}
+
+/// The candidates for node `t` whose inputs currently have states `cur`, on `n` devices.
+/// The replicated strategy is always the last candidate.
+pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    let src: Vec<&Tensor> = t.src.iter().map(|&s| ctx.t(s)).collect();
+    let m = SplitState::Mirrored;
+    let p = SplitState::partial;
+    match &t.op {
+        // Element-wise non-linear functions of one input keep a split.
+        Op::Sqr
+        | Op::Sqrt
+        | Op::Unary(_)
+        | Op::Clamp { .. }
+        | Op::Scale { .. }
+        | Op::Cont
+        | Op::Dup
+        | Op::Fill { .. } => {
+            if let SplitState::Split(s) = &cur[0] {
+                if src[0].ne == t.ne {
+                    out.push(cand(vec![cur[0].clone()], SplitState::Split(s.clone())));
+                }
+            }
+            let linear = matches!(t.op, Op::Unary(UnaryOp::Neg) | Op::Cont | Op::Dup)
+                || matches!(t.op, Op::Scale { b, .. } if b == 0.0);
+            if linear && cur[0] == p() && src[0].ne == t.ne {
+                out.push(cand(vec![p()], p()));
+            }
+        }
+        Op::Add | Op::Sub | Op::Mul | Op::Div => {
+            let (a, b) = (src[0], src[1]);
+            for st in [&cur[0], &cur[1]] {
+                if let SplitState::Split(s) = st {
+                    let ax = s.axis;
+                    if a.ne[ax] != s.axis_len() {
+                        continue;
+                    }
+                    if b.ne[ax] == a.ne[ax] {
+                        out.push(cand(vec![st.clone(), st.clone()], st.clone()));
+                    } else if b.ne[ax] == 1 {
+                        out.push(cand(vec![st.clone(), m.clone()], st.clone()));
+                    }
+                }
+            }
+            let any_partial = cur.iter().any(|s| *s == p());
+            if any_partial && b.ne == a.ne && matches!(t.op, Op::Add | Op::Sub) {
+                out.push(cand(vec![p(), p()], p()));
+            }
+            if cur[0] == p() && matches!(t.op, Op::Mul | Op::Div) {
+                out.push(cand(vec![p(), m.clone()], p()));
+            }
+            if cur[1] == p() && matches!(t.op, Op::Mul) && b.ne == a.ne {
+                out.push(cand(vec![m.clone(), p()], p()));
+            }
+        }
+        // Copy/convert into a destination: the destination takes the source's layout.
+        Op::Cpy if src[0].ne == src[1].ne => {
+            if matches!(cur[0], SplitState::Split(_) | SplitState::Partial(_)) {
+                out.push(cand(vec![cur[0].clone(), cur[0].clone()], cur[0].clone()));
+            }
+        }
+        Op::Glu { .. } if src.len() == 2 => {
+            if let SplitState::Split(s) = &cur[0] {
+                if src[1].ne == src[0].ne {
+                    out.push(cand(vec![cur[0].clone(), cur[0].clone()], SplitState::Split(s.clone())));
+                }
+            }
+        }
+        Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } | Op::SoftMax { .. } => {
+            if let SplitState::Split(s) = &cur[0] {
+                let mut ins = vec![cur[0].clone()];
+                let mut ok = true;
+                if src.len() > 1 {
+                    // soft_max mask: split like the input along axis 0; mirrored when broadcast.
+                    let mk = src[1];
+                    if s.axis == 0 && mk.ne[0] == src[0].ne[0] {
+                        ins.push(cur[0].clone());
+                    } else if s.axis >= 2 && mk.ne[s.axis] == 1 {
+                        ins.push(m.clone());
+                    } else {
+                        ok = false;
+                    }
+                }
+                ins.extend(std::iter::repeat_n(m.clone(), src.len().saturating_sub(ins.len())));
+                if ok {
+                    let combine = (s.axis == 0).then(|| row_combine(src[0], n, 8));
+                    out.push(Candidate { inputs: ins, output: SplitState::Split(s.clone()), combine_bytes: combine });
+                }
+            }
+        }
+        Op::Argmax | Op::TopK { .. } | Op::SumRows | Op::Mean | Op::Argsort { .. } => {
+            let k = match t.op {
+                Op::TopK { k } => k.max(0) as u64,
+                _ => 1,
+            };
+            if let SplitState::Split(s) = &cur[0] {
+                if s.axis == 0 && !matches!(t.op, Op::Argsort { .. }) {
+                    // Local reduction per device, then combine N small results per row.
+                    out.push(Candidate {
+                        inputs: vec![cur[0].clone()],
+                        output: m.clone(),
+                        combine_bytes: Some(row_combine(src[0], n, 8 * k)),
+                    });
+                } else if s.axis > 0 {
+                    let mut o = s.clone();
+                    if matches!(t.op, Op::Argmax) {
+                        if s.axis != 1 {
+                            return with_replicated(out, src.len());
+                        }
+                        o.axis = 0;
+                    }
+                    out.push(cand(vec![cur[0].clone()], SplitState::Split(o)));
+                }
+            }
+            if cur[0] == p() && matches!(t.op, Op::SumRows | Op::Mean) {
+                out.push(cand(vec![p()], p()));
+            }
+        }
+        Op::Sum => {
+            if cur[0] == p() {
+                out.push(cand(vec![p()], p()));
+            }
+            if let SplitState::Split(_) = &cur[0] {
+                out.push(Candidate {
+                    inputs: vec![cur[0].clone()],
+                    output: m.clone(),
+                    combine_bytes: Some(4 * n as u64),
+                });
+            }
+        }
+        Op::MulMat => mul_mat(&mut out, src[0], src[1], cur),
+        Op::GetRows => {
+            if let SplitState::Split(s) = &cur[0] {
+                match s.axis {
+                    // Vocabulary-parallel embedding: the owner looks the row up, the others give zeros.
+                    1 if src[0].ne[2] == 1 && src[0].ne[3] == 1 => out.push(cand(vec![cur[0].clone(), m.clone()], p())),
+                    0 => out.push(cand(vec![cur[0].clone(), m.clone()], cur[0].clone())),
+                    _ => {}
+                }
+            }
+            if let SplitState::Split(s) = &cur[1] {
+                if s.axis == 0 && src[1].ne[1] == 1 {
+                    let mut o = s.clone();
+                    o.axis = 1;
+                    out.push(cand(vec![m.clone(), cur[1].clone()], SplitState::Split(o)));
+                }
+            }
+        }
+        Op::Permute { axes } => {
+            if let SplitState::Split(s) = &cur[0] {
+                let mut o = s.clone();
+                o.axis = axes[s.axis];
+                out.push(cand(vec![cur[0].clone()], SplitState::Split(o)));
+            }
+            if cur[0] == p() {
+                out.push(cand(vec![p()], p()));
+            }
+        }
+        Op::Transpose => {
+            if let SplitState::Split(s) = &cur[0] {
+                let mut o = s.clone();
+                o.axis = [1, 0, 2, 3][s.axis];
+                out.push(cand(vec![cur[0].clone()], SplitState::Split(o)));
+            }
+            if cur[0] == p() {
+                out.push(cand(vec![p()], p()));
+            }
+        }
+        Op::Reshape => {
+            if let SplitState::Split(s) = &cur[0] {
+                if let Some(o) = reshape_split(s, &src[0].ne, &t.ne) {
+                    out.push(cand(vec![cur[0].clone()], SplitState::Split(o)));
+                }
+            }
+            if cur[0] == p() {
+                out.push(cand(vec![p()], p()));
+            }
+        }
+        Op::View if cur[0] == p() => out.push(cand(vec![p()], p())),
+        Op::Rope(rp) => {
+            let mut rest = vec![m.clone(); src.len().saturating_sub(2)];
+            if let SplitState::Split(s) = &cur[0] {
+                let multi = matches!(rp.mode, crate::ops::RopeMode::Mrope | crate::ops::RopeMode::Imrope);
+                if s.axis == 1 || s.axis == 3 {
+                    let mut ins = vec![cur[0].clone(), m.clone()];
+                    ins.append(&mut rest.clone());
+                    out.push(cand(ins, cur[0].clone()));
+                } else if s.axis == 2 && !multi && s.segments.len() == 1 && s.repeat == 1 {
+                    // Tokens split: positions split the same way.
+                    let ps = SplitState::Split(AxisSplit { axis: 0, ..s.clone() });
+                    let mut ins = vec![cur[0].clone(), ps];
+                    ins.append(&mut rest.clone());
+                    out.push(cand(ins, cur[0].clone()));
+                }
+            }
+            if cur[0] == p() {
+                // Rotation is linear in x.
+                let mut ins = vec![p(), m.clone()];
+                ins.append(&mut rest);
+                out.push(cand(ins, p()));
+            }
+        }
+        Op::FlashAttnExt { .. } => flash_attn(&mut out, &src, cur),
+        _ => {}
+    }
+    with_replicated(out, src.len())
+}
+
+fn with_replicated(mut out: Vec<Candidate>, n_src: usize) -> Vec<Candidate> {
+    out.push(cand(vec![SplitState::Mirrored; n_src], SplitState::Mirrored));
+    out
+}
+
+/// Bytes of a per-row combine: `bytes_per_row` per row from every device.
+fn row_combine(a: &Tensor, n: usize, bytes_per_row: u64) -> u64 {
+    (a.nrows().max(0) as u64) * bytes_per_row * n as u64
+}
+
+fn mul_mat(out: &mut Vec<Candidate>, a: &Tensor, b: &Tensor, cur: &[SplitState]) {
+    let m = SplitState::Mirrored;
+    let p = SplitState::partial();
+    // Weights split on rows (M): output split on axis 0.
+    if let SplitState::Split(s) = &cur[0] {
+        if s.axis == 1 {
+            let mut o = s.clone();
+            o.axis = 0;
+            out.push(cand(vec![cur[0].clone(), m.clone()], SplitState::Split(o)));
+        }
+    }
+    // Both split on K with the same boundaries: partial sums.
+    for st in [&cur[0], &cur[1]] {
+        if let SplitState::Split(s) = st {
+            if s.axis == 0 {
+                out.push(cand(vec![st.clone(), st.clone()], p.clone()));
+            }
+        }
+    }
+    // Columns (N) split: output split on axis 1.
+    if let SplitState::Split(s) = &cur[1] {
+        if s.axis == 1 {
+            out.push(cand(vec![m.clone(), cur[1].clone()], cur[1].clone()));
+        }
+        // Batch dims: heads split the same way on both (a broadcast over b by whole groups).
+        if s.axis >= 2 && s.segments.len() == 1 && s.repeat == 1 {
+            let ax = s.axis;
+            if a.ne[ax] == b.ne[ax] {
+                out.push(cand(vec![cur[1].clone(), cur[1].clone()], cur[1].clone()));
+            } else if a.ne[ax] == 1 {
+                out.push(cand(vec![m.clone(), cur[1].clone()], cur[1].clone()));
+            } else if a.ne[ax] > 0 && b.ne[ax] % a.ne[ax] == 0 {
+                let g = b.ne[ax] / a.ne[ax];
+                if s.segments[0].iter().all(|e| e % g == 0) {
+                    let sa = AxisSplit {
+                        axis: ax,
+                        segments: vec![s.segments[0].iter().map(|e| e / g).collect()],
+                        repeat: 1,
+                    };
+                    out.push(cand(vec![SplitState::Split(sa), cur[1].clone()], cur[1].clone()));
+                }
+            }
+        }
+    }
+    // A product is linear in each factor: one partial factor times a mirrored one.
+    if cur[0] == p {
+        out.push(cand(vec![p.clone(), m.clone()], p.clone()));
+    }
+    if cur[1] == p {
+        out.push(cand(vec![m.clone(), p.clone()], p.clone()));
+    }
+}
+
+fn flash_attn(out: &mut Vec<Candidate>, src: &[&Tensor], cur: &[SplitState]) {
+    let (q, k) = (src[0], src[1]);
+    let SplitState::Split(s) = &cur[0] else { return };
+    if s.axis != 2 || s.segments.len() != 1 || s.repeat != 1 {
+        return;
+    }
+    let (h, hkv) = (q.ne[2], k.ne[2]);
+    if hkv <= 0 || h % hkv != 0 {
+        return;
+    }
+    let g = h / hkv;
+    let m = SplitState::Mirrored;
+    let mut kv = None;
+    if s.segments[0].iter().all(|e| e % g == 0) {
+        kv = Some(SplitState::Split(AxisSplit {
+            axis: 2,
+            segments: vec![s.segments[0].iter().map(|e| e / g).collect()],
+            repeat: 1,
+        }));
+    } else if hkv == 1 {
+        // One KV head: every Q head reads it, so K/V stay mirrored.
+        kv = Some(m.clone());
+    }
+    let Some(kv) = kv else { return };
+    let mut ins = vec![cur[0].clone(), kv.clone(), kv];
+    // Mask (and sinks) are per query position, not per head, when they broadcast over heads.
+    for extra in &src[3..] {
+        if extra.ne[2] != 1 {
+            return;
+        }
+        ins.push(m.clone());
+    }
+    out.push(cand(ins, SplitState::Split(AxisSplit { axis: 1, ..s.clone() })));
+}
+
+/// How a split on one axis maps through a reshape of a contiguous tensor
+/// from `ne_in` to `ne_out`, if it stays an axis split (see the module docs
+/// of `split`): device slices become slices of the output axis whose inner
+/// stride divides or is divided by the input axis's inner stride.
+pub(crate) fn reshape_split(s: &AxisSplit, ne_in: &[i64; 4], ne_out: &[i64; 4]) -> Option<AxisSplit> {
+    let a = s.axis;
+    let inner: i64 = ne_in[..a].iter().product();
+    let len_a = ne_in[a];
+    if inner <= 0 || len_a <= 0 {
+        return None;
+    }
+    for c in 0..4 {
+        let inner_c: i64 = ne_out[..c].iter().product();
+        let len_c = ne_out[c];
+        if inner_c <= 0 || len_c <= 0 {
+            continue;
+        }
+        let span_in = inner * len_a;
+        let span_c = inner_c * len_c;
+        if span_c % span_in != 0 {
+            continue;
+        }
+        let m = span_c / span_in;
+        let segments: Option<Vec<Vec<i64>>> = if inner_c >= inner {
+            if inner_c % inner != 0 {
+                continue;
+            }
+            let f = inner_c / inner;
+            if len_a % f != 0 {
+                continue;
+            }
+            // Every boundary must fall on a multiple of f.
+            let mut pos = 0;
+            let mut ok = true;
+            let segs: Vec<Vec<i64>> = s
+                .segments
+                .iter()
+                .map(|seg| {
+                    seg.iter()
+                        .map(|&e| {
+                            ok &= pos % f == 0 && e % f == 0;
+                            pos += e;
+                            e / f
+                        })
+                        .collect()
+                })
+                .collect();
+            ok.then_some(segs)
+        } else {
+            if inner % inner_c != 0 {
+                continue;
+            }
+            let f = inner / inner_c;
+            Some(s.segments.iter().map(|seg| seg.iter().map(|&e| e * f).collect()).collect())
+        };
+        if let Some(segments) = segments {
+            return Some(AxisSplit { axis: c, segments, repeat: s.repeat * m });
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_maps_head_splits() {
+        // [D*H, T] split on axis 0 by whole heads → [D, H, T] split on axis 1.
+        let s = AxisSplit::even(0, vec![128 * 3, 128 * 5]);
+        let o = reshape_split(&s, &[1024, 7, 1, 1], &[128, 8, 7, 1]).unwrap();
+        assert_eq!(o, AxisSplit::even(1, vec![3, 5]));
+        // And back.
+        let b = reshape_split(&o, &[128, 8, 7, 1], &[1024, 7, 1, 1]).unwrap();
+        assert_eq!(b, s);
+        // C4: [128, 8, T] split on heads → [128, 8·T]: one segment of 8 repeated T times.
+        let k = AxisSplit::even(1, vec![4, 4]);
+        let f = reshape_split(&k, &[128, 8, 5, 1], &[128, 40, 1, 1]).unwrap();
+        assert_eq!(f, AxisSplit { axis: 1, segments: vec![vec![4, 4]], repeat: 5 });
+        // Not on whole heads: no axis split survives.
+        let odd = AxisSplit::even(0, vec![100, 924]);
+        assert!(reshape_split(&odd, &[1024, 7, 1, 1], &[128, 8, 7, 1]).is_none());
+    }
+}
