@@ -2,20 +2,12 @@
 //! bytes for the DESIGN.md section 5 head-into-row-op cases, non-linear
 //! consumers of partial sums, and the Megatron minimum of a Qwen3-style layer.
 
+#[path = "common/qwen3.rs"]
+mod qwen3;
+
+use qwen3::{input, named, qwen3_layers, qwen3_policy, Dims};
 use shardgraph::split::{Collective, Planner, SplitPolicy, SplitSpec, SplitState};
-use shardgraph::{Context, GgmlType, RopeMode, RopeParams, TensorId};
-
-fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> TensorId {
-    let t = ctx.new_tensor(ty, ne).unwrap();
-    ctx.set_name(t, name).unwrap();
-    t
-}
-
-fn input(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> TensorId {
-    let t = named(ctx, ty, ne, name);
-    ctx.set_input(t).unwrap();
-    t
-}
+use shardgraph::{Context, GgmlType};
 
 #[test]
 fn vocab_split_head_feeds_row_ops_without_gathering_logits() {
@@ -102,92 +94,6 @@ fn uncovered_leaf_is_an_error_naming_it() {
     assert!(e.to_string().contains("\"w\"") && e.to_string().contains("block"), "{e}");
 }
 
-/// A Qwen3-style block (MODELS.md section 2): RMSNorm, Q/K/V with per-head
-/// q/k RMSNorm and NEOX rope, flash attention with GQA, output projection,
-/// residual, RMSNorm, SwiGLU FFN, residual.
-struct Dims {
-    e: i64,
-    h: i64,
-    hkv: i64,
-    d: i64,
-    f: i64,
-    t: i64,
-}
-
-fn qwen3_layers(ctx: &mut Context, dm: &Dims, n_layer: usize) -> TensorId {
-    let (e, h, hkv, d, f, t) = (dm.e, dm.h, dm.hkv, dm.d, dm.f, dm.t);
-    let mut x = input(ctx, GgmlType::F32, &[e, t], "inp_embd");
-    let pos = input(ctx, GgmlType::I32, &[t], "inp_pos");
-    let mask = input(ctx, GgmlType::F16, &[t, t], "kq_mask");
-    let rope = RopeParams { n_dims: d as i32, mode: RopeMode::Neox, freq_base: 1e6, ..RopeParams::default() };
-    for il in 0..n_layer {
-        let w = |ctx: &mut Context, name: &str, ne: &[i64]| named(ctx, GgmlType::Q8_0, ne, &format!("blk.{il}.{name}"));
-        let attn_norm = named(ctx, GgmlType::F32, &[e], &format!("blk.{il}.attn_norm.weight"));
-        let ffn_norm = named(ctx, GgmlType::F32, &[e], &format!("blk.{il}.ffn_norm.weight"));
-        let q_norm = named(ctx, GgmlType::F32, &[d], &format!("blk.{il}.attn_q_norm.weight"));
-        let k_norm = named(ctx, GgmlType::F32, &[d], &format!("blk.{il}.attn_k_norm.weight"));
-        let wq = w(ctx, "attn_q.weight", &[e, h * d]);
-        let wk = w(ctx, "attn_k.weight", &[e, hkv * d]);
-        let wv = w(ctx, "attn_v.weight", &[e, hkv * d]);
-        let wo = w(ctx, "attn_output.weight", &[h * d, e]);
-        let wg = w(ctx, "ffn_gate.weight", &[e, f]);
-        let wu = w(ctx, "ffn_up.weight", &[e, f]);
-        let wd = w(ctx, "ffn_down.weight", &[f, e]);
-
-        let xn = ctx.rms_norm(x, 1e-6).unwrap();
-        let xn = ctx.mul(xn, attn_norm).unwrap();
-        let q = ctx.mul_mat(wq, xn).unwrap();
-        let q = ctx.reshape_3d(q, d, h, t).unwrap();
-        let q = ctx.rms_norm(q, 1e-6).unwrap();
-        let q = ctx.mul(q, q_norm).unwrap();
-        let q = ctx.rope_ext(q, pos, None, rope).unwrap();
-        let k = ctx.mul_mat(wk, xn).unwrap();
-        let k = ctx.reshape_3d(k, d, hkv, t).unwrap();
-        let k = ctx.rms_norm(k, 1e-6).unwrap();
-        let k = ctx.mul(k, k_norm).unwrap();
-        let k = ctx.rope_ext(k, pos, None, rope).unwrap();
-        let v = ctx.mul_mat(wv, xn).unwrap();
-        let v = ctx.reshape_3d(v, d, hkv, t).unwrap();
-        let q = ctx.permute(q, [0, 2, 1, 3]).unwrap();
-        let k = ctx.permute(k, [0, 2, 1, 3]).unwrap();
-        let v = ctx.permute(v, [0, 2, 1, 3]).unwrap();
-        let k = ctx.cast(k, GgmlType::F16).unwrap();
-        let v = ctx.cast(v, GgmlType::F16).unwrap();
-        let a = ctx.flash_attn_ext(q, k, v, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0).unwrap();
-        let a = ctx.reshape_2d(a, h * d, t).unwrap();
-        let a = ctx.mul_mat(wo, a).unwrap();
-        let hres = ctx.add(a, x).unwrap();
-
-        let hn = ctx.rms_norm(hres, 1e-6).unwrap();
-        let hn = ctx.mul(hn, ffn_norm).unwrap();
-        let gate = ctx.mul_mat(wg, hn).unwrap();
-        let up = ctx.mul_mat(wu, hn).unwrap();
-        let act = ctx.swiglu_split(gate, up).unwrap();
-        let down = ctx.mul_mat(wd, act).unwrap();
-        x = ctx.add(down, hres).unwrap();
-    }
-    let out_norm = named(ctx, GgmlType::F32, &[e], "output_norm.weight");
-    let xn = ctx.rms_norm(x, 1e-6).unwrap();
-    ctx.mul(xn, out_norm).unwrap()
-}
-
-/// llama.cpp's `--split-mode tensor` policy (MODELS.md section 5): Q on
-/// whole GQA groups (`g` query heads per KV head), K/V on whole heads, the
-/// output projection and FFN down on their input axis, FFN gate/up on rows.
-fn qwen3_policy(ratios: &[f32], d: i64, g: i64) -> SplitPolicy {
-    let heads = SplitSpec::Axis { axis: 1, granule: d, segments: vec![] };
-    SplitPolicy::new(ratios)
-        .unwrap()
-        .rule("blk.*.attn_q.weight", SplitSpec::Axis { axis: 1, granule: g * d, segments: vec![] })
-        .rule("blk.*.attn_k.weight", heads.clone())
-        .rule("blk.*.attn_v.weight", heads)
-        .rule("blk.*.attn_output.weight", SplitSpec::Axis { axis: 0, granule: g * d, segments: vec![] })
-        .rule("blk.*.ffn_gate.weight", SplitSpec::Axis { axis: 1, granule: 32, segments: vec![] })
-        .rule("blk.*.ffn_up.weight", SplitSpec::Axis { axis: 1, granule: 32, segments: vec![] })
-        .rule("blk.*.ffn_down.weight", SplitSpec::Axis { axis: 0, granule: 32, segments: vec![] })
-        .rule("*norm*", SplitSpec::Mirrored)
-}
-
 #[test]
 fn qwen3_layers_move_exactly_the_megatron_minimum() {
     for (ratios, n_layer, h, hkv) in [
@@ -208,4 +114,36 @@ fn qwen3_layers_move_exactly_the_megatron_minimum() {
         assert_eq!(plan.count(Collective::AllReduce), 2 * n_layer, "{}", plan.report(&ctx));
         assert_eq!(plan.total_bytes(), 2 * n_layer as u64 * all_reduce, "{}", plan.report(&ctx));
     }
+}
+
+#[test]
+fn plans_are_cached_reported_and_sized_before_allocation() {
+    let dm = Dims { e: 256, h: 8, hkv: 2, d: 32, f: 768, t: 1 };
+    let mut ctx = Context::new();
+    let out = qwen3_layers(&mut ctx, &dm, 2);
+    let g = ctx.build_forward(&[out]).unwrap();
+    let policy = qwen3_policy(&[1.0, 1.0], dm.d, dm.h / dm.hkv);
+    let mut planner = Planner::default();
+    let first = planner.plan_cached(&ctx, &g, &policy, &[]).unwrap().total_bytes();
+    let again = planner.plan_cached(&ctx, &g, &policy, &[]).unwrap().total_bytes();
+    assert_eq!((first, again, planner.cached()), (first, first, 1));
+    // Another tensor split is another plan.
+    planner.plan_cached(&ctx, &g, &qwen3_policy(&[3.0, 1.0], dm.d, 4), &[]).unwrap();
+    assert_eq!(planner.cached(), 2);
+
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+    let dot = plan.to_dot(&ctx, &g);
+    assert!(dot.starts_with("digraph plan") && dot.contains("all-reduce") && dot.contains("lightblue"));
+    // Weights: each device holds half of every split matrix and all of the norms.
+    let per_dev = plan.leaf_bytes_per_device(&ctx, &g);
+    let (mut split, mut mirrored) = (0u64, 0u64);
+    for &l in g.leafs() {
+        let t = ctx.tensor(l).unwrap();
+        match plan.state(l).unwrap() {
+            SplitState::Split(_) => split += t.nbytes() as u64,
+            _ => mirrored += t.nbytes() as u64,
+        }
+    }
+    assert_eq!(per_dev, vec![split / 2 + mirrored, split / 2 + mirrored]);
+    assert!(plan.report(&ctx).contains("total:"));
 }

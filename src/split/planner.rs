@@ -61,6 +61,72 @@ impl Plan {
         self.repartitions.iter().filter(|r| r.traffic.kind == kind).count()
     }
 
+    /// Bytes each device holds for the graph's leafs (weights, caches,
+    /// inputs) under this plan: the local slice of split leafs, all of
+    /// mirrored and partial ones. Known before anything is allocated.
+    pub fn leaf_bytes_per_device(&self, ctx: &Context, graph: &Graph) -> Vec<u64> {
+        let mut out = vec![0u64; self.n_devices];
+        for &l in graph.leafs() {
+            let (Ok(t), Some(st)) = (ctx.tensor(l), self.state(l)) else { continue };
+            let b = t.nbytes() as f64;
+            for (j, o) in out.iter_mut().enumerate() {
+                *o += match st {
+                    SplitState::Split(s) if s.axis_len() > 0 => {
+                        (b * s.local_len(j) as f64 / s.axis_len() as f64).ceil() as u64
+                    }
+                    SplitState::Split(_) => 0,
+                    _ => b as u64,
+                };
+            }
+        }
+        out
+    }
+
+    /// Graphviz DOT of the plan: tensors coloured by state (mirrored grey,
+    /// split blue, partial orange), repartitions as red boxes on the edges
+    /// they sit on.
+    pub fn to_dot(&self, ctx: &Context, graph: &Graph) -> String {
+        let mut s = String::from("digraph plan {\n  rankdir=TB;\n  node [shape=ellipse, style=filled, fontsize=10];\n");
+        let label = |id: TensorId| {
+            let t = ctx.t(id);
+            let name = if t.name.is_empty() { format!("#{}", id.index()) } else { t.name.clone() };
+            let st = self.state(id).map(|s| s.label()).unwrap_or_default();
+            format!("{name}\\n{} {}\\n{st}", t.op.name(), t.describe()).replace('"', "'")
+        };
+        let colour = |id: TensorId| match self.state(id) {
+            Some(SplitState::Split(_)) => "lightblue",
+            Some(SplitState::Partial(_)) => "orange",
+            _ => "lightgrey",
+        };
+        for &id in graph.leafs().iter().chain(graph.nodes()) {
+            let _ = writeln!(s, "  t{} [label=\"{}\", fillcolor={}];", id.index(), label(id), colour(id));
+        }
+        for &n in graph.nodes() {
+            for &src in &ctx.t(n).src {
+                let rep =
+                    self.repartitions.iter().position(|r| r.tensor == src && r.consumer == n && r.tensor != r.consumer);
+                match rep {
+                    Some(k) => {
+                        let r = &self.repartitions[k];
+                        let _ = writeln!(
+                            s,
+                            "  r{k} [shape=box, fillcolor=salmon, label=\"{}\\n{} B\"];\n  t{} -> r{k};\n  r{k} -> t{};",
+                            r.traffic.kind.name(),
+                            r.traffic.total_bytes,
+                            src.index(),
+                            n.index()
+                        );
+                    }
+                    None => {
+                        let _ = writeln!(s, "  t{} -> t{};", src.index(), n.index());
+                    }
+                }
+            }
+        }
+        s.push_str("}\n");
+        s
+    }
+
     /// A text report: every repartition with its bytes, then the total.
     pub fn report(&self, ctx: &Context) -> String {
         let mut s = format!("plan over {} devices: {} repartitions\n", self.n_devices, self.repartitions.len());
@@ -86,11 +152,50 @@ impl Plan {
     }
 }
 
-/// Plans graphs for N devices under a link model.
-#[derive(Clone, Debug, Default)]
+/// Plans graphs for N devices under a link model, caching plans by the
+/// graph's structural hash and the leaf states, so a repeated decode step
+/// does not re-plan.
+#[derive(Debug, Default)]
 pub struct Planner {
     /// Communication cost model.
     pub link: LinkModel,
+    cache: HashMap<(u64, u64), Plan>,
+}
+
+impl Planner {
+    /// A planner with link model `link` and an empty cache.
+    pub fn new(link: LinkModel) -> Self {
+        Planner { link, cache: HashMap::new() }
+    }
+
+    /// Number of cached plans.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Like [`Planner::plan`], but returns the cached plan when a graph with
+    /// the same structure and leaf states was planned before.
+    ///
+    /// # Errors
+    /// As [`Planner::plan`].
+    pub fn plan_cached(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        policy: &SplitPolicy,
+        explicit: &[(TensorId, SplitState)],
+    ) -> Result<&Plan> {
+        let leaf_states = leaf_states(ctx, graph, policy, explicit)?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&leaf_states, &mut h);
+        std::hash::Hash::hash(&policy.n_devices(), &mut h);
+        let key = (graph.hash(), std::hash::Hasher::finish(&h));
+        if !self.cache.contains_key(&key) {
+            let plan = self.plan_with_leafs(ctx, graph, policy.n_devices(), leaf_states)?;
+            self.cache.insert(key, plan);
+        }
+        self.cache.get(&key).ok_or_else(|| Error::Split { detail: "plan cache".into() })
+    }
 }
 
 impl Planner {
@@ -109,37 +214,13 @@ impl Planner {
         policy: &SplitPolicy,
         explicit: &[(TensorId, SplitState)],
     ) -> Result<Plan> {
-        if graph.context_id() != ctx.id() {
-            return Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail: "graph of another context".into() });
-        }
-        let n = policy.n_devices();
+        let leafs = leaf_states(ctx, graph, policy, explicit)?;
+        self.plan_with_leafs(ctx, graph, policy.n_devices(), leafs)
+    }
+
+    fn plan_with_leafs(&self, ctx: &Context, graph: &Graph, n: usize, leafs: Vec<SplitState>) -> Result<Plan> {
         let mut states: Vec<Option<SplitState>> = vec![None; ctx.len()];
-        for &l in graph.leafs() {
-            let t = ctx.tensor(l)?;
-            let st = if let Some((_, s)) = explicit.iter().find(|(id, _)| *id == l) {
-                if let SplitState::Split(sp) = s {
-                    sp.validate(t.ne[sp.axis.min(3)], n)
-                        .map_err(|e| Error::Split { detail: format!("explicit state of tensor {:?}: {e}", t.name) })?;
-                }
-                s.clone()
-            } else {
-                match policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })? {
-                    Some(s) => s,
-                    None if t.flags.input => SplitState::Mirrored,
-                    // A destination that only `cpy` writes (e.g. made by `cast`)
-                    // takes whatever layout its copy needs.
-                    None if only_cpy_destination(ctx, graph, l) => SplitState::Unknown,
-                    None => {
-                        return Err(Error::Split {
-                            detail: format!(
-                                "leaf {:?} {} is not covered by the split policy and is not an input; give it a rule or an explicit state",
-                                t.name,
-                                t.describe()
-                            ),
-                        })
-                    }
-                }
-            };
+        for (&l, st) in graph.leafs().iter().zip(leafs) {
             states[l.index()] = Some(st);
         }
         let mut repartitions = Vec::new();
@@ -208,6 +289,9 @@ impl Planner {
             states[node.index()] = Some(c.output.clone());
             have.entry(node.index()).or_default().push(c.output.clone());
         }
+        if let Some(i) = states.iter().position(|s| *s == Some(SplitState::Unknown)) {
+            return Err(Error::Split { detail: format!("tensor #{i} has no state after planning") });
+        }
         Ok(Plan { n_devices: n, states, repartitions, graph_hash: graph.hash() })
     }
 }
@@ -238,4 +322,52 @@ fn only_cpy_destination(ctx: &Context, graph: &Graph, l: TensorId) -> bool {
         }
     }
     any
+}
+
+/// The state of every leaf of `graph` (in `graph.leafs()` order): explicit,
+/// else from the policy, else mirrored for inputs, else deferred for `cpy`
+/// destinations; anything else is an error.
+fn leaf_states(
+    ctx: &Context,
+    graph: &Graph,
+    policy: &SplitPolicy,
+    explicit: &[(TensorId, SplitState)],
+) -> Result<Vec<SplitState>> {
+    if graph.context_id() != ctx.id() {
+        return Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail: "graph of another context".into() });
+    }
+    let n = policy.n_devices();
+    let mut out = Vec::with_capacity(graph.leafs().len());
+    for &l in graph.leafs() {
+        let t = ctx.tensor(l)?;
+        let st = if let Some((_, s)) = explicit.iter().find(|(id, _)| *id == l) {
+            if *s == SplitState::Unknown {
+                return Err(Error::Split { detail: format!("explicit state of tensor {:?} is Unknown", t.name) });
+            }
+            if let SplitState::Split(sp) = s {
+                sp.validate(t.ne[sp.axis.min(3)], n)
+                    .map_err(|e| Error::Split { detail: format!("explicit state of tensor {:?}: {e}", t.name) })?;
+            }
+            s.clone()
+        } else {
+            match policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })? {
+                    Some(s) => s,
+                    None if t.flags.input => SplitState::Mirrored,
+                    // A destination that only `cpy` writes (e.g. made by `cast`)
+                    // takes whatever layout its copy needs.
+                    None if only_cpy_destination(ctx, graph, l) => SplitState::Unknown,
+                    None => {
+                        return Err(Error::Split {
+                            detail: format!(
+                                "leaf {:?} {} is not covered by the split policy and is not an input; give it a rule or an explicit state",
+                                t.name,
+                                t.describe()
+                            ),
+                        })
+                    }
+                }
+        };
+        out.push(st);
+    }
+    Ok(out)
 }
