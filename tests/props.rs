@@ -7,6 +7,10 @@
 //!    CPU backend without panicking (errors such as out-of-range indices are
 //!    allowed; panics are not).
 //!
+//! 4. planning the same graph for N = 1..5 devices with random leaf states
+//!    (every axis, uneven and zero extents, mirrored, partial) never panics,
+//!    always succeeds and leaves no `Unknown` state.
+//!
 //! `PROPTEST_CASES` sets the case count (default 64 here, to keep CI short).
 
 #[path = "ggml_diff/oracle.rs"]
@@ -14,6 +18,7 @@ mod oracle;
 
 use proptest::prelude::*;
 use shardgraph::graph::alloc::GraphAllocator;
+use shardgraph::split::{Planner, SplitPolicy, SplitState};
 use shardgraph::{
     Backend, Context, CpuBackend, GgmlType, GluOp, RopeMode, SortOrder, TensorId, TensorStorage, UnaryOp,
 };
@@ -195,6 +200,42 @@ fn apply(ctx: &mut Context, pool: &mut Vec<TensorId>, step: Step) -> Option<shar
     Some(r)
 }
 
+/// Random explicit leaf states for `n` devices from `seed`.
+fn random_leaf_states(ctx: &Context, graph: &shardgraph::Graph, n: usize, seed: u64) -> Vec<(TensorId, SplitState)> {
+    let mut r = seed | 1;
+    let mut next = move || {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        r
+    };
+    graph
+        .leafs()
+        .iter()
+        .map(|&l| {
+            let t = ctx.tensor(l).unwrap();
+            let st = match next() % 4 {
+                0 => SplitState::Mirrored,
+                1 => SplitState::partial(),
+                _ => {
+                    let axis = (next() % 4) as usize;
+                    let len = t.ne[axis];
+                    let bs = if axis == 0 { t.ty.block_size() as i64 } else { 1 };
+                    let mut left = len / bs;
+                    let mut ext = Vec::with_capacity(n);
+                    for j in 0..n {
+                        let e = if j + 1 == n { left } else { (next() as i64).rem_euclid(left + 1) };
+                        ext.push(e * bs);
+                        left -= e;
+                    }
+                    SplitState::split(axis, ext)
+                }
+            };
+            (l, st)
+        })
+        .collect()
+}
+
 fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
     let mut ctx = Context::new();
     let mut pool = Vec::new();
@@ -255,6 +296,22 @@ fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         }
     }
 
+    // Property 4: planning for N devices with random leaf states.
+    if !accepted.is_empty() {
+        let graph = ctx.build_forward(&accepted).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for n in 1..=5usize {
+            let seed = steps.iter().fold(n as u64, |h, s| h.wrapping_mul(31).wrapping_add(s.1 as u64));
+            let explicit = random_leaf_states(&ctx, &graph, n, seed);
+            let policy = SplitPolicy::new(&vec![1.0; n]).unwrap();
+            let plan = Planner::default().plan(&ctx, &graph, &policy, &explicit);
+            let plan = plan.map_err(|e| TestCaseError::fail(format!("planning for {n} devices failed: {e}")))?;
+            for &id in graph.nodes().iter().chain(graph.leafs()) {
+                let st = plan.state(id);
+                prop_assert!(st.is_some() && st != Some(&SplitState::Unknown), "no state for a graph tensor");
+            }
+        }
+    }
+
     // Property 3: compute does not panic.
     if !accepted.is_empty() {
         let graph = ctx.build_forward(&accepted).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -280,7 +337,7 @@ fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
 
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
-    ProptestConfig { cases, ..ProptestConfig::default() }
+    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
 }
 
 proptest! {

@@ -273,7 +273,7 @@ fn mul_mat(out: &mut Vec<Candidate>, a: &Tensor, b: &Tensor, cur: &[SplitState])
                 out.push(cand(vec![cur[1].clone(), cur[1].clone()], cur[1].clone()));
             } else if a.ne[ax] == 1 {
                 out.push(cand(vec![m.clone(), cur[1].clone()], cur[1].clone()));
-            } else if a.ne[ax] > 0 && b.ne[ax] % a.ne[ax] == 0 {
+            } else if a.ne[ax] > 0 && b.ne[ax] > 0 && b.ne[ax] % a.ne[ax] == 0 {
                 let g = b.ne[ax] / a.ne[ax];
                 if s.segments[0].iter().all(|e| e % g == 0) {
                     let sa = AxisSplit {
@@ -306,6 +306,9 @@ fn flash_attn(out: &mut Vec<Candidate>, src: &[&Tensor], cur: &[SplitState]) {
         return;
     }
     let g = h / hkv;
+    if g == 0 {
+        return;
+    }
     let m = SplitState::Mirrored;
     let mut kv = None;
     if s.segments[0].iter().all(|e| e % g == 0) {
