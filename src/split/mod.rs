@@ -14,18 +14,23 @@
 //!   reduced only where a non-linear consumer needs them; per-row ops over a
 //!   split row (argmax, top_k, soft_max, norms, sum_rows/mean) combine a few
 //!   values per row instead of gathering it.
+//! * [`slice_local`] / [`assemble`] define what device `j` holds of a
+//!   tensor in each state (the reference for placing leafs, collectives over
+//!   plain copies, and host access to split tensors).
 //!
 //! Not here yet: lowering a plan to per-device subgraphs, the executor and
 //! its collectives, plan caching, memory reports and DOT output. Until they
 //! land, plans are checked for their states and bytes, not executed.
 
 mod cost;
+mod layout;
 mod planner;
 mod policy;
 mod rules;
 mod state;
 
 pub use cost::{conversion, Collective, LinkModel, Traffic};
+pub use layout::{assemble, local_ne, slice_local};
 pub use planner::{Plan, Planner, Repartition};
 pub use policy::{glob_match, LeafInfo, SplitPolicy, SplitRule, SplitSpec};
 pub use state::{split_extents, AxisSplit, ReduceOp, SplitState};

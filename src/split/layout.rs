@@ -1,0 +1,224 @@
+//! Host-side layout of split tensors: the per-device local shape of a
+//! logical tensor, slicing a full tensor into device-local parts, and
+//! assembling the parts back. These are the reference semantics of every
+//! split state (what device `j` holds), used to place leafs on devices, to
+//! implement collectives over plain copies, and for host `set`/`get` of split
+//! tensors. Tensors are contiguous in ggml order; local parts are contiguous
+//! too.
+
+use super::state::SplitState;
+use crate::error::{Error, Result};
+use crate::tensor::GgmlType;
+use half::{bf16, f16};
+
+/// The shape device `j` holds of a tensor of shape `ne` in `state`.
+pub fn local_ne(ne: [i64; 4], state: &SplitState, j: usize) -> [i64; 4] {
+    let mut out = ne;
+    if let SplitState::Split(s) = state {
+        out[s.axis.min(3)] = s.local_len(j);
+    }
+    out
+}
+
+/// Bytes per index step along `axis` of a contiguous tensor, the number of
+/// such steps, and the number of outer repetitions; for axis 0 of a
+/// block-quantized type a step is one block.
+fn axis_geometry(ty: GgmlType, ne: [i64; 4], axis: usize) -> Result<(usize, usize, usize, usize)> {
+    let bs = ty.block_size();
+    let (unit, steps, div) = if axis == 0 {
+        (ty.type_size(), ne[0].max(0) as usize / bs, bs)
+    } else {
+        let inner: i64 = ne[1..axis].iter().product();
+        (ty.row_size(ne[0])? * inner.max(0) as usize, ne[axis].max(0) as usize, 1)
+    };
+    let outer: i64 = ne[axis + 1..].iter().product();
+    Ok((unit, steps, outer.max(0) as usize, div))
+}
+
+fn full_bytes(ty: GgmlType, ne: [i64; 4]) -> Result<usize> {
+    let rows: i64 = ne[1..].iter().product();
+    Ok(ty.row_size(ne[0])? * rows.max(0) as usize)
+}
+
+/// Device `j`'s contiguous local bytes of the contiguous tensor `full` (type
+/// `ty`, shape `ne`) in `state`: mirrored → all of it; partial → all of it on
+/// device 0 and zeros elsewhere (a mirrored value as a partial sum); split →
+/// its ranges along the axis, in logical order.
+///
+/// # Errors
+/// [`Error::DataMismatch`] if `full` is not `ne`'s size; [`Error::Split`] if
+/// the state does not fit the shape (or splits a quantized row off block
+/// boundaries); `Unknown` is an error.
+pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, j: usize) -> Result<Vec<u8>> {
+    let n = full_bytes(ty, ne)?;
+    if full.len() != n {
+        return Err(Error::DataMismatch {
+            name: String::new(),
+            detail: format!("{} bytes for {ty}{ne:?} ({n})", full.len()),
+        });
+    }
+    match state {
+        SplitState::Mirrored => Ok(full.to_vec()),
+        SplitState::Partial(_) => Ok(if j == 0 { full.to_vec() } else { vec![0; n] }),
+        SplitState::Unknown => Err(Error::Split { detail: "cannot lay out a tensor in the Unknown state".into() }),
+        SplitState::Split(s) => {
+            s.validate(ne[s.axis.min(3)], s.n_devices().max(j + 1))?;
+            let (unit, steps, outer, div) = axis_geometry(ty, ne, s.axis)?;
+            let ranges = s.ranges(j);
+            if ranges.iter().any(|&(a, b)| a as usize % div != 0 || b as usize % div != 0) {
+                return Err(Error::Split {
+                    detail: format!("{ty} rows split at {ranges:?}, not on {div}-element blocks"),
+                });
+            }
+            let mut out = Vec::with_capacity(n / steps.max(1) * (s.local_len(j) as usize / div));
+            for o in 0..outer {
+                let base = o * steps * unit;
+                for &(a, b) in &ranges {
+                    out.extend_from_slice(&full[base + a as usize / div * unit..base + b as usize / div * unit]);
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// The full contiguous bytes of a tensor from every device's local part
+/// (`locals[j]` as [`slice_local`] lays it out): mirrored → device 0's copy;
+/// partial → the element-wise sum (F32, F16, BF16; summed in f32); split →
+/// the ranges put back in place.
+///
+/// # Errors
+/// [`Error::DataMismatch`] on a part of the wrong size or count;
+/// [`Error::UnsupportedType`] for a partial sum of a non-float type;
+/// [`Error::Split`] as [`slice_local`].
+pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitState) -> Result<Vec<u8>> {
+    let n = full_bytes(ty, ne)?;
+    let bad = |d: String| Error::DataMismatch { name: String::new(), detail: d };
+    match state {
+        SplitState::Mirrored => {
+            let first = locals.first().ok_or_else(|| bad("no device parts".into()))?;
+            if first.len() != n {
+                return Err(bad(format!("mirrored part of {} bytes for {n}", first.len())));
+            }
+            Ok(first.clone())
+        }
+        SplitState::Partial(_) => {
+            if locals.iter().any(|l| l.len() != n) {
+                return Err(bad(format!("partial parts must all be {n} bytes")));
+            }
+            let mut acc = vec![0f32; (ne.iter().product::<i64>()).max(0) as usize];
+            for l in locals {
+                match ty {
+                    GgmlType::F32 => acc
+                        .iter_mut()
+                        .zip(l.chunks_exact(4))
+                        .for_each(|(a, c)| *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                    GgmlType::F16 => acc
+                        .iter_mut()
+                        .zip(l.chunks_exact(2))
+                        .for_each(|(a, c)| *a += f16::from_le_bytes([c[0], c[1]]).to_f32()),
+                    GgmlType::BF16 => acc
+                        .iter_mut()
+                        .zip(l.chunks_exact(2))
+                        .for_each(|(a, c)| *a += bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+                    t => return Err(Error::unsupported_type(t, "a partial sum needs F32, F16 or BF16")),
+                }
+            }
+            Ok(match ty {
+                GgmlType::F32 => acc.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                GgmlType::F16 => acc.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect(),
+                _ => acc.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
+            })
+        }
+        SplitState::Unknown => Err(Error::Split { detail: "cannot assemble a tensor in the Unknown state".into() }),
+        SplitState::Split(s) => {
+            s.validate(ne[s.axis.min(3)], locals.len())?;
+            let (unit, steps, outer, div) = axis_geometry(ty, ne, s.axis)?;
+            let mut full = vec![0u8; n];
+            for (j, l) in locals.iter().enumerate() {
+                let ranges = s.ranges(j);
+                let want: usize = outer * ranges.iter().map(|&(a, b)| (b - a) as usize / div * unit).sum::<usize>();
+                if l.len() != want {
+                    return Err(bad(format!("device {j} part of {} bytes, expected {want}", l.len())));
+                }
+                let mut pos = 0;
+                for o in 0..outer {
+                    let base = o * steps * unit;
+                    for &(a, b) in &ranges {
+                        let len = (b - a) as usize / div * unit;
+                        let dst = base + a as usize / div * unit;
+                        full[dst..dst + len].copy_from_slice(&l[pos..pos + len]);
+                        pos += len;
+                    }
+                }
+            }
+            Ok(full)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::AxisSplit;
+
+    fn bytes(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn split_round_trips_over_axes_segments_repeats_and_empty_devices() {
+        let ne = [4, 6, 3, 2];
+        let full = bytes(4 * 6 * 3 * 2 * 4);
+        let states = [
+            SplitState::split(0, vec![1, 3]),
+            SplitState::split(1, vec![0, 6, 0]),
+            SplitState::split(2, vec![2, 1]),
+            SplitState::split(3, vec![1, 0, 1]),
+            SplitState::Split(AxisSplit { axis: 1, segments: vec![vec![1, 2], vec![2, 1]], repeat: 1 }),
+            SplitState::Split(AxisSplit { axis: 1, segments: vec![vec![1, 1]], repeat: 3 }),
+        ];
+        for st in states {
+            let n = st.as_split().unwrap().n_devices();
+            let locals: Vec<Vec<u8>> = (0..n).map(|j| slice_local(GgmlType::F32, ne, &full, &st, j).unwrap()).collect();
+            for (j, l) in locals.iter().enumerate() {
+                let lne = local_ne(ne, &st, j);
+                assert_eq!(l.len(), (lne.iter().product::<i64>() * 4) as usize);
+            }
+            assert_eq!(assemble(GgmlType::F32, ne, &locals, &st).unwrap(), full, "{}", st.label());
+        }
+        // Device 1 of a [1,1]×3 repeat holds rows 1, 3, 5 of each outer block.
+        let st = SplitState::Split(AxisSplit { axis: 1, segments: vec![vec![1, 1]], repeat: 3 });
+        let l = slice_local(GgmlType::F32, [4, 6, 1, 1], &full[..96], &st, 1).unwrap();
+        assert_eq!(l, [&full[16..32], &full[48..64], &full[80..96]].concat());
+    }
+
+    #[test]
+    fn quantized_rows_split_on_blocks_only() {
+        let ne = [64, 3, 1, 1];
+        let full = bytes(2 * 34 * 3);
+        let ok = SplitState::split(0, vec![32, 32]);
+        let l0 = slice_local(GgmlType::Q8_0, ne, &full, &ok, 0).unwrap();
+        assert_eq!(l0.len(), 34 * 3);
+        let l1 = slice_local(GgmlType::Q8_0, ne, &full, &ok, 1).unwrap();
+        assert_eq!(assemble(GgmlType::Q8_0, ne, &[l0, l1], &ok).unwrap(), full);
+        assert!(slice_local(GgmlType::Q8_0, ne, &full, &SplitState::split(0, vec![16, 48]), 0).is_err());
+    }
+
+    #[test]
+    fn partials_sum_and_mirrored_keeps_one_copy() {
+        let ne = [3, 1, 1, 1];
+        let a: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let b: Vec<u8> = [0.5f32, -2.0, 10.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let s = assemble(GgmlType::F32, ne, &[a.clone(), b], &SplitState::partial()).unwrap();
+        let v: Vec<f32> = s.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(v, [1.5, 0.0, 13.0]);
+        // A mirrored value as a partial sum: device 0 holds it, the rest zeros.
+        let parts: Vec<Vec<u8>> =
+            (0..3).map(|j| slice_local(GgmlType::F32, ne, &a, &SplitState::partial(), j).unwrap()).collect();
+        assert_eq!(assemble(GgmlType::F32, ne, &parts, &SplitState::partial()).unwrap(), a);
+        assert!(assemble(GgmlType::I32, ne, &parts, &SplitState::partial()).is_err());
+        assert!(slice_local(GgmlType::F32, ne, &a[..8], &SplitState::Mirrored, 0).is_err());
+        assert!(slice_local(GgmlType::F32, ne, &a, &SplitState::Unknown, 0).is_err());
+    }
+}
