@@ -23,6 +23,7 @@
 //! land, plans are checked for their states and bytes, not executed.
 
 mod cost;
+mod exec;
 mod layout;
 mod planner;
 mod policy;
@@ -30,6 +31,7 @@ mod rules;
 mod state;
 
 pub use cost::{conversion, Collective, LinkModel, Traffic};
+pub use exec::MetaExecutor;
 pub use layout::{assemble, local_ne, slice_local};
 pub use planner::{Plan, Planner, Repartition};
 pub use policy::{glob_match, LeafInfo, SplitPolicy, SplitRule, SplitSpec};

@@ -41,11 +41,19 @@ pub struct Plan {
     pub states: Vec<Option<SplitState>>,
     /// Repartitions in execution order.
     pub repartitions: Vec<Repartition>,
+    /// For each node (by [`TensorId::index`]): the state each of its
+    /// sources is read in, aligned with the node's `src` list.
+    pub input_states: Vec<Option<Vec<SplitState>>>,
     /// The graph's structural hash.
     pub graph_hash: u64,
 }
 
 impl Plan {
+    /// The states `node` reads its sources in (aligned with its `src` list).
+    pub fn inputs_of(&self, node: TensorId) -> Option<&[SplitState]> {
+        self.input_states.get(node.index()).and_then(|s| s.as_deref())
+    }
+
     /// The state of `id` in this plan.
     pub fn state(&self, id: TensorId) -> Option<&SplitState> {
         self.states.get(id.index()).and_then(|s| s.as_ref())
@@ -224,6 +232,7 @@ impl Planner {
             states[l.index()] = Some(st);
         }
         let mut repartitions = Vec::new();
+        let mut input_states: Vec<Option<Vec<SplitState>>> = vec![None; ctx.len()];
         // Conversions already done: (tensor, state) pairs available at no further cost.
         let mut have: HashMap<usize, Vec<SplitState>> = HashMap::new();
         for &node in graph.nodes() {
@@ -287,12 +296,13 @@ impl Planner {
                 });
             }
             states[node.index()] = Some(c.output.clone());
+            input_states[node.index()] = Some(c.inputs.clone());
             have.entry(node.index()).or_default().push(c.output.clone());
         }
         if let Some(i) = states.iter().position(|s| *s == Some(SplitState::Unknown)) {
             return Err(Error::Split { detail: format!("tensor #{i} has no state after planning") });
         }
-        Ok(Plan { n_devices: n, states, repartitions, graph_hash: graph.hash() })
+        Ok(Plan { n_devices: n, states, repartitions, input_states, graph_hash: graph.hash() })
     }
 }
 

@@ -93,7 +93,14 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             }
         }
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } | Op::SoftMax { .. } => {
+            // ALiBi slopes depend on the global head index: only unsplit heads.
+            let alibi = matches!(t.op, Op::SoftMax { max_bias, .. } if max_bias > 0.0);
+            // A distributed soft_max needs a mask that broadcasts over dims 2 and 3.
+            let mask_2d = src.len() < 2 || (src[1].ne[2] == 1 && src[1].ne[3] == 1);
             if let SplitState::Split(s) = &cur[0] {
+                if (alibi && s.axis >= 2) || (s.axis == 0 && (alibi || !mask_2d || src.len() > 2)) {
+                    return with_replicated(out, src.len());
+                }
                 let mut ins = vec![cur[0].clone()];
                 let mut ok = true;
                 if src.len() > 1 {
@@ -226,7 +233,7 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
                 out.push(cand(ins, p()));
             }
         }
-        Op::FlashAttnExt { .. } => flash_attn(&mut out, &src, cur),
+        Op::FlashAttnExt { .. } => flash_attn(&mut out, t, &src, cur),
         _ => {}
     }
     with_replicated(out, src.len())
@@ -295,7 +302,11 @@ fn mul_mat(out: &mut Vec<Candidate>, a: &Tensor, b: &Tensor, cur: &[SplitState])
     }
 }
 
-fn flash_attn(out: &mut Vec<Candidate>, src: &[&Tensor], cur: &[SplitState]) {
+fn flash_attn(out: &mut Vec<Candidate>, t: &Tensor, src: &[&Tensor], cur: &[SplitState]) {
+    // ALiBi slopes depend on the global head index.
+    if matches!(t.op, Op::FlashAttnExt { max_bias, .. } if max_bias > 0.0) {
+        return;
+    }
     let (q, k) = (src[0], src[1]);
     let SplitState::Split(s) = &cur[0] else { return };
     if s.axis != 2 || s.segments.len() != 1 || s.repeat != 1 {
