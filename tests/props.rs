@@ -9,7 +9,10 @@
 //!
 //! 4. planning the same graph for N = 1..5 devices with random leaf states
 //!    (every axis, uneven and zero extents, mirrored, partial) never panics,
-//!    always succeeds and leaves no `Unknown` state.
+//!    always succeeds and leaves no `Unknown` state;
+//! 5. executing that plan on N CPU devices gives the single-device values
+//!    (NMSE ≤ 1e-5; integer outputs exact) — `split_execution_matches_one_device`,
+//!    ignored by default until the executor passes it at high case counts.
 //!
 //! `PROPTEST_CASES` sets the case count (default 64 here, to keep CI short).
 
@@ -18,7 +21,7 @@ mod oracle;
 
 use proptest::prelude::*;
 use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::split::{Planner, SplitPolicy, SplitState};
+use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitState};
 use shardgraph::{
     Backend, Context, CpuBackend, GgmlType, GluOp, RopeMode, SortOrder, TensorId, TensorStorage, UnaryOp,
 };
@@ -236,7 +239,58 @@ fn random_leaf_states(ctx: &Context, graph: &shardgraph::Graph, n: usize, seed: 
         .collect()
 }
 
-fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
+/// True if output `o` is a view (or an in-place write) whose storage a later
+/// `cpy`/`set_rows` overwrites: one device reads it after the whole graph,
+/// so it shows the later write, while it is a value at its own step in the
+/// graph order the split executor follows. Such outputs are not compared.
+fn read_late(ctx: &Context, graph: &shardgraph::Graph, o: TensorId) -> bool {
+    use shardgraph::Op;
+    let t = ctx.tensor(o).unwrap();
+    let owner = t.view_src.unwrap_or(o);
+    let writers: Vec<TensorId> = graph
+        .nodes()
+        .iter()
+        .copied()
+        .filter(|&n| {
+            let nt = ctx.tensor(n).unwrap();
+            matches!(nt.op, Op::Cpy | Op::SetRows) && nt.view_src == Some(owner)
+        })
+        .collect();
+    match writers.last() {
+        None => false,
+        Some(&last) => o != last && (o == owner || t.view_src.is_some()),
+    }
+}
+
+/// Nodes that read, directly or through other nodes, a view whose storage a
+/// later `cpy`/`set_rows` overwrites before the read: one device reads the
+/// overwritten memory, the split executor the value at the view's own step.
+fn stale_view_readers(ctx: &Context, graph: &shardgraph::Graph) -> std::collections::HashSet<TensorId> {
+    use shardgraph::Op;
+    let pos: std::collections::HashMap<TensorId, usize> =
+        graph.nodes().iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let writes_after = |v: TensorId, before: usize| -> bool {
+        let vt = ctx.tensor(v).unwrap();
+        let (Some(owner), Some(&pv)) = (vt.view_src, pos.get(&v)) else { return false };
+        graph.nodes().iter().enumerate().any(|(i, &w)| {
+            let wt = ctx.tensor(w).unwrap();
+            i > pv && i < before && matches!(wt.op, Op::Cpy | Op::SetRows) && wt.view_src == Some(owner)
+        })
+    };
+    let mut tainted = std::collections::HashSet::new();
+    for (i, &n) in graph.nodes().iter().enumerate() {
+        let t = ctx.tensor(n).unwrap();
+        let pure_view = |s: TensorId| {
+            matches!(ctx.tensor(s).unwrap().op, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose)
+        };
+        if t.src.iter().any(|&s| tainted.contains(&s) || (pure_view(s) && writes_after(s, i))) {
+            tainted.insert(n);
+        }
+    }
+    tainted
+}
+
+fn check_sequence(leafs: &[Leaf], steps: &[Step], execute: bool) -> Result<(), TestCaseError> {
     let mut ctx = Context::new();
     let mut pool = Vec::new();
     for l in leafs {
@@ -296,41 +350,113 @@ fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         }
     }
 
-    // Property 4: planning for N devices with random leaf states.
-    if !accepted.is_empty() {
-        let graph = ctx.build_forward(&accepted).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        for n in 1..=5usize {
-            let seed = steps.iter().fold(n as u64, |h, s| h.wrapping_mul(31).wrapping_add(s.1 as u64));
-            let explicit = random_leaf_states(&ctx, &graph, n, seed);
-            let policy = SplitPolicy::new(&vec![1.0; n]).unwrap();
-            let plan = Planner::default().plan(&ctx, &graph, &policy, &explicit);
-            let plan = plan.map_err(|e| TestCaseError::fail(format!("planning for {n} devices failed: {e}")))?;
-            for &id in graph.nodes().iter().chain(graph.leafs()) {
-                let st = plan.state(id);
-                prop_assert!(st.is_some() && st != Some(&SplitState::Unknown), "no state for a graph tensor");
-            }
-        }
+    if accepted.is_empty() {
+        return Ok(());
     }
+    let graph = ctx.build_forward(&accepted).map_err(|e| TestCaseError::fail(e.to_string()))?;
 
     // Property 3: compute does not panic.
-    if !accepted.is_empty() {
-        let graph = ctx.build_forward(&accepted).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let cpu = CpuBackend::with_threads(2).unwrap();
-        let mut storage = TensorStorage::new();
-        storage.alloc_tensors(&cpu, &ctx, graph.leafs()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        for &l in graph.leafs() {
-            let t = ctx.tensor(l).unwrap();
-            let n = t.nelements() as usize;
-            match t.ty {
-                GgmlType::I32 => storage.set_i32(&ctx, l, &(0..n as i32).map(|i| i % 3).collect::<Vec<_>>()).unwrap(),
-                GgmlType::I64 => storage.set_i64(&ctx, l, &(0..n as i64).map(|i| i % 2).collect::<Vec<_>>()).unwrap(),
-                _ => storage.set_f32(&ctx, l, &(0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>()).unwrap(),
-            }
+    let cpu = CpuBackend::with_threads(2).unwrap();
+    let mut storage = TensorStorage::new();
+    storage.alloc_tensors(&cpu, &ctx, graph.leafs()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for &l in graph.leafs() {
+        let t = ctx.tensor(l).unwrap();
+        let n = t.nelements() as usize;
+        match t.ty {
+            GgmlType::I32 => storage.set_i32(&ctx, l, &(0..n as i32).map(|i| i % 3).collect::<Vec<_>>()).unwrap(),
+            GgmlType::I64 => storage.set_i64(&ctx, l, &(0..n as i64).map(|i| i % 2).collect::<Vec<_>>()).unwrap(),
+            _ => storage.set_f32(&ctx, l, &(0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>()).unwrap(),
         }
-        let mut galloc = GraphAllocator::new(cpu.buffer_type());
-        galloc.alloc_graph(&cpu, &ctx, &graph, &mut storage).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        // Errors are allowed here (e.g. an index out of range); a panic is not.
-        let _ = cpu.compute(&ctx, &graph, &storage);
+    }
+    let mut leaf_bytes = std::collections::HashMap::new();
+    for &l in graph.leafs() {
+        let mut b = vec![0u8; ctx.tensor(l).unwrap().nbytes()];
+        storage.get_bytes(&ctx, l, 0, &mut b).unwrap();
+        leaf_bytes.insert(l, b);
+    }
+    let mut galloc = GraphAllocator::new(cpu.buffer_type());
+    galloc.alloc_graph(&cpu, &ctx, &graph, &mut storage).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    // Errors are allowed here (e.g. an index out of range); a panic is not.
+    let computed = cpu.compute(&ctx, &graph, &storage).is_ok();
+
+    let tainted = stale_view_readers(&ctx, &graph);
+
+    // Property 4: planning for N devices with random leaf states never fails
+    // and leaves no Unknown; property 5: executing the plan gives the
+    // single-device values.
+    for n in 1..=5usize {
+        let seed = steps.iter().fold(n as u64, |h, s| h.wrapping_mul(31).wrapping_add(s.1 as u64));
+        let explicit = random_leaf_states(&ctx, &graph, n, seed);
+        let policy = SplitPolicy::new(&vec![1.0; n]).unwrap();
+        let plan = Planner::default().plan(&ctx, &graph, &policy, &explicit);
+        let plan = plan.map_err(|e| TestCaseError::fail(format!("planning for {n} devices failed: {e}")))?;
+        for &id in graph.nodes().iter().chain(graph.leafs()) {
+            let st = plan.state(id);
+            prop_assert!(st.is_some() && st != Some(&SplitState::Unknown), "no state for a graph tensor");
+        }
+        if !computed || !execute {
+            continue;
+        }
+        let exec = MetaExecutor::new(n, 1).unwrap();
+        let got = exec
+            .run(&ctx, &graph, &plan, &|l| leaf_bytes.get(&l).cloned(), &accepted)
+            .map_err(|e| TestCaseError::fail(format!("executing on {n} devices failed: {e}\n{}", plan.report(&ctx))))?;
+        for (k, &o) in accepted.iter().enumerate() {
+            let t = ctx.tensor(o).unwrap();
+            if read_late(&ctx, &graph, o) || tainted.contains(&o) {
+                continue;
+            }
+            let have: Vec<f64> = match t.ty {
+                GgmlType::F32 => {
+                    got[k].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
+                }
+                GgmlType::F16 => {
+                    got[k].chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect()
+                }
+                GgmlType::I32 => {
+                    got[k].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
+                }
+                _ => continue,
+            };
+            let want: Vec<f64> = match t.ty {
+                GgmlType::I32 if t.is_contiguous() => {
+                    storage.get_i32(&ctx, o).unwrap().iter().map(|&v| v as f64).collect()
+                }
+                GgmlType::I32 => continue,
+                _ => storage.get_f32(&ctx, o).unwrap().iter().map(|&v| v as f64).collect(),
+            };
+            prop_assert_eq!(have.len(), want.len());
+            let (mut num, mut den) = (0.0f64, 0.0f64);
+            for (a, b) in have.iter().zip(&want) {
+                if !a.is_finite() || !b.is_finite() {
+                    // Sums regrouped across devices may turn inf + (-inf) into
+                    // NaN where one device got inf: only finiteness must agree.
+                    prop_assert!(
+                        !a.is_finite() && !b.is_finite(),
+                        "non-finite mismatch {} vs {} in {} on {} devices\n{}",
+                        a,
+                        b,
+                        t.op.name(),
+                        n,
+                        plan.report(&ctx)
+                    );
+                    continue;
+                }
+                num += (a - b) * (a - b);
+                den += b * b;
+            }
+            let e = if den > 0.0 { num / den } else { num };
+            prop_assert!(
+                e <= 1e-5,
+                "output {} ({} {}) differs on {} devices: nmse {:.3e}\n{}",
+                k,
+                t.op.name(),
+                t.describe(),
+                n,
+                e,
+                plan.report(&ctx)
+            );
+        }
     }
     Ok(())
 }
@@ -346,7 +472,18 @@ proptest! {
     #[test]
     fn random_op_sequences(leafs in prop::collection::vec(leaf_strategy(), 1..5),
                            steps in prop::collection::vec(any::<Step>(), 1..24)) {
-        check_sequence(&leafs, &steps)?;
+        check_sequence(&leafs, &steps, false)?;
+    }
+
+    /// Property 5 (executing plans equals one device). Ignored by default:
+    /// it still finds cases where the reference executor disagrees with one
+    /// device (a `concat` of in-place-written views, an empty local result);
+    /// run it with `cargo test --release --test props -- --ignored`.
+    #[test]
+    #[ignore]
+    fn split_execution_matches_one_device(leafs in prop::collection::vec(leaf_strategy(), 1..5),
+                                          steps in prop::collection::vec(any::<Step>(), 1..24)) {
+        check_sequence(&leafs, &steps, true)?;
     }
 }
 

@@ -185,6 +185,9 @@ impl TensorStorage {
     /// [`Error::NoStorage`]; [`Error::UnsupportedType`] for integer types (use [`Self::get_i32`]).
     pub fn get_f32(&self, ctx: &Context, id: TensorId) -> Result<Vec<f32>> {
         let t = ctx.tensor(id)?.clone();
+        if t.nelements() == 0 {
+            return Ok(Vec::new());
+        }
         let span = t.nbytes();
         let mut raw = vec![0u8; span];
         self.get_bytes(ctx, id, 0, &mut raw)?;

@@ -90,9 +90,12 @@ impl MetaExecutor {
             for (k, &s) in t.src.iter().enumerate() {
                 ins.push(in_state(ctx, &mut data, s, &needs[k], n)?);
             }
-            let locals = if let Some(r) = row_combine(ctx, &t, &ins, &out_state, self.devices.len())? {
+            let ctx_err = |e: Error| Error::Split {
+                detail: format!("{} {} ({}): {e}", t.op.name(), t.describe(), out_state.label()),
+            };
+            let locals = if let Some(r) = row_combine(ctx, &t, &ins, &out_state, self.devices.len()).map_err(ctx_err)? {
                 r
-            } else if let Some(r) = vocab_get_rows(ctx, &t, &ins, &out_state, self.devices.len())? {
+            } else if let Some(r) = vocab_get_rows(ctx, &t, &ins, &out_state, self.devices.len()).map_err(ctx_err)? {
                 r
             } else if t.op.is_view_op()
                 && !matches!(t.op, Op::Cpy | Op::SetRows)
@@ -102,9 +105,9 @@ impl MetaExecutor {
                 let owner = t.view_src.ok_or_else(|| Error::Split { detail: "view without owner".into() })?;
                 let od = in_state(ctx, &mut data, owner, &out_state, n)?;
                 let ot = ctx.t(owner).clone();
-                (0..n).map(|j| self.local_view(j, &ot, &od.locals[j], &t)).collect::<Result<_>>()?
+                (0..n).map(|j| self.local_view(j, &ot, &od.locals[j], &t)).collect::<Result<_>>().map_err(ctx_err)?
             } else {
-                (0..n).map(|j| self.local_node(j, ctx, &t, &ins, &out_state)).collect::<Result<_>>()?
+                (0..n).map(|j| self.local_node(j, ctx, &t, &ins, &out_state)).collect::<Result<_>>().map_err(ctx_err)?
             };
             let dist = Dist { state: out_state, locals };
             if matches!(t.op, Op::Cpy | Op::SetRows) {
@@ -225,17 +228,19 @@ fn row_combine(
             return Ok(None);
         }
         if matches!(t.op, Op::Sum) {
-            let total: f64 = ins[0].locals.iter().flat_map(|b| f32s(b)).map(|v| v as f64).sum();
-            return Ok(Some(vec![(total as f32).to_le_bytes().to_vec(); n]));
+            let ty = ctx.t(t.src[0]).ty;
+            let total: f64 = ins[0].locals.iter().flat_map(|b| floats(b, ty)).map(|v| v as f64).sum();
+            let bytes = match t.ty {
+                GgmlType::F16 => half::f16::from_f32(total as f32).to_le_bytes().to_vec(),
+                GgmlType::BF16 => half::bf16::from_f32(total as f32).to_le_bytes().to_vec(),
+                _ => (total as f32).to_le_bytes().to_vec(),
+            };
+            return Ok(Some(vec![bytes; n]));
         }
         let row_len: Vec<usize> = (0..n).map(|j| s.local_len(j) as usize).collect();
         let ne0_global = s.axis_len() as usize;
         let x: Vec<Vec<f32>> = ins[0].locals.iter().map(|b| f32s(b)).collect();
-        let nrows = if ne0_global == 0 {
-            0
-        } else {
-            x.iter().zip(&row_len).find(|(_, &l)| l > 0).map_or(0, |(v, &l)| v.len() / l)
-        };
+        let nrows = ctx.t(t.src[0]).nrows().max(0) as usize;
         let row = |j: usize, r: usize| -> &[f32] { &x[j][r * row_len[j]..(r + 1) * row_len[j]] };
         let ranges: Vec<Vec<(i64, i64)>> = (0..n).map(|j| s.ranges(j)).collect();
         // Local position i of device j → global position along the row.
@@ -321,6 +326,24 @@ fn row_combine(
                 match &t.op {
                     Op::Argmax => {
                         for r in 0..nrows {
+                            if (0..n).any(|j| row(j, r).iter().any(|v| v.is_nan())) {
+                                // ggml's scan restarts after a NaN: replay it in global order.
+                                let mut full = vec![0f32; ne0_global];
+                                for j in 0..n {
+                                    for (i, &v) in row(j, r).iter().enumerate() {
+                                        full[global(j, i) as usize] = v;
+                                    }
+                                }
+                                let (mut max, mut idx) = (f32::NEG_INFINITY, 0i32);
+                                for (i, &v) in full.iter().enumerate() {
+                                    max = if max > v { max } else { v };
+                                    if max == v {
+                                        idx = i as i32;
+                                    }
+                                }
+                                res.extend(idx.to_le_bytes());
+                                continue;
+                            }
                             let mut best = (f32::NEG_INFINITY, -1i32);
                             for j in 0..n {
                                 for (i, &v) in row(j, r).iter().enumerate() {
@@ -331,7 +354,8 @@ fn row_combine(
                                     }
                                 }
                             }
-                            res.extend(best.1.to_le_bytes());
+                            // An empty row gives index 0, as on one device.
+                            res.extend(best.1.max(0).to_le_bytes());
                         }
                     }
                     Op::TopK { k } => {
@@ -347,7 +371,7 @@ fn row_combine(
                     _ => {
                         for r in 0..nrows {
                             let sum: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| v as f64).sum::<f64>()).sum();
-                            let v = if matches!(t.op, Op::Mean) { sum / ne0_global.max(1) as f64 } else { sum };
+                            let v = if matches!(t.op, Op::Mean) { sum / ne0_global as f64 } else { sum };
                             res.extend((v as f32).to_le_bytes());
                         }
                     }
@@ -368,6 +392,7 @@ fn row_combine(
 fn floats(b: &[u8], ty: GgmlType) -> Vec<f32> {
     match ty {
         GgmlType::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        GgmlType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         _ => f32s(b),
     }
 }

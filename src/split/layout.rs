@@ -84,7 +84,8 @@ pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, 
 
 /// The full contiguous bytes of a tensor from every device's local part
 /// (`locals[j]` as [`slice_local`] lays it out): mirrored → device 0's copy;
-/// partial → the element-wise sum (F32, F16, BF16; summed in f32); split →
+/// partial → the element-wise sum (F32, F16, BF16 summed in f32; I32, I64
+/// exactly); split →
 /// the ranges put back in place.
 ///
 /// # Errors
@@ -106,6 +107,26 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
             if locals.iter().any(|l| l.len() != n) {
                 return Err(bad(format!("partial parts must all be {n} bytes")));
             }
+            if matches!(ty, GgmlType::I32 | GgmlType::I64) {
+                // Integer addends sum exactly (wrapping, as the integer type does).
+                let w = ty.type_size();
+                let mut acc = vec![0i64; n / w];
+                for l in locals {
+                    for (a, c) in acc.iter_mut().zip(l.chunks_exact(w)) {
+                        let v = if w == 4 {
+                            i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64
+                        } else {
+                            i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))
+                        };
+                        *a = a.wrapping_add(v);
+                    }
+                }
+                return Ok(if w == 4 {
+                    acc.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect()
+                } else {
+                    acc.iter().flat_map(|&v| v.to_le_bytes()).collect()
+                });
+            }
             let mut acc = vec![0f32; (ne.iter().product::<i64>()).max(0) as usize];
             for l in locals {
                 match ty {
@@ -121,7 +142,7 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
                         .iter_mut()
                         .zip(l.chunks_exact(2))
                         .for_each(|(a, c)| *a += bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-                    t => return Err(Error::unsupported_type(t, "a partial sum needs F32, F16 or BF16")),
+                    t => return Err(Error::unsupported_type(t, "a partial sum needs F32, F16, BF16, I32 or I64")),
                 }
             }
             Ok(match ty {
@@ -217,7 +238,7 @@ mod tests {
         let parts: Vec<Vec<u8>> =
             (0..3).map(|j| slice_local(GgmlType::F32, ne, &a, &SplitState::partial(), j).unwrap()).collect();
         assert_eq!(assemble(GgmlType::F32, ne, &parts, &SplitState::partial()).unwrap(), a);
-        assert!(assemble(GgmlType::I32, ne, &parts, &SplitState::partial()).is_err());
+        assert!(assemble(GgmlType::Q8_0, [32, 1, 1, 1], &[vec![0; 34], vec![0; 34]], &SplitState::partial()).is_err());
         assert!(slice_local(GgmlType::F32, ne, &a[..8], &SplitState::Mirrored, 0).is_err());
         assert!(slice_local(GgmlType::F32, ne, &a, &SplitState::Unknown, 0).is_err());
     }

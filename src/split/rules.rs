@@ -72,7 +72,9 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             if any_partial && b.ne == a.ne && matches!(t.op, Op::Add | Op::Sub) {
                 out.push(cand(vec![p(), p()], p()));
             }
-            if cur[0] == p() && matches!(t.op, Op::Mul | Op::Div) {
+            // Scaling a partial sum by a mirrored factor is linear. (Division is
+            // too, but x/0 on zero addends gives NaN where one device gives inf.)
+            if cur[0] == p() && matches!(t.op, Op::Mul) {
                 out.push(cand(vec![p(), m.clone()], p()));
             }
             if cur[1] == p() && matches!(t.op, Op::Mul) && b.ne == a.ne {
@@ -166,7 +168,9 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             if let SplitState::Split(s) = &cur[0] {
                 match s.axis {
                     // Vocabulary-parallel embedding: the owner looks the row up, the others give zeros.
-                    1 if src[0].ne[2] == 1 && src[0].ne[3] == 1 => out.push(cand(vec![cur[0].clone(), m.clone()], p())),
+                    1 if src[0].ne[2] == 1 && src[0].ne[3] == 1 && t.ty == crate::tensor::GgmlType::F32 => {
+                        out.push(cand(vec![cur[0].clone(), m.clone()], p()))
+                    }
                     0 => out.push(cand(vec![cur[0].clone(), m.clone()], cur[0].clone())),
                     _ => {}
                 }
