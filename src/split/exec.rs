@@ -109,11 +109,22 @@ impl MetaExecutor {
             } else {
                 (0..n).map(|j| self.local_node(j, ctx, &t, &ins, &out_state)).collect::<Result<_>>().map_err(ctx_err)?
             };
-            let dist = Dist { state: out_state, locals };
+            let dist = Dist { state: out_state.clone(), locals };
             if matches!(t.op, Op::Cpy | Op::SetRows) {
                 // The destination now holds what the copy wrote.
                 if let Some(owner) = t.view_src {
-                    data.insert(owner.index(), vec![dist.clone()]);
+                    let ot = ctx.t(owner);
+                    if ot.ne == t.ne && ot.nb == t.nb && t.view_offs == 0 {
+                        data.insert(owner.index(), vec![dist.clone()]);
+                    } else {
+                        // A write through a view: put the written elements into
+                        // the owner's full bytes, which become mirrored.
+                        let cur = in_state(ctx, &mut data, owner, &SplitState::Mirrored, n)?;
+                        let mut full = cur.locals[0].clone();
+                        let res = assemble(t.ty, t.ne, &dist.locals, &dist.state)?;
+                        scatter(&mut full, &res, &t).map_err(ctx_err)?;
+                        data.insert(owner.index(), vec![Dist { state: SplitState::Mirrored, locals: vec![full; n] }]);
+                    }
                 }
             }
             data.insert(node.index(), vec![dist]);
@@ -364,7 +375,8 @@ fn row_combine(
                             for j in 0..n {
                                 cands.extend(row(j, r).iter().enumerate().map(|(i, &v)| (v, global(j, i))));
                             }
-                            cands.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                            // The single-device order: descending value, ties by lower index.
+                            cands.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
                             res.extend(cands.iter().take((*k).max(0) as usize).flat_map(|c| c.1.to_le_bytes()));
                         }
                     }
@@ -487,4 +499,33 @@ fn vocab_get_rows(
         out.push(v.iter().flat_map(|x| x.to_le_bytes()).collect());
     }
     Ok(Some(out))
+}
+
+/// Writes the contiguous elements `res` of view `t` into its owner's bytes
+/// `owner` at the view's layout (`view_offs`, `nb`).
+fn scatter(owner: &mut [u8], res: &[u8], t: &Tensor) -> Result<()> {
+    let ts = t.ty.type_size();
+    let rb = t.ty.row_size(t.ne[0])?;
+    let oob = || Error::Split { detail: format!("write through a view of {} outside its owner", t.describe()) };
+    let mut pos = 0;
+    for i3 in 0..t.ne[3].max(0) as usize {
+        for i2 in 0..t.ne[2].max(0) as usize {
+            for i1 in 0..t.ne[1].max(0) as usize {
+                let base = t.view_offs + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+                if t.ty.is_quantized() || t.nb[0] == ts {
+                    let src = res.get(pos..pos + rb).ok_or_else(oob)?;
+                    owner.get_mut(base..base + rb).ok_or_else(oob)?.copy_from_slice(src);
+                    pos += rb;
+                } else {
+                    for i0 in 0..t.ne[0].max(0) as usize {
+                        let o = base + i0 * t.nb[0];
+                        let src = res.get(pos..pos + ts).ok_or_else(oob)?;
+                        owner.get_mut(o..o + ts).ok_or_else(oob)?.copy_from_slice(src);
+                        pos += ts;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

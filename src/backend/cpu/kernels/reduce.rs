@@ -161,7 +161,7 @@ fn ord_key(v: f32) -> u32 {
 /// Sort key of element `i` for "descending value, then lower index": the
 /// smaller the key, the earlier the element.
 #[inline]
-fn desc_key(v: f32, i: usize) -> u64 {
+pub(crate) fn desc_key(v: f32, i: usize) -> u64 {
     ((!ord_key(v) as u64) << 32) | i as u64
 }
 
