@@ -54,6 +54,24 @@ fn check_weights(op: &'static str, operand: &'static str, a: &Tensor) -> Result<
 }
 
 /// Checks that `b` can feed weights of type `wt`.
+/// Both operands of a matrix product have the same inner dimension K (`ne[0]`).
+fn check_k(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.ne[0] != b.ne[0] {
+        return Err(Error::operand(
+            op,
+            "src1",
+            format!(
+                "inner dimensions differ: src0 {} has K = {}, src1 {} has K = {}",
+                a.describe(),
+                a.ne[0],
+                b.describe(),
+                b.ne[0]
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn check_act(op: &'static str, wt: GgmlType, b: &Tensor) -> Result<()> {
     if !mul_mat_act_type_ok(wt, b.ty) {
         return Err(Error::operand(
@@ -95,19 +113,7 @@ impl Context {
         let tb = self.operand(b, OP, "src1")?;
         check_weights(OP, "src0", ta)?;
         check_act(OP, ta.ty, tb)?;
-        if ta.ne[0] != tb.ne[0] {
-            return Err(Error::operand(
-                OP,
-                "src1",
-                format!(
-                    "inner dimensions differ: src0 {} has K = {}, src1 {} has K = {}",
-                    ta.describe(),
-                    ta.ne[0],
-                    tb.describe(),
-                    tb.ne[0]
-                ),
-            ));
-        }
+        check_k(OP, ta, tb)?;
         for d in 2..4 {
             let ok = if ta.ne[d] == 0 { tb.ne[d] == 0 } else { tb.ne[d] % ta.ne[d] == 0 };
             if !ok {
@@ -175,19 +181,7 @@ impl Context {
                 ),
             ));
         }
-        if ta.ne[0] != tb.ne[0] {
-            return Err(Error::operand(
-                OP,
-                "src1",
-                format!(
-                    "inner dimensions differ: src0 {} has K = {}, src1 {} has K = {}",
-                    ta.describe(),
-                    ta.ne[0],
-                    tb.describe(),
-                    tb.ne[0]
-                ),
-            ));
-        }
+        check_k(OP, ta, tb)?;
         let bcast_ok = if tb.ne[1] == 0 { ti.ne[0] == 0 } else { ti.ne[0] % tb.ne[1] == 0 };
         if !bcast_ok {
             return Err(Error::operand(

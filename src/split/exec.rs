@@ -221,184 +221,179 @@ fn row_combine(
     out_state: &SplitState,
     n: usize,
 ) -> Result<Option<Vec<Vec<u8>>>> {
-    {
-        let row_op = matches!(
-            t.op,
-            Op::RmsNorm { .. }
-                | Op::L2Norm { .. }
-                | Op::Norm { .. }
-                | Op::SoftMax { .. }
-                | Op::Argmax
-                | Op::TopK { .. }
-                | Op::SumRows
-                | Op::Mean
-                | Op::Sum
-        );
-        let Some(SplitState::Split(s)) = ins.first().map(|d| &d.state) else { return Ok(None) };
-        if !row_op || (s.axis != 0 && !matches!(t.op, Op::Sum)) {
-            return Ok(None);
-        }
-        if matches!(t.op, Op::Sum) {
-            let ty = ctx.t(t.src[0]).ty;
-            let total: f64 = ins[0].locals.iter().flat_map(|b| floats(b, ty)).map(|v| v as f64).sum();
-            let bytes = match t.ty {
-                GgmlType::F16 => half::f16::from_f32(total as f32).to_le_bytes().to_vec(),
-                GgmlType::BF16 => half::bf16::from_f32(total as f32).to_le_bytes().to_vec(),
-                _ => (total as f32).to_le_bytes().to_vec(),
-            };
-            return Ok(Some(vec![bytes; n]));
-        }
-        let row_len: Vec<usize> = (0..n).map(|j| s.local_len(j) as usize).collect();
-        let ne0_global = s.axis_len() as usize;
-        let x: Vec<Vec<f32>> = ins[0].locals.iter().map(|b| f32s(b)).collect();
-        let nrows = ctx.t(t.src[0]).nrows().max(0) as usize;
-        let row = |j: usize, r: usize| -> &[f32] { &x[j][r * row_len[j]..(r + 1) * row_len[j]] };
-        let ranges: Vec<Vec<(i64, i64)>> = (0..n).map(|j| s.ranges(j)).collect();
-        // Local position i of device j → global position along the row.
-        let global = |j: usize, i: usize| -> i32 {
-            let mut i = i as i64;
-            for &(a, b) in &ranges[j] {
-                if i < b - a {
-                    return (a + i) as i32;
-                }
-                i -= b - a;
-            }
-            -1
+    let row_op = matches!(
+        t.op,
+        Op::RmsNorm { .. }
+            | Op::L2Norm { .. }
+            | Op::Norm { .. }
+            | Op::SoftMax { .. }
+            | Op::Argmax
+            | Op::TopK { .. }
+            | Op::SumRows
+            | Op::Mean
+            | Op::Sum
+    );
+    let Some(SplitState::Split(s)) = ins.first().map(|d| &d.state) else { return Ok(None) };
+    if !row_op || (s.axis != 0 && !matches!(t.op, Op::Sum)) {
+        return Ok(None);
+    }
+    if matches!(t.op, Op::Sum) {
+        let ty = ctx.t(t.src[0]).ty;
+        let total: f64 = ins[0].locals.iter().flat_map(|b| floats(b, ty)).map(|v| v as f64).sum();
+        let bytes = match t.ty {
+            GgmlType::F16 => half::f16::from_f32(total as f32).to_le_bytes().to_vec(),
+            GgmlType::BF16 => half::bf16::from_f32(total as f32).to_le_bytes().to_vec(),
+            _ => (total as f32).to_le_bytes().to_vec(),
         };
-        let to_bytes = |v: Vec<Vec<f32>>| -> Vec<Vec<u8>> {
-            v.into_iter().map(|d| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect()
-        };
-        let out = match &t.op {
-            Op::RmsNorm { eps } | Op::L2Norm { eps } => {
-                let l2 = matches!(t.op, Op::L2Norm { .. });
-                let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
-                for r in 0..nrows {
-                    let ss: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| (v * v) as f64).sum::<f64>()).sum();
-                    let scale = if l2 {
-                        1.0 / (ss.sqrt() as f32).max(*eps)
-                    } else {
-                        1.0 / ((ss / ne0_global.max(1) as f64) as f32 + eps).sqrt()
-                    };
-                    for (j, o) in outs.iter_mut().enumerate() {
-                        o.extend(row(j, r).iter().map(|&v| v * scale));
-                    }
-                }
-                to_bytes(outs)
+        return Ok(Some(vec![bytes; n]));
+    }
+    let row_len: Vec<usize> = (0..n).map(|j| s.local_len(j) as usize).collect();
+    let ne0_global = s.axis_len() as usize;
+    let x: Vec<Vec<f32>> = ins[0].locals.iter().map(|b| f32s(b)).collect();
+    let nrows = ctx.t(t.src[0]).nrows().max(0) as usize;
+    let row = |j: usize, r: usize| -> &[f32] { &x[j][r * row_len[j]..(r + 1) * row_len[j]] };
+    let ranges: Vec<Vec<(i64, i64)>> = (0..n).map(|j| s.ranges(j)).collect();
+    // Local position i of device j → global position along the row.
+    let global = |j: usize, i: usize| -> i32 {
+        let mut i = i as i64;
+        for &(a, b) in &ranges[j] {
+            if i < b - a {
+                return (a + i) as i32;
             }
-            Op::Norm { eps } => {
-                let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
-                for r in 0..nrows {
-                    let sum: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| v as f64).sum::<f64>()).sum();
-                    let mean = (sum / ne0_global.max(1) as f64) as f32;
-                    let var: f64 =
-                        (0..n).map(|j| row(j, r).iter().map(|&v| ((v - mean) * (v - mean)) as f64).sum::<f64>()).sum();
-                    let scale = 1.0 / ((var / ne0_global.max(1) as f64) as f32 + eps).sqrt();
-                    for (j, o) in outs.iter_mut().enumerate() {
-                        o.extend(row(j, r).iter().map(|&v| (v - mean) * scale));
-                    }
+            i -= b - a;
+        }
+        -1
+    };
+    let to_bytes = |v: Vec<Vec<f32>>| -> Vec<Vec<u8>> {
+        v.into_iter().map(|d| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect()
+    };
+    let out = match &t.op {
+        Op::RmsNorm { eps } | Op::L2Norm { eps } => {
+            let l2 = matches!(t.op, Op::L2Norm { .. });
+            let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
+            for r in 0..nrows {
+                let ss: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| (v * v) as f64).sum::<f64>()).sum();
+                let scale = if l2 {
+                    1.0 / (ss.sqrt() as f32).max(*eps)
+                } else {
+                    1.0 / ((ss / ne0_global.max(1) as f64) as f32 + eps).sqrt()
+                };
+                for (j, o) in outs.iter_mut().enumerate() {
+                    o.extend(row(j, r).iter().map(|&v| v * scale));
                 }
-                to_bytes(outs)
             }
-            Op::SoftMax { scale, max_bias } => {
-                if *max_bias > 0.0 || ins.len() > 2 {
-                    return Err(Error::Split {
-                        detail: "distributed soft_max supports a 2-D mask without ALiBi or sinks".into(),
-                    });
+            to_bytes(outs)
+        }
+        Op::Norm { eps } => {
+            let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
+            for r in 0..nrows {
+                let sum: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| v as f64).sum::<f64>()).sum();
+                let mean = (sum / ne0_global.max(1) as f64) as f32;
+                let var: f64 =
+                    (0..n).map(|j| row(j, r).iter().map(|&v| ((v - mean) * (v - mean)) as f64).sum::<f64>()).sum();
+                let scale = 1.0 / ((var / ne0_global.max(1) as f64) as f32 + eps).sqrt();
+                for (j, o) in outs.iter_mut().enumerate() {
+                    o.extend(row(j, r).iter().map(|&v| (v - mean) * scale));
                 }
-                let mask_ty = t.src.get(1).map(|&m| ctx.t(m).ty).unwrap_or(GgmlType::F32);
-                let mask: Option<Vec<Vec<f32>>> =
-                    ins.get(1).map(|m| m.locals.iter().map(|b| floats(b, mask_ty)).collect());
-                let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
-                let ne1 = (t.ne[1].max(1)) as usize;
-                for r in 0..nrows {
-                    let vals: Vec<Vec<f32>> = (0..n)
-                        .map(|j| {
-                            row(j, r)
-                                .iter()
-                                .enumerate()
-                                .map(|(i, &v)| {
-                                    let mv = mask.as_ref().map_or(0.0, |m| m[j][(r % ne1) * row_len[j] + i]);
-                                    v * scale + mv
-                                })
-                                .collect()
-                        })
-                        .collect();
-                    let gmax = vals.iter().flatten().cloned().fold(f32::NEG_INFINITY, f32::max);
-                    let sum: f64 = vals.iter().flatten().map(|&v| ((v - gmax).exp()) as f64).sum();
-                    let inv = (1.0 / sum) as f32;
-                    for (o, v) in outs.iter_mut().zip(&vals) {
-                        o.extend(v.iter().map(|&v| (v - gmax).exp() * inv));
-                    }
-                }
-                to_bytes(outs)
             }
-            Op::Argmax | Op::TopK { .. } | Op::SumRows | Op::Mean => {
-                let mut res: Vec<u8> = Vec::new();
-                match &t.op {
-                    Op::Argmax => {
-                        for r in 0..nrows {
-                            if (0..n).any(|j| row(j, r).iter().any(|v| v.is_nan())) {
-                                // ggml's scan restarts after a NaN: replay it in global order.
-                                let mut full = vec![0f32; ne0_global];
-                                for j in 0..n {
-                                    for (i, &v) in row(j, r).iter().enumerate() {
-                                        full[global(j, i) as usize] = v;
-                                    }
-                                }
-                                let (mut max, mut idx) = (f32::NEG_INFINITY, 0i32);
-                                for (i, &v) in full.iter().enumerate() {
-                                    max = if max > v { max } else { v };
-                                    if max == v {
-                                        idx = i as i32;
-                                    }
-                                }
-                                res.extend(idx.to_le_bytes());
-                                continue;
-                            }
-                            let mut best = (f32::NEG_INFINITY, -1i32);
+            to_bytes(outs)
+        }
+        Op::SoftMax { scale, max_bias } => {
+            if *max_bias > 0.0 || ins.len() > 2 {
+                return Err(Error::Split {
+                    detail: "distributed soft_max supports a 2-D mask without ALiBi or sinks".into(),
+                });
+            }
+            let mask_ty = t.src.get(1).map(|&m| ctx.t(m).ty).unwrap_or(GgmlType::F32);
+            let mask: Option<Vec<Vec<f32>>> = ins.get(1).map(|m| m.locals.iter().map(|b| floats(b, mask_ty)).collect());
+            let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
+            let ne1 = (t.ne[1].max(1)) as usize;
+            for r in 0..nrows {
+                let vals: Vec<Vec<f32>> = (0..n)
+                    .map(|j| {
+                        row(j, r)
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &v)| {
+                                let mv = mask.as_ref().map_or(0.0, |m| m[j][(r % ne1) * row_len[j] + i]);
+                                v * scale + mv
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let gmax = vals.iter().flatten().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = vals.iter().flatten().map(|&v| ((v - gmax).exp()) as f64).sum();
+                let inv = (1.0 / sum) as f32;
+                for (o, v) in outs.iter_mut().zip(&vals) {
+                    o.extend(v.iter().map(|&v| (v - gmax).exp() * inv));
+                }
+            }
+            to_bytes(outs)
+        }
+        Op::Argmax | Op::TopK { .. } | Op::SumRows | Op::Mean => {
+            let mut res: Vec<u8> = Vec::new();
+            match &t.op {
+                Op::Argmax => {
+                    for r in 0..nrows {
+                        if (0..n).any(|j| row(j, r).iter().any(|v| v.is_nan())) {
+                            // ggml's scan restarts after a NaN: replay it in global order.
+                            let mut full = vec![0f32; ne0_global];
                             for j in 0..n {
                                 for (i, &v) in row(j, r).iter().enumerate() {
-                                    // ggml's argmax keeps the last of equal maxima.
-                                    let gi = global(j, i);
-                                    if v > best.0 || (v == best.0 && gi > best.1) {
-                                        best = (v, gi);
-                                    }
+                                    full[global(j, i) as usize] = v;
                                 }
                             }
-                            // An empty row gives index 0, as on one device.
-                            res.extend(best.1.max(0).to_le_bytes());
-                        }
-                    }
-                    Op::TopK { k } => {
-                        for r in 0..nrows {
-                            let mut cands: Vec<(f32, i32)> = Vec::new();
-                            for j in 0..n {
-                                cands.extend(row(j, r).iter().enumerate().map(|(i, &v)| (v, global(j, i))));
+                            let (mut max, mut idx) = (f32::NEG_INFINITY, 0i32);
+                            for (i, &v) in full.iter().enumerate() {
+                                max = if max > v { max } else { v };
+                                if max == v {
+                                    idx = i as i32;
+                                }
                             }
-                            // The single-device order: descending value, ties by lower index.
-                            cands.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
-                            res.extend(cands.iter().take((*k).max(0) as usize).flat_map(|c| c.1.to_le_bytes()));
+                            res.extend(idx.to_le_bytes());
+                            continue;
                         }
-                    }
-                    _ => {
-                        for r in 0..nrows {
-                            let sum: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| v as f64).sum::<f64>()).sum();
-                            let v = if matches!(t.op, Op::Mean) { sum / ne0_global as f64 } else { sum };
-                            res.extend((v as f32).to_le_bytes());
+                        let mut best = (f32::NEG_INFINITY, -1i32);
+                        for j in 0..n {
+                            for (i, &v) in row(j, r).iter().enumerate() {
+                                // ggml's argmax keeps the last of equal maxima.
+                                let gi = global(j, i);
+                                if v > best.0 || (v == best.0 && gi > best.1) {
+                                    best = (v, gi);
+                                }
+                            }
                         }
+                        // An empty row gives index 0, as on one device.
+                        res.extend(best.1.max(0).to_le_bytes());
                     }
                 }
-                if *out_state != SplitState::Mirrored {
-                    return Err(Error::Split {
-                        detail: format!("{} combine must give a mirrored result", t.op.name()),
-                    });
+                Op::TopK { k } => {
+                    for r in 0..nrows {
+                        let mut cands: Vec<(f32, i32)> = Vec::new();
+                        for j in 0..n {
+                            cands.extend(row(j, r).iter().enumerate().map(|(i, &v)| (v, global(j, i))));
+                        }
+                        // The single-device order: descending value, ties by lower index.
+                        cands.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
+                        res.extend(cands.iter().take((*k).max(0) as usize).flat_map(|c| c.1.to_le_bytes()));
+                    }
                 }
-                vec![res; n]
+                _ => {
+                    for r in 0..nrows {
+                        let sum: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| v as f64).sum::<f64>()).sum();
+                        let v = if matches!(t.op, Op::Mean) { sum / ne0_global as f64 } else { sum };
+                        res.extend((v as f32).to_le_bytes());
+                    }
+                }
             }
-            _ => return Ok(None),
-        };
-        Ok(Some(out))
-    }
+            if *out_state != SplitState::Mirrored {
+                return Err(Error::Split { detail: format!("{} combine must give a mirrored result", t.op.name()) });
+            }
+            vec![res; n]
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(out))
 }
 
 fn floats(b: &[u8], ty: GgmlType) -> Vec<f32> {
