@@ -1,15 +1,18 @@
 //! Split execution equals single-device execution: the field cases of
 //! CASES.md and the DESIGN.md section 5 rows, planned by the planner and run
 //! by the reference executor on N CPU devices, against one CPU device with
-//! the same bytes (exact for integer outputs, NMSE ≤ 1e-6 for F32 values).
+//! the same bytes (exact for integer outputs, byte-exact for quantized
+//! outputs such as caches written by set_rows, NMSE ≤ 1e-6 for F32 values).
 
 #[path = "common/qwen3.rs"]
 mod qwen3;
 
 use qwen3::{input, named, qwen3_layers, qwen3_policy, Dims};
 use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::split::{Collective, MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitState};
-use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
+use shardgraph::split::{
+    split_extents, AxisSplit, Collective, MetaExecutor, Plan, Planner, SplitPolicy, SplitSpec, SplitState,
+};
+use shardgraph::{Backend, Context, CpuBackend, GgmlType, RopeMode, RopeParams, TensorId, TensorStorage};
 
 /// Deterministic leaf values.
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -36,6 +39,7 @@ fn nmse(a: &[f32], b: &[f32]) -> f64 {
 
 /// Runs `outputs` on one device and on `ratios.len()` devices under `policy`
 /// (plus explicit states) and asserts equal results. `ints` fills I32/I64 leafs.
+/// Panics with the planner's or the executor's error text if either fails.
 fn check(
     ctx: &Context,
     outputs: &[TensorId],
@@ -65,9 +69,13 @@ fn check(
     GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, ctx, &g, &mut st).unwrap();
     cpu.compute(ctx, &g, &st).unwrap();
 
-    let plan = Planner::default().plan(ctx, &g, policy, explicit).unwrap();
+    let plan = Planner::default()
+        .plan(ctx, &g, policy, explicit)
+        .unwrap_or_else(|e| panic!("planning on {} devices {:?}: {e}", policy.n_devices(), policy.ratios()));
     let exec = MetaExecutor::new(policy.n_devices(), 1).unwrap();
-    let got = exec.run(ctx, &g, &plan, &|l| leaf_bytes.get(&l).cloned(), outputs).unwrap();
+    let got = exec.run(ctx, &g, &plan, &|l| leaf_bytes.get(&l).cloned(), outputs).unwrap_or_else(|e| {
+        panic!("running on {} devices {:?}: {e}\n{}", policy.n_devices(), policy.ratios(), plan.report(ctx))
+    });
     for (k, &o) in outputs.iter().enumerate() {
         let t = ctx.tensor(o).unwrap();
         let what = format!(
@@ -79,6 +87,16 @@ fn check(
             plan.report(ctx)
         );
         match t.ty {
+            ty if ty.is_quantized() => {
+                // Quantized outputs (caches written by set_rows, concat of
+                // blocks): the bytes themselves, block by block.
+                let mut want = vec![0u8; t.nbytes()];
+                st.get_bytes(ctx, o, 0, &mut want).unwrap();
+                assert_eq!(got[k].len(), want.len(), "{what}");
+                if let Some(i) = got[k].iter().zip(&want).position(|(a, b)| a != b) {
+                    panic!("first differing byte at {i} of {}: {what}", want.len());
+                }
+            }
             GgmlType::I32 => {
                 let want = st.get_i32(ctx, o).unwrap();
                 let have: Vec<i32> =
@@ -245,4 +263,589 @@ fn qwen3_layers_equal_one_device() {
         let plan = check(&ctx, &[out], &policy, &[], &|_, n| (0..n as i64).collect());
         assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
     }
+}
+
+/// Moved from split_plan.rs: the plan of Qwen3-style layers moves exactly
+/// Megatron's minimum (two all-reduces of the hidden state per layer, no
+/// gathers).
+#[test]
+fn qwen3_layers_move_exactly_the_megatron_minimum() {
+    for (ratios, n_layer, h, hkv) in [
+        (vec![1.0, 1.0], 2, 8, 2),
+        (vec![1.0, 1.0, 1.0, 1.0], 3, 16, 4),
+        (vec![3.0, 1.0], 1, 16, 4),
+        (vec![1.0, 1.0, 1.0], 2, 12, 3),
+    ] {
+        let dm = Dims { e: 256, h, hkv, d: 32, f: 768, t: 5 };
+        let mut ctx = Context::new();
+        let out = qwen3_layers(&mut ctx, &dm, n_layer);
+        let g = ctx.build_forward(&[out]).unwrap();
+        let plan = Planner::default().plan(&ctx, &g, &qwen3_policy(&ratios, dm.d, h / hkv), &[]).unwrap();
+        let n = ratios.len() as u64;
+        let b = (dm.e * dm.t * 4) as u64;
+        let all_reduce = 2 * b * (n - 1);
+        assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
+        assert_eq!(plan.count(Collective::AllReduce), 2 * n_layer, "{}", plan.report(&ctx));
+        assert_eq!(plan.total_bytes(), 2 * n_layer as u64 * all_reduce, "{}", plan.report(&ctx));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CASES.md C2-C6.
+// ---------------------------------------------------------------------------
+
+/// The leaf named `name`.
+fn leaf(ctx: &Context, name: &str) -> TensorId {
+    ctx.find(name).unwrap_or_else(|| panic!("no tensor {name:?}"))
+}
+
+fn neox(d: i64) -> RopeParams {
+    RopeParams { n_dims: d as i32, mode: RopeMode::Neox, freq_base: 1e6, ..RopeParams::default() }
+}
+
+/// Plan expectations missed over a sweep. Values are asserted at once (by
+/// `check`); plan shape (no gather, states kept split) is collected so that
+/// every configuration runs before the test fails, listing every miss with
+/// its configuration, then that configuration's plan once.
+#[derive(Default)]
+struct Gaps(Vec<(String, String, String)>);
+
+impl Gaps {
+    /// Records `what` under configuration `cfg` (with the plan) unless `ok`.
+    fn expect(&mut self, ok: bool, cfg: &str, what: impl std::fmt::Display, plan: &Plan, ctx: &Context) {
+        if !ok {
+            self.0.push((cfg.to_string(), what.to_string(), plan.report(ctx)));
+        }
+    }
+
+    /// Records a state other than `want` for `id`.
+    fn state(&mut self, cfg: &str, name: &str, id: TensorId, want: &SplitState, plan: &Plan, ctx: &Context) {
+        let have = plan.state(id);
+        let what = format!("{name}: state {}, want {}", have.map_or("none".into(), |s| s.label()), want.label());
+        self.expect(have == Some(want), cfg, what, plan, ctx);
+    }
+
+    /// Records a count of `kind` other than `want`.
+    fn count(&mut self, cfg: &str, kind: Collective, want: usize, plan: &Plan, ctx: &Context) {
+        let have = plan.count(kind);
+        self.expect(have == want, cfg, format!("{have} {kind:?}, want {want}"), plan, ctx);
+    }
+
+    /// Fails the test if anything was recorded.
+    fn assert_none(self) {
+        let mut msg = String::new();
+        for (k, (cfg, what, report)) in self.0.iter().enumerate() {
+            msg += &format!("[{cfg}] {what}\n");
+            if self.0.get(k + 1).is_none_or(|next| next.0 != *cfg) {
+                msg += report;
+            }
+        }
+        assert!(self.0.is_empty(), "{} plan expectation(s) not met:\n{msg}", self.0.len());
+    }
+}
+
+#[test]
+fn c2_one_kv_head_split_on_head_dim_then_rms_norm() {
+    // V = reshape(mul_mat(Wv, x)) → [head_dim=512, n_head_kv=1, T]; the head
+    // axis cannot be split, so the policy splits head_dim (axis 0).
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let (e, d, t) = (64, 512, 3);
+        let mut ctx = Context::new();
+        let wv = named(&mut ctx, GgmlType::Q8_0, &[e, d], "blk.0.attn_v.weight");
+        let nw = named(&mut ctx, GgmlType::F32, &[d], "blk.0.attn_v_norm.weight");
+        let x = input(&mut ctx, GgmlType::F32, &[e, t], "x");
+        let v = ctx.mul_mat(wv, x).unwrap();
+        let v = ctx.reshape_3d(v, d, 1, t).unwrap();
+        let vn = ctx.rms_norm(v, 1e-6).unwrap();
+        let vw = ctx.mul(vn, nw).unwrap();
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("blk.*.attn_v.weight", SplitSpec::Axis { axis: 1, granule: 32, segments: vec![] })
+            .rule("*norm*", SplitSpec::Mirrored);
+        let plan = check(&ctx, &[vn, vw], &policy, &[], &no_ints);
+        if ratios.len() > 1 {
+            // The norm over all 512 values is a per-row combine, not a gather.
+            let cfg = format!("{ratios:?}");
+            let ext = split_extents(d, ratios, 32).unwrap();
+            gaps.state(&cfg, "rms_norm(V)", vn, &SplitState::split(0, ext), &plan, &ctx);
+            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
+}
+
+#[test]
+fn c2_one_kv_head_stays_mirrored_while_q_heads_split() {
+    // The better plan: K/V mirrored, only Q's heads split; every Q head
+    // reads KV head 0, the output projection gives a partial sum.
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let (e, h, d, t) = (64, 4, 512, 3);
+        let mut ctx = Context::new();
+        let x = input(&mut ctx, GgmlType::F32, &[e, t], "inp_embd");
+        let pos = input(&mut ctx, GgmlType::I32, &[t], "inp_pos");
+        let mask = input(&mut ctx, GgmlType::F16, &[t, t], "kq_mask");
+        let wq = named(&mut ctx, GgmlType::Q8_0, &[e, h * d], "blk.0.attn_q.weight");
+        let wk = named(&mut ctx, GgmlType::Q8_0, &[e, d], "blk.0.attn_k.weight");
+        let wv = named(&mut ctx, GgmlType::Q8_0, &[e, d], "blk.0.attn_v.weight");
+        let wo = named(&mut ctx, GgmlType::Q8_0, &[h * d, e], "blk.0.attn_output.weight");
+        let q = ctx.mul_mat(wq, x).unwrap();
+        let q = ctx.reshape_3d(q, d, h, t).unwrap();
+        let q = ctx.rms_norm(q, 1e-6).unwrap();
+        let q = ctx.rope_ext(q, pos, None, neox(d)).unwrap();
+        let q = ctx.permute(q, [0, 2, 1, 3]).unwrap();
+        let k = ctx.mul_mat(wk, x).unwrap();
+        let k = ctx.reshape_3d(k, d, 1, t).unwrap();
+        let k = ctx.rms_norm(k, 1e-6).unwrap();
+        let k = ctx.rope_ext(k, pos, None, neox(d)).unwrap();
+        let k = ctx.permute(k, [0, 2, 1, 3]).unwrap();
+        let k = ctx.cast(k, GgmlType::F16).unwrap();
+        let v = ctx.mul_mat(wv, x).unwrap();
+        let v = ctx.reshape_3d(v, d, 1, t).unwrap();
+        let v = ctx.permute(v, [0, 2, 1, 3]).unwrap();
+        let v = ctx.cast(v, GgmlType::F16).unwrap();
+        let a = ctx.flash_attn_ext(q, k, v, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0).unwrap();
+        let a = ctx.reshape_2d(a, h * d, t).unwrap();
+        let y = ctx.mul_mat(wo, a).unwrap();
+        let r = ctx.add(y, x).unwrap();
+        let out = ctx.rms_norm(r, 1e-6).unwrap();
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("blk.*.attn_q.weight", SplitSpec::Axis { axis: 1, granule: d, segments: vec![] })
+            .rule("blk.*.attn_k.weight", SplitSpec::Mirrored)
+            .rule("blk.*.attn_v.weight", SplitSpec::Mirrored)
+            .rule("blk.*.attn_output.weight", SplitSpec::Axis { axis: 0, granule: d, segments: vec![] });
+        let plan = check(&ctx, &[out, r], &policy, &[], &|_, n| (0..n as i64).collect());
+        if ratios.len() > 1 {
+            let cfg = format!("{ratios:?}");
+            gaps.state(&cfg, "K", k, &SplitState::Mirrored, &plan, &ctx);
+            gaps.state(&cfg, "V", v, &SplitState::Mirrored, &plan, &ctx);
+            let heads = split_extents(h * d, ratios, d).unwrap();
+            gaps.state(&cfg, "attention output", a, &SplitState::split(0, heads), &plan, &ctx);
+            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+            gaps.count(&cfg, Collective::AllReduce, 1, &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
+}
+
+#[test]
+fn c3_fused_gate_up_as_two_segments_pairs_gate_and_up_on_each_device() {
+    // W_up = gate|up [n_embd, 2·n_ff] split on axis 1 as two segments: device
+    // j holds gate[j] and up[j]; g and u are views of the product.
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let (e, f, t) = (64, 96, 3);
+        let mut ctx = Context::new();
+        let x = input(&mut ctx, GgmlType::F32, &[e, t], "x");
+        let wgu = named(&mut ctx, GgmlType::Q8_0, &[e, 2 * f], "blk.0.ffn_gate_up.weight");
+        let wd = named(&mut ctx, GgmlType::Q8_0, &[f, e], "blk.0.ffn_down.weight");
+        let h = ctx.mul_mat(wgu, x).unwrap();
+        let nb1 = ctx.tensor(h).unwrap().nb[1];
+        let g = ctx.view_2d(h, f, t, nb1, 0).unwrap();
+        let u = ctx.view_2d(h, f, t, nb1, f as usize * 4).unwrap();
+        let sg = ctx.silu(g).unwrap();
+        let a = ctx.mul(sg, u).unwrap();
+        let a2 = ctx.swiglu_split(g, u).unwrap();
+        let y = ctx.mul_mat(wd, a).unwrap();
+        let r = ctx.add(y, x).unwrap();
+        let out = ctx.rms_norm(r, 1e-6).unwrap();
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("blk.*.ffn_gate_up.weight", SplitSpec::Axis { axis: 1, granule: 32, segments: vec![f, f] })
+            .rule("blk.*.ffn_down.weight", SplitSpec::Axis { axis: 0, granule: 32, segments: vec![] });
+        let plan = check(&ctx, &[a, a2, out], &policy, &[], &no_ints);
+        if ratios.len() > 1 {
+            let cfg = format!("{ratios:?}");
+            let ext = split_extents(f, ratios, 32).unwrap();
+            let two = SplitState::Split(AxisSplit { axis: 0, segments: vec![ext.clone(), ext.clone()], repeat: 1 });
+            gaps.state(&cfg, "gate|up product", h, &two, &plan, &ctx);
+            // Each device pairs its gate rows with its own up rows, on the
+            // boundaries W_down is split on: nothing is gathered.
+            gaps.state(&cfg, "gate view", g, &SplitState::split(0, ext.clone()), &plan, &ctx);
+            gaps.state(&cfg, "up view", u, &SplitState::split(0, ext.clone()), &plan, &ctx);
+            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+            gaps.count(&cfg, Collective::AllReduce, 1, &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
+}
+
+#[test]
+fn c3_fused_swiglu_on_a_two_segment_gate_up() {
+    // ggml_swiglu on the fused product (llama.cpp's path for a fused
+    // ffn_up of gate|up): each device's local [gate[j] | up[j]] halves pair
+    // correctly, so the result is a one-segment split on the same extents.
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let (e, f, t) = (64, 96, 3);
+        let mut ctx = Context::new();
+        let x = input(&mut ctx, GgmlType::F32, &[e, t], "x");
+        let wgu = named(&mut ctx, GgmlType::Q8_0, &[e, 2 * f], "blk.0.ffn_up.weight");
+        let wd = named(&mut ctx, GgmlType::Q8_0, &[f, e], "blk.0.ffn_down.weight");
+        let h = ctx.mul_mat(wgu, x).unwrap();
+        let a = ctx.swiglu(h).unwrap();
+        let y = ctx.mul_mat(wd, a).unwrap();
+        let out = ctx.rms_norm(y, 1e-6).unwrap();
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("blk.*.ffn_up.weight", SplitSpec::Axis { axis: 1, granule: 32, segments: vec![f, f] })
+            .rule("blk.*.ffn_down.weight", SplitSpec::Axis { axis: 0, granule: 32, segments: vec![] });
+        let plan = check(&ctx, &[a, out], &policy, &[], &no_ints);
+        if ratios.len() > 1 {
+            let cfg = format!("{ratios:?}");
+            let ext = split_extents(f, ratios, 32).unwrap();
+            gaps.state(&cfg, "swiglu(gate|up)", a, &SplitState::split(0, ext), &plan, &ctx);
+            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
+}
+
+/// A fused QKV attention block: `W_qkv = [n_embd, (h + 2·hkv)·d]`, q/k/v
+/// as views of the product (as llama.cpp builds it), rope, flash attention
+/// with GQA, output projection, residual, norm. Returns (qkv, out).
+fn fused_qkv_block(ctx: &mut Context, e: i64, h: i64, hkv: i64, d: i64, t: i64) -> (TensorId, TensorId) {
+    let x = input(ctx, GgmlType::F32, &[e, t], "inp_embd");
+    let pos = input(ctx, GgmlType::I32, &[t], "inp_pos");
+    let mask = input(ctx, GgmlType::F16, &[t, t], "kq_mask");
+    let wqkv = named(ctx, GgmlType::Q8_0, &[e, (h + 2 * hkv) * d], "blk.0.attn_qkv.weight");
+    let wo = named(ctx, GgmlType::Q8_0, &[h * d, e], "blk.0.attn_output.weight");
+    let qkv = ctx.mul_mat(wqkv, x).unwrap();
+    let nb1 = ctx.tensor(qkv).unwrap().nb[1];
+    let es = 4usize;
+    let q = ctx.view_3d(qkv, d, h, t, d as usize * es, nb1, 0).unwrap();
+    let k = ctx.view_3d(qkv, d, hkv, t, d as usize * es, nb1, (h * d) as usize * es).unwrap();
+    let v = ctx.view_3d(qkv, d, hkv, t, d as usize * es, nb1, ((h + hkv) * d) as usize * es).unwrap();
+    let q = ctx.rope_ext(q, pos, None, neox(d)).unwrap();
+    let k = ctx.rope_ext(k, pos, None, neox(d)).unwrap();
+    let q = ctx.permute(q, [0, 2, 1, 3]).unwrap();
+    let k = ctx.permute(k, [0, 2, 1, 3]).unwrap();
+    let v = ctx.permute(v, [0, 2, 1, 3]).unwrap();
+    let k = ctx.cast(k, GgmlType::F16).unwrap();
+    let v = ctx.cast(v, GgmlType::F16).unwrap();
+    let a = ctx.flash_attn_ext(q, k, v, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0).unwrap();
+    let a = ctx.reshape_2d(a, h * d, t).unwrap();
+    let y = ctx.mul_mat(wo, a).unwrap();
+    let r = ctx.add(y, x).unwrap();
+    (qkv, ctx.rms_norm(r, 1e-6).unwrap())
+}
+
+#[test]
+fn c3_fused_qkv_three_segments_of_different_sizes() {
+    // Q (8 heads) is wider than K and V (2 heads each): three segments of
+    // different sizes, each split on its own over whole GQA groups, so
+    // device j holds Q[j], K[j], V[j] of the same groups.
+    let (e, h, hkv, d, t) = (64, 8, 2, 32, 3);
+    let g = h / hkv;
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let kv = split_extents(hkv * d, ratios, d).unwrap();
+        let qe: Vec<i64> = kv.iter().map(|x| x * g).collect();
+        let segments = vec![qe, kv.clone(), kv.clone()];
+        let state = SplitState::Split(AxisSplit { axis: 1, segments: segments.clone(), repeat: 1 });
+        let mut ctx = Context::new();
+        let (qkv, out) = fused_qkv_block(&mut ctx, e, h, hkv, d, t);
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("blk.*.attn_output.weight", SplitSpec::Axis { axis: 0, granule: g * d, segments: vec![] });
+        let w = leaf(&ctx, "blk.0.attn_qkv.weight");
+        let plan = check(&ctx, &[out], &policy, &[(w, state)], &|_, n| (0..n as i64).collect());
+        if ratios.len() > 1 {
+            let cfg = format!("{ratios:?}");
+            let three = SplitState::Split(AxisSplit { axis: 0, segments, repeat: 1 });
+            gaps.state(&cfg, "qkv", qkv, &three, &plan, &ctx);
+            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+            gaps.count(&cfg, Collective::AllReduce, 1, &plan, &ctx);
+        }
+        // The same graph with the segments from a policy rule (one granule of
+        // a head for all three segments, so Q and K/V need not fall on the
+        // same GQA groups): whatever the planner does, the values are right.
+        let policy = policy.rule(
+            "blk.*.attn_qkv.weight",
+            SplitSpec::Axis { axis: 1, granule: d, segments: vec![h * d, hkv * d, hkv * d] },
+        );
+        check(&ctx, &[out], &policy, &[], &|_, n| (0..n as i64).collect());
+    }
+    gaps.assert_none();
+}
+
+#[test]
+fn c4_flattened_head_split_into_q8_0_and_q4_0_caches() {
+    // K = [128, 8, T] split on heads; K2 = reshape(K, [128, 8·T]) is one
+    // segment of 8 repeated T times; mul_mat by a mirrored [128, 128],
+    // reshape back to [128, 8, T], set_rows into a Q8_0 and a Q4_0 cache
+    // split by heads. The caches' bytes must equal one device's.
+    let (e, d, hkv, t, kv) = (64, 128, 8, 3, 6);
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let mut ctx = Context::new();
+        let x = input(&mut ctx, GgmlType::F32, &[e, t], "inp_embd");
+        let idx = input(&mut ctx, GgmlType::I64, &[t], "k_idxs");
+        let wk = named(&mut ctx, GgmlType::Q8_0, &[e, hkv * d], "blk.0.attn_k.weight");
+        let hm = named(&mut ctx, GgmlType::F32, &[d, d], "hadamard");
+        let c8 = named(&mut ctx, GgmlType::Q8_0, &[hkv * d, kv], "cache_k_l0");
+        let c4 = named(&mut ctx, GgmlType::Q4_0, &[hkv * d, kv], "cache_v_l0");
+        let k = ctx.mul_mat(wk, x).unwrap();
+        let k = ctx.reshape_3d(k, d, hkv, t).unwrap();
+        let k2 = ctx.reshape_2d(k, d, hkv * t).unwrap();
+        let y = ctx.mul_mat(hm, k2).unwrap();
+        let y3 = ctx.reshape_3d(y, d, hkv, t).unwrap();
+        let rows = ctx.reshape_2d(y3, hkv * d, t).unwrap();
+        let w8 = ctx.set_rows(c8, rows, idx).unwrap();
+        let w4 = ctx.set_rows(c4, rows, idx).unwrap();
+        let heads = SplitSpec::Axis { axis: 1, granule: d, segments: vec![] };
+        let cache = SplitSpec::Axis { axis: 0, granule: d, segments: vec![] };
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("blk.*.attn_k.weight", heads)
+            .rule("hadamard", SplitSpec::Mirrored)
+            .rule("cache_*", cache);
+        // Distinct cache slots, not in order.
+        let ints = |l: TensorId, n: usize| -> Vec<i64> {
+            if l == idx {
+                (0..n as i64).map(|i| (i * 2 + 1) % kv).collect()
+            } else {
+                (0..n as i64).collect()
+            }
+        };
+        let plan = check(&ctx, &[w8, w4, c8, c4, y3], &policy, &[], &ints);
+        if ratios.len() > 1 {
+            let cfg = format!("{ratios:?}");
+            let ext: Vec<i64> = split_extents(hkv, ratios, 1).unwrap();
+            let rep = SplitState::Split(AxisSplit { axis: 1, segments: vec![ext.clone()], repeat: t });
+            gaps.state(&cfg, "K2 = reshape(K, [128, 8·T])", k2, &rep, &plan, &ctx);
+            gaps.state(&cfg, "mul_mat(H, K2)", y, &rep, &plan, &ctx);
+            gaps.state(&cfg, "reshape back to [128, 8, T]", y3, &SplitState::split(1, ext.clone()), &plan, &ctx);
+            // Each device writes its own heads' rows into its own cache slice.
+            let by_heads = SplitState::split(0, ext.iter().map(|x| x * d).collect());
+            gaps.state(&cfg, "Q8_0 cache after set_rows", w8, &by_heads, &plan, &ctx);
+            gaps.state(&cfg, "Q4_0 cache after set_rows", w4, &by_heads, &plan, &ctx);
+            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
+}
+
+#[test]
+fn c5_linked_tensors_share_boundaries_on_3_devices() {
+    // qkv [10240, T] with 3 segments rounded to W_qkv's quant block; the
+    // conv-state cache and the conv weights rounded differently; concat
+    // along time, then ssm_conv.
+    let (e, t, dc) = (256, 4, 4);
+    let segs = vec![2048i64, 2048, 6144];
+    let di: i64 = segs.iter().sum();
+    let mut gaps = Gaps::default();
+    for ratios in [&[1.0f32, 1.0, 1.0][..], &[41.0, 29.0, 30.0]] {
+        for (wty, granule) in [(GgmlType::Q8_0, 32), (GgmlType::Q4_K, 256)] {
+            let mut ctx = Context::new();
+            let x = input(&mut ctx, GgmlType::F32, &[e, t], "inp_embd");
+            let wqkv = named(&mut ctx, wty, &[e, di], "blk.0.attn_qkv.weight");
+            let states = named(&mut ctx, GgmlType::F32, &[dc - 1, di], "cache_r_l0");
+            let wconv = named(&mut ctx, GgmlType::F32, &[dc, di], "blk.0.ssm_conv1d.weight");
+            let qkv = ctx.mul_mat(wqkv, x).unwrap();
+            let qt = ctx.transpose(qkv).unwrap();
+            let conv_in = ctx.concat(states, qt, 0).unwrap();
+            let conv = ctx.ssm_conv(conv_in, wconv).unwrap();
+            let out = ctx.silu(conv).unwrap();
+            let policy = SplitPolicy::new(ratios)
+                .unwrap()
+                .rule("blk.*.attn_qkv.weight", SplitSpec::Axis { axis: 1, granule, segments: segs.clone() })
+                .rule("cache_r_*", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] })
+                .rule("blk.*.ssm_conv1d.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: segs.clone() });
+            let plan = check(&ctx, &[out, conv], &policy, &[], &no_ints);
+            let cfg = format!("{wty} granule {granule}, ratios {ratios:?}");
+            // The channels stay split: ssm_conv reads conv_in and W_conv on the
+            // same boundaries (after a repartition if need be) and runs on
+            // each device's channels.
+            let st = plan.state(conv).map_or("none".into(), |s| s.label());
+            let split0 = matches!(plan.state(conv), Some(SplitState::Split(s)) if s.axis == 0);
+            gaps.expect(split0, &cfg, format!("ssm_conv output: state {st}, want split on axis 0"), &plan, &ctx);
+            let ins = plan.inputs_of(conv).unwrap();
+            let same = match (&ins[0], &ins[1]) {
+                (SplitState::Split(a), SplitState::Split(b)) => {
+                    a.axis == 1 && b.axis == 1 && (0..3).all(|j| a.ranges(j) == b.ranges(j))
+                }
+                _ => false,
+            };
+            let what = format!("ssm_conv reads conv_in as {} and W_conv as {}", ins[0].label(), ins[1].label());
+            gaps.expect(same, &cfg, format!("{what}, want both split on axis 1, same boundaries"), &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
+}
+
+#[test]
+fn c6_more_devices_than_kv_heads_gives_zero_size_slices() {
+    // n_head_kv = 2 on 4 devices: two devices get no heads of Q, K, V; flash
+    // attention, the row-split output projection and the all-reduce run on
+    // empty slices.
+    let mut gaps = Gaps::default();
+    for (ratios, h, hkv) in [
+        (vec![1.0, 1.0, 1.0, 1.0], 4, 2),
+        (vec![1.0, 1.0, 1.0, 1.0], 8, 2),
+        (vec![1.0, 1.0, 0.0, 0.0], 8, 2),
+        (vec![1.0, 1.0, 1.0, 1.0], 4, 1),
+        (vec![1.0, 1.0, 1.0], 6, 2),
+    ] {
+        let dm = Dims { e: 128, h, hkv, d: 32, f: 128, t: 3 };
+        let mut ctx = Context::new();
+        let out = qwen3_layers(&mut ctx, &dm, 1);
+        let policy = qwen3_policy(&ratios, dm.d, h / hkv);
+        let plan = check(&ctx, &[out], &policy, &[], &|_, n| (0..n as i64).collect());
+        // The configuration really has empty slices.
+        let wk = plan.state(leaf(&ctx, "blk.0.attn_k.weight")).and_then(|s| s.as_split().cloned());
+        let wk = wk.unwrap_or_else(|| panic!("attn_k not split\n{}", plan.report(&ctx)));
+        assert!((0..ratios.len()).any(|j| wk.local_len(j) == 0), "some device must hold no KV head: {wk:?}");
+        gaps.count(&format!("{ratios:?} h {h} hkv {hkv}"), Collective::AllGather, 0, &plan, &ctx);
+    }
+    gaps.assert_none();
+}
+
+// ---------------------------------------------------------------------------
+// DESIGN.md section 5 rows not covered above. Covered elsewhere: zero-size
+// slices (RATIOS' [1, 0, 2] in C1/C7/vocab, C9, C6), ratio 3:1 and N = 3
+// (RATIOS in every sweep, qwen3 layers).
+// ---------------------------------------------------------------------------
+
+#[test]
+fn sec5_inputs_of_one_op_in_different_split_states() {
+    // DESIGN.md section 5: "inputs of one op in different split states"
+    // (ggml's SPLIT_AXIS_UNKNOWN): split on different axes, on the same axis
+    // with other extents, split against partial, split against mirrored.
+    for ratios in RATIOS {
+        let mut ctx = Context::new();
+        let a = named(&mut ctx, GgmlType::F32, &[8, 6], "a"); // axis 0
+        let b = named(&mut ctx, GgmlType::F32, &[8, 6], "b"); // axis 1
+        let c = named(&mut ctx, GgmlType::F32, &[8, 6], "c"); // axis 0, other extents
+        let m = named(&mut ctx, GgmlType::F32, &[8, 1], "m"); // mirrored, broadcast
+        let w = named(&mut ctx, GgmlType::F32, &[8, 6], "w"); // axis 0
+        let z = named(&mut ctx, GgmlType::F32, &[8, 6], "z"); // axis 0
+        let s6 = named(&mut ctx, GgmlType::F32, &[6, 6], "s6"); // axis 1
+        let p = ctx.mul_mat(w, z).unwrap(); // [6, 6] partial
+        let outs = [
+            ctx.add(a, b).unwrap(),
+            ctx.mul(b, a).unwrap(),
+            ctx.sub(a, c).unwrap(),
+            ctx.div(c, m).unwrap(),
+            ctx.add(p, s6).unwrap(),
+            ctx.mul(s6, p).unwrap(),
+            ctx.mul_mat(a, b).unwrap(),
+            ctx.mul_mat(b, c).unwrap(),
+            ctx.concat(a, b, 1).unwrap(),
+            ctx.swiglu_split(a, b).unwrap(),
+        ];
+        let rev: Vec<f32> = ratios.iter().rev().cloned().collect();
+        let c_state = SplitState::split(0, split_extents(8, &rev, 1).unwrap());
+        let ax = |axis| SplitSpec::Axis { axis, granule: 1, segments: vec![] };
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("a", ax(0))
+            .rule("b", ax(1))
+            .rule("w", ax(0))
+            .rule("z", ax(0))
+            .rule("s6", ax(1))
+            .rule("m", SplitSpec::Mirrored);
+        check(&ctx, &outs, &policy, &[(c, c_state)], &no_ints);
+    }
+}
+
+#[test]
+fn sec5_mul_mat_with_both_operands_split_on_axis_1() {
+    // DESIGN.md section 5: "matmul with both operands split on axis 1" — the
+    // output can keep one operand's split; the other must be gathered (one
+    // all-gather per product at most).
+    for ratios in RATIOS {
+        let mut ctx = Context::new();
+        let a = named(&mut ctx, GgmlType::F32, &[16, 6], "a");
+        let b = named(&mut ctx, GgmlType::F32, &[16, 5], "b");
+        let aq = named(&mut ctx, GgmlType::Q8_0, &[32, 6], "aq");
+        let bq = named(&mut ctx, GgmlType::F32, &[32, 7], "bq");
+        let a3 = named(&mut ctx, GgmlType::F32, &[16, 6, 2], "a3");
+        let b3 = named(&mut ctx, GgmlType::F32, &[16, 5, 2], "b3");
+        let y = ctx.mul_mat(a, b).unwrap();
+        let yq = ctx.mul_mat(aq, bq).unwrap();
+        let y3 = ctx.mul_mat(a3, b3).unwrap();
+        let outs = [y, yq, y3, ctx.rms_norm(y, 1e-6).unwrap(), ctx.argmax(yq).unwrap()];
+        let policy =
+            SplitPolicy::new(ratios).unwrap().rule("*", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
+        let plan = check(&ctx, &outs, &policy, &[], &no_ints);
+        assert!(plan.count(Collective::AllGather) <= 3, "{}", plan.report(&ctx));
+    }
+}
+
+#[test]
+fn sec5_views_of_a_permuted_split_tensor() {
+    // DESIGN.md section 5: "views of permuted split tensors". x = [D, H, T]
+    // split on heads; p = permute → [D, T, H] split on axis 2; views select
+    // along a non-split axis (tokens), across the split axis (heads, one
+    // head as a 2-D slab) and within rows. Views along axes that are not
+    // split (tokens, part of each row) keep p's split.
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let mut ctx = Context::new();
+        let x = named(&mut ctx, GgmlType::F32, &[8, 6, 5], "x");
+        let p = ctx.permute(x, [0, 2, 1, 3]).unwrap(); // [8, 5, 6]
+        let nb = ctx.tensor(p).unwrap().nb;
+        let tok = ctx.view_3d(p, 8, 3, 6, nb[1], nb[2], nb[1]).unwrap();
+        let heads = ctx.view_3d(p, 8, 5, 3, nb[1], nb[2], 2 * nb[2]).unwrap();
+        let half = ctx.view_3d(p, 4, 5, 6, nb[1], nb[2], 4 * 4).unwrap();
+        let one = ctx.view_2d(p, 8, 5, nb[1], 3 * nb[2]).unwrap(); // head 3: [8, 5]
+        let outs = [ctx.cont(tok).unwrap(), ctx.cont(heads).unwrap(), ctx.cont(half).unwrap(), ctx.cont(one).unwrap()];
+        let more = [ctx.rms_norm(outs[0], 1e-6).unwrap(), ctx.sum_rows(outs[2]).unwrap()];
+        let policy =
+            SplitPolicy::new(ratios).unwrap().rule("x", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
+        let all: Vec<TensorId> = outs.iter().chain(&more).copied().collect();
+        let plan = check(&ctx, &all, &policy, &[], &no_ints);
+        if ratios.len() > 1 {
+            let cfg = format!("{ratios:?}");
+            let heads = SplitState::split(2, split_extents(6, ratios, 1).unwrap());
+            gaps.state(&cfg, "permute", p, &heads, &plan, &ctx);
+            gaps.state(&cfg, "view of tokens 1..4", tok, &heads, &plan, &ctx);
+            gaps.state(&cfg, "view of half of each row", half, &heads, &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
+}
+
+#[test]
+fn sec5_concat_along_the_split_axis() {
+    // DESIGN.md section 5: "concat along the split axis" (and, for
+    // contrast, along another axis with matching boundaries), F32 and Q8_0.
+    // Along the split axis the result is a split with one segment per
+    // operand; along another axis the operands' slices line up: no gathers.
+    let mut gaps = Gaps::default();
+    for ratios in RATIOS {
+        let mut ctx = Context::new();
+        let a = named(&mut ctx, GgmlType::F32, &[6, 4], "a"); // axis 0
+        let b = named(&mut ctx, GgmlType::F32, &[10, 4], "b"); // axis 0
+        let c = named(&mut ctx, GgmlType::F32, &[6, 3], "c"); // axis 1
+        let d = named(&mut ctx, GgmlType::F32, &[6, 5], "d"); // axis 1
+        let e = named(&mut ctx, GgmlType::F32, &[6, 2], "e"); // axis 0
+        let q = named(&mut ctx, GgmlType::Q8_0, &[64, 3], "q"); // axis 1
+        let q2 = named(&mut ctx, GgmlType::Q8_0, &[64, 2], "q2"); // axis 1
+        let c1 = ctx.concat(a, b, 0).unwrap();
+        let c2 = ctx.concat(c, d, 1).unwrap();
+        let c3 = ctx.concat(a, e, 1).unwrap();
+        let cq = ctx.concat(q, q2, 1).unwrap();
+        let outs = [c1, c2, c3, cq, ctx.rms_norm(c1, 1e-6).unwrap(), ctx.sum_rows(c2).unwrap()];
+        let ax = |axis| SplitSpec::Axis { axis, granule: 1, segments: vec![] };
+        let policy = SplitPolicy::new(ratios)
+            .unwrap()
+            .rule("a", ax(0))
+            .rule("b", ax(0))
+            .rule("e", ax(0))
+            .rule("c", ax(1))
+            .rule("d", ax(1))
+            .rule("q*", ax(1));
+        let plan = check(&ctx, &outs, &policy, &[], &no_ints);
+        if ratios.len() > 1 {
+            let cfg = format!("{ratios:?}");
+            let rows = SplitState::split(0, split_extents(6, ratios, 1).unwrap());
+            gaps.state(&cfg, "concat along axis 1 of two row-split tensors", c3, &rows, &plan, &ctx);
+            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+        }
+    }
+    gaps.assert_none();
 }

@@ -79,18 +79,37 @@ impl Traffic {
     }
 }
 
-/// Fraction of the axis device `j` holds under `state` (1 for mirrored/partial).
-fn share(state: &SplitState, j: usize) -> f64 {
+/// Bytes of a `bytes`-byte tensor device `j` holds under `state` (exact:
+/// the split axis divides the byte count).
+fn part(bytes: u64, state: &SplitState, j: usize) -> u64 {
     match state {
-        SplitState::Split(s) => {
-            let len = s.axis_len();
-            if len == 0 {
-                0.0
-            } else {
-                s.local_len(j) as f64 / len as f64
-            }
+        SplitState::Split(s) if s.axis_len() > 0 => {
+            (bytes as u128 * s.local_len(j).max(0) as u128 / s.axis_len() as u128) as u64
         }
-        _ => 1.0,
+        SplitState::Split(_) => 0,
+        _ => bytes,
+    }
+}
+
+/// Bytes of device `j`'s part under `to` that it already holds under `from`.
+fn held(bytes: u64, from: &SplitState, to: &SplitState, j: usize) -> u64 {
+    match (from, to) {
+        (SplitState::Split(a), SplitState::Split(c)) if a.axis == c.axis => {
+            let len = a.axis_len();
+            if len <= 0 {
+                return 0;
+            }
+            (bytes as u128 * overlap(&a.ranges(j), &c.ranges(j)) as u128 / len as u128) as u64
+        }
+        (SplitState::Split(a), SplitState::Split(c)) => {
+            let (la, lc) = (a.axis_len(), c.axis_len());
+            if la <= 0 || lc <= 0 {
+                return 0;
+            }
+            (bytes as u128 * a.local_len(j) as u128 * c.local_len(j) as u128 / (la as u128 * lc as u128)) as u64
+        }
+        (SplitState::Split(_), _) => part(bytes, from, j),
+        (_, _) => part(bytes, to, j),
     }
 }
 
@@ -111,34 +130,28 @@ pub fn conversion(from: &SplitState, to: &SplitState, bytes: u64, n: usize) -> O
         total_bytes: total.ceil() as u64,
         steps,
     };
-    let recv_missing = |st: &SplitState| -> (f64, f64) {
-        let per: Vec<f64> = (0..n).map(|j| b * (1.0 - share(st, j))).collect();
-        (per.iter().cloned().fold(0.0, f64::max), per.iter().sum())
+    // Split/mirrored → split/mirrored: every device receives exactly the
+    // elements of its new part it does not hold (exact integer bytes).
+    let moved = |to: &SplitState| -> Traffic {
+        let mut per = 0u64;
+        let mut total = 0u64;
+        for j in 0..n {
+            let m = part(bytes, to, j).saturating_sub(held(bytes, from, to, j));
+            per = per.max(m);
+            total += m;
+        }
+        let kind = match (from, to) {
+            (SplitState::Split(a), SplitState::Split(c)) if a.axis == c.axis => Collective::Rebalance,
+            (SplitState::Split(_), SplitState::Split(_)) => Collective::AllToAll,
+            _ => Collective::AllGather,
+        };
+        let steps = if kind == Collective::Rebalance { 1 } else { steps };
+        Traffic { kind, bytes_per_device: per, total_bytes: total, steps }
     };
     Some(match (from, to) {
         (SplitState::Mirrored, SplitState::Split(_)) => t(Collective::LocalSlice, 0.0, 0.0, 0),
         (SplitState::Mirrored, SplitState::Partial(_)) => t(Collective::MirroredToPartial, 0.0, 0.0, 0),
-        (SplitState::Split(_), SplitState::Mirrored) => {
-            let (per, total) = recv_missing(from);
-            t(Collective::AllGather, per, total, steps)
-        }
-        (SplitState::Split(a), SplitState::Split(c)) if a.axis == c.axis => {
-            // Moved rows only: what each device needs that it does not hold.
-            let mut per = 0.0f64;
-            let mut total = 0.0;
-            for j in 0..n {
-                let have: f64 = overlap(&a.ranges(j), &c.ranges(j)) as f64;
-                let need = c.local_len(j) as f64;
-                let len = a.axis_len().max(1) as f64;
-                let moved = b * (need - have).max(0.0) / len;
-                per = per.max(moved);
-                total += moved;
-            }
-            t(Collective::Rebalance, per, total, 1)
-        }
-        (SplitState::Split(_), SplitState::Split(_)) => {
-            t(Collective::AllToAll, b * (nn - 1.0) / (nn * nn), b * (nn - 1.0) / nn, steps)
-        }
+        (SplitState::Split(_), SplitState::Mirrored | SplitState::Split(_)) => moved(to),
         (SplitState::Partial(_), SplitState::Mirrored) => {
             t(Collective::AllReduce, 2.0 * b * (nn - 1.0) / nn, 2.0 * b * (nn - 1.0), 2 * steps)
         }
@@ -146,10 +159,7 @@ pub fn conversion(from: &SplitState, to: &SplitState, bytes: u64, n: usize) -> O
             t(Collective::ReduceScatter, b * (nn - 1.0) / nn, b * (nn - 1.0), steps)
         }
         // Split → Partial: gather, then keep on one device (never cheaper than the gather).
-        (SplitState::Split(_), SplitState::Partial(_)) => {
-            let (per, total) = recv_missing(from);
-            t(Collective::AllGather, per, total, steps)
-        }
+        (SplitState::Split(_), SplitState::Partial(_)) => moved(&SplitState::Mirrored),
         // Partial → Partial of another op does not occur (one reduce op); Unknown is gathered.
         _ => t(Collective::AllGather, b * (nn - 1.0) / nn, b * (nn - 1.0), steps),
     })

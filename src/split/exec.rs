@@ -1,17 +1,20 @@
-//! A reference executor for plans on N CPU devices: every node runs on every
-//! device over its local slices (a one-node graph on that device's CPU
-//! backend), conversions between states are done by [`assemble`] and
-//! [`slice_local`] (collectives over plain copies), and distributed per-row
-//! ops combine a few values per row on the host. Correctness first: this is
-//! the executor the split tests compare against one device; lowering to
-//! per-device subgraphs with real collectives replaces it for speed.
+//! The executor of lowered plans on N CPU devices (N separate CPU backend
+//! instances). Every device runs on its own thread and walks the same
+//! [`Step`] list: a `Compute` step builds and runs one local graph over the
+//! device's parts (its subgraph), collectives go through a [`Comm`] (the
+//! generic [`HostComm`] by default), and distributed per-row ops exchange a
+//! few values per row. Bytes the communicator moves are counted, so a run
+//! can be checked against its plan.
 //!
 //! Local data is kept contiguous in each tensor's logical order; views are
-//! materialised per device.
+//! materialised where a subgraph hands them on.
 
+use super::comm::{Comm, HostComm};
 use super::layout::{assemble, local_ne, slice_local};
+use super::lower::{covers_owner, lower, Lowered, Step};
 use super::planner::Plan;
 use super::state::SplitState;
+use super::store::{SplitStore, Stored};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::{Backend, TensorStorage};
 use crate::error::{Error, Result};
@@ -19,7 +22,8 @@ use crate::graph::alloc::GraphAllocator;
 use crate::graph::{Context, Graph};
 use crate::ops::Op;
 use crate::tensor::{contiguous_strides, GgmlType, Tensor, TensorId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// N CPU devices that execute plans.
 #[derive(Debug)]
@@ -27,18 +31,27 @@ pub struct MetaExecutor {
     devices: Vec<CpuBackend>,
 }
 
-/// One tensor's data on every device in one state.
-#[derive(Clone, Debug)]
-struct Dist {
-    state: SplitState,
-    locals: Vec<Vec<u8>>,
+/// What one run did.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    /// The requested outputs' full contiguous bytes, in logical element
+    /// order, exactly what one device would hold.
+    pub outputs: Vec<Vec<u8>>,
+    /// Bytes the communicator delivered, all devices together.
+    pub bytes_moved: u64,
+    /// Of those, bytes of conversions the plan did not contain (a NaN row
+    /// in a distributed argmax, a write through a partial view, a store
+    /// kept in another state than planned); 0 for plans of ordinary graphs.
+    pub unplanned_bytes: u64,
+    /// Number of per-device subgraphs run (per device).
+    pub subgraphs: usize,
 }
 
 impl MetaExecutor {
     /// `n` CPU devices with `threads` worker threads each.
     ///
     /// # Errors
-    /// [`Error::Split`] for `n == 0`; backend creation errors.
+    /// [`Error::Split`] for `n == 0` or `n > 64`; backend creation errors.
     pub fn new(n: usize, threads: usize) -> Result<Self> {
         if n == 0 || n > 64 {
             return Err(Error::Split { detail: format!("{n} devices: need 1..=64") });
@@ -54,14 +67,13 @@ impl MetaExecutor {
         self.devices.len()
     }
 
-    /// Runs `plan` for `graph`. `leaf_data(id)` gives each leaf's full
-    /// contiguous bytes (ggml layout of its type); each device receives its
-    /// slice per the plan. Returns the full contiguous bytes of `outputs`, in
-    /// logical element order, exactly what one device would hold.
+    /// Runs `plan` for `graph` with leaf data from `leaf_data(id)` (each
+    /// leaf's full contiguous bytes in ggml layout; zeros where it gives
+    /// `None`), and returns the full bytes of `outputs`. A convenience over
+    /// [`MetaExecutor::execute`] with a fresh [`SplitStore`].
     ///
     /// # Errors
-    /// [`Error::Split`] if the plan is for another device count or graph, a
-    /// leaf has no data, or a local computation fails.
+    /// As [`MetaExecutor::execute`]; [`Error::Split`] for leaf data of the wrong size.
     pub fn run(
         &self,
         ctx: &Context,
@@ -70,420 +82,520 @@ impl MetaExecutor {
         leaf_data: &dyn Fn(TensorId) -> Option<Vec<u8>>,
         outputs: &[TensorId],
     ) -> Result<Vec<Vec<u8>>> {
-        let n = self.devices.len();
-        if plan.n_devices != n || plan.graph_hash != graph.hash() {
-            return Err(Error::Split { detail: "plan was made for another graph or device count".into() });
-        }
-        let mut data: HashMap<usize, Vec<Dist>> = HashMap::new();
+        let mut store = SplitStore::new(self.devices.len());
+        store.place_leafs(ctx, graph, plan)?;
         for &l in graph.leafs() {
-            let t = ctx.tensor(l)?;
-            let st = plan.state(l).cloned().unwrap_or(SplitState::Mirrored);
-            let full = leaf_data(l).unwrap_or_else(|| vec![0; full_len(t)]);
-            let locals = (0..n).map(|j| slice_local(t.ty, t.ne, &full, &st, j)).collect::<Result<_>>()?;
-            data.insert(l.index(), vec![Dist { state: st, locals }]);
-        }
-        for &node in graph.nodes() {
-            let t = ctx.t(node).clone();
-            let out_state = plan.state(node).cloned().unwrap_or(SplitState::Mirrored);
-            let needs = required_inputs(plan, node, &t, &data);
-            let mut ins = Vec::with_capacity(t.src.len());
-            for (k, &s) in t.src.iter().enumerate() {
-                ins.push(in_state(ctx, &mut data, s, &needs[k], n)?);
+            if let Some(b) = leaf_data(l) {
+                store.set_tensor(ctx, l, 0, &b)?;
             }
-            let ctx_err = |e: Error| Error::Split {
-                detail: format!("{} {} ({}): {e}", t.op.name(), t.describe(), out_state.label()),
-            };
-            let locals = if let Some(r) = row_combine(ctx, &t, &ins, &out_state, self.devices.len()).map_err(ctx_err)? {
-                r
-            } else if let Some(r) = vocab_get_rows(ctx, &t, &ins, &out_state, self.devices.len()).map_err(ctx_err)? {
-                r
-            } else if t.op.is_view_op()
-                && !matches!(t.op, Op::Cpy | Op::SetRows)
-                && !matches!(out_state, SplitState::Split(_))
-            {
-                // Mirrored/partial views read their storage owner directly.
-                let owner = t.view_src.ok_or_else(|| Error::Split { detail: "view without owner".into() })?;
-                let od = in_state(ctx, &mut data, owner, &out_state, n)?;
-                let ot = ctx.t(owner).clone();
-                (0..n).map(|j| self.local_view(j, &ot, &od.locals[j], &t)).collect::<Result<_>>().map_err(ctx_err)?
+        }
+        Ok(self.execute(ctx, graph, plan, &mut store, outputs)?.outputs)
+    }
+
+    /// Runs `plan` for `graph`: leafs are read from `store` (leafs not
+    /// placed there are placed zero-filled in their planned state), tensors
+    /// written through views (`cpy`, `set_rows` into caches) are written back
+    /// to it, and the full bytes of `outputs` are returned with the bytes
+    /// moved.
+    ///
+    /// # Errors
+    /// [`Error::Split`] if the plan is for another graph or device count, or
+    /// a local computation or collective fails (naming the node; the other
+    /// devices are released and the store keeps its previous contents).
+    pub fn execute(
+        &self,
+        ctx: &Context,
+        graph: &Graph,
+        plan: &Plan,
+        store: &mut SplitStore,
+        outputs: &[TensorId],
+    ) -> Result<RunReport> {
+        let comm = HostComm::new(self.devices.len());
+        self.execute_with(ctx, graph, plan, store, outputs, &comm)
+    }
+
+    /// [`MetaExecutor::execute`] over a given communicator (one with
+    /// `n_devices()` ranks; a fresh one per run for byte counts per run).
+    ///
+    /// # Errors
+    /// As [`MetaExecutor::execute`].
+    pub fn execute_with(
+        &self,
+        ctx: &Context,
+        graph: &Graph,
+        plan: &Plan,
+        store: &mut SplitStore,
+        outputs: &[TensorId],
+        comm: &dyn Comm,
+    ) -> Result<RunReport> {
+        let n = self.devices.len();
+        if plan.n_devices != n || store.n_devices() != n || comm.n_ranks() != n {
+            return Err(Error::Split { detail: "plan, store, communicator and executor disagree on the device count".into() });
+        }
+        for &o in outputs {
+            ctx.tensor(o)?;
+        }
+        let lowered = lower(ctx, graph, plan)?;
+        store.place_leafs(ctx, graph, plan)?;
+        // Leafs in their planned state (converted on the host if stored otherwise).
+        let mut leafs: Vec<(TensorId, Stored)> = Vec::new();
+        for &l in graph.leafs() {
+            let t = ctx.t(l);
+            if t.view_src.is_some() {
+                continue;
+            }
+            let s = store.get_stored(l).ok_or_else(|| Error::Split { detail: "store".into() })?;
+            let want = plan.state(l).cloned().unwrap_or(SplitState::Mirrored);
+            let s = if s.state == want {
+                s.clone()
             } else {
-                (0..n).map(|j| self.local_node(j, ctx, &t, &ins, &out_state)).collect::<Result<_>>().map_err(ctx_err)?
+                let parts: Vec<Vec<u8>> = s.locals.iter().map(|x| x.to_vec()).collect();
+                let full = assemble(t.ty, t.ne, &parts, &s.state)?;
+                let locals =
+                    (0..n).map(|j| slice_local(t.ty, t.ne, &full, &want, j).map(Arc::new)).collect::<Result<_>>()?;
+                Stored { state: want, locals }
             };
-            let dist = Dist { state: out_state.clone(), locals };
-            if matches!(t.op, Op::Cpy | Op::SetRows) {
-                // The destination now holds what the copy wrote.
-                if let Some(owner) = t.view_src {
-                    let ot = ctx.t(owner);
-                    if ot.ne == t.ne && ot.nb == t.nb && t.view_offs == 0 {
-                        data.insert(owner.index(), vec![dist.clone()]);
-                    } else {
-                        // A write through a view: put the written elements into
-                        // the owner's full bytes, which become mirrored.
-                        let cur = in_state(ctx, &mut data, owner, &SplitState::Mirrored, n)?;
-                        let mut full = cur.locals[0].clone();
-                        let res = assemble(t.ty, t.ne, &dist.locals, &dist.state)?;
-                        scatter(&mut full, &res, &t).map_err(ctx_err)?;
-                        data.insert(owner.index(), vec![Dist { state: SplitState::Mirrored, locals: vec![full; n] }]);
+            leafs.push((l, s));
+        }
+        let exports = exports(ctx, &lowered, outputs);
+        let before = comm.bytes_received().iter().sum::<u64>();
+        let results: Vec<Result<DeviceResult>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..n)
+                .map(|j| {
+                    let (lowered, exports, leafs) = (&lowered, &exports, &leafs);
+                    let dev = &self.devices[j];
+                    sc.spawn(move || {
+                        let mut d = Device { j, n, ctx, plan, backend: dev, comm, data: HashMap::new(), unplanned: 0 };
+                        for (l, s) in leafs {
+                            d.put(*l, s.state.clone(), s.locals[j].clone());
+                        }
+                        let r = d.run(lowered, exports, outputs, graph);
+                        if r.is_err() {
+                            comm.abort();
+                        }
+                        r
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Split { detail: "a device thread panicked".into() })))
+                .collect()
+        });
+        // The first real error (not "another device failed").
+        let mut devs = Vec::with_capacity(n);
+        let mut errs = Vec::new();
+        for r in results {
+            match r {
+                Ok(d) => devs.push(d),
+                Err(e) => errs.push(e),
+            }
+        }
+        if !errs.is_empty() {
+            let pick = errs.iter().position(|e| !e.to_string().contains("another device failed")).unwrap_or(0);
+            return Err(errs.swap_remove(pick));
+        }
+        let moved = comm.bytes_received().iter().sum::<u64>() - before;
+        let mut report = RunReport {
+            outputs: Vec::with_capacity(outputs.len()),
+            bytes_moved: moved,
+            unplanned_bytes: devs.iter().map(|d| d.unplanned).sum(),
+            subgraphs: lowered.n_subgraphs(),
+        };
+        for (k, &o) in outputs.iter().enumerate() {
+            let t = ctx.t(o);
+            let state = devs[0].outputs[k].0.clone();
+            let parts: Vec<Vec<u8>> = devs.iter().map(|d| d.outputs[k].1.to_vec()).collect();
+            report.outputs.push(assemble(t.ty, t.ne, &parts, &state)?);
+        }
+        // Written owners go back to the store.
+        let written: Vec<TensorId> = devs[0].written.iter().map(|(id, _, _)| *id).collect();
+        for (k, id) in written.iter().enumerate() {
+            let state = devs[0].written[k].1.clone();
+            let locals = devs.iter().map(|d| d.written[k].2.clone()).collect();
+            store.put_stored(*id, Stored { state, locals });
+        }
+        Ok(report)
+    }
+
+    /// Lowers `plan` (exposed for reports and tests).
+    ///
+    /// # Errors
+    /// As [`lower`].
+    pub fn lower(&self, ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
+        lower(ctx, graph, plan)
+    }
+}
+
+/// Tensors a subgraph must hand on: read by a later step, requested, or written into.
+fn exports(ctx: &Context, lowered: &Lowered, outputs: &[TensorId]) -> HashSet<usize> {
+    let mut seg_of: HashMap<usize, usize> = HashMap::new();
+    for (k, s) in lowered.steps.iter().enumerate() {
+        if let Step::Compute(v) = s {
+            for id in v {
+                seg_of.insert(id.index(), k);
+            }
+        }
+    }
+    let mut out: HashSet<usize> = outputs.iter().map(|o| o.index()).collect();
+    for (k, s) in lowered.steps.iter().enumerate() {
+        let readers: Vec<TensorId> = match s {
+            Step::Compute(v) => v.clone(),
+            Step::RowCombine(n) | Step::VocabGetRows(n) | Step::Write(n) => vec![*n],
+            Step::Convert { tensor, .. } => {
+                out.insert(tensor.index());
+                vec![]
+            }
+        };
+        for r in readers {
+            let rt = ctx.t(r);
+            if matches!(rt.op, Op::View) {
+                if let Some(o) = rt.view_src {
+                    out.insert(o.index());
+                }
+            }
+            for src in &rt.src {
+                if seg_of.get(&src.index()).is_some_and(|&sk| sk != k) {
+                    out.insert(src.index());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What a device thread hands back.
+struct DeviceResult {
+    outputs: Vec<(SplitState, Arc<Vec<u8>>)>,
+    written: Vec<(TensorId, SplitState, Arc<Vec<u8>>)>,
+    unplanned: u64,
+}
+
+/// One device's thread: its data and its side of every step.
+struct Device<'a> {
+    j: usize,
+    n: usize,
+    ctx: &'a Context,
+    plan: &'a Plan,
+    backend: &'a CpuBackend,
+    comm: &'a dyn Comm,
+    /// Per tensor: the states it is available in, the first being current.
+    data: HashMap<usize, Vec<(SplitState, Arc<Vec<u8>>)>>,
+    unplanned: u64,
+}
+
+impl Device<'_> {
+    fn put(&mut self, id: TensorId, state: SplitState, bytes: Arc<Vec<u8>>) {
+        let list = self.data.entry(id.index()).or_default();
+        list.retain(|(s, _)| *s != state);
+        list.push((state, bytes));
+    }
+
+    fn get(&self, id: TensorId, state: &SplitState) -> Option<Arc<Vec<u8>>> {
+        self.data.get(&id.index())?.iter().find(|(s, _)| s == state).map(|(_, b)| b.clone())
+    }
+
+    fn current(&self, id: TensorId) -> Result<(SplitState, Arc<Vec<u8>>)> {
+        self.data
+            .get(&id.index())
+            .and_then(|v| v.first().cloned())
+            .ok_or_else(|| Error::Split { detail: format!("tensor #{} is not computed on device {}", id.index(), self.j) })
+    }
+
+    /// `id` in `state`, converting now (counted as unplanned) if no step did.
+    fn fetch(&mut self, id: TensorId, state: &SplitState) -> Result<Arc<Vec<u8>>> {
+        if let Some(b) = self.get(id, state) {
+            return Ok(b);
+        }
+        let (from, _) = self.current(id)?;
+        let before = self.comm.bytes_received()[self.j];
+        self.convert(id, &from, state)?;
+        self.unplanned += self.comm.bytes_received()[self.j] - before;
+        self.get(id, state).ok_or_else(|| Error::Split { detail: "conversion".into() })
+    }
+
+    /// Converts `id` from `from` to `to` through the communicator.
+    fn convert(&mut self, id: TensorId, from: &SplitState, to: &SplitState) -> Result<()> {
+        let t = self.ctx.t(id);
+        let (ty, ne, j) = (t.ty, t.ne, self.j);
+        let src = self.get(id, from).ok_or_else(|| Error::Split {
+            detail: format!("tensor #{} is not available as {} on device {j}", id.index(), from.label()),
+        })?;
+        let out = match (from, to) {
+            (SplitState::Partial(_), SplitState::Mirrored) => self.comm.all_reduce(j, ty, ne, &src)?,
+            (SplitState::Partial(_), SplitState::Split(_)) => self.comm.reduce_scatter(j, ty, ne, to, &src)?,
+            (SplitState::Mirrored, SplitState::Partial(_)) => {
+                if j == 0 {
+                    src.to_vec()
+                } else {
+                    vec![0; src.len()]
+                }
+            }
+            (SplitState::Split(_), SplitState::Partial(_)) => {
+                // Gathered, then held by device 0 (the cost model's all-gather).
+                let full = self.comm.redistribute(j, ty, ne, from, &SplitState::Mirrored, &src)?;
+                if j == 0 {
+                    full
+                } else {
+                    vec![0; full.len()]
+                }
+            }
+            (a, b) if a == b => src.to_vec(),
+            _ => self.comm.redistribute(j, ty, ne, from, to, &src)?,
+        };
+        self.put(id, to.clone(), Arc::new(out));
+        Ok(())
+    }
+
+    fn state_of(&self, id: TensorId) -> SplitState {
+        self.plan.state(id).cloned().unwrap_or(SplitState::Mirrored)
+    }
+
+    fn needs(&self, node: TensorId) -> Vec<SplitState> {
+        self.plan.inputs_of(node).map(|v| v.to_vec()).unwrap_or_default()
+    }
+
+    fn run(mut self, lowered: &Lowered, exports: &HashSet<usize>, outputs: &[TensorId], graph: &Graph) -> Result<DeviceResult> {
+        let mut written: Vec<TensorId> = Vec::new();
+        for step in &lowered.steps {
+            match step {
+                Step::Compute(nodes) => self.compute(nodes, exports)?,
+                Step::Convert { tensor, from, to, .. } => self.convert(*tensor, from, to)?,
+                Step::RowCombine(node) => self.row_combine(*node)?,
+                Step::VocabGetRows(node) => self.vocab_get_rows(*node)?,
+                Step::Write(node) => {
+                    if let Some(o) = self.write(*node)? {
+                        if !written.contains(&o) {
+                            written.push(o);
+                        }
                     }
                 }
             }
-            data.insert(node.index(), vec![dist]);
         }
-        outputs
-            .iter()
+        let mut outs = Vec::with_capacity(outputs.len());
+        for &o in outputs {
+            let (s, b) = self.current(o)?;
+            outs.push((s, b));
+        }
+        // Written leafs return to the store in their planned state.
+        let mut w = Vec::new();
+        for o in written {
+            if graph.leafs().contains(&o) {
+                let st = self.state_of(o);
+                let b = self.fetch(o, &st)?;
+                w.push((o, st, b));
+            }
+        }
+        Ok(DeviceResult { outputs: outs, written: w, unplanned: self.unplanned })
+    }
+
+    /// Runs `nodes` as one local graph over this device's parts.
+    fn compute(&mut self, nodes: &[TensorId], exports: &HashSet<usize>) -> Result<()> {
+        let ctx = self.ctx;
+        let mut l = Context::new();
+        let mut local: HashMap<usize, (TensorId, SplitState)> = HashMap::new();
+        let mut ext: HashMap<(usize, SplitState), TensorId> = HashMap::new();
+        let mut inputs: Vec<(TensorId, Arc<Vec<u8>>)> = Vec::new();
+        for &node in nodes {
+            let t = ctx.t(node);
+            let out_state = self.state_of(node);
+            let needs = self.needs(node);
+            let mut srcs = Vec::with_capacity(t.src.len());
+            for (k, &s) in t.src.iter().enumerate() {
+                let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
+                match local.get(&s.index()) {
+                    Some((lid, st)) if *st == need => srcs.push(*lid),
+                    _ => {
+                        let key = (s.index(), need.clone());
+                        if let Some(&lid) = ext.get(&key) {
+                            srcs.push(lid);
+                            continue;
+                        }
+                        let bytes = self.fetch(s, &need)?;
+                        let st = ctx.t(s);
+                        let lid = l.new_tensor(st.ty, &local_ne(st.ne, &need, self.j))?;
+                        ext.insert(key, lid);
+                        inputs.push((lid, bytes));
+                        srcs.push(lid);
+                    }
+                }
+            }
+            let lid = if let Some(owner) = self.view_owner(&l, ctx, t, &srcs, &out_state) {
+                // A view the parent's local copy cannot express: view the owner's memory.
+                let olid = match local.get(&owner.index()) {
+                    Some((lid, st)) if *st == out_state => *lid,
+                    _ => {
+                        let bytes = self.fetch(owner, &out_state)?;
+                        let ot = ctx.t(owner);
+                        let lid = l.new_tensor(ot.ty, &ot.ne)?;
+                        inputs.push((lid, bytes));
+                        lid
+                    }
+                };
+                l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid]).map_err(|e| node_err(t, &out_state, e))?
+            } else {
+                local_op(&mut l, ctx, t, &srcs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?
+            };
+            local.insert(node.index(), (lid, out_state));
+        }
+        let mut outs = Vec::new();
+        for &node in nodes {
+            if exports.contains(&node.index()) {
+                let (lid, st) = local[&node.index()].clone();
+                let t = l.t(lid).clone();
+                let c = if t.is_contiguous() { lid } else { l.push_op(t.ty, t.ne, Op::Cont, &[lid])? };
+                outs.push((node, c, st));
+            }
+        }
+        if outs.is_empty() {
+            return Ok(());
+        }
+        let out_ids: Vec<TensorId> = outs.iter().map(|o| o.1).collect();
+        let results = self.run_local(&l, &out_ids, &inputs).map_err(|e| {
+            let t = ctx.t(nodes[0]);
+            Error::Split { detail: format!("device {}: subgraph from {} {}: {e}", self.j, t.op.name(), t.describe()) }
+        })?;
+        for ((node, _, state), bytes) in outs.into_iter().zip(results) {
+            self.data.insert(node.index(), vec![(state, Arc::new(bytes))]);
+        }
+        Ok(())
+    }
+
+    /// Runs local graph `l` on this device with leaf `inputs` set and
+    /// returns the bytes of `outs` (each contiguous).
+    fn run_local(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Arc<Vec<u8>>)]) -> Result<Vec<Vec<u8>>> {
+        let g = l.build_forward(outs)?;
+        let mut st = TensorStorage::new();
+        let leaf_ids: Vec<TensorId> = inputs.iter().map(|i| i.0).collect();
+        st.alloc_tensors(self.backend, l, &leaf_ids)?;
+        for (lid, b) in inputs {
+            st.set_bytes(l, *lid, 0, b)?;
+        }
+        GraphAllocator::new(self.backend.buffer_type()).alloc_graph(self.backend, l, &g, &mut st)?;
+        self.backend.compute(l, &g, &st)?;
+        outs.iter()
             .map(|&o| {
-                let t = ctx.tensor(o)?;
-                let d = data
-                    .get(&o.index())
-                    .and_then(|v| v.first())
-                    .ok_or_else(|| Error::Split { detail: "output not computed".into() })?;
-                assemble(t.ty, t.ne, &d.locals, &d.state)
+                let mut bytes = vec![0u8; l.t(o).nbytes()];
+                st.get_bytes(l, o, 0, &mut bytes)?;
+                Ok(bytes)
             })
             .collect()
     }
 
-    /// Computes node `t` on device `j` from its inputs' local parts.
-    fn local_node(&self, j: usize, ctx: &Context, t: &Tensor, ins: &[Dist], out_state: &SplitState) -> Result<Vec<u8>> {
-        let dev = &self.devices[j];
+    /// Node `node` computed whole on this device from gathered inputs (the
+    /// exact single-device semantics, for rows a distributed op cannot
+    /// combine exactly: NaN or infinite values), laid out in its planned state.
+    fn full_node(&mut self, node: TensorId) -> Result<Arc<Vec<u8>>> {
+        let ctx = self.ctx;
+        let t = ctx.t(node);
         let mut l = Context::new();
-        let mut srcs = Vec::with_capacity(ins.len());
-        for (k, d) in ins.iter().enumerate() {
-            let st = ctx.t(t.src[k]);
-            let id = l.new_tensor(st.ty, &local_ne(st.ne, &d.state, j))?;
-            srcs.push(id);
+        let (mut srcs, mut inputs) = (Vec::new(), Vec::new());
+        for &s in &t.src {
+            let bytes = self.fetch(s, &SplitState::Mirrored)?;
+            let st = ctx.t(s);
+            let lid = l.new_tensor(st.ty, &st.ne)?;
+            inputs.push((lid, bytes));
+            srcs.push(lid);
         }
-        let ne = local_ne(t.ne, out_state, j);
-        let out = match &t.op {
-            Op::Reshape => l.push_view(srcs[0], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::Reshape, &srcs)?,
-            Op::Permute { axes } => {
-                let s = l.t(srcs[0]).clone();
-                let (mut pne, mut pnb) = (s.ne, s.nb);
-                for i in 0..4 {
-                    pne[axes[i]] = s.ne[i];
-                    pnb[axes[i]] = s.nb[i];
-                }
-                l.push_view(srcs[0], t.ty, pne, pnb, 0, t.op.clone(), &srcs)?
-            }
-            Op::Transpose => {
-                let s = l.t(srcs[0]).clone();
-                let (mut pne, mut pnb) = (s.ne, s.nb);
-                pne.swap(0, 1);
-                pnb.swap(0, 1);
-                l.push_view(srcs[0], t.ty, pne, pnb, 0, Op::Transpose, &srcs)?
-            }
-            Op::Cpy => l.push_view(srcs[1], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::Cpy, &srcs)?,
-            Op::SetRows => l.push_view(srcs[2], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::SetRows, &srcs)?,
-            Op::View => return Err(Error::Split { detail: "a split view is not supported yet".into() }),
-            op => l.push_op(t.ty, ne, op.clone(), &srcs)?,
-        };
-        // Views are materialised so every local part is contiguous.
-        let out = if l.t(out).is_contiguous() { out } else { l.push_op(t.ty, ne, Op::Cont, &[out])? };
-        let g = l.build_forward(&[out])?;
-        let mut st = TensorStorage::new();
-        st.alloc_tensors(dev, &l, g.leafs())?;
-        for (k, d) in ins.iter().enumerate() {
-            st.set_bytes(&l, srcs[k], 0, &d.locals[j])?;
-        }
-        GraphAllocator::new(dev.buffer_type()).alloc_graph(dev, &l, &g, &mut st)?;
-        dev.compute(&l, &g, &st)?;
-        let mut bytes = vec![0u8; l.t(out).nbytes()];
-        st.get_bytes(&l, out, 0, &mut bytes)?;
-        Ok(bytes)
+        let m = SplitState::Mirrored;
+        let out = local_op(&mut l, ctx, t, &srcs, &m, self.j).map_err(|e| node_err(t, &m, e))?;
+        let full = self.run_local(&l, &[out], &inputs).map_err(|e| node_err(t, &m, e))?.remove(0);
+        let state = self.state_of(node);
+        Ok(Arc::new(slice_local(t.ty, t.ne, &full, &state, self.j)?))
     }
 
-    /// A mirrored/partial view of `owner`'s full data on device `j`, made contiguous.
-    fn local_view(&self, j: usize, owner: &Tensor, owner_bytes: &[u8], t: &Tensor) -> Result<Vec<u8>> {
-        let dev = &self.devices[j];
+    /// Computes row op `node` whole from gathered inputs (counted as unplanned).
+    fn fallback(&mut self, node: TensorId) -> Result<()> {
+        let r = self.full_node(node)?;
+        let st = self.state_of(node);
+        self.data.insert(node.index(), vec![(st, r)]);
+        Ok(())
+    }
+
+    /// For a mirrored/partial `view` whose parent is held here in another
+    /// layout than one device's (a contiguous copy of a strided parent): the
+    /// owner to view instead.
+    fn view_owner(&self, l: &Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out: &SplitState) -> Option<TensorId> {
+        if !matches!(t.op, Op::View) || matches!(out, SplitState::Split(_)) {
+            return None;
+        }
+        let parent = ctx.t(t.src[0]);
+        let lp = l.t(srcs[0]);
+        let same = lp.ne == parent.ne && lp.nb == parent.nb;
+        // A view reaching outside its parent's bytes (legal: bounds are the owner's).
+        let inside = parent.view_src.is_none() || {
+            let span = crate::tensor::checked_nbytes(t.ty, &t.ne, &t.nb).unwrap_or(usize::MAX);
+            t.view_offs >= parent.view_offs && t.view_offs.saturating_add(span) <= parent.view_offs + parent.nbytes()
+        };
+        if (parent.is_contiguous() || same) && inside {
+            return None;
+        }
+        t.view_src
+    }
+
+    /// A write (`cpy`/`set_rows`) on every device; the owner takes the result.
+    fn write(&mut self, node: TensorId) -> Result<Option<TensorId>> {
+        let ctx = self.ctx;
+        let t = ctx.t(node);
+        let out_state = self.state_of(node);
+        let needs = self.needs(node);
         let mut l = Context::new();
-        let o = l.new_tensor(owner.ty, &owner.ne)?;
-        let v = l.push_view(o, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[o])?;
-        let c = l.push_op(t.ty, t.ne, Op::Cont, &[v])?;
-        let g = l.build_forward(&[c])?;
-        let mut st = TensorStorage::new();
-        st.alloc_tensors(dev, &l, g.leafs())?;
-        st.set_bytes(&l, o, 0, owner_bytes)?;
-        GraphAllocator::new(dev.buffer_type()).alloc_graph(dev, &l, &g, &mut st)?;
-        dev.compute(&l, &g, &st)?;
-        let mut bytes = vec![0u8; l.t(c).nbytes()];
-        st.get_bytes(&l, c, 0, &mut bytes)?;
-        Ok(bytes)
+        let mut srcs = Vec::new();
+        let mut inputs = Vec::new();
+        for (k, &s) in t.src.iter().enumerate() {
+            let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
+            let bytes = self.fetch(s, &need)?;
+            let st = ctx.t(s);
+            let lid = l.new_tensor(st.ty, &local_ne(st.ne, &need, self.j))?;
+            inputs.push((lid, bytes));
+            srcs.push(lid);
+        }
+        let out = local_op(&mut l, ctx, t, &srcs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
+        let bytes = self.run_local(&l, &[out], &inputs).map_err(|e| node_err(t, &out_state, e))?.remove(0);
+        let res = Arc::new(bytes);
+        self.data.insert(node.index(), vec![(out_state.clone(), res.clone())]);
+        let Some(owner) = t.view_src else { return Ok(None) };
+        let after = super::lower::owner_state_after_write(ctx, t, &out_state);
+        if covers_owner(ctx, t) && (after == out_state || ctx.t(owner).ne == t.ne || after == SplitState::Mirrored && out_state == SplitState::Mirrored) {
+            // The same bytes in the owner's shape.
+            self.data.insert(owner.index(), vec![(after, res)]);
+        } else {
+            // A write into part of the owner: both mirrored, then scattered.
+            let full_res = self.fetch(node, &SplitState::Mirrored)?;
+            let mut full = self.fetch(owner, &SplitState::Mirrored)?.to_vec();
+            scatter(&mut full, &full_res, t).map_err(|e| node_err(t, &out_state, e))?;
+            self.data.insert(owner.index(), vec![(SplitState::Mirrored, Arc::new(full))]);
+        }
+        Ok(Some(owner))
     }
-}
 
-/// Distributed per-row ops over rows split on axis 0 (and `sum` over any
-/// split): each device reduces its part of every row, a few values per row
-/// are combined, and the result is formed where the data lives. `None` if
-/// `t` is not such a node.
-fn row_combine(
-    ctx: &Context,
-    t: &Tensor,
-    ins: &[Dist],
-    out_state: &SplitState,
-    n: usize,
-) -> Result<Option<Vec<Vec<u8>>>> {
-    let row_op = matches!(
-        t.op,
-        Op::RmsNorm { .. }
-            | Op::L2Norm { .. }
-            | Op::Norm { .. }
-            | Op::SoftMax { .. }
-            | Op::Argmax
-            | Op::TopK { .. }
-            | Op::SumRows
-            | Op::Mean
-            | Op::Sum
-    );
-    let Some(SplitState::Split(s)) = ins.first().map(|d| &d.state) else { return Ok(None) };
-    if !row_op || (s.axis != 0 && !matches!(t.op, Op::Sum)) {
-        return Ok(None);
-    }
-    if matches!(t.op, Op::Sum) {
-        let ty = ctx.t(t.src[0]).ty;
-        let total: f64 = ins[0].locals.iter().flat_map(|b| floats(b, ty)).map(|v| v as f64).sum();
-        let bytes = match t.ty {
-            GgmlType::F16 => half::f16::from_f32(total as f32).to_le_bytes().to_vec(),
-            GgmlType::BF16 => half::bf16::from_f32(total as f32).to_le_bytes().to_vec(),
-            _ => (total as f32).to_le_bytes().to_vec(),
+    /// Vocabulary-parallel `get_rows` (Megatron's embedding): the table is
+    /// split on its rows (axis 1), indices are mirrored; this device looks up
+    /// the rows it owns and gives zeros for the others.
+    fn vocab_get_rows(&mut self, node: TensorId) -> Result<()> {
+        let ctx = self.ctx;
+        let t = ctx.t(node);
+        let needs = self.needs(node);
+        let (table, idx_t) = (ctx.t(t.src[0]), ctx.t(t.src[1]));
+        let Some(SplitState::Split(s)) = needs.first() else {
+            return Err(Error::Split { detail: "vocab get_rows without a split table".into() });
         };
-        return Ok(Some(vec![bytes; n]));
-    }
-    let row_len: Vec<usize> = (0..n).map(|j| s.local_len(j) as usize).collect();
-    let ne0_global = s.axis_len() as usize;
-    let x: Vec<Vec<f32>> = ins[0].locals.iter().map(|b| f32s(b)).collect();
-    let nrows = ctx.t(t.src[0]).nrows().max(0) as usize;
-    let row = |j: usize, r: usize| -> &[f32] { &x[j][r * row_len[j]..(r + 1) * row_len[j]] };
-    let ranges: Vec<Vec<(i64, i64)>> = (0..n).map(|j| s.ranges(j)).collect();
-    // Local position i of device j → global position along the row.
-    let global = |j: usize, i: usize| -> i32 {
-        let mut i = i as i64;
-        for &(a, b) in &ranges[j] {
-            if i < b - a {
-                return (a + i) as i32;
-            }
-            i -= b - a;
-        }
-        -1
-    };
-    let to_bytes = |v: Vec<Vec<f32>>| -> Vec<Vec<u8>> {
-        v.into_iter().map(|d| d.iter().flat_map(|x| x.to_le_bytes()).collect()).collect()
-    };
-    let out = match &t.op {
-        Op::RmsNorm { eps } | Op::L2Norm { eps } => {
-            let l2 = matches!(t.op, Op::L2Norm { .. });
-            let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
-            for r in 0..nrows {
-                let ss: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| (v * v) as f64).sum::<f64>()).sum();
-                let scale = if l2 {
-                    1.0 / (ss.sqrt() as f32).max(*eps)
-                } else {
-                    1.0 / ((ss / ne0_global.max(1) as f64) as f32 + eps).sqrt()
-                };
-                for (j, o) in outs.iter_mut().enumerate() {
-                    o.extend(row(j, r).iter().map(|&v| v * scale));
-                }
-            }
-            to_bytes(outs)
-        }
-        Op::Norm { eps } => {
-            let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
-            for r in 0..nrows {
-                let sum: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| v as f64).sum::<f64>()).sum();
-                let mean = (sum / ne0_global.max(1) as f64) as f32;
-                let var: f64 =
-                    (0..n).map(|j| row(j, r).iter().map(|&v| ((v - mean) * (v - mean)) as f64).sum::<f64>()).sum();
-                let scale = 1.0 / ((var / ne0_global.max(1) as f64) as f32 + eps).sqrt();
-                for (j, o) in outs.iter_mut().enumerate() {
-                    o.extend(row(j, r).iter().map(|&v| (v - mean) * scale));
-                }
-            }
-            to_bytes(outs)
-        }
-        Op::SoftMax { scale, max_bias } => {
-            if *max_bias > 0.0 || ins.len() > 2 {
-                return Err(Error::Split {
-                    detail: "distributed soft_max supports a 2-D mask without ALiBi or sinks".into(),
-                });
-            }
-            let mask_ty = t.src.get(1).map(|&m| ctx.t(m).ty).unwrap_or(GgmlType::F32);
-            let mask: Option<Vec<Vec<f32>>> = ins.get(1).map(|m| m.locals.iter().map(|b| floats(b, mask_ty)).collect());
-            let mut outs: Vec<Vec<f32>> = row_len.iter().map(|&l| Vec::with_capacity(l * nrows)).collect();
-            let ne1 = (t.ne[1].max(1)) as usize;
-            for r in 0..nrows {
-                let vals: Vec<Vec<f32>> = (0..n)
-                    .map(|j| {
-                        row(j, r)
-                            .iter()
-                            .enumerate()
-                            .map(|(i, &v)| {
-                                let mv = mask.as_ref().map_or(0.0, |m| m[j][(r % ne1) * row_len[j] + i]);
-                                v * scale + mv
-                            })
-                            .collect()
-                    })
-                    .collect();
-                let gmax = vals.iter().flatten().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f64 = vals.iter().flatten().map(|&v| ((v - gmax).exp()) as f64).sum();
-                let inv = (1.0 / sum) as f32;
-                for (o, v) in outs.iter_mut().zip(&vals) {
-                    o.extend(v.iter().map(|&v| (v - gmax).exp() * inv));
-                }
-            }
-            to_bytes(outs)
-        }
-        Op::Argmax | Op::TopK { .. } | Op::SumRows | Op::Mean => {
-            let mut res: Vec<u8> = Vec::new();
-            match &t.op {
-                Op::Argmax => {
-                    for r in 0..nrows {
-                        if (0..n).any(|j| row(j, r).iter().any(|v| v.is_nan())) {
-                            // ggml's scan restarts after a NaN: replay it in global order.
-                            let mut full = vec![0f32; ne0_global];
-                            for j in 0..n {
-                                for (i, &v) in row(j, r).iter().enumerate() {
-                                    full[global(j, i) as usize] = v;
-                                }
-                            }
-                            let (mut max, mut idx) = (f32::NEG_INFINITY, 0i32);
-                            for (i, &v) in full.iter().enumerate() {
-                                max = if max > v { max } else { v };
-                                if max == v {
-                                    idx = i as i32;
-                                }
-                            }
-                            res.extend(idx.to_le_bytes());
-                            continue;
-                        }
-                        let mut best = (f32::NEG_INFINITY, -1i32);
-                        for j in 0..n {
-                            for (i, &v) in row(j, r).iter().enumerate() {
-                                // ggml's argmax keeps the last of equal maxima.
-                                let gi = global(j, i);
-                                if v > best.0 || (v == best.0 && gi > best.1) {
-                                    best = (v, gi);
-                                }
-                            }
-                        }
-                        // An empty row gives index 0, as on one device.
-                        res.extend(best.1.max(0).to_le_bytes());
-                    }
-                }
-                Op::TopK { k } => {
-                    for r in 0..nrows {
-                        let mut cands: Vec<(f32, i32)> = Vec::new();
-                        for j in 0..n {
-                            cands.extend(row(j, r).iter().enumerate().map(|(i, &v)| (v, global(j, i))));
-                        }
-                        // The single-device order: descending value, ties by lower index.
-                        cands.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
-                        res.extend(cands.iter().take((*k).max(0) as usize).flat_map(|c| c.1.to_le_bytes()));
-                    }
-                }
-                _ => {
-                    for r in 0..nrows {
-                        let sum: f64 = (0..n).map(|j| row(j, r).iter().map(|&v| v as f64).sum::<f64>()).sum();
-                        let v = if matches!(t.op, Op::Mean) { sum / ne0_global as f64 } else { sum };
-                        res.extend((v as f32).to_le_bytes());
-                    }
-                }
-            }
-            if *out_state != SplitState::Mirrored {
-                return Err(Error::Split { detail: format!("{} combine must give a mirrored result", t.op.name()) });
-            }
-            vec![res; n]
-        }
-        _ => return Ok(None),
-    };
-    Ok(Some(out))
-}
-
-fn floats(b: &[u8], ty: GgmlType) -> Vec<f32> {
-    match ty {
-        GgmlType::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        GgmlType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        _ => f32s(b),
-    }
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
-
-fn full_len(t: &Tensor) -> usize {
-    let rows: i64 = t.ne[1..].iter().product();
-    t.ty.row_size(t.ne[0]).unwrap_or(0) * rows.max(0) as usize
-}
-
-/// The states the chosen strategy reads `node`'s inputs in.
-fn required_inputs(plan: &Plan, node: TensorId, t: &Tensor, data: &HashMap<usize, Vec<Dist>>) -> Vec<SplitState> {
-    match plan.inputs_of(node) {
-        Some(v) if v.len() == t.src.len() => v.to_vec(),
-        _ => t
-            .src
-            .iter()
-            .map(|&s| data.get(&s.index()).and_then(|v| v.first()).map_or(SplitState::Mirrored, |d| d.state.clone()))
-            .collect(),
-    }
-}
-
-/// `s`'s data in `state`, converting (assemble, then slice) if needed.
-fn in_state(
-    ctx: &Context,
-    data: &mut HashMap<usize, Vec<Dist>>,
-    s: TensorId,
-    state: &SplitState,
-    n: usize,
-) -> Result<Dist> {
-    let have =
-        data.get(&s.index()).ok_or_else(|| Error::Split { detail: format!("tensor #{} not computed", s.index()) })?;
-    if let Some(d) = have.iter().find(|d| d.state == *state) {
-        return Ok(d.clone());
-    }
-    let t = ctx.t(s);
-    let src = &have[0];
-    let full = assemble(t.ty, t.ne, &src.locals, &src.state)?;
-    let locals = (0..n).map(|j| slice_local(t.ty, t.ne, &full, state, j)).collect::<Result<Vec<_>>>()?;
-    let d = Dist { state: state.clone(), locals };
-    data.entry(s.index()).or_default().push(d.clone());
-    Ok(d)
-}
-
-/// Vocabulary-parallel `get_rows` (Megatron's embedding): the table is split
-/// on its rows (axis 1), indices are mirrored; each device looks up the rows
-/// it owns and gives zeros for the others, so the result is a partial sum.
-fn vocab_get_rows(
-    ctx: &Context,
-    t: &Tensor,
-    ins: &[Dist],
-    out_state: &SplitState,
-    n: usize,
-) -> Result<Option<Vec<Vec<u8>>>> {
-    if !matches!(t.op, Op::GetRows) || *out_state != SplitState::partial() {
-        return Ok(None);
-    }
-    let (Some(SplitState::Split(s)), Some(idx)) = (ins.first().map(|d| &d.state), ins.get(1)) else { return Ok(None) };
-    if s.axis != 1 {
-        return Ok(None);
-    }
-    let table = ctx.t(t.src[0]);
-    let ity = ctx.t(t.src[1]).ty;
-    let ne0 = table.ne[0] as usize;
-    let rb = table.ty.row_size(table.ne[0])?;
-    let ids: Vec<i64> = match ity {
-        GgmlType::I32 => {
-            idx.locals[0].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect()
-        }
-        _ => idx.locals[0].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
-    };
-    let mut out = Vec::with_capacity(n);
-    for j in 0..n {
-        let ranges = s.ranges(j);
+        let tab = self.fetch(t.src[0], &needs[0])?;
+        let idx = self.fetch(t.src[1], &SplitState::Mirrored)?;
+        let ids: Vec<i64> = match idx_t.ty {
+            GgmlType::I32 => idx.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
+            _ => idx.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
+        };
+        let ne0 = table.ne[0] as usize;
+        let rb = table.ty.row_size(table.ne[0])?;
+        let ranges = s.ranges(self.j);
         let mut v = vec![0f32; ne0 * ids.len()];
         for (k, &id) in ids.iter().enumerate() {
             let mut base = 0i64;
             for &(a, b) in &ranges {
                 if id >= a && id < b {
                     let off = (base + id - a) as usize * rb;
-                    let row = ins[0].locals[j]
+                    let row = tab
                         .get(off..off + rb)
                         .ok_or_else(|| Error::Split { detail: "get_rows: local row out of range".into() })?;
                     crate::tensor::quant::dequantize_row(table.ty, row, &mut v[k * ne0..(k + 1) * ne0])?;
@@ -491,14 +603,330 @@ fn vocab_get_rows(
                 base += b - a;
             }
         }
-        out.push(v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        let out = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.data.insert(node.index(), vec![(self.state_of(node), Arc::new(out))]);
+        Ok(())
     }
-    Ok(Some(out))
+
+    /// A distributed per-row op over rows split on axis 0 (`sum` over any
+    /// split): this device reduces its part of every row, the devices
+    /// all-gather a few values per row (8 bytes; 8·k for top_k; 4 for sum),
+    /// and each finishes its part.
+    fn row_combine(&mut self, node: TensorId) -> Result<()> {
+        let ctx = self.ctx;
+        let t = ctx.t(node);
+        let out_state = self.state_of(node);
+        let needs = self.needs(node);
+        let j = self.j;
+        let Some(SplitState::Split(s)) = needs.first().cloned() else {
+            return Err(Error::Split { detail: format!("{}: row combine of an unsplit input", t.op.name()) });
+        };
+        let src_ty = ctx.t(t.src[0]).ty;
+        let xb = self.fetch(t.src[0], &needs[0])?;
+        let x = floats(&xb, src_ty);
+        if matches!(t.op, Op::Sum) {
+            let local: f32 = x.iter().sum();
+            let all = self.comm.all_gather_bytes(j, &local.to_le_bytes())?;
+            let total: f64 = all.iter().map(|b| f32s(b).first().copied().unwrap_or(0.0) as f64).sum();
+            let bytes = match t.ty {
+                GgmlType::F16 => half::f16::from_f32(total as f32).to_le_bytes().to_vec(),
+                GgmlType::BF16 => half::bf16::from_f32(total as f32).to_le_bytes().to_vec(),
+                _ => (total as f32).to_le_bytes().to_vec(),
+            };
+            self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(bytes))]);
+            return Ok(());
+        }
+        let nrows = ctx.t(t.src[0]).nrows().max(0) as usize;
+        let len = s.local_len(j) as usize;
+        let n_global = s.axis_len() as usize;
+        let lens: Vec<i64> = (0..self.n).map(|d| s.local_len(d)).collect();
+        let ranges = s.ranges(j);
+        let global = |i: usize| -> i32 {
+            let mut i = i as i64;
+            for &(a, b) in &ranges {
+                if i < b - a {
+                    return (a + i) as i32;
+                }
+                i -= b - a;
+            }
+            -1
+        };
+        let row = |r: usize| &x[r * len..(r + 1) * len];
+        let pairs = |v: Vec<(f32, f32)>| -> Vec<u8> {
+            v.iter().flat_map(|(a, b)| a.to_le_bytes().into_iter().chain(b.to_le_bytes())).collect()
+        };
+        let to_bytes = |v: Vec<f32>| -> Arc<Vec<u8>> { Arc::new(v.iter().flat_map(|x| x.to_le_bytes()).collect()) };
+        match &t.op {
+            Op::RmsNorm { eps } | Op::L2Norm { eps } => {
+                let mut mine: Vec<u8> =
+                    (0..nrows).flat_map(|r| row(r).iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>().to_le_bytes()).collect();
+                flag(&mut mine, &x, 8);
+                let all = self.comm.all_gather_bytes(j, &mine)?;
+                if flagged(&all, 8) {
+                    return self.fallback(node);
+                }
+                let l2 = matches!(t.op, Op::L2Norm { .. });
+                let mut out = Vec::with_capacity(len * nrows);
+                for r in 0..nrows {
+                    let ss: f64 = all.iter().map(|b| f64_at(b, r)).sum();
+                    let scale = if l2 {
+                        1.0 / (ss.sqrt() as f32).max(*eps)
+                    } else {
+                        1.0 / ((ss / n_global.max(1) as f64) as f32 + eps).sqrt()
+                    };
+                    out.extend(row(r).iter().map(|&v| v * scale));
+                }
+                self.data.insert(node.index(), vec![(out_state.clone(), to_bytes(out))]);
+            }
+            Op::Norm { eps } => {
+                // Chan's parallel variance: per device (sum, M2 about its own mean).
+                let mut mine = pairs(
+                    (0..nrows)
+                        .map(|r| {
+                            let sum: f64 = row(r).iter().map(|&v| v as f64).sum();
+                            let mean = if len > 0 { sum / len as f64 } else { 0.0 };
+                            let m2: f64 = row(r).iter().map(|&v| (v as f64 - mean).powi(2)).sum();
+                            (sum as f32, m2 as f32)
+                        })
+                        .collect(),
+                );
+                flag(&mut mine, &x, 4);
+                let all = self.comm.all_gather_bytes(j, &mine)?;
+                if flagged(&all, 4) {
+                    return self.fallback(node);
+                }
+                let mut out = Vec::with_capacity(len * nrows);
+                for r in 0..nrows {
+                    let total: f64 = all.iter().map(|b| pair_at(b, r).0 as f64).sum();
+                    let mean = total / n_global.max(1) as f64;
+                    let mut m2 = 0.0f64;
+                    for (d, b) in all.iter().enumerate() {
+                        let (sum_d, m2_d) = pair_at(b, r);
+                        let nd = lens[d] as f64;
+                        if nd > 0.0 {
+                            m2 += m2_d as f64 + nd * (sum_d as f64 / nd - mean).powi(2);
+                        }
+                    }
+                    let scale = 1.0 / ((m2 / n_global.max(1) as f64) as f32 + eps).sqrt();
+                    let mean = mean as f32;
+                    out.extend(row(r).iter().map(|&v| (v - mean) * scale));
+                }
+                self.data.insert(node.index(), vec![(out_state.clone(), to_bytes(out))]);
+            }
+            Op::SoftMax { scale, max_bias } => {
+                if *max_bias > 0.0 || t.src.len() > 2 {
+                    return Err(Error::Split {
+                        detail: "distributed soft_max supports a 2-D mask without ALiBi or sinks".into(),
+                    });
+                }
+                let mask = match t.src.get(1) {
+                    Some(&m) => {
+                        let mb = self.fetch(m, &needs[1])?;
+                        Some(floats(&mb, ctx.t(m).ty))
+                    }
+                    None => None,
+                };
+                let ne1 = t.ne[1].max(1) as usize;
+                let vals: Vec<Vec<f32>> = (0..nrows)
+                    .map(|r| {
+                        row(r)
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &v)| v * scale + mask.as_ref().map_or(0.0, |m| m[(r % ne1) * len + i]))
+                            .collect()
+                    })
+                    .collect();
+                // Per device and row: the local max and the sum of exp(v − local max).
+                let mut mine = pairs(
+                    vals.iter()
+                        .map(|v| {
+                            let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                            let s: f64 = if m == f32::NEG_INFINITY { 0.0 } else { v.iter().map(|&x| ((x - m).exp()) as f64).sum() };
+                            (m, s as f32)
+                        })
+                        .collect(),
+                );
+                // Masked −inf is ordinary; anything else non-finite is combined exactly by the fallback.
+                let odd = mask.as_ref().is_some_and(|m| m.iter().any(|v| v.is_nan() || *v == f32::INFINITY));
+                flag(&mut mine, if odd { &[f32::NAN] } else { &x }, 4);
+                let all = self.comm.all_gather_bytes(j, &mine)?;
+                if flagged(&all, 4) {
+                    return self.fallback(node);
+                }
+                let mut out = Vec::with_capacity(len * nrows);
+                for (r, v) in vals.iter().enumerate() {
+                    let gmax = all.iter().map(|b| pair_at(b, r).0).fold(f32::NEG_INFINITY, f32::max);
+                    let sum: f64 = all
+                        .iter()
+                        .map(|b| {
+                            let (m, s) = pair_at(b, r);
+                            if m == f32::NEG_INFINITY {
+                                0.0
+                            } else {
+                                s as f64 * ((m - gmax) as f64).exp()
+                            }
+                        })
+                        .sum();
+                    let inv = (1.0 / sum) as f32;
+                    out.extend(v.iter().map(|&x| (x - gmax).exp() * inv));
+                }
+                self.data.insert(node.index(), vec![(out_state.clone(), to_bytes(out))]);
+            }
+            Op::Argmax => {
+                // Per device and row: the local maximum and its global index
+                // (the last of equal maxima, as ggml's scan keeps); NaN flags a row.
+                let mine: Vec<u8> = (0..nrows)
+                    .flat_map(|r| {
+                        let mut best = (f32::NEG_INFINITY, -1i32);
+                        let mut nan = false;
+                        for (i, &v) in row(r).iter().enumerate() {
+                            nan |= v.is_nan();
+                            let gi = global(i);
+                            if v > best.0 || (v == best.0 && gi > best.1) {
+                                best = (v, gi);
+                            }
+                        }
+                        let v = if nan { f32::NAN } else { best.0 };
+                        v.to_le_bytes().into_iter().chain(best.1.to_le_bytes())
+                    })
+                    .collect();
+                let all = self.comm.all_gather_bytes(j, &mine)?;
+                // ggml's scan restarts after a NaN: such rows are redone whole.
+                if (0..nrows).any(|r| all.iter().any(|b| pair_at(b, r).0.is_nan())) {
+                    return self.fallback(node);
+                }
+                let mut res = Vec::with_capacity(nrows * 4);
+                for r in 0..nrows {
+                    let mut best = (f32::NEG_INFINITY, -1i32);
+                    for b in &all {
+                        let (v, gi) = (pair_at(b, r).0, i32_at(b, 2 * r + 1));
+                        if gi >= 0 && (v > best.0 || (v == best.0 && gi > best.1)) {
+                            best = (v, gi);
+                        }
+                    }
+                    // An empty row gives index 0, as on one device.
+                    res.extend(best.1.max(0).to_le_bytes());
+                }
+                self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(res))]);
+            }
+            Op::TopK { k } => {
+                let k = (*k).max(0) as usize;
+                // Per device and row: its k best (value, global index), padded with index −1.
+                let mine: Vec<u8> = (0..nrows)
+                    .flat_map(|r| {
+                        let mut c: Vec<(f32, i32)> = row(r).iter().enumerate().map(|(i, &v)| (v, global(i))).collect();
+                        c.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
+                        c.resize(k, (f32::NEG_INFINITY, -1));
+                        c.into_iter().flat_map(|(v, i)| v.to_le_bytes().into_iter().chain(i.to_le_bytes())).collect::<Vec<u8>>()
+                    })
+                    .collect();
+                let all = self.comm.all_gather_bytes(j, &mine)?;
+                let mut res = Vec::with_capacity(nrows * k * 4);
+                for r in 0..nrows {
+                    let mut c: Vec<(f32, i32)> = Vec::with_capacity(k * self.n);
+                    for b in &all {
+                        for q in 0..k {
+                            let e = r * k + q;
+                            let (v, i) = (pair_at(b, e).0, i32_at(b, 2 * e + 1));
+                            if i >= 0 {
+                                c.push((v, i));
+                            }
+                        }
+                    }
+                    c.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
+                    res.extend(c.iter().take(k).flat_map(|c| c.1.to_le_bytes()));
+                }
+                self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(res))]);
+            }
+            Op::SumRows | Op::Mean => {
+                let mut mine: Vec<u8> =
+                    (0..nrows).flat_map(|r| row(r).iter().map(|&v| v as f64).sum::<f64>().to_le_bytes()).collect();
+                flag(&mut mine, &x, 8);
+                let all = self.comm.all_gather_bytes(j, &mine)?;
+                if flagged(&all, 8) {
+                    return self.fallback(node);
+                }
+                let mut res = Vec::with_capacity(nrows * 4);
+                for r in 0..nrows {
+                    let sum: f64 = all.iter().map(|b| f64_at(b, r)).sum();
+                    let v = if matches!(t.op, Op::Mean) { sum / n_global as f64 } else { sum };
+                    res.extend((v as f32).to_le_bytes());
+                }
+                self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(res))]);
+            }
+            op => return Err(Error::Split { detail: format!("{} has no distributed row combine", op.name()) }),
+        }
+        if matches!(t.op, Op::Argmax | Op::TopK { .. } | Op::SumRows | Op::Mean) && out_state != SplitState::Mirrored {
+            return Err(Error::Split { detail: format!("{} combine must give a mirrored result", t.op.name()) });
+        }
+        Ok(())
+    }
+}
+
+fn node_err(t: &Tensor, st: &SplitState, e: Error) -> Error {
+    Error::Split { detail: format!("{} {} ({}): {e}", t.op.name(), t.describe(), st.label()) }
+}
+
+/// Builds node `t` in local context `l` over local sources `srcs`, with the
+/// output shape device `j` holds in `out_state`.
+fn local_op(l: &mut Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out_state: &SplitState, j: usize) -> Result<TensorId> {
+    let ne = local_ne(t.ne, out_state, j);
+    // A local view chain may hold a contiguous parent in a strided layout.
+    let contiguous = |l: &mut Context, id: TensorId| -> Result<TensorId> {
+        let s = l.t(id).clone();
+        if s.is_contiguous() {
+            Ok(id)
+        } else {
+            l.push_op(s.ty, s.ne, Op::Cont, &[id])
+        }
+    };
+    match &t.op {
+        Op::Reshape => {
+            let base = contiguous(l, srcs[0])?;
+            l.push_view(base, t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::Reshape, &[base])
+        }
+        Op::Permute { axes } => {
+            let s = l.t(srcs[0]).clone();
+            let (mut pne, mut pnb) = (s.ne, s.nb);
+            for i in 0..4 {
+                pne[axes[i]] = s.ne[i];
+                pnb[axes[i]] = s.nb[i];
+            }
+            l.push_view(srcs[0], t.ty, pne, pnb, 0, t.op.clone(), srcs)
+        }
+        Op::Transpose => {
+            let s = l.t(srcs[0]).clone();
+            let (mut pne, mut pnb) = (s.ne, s.nb);
+            pne.swap(0, 1);
+            pnb.swap(0, 1);
+            l.push_view(srcs[0], t.ty, pne, pnb, 0, Op::Transpose, srcs)
+        }
+        Op::Cpy => l.push_view(srcs[1], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::Cpy, srcs),
+        Op::SetRows => l.push_view(srcs[2], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::SetRows, srcs),
+        Op::View => {
+            if matches!(out_state, SplitState::Split(_)) {
+                return Err(Error::Split { detail: "a split view is not supported yet".into() });
+            }
+            // Relative to the parent as this device holds it: the parent's own
+            // layout, or (for a contiguous parent) a contiguous copy.
+            let parent = ctx.t(t.src[0]);
+            let p_offs = if parent.view_src.is_some() { parent.view_offs } else { 0 };
+            let offs = t.view_offs.checked_sub(p_offs).ok_or_else(|| Error::Split { detail: "view before its parent".into() })?;
+            let nb = t.nb;
+            let lp = l.t(srcs[0]).clone();
+            let base = if lp.ne == parent.ne && lp.nb == parent.nb { srcs[0] } else { contiguous(l, srcs[0])? };
+            l.push_view(base, t.ty, t.ne, nb, offs, Op::View, &[base])
+        }
+        op => l.push_op(t.ty, ne, op.clone(), srcs),
+    }
 }
 
 /// Writes the contiguous elements `res` of view `t` into its owner's bytes
 /// `owner` at the view's layout (`view_offs`, `nb`).
 fn scatter(owner: &mut [u8], res: &[u8], t: &Tensor) -> Result<()> {
+    if t.nelements() == 0 {
+        return Ok(());
+    }
     let ts = t.ty.type_size();
     let rb = t.ty.row_size(t.ne[0])?;
     let oob = || Error::Split { detail: format!("write through a view of {} outside its owner", t.describe()) };
@@ -523,4 +951,48 @@ fn scatter(owner: &mut [u8], res: &[u8], t: &Tensor) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Marks a row-combine message when this device's values include NaN or
+/// infinity: the first value (f32 or f64, per `width` bytes) becomes NaN.
+fn flag(msg: &mut [u8], x: &[f32], width: usize) {
+    if msg.len() >= width && x.iter().any(|v| !v.is_finite()) {
+        match width {
+            8 => msg[..8].copy_from_slice(&f64::NAN.to_le_bytes()),
+            _ => msg[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
+        }
+    }
+}
+
+/// True if any device marked its message (see [`flag`]).
+fn flagged(all: &[Vec<u8>], width: usize) -> bool {
+    all.iter().any(|b| match width {
+        8 => f64_at(b, 0).is_nan(),
+        _ => pair_at(b, 0).0.is_nan(),
+    })
+}
+
+fn floats(b: &[u8], ty: GgmlType) -> Vec<f32> {
+    match ty {
+        GgmlType::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        GgmlType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        _ => f32s(b),
+    }
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn f64_at(b: &[u8], i: usize) -> f64 {
+    b.get(i * 8..i * 8 + 8).map_or(0.0, |c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+}
+
+fn pair_at(b: &[u8], i: usize) -> (f32, f32) {
+    let f = |o: usize| b.get(o..o + 4).map_or(0.0, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    (f(i * 8), f(i * 8 + 4))
+}
+
+fn i32_at(b: &[u8], i: usize) -> i32 {
+    b.get(i * 4..i * 4 + 4).map_or(-1, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }

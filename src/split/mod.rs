@@ -18,20 +18,29 @@
 //!   tensor in each state (the reference for placing leafs, collectives over
 //!   plain copies, and host access to split tensors).
 //!
-//! Not here yet: lowering a plan to per-device subgraphs, the executor and
-//! its collectives, plan caching, memory reports and DOT output. Until they
-//! land, plans are checked for their states and bytes, not executed.
+//! * [`lower`] turns a plan into [`Step`]s: per-device subgraphs separated
+//!   by collectives; [`MetaExecutor`] runs them on N CPU devices, a thread
+//!   per device, with collectives through a [`Comm`] ([`HostComm`], the
+//!   generic fallback over copies), and counts the bytes moved.
+//! * [`SplitStore`] keeps split tensors on the devices between runs, with
+//!   host `set_tensor`/`get_tensor` in single-device bytes.
 
+mod comm;
 mod cost;
 mod exec;
 mod layout;
+mod lower;
 mod planner;
 mod policy;
 mod rules;
 mod state;
+mod store;
 
 pub use cost::{conversion, Collective, LinkModel, Traffic};
-pub use exec::MetaExecutor;
+pub use comm::{Comm, HostComm};
+pub use exec::{MetaExecutor, RunReport};
+pub use lower::{lower, Lowered, Step};
+pub use store::SplitStore;
 pub use layout::{assemble, local_ne, slice_local};
 pub use planner::{Plan, Planner, Repartition};
 pub use policy::{glob_match, LeafInfo, SplitPolicy, SplitRule, SplitSpec};

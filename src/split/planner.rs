@@ -76,7 +76,7 @@ impl Plan {
         let mut out = vec![0u64; self.n_devices];
         for &l in graph.leafs() {
             let (Ok(t), Some(st)) = (ctx.tensor(l), self.state(l)) else { continue };
-            let b = t.nbytes() as f64;
+            let b = t.data_bytes() as f64;
             for (j, o) in out.iter_mut().enumerate() {
                 *o += match st {
                     SplitState::Split(s) if s.axis_len() > 0 => {
@@ -235,10 +235,17 @@ impl Planner {
         let mut input_states: Vec<Option<Vec<SplitState>>> = vec![None; ctx.len()];
         // Conversions already done: (tensor, state) pairs available at no further cost.
         let mut have: HashMap<usize, Vec<SplitState>> = HashMap::new();
+        // Owners written through a view (cpy/set_rows) are in a new state afterwards.
+        let mut written: HashMap<usize, SplitState> = HashMap::new();
         for &node in graph.nodes() {
             let t = ctx.t(node);
-            let cur: Vec<SplitState> =
-                t.src.iter().map(|s| states[s.index()].clone().unwrap_or(SplitState::Mirrored)).collect();
+            let cur: Vec<SplitState> = t
+                .src
+                .iter()
+                .map(|s| {
+                    written.get(&s.index()).cloned().or_else(|| states[s.index()].clone()).unwrap_or(SplitState::Mirrored)
+                })
+                .collect();
             let cands = candidates(ctx, t, &cur, n);
             let mut best: Option<(f64, usize)> = None;
             for (ci, c) in cands.iter().enumerate() {
@@ -248,7 +255,7 @@ impl Planner {
                     if have.get(&s.index()).is_some_and(|v| v.contains(need)) || cur[k] == SplitState::Unknown {
                         continue;
                     }
-                    if let Some(tr) = conversion(&cur[k], need, ctx.t(s).nbytes() as u64, n) {
+                    if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n) {
                         cost += tr.time(&self.link) + 1e-12; // any conversion loses a tie
                     }
                 }
@@ -275,7 +282,7 @@ impl Planner {
                 if list.contains(need) {
                     continue;
                 }
-                if let Some(tr) = conversion(&cur[k], need, ctx.t(s).nbytes() as u64, n) {
+                if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n) {
                     repartitions.push(Repartition {
                         tensor: s,
                         consumer: node,
@@ -294,6 +301,13 @@ impl Planner {
                     to: c.output.clone(),
                     traffic: combine_traffic(b, n),
                 });
+            }
+            if matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows) {
+                if let Some(o) = t.view_src {
+                    let after = super::lower::owner_state_after_write(ctx, t, &c.output);
+                    have.insert(o.index(), vec![after.clone()]);
+                    written.insert(o.index(), after);
+                }
             }
             states[node.index()] = Some(c.output.clone());
             input_states[node.index()] = Some(c.inputs.clone());

@@ -83,7 +83,11 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
         }
         // Copy/convert into a destination: the destination takes the source's layout.
         Op::Cpy if src[0].ne == src[1].ne => {
-            if matches!(cur[0], SplitState::Split(_) | SplitState::Partial(_)) {
+            // A partial sum stays partial through a plain copy; a conversion to
+            // another type rounds the sum, not each addend, as one device does.
+            let keeps = matches!(cur[0], SplitState::Split(_))
+                || (matches!(cur[0], SplitState::Partial(_)) && src[0].ty == src[1].ty);
+            if keeps {
                 out.push(cand(vec![cur[0].clone(), cur[0].clone()], cur[0].clone()));
             }
         }
@@ -213,7 +217,15 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
                 out.push(cand(vec![p()], p()));
             }
         }
-        Op::View if cur[0] == p() => out.push(cand(vec![p()], p())),
+        // A view of a partial sum is one when it reads whole elements of the same type.
+        Op::View
+            if cur[0] == p()
+                && t.ty == src[0].ty
+                && t.view_offs % t.ty.type_size() == 0
+                && t.nb.iter().all(|b| b % t.ty.type_size() == 0) =>
+        {
+            out.push(cand(vec![p()], p()))
+        }
         Op::Rope(rp) => {
             let mut rest = vec![m.clone(); src.len().saturating_sub(2)];
             if let SplitState::Split(s) = &cur[0] {

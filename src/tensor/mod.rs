@@ -94,6 +94,12 @@ impl Tensor {
         (self.ne[0] as usize / self.ty.block_size()) * self.ty.type_size()
     }
 
+    /// Bytes of the tensor's values packed contiguously (`row_bytes · nrows`);
+    /// differs from [`Tensor::nbytes`] for strided views.
+    pub fn data_bytes(&self) -> usize {
+        self.row_bytes() * self.nrows().max(0) as usize
+    }
+
     /// True if the elements are packed in ggml's default order with no gaps
     /// (`ggml_is_contiguous`). Dimensions of extent 1 are ignored.
     pub fn is_contiguous(&self) -> bool {

@@ -601,6 +601,16 @@ fn check_operands(op: &str, dst: &TView, a: &TView, b: &TView, isa: Isa) -> Resu
     Ok(plan)
 }
 
+/// An empty dot product (K = 0) is 0: every row of `dst` becomes zeros.
+fn zero_rows(dst: &TView) -> Result<()> {
+    let zeros = vec![0f32; dst.ne[0]];
+    for r in 0..dst.nrows() {
+        let (i1, i2, i3) = dst.row_index(r);
+        dst.store_row_f32(i1, i2, i3, &zeros)?;
+    }
+    Ok(())
+}
+
 fn mul_mat(dst: &TView, a: &TView, b: &TView) -> Result<()> {
     mul_mat_isa(dst, a, b, kern::isa())
 }
@@ -613,6 +623,9 @@ fn mul_mat_isa(dst: &TView, a: &TView, b: &TView, isa: Isa) -> Result<()> {
     }
     if dst.nelements() == 0 {
         return Ok(());
+    }
+    if a.ne[0] == 0 {
+        return zero_rows(dst);
     }
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
     let mut rows: Vec<SrcRow> = Vec::with_capacity(b.nrows());
@@ -657,6 +670,9 @@ fn mul_mat_id_isa(dst: &TView, a: &TView, b: &TView, ids: &TView, isa: Isa) -> R
     }
     if dst.nelements() == 0 {
         return Ok(());
+    }
+    if a.ne[0] == 0 {
+        return zero_rows(dst);
     }
     let mut per_expert: Vec<Vec<Col>> = (0..n_expert).map(|_| Vec::new()).collect();
     for t in 0..n_tok {

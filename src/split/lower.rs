@@ -1,0 +1,189 @@
+//! Lowering a [`Plan`] to the steps every device runs: per-device subgraphs
+//! (runs of nodes that need no communication) separated by collective steps.
+//! The executor walks the same step list on every device, so the devices
+//! call their collectives in the same order.
+
+use super::cost::Collective;
+use super::planner::Plan;
+use super::state::SplitState;
+use crate::error::{Error, Result};
+use crate::graph::{Context, Graph};
+use crate::ops::Op;
+use crate::tensor::{contiguous_strides, TensorId};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// One step of a lowered plan.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Nodes every device computes over its local parts, as one local graph
+    /// per device (the per-device subgraph between two collectives).
+    Compute(Vec<TensorId>),
+    /// A repartition of `tensor` from state `from` into state `to` through
+    /// the communicator (`kind` names the collective).
+    Convert {
+        /// The tensor moved.
+        tensor: TensorId,
+        /// Its state before.
+        from: SplitState,
+        /// Its state after (both stay available).
+        to: SplitState,
+        /// The collective.
+        kind: Collective,
+    },
+    /// A distributed per-row op over a split row: local partial results, an
+    /// all-gather of a few values per row, and the local finish.
+    RowCombine(TensorId),
+    /// Vocabulary-parallel `get_rows`: each device looks up the rows it
+    /// owns and gives zeros for the others; the result is a partial sum.
+    VocabGetRows(TensorId),
+    /// A write (`cpy`, `set_rows`) into a destination's storage; the
+    /// destination's owner holds the written values afterwards.
+    Write(TensorId),
+}
+
+/// A plan lowered to steps.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    /// Steps in execution order.
+    pub steps: Vec<Step>,
+}
+
+impl Lowered {
+    /// Number of per-device subgraphs.
+    pub fn n_subgraphs(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s, Step::Compute(_))).count()
+    }
+
+    /// One line per step.
+    pub fn describe(&self, ctx: &Context) -> String {
+        let name = |id: TensorId| {
+            let t = ctx.t(id);
+            if t.name.is_empty() {
+                format!("#{}", id.index())
+            } else {
+                t.name.clone()
+            }
+        };
+        let mut s = String::new();
+        for st in &self.steps {
+            let _ = match st {
+                Step::Compute(v) => writeln!(s, "subgraph of {} nodes (first {}, last {})", v.len(), name(v[0]), name(v[v.len() - 1])),
+                Step::Convert { tensor, from, to, kind } => {
+                    writeln!(s, "{} {} {} -> {}", kind.name(), name(*tensor), from.label(), to.label())
+                }
+                Step::RowCombine(n) => writeln!(s, "row-combine {} ({})", name(*n), ctx.t(*n).op.name()),
+                Step::VocabGetRows(n) => writeln!(s, "vocab-parallel get_rows {}", name(*n)),
+                Step::Write(n) => writeln!(s, "write {} ({})", name(*n), ctx.t(*n).op.name()),
+            };
+        }
+        s
+    }
+}
+
+/// True if view-like node `t` covers all of its owner's bytes contiguously
+/// (the owner is then replaced by what a write through `t` produced).
+pub(crate) fn covers_owner(ctx: &Context, t: &crate::tensor::Tensor) -> bool {
+    let Some(o) = t.view_src else { return false };
+    let ot = ctx.t(o);
+    t.view_offs == 0 && t.ty == ot.ty && t.nb == contiguous_strides(t.ty, &t.ne) && t.nbytes() == ot.nbytes()
+}
+
+/// The state the owner of write node `t` is in after the write, given the
+/// write's output state: the output's own state when the write covers the
+/// owner with the same shape; mirrored otherwise.
+pub(crate) fn owner_state_after_write(ctx: &Context, t: &crate::tensor::Tensor, out: &SplitState) -> SplitState {
+    let Some(o) = t.view_src else { return SplitState::Mirrored };
+    let ot = ctx.t(o);
+    if !covers_owner(ctx, t) {
+        return SplitState::Mirrored;
+    }
+    match out {
+        SplitState::Split(s) if ot.ne != t.ne => super::rules::reshape_split(s, &t.ne, &ot.ne)
+            .map(SplitState::Split)
+            .unwrap_or(SplitState::Mirrored),
+        s => s.clone(),
+    }
+}
+
+/// Lowers `plan` for `graph` of `ctx` to steps.
+///
+/// # Errors
+/// [`Error::Split`] if the plan was made for another graph or lacks a node's
+/// states.
+pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
+    if plan.graph_hash != graph.hash() || graph.context_id() != ctx.id() {
+        return Err(Error::Split { detail: "plan was made for another graph".into() });
+    }
+    let state = |id: TensorId| {
+        plan.state(id).cloned().ok_or_else(|| Error::Split { detail: format!("tensor #{} has no planned state", id.index()) })
+    };
+    // States each tensor is available in, the first being its current one.
+    let mut avail: HashMap<usize, Vec<SplitState>> = HashMap::new();
+    for &l in graph.leafs() {
+        avail.insert(l.index(), vec![state(l)?]);
+    }
+    let combines: std::collections::HashSet<usize> = plan
+        .repartitions
+        .iter()
+        .filter(|r| r.traffic.kind == Collective::RowCombine)
+        .map(|r| r.consumer.index())
+        .collect();
+    let mut steps = Vec::new();
+    let mut seg: Vec<TensorId> = Vec::new();
+    for &node in graph.nodes() {
+        let t = ctx.t(node);
+        let out = state(node)?;
+        let needs: Vec<SplitState> = match plan.inputs_of(node) {
+            Some(v) if v.len() == t.src.len() => v.to_vec(),
+            _ => return Err(Error::Split { detail: format!("node #{} has no planned input states", node.index()) }),
+        };
+        for (k, need) in needs.iter().enumerate() {
+            let s = t.src[k];
+            let list = avail.entry(s.index()).or_default();
+            if list.contains(need) {
+                continue;
+            }
+            let from = list.first().cloned().ok_or_else(|| Error::Split {
+                detail: format!("tensor #{} is read before it is computed", s.index()),
+            })?;
+            let kind = super::cost::conversion(&from, need, 1, plan.n_devices).map_or(Collective::LocalSlice, |c| c.kind);
+            if !seg.is_empty() {
+                steps.push(Step::Compute(std::mem::take(&mut seg)));
+            }
+            steps.push(Step::Convert { tensor: s, from, to: need.clone(), kind });
+            list.push(need.clone());
+        }
+        let special = if combines.contains(&node.index()) {
+            Some(Step::RowCombine(node))
+        } else if matches!(t.op, Op::GetRows)
+            && matches!(&needs[0], SplitState::Split(s) if s.axis == 1)
+            && matches!(out, SplitState::Partial(_))
+        {
+            Some(Step::VocabGetRows(node))
+        } else if matches!(t.op, Op::Cpy | Op::SetRows) {
+            Some(Step::Write(node))
+        } else {
+            None
+        };
+        match special {
+            Some(st) => {
+                if !seg.is_empty() {
+                    steps.push(Step::Compute(std::mem::take(&mut seg)));
+                }
+                steps.push(st);
+            }
+            None => seg.push(node),
+        }
+        if matches!(t.op, Op::Cpy | Op::SetRows) {
+            if let Some(o) = t.view_src {
+                avail.insert(o.index(), vec![owner_state_after_write(ctx, t, &out)]);
+            }
+        }
+        avail.insert(node.index(), vec![out]);
+    }
+    if !seg.is_empty() {
+        steps.push(Step::Compute(seg));
+    }
+    Ok(Lowered { steps })
+}

@@ -1,0 +1,303 @@
+//! Device-resident storage of split tensors between graph runs (weights, KV
+//! and recurrent caches, inputs), and host access to it in single-device
+//! bytes: `set_tensor`/`get_tensor` of a split, mirrored or partial tensor,
+//! whole or by byte range, through views and across segments, reads and
+//! writes exactly the bytes one device would hold (ggml's
+//! `ggml_backend_tensor_set`/`get` semantics: a byte range of the tensor's
+//! memory, which for a view is a range of its owner's memory).
+
+use super::layout::{add_into, box_bytes, boxes, local_ne};
+use super::planner::Plan;
+use super::state::SplitState;
+use crate::error::{Error, Result};
+use crate::graph::{Context, Graph};
+use crate::tensor::{contiguous_strides, TensorId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One stored tensor: its state and every device's contiguous local part.
+#[derive(Clone, Debug)]
+pub(crate) struct Stored {
+    pub state: SplitState,
+    pub locals: Vec<Arc<Vec<u8>>>,
+}
+
+/// Per-device storage of non-view tensors over `n` devices.
+#[derive(Clone, Debug, Default)]
+pub struct SplitStore {
+    n: usize,
+    map: HashMap<TensorId, Stored>,
+}
+
+impl SplitStore {
+    /// Empty storage for `n_devices` devices.
+    pub fn new(n_devices: usize) -> Self {
+        SplitStore { n: n_devices, map: HashMap::new() }
+    }
+
+    /// Number of devices.
+    pub fn n_devices(&self) -> usize {
+        self.n
+    }
+
+    /// Allocates tensor `id` (not a view) in `state`, zero-filled: device
+    /// `j` gets `local_ne(ne, state, j)` elements. Replaces an earlier placement.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`]/[`Error::InvalidOperand`] for a bad id;
+    /// [`Error::Split`] for a view, an `Unknown` state, a split that does not
+    /// fit the tensor or the device count, or a partial state of a type that
+    /// cannot be summed.
+    pub fn place(&mut self, ctx: &Context, id: TensorId, state: &SplitState) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        if t.view_src.is_some() {
+            return Err(Error::Split { detail: format!("{:?} is a view; place its owner", t.name) });
+        }
+        let bad = |d: String| Error::Split { detail: format!("placing {:?} {}: {d}", t.name, t.describe()) };
+        match state {
+            SplitState::Unknown => return Err(bad("state Unknown".into())),
+            SplitState::Split(s) => s.validate(t.ne[s.axis.min(3)], self.n).map_err(|e| bad(e.to_string()))?,
+            SplitState::Partial(_) if !t.ty.is_float() && !t.ty.is_int() => {
+                return Err(bad(format!("a partial {} cannot be summed", t.ty)))
+            }
+            _ => {}
+        }
+        let mut locals = Vec::with_capacity(self.n);
+        for j in 0..self.n {
+            let b = boxes(t.ne, state, j);
+            if let SplitState::Split(s) = state {
+                if s.axis == 0 && b[0].iter().any(|&(a, e)| a as usize % t.ty.block_size() != 0 || e as usize % t.ty.block_size() != 0) {
+                    return Err(bad(format!("{} rows split off {}-element blocks", t.ty, t.ty.block_size())));
+                }
+            }
+            locals.push(Arc::new(vec![0u8; box_bytes(t.ty, &b)]));
+        }
+        self.map.insert(id, Stored { state: state.clone(), locals });
+        Ok(())
+    }
+
+    /// Places every leaf of `graph` that is not placed yet in its planned
+    /// state (so memory is allocated as the plan sizes it).
+    ///
+    /// # Errors
+    /// As [`SplitStore::place`]; [`Error::Split`] if the plan is for another
+    /// device count.
+    pub fn place_leafs(&mut self, ctx: &Context, graph: &Graph, plan: &Plan) -> Result<()> {
+        if plan.n_devices != self.n {
+            return Err(Error::Split { detail: format!("plan for {} devices, store for {}", plan.n_devices, self.n) });
+        }
+        for &l in graph.leafs() {
+            let t = ctx.tensor(l)?;
+            if t.view_src.is_none() && !self.map.contains_key(&l) {
+                let st = plan.state(l).cloned().unwrap_or(SplitState::Mirrored);
+                self.place(ctx, l, &st)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces tensor `id`'s device parts with raw local bytes in `state`
+    /// (`locals[j]` contiguous, of shape `local_ne(ne, state, j)`). Partial
+    /// addends may differ per device; this is how an embedder hands over
+    /// already-split data.
+    ///
+    /// # Errors
+    /// As [`SplitStore::place`]; [`Error::DataMismatch`] for a wrong count or size.
+    pub fn set_locals(&mut self, ctx: &Context, id: TensorId, state: &SplitState, locals: Vec<Vec<u8>>) -> Result<()> {
+        self.place(ctx, id, state)?;
+        let t = ctx.t(id);
+        let e = self.map.get_mut(&id).ok_or_else(|| Error::Split { detail: "store".into() })?;
+        if locals.len() != self.n || locals.iter().zip(&e.locals).any(|(a, b)| a.len() != b.len()) {
+            return Err(Error::DataMismatch {
+                name: t.name.clone(),
+                detail: format!("{} device parts of {:?} bytes for {}", locals.len(), locals.iter().map(|l| l.len()).collect::<Vec<_>>(), state.label()),
+            });
+        }
+        e.locals = locals.into_iter().map(Arc::new).collect();
+        Ok(())
+    }
+
+    /// Tensor `id`'s state and device parts, if placed.
+    pub fn locals(&self, id: TensorId) -> Option<(&SplitState, Vec<&[u8]>)> {
+        self.map.get(&id).map(|e| (&e.state, e.locals.iter().map(|l| l.as_slice()).collect()))
+    }
+
+    /// Bytes stored on each device.
+    pub fn bytes_per_device(&self) -> Vec<u64> {
+        let mut out = vec![0u64; self.n];
+        for e in self.map.values() {
+            for (o, l) in out.iter_mut().zip(&e.locals) {
+                *o += l.len() as u64;
+            }
+        }
+        out
+    }
+
+    pub(crate) fn get_stored(&self, id: TensorId) -> Option<&Stored> {
+        self.map.get(&id)
+    }
+
+    pub(crate) fn put_stored(&mut self, id: TensorId, s: Stored) {
+        self.map.insert(id, s);
+    }
+
+    /// Writes `data` at byte `offset` of tensor `id`'s single-device memory
+    /// (for a view: of its owner's memory, from the view's offset), into
+    /// every device part that holds those bytes. For a partial tensor device
+    /// 0 receives the values and the others zeros, so the sum is `data`.
+    ///
+    /// # Errors
+    /// [`Error::Split`] if the owner is not placed, the range leaves the
+    /// tensor, or a partial range is not element-aligned.
+    pub fn set_tensor(&mut self, ctx: &Context, id: TensorId, offset: usize, data: &[u8]) -> Result<()> {
+        let (owner, start) = self.resolve(ctx, id, offset, data.len())?;
+        let t = ctx.t(owner).clone();
+        let e = self.map.get_mut(&owner).ok_or_else(|| Error::Split { detail: "store".into() })?;
+        let partial = matches!(e.state, SplitState::Partial(_));
+        if partial && (start % t.ty.type_size() != 0 || data.len() % t.ty.type_size() != 0) {
+            return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
+        }
+        let state = e.state.clone();
+        let mut parts: Vec<&mut Vec<u8>> = e.locals.iter_mut().map(Arc::make_mut).collect();
+        for_each_run(&t, &state, parts.len(), start, data.len(), &mut |j, local, src| {
+            let d = parts[j].get_mut(local..local + src.len()).ok_or_else(|| oob(&t.name))?;
+            if partial && j > 0 {
+                d.fill(0);
+            } else {
+                d.copy_from_slice(&data[src]);
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads `out.len()` bytes at byte `offset` of tensor `id`'s
+    /// single-device memory (a view reads its owner's memory), assembling
+    /// split parts and summing partial addends.
+    ///
+    /// # Errors
+    /// As [`SplitStore::set_tensor`].
+    pub fn get_tensor(&self, ctx: &Context, id: TensorId, offset: usize, out: &mut [u8]) -> Result<()> {
+        let (owner, start) = self.resolve(ctx, id, offset, out.len())?;
+        let t = ctx.t(owner);
+        let e = &self.map[&owner];
+        let partial = matches!(e.state, SplitState::Partial(_));
+        if partial && (start % t.ty.type_size() != 0 || out.len() % t.ty.type_size() != 0) {
+            return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
+        }
+        if partial {
+            out.fill(0);
+        }
+        for_each_run(t, &e.state, e.locals.len(), start, out.len(), &mut |j, local, dst| {
+            let s = e.locals[j].get(local..local + dst.len()).ok_or_else(|| oob(&t.name))?;
+            if partial {
+                add_into(t.ty, &mut out[dst], s)
+            } else {
+                // Mirrored: device 0's copy; split: the one owner.
+                if j == 0 || !matches!(e.state, SplitState::Mirrored) {
+                    out[dst].copy_from_slice(s);
+                }
+                Ok(())
+            }
+        })
+    }
+
+    /// The non-view owner of `id` and the byte offset in it, checked against its placement.
+    fn resolve(&self, ctx: &Context, id: TensorId, offset: usize, len: usize) -> Result<(TensorId, usize)> {
+        let t = ctx.tensor(id)?;
+        let (owner, base) = match t.view_src {
+            Some(o) => (o, t.view_offs),
+            None => (id, 0),
+        };
+        if !self.map.contains_key(&owner) {
+            return Err(Error::Split { detail: format!("tensor {:?} is not placed on the devices", ctx.t(owner).name) });
+        }
+        let size = ctx.t(owner).nbytes();
+        let own_len = t.nbytes();
+        let start = base.checked_add(offset).ok_or_else(|| oob(&t.name))?;
+        if offset.checked_add(len).is_none_or(|e| e > own_len) || start + len > size {
+            return Err(Error::Split {
+                detail: format!("bytes {offset}..{} of {:?} ({own_len} bytes)", offset.saturating_add(len), t.name),
+            });
+        }
+        Ok((owner, start))
+    }
+}
+
+fn oob(name: &str) -> Error {
+    Error::Split { detail: format!("byte range outside tensor {name:?}") }
+}
+
+/// Calls `f(device, local_offset, range_in_data)` for every contiguous run
+/// of bytes `[start, start + len)` of contiguous tensor `t`'s single-device
+/// memory, on every device holding them under `state` (one device for a
+/// split, all for mirrored and partial).
+fn for_each_run(
+    t: &crate::tensor::Tensor,
+    state: &SplitState,
+    n: usize,
+    start: usize,
+    len: usize,
+    f: &mut dyn FnMut(usize, usize, std::ops::Range<usize>) -> Result<()>,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let Some(s) = state.as_split() else {
+        for j in 0..n {
+            f(j, start, 0..len)?;
+        }
+        return Ok(());
+    };
+    let rs = t.ty.row_size(t.ne[0])?;
+    let (ts, bs) = (t.ty.type_size(), t.ty.block_size() as i64);
+    if rs == 0 {
+        return Ok(());
+    }
+    let end = start + len;
+    let locals: Vec<[i64; 4]> = (0..n).map(|j| local_ne(t.ne, state, j)).collect();
+    let lnb: Vec<[usize; 4]> = locals.iter().map(|l| contiguous_strides(t.ty, l)).collect();
+    let ranges: Vec<Vec<(i64, i64)>> = (0..n).map(|j| s.ranges(j)).collect();
+    // Device and local index of logical index x along the split axis.
+    let owner_of = |x: i64| -> Option<(usize, i64)> {
+        for (j, rr) in ranges.iter().enumerate() {
+            let mut base = 0;
+            for &(a, b) in rr {
+                if x >= a && x < b {
+                    return Some((j, base + x - a));
+                }
+                base += b - a;
+            }
+        }
+        None
+    };
+    let mut row = start / rs;
+    while row * rs < end {
+        let (r0, r1) = (start.max(row * rs) - row * rs, end.min((row + 1) * rs) - row * rs);
+        let i1 = row as i64 % t.ne[1].max(1);
+        let i2 = (row as i64 / t.ne[1].max(1)) % t.ne[2].max(1);
+        let i3 = row as i64 / (t.ne[1].max(1) * t.ne[2].max(1));
+        let mut idx = [0i64, i1, i2, i3];
+        if s.axis == 0 {
+            // The row is cut into device ranges of whole blocks.
+            for (j, rr) in ranges.iter().enumerate() {
+                let lrow = (i1 as usize) * lnb[j][1] + (i2 as usize) * lnb[j][2] + (i3 as usize) * lnb[j][3];
+                let mut base = 0usize;
+                for &(a, b) in rr {
+                    let (ba, bb) = ((a / bs) as usize * ts, (b / bs) as usize * ts);
+                    let (lo, hi) = (ba.max(r0), bb.min(r1));
+                    if lo < hi {
+                        f(j, lrow + base + lo - ba, row * rs + lo - start..row * rs + hi - start)?;
+                    }
+                    base += bb - ba;
+                }
+            }
+        } else {
+            let (j, li) = owner_of(idx[s.axis]).ok_or_else(|| oob(&t.name))?;
+            idx[s.axis] = li;
+            let lrow = (idx[1] as usize) * lnb[j][1] + (idx[2] as usize) * lnb[j][2] + (idx[3] as usize) * lnb[j][3];
+            f(j, lrow + r0, row * rs + r0 - start..row * rs + r1 - start)?;
+        }
+        row += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! Random graphs for the property tests: random leafs and random sequences
+//! of op constructor calls over them (shared by `props` and `split_props`).
+
+#![allow(dead_code)]
+
+use proptest::prelude::*;
+use shardgraph::{Context, GgmlType, GluOp, RopeMode, SortOrder, TensorId, UnaryOp};
+
+#[derive(Clone, Debug)]
+pub struct Leaf {
+    pub ty: u8,
+    pub ne: Vec<i64>,
+}
+
+pub fn leaf_strategy() -> impl Strategy<Value = Leaf> {
+    (0u8..8, prop::collection::vec(0i64..7, 1..=4)).prop_map(|(ty, ne)| Leaf { ty, ne })
+}
+
+pub fn leaf_type(code: u8) -> GgmlType {
+    match code {
+        0..=4 => GgmlType::F32,
+        5 => GgmlType::F16,
+        6 => GgmlType::I32,
+        _ => GgmlType::BF16,
+    }
+}
+
+pub type Step = (u8, u32, u32, u32);
+
+pub const N_KINDS: u8 = 30;
+
+/// Applies one random step; returns the constructor's result (if the step
+/// made a call).
+pub fn apply(ctx: &mut Context, pool: &mut Vec<TensorId>, step: Step) -> Option<shardgraph::Result<TensorId>> {
+    let (kind, x, y, z) = step;
+    let pick = |r: u32, pool: &Vec<TensorId>| pool[r as usize % pool.len()];
+    let a = pick(x, pool);
+    let b = pick(y, pool);
+    let ne_a = ctx.tensor(a).ok()?.ne;
+    // A tensor broadcastable to `a` (some dims set to 1), or an unrelated one.
+    let bcast = |ctx: &mut Context| -> TensorId {
+        if z % 3 == 0 {
+            return b;
+        }
+        let mut ne = ne_a;
+        for (i, n) in ne.iter_mut().enumerate() {
+            if (z >> i) & 1 == 1 {
+                *n = 1;
+            }
+        }
+        ctx.new_tensor(GgmlType::F32, &ne).unwrap_or(b)
+    };
+    let r = match kind % N_KINDS {
+        0 => {
+            let b = bcast(ctx);
+            ctx.add(a, b)
+        }
+        1 => {
+            let b = bcast(ctx);
+            ctx.sub(a, b)
+        }
+        2 => {
+            let b = bcast(ctx);
+            ctx.mul(a, b)
+        }
+        3 => {
+            let b = bcast(ctx);
+            ctx.div(a, b)
+        }
+        4 => {
+            let ops = [
+                UnaryOp::Abs,
+                UnaryOp::Neg,
+                UnaryOp::Tanh,
+                UnaryOp::Relu,
+                UnaryOp::Sigmoid,
+                UnaryOp::Gelu,
+                UnaryOp::GeluQuick,
+                UnaryOp::Silu,
+                UnaryOp::Exp,
+                UnaryOp::Softplus,
+            ];
+            ctx.unary(a, ops[y as usize % ops.len()])
+        }
+        5 => ctx.scale_bias(a, (y % 7) as f32 - 3.0, (z % 3) as f32),
+        6 => ctx.clamp(a, -((y % 4) as f32), (z % 4) as f32),
+        7 => {
+            if y % 2 == 0 {
+                ctx.sqr(a)
+            } else {
+                ctx.sqrt(a)
+            }
+        }
+        8 => match y % 3 {
+            0 => ctx.rms_norm(a, 1e-6),
+            1 => ctx.norm(a, 1e-5),
+            _ => ctx.l2_norm(a, 1e-12),
+        },
+        9 => {
+            if y % 2 == 0 {
+                ctx.soft_max(a)
+            } else {
+                let mask =
+                    ctx.new_tensor(if z % 2 == 0 { GgmlType::F16 } else { GgmlType::F32 }, &[ne_a[0], ne_a[1]]).ok()?;
+                ctx.soft_max_ext(a, Some(mask), 0.5, if z % 3 == 0 { 8.0 } else { 0.0 })
+            }
+        }
+        10 => match y % 3 {
+            0 => ctx.sum(a),
+            1 => ctx.sum_rows(a),
+            _ => ctx.mean(a),
+        },
+        11 => ctx.argmax(a),
+        12 => ctx.top_k(a, (y % 5) as i32),
+        13 => ctx.argsort(a, if y % 2 == 0 { SortOrder::Asc } else { SortOrder::Desc }),
+        14 => ctx.cont(a),
+        15 => ctx.transpose(a),
+        16 => {
+            let perms =
+                [[0, 1, 2, 3], [1, 0, 2, 3], [0, 2, 1, 3], [2, 0, 1, 3], [3, 2, 1, 0], [0, 1, 3, 2], [1, 1, 2, 3]];
+            ctx.permute(a, perms[y as usize % perms.len()])
+        }
+        17 => {
+            let n: i64 = ne_a.iter().product();
+            let d = 1 + (y as i64 % 4);
+            if n % d == 0 {
+                ctx.reshape_2d(a, d, n / d)
+            } else {
+                ctx.reshape_2d(a, d, n / d.max(1))
+            }
+        }
+        18 => {
+            if y % 2 == 0 {
+                ctx.view_1d(a, (z % 8) as i64, (y % 16) as usize)
+            } else {
+                let nb1 = ctx.tensor(a).ok()?.nb[1];
+                ctx.view_2d(a, ne_a[0].min((z % 5) as i64), 1 + (y % 3) as i64, nb1, 0)
+            }
+        }
+        19 => ctx.concat(a, b, (z % 4) as usize),
+        20 => ctx.repeat_4d(a, ne_a[0] * (1 + (y % 2) as i64), ne_a[1] * (1 + (z % 2) as i64), ne_a[2], ne_a[3]),
+        21 => ctx.pad(a, (y % 3) as i32, (z % 2) as i32, 0, (y % 2) as i32),
+        22 => {
+            let ne_b = ctx.tensor(b).ok()?.ne;
+            if z % 2 == 0 {
+                let c = ctx.new_tensor(GgmlType::F32, &[ne_a[0], 1 + (y % 3) as i64, ne_a[2], ne_a[3]]).ok()?;
+                ctx.mul_mat(a, c)
+            } else {
+                let _ = ne_b;
+                ctx.mul_mat(a, b)
+            }
+        }
+        23 => {
+            let idx = ctx.new_tensor(GgmlType::I32, &[1 + (y % 4) as i64]).ok()?;
+            ctx.get_rows(a, idx)
+        }
+        24 => {
+            if y % 2 == 0 {
+                ctx.glu(a, if z % 2 == 0 { GluOp::Swiglu } else { GluOp::Geglu }, z % 3 == 0)
+            } else {
+                let b = bcast(ctx);
+                ctx.glu_split(a, b, GluOp::Swiglu)
+            }
+        }
+        25 => {
+            let pos = ctx.new_tensor(GgmlType::I32, &[ne_a[2]]).ok()?;
+            let n_dims = (ne_a[0] - (y % 2) as i64 * 2).max(0) as i32;
+            let mode = if z % 2 == 0 { RopeMode::Normal } else { RopeMode::Neox };
+            ctx.rope(a, pos, n_dims, mode)
+        }
+        26 => ctx.cast(a, if y % 2 == 0 { GgmlType::F16 } else { GgmlType::F32 }),
+        27 => ctx.dup(a),
+        28 => ctx.fill(a, 1.5),
+        _ => {
+            let ne_b = ctx.tensor(b).ok()?.ne;
+            let idx = ctx.new_tensor(GgmlType::I64, &[ne_b[1], ne_b[2], ne_b[3]]).ok()?;
+            ctx.set_rows(a, b, idx)
+        }
+    };
+    if let Ok(id) = r {
+        pool.push(id);
+    }
+    Some(r)
+}
+
+/// Builds the random graph: leafs, then every step; returns the context and
+/// the accepted nodes (`None` if no leaf could be made).
+pub fn build(leafs: &[Leaf], steps: &[Step]) -> Option<(Context, Vec<TensorId>)> {
+    let mut ctx = Context::new();
+    let mut pool = Vec::new();
+    for l in leafs {
+        if let Ok(id) = ctx.new_tensor(leaf_type(l.ty), &l.ne) {
+            pool.push(id);
+        }
+    }
+    if pool.is_empty() {
+        return None;
+    }
+    let mut accepted = Vec::new();
+    for &s in steps {
+        if let Some(Ok(id)) = apply(&mut ctx, &mut pool, s) {
+            accepted.push(id);
+        }
+    }
+    Some((ctx, accepted))
+}
+
+/// True if output `o` is a view (or an in-place write) whose storage a later
+/// `cpy`/`set_rows` overwrites: one device reads it after the whole graph,
+/// so it shows the later write, while it is a value at its own step in the
+/// graph order the split executor follows. Such outputs are not compared.
+pub fn read_late(ctx: &Context, graph: &shardgraph::Graph, o: TensorId) -> bool {
+    use shardgraph::Op;
+    let t = ctx.tensor(o).unwrap();
+    let owner = t.view_src.unwrap_or(o);
+    let writers: Vec<TensorId> = graph
+        .nodes()
+        .iter()
+        .copied()
+        .filter(|&n| {
+            let nt = ctx.tensor(n).unwrap();
+            matches!(nt.op, Op::Cpy | Op::SetRows) && nt.view_src == Some(owner)
+        })
+        .collect();
+    match writers.last() {
+        None => false,
+        Some(&last) => o != last && (o == owner || t.view_src.is_some()),
+    }
+}
+
+/// Nodes that read, directly or through other nodes, a view whose storage a
+/// later `cpy`/`set_rows` overwrites before the read: one device reads the
+/// overwritten memory, the split executor the value at the view's own step.
+pub fn stale_view_readers(ctx: &Context, graph: &shardgraph::Graph) -> std::collections::HashSet<TensorId> {
+    use shardgraph::Op;
+    let pos: std::collections::HashMap<TensorId, usize> =
+        graph.nodes().iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let writes_after = |v: TensorId, before: usize| -> bool {
+        let vt = ctx.tensor(v).unwrap();
+        let (Some(owner), Some(&pv)) = (vt.view_src, pos.get(&v)) else { return false };
+        graph.nodes().iter().enumerate().any(|(i, &w)| {
+            let wt = ctx.tensor(w).unwrap();
+            i > pv && i < before && matches!(wt.op, Op::Cpy | Op::SetRows) && wt.view_src == Some(owner)
+        })
+    };
+    let mut tainted = std::collections::HashSet::new();
+    for (i, &n) in graph.nodes().iter().enumerate() {
+        let t = ctx.tensor(n).unwrap();
+        let pure_view = |s: TensorId| {
+            matches!(ctx.tensor(s).unwrap().op, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose)
+        };
+        if t.src.iter().any(|&s| tainted.contains(&s) || (pure_view(s) && writes_after(s, i))) {
+            tainted.insert(n);
+        }
+    }
+    tainted
+}
+
