@@ -434,7 +434,7 @@ impl Device<'_> {
                 };
                 l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid]).map_err(|e| node_err(t, &out_state, e))?
             } else {
-                local_op(&mut l, ctx, t, &srcs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?
+                local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?
             };
             local.insert(node.index(), (lid, out_state));
         }
@@ -498,7 +498,8 @@ impl Device<'_> {
             srcs.push(lid);
         }
         let m = SplitState::Mirrored;
-        let out = local_op(&mut l, ctx, t, &srcs, &m, self.j).map_err(|e| node_err(t, &m, e))?;
+        let ms = vec![SplitState::Mirrored; t.src.len()];
+        let out = local_op(&mut l, ctx, t, &srcs, &ms, &m, self.j).map_err(|e| node_err(t, &m, e))?;
         let full = self.run_local(&l, &[out], &inputs).map_err(|e| node_err(t, &m, e))?.remove(0);
         let state = self.state_of(node);
         Ok(Arc::new(slice_local(t.ty, t.ne, &full, &state, self.j)?))
@@ -550,7 +551,7 @@ impl Device<'_> {
             inputs.push((lid, bytes));
             srcs.push(lid);
         }
-        let out = local_op(&mut l, ctx, t, &srcs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
+        let out = local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
         let bytes = self.run_local(&l, &[out], &inputs).map_err(|e| node_err(t, &out_state, e))?.remove(0);
         let res = Arc::new(bytes);
         self.data.insert(node.index(), vec![(out_state.clone(), res.clone())]);
@@ -869,7 +870,16 @@ fn node_err(t: &Tensor, st: &SplitState, e: Error) -> Error {
 
 /// Builds node `t` in local context `l` over local sources `srcs`, with the
 /// output shape device `j` holds in `out_state`.
-fn local_op(l: &mut Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out_state: &SplitState, j: usize) -> Result<TensorId> {
+#[allow(clippy::too_many_arguments)]
+fn local_op(
+    l: &mut Context,
+    ctx: &Context,
+    t: &Tensor,
+    srcs: &[TensorId],
+    in_states: &[SplitState],
+    out_state: &SplitState,
+    j: usize,
+) -> Result<TensorId> {
     let ne = local_ne(t.ne, out_state, j);
     // A local view chain may hold a contiguous parent in a strided layout.
     let contiguous = |l: &mut Context, id: TensorId| -> Result<TensorId> {
@@ -903,10 +913,37 @@ fn local_op(l: &mut Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out_s
         }
         Op::Cpy => l.push_view(srcs[1], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::Cpy, srcs),
         Op::SetRows => l.push_view(srcs[2], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::SetRows, srcs),
-        Op::View => {
-            if matches!(out_state, SplitState::Split(_)) {
-                return Err(Error::Split { detail: "a split view is not supported yet".into() });
+        Op::View if matches!(out_state, SplitState::Split(_)) => {
+            // A box of a split parent: the same box of this device's part.
+            let parent = ctx.t(t.src[0]);
+            let geometry = match in_states.first() {
+                Some(SplitState::Split(is)) => super::rules::view_geometry(parent, t, is),
+                _ => None,
+            };
+            let Some((q, is, starts)) = geometry else {
+                return Err(Error::Split { detail: "split view that is not a box of a split parent".into() });
+            };
+            // The parent's part in the shape the view reads it in.
+            let mut base = srcs[0];
+            if q.ne != parent.ne {
+                base = contiguous(l, base)?;
+                let qne = local_ne(q.ne, &SplitState::Split(is.clone()), j);
+                base = l.push_view(base, t.ty, qne, contiguous_strides(t.ty, &qne), 0, Op::Reshape, &[base])?;
             }
+            let srcs = &[base];
+            let lp = l.t(base).clone();
+            let a = is.axis;
+            let mut ls = starts;
+            ls[a] = is.ranges(j).iter().map(|&(x, y)| (y.min(starts[a]) - x).max(0)).sum();
+            let bs = t.ty.block_size() as i64;
+            let offs: i64 = if ne.contains(&0) {
+                0
+            } else {
+                (0..4).map(|k| ls[k] / if k == 0 { bs } else { 1 } * lp.nb[k] as i64).sum()
+            };
+            l.push_view(srcs[0], t.ty, ne, lp.nb, offs as usize, Op::View, srcs)
+        }
+        Op::View => {
             // Relative to the parent as this device holds it: the parent's own
             // layout, or (for a contiguous parent) a contiguous copy.
             let parent = ctx.t(t.src[0]);

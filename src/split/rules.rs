@@ -98,6 +98,56 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
                 }
             }
         }
+        Op::Glu { .. } => {
+            if let SplitState::Split(s) = &cur[0] {
+                if s.axis >= 1 {
+                    // Rows split: each row's gate and value halves stay together.
+                    out.push(cand(vec![cur[0].clone()], cur[0].clone()));
+                } else if s.repeat == 1 && s.segments.len() == 2 && s.segments[0] == s.segments[1] {
+                    // A fused gate|up row split as two equal segments: device j
+                    // holds gate[j] then up[j], which glu pairs locally.
+                    out.push(cand(vec![cur[0].clone()], SplitState::split(0, s.segments[0].clone())));
+                }
+            }
+        }
+        Op::View => {
+            if let SplitState::Split(s) = &cur[0] {
+                if let Some(o) = view_split(src[0], t, s) {
+                    out.push(cand(vec![cur[0].clone()], SplitState::Split(o)));
+                }
+            }
+            // A view of a partial sum is one when it reads whole elements of the same type.
+            let ts = t.ty.type_size();
+            if cur[0] == p() && t.ty == src[0].ty && t.view_offs % ts == 0 && t.nb.iter().all(|b| b % ts == 0) {
+                out.push(cand(vec![p()], p()));
+            }
+        }
+        Op::Concat { dim } => concat(&mut out, src[0], src[1], *dim, cur),
+        Op::SsmConv => {
+            // Channels: sx [d_conv−1+n_t, d_inner, n_s] axis 1, c [d_conv, d_inner] axis 1 → out axis 0.
+            for k in 0..2 {
+                if let SplitState::Split(s) = &cur[k] {
+                    if s.axis == 1 && src[0].ne[1] == src[1].ne[1] {
+                        let o = AxisSplit { axis: 0, ..s.clone() };
+                        out.push(cand(vec![cur[k].clone(), cur[k].clone()], SplitState::Split(o)));
+                    }
+                }
+            }
+        }
+        Op::SetRows => {
+            // src: rows [ne0, n, ne2, ne3], idx, dst [ne0, m, ne2, ne3]; a split of
+            // ne0 or of dims 2/3 (heads) writes each device's part of every row.
+            let (rows, idx, dst) = (src[0], src[1], src[2]);
+            for st in [&cur[2], &cur[0]] {
+                if let SplitState::Split(s) = st {
+                    let ax = s.axis;
+                    let idx_ok = ax == 0 || (ax == 2 && idx.ne[1] == 1) || (ax == 3 && idx.ne[2] == 1);
+                    if ax != 1 && idx_ok && rows.ne[ax] == dst.ne[ax] && s.axis_len() == dst.ne[ax] {
+                        out.push(cand(vec![st.clone(), m.clone(), st.clone()], st.clone()));
+                    }
+                }
+            }
+        }
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } | Op::SoftMax { .. } => {
             // ALiBi slopes depend on the global head index: only unsplit heads.
             let alibi = matches!(t.op, Op::SoftMax { max_bias, .. } if max_bias > 0.0);
@@ -217,15 +267,6 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
                 out.push(cand(vec![p()], p()));
             }
         }
-        // A view of a partial sum is one when it reads whole elements of the same type.
-        Op::View
-            if cur[0] == p()
-                && t.ty == src[0].ty
-                && t.view_offs % t.ty.type_size() == 0
-                && t.nb.iter().all(|b| b % t.ty.type_size() == 0) =>
-        {
-            out.push(cand(vec![p()], p()))
-        }
         Op::Rope(rp) => {
             let mut rest = vec![m.clone(); src.len().saturating_sub(2)];
             if let SplitState::Split(s) = &cur[0] {
@@ -253,6 +294,158 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
         _ => {}
     }
     with_replicated(out, src.len())
+}
+
+/// If view `t` is a box of its parent `p` (the same strides; a range per
+/// axis): the start index along each axis of `p`.
+pub(crate) fn box_starts(p: &Tensor, t: &Tensor) -> Option<[i64; 4]> {
+    if t.ty != p.ty || t.view_src.is_none() {
+        return None;
+    }
+    let p_offs = if p.view_src.is_some() { p.view_offs } else { 0 };
+    let mut rel = t.view_offs.checked_sub(p_offs)?;
+    for k in 0..4 {
+        if t.ne[k] > 1 && t.nb[k] != p.nb[k] {
+            return None;
+        }
+    }
+    let bs = p.ty.block_size() as i64;
+    let mut starts = [0i64; 4];
+    let mut order: Vec<usize> = (0..4).filter(|&k| p.ne[k] > 1).collect();
+    order.sort_by(|&a, &b| p.nb[b].cmp(&p.nb[a]));
+    for &k in &order {
+        let step = p.nb[k];
+        if step == 0 {
+            continue;
+        }
+        let d = rel / step;
+        rel -= d * step;
+        starts[k] = d as i64 * if k == 0 { bs } else { 1 };
+    }
+    if rel != 0 {
+        return None;
+    }
+    (0..4).all(|k| starts[k] >= 0 && starts[k] + t.ne[k] <= p.ne[k]).then_some(starts)
+}
+
+/// How view `t` of a parent `p` split as `s` reads it: `p` seen in the
+/// shape the view's strides imply (for a contiguous parent: a reshape, as
+/// llama.cpp's q/k/v views of a fused qkv product `[d, h, T]` of `[(h+2·hkv)·d, T]`),
+/// that shape's split, and the view's start index per axis of it.
+pub(crate) fn view_geometry(p: &Tensor, t: &Tensor, s: &AxisSplit) -> Option<(Tensor, AxisSplit, [i64; 4])> {
+    if let Some(st) = box_starts(p, t) {
+        return Some((p.clone(), s.clone(), st));
+    }
+    if !p.is_contiguous() || t.ty != p.ty {
+        return None;
+    }
+    // The shape whose contiguous strides are the view's.
+    let (ts, bs) = (p.ty.type_size(), p.ty.block_size() as i64);
+    if t.nb[0] != ts {
+        return None;
+    }
+    let mut ne = [1i64; 4];
+    for k in 0..3 {
+        if t.nb[k] == 0 || t.nb[k + 1] % t.nb[k] != 0 {
+            return None;
+        }
+        ne[k] = (t.nb[k + 1] / t.nb[k]) as i64 * if k == 0 { bs } else { 1 };
+    }
+    let total: i64 = p.ne.iter().product();
+    let inner: i64 = ne[..3].iter().product();
+    if inner <= 0 || total % inner != 0 {
+        return None;
+    }
+    ne[3] = total / inner;
+    let q = Tensor { ne, nb: crate::tensor::contiguous_strides(p.ty, &ne), ..p.clone() };
+    let sq = if ne == p.ne { s.clone() } else { reshape_split(s, &p.ne, &ne)? };
+    let st = box_starts(&q, t)?;
+    Some((q, sq, st))
+}
+
+/// The split of view `t` of a parent `p` split as `s` (see
+/// [`view_geometry`]): the segment instances clipped to the view's range
+/// along the split axis.
+pub(crate) fn view_split(p: &Tensor, t: &Tensor, s: &AxisSplit) -> Option<AxisSplit> {
+    let (p, s, starts) = view_geometry(p, t, s)?;
+    let (p, s) = (&p, &s);
+    let a = s.axis;
+    let (st, len) = (starts[a], t.ne[a]);
+    if st == 0 && len == p.ne[a] {
+        return Some(s.clone());
+    }
+    let n = s.n_devices();
+    let mut segments = Vec::new();
+    let mut base = 0i64;
+    for _ in 0..s.repeat {
+        for seg in &s.segments {
+            let mut ext = Vec::with_capacity(n);
+            let mut pos = base;
+            for &e in seg {
+                let (lo, hi) = (pos.max(st), (pos + e).min(st + len));
+                ext.push((hi - lo).max(0));
+                pos += e;
+            }
+            if ext.iter().any(|&e| e > 0) {
+                segments.push(ext);
+            }
+            base = pos;
+        }
+    }
+    if segments.is_empty() {
+        segments.push(vec![0; n]);
+    }
+    // Blocks of a quantized row must stay whole on each device.
+    let bs = p.ty.block_size() as i64;
+    if a == 0 && segments.iter().flatten().any(|e| e % bs != 0) {
+        return None;
+    }
+    Some(AxisSplit { axis: a, segments, repeat: 1 })
+}
+
+/// Concat along `dim`: splits of another axis carry through when both
+/// inputs agree; splits along `dim` give the first input's segments then
+/// the second's (each device holds its part of both, in order).
+fn concat(out: &mut Vec<Candidate>, a: &Tensor, b: &Tensor, dim: usize, cur: &[SplitState]) {
+    let m = SplitState::Mirrored;
+    for st in [&cur[0], &cur[1]] {
+        if let SplitState::Split(s) = st {
+            if s.axis != dim && a.ne[s.axis] == b.ne[s.axis] {
+                out.push(cand(vec![st.clone(), st.clone()], st.clone()));
+            }
+        }
+    }
+    let seg_list = |s: &AxisSplit| -> Vec<Vec<i64>> {
+        let mut v = Vec::new();
+        for _ in 0..s.repeat {
+            v.extend(s.segments.iter().cloned());
+        }
+        v
+    };
+    let joined = |x: &AxisSplit, y: &AxisSplit| AxisSplit {
+        axis: dim,
+        segments: seg_list(x).into_iter().chain(seg_list(y)).collect(),
+        repeat: 1,
+    };
+    match (&cur[0], &cur[1]) {
+        (SplitState::Split(x), SplitState::Split(y)) if x.axis == dim && y.axis == dim => {
+            out.push(cand(cur.to_vec(), SplitState::Split(joined(x, y))));
+        }
+        // One input split along dim, the other mirrored: slice the other in the same proportions.
+        (SplitState::Split(x), o) | (o, SplitState::Split(x)) if x.axis == dim && *o == m => {
+            let first = matches!(cur[0], SplitState::Split(ref s) if s.axis == dim);
+            let other = if first { b } else { a };
+            let lens: Vec<f32> = (0..x.n_devices()).map(|j| x.local_len(j) as f32).collect();
+            let bs = if dim == 0 { other.ty.block_size() as i64 } else { 1 };
+            if let Ok(ext) = super::state::split_extents(other.ne[dim], &lens, bs) {
+                let y = AxisSplit::even(dim, ext);
+                let (sa, sb) = if first { (x.clone(), y) } else { (y, x.clone()) };
+                let o = joined(&sa, &sb);
+                out.push(cand(vec![SplitState::Split(sa), SplitState::Split(sb)], SplitState::Split(o)));
+            }
+        }
+        _ => {}
+    }
 }
 
 fn with_replicated(mut out: Vec<Candidate>, n_src: usize) -> Vec<Candidate> {
@@ -371,6 +564,7 @@ pub(crate) fn reshape_split(s: &AxisSplit, ne_in: &[i64; 4], ne_out: &[i64; 4]) 
     if inner <= 0 || len_a <= 0 {
         return None;
     }
+    let mut found: Vec<AxisSplit> = Vec::new();
     for c in 0..4 {
         let inner_c: i64 = ne_out[..c].iter().product();
         let len_c = ne_out[c];
@@ -416,10 +610,39 @@ pub(crate) fn reshape_split(s: &AxisSplit, ne_in: &[i64; 4], ne_out: &[i64; 4]) 
             Some(s.segments.iter().map(|seg| seg.iter().map(|&e| e * f).collect()).collect())
         };
         if let Some(segments) = segments {
-            return Some(AxisSplit { axis: c, segments, repeat: s.repeat * m });
+            found.push(AxisSplit { axis: c, segments, repeat: s.repeat * m });
         }
     }
-    None
+    // A repeated split folds back onto an axis as long as one period
+    // (`[D, H·T]` split per H repeated T times → `[D, H, T]` split on H).
+    let period: i64 = s.segments.iter().flatten().sum();
+    if s.repeat > 1 && period > 0 {
+        for c in 0..4 {
+            let inner_c: i64 = ne_out[..c].iter().product();
+            if inner_c != inner || ne_out[c] <= 0 || ne_out[c] % period != 0 {
+                continue;
+            }
+            let r1 = ne_out[c] / period;
+            if r1 == 0 || s.repeat % r1 != 0 {
+                continue;
+            }
+            // The remaining repeats must be whole outer axes of the output.
+            let mut rest = s.repeat / r1;
+            let mut d = c + 1;
+            while rest > 1 && d < 4 {
+                if ne_out[d] <= 0 || rest % ne_out[d] != 0 {
+                    break;
+                }
+                rest /= ne_out[d];
+                d += 1;
+            }
+            if rest == 1 {
+                found.push(AxisSplit { axis: c, segments: s.segments.clone(), repeat: r1 });
+            }
+        }
+    }
+    // Fewest repeats, then the outermost axis (heads rather than head_dim).
+    found.into_iter().min_by_key(|o| (o.repeat, std::cmp::Reverse(o.axis)))
 }
 
 #[cfg(test)]
