@@ -7,7 +7,9 @@
 //! 5. executing the plan on N CPU devices gives the single-device values
 //!    (NMSE ≤ 1e-5 for F32 graphs, 1e-4 where values pass through F16/BF16,
 //!    or that bound on the absolute error for outputs that cancel to almost
-//!    nothing; integer outputs exact; graphs whose single-device run makes
+//!    nothing; integer outputs exact; outputs read through views at byte
+//!    offsets inside an element are checked for finiteness only; graphs whose
+//!    single-device run makes
 //!    infinities or NaN are checked for properties 4 and 6 only);
 //! 6. the bytes the executor's communicator moved equal the plan's reported
 //!    bytes (`Plan::total_bytes`), apart from conversions the executor
@@ -20,7 +22,7 @@
 mod random_graph;
 
 use proptest::prelude::*;
-use random_graph::{build, leaf_strategy, read_late, stale_view_readers, Leaf, Step};
+use random_graph::{build, leaf_strategy, Leaf, Step};
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{AxisSplit, MetaExecutor, Planner, SplitPolicy, SplitState, SplitStore};
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
@@ -63,7 +65,11 @@ fn random_leaf_states(ctx: &Context, graph: &shardgraph::Graph, n: usize, seed: 
                             let b = random_extents(len / (2 * bs), bs, &mut next);
                             SplitState::Split(AxisSplit { axis, segments: vec![a, b], repeat: 1 })
                         } else {
-                            SplitState::Split(AxisSplit { axis, segments: vec![random_extents(len / (2 * bs), bs, &mut next)], repeat: 2 })
+                            SplitState::Split(AxisSplit {
+                                axis,
+                                segments: vec![random_extents(len / (2 * bs), bs, &mut next)],
+                                repeat: 2,
+                            })
                         }
                     } else {
                         SplitState::split(axis, random_extents(len / bs, bs, &mut next))
@@ -135,7 +141,6 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         .alloc_graph(&cpu, &ctx, &graph, &mut storage)
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let computed = cpu.compute(&ctx, &graph, &storage).is_ok();
-    let tainted = stale_view_readers(&ctx, &graph);
     // Infinities in the single-device run (x/0, overflow) do not survive
     // regrouping: a partial sum of addends 0 and x times a mirrored inf is
     // NaN where one device gets inf. Such graphs check planning, execution
@@ -148,6 +153,18 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
     // Sums regrouped across devices round differently; where values pass
     // through F16/BF16 (as mul_mat's vec_dot type too) one rounding step can
     // flip, so those graphs get a looser (still tight) bound.
+    // Views at byte offsets inside an element reinterpret bits: one ulp of
+    // difference upstream (sums regrouped) becomes any difference there.
+    // Outputs that depend on one are compared for finiteness only.
+    let mut misaligned = std::collections::HashSet::new();
+    for &id in graph.nodes() {
+        let t = ctx.tensor(id).unwrap();
+        let ts = t.ty.type_size();
+        let odd = matches!(t.op, shardgraph::Op::View) && (t.view_offs % ts != 0 || t.nb.iter().any(|b| b % ts != 0));
+        if odd || t.src.iter().any(|s| misaligned.contains(s)) {
+            misaligned.insert(id);
+        }
+    }
     let half = ctx.ids().any(|id| matches!(ctx.tensor(id).unwrap().ty, GgmlType::F16 | GgmlType::BF16));
     let tol = if half { 1e-4 } else { 1e-5 };
 
@@ -197,9 +214,6 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         let got = rep.outputs;
         for (k, &o) in accepted.iter().enumerate() {
             let t = ctx.tensor(o).unwrap();
-            if read_late(&ctx, &graph, o) || tainted.contains(&o) {
-                continue;
-            }
             let have: Vec<f64> = match t.ty {
                 GgmlType::F32 => {
                     got[k].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect()
@@ -220,6 +234,30 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
                 _ => storage.get_f32(&ctx, o).unwrap().iter().map(|&v| v as f64).collect(),
             };
             prop_assert_eq!(have.len(), want.len());
+            // Indices of near-ties (argmax, top_k, argsort after sums regrouped
+            // across devices) may differ; the values they select may not.
+            if have != want
+                && matches!(t.op, shardgraph::Op::Argmax | shardgraph::Op::TopK { .. } | shardgraph::Op::Argsort { .. })
+            {
+                let src = ctx.tensor(t.src[0]).unwrap();
+                let sv = storage.get_f32(&ctx, t.src[0]).unwrap();
+                let (w_in, w_out) = (src.ne[0].max(1) as usize, t.ne[0].max(1) as usize);
+                let pick =
+                    |v: &[f64], i: usize| sv.get((i / w_out) * w_in + v[i] as usize).copied().unwrap_or(f32::NAN);
+                for i in 0..have.len() {
+                    let (a, b) = (pick(&have, i), pick(&want, i));
+                    prop_assert!(
+                        a == b || (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                        "{} on {} devices selects {} where one device selects {}\n{}",
+                        t.op.name(),
+                        n,
+                        a,
+                        b,
+                        plan.report(&ctx)
+                    );
+                }
+                continue;
+            }
             let (mut num, mut den) = (0.0f64, 0.0f64);
             for (a, b) in have.iter().zip(&want) {
                 if !a.is_finite() || !b.is_finite() {
@@ -242,9 +280,14 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
             let e = if den > 0.0 { num / den } else { num };
             // Outputs that cancel to almost nothing (a sum of normed values)
             // have no meaningful relative error: there the absolute error counts.
-            let max_abs = have.iter().zip(&want).filter(|(a, b)| a.is_finite() && b.is_finite()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            let max_abs = have
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.is_finite() && b.is_finite())
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
             prop_assert!(
-                e <= tol || max_abs <= tol,
+                e <= tol || max_abs <= tol || misaligned.contains(&o),
                 "output {} ({} {}) differs on {} devices: nmse {:.3e}, max abs error {:.3e}\n{}",
                 k,
                 t.op.name(),
@@ -275,4 +318,3 @@ proptest! {
         check_split(&leafs, &steps)?;
     }
 }
-

@@ -92,7 +92,9 @@ pub trait Comm: Send + Sync {
         }
         let have = boxes(ne, from, rank);
         if local.len() != box_bytes(ty, &have) {
-            return Err(Error::Split { detail: format!("rank {rank}: part of {} bytes for {}", local.len(), from.label()) });
+            return Err(Error::Split {
+                detail: format!("rank {rank}: part of {} bytes for {}", local.len(), from.label()),
+            });
         }
         let need = boxes(ne, to, rank);
         let mut out = vec![0u8; box_bytes(ty, &need)];
@@ -135,7 +137,14 @@ pub trait Comm: Send + Sync {
     /// # Errors
     /// As [`Comm::exchange`]; [`Error::UnsupportedType`] for a type that
     /// cannot be summed.
-    fn reduce_scatter(&self, rank: usize, ty: GgmlType, ne: [i64; 4], to: &SplitState, addend: &[u8]) -> Result<Vec<u8>> {
+    fn reduce_scatter(
+        &self,
+        rank: usize,
+        ty: GgmlType,
+        ne: [i64; 4],
+        to: &SplitState,
+        addend: &[u8],
+    ) -> Result<Vec<u8>> {
         let n = self.n_ranks();
         let full = boxes(ne, &SplitState::Mirrored, 0);
         if addend.len() != box_bytes(ty, &full) {
@@ -381,7 +390,11 @@ mod tests {
             (SplitState::split(1, vec![3, 3]), SplitState::split(1, vec![6, 0])),
             (SplitState::Mirrored, SplitState::split(2, vec![1, 1])),
             (
-                SplitState::Split(crate::split::AxisSplit { axis: 1, segments: vec![vec![1, 2], vec![2, 1]], repeat: 1 }),
+                SplitState::Split(crate::split::AxisSplit {
+                    axis: 1,
+                    segments: vec![vec![1, 2], vec![2, 1]],
+                    repeat: 1,
+                }),
                 SplitState::split(0, vec![8, 0]),
             ),
         ];

@@ -130,7 +130,9 @@ impl MetaExecutor {
     ) -> Result<RunReport> {
         let n = self.devices.len();
         if plan.n_devices != n || store.n_devices() != n || comm.n_ranks() != n {
-            return Err(Error::Split { detail: "plan, store, communicator and executor disagree on the device count".into() });
+            return Err(Error::Split {
+                detail: "plan, store, communicator and executor disagree on the device count".into(),
+            });
         }
         for &o in outputs {
             ctx.tensor(o)?;
@@ -165,7 +167,17 @@ impl MetaExecutor {
                     let (lowered, exports, leafs) = (&lowered, &exports, &leafs);
                     let dev = &self.devices[j];
                     sc.spawn(move || {
-                        let mut d = Device { j, n, ctx, plan, backend: dev, comm, data: HashMap::new(), unplanned: 0 };
+                        let mut d = Device {
+                            j,
+                            n,
+                            ctx,
+                            plan,
+                            backend: dev,
+                            comm,
+                            data: HashMap::new(),
+                            unplanned: 0,
+                            fetching: false,
+                        };
                         for (l, s) in leafs {
                             d.put(*l, s.state.clone(), s.locals[j].clone());
                         }
@@ -271,6 +283,9 @@ struct DeviceResult {
     unplanned: u64,
 }
 
+/// A tensor's local part in one state.
+type Held = (SplitState, Arc<Vec<u8>>);
+
 /// One device's thread: its data and its side of every step.
 struct Device<'a> {
     j: usize,
@@ -280,8 +295,10 @@ struct Device<'a> {
     backend: &'a CpuBackend,
     comm: &'a dyn Comm,
     /// Per tensor: the states it is available in, the first being current.
-    data: HashMap<usize, Vec<(SplitState, Arc<Vec<u8>>)>>,
+    data: HashMap<usize, Vec<Held>>,
     unplanned: u64,
+    /// Inside an unplanned fetch (its bytes are counted once, by the outermost).
+    fetching: bool,
 }
 
 impl Device<'_> {
@@ -296,31 +313,85 @@ impl Device<'_> {
     }
 
     fn current(&self, id: TensorId) -> Result<(SplitState, Arc<Vec<u8>>)> {
-        self.data
-            .get(&id.index())
-            .and_then(|v| v.first().cloned())
-            .ok_or_else(|| Error::Split { detail: format!("tensor #{} is not computed on device {}", id.index(), self.j) })
+        self.data.get(&id.index()).and_then(|v| v.first().cloned()).ok_or_else(|| Error::Split {
+            detail: format!("tensor #{} is not computed on device {}", id.index(), self.j),
+        })
     }
 
     /// `id` in `state`, converting now (counted as unplanned) if no step did.
+    /// A view whose owner was written since it was computed is read again
+    /// from the owner, as one device reads its memory.
     fn fetch(&mut self, id: TensorId, state: &SplitState) -> Result<Arc<Vec<u8>>> {
         if let Some(b) = self.get(id, state) {
             return Ok(b);
         }
-        let (from, _) = self.current(id)?;
+        // Only the outermost fetch counts (a re-read view fetches its owner).
+        let outer = !self.fetching;
+        self.fetching = true;
         let before = self.comm.bytes_received()[self.j];
+        let r = self.fetch_inner(id, state);
+        if outer {
+            self.fetching = false;
+            self.unplanned += self.comm.bytes_received()[self.j] - before;
+        }
+        r
+    }
+
+    fn fetch_inner(&mut self, id: TensorId, state: &SplitState) -> Result<Arc<Vec<u8>>> {
+        if !self.data.contains_key(&id.index()) {
+            if let Some(owner) = self.ctx.t(id).view_src {
+                self.reread_view(id, owner)?;
+            }
+        }
+        if let Some(b) = self.get(id, state) {
+            return Ok(b);
+        }
+        let (from, _) = self.current(id)?;
         self.convert(id, &from, state)?;
-        self.unplanned += self.comm.bytes_received()[self.j] - before;
         self.get(id, state).ok_or_else(|| Error::Split { detail: "conversion".into() })
+    }
+
+    /// View `id` of `owner` read again from the owner's current data (mirrored).
+    fn reread_view(&mut self, id: TensorId, owner: TensorId) -> Result<()> {
+        let ctx = self.ctx;
+        let (t, ot) = (ctx.t(id), ctx.t(owner));
+        let ob = self.fetch(owner, &SplitState::Mirrored)?;
+        let mut l = Context::new();
+        let o = l.new_tensor(ot.ty, &ot.ne)?;
+        let v = l.push_view(o, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[o])?;
+        let c = l.push_op(t.ty, t.ne, Op::Cont, &[v])?;
+        let bytes = self.run_local(&l, &[c], &[(o, ob)])?.remove(0);
+        self.put(id, SplitState::Mirrored, Arc::new(bytes));
+        Ok(())
+    }
+
+    /// Drops what this device holds of views of `owner` (other than the
+    /// writer `writer`): one device would read them from the owner's memory,
+    /// which `writer` just changed.
+    fn invalidate_views_of(&mut self, owner: TensorId, writer: TensorId) {
+        let ctx = self.ctx;
+        let stale: Vec<usize> = self
+            .data
+            .keys()
+            .copied()
+            .filter(|&i| {
+                let id = TensorId { ctx: ctx.id(), idx: i as u32 };
+                i != writer.index() && i != owner.index() && ctx.t(id).view_src == Some(owner)
+            })
+            .collect();
+        for i in stale {
+            self.data.remove(&i);
+        }
     }
 
     /// Converts `id` from `from` to `to` through the communicator.
     fn convert(&mut self, id: TensorId, from: &SplitState, to: &SplitState) -> Result<()> {
         let t = self.ctx.t(id);
         let (ty, ne, j) = (t.ty, t.ne, self.j);
-        let src = self.get(id, from).ok_or_else(|| Error::Split {
-            detail: format!("tensor #{} is not available as {} on device {j}", id.index(), from.label()),
-        })?;
+        let src = match self.get(id, from) {
+            Some(b) => b,
+            None => self.fetch(id, from)?,
+        };
         let out = match (from, to) {
             (SplitState::Partial(_), SplitState::Mirrored) => self.comm.all_reduce(j, ty, ne, &src)?,
             (SplitState::Partial(_), SplitState::Split(_)) => self.comm.reduce_scatter(j, ty, ne, to, &src)?,
@@ -355,7 +426,13 @@ impl Device<'_> {
         self.plan.inputs_of(node).map(|v| v.to_vec()).unwrap_or_default()
     }
 
-    fn run(mut self, lowered: &Lowered, exports: &HashSet<usize>, outputs: &[TensorId], graph: &Graph) -> Result<DeviceResult> {
+    fn run(
+        mut self,
+        lowered: &Lowered,
+        exports: &HashSet<usize>,
+        outputs: &[TensorId],
+        graph: &Graph,
+    ) -> Result<DeviceResult> {
         let mut written: Vec<TensorId> = Vec::new();
         for step in &lowered.steps {
             match step {
@@ -374,8 +451,12 @@ impl Device<'_> {
         }
         let mut outs = Vec::with_capacity(outputs.len());
         for &o in outputs {
-            let (s, b) = self.current(o)?;
-            outs.push((s, b));
+            if !self.data.contains_key(&o.index()) {
+                // A view whose owner was written after it: read it again.
+                let st = self.state_of(o);
+                self.fetch(o, &st)?;
+            }
+            outs.push(self.current(o)?);
         }
         // Written leafs return to the store in their planned state.
         let mut w = Vec::new();
@@ -432,7 +513,8 @@ impl Device<'_> {
                         lid
                     }
                 };
-                l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid]).map_err(|e| node_err(t, &out_state, e))?
+                l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid])
+                    .map_err(|e| node_err(t, &out_state, e))?
             } else {
                 local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?
             };
@@ -516,7 +598,14 @@ impl Device<'_> {
     /// For a mirrored/partial `view` whose parent is held here in another
     /// layout than one device's (a contiguous copy of a strided parent): the
     /// owner to view instead.
-    fn view_owner(&self, l: &Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out: &SplitState) -> Option<TensorId> {
+    fn view_owner(
+        &self,
+        l: &Context,
+        ctx: &Context,
+        t: &Tensor,
+        srcs: &[TensorId],
+        out: &SplitState,
+    ) -> Option<TensorId> {
         if !matches!(t.op, Op::View) || matches!(out, SplitState::Split(_)) {
             return None;
         }
@@ -551,13 +640,19 @@ impl Device<'_> {
             inputs.push((lid, bytes));
             srcs.push(lid);
         }
-        let out = local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
+        let out =
+            local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
         let bytes = self.run_local(&l, &[out], &inputs).map_err(|e| node_err(t, &out_state, e))?.remove(0);
         let res = Arc::new(bytes);
         self.data.insert(node.index(), vec![(out_state.clone(), res.clone())]);
         let Some(owner) = t.view_src else { return Ok(None) };
+        self.invalidate_views_of(owner, node);
         let after = super::lower::owner_state_after_write(ctx, t, &out_state);
-        if covers_owner(ctx, t) && (after == out_state || ctx.t(owner).ne == t.ne || after == SplitState::Mirrored && out_state == SplitState::Mirrored) {
+        if covers_owner(ctx, t)
+            && (after == out_state
+                || ctx.t(owner).ne == t.ne
+                || after == SplitState::Mirrored && out_state == SplitState::Mirrored)
+        {
             // The same bytes in the owner's shape.
             self.data.insert(owner.index(), vec![(after, res)]);
         } else {
@@ -659,8 +754,9 @@ impl Device<'_> {
         let to_bytes = |v: Vec<f32>| -> Arc<Vec<u8>> { Arc::new(v.iter().flat_map(|x| x.to_le_bytes()).collect()) };
         match &t.op {
             Op::RmsNorm { eps } | Op::L2Norm { eps } => {
-                let mut mine: Vec<u8> =
-                    (0..nrows).flat_map(|r| row(r).iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>().to_le_bytes()).collect();
+                let mut mine: Vec<u8> = (0..nrows)
+                    .flat_map(|r| row(r).iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>().to_le_bytes())
+                    .collect();
                 flag(&mut mine, &x, 8);
                 let all = self.comm.all_gather_bytes(j, &mine)?;
                 if flagged(&all, 8) {
@@ -742,7 +838,11 @@ impl Device<'_> {
                     vals.iter()
                         .map(|v| {
                             let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                            let s: f64 = if m == f32::NEG_INFINITY { 0.0 } else { v.iter().map(|&x| ((x - m).exp()) as f64).sum() };
+                            let s: f64 = if m == f32::NEG_INFINITY {
+                                0.0
+                            } else {
+                                v.iter().map(|&x| ((x - m).exp()) as f64).sum()
+                            };
                             (m, s as f32)
                         })
                         .collect(),
@@ -818,7 +918,9 @@ impl Device<'_> {
                         let mut c: Vec<(f32, i32)> = row(r).iter().enumerate().map(|(i, &v)| (v, global(i))).collect();
                         c.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
                         c.resize(k, (f32::NEG_INFINITY, -1));
-                        c.into_iter().flat_map(|(v, i)| v.to_le_bytes().into_iter().chain(i.to_le_bytes())).collect::<Vec<u8>>()
+                        c.into_iter()
+                            .flat_map(|(v, i)| v.to_le_bytes().into_iter().chain(i.to_le_bytes()))
+                            .collect::<Vec<u8>>()
                     })
                     .collect();
                 let all = self.comm.all_gather_bytes(j, &mine)?;
@@ -948,7 +1050,10 @@ fn local_op(
             // layout, or (for a contiguous parent) a contiguous copy.
             let parent = ctx.t(t.src[0]);
             let p_offs = if parent.view_src.is_some() { parent.view_offs } else { 0 };
-            let offs = t.view_offs.checked_sub(p_offs).ok_or_else(|| Error::Split { detail: "view before its parent".into() })?;
+            let offs = t
+                .view_offs
+                .checked_sub(p_offs)
+                .ok_or_else(|| Error::Split { detail: "view before its parent".into() })?;
             let nb = t.nb;
             let lp = l.t(srcs[0]).clone();
             let base = if lp.ne == parent.ne && lp.nb == parent.nb { srcs[0] } else { contiguous(l, srcs[0])? };

@@ -107,49 +107,8 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
             if locals.iter().any(|l| l.len() != n) {
                 return Err(bad(format!("partial parts must all be {n} bytes")));
             }
-            if matches!(ty, GgmlType::I32 | GgmlType::I64) {
-                // Integer addends sum exactly (wrapping, as the integer type does).
-                let w = ty.type_size();
-                let mut acc = vec![0i64; n / w];
-                for l in locals {
-                    for (a, c) in acc.iter_mut().zip(l.chunks_exact(w)) {
-                        let v = if w == 4 {
-                            i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64
-                        } else {
-                            i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))
-                        };
-                        *a = a.wrapping_add(v);
-                    }
-                }
-                return Ok(if w == 4 {
-                    acc.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect()
-                } else {
-                    acc.iter().flat_map(|&v| v.to_le_bytes()).collect()
-                });
-            }
-            let mut acc = vec![0f32; (ne.iter().product::<i64>()).max(0) as usize];
-            for l in locals {
-                match ty {
-                    GgmlType::F32 => acc
-                        .iter_mut()
-                        .zip(l.chunks_exact(4))
-                        .for_each(|(a, c)| *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                    GgmlType::F16 => acc
-                        .iter_mut()
-                        .zip(l.chunks_exact(2))
-                        .for_each(|(a, c)| *a += f16::from_le_bytes([c[0], c[1]]).to_f32()),
-                    GgmlType::BF16 => acc
-                        .iter_mut()
-                        .zip(l.chunks_exact(2))
-                        .for_each(|(a, c)| *a += bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-                    t => return Err(Error::unsupported_type(t, "a partial sum needs F32, F16, BF16, I32 or I64")),
-                }
-            }
-            Ok(match ty {
-                GgmlType::F32 => acc.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                GgmlType::F16 => acc.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect(),
-                _ => acc.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
-            })
+            let parts: Vec<&[u8]> = locals.iter().map(|l| l.as_slice()).collect();
+            sum_addends(ty, &parts)
         }
         SplitState::Unknown => Err(Error::Split { detail: "cannot assemble a tensor in the Unknown state".into() }),
         SplitState::Split(s) => {
@@ -183,6 +142,9 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
 /// Along axis 0 of a block-quantized type ranges are in elements and fall on
 /// block boundaries.
 pub(crate) type Boxes = [Vec<(i64, i64)>; 4];
+
+/// What [`copy_region`] does with each pair of runs: `f(dst_run, src_run)`.
+pub(crate) type RunFn<'a> = dyn FnMut(&mut [u8], &[u8]) -> Result<()> + 'a;
 
 /// The ranges device `j` holds of a tensor of shape `ne` in `state`
 /// (everything for mirrored and partial).
@@ -246,7 +208,7 @@ pub(crate) fn copy_region(
     src: &[u8],
     dst_boxes: &Boxes,
     dst: &mut [u8],
-    f: &mut dyn FnMut(&mut [u8], &[u8]) -> Result<()>,
+    f: &mut RunFn<'_>,
 ) -> Result<()> {
     let bs = ty.block_size() as i64;
     let ts = ty.type_size();
@@ -303,6 +265,54 @@ pub(crate) fn pack(ty: GgmlType, region: &Boxes, layout: &Boxes, src: &[u8]) -> 
     Ok(out)
 }
 
+/// The element-wise sum of partial addends of type `ty` (equal lengths):
+/// floats summed in f32 and rounded once, integers exactly (wrapping).
+/// Addends that are exactly +0 are skipped, so a single non-zero addend
+/// comes back bit for bit (−0.0 and NaN payloads included).
+///
+/// # Errors
+/// [`Error::UnsupportedType`] for a type that cannot be summed.
+pub(crate) fn sum_addends(ty: GgmlType, parts: &[&[u8]]) -> Result<Vec<u8>> {
+    let Some(first) = parts.first() else { return Ok(Vec::new()) };
+    let w = ty.type_size();
+    if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::I32 | GgmlType::I64) {
+        return Err(Error::unsupported_type(ty, "a partial sum needs F32, F16, BF16, I32 or I64"));
+    }
+    let mut out = first.to_vec();
+    for (e, o) in out.chunks_exact_mut(w).enumerate() {
+        let others: Vec<&[u8]> =
+            parts[1..].iter().map(|p| &p[e * w..(e + 1) * w]).filter(|c| c.iter().any(|&b| b != 0)).collect();
+        if others.is_empty() {
+            continue;
+        }
+        let start: Vec<&[u8]> = if o.iter().all(|&b| b == 0) { Vec::new() } else { vec![&o[..]] };
+        let all: Vec<&[u8]> = start.into_iter().chain(others).collect();
+        let bytes: Vec<u8> = match ty {
+            GgmlType::F32 => {
+                all.iter().map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).sum::<f32>().to_le_bytes().to_vec()
+            }
+            GgmlType::F16 => f16::from_f32(all.iter().map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).sum())
+                .to_le_bytes()
+                .to_vec(),
+            GgmlType::BF16 => bf16::from_f32(all.iter().map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).sum())
+                .to_le_bytes()
+                .to_vec(),
+            GgmlType::I32 => all
+                .iter()
+                .fold(0i32, |a, c| a.wrapping_add(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .to_le_bytes()
+                .to_vec(),
+            _ => all
+                .iter()
+                .fold(0i64, |a, c| a.wrapping_add(i64::from_le_bytes(c[..8].try_into().unwrap_or([0; 8]))))
+                .to_le_bytes()
+                .to_vec(),
+        };
+        o.copy_from_slice(&bytes);
+    }
+    Ok(out)
+}
+
 /// Adds the elements of `src` into `dst` (both of type `ty`, same length):
 /// F32, F16 and BF16 in f32; I32 and I64 wrapping.
 ///
@@ -323,7 +333,8 @@ pub(crate) fn add_into(ty: GgmlType, dst: &mut [u8], src: &[u8]) -> Result<()> {
             d.copy_from_slice(&bf16::from_f32(v).to_le_bytes());
         }),
         GgmlType::I32 => dst.chunks_exact_mut(4).zip(src.chunks_exact(4)).for_each(|(d, s)| {
-            let v = i32::from_le_bytes([d[0], d[1], d[2], d[3]]).wrapping_add(i32::from_le_bytes([s[0], s[1], s[2], s[3]]));
+            let v =
+                i32::from_le_bytes([d[0], d[1], d[2], d[3]]).wrapping_add(i32::from_le_bytes([s[0], s[1], s[2], s[3]]));
             d.copy_from_slice(&v.to_le_bytes());
         }),
         GgmlType::I64 => dst.chunks_exact_mut(8).zip(src.chunks_exact(8)).for_each(|(d, s)| {

@@ -68,7 +68,9 @@ impl Lowered {
         let mut s = String::new();
         for st in &self.steps {
             let _ = match st {
-                Step::Compute(v) => writeln!(s, "subgraph of {} nodes (first {}, last {})", v.len(), name(v[0]), name(v[v.len() - 1])),
+                Step::Compute(v) => {
+                    writeln!(s, "subgraph of {} nodes (first {}, last {})", v.len(), name(v[0]), name(v[v.len() - 1]))
+                }
                 Step::Convert { tensor, from, to, kind } => {
                     writeln!(s, "{} {} {} -> {}", kind.name(), name(*tensor), from.label(), to.label())
                 }
@@ -99,9 +101,9 @@ pub(crate) fn owner_state_after_write(ctx: &Context, t: &crate::tensor::Tensor, 
         return SplitState::Mirrored;
     }
     match out {
-        SplitState::Split(s) if ot.ne != t.ne => super::rules::reshape_split(s, &t.ne, &ot.ne)
-            .map(SplitState::Split)
-            .unwrap_or(SplitState::Mirrored),
+        SplitState::Split(s) if ot.ne != t.ne => {
+            super::rules::reshape_split(s, &t.ne, &ot.ne).map(SplitState::Split).unwrap_or(SplitState::Mirrored)
+        }
         s => s.clone(),
     }
 }
@@ -116,7 +118,9 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
         return Err(Error::Split { detail: "plan was made for another graph".into() });
     }
     let state = |id: TensorId| {
-        plan.state(id).cloned().ok_or_else(|| Error::Split { detail: format!("tensor #{} has no planned state", id.index()) })
+        plan.state(id)
+            .cloned()
+            .ok_or_else(|| Error::Split { detail: format!("tensor #{} has no planned state", id.index()) })
     };
     // States each tensor is available in, the first being its current one.
     let mut avail: HashMap<usize, Vec<SplitState>> = HashMap::new();
@@ -147,7 +151,8 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             let from = list.first().cloned().ok_or_else(|| Error::Split {
                 detail: format!("tensor #{} is read before it is computed", s.index()),
             })?;
-            let kind = super::cost::conversion(&from, need, 1, plan.n_devices).map_or(Collective::LocalSlice, |c| c.kind);
+            let kind =
+                super::cost::conversion(&from, need, 1, plan.n_devices).map_or(Collective::LocalSlice, |c| c.kind);
             if !seg.is_empty() {
                 steps.push(Step::Compute(std::mem::take(&mut seg)));
             }

@@ -36,12 +36,12 @@ mod rules;
 mod state;
 mod store;
 
-pub use cost::{conversion, Collective, LinkModel, Traffic};
 pub use comm::{Comm, HostComm};
+pub use cost::{conversion, Collective, LinkModel, Traffic};
 pub use exec::{MetaExecutor, RunReport};
-pub use lower::{lower, Lowered, Step};
-pub use store::SplitStore;
 pub use layout::{assemble, local_ne, slice_local};
+pub use lower::{lower, Lowered, Step};
 pub use planner::{Plan, Planner, Repartition};
 pub use policy::{glob_match, LeafInfo, SplitPolicy, SplitRule, SplitSpec};
 pub use state::{split_extents, AxisSplit, ReduceOp, SplitState};
+pub use store::SplitStore;

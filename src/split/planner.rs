@@ -243,7 +243,11 @@ impl Planner {
                 .src
                 .iter()
                 .map(|s| {
-                    written.get(&s.index()).cloned().or_else(|| states[s.index()].clone()).unwrap_or(SplitState::Mirrored)
+                    written
+                        .get(&s.index())
+                        .cloned()
+                        .or_else(|| states[s.index()].clone())
+                        .unwrap_or(SplitState::Mirrored)
                 })
                 .collect();
             let cands = candidates(ctx, t, &cur, n);

@@ -125,11 +125,11 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
         Op::Concat { dim } => concat(&mut out, src[0], src[1], *dim, cur),
         Op::SsmConv => {
             // Channels: sx [d_conv−1+n_t, d_inner, n_s] axis 1, c [d_conv, d_inner] axis 1 → out axis 0.
-            for k in 0..2 {
-                if let SplitState::Split(s) = &cur[k] {
+            for st in &cur[..2] {
+                if let SplitState::Split(s) = st {
                     if s.axis == 1 && src[0].ne[1] == src[1].ne[1] {
                         let o = AxisSplit { axis: 0, ..s.clone() };
-                        out.push(cand(vec![cur[k].clone(), cur[k].clone()], SplitState::Split(o)));
+                        out.push(cand(vec![st.clone(), st.clone()], SplitState::Split(o)));
                     }
                 }
             }
@@ -345,11 +345,11 @@ pub(crate) fn view_geometry(p: &Tensor, t: &Tensor, s: &AxisSplit) -> Option<(Te
         return None;
     }
     let mut ne = [1i64; 4];
-    for k in 0..3 {
+    for (k, e) in ne.iter_mut().take(3).enumerate() {
         if t.nb[k] == 0 || t.nb[k + 1] % t.nb[k] != 0 {
             return None;
         }
-        ne[k] = (t.nb[k + 1] / t.nb[k]) as i64 * if k == 0 { bs } else { 1 };
+        *e = (t.nb[k + 1] / t.nb[k]) as i64 * if k == 0 { bs } else { 1 };
     }
     let total: i64 = p.ne.iter().product();
     let inner: i64 = ne[..3].iter().product();

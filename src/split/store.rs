@@ -6,7 +6,7 @@
 //! `ggml_backend_tensor_set`/`get` semantics: a byte range of the tensor's
 //! memory, which for a view is a range of its owner's memory).
 
-use super::layout::{add_into, box_bytes, boxes, local_ne};
+use super::layout::{box_bytes, boxes, local_ne, sum_addends};
 use super::planner::Plan;
 use super::state::SplitState;
 use crate::error::{Error, Result};
@@ -66,7 +66,11 @@ impl SplitStore {
         for j in 0..self.n {
             let b = boxes(t.ne, state, j);
             if let SplitState::Split(s) = state {
-                if s.axis == 0 && b[0].iter().any(|&(a, e)| a as usize % t.ty.block_size() != 0 || e as usize % t.ty.block_size() != 0) {
+                if s.axis == 0
+                    && b[0]
+                        .iter()
+                        .any(|&(a, e)| a as usize % t.ty.block_size() != 0 || e as usize % t.ty.block_size() != 0)
+                {
                     return Err(bad(format!("{} rows split off {}-element blocks", t.ty, t.ty.block_size())));
                 }
             }
@@ -104,16 +108,32 @@ impl SplitStore {
     /// # Errors
     /// As [`SplitStore::place`]; [`Error::DataMismatch`] for a wrong count or size.
     pub fn set_locals(&mut self, ctx: &Context, id: TensorId, state: &SplitState, locals: Vec<Vec<u8>>) -> Result<()> {
-        self.place(ctx, id, state)?;
-        let t = ctx.t(id);
-        let e = self.map.get_mut(&id).ok_or_else(|| Error::Split { detail: "store".into() })?;
-        if locals.len() != self.n || locals.iter().zip(&e.locals).any(|(a, b)| a.len() != b.len()) {
+        let old = self.map.remove(&id);
+        let placed = self.place(ctx, id, state);
+        let fits = placed.is_ok()
+            && self.map.get(&id).is_some_and(|e| {
+                locals.len() == self.n && locals.iter().zip(&e.locals).all(|(a, b)| a.len() == b.len())
+            });
+        if !fits {
+            // The earlier contents stay.
+            self.map.remove(&id);
+            if let Some(o) = old {
+                self.map.insert(id, o);
+            }
+            placed?;
             return Err(Error::DataMismatch {
-                name: t.name.clone(),
-                detail: format!("{} device parts of {:?} bytes for {}", locals.len(), locals.iter().map(|l| l.len()).collect::<Vec<_>>(), state.label()),
+                name: ctx.t(id).name.clone(),
+                detail: format!(
+                    "{} device parts of {:?} bytes for {}",
+                    locals.len(),
+                    locals.iter().map(|l| l.len()).collect::<Vec<_>>(),
+                    state.label()
+                ),
             });
         }
-        e.locals = locals.into_iter().map(Arc::new).collect();
+        if let Some(e) = self.map.get_mut(&id) {
+            e.locals = locals.into_iter().map(Arc::new).collect();
+        }
         Ok(())
     }
 
@@ -180,24 +200,21 @@ impl SplitStore {
         let (owner, start) = self.resolve(ctx, id, offset, out.len())?;
         let t = ctx.t(owner);
         let e = &self.map[&owner];
-        let partial = matches!(e.state, SplitState::Partial(_));
-        if partial && (start % t.ty.type_size() != 0 || out.len() % t.ty.type_size() != 0) {
-            return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
-        }
-        if partial {
-            out.fill(0);
+        if matches!(e.state, SplitState::Partial(_)) {
+            if start % t.ty.type_size() != 0 || out.len() % t.ty.type_size() != 0 {
+                return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
+            }
+            let parts: Vec<&[u8]> = e.locals.iter().map(|l| &l[start..start + out.len()]).collect();
+            out.copy_from_slice(&sum_addends(t.ty, &parts)?);
+            return Ok(());
         }
         for_each_run(t, &e.state, e.locals.len(), start, out.len(), &mut |j, local, dst| {
             let s = e.locals[j].get(local..local + dst.len()).ok_or_else(|| oob(&t.name))?;
-            if partial {
-                add_into(t.ty, &mut out[dst], s)
-            } else {
-                // Mirrored: device 0's copy; split: the one owner.
-                if j == 0 || !matches!(e.state, SplitState::Mirrored) {
-                    out[dst].copy_from_slice(s);
-                }
-                Ok(())
+            // Mirrored: device 0's copy; split: the one owner.
+            if j == 0 || !matches!(e.state, SplitState::Mirrored) {
+                out[dst].copy_from_slice(s);
             }
+            Ok(())
         })
     }
 
@@ -209,7 +226,9 @@ impl SplitStore {
             None => (id, 0),
         };
         if !self.map.contains_key(&owner) {
-            return Err(Error::Split { detail: format!("tensor {:?} is not placed on the devices", ctx.t(owner).name) });
+            return Err(Error::Split {
+                detail: format!("tensor {:?} is not placed on the devices", ctx.t(owner).name),
+            });
         }
         let size = ctx.t(owner).nbytes();
         let own_len = t.nbytes();
