@@ -126,3 +126,55 @@ fn plans_are_cached_reported_and_sized_before_allocation() {
     assert_eq!(per_dev, vec![split / 2 + mirrored, split / 2 + mirrored]);
     assert!(plan.report(&ctx).contains("total:"));
 }
+
+#[test]
+fn plan_memory_per_device_is_known_before_allocation() {
+    // Weights, inputs and compute of Qwen3-style layers on 1 and 2 devices.
+    let dm = Dims { e: 256, h: 8, hkv: 2, d: 32, f: 768, t: 4 };
+    let mut ctx = Context::new();
+    let out = qwen3_layers(&mut ctx, &dm, 2);
+    let g = ctx.build_forward(&[out]).unwrap();
+    let one = Planner::default().plan(&ctx, &g, &qwen3_policy(&[1.0], dm.d, 4), &[]).unwrap();
+    let two = Planner::default().plan(&ctx, &g, &qwen3_policy(&[1.0, 1.0], dm.d, 4), &[]).unwrap();
+    let m1 = one.memory(&ctx, &g).unwrap();
+    let m2 = two.memory(&ctx, &g).unwrap();
+    let (mut split, mut mirrored, mut inputs) = (0u64, 0u64, 0u64);
+    for &l in g.leafs() {
+        let t = ctx.tensor(l).unwrap();
+        if t.flags.input {
+            inputs += t.nbytes() as u64;
+        } else if t.name.is_empty() {
+            // `cast` destinations: scratch, counted with compute.
+        } else if matches!(two.state(l).unwrap(), SplitState::Split(_)) {
+            split += t.nbytes() as u64;
+        } else {
+            mirrored += t.nbytes() as u64;
+        }
+    }
+    assert_eq!(m1[0].weights, split + mirrored);
+    for m in &m2 {
+        assert_eq!((m.weights, m.inputs, m.caches), (split / 2 + mirrored, inputs, 0));
+    }
+    // Each device's largest subgraph is smaller than the one-device graph.
+    assert!(m1[0].compute > 0 && m2[0].compute > 0 && m2[0].compute < m1[0].compute, "{m1:?} {m2:?}");
+
+    // A K cache written by set_rows and split by heads: half on each device.
+    let mut ctx = Context::new();
+    let cache = ctx.new_tensor(GgmlType::F16, &[64, 16]).unwrap();
+    ctx.set_name(cache, "cache_k_l0").unwrap();
+    let rows = ctx.new_tensor(GgmlType::F32, &[64, 3]).unwrap();
+    ctx.set_input(rows).unwrap();
+    let idx = ctx.new_tensor(GgmlType::I64, &[3]).unwrap();
+    ctx.set_input(idx).unwrap();
+    let w = ctx.set_rows(cache, rows, idx).unwrap();
+    let g = ctx.build_forward(&[w]).unwrap();
+    let policy = SplitPolicy::new(&[1.0, 1.0]).unwrap();
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[(cache, SplitState::split(0, vec![32, 32]))]).unwrap();
+    let m = plan.memory(&ctx, &g).unwrap();
+    assert_eq!(m[0].caches, 64 * 16 * 2 / 2);
+    assert_eq!(m[1].caches, 64 * 16 * 2 / 2);
+    assert_eq!(m[0].inputs, 64 * 3 * 4 + 3 * 8);
+    assert_eq!(plan.total_bytes(), 0, "{}", plan.report(&ctx));
+    let text = plan.describe(&ctx, &g).unwrap();
+    assert!(text.contains("cache_k_l0") && text.contains("per device [32, 32]") && text.contains("device 1: 0 1024"), "{text}");
+}

@@ -240,7 +240,7 @@ impl MetaExecutor {
 }
 
 /// Tensors a subgraph must hand on: read by a later step, requested, or written into.
-fn exports(ctx: &Context, lowered: &Lowered, outputs: &[TensorId]) -> HashSet<usize> {
+pub(crate) fn exports(ctx: &Context, lowered: &Lowered, outputs: &[TensorId]) -> HashSet<usize> {
     let mut seg_of: HashMap<usize, usize> = HashMap::new();
     for (k, s) in lowered.steps.iter().enumerate() {
         if let Step::Compute(v) = s {
@@ -473,71 +473,20 @@ impl Device<'_> {
     /// Runs `nodes` as one local graph over this device's parts.
     fn compute(&mut self, nodes: &[TensorId], exports: &HashSet<usize>) -> Result<()> {
         let ctx = self.ctx;
-        let mut l = Context::new();
-        let mut local: HashMap<usize, (TensorId, SplitState)> = HashMap::new();
-        let mut ext: HashMap<(usize, SplitState), TensorId> = HashMap::new();
-        let mut inputs: Vec<(TensorId, Arc<Vec<u8>>)> = Vec::new();
-        for &node in nodes {
-            let t = ctx.t(node);
-            let out_state = self.state_of(node);
-            let needs = self.needs(node);
-            let mut srcs = Vec::with_capacity(t.src.len());
-            for (k, &s) in t.src.iter().enumerate() {
-                let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
-                match local.get(&s.index()) {
-                    Some((lid, st)) if *st == need => srcs.push(*lid),
-                    _ => {
-                        let key = (s.index(), need.clone());
-                        if let Some(&lid) = ext.get(&key) {
-                            srcs.push(lid);
-                            continue;
-                        }
-                        let bytes = self.fetch(s, &need)?;
-                        let st = ctx.t(s);
-                        let lid = l.new_tensor(st.ty, &local_ne(st.ne, &need, self.j))?;
-                        ext.insert(key, lid);
-                        inputs.push((lid, bytes));
-                        srcs.push(lid);
-                    }
-                }
-            }
-            let lid = if let Some(owner) = self.view_owner(&l, ctx, t, &srcs, &out_state) {
-                // A view the parent's local copy cannot express: view the owner's memory.
-                let olid = match local.get(&owner.index()) {
-                    Some((lid, st)) if *st == out_state => *lid,
-                    _ => {
-                        let bytes = self.fetch(owner, &out_state)?;
-                        let ot = ctx.t(owner);
-                        let lid = l.new_tensor(ot.ty, &ot.ne)?;
-                        inputs.push((lid, bytes));
-                        lid
-                    }
-                };
-                l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid])
-                    .map_err(|e| node_err(t, &out_state, e))?
-            } else {
-                local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?
-            };
-            local.insert(node.index(), (lid, out_state));
-        }
-        let mut outs = Vec::new();
-        for &node in nodes {
-            if exports.contains(&node.index()) {
-                let (lid, st) = local[&node.index()].clone();
-                let t = l.t(lid).clone();
-                let c = if t.is_contiguous() { lid } else { l.push_op(t.ty, t.ne, Op::Cont, &[lid])? };
-                outs.push((node, c, st));
-            }
-        }
-        if outs.is_empty() {
+        let sg = build_subgraph(ctx, self.plan, nodes, exports, self.j)?;
+        if sg.outs.is_empty() {
             return Ok(());
         }
-        let out_ids: Vec<TensorId> = outs.iter().map(|o| o.1).collect();
-        let results = self.run_local(&l, &out_ids, &inputs).map_err(|e| {
+        let mut inputs = Vec::with_capacity(sg.inputs.len());
+        for (g, st, lid) in &sg.inputs {
+            inputs.push((*lid, self.fetch(*g, st)?));
+        }
+        let out_ids: Vec<TensorId> = sg.outs.iter().map(|o| o.1).collect();
+        let results = self.run_local(&sg.l, &out_ids, &inputs).map_err(|e| {
             let t = ctx.t(nodes[0]);
             Error::Split { detail: format!("device {}: subgraph from {} {}: {e}", self.j, t.op.name(), t.describe()) }
         })?;
-        for ((node, _, state), bytes) in outs.into_iter().zip(results) {
+        for ((node, _, state), bytes) in sg.outs.into_iter().zip(results) {
             self.data.insert(node.index(), vec![(state, Arc::new(bytes))]);
         }
         Ok(())
@@ -593,34 +542,6 @@ impl Device<'_> {
         let st = self.state_of(node);
         self.data.insert(node.index(), vec![(st, r)]);
         Ok(())
-    }
-
-    /// For a mirrored/partial `view` whose parent is held here in another
-    /// layout than one device's (a contiguous copy of a strided parent): the
-    /// owner to view instead.
-    fn view_owner(
-        &self,
-        l: &Context,
-        ctx: &Context,
-        t: &Tensor,
-        srcs: &[TensorId],
-        out: &SplitState,
-    ) -> Option<TensorId> {
-        if !matches!(t.op, Op::View) || matches!(out, SplitState::Split(_)) {
-            return None;
-        }
-        let parent = ctx.t(t.src[0]);
-        let lp = l.t(srcs[0]);
-        let same = lp.ne == parent.ne && lp.nb == parent.nb;
-        // A view reaching outside its parent's bytes (legal: bounds are the owner's).
-        let inside = parent.view_src.is_none() || {
-            let span = crate::tensor::checked_nbytes(t.ty, &t.ne, &t.nb).unwrap_or(usize::MAX);
-            t.view_offs >= parent.view_offs && t.view_offs.saturating_add(span) <= parent.view_offs + parent.nbytes()
-        };
-        if (parent.is_contiguous() || same) && inside {
-            return None;
-        }
-        t.view_src
     }
 
     /// A write (`cpy`/`set_rows`) on every device; the owner takes the result.
@@ -964,6 +885,96 @@ impl Device<'_> {
         }
         Ok(())
     }
+}
+
+/// One device's subgraph of a `Compute` step, built without data.
+pub(crate) struct Subgraph {
+    /// The local context.
+    pub l: Context,
+    /// External inputs: (global tensor, state it is read in, local leaf), in fetch order.
+    pub inputs: Vec<(TensorId, SplitState, TensorId)>,
+    /// Handed-on results: (global node, local contiguous tensor, state).
+    pub outs: Vec<(TensorId, TensorId, SplitState)>,
+}
+
+/// Builds device `j`'s local graph for `nodes` (one `Compute` step of a
+/// lowered `plan`): every node over local shapes, inputs from outside the
+/// step as leafs, and the `exports` made contiguous.
+pub(crate) fn build_subgraph(
+    ctx: &Context,
+    plan: &Plan,
+    nodes: &[TensorId],
+    exports: &HashSet<usize>,
+    j: usize,
+) -> Result<Subgraph> {
+    let mut l = Context::new();
+    let mut local: HashMap<usize, (TensorId, SplitState)> = HashMap::new();
+    let mut ext: HashMap<(usize, SplitState), TensorId> = HashMap::new();
+    let mut inputs = Vec::new();
+    let mut input = |l: &mut Context, g: TensorId, st: &SplitState, ne: [i64; 4]| -> Result<TensorId> {
+        let key = (g.index(), st.clone());
+        if let Some(&lid) = ext.get(&key) {
+            return Ok(lid);
+        }
+        let lid = l.new_tensor(ctx.t(g).ty, &ne)?;
+        ext.insert(key, lid);
+        inputs.push((g, st.clone(), lid));
+        Ok(lid)
+    };
+    for &node in nodes {
+        let t = ctx.t(node);
+        let out_state = plan.state(node).cloned().unwrap_or(SplitState::Mirrored);
+        let needs: Vec<SplitState> = plan.inputs_of(node).map(|v| v.to_vec()).unwrap_or_default();
+        let mut srcs = Vec::with_capacity(t.src.len());
+        for (k, &s) in t.src.iter().enumerate() {
+            let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
+            match local.get(&s.index()) {
+                Some((lid, st)) if *st == need => srcs.push(*lid),
+                _ => srcs.push(input(&mut l, s, &need, local_ne(ctx.t(s).ne, &need, j))?),
+            }
+        }
+        let lid = if let Some(owner) = view_owner(&l, ctx, t, &srcs, &out_state) {
+            // A view the parent's local copy cannot express: view the owner's memory.
+            let olid = match local.get(&owner.index()) {
+                Some((lid, st)) if *st == out_state => *lid,
+                _ => input(&mut l, owner, &out_state, ctx.t(owner).ne)?,
+            };
+            l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid]).map_err(|e| node_err(t, &out_state, e))?
+        } else {
+            local_op(&mut l, ctx, t, &srcs, &needs, &out_state, j).map_err(|e| node_err(t, &out_state, e))?
+        };
+        local.insert(node.index(), (lid, out_state));
+    }
+    let mut outs = Vec::new();
+    for &node in nodes {
+        if exports.contains(&node.index()) {
+            let (lid, st) = local[&node.index()].clone();
+            let t = l.t(lid).clone();
+            let c = if t.is_contiguous() { lid } else { l.push_op(t.ty, t.ne, Op::Cont, &[lid])? };
+            outs.push((node, c, st));
+        }
+    }
+    Ok(Subgraph { l, inputs, outs })
+}
+
+/// For a mirrored/partial `view` whose parent is held here in another
+/// layout than one device's (a contiguous copy of a strided parent), or that
+/// reaches outside its parent's bytes: the owner to view instead.
+fn view_owner(l: &Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out: &SplitState) -> Option<TensorId> {
+    if !matches!(t.op, Op::View) || matches!(out, SplitState::Split(_)) {
+        return None;
+    }
+    let parent = ctx.t(t.src[0]);
+    let lp = l.t(srcs[0]);
+    let same = lp.ne == parent.ne && lp.nb == parent.nb;
+    let inside = parent.view_src.is_none() || {
+        let span = crate::tensor::checked_nbytes(t.ty, &t.ne, &t.nb).unwrap_or(usize::MAX);
+        t.view_offs >= parent.view_offs && t.view_offs.saturating_add(span) <= parent.view_offs + parent.nbytes()
+    };
+    if (parent.is_contiguous() || same) && inside {
+        return None;
+    }
+    t.view_src
 }
 
 fn node_err(t: &Tensor, st: &SplitState, e: Error) -> Error {

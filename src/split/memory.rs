@@ -1,0 +1,150 @@
+//! Per-device memory of a plan, known before anything is allocated (what
+//! llama.cpp cannot tell for `--split-mode tensor`: "llama_params_fit is not
+//! implemented for SPLIT_MODE_TENSOR").
+
+use super::exec::{build_subgraph, exports};
+use super::lower::{lower, Step};
+use super::planner::Plan;
+use super::state::SplitState;
+use crate::backend::BufferType;
+use crate::error::Result;
+use crate::graph::alloc::GraphAllocator;
+use crate::graph::{Context, Graph};
+use crate::ops::Op;
+use crate::backend::TensorStorage;
+
+/// Bytes one device needs for a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Leafs that are neither inputs nor written by the graph (weights), bytes.
+    pub weights: u64,
+    /// Leafs the graph writes through views (`cpy`, `set_rows`) and reads
+    /// (KV and recurrent caches), bytes.
+    pub caches: u64,
+    /// Graph inputs (`set_input` leafs: tokens, positions, masks), bytes.
+    pub inputs: u64,
+    /// The largest per-device subgraph's allocator peak (its inputs,
+    /// intermediates and results, as [`GraphAllocator::measure`] plans them
+    /// with 64-byte alignment), plus scratch leafs only a copy writes and
+    /// reads (`cast` destinations), bytes.
+    pub compute: u64,
+}
+
+impl DeviceMemory {
+    /// Everything together, bytes.
+    pub fn total(&self) -> u64 {
+        self.weights + self.caches + self.inputs + self.compute
+    }
+}
+
+/// Bytes device `j` holds of a `bytes`-byte leaf in `state`.
+fn share(bytes: u64, state: &SplitState, j: usize) -> u64 {
+    match state {
+        SplitState::Split(s) if s.axis_len() > 0 => {
+            (bytes as u128 * s.local_len(j).max(0) as u128 / s.axis_len() as u128) as u64
+        }
+        SplitState::Split(_) => 0,
+        _ => bytes,
+    }
+}
+
+impl Plan {
+    /// Per-device memory of this plan for `graph` of `ctx`: weights, caches
+    /// and inputs from the leafs' states, and the compute peak from the
+    /// lowered per-device subgraphs.
+    ///
+    /// # Errors
+    /// [`crate::Error::Split`] if the plan is for another graph; allocator
+    /// errors for a subgraph that cannot be planned.
+    pub fn memory(&self, ctx: &Context, graph: &Graph) -> Result<Vec<DeviceMemory>> {
+        let n = self.n_devices;
+        let mut out = vec![DeviceMemory::default(); n];
+        let written: std::collections::HashSet<usize> = graph
+            .nodes()
+            .iter()
+            .filter(|&&id| matches!(ctx.t(id).op, Op::Cpy | Op::SetRows))
+            .filter_map(|&id| ctx.t(id).view_src.map(|o| o.index()))
+            .collect();
+        // A destination only its copy reads (what `cast` makes) is scratch, not a cache.
+        let read_otherwise: std::collections::HashSet<usize> = graph
+            .nodes()
+            .iter()
+            .flat_map(|&id| {
+                let t = ctx.t(id);
+                let skip = if matches!(t.op, Op::Cpy) { 1 } else { usize::MAX };
+                t.src.iter().enumerate().filter(move |(k, _)| *k != skip).map(|(_, s)| s.index()).collect::<Vec<_>>()
+            })
+            .collect();
+        for &l in graph.leafs() {
+            let t = ctx.tensor(l)?;
+            if t.view_src.is_some() {
+                continue;
+            }
+            let st = self.state(l).cloned().unwrap_or(SplitState::Mirrored);
+            for (j, m) in out.iter_mut().enumerate() {
+                let b = share(t.data_bytes() as u64, &st, j);
+                if t.flags.input {
+                    m.inputs += b;
+                } else if written.contains(&l.index()) && read_otherwise.contains(&l.index()) {
+                    m.caches += b;
+                } else if written.contains(&l.index()) {
+                    m.compute += b;
+                } else {
+                    m.weights += b;
+                }
+            }
+        }
+        let lowered = lower(ctx, graph, self)?;
+        let ex = exports(ctx, &lowered, graph.outputs());
+        let bt = BufferType { name: "plan".into(), alignment: 64, max_size: usize::MAX };
+        let mut peak = vec![0u64; n];
+        for j in 0..n {
+            for step in &lowered.steps {
+                let Step::Compute(nodes) = step else { continue };
+                let sg = build_subgraph(ctx, self, nodes, &ex, j)?;
+                if sg.outs.is_empty() {
+                    continue;
+                }
+                let ids: Vec<_> = sg.outs.iter().map(|o| o.1).collect();
+                let g = sg.l.build_forward(&ids)?;
+                let stats = GraphAllocator::new(bt.clone()).measure(&sg.l, &g, &TensorStorage::new())?;
+                peak[j] = peak[j].max(stats.peak_bytes as u64);
+            }
+        }
+        for (m, p) in out.iter_mut().zip(peak) {
+            m.compute += p;
+        }
+        Ok(out)
+    }
+}
+
+impl Plan {
+    /// The full text report: every tensor of `graph` with its state and
+    /// per-device extents along its split axis, every repartition with its
+    /// bytes, per-device memory, and the bytes moved per graph run.
+    ///
+    /// # Errors
+    /// As [`Plan::memory`].
+    pub fn describe(&self, ctx: &Context, graph: &Graph) -> Result<String> {
+        use std::fmt::Write as _;
+        let mut s = String::from("tensors:\n");
+        for &id in graph.leafs().iter().chain(graph.nodes()) {
+            let t = ctx.tensor(id)?;
+            let name = if t.name.is_empty() { format!("#{}", id.index()) } else { t.name.clone() };
+            let st = self.state(id).cloned().unwrap_or(SplitState::Mirrored);
+            let ext = match &st {
+                SplitState::Split(a) => {
+                    format!(" per device {:?}", (0..self.n_devices).map(|j| a.local_len(j)).collect::<Vec<_>>())
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "  {:<28} {:<10} {:<24} {}{}", name, t.op.name(), t.describe(), st.label(), ext);
+        }
+        s.push_str(&self.report(ctx));
+        s.push_str("memory per device (bytes): weights, caches, inputs, compute, total\n");
+        for (j, m) in self.memory(ctx, graph)?.iter().enumerate() {
+            let _ = writeln!(s, "  device {j}: {} {} {} {} {}", m.weights, m.caches, m.inputs, m.compute, m.total());
+        }
+        Ok(s)
+    }
+}
