@@ -68,8 +68,9 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
                     }
                 }
             }
+            // Sums of partial sums (b may broadcast: each addend broadcasts alike).
             let any_partial = cur.iter().any(|s| *s == p());
-            if any_partial && b.ne == a.ne && matches!(t.op, Op::Add | Op::Sub) {
+            if any_partial && matches!(t.op, Op::Add | Op::Sub) {
                 out.push(cand(vec![p(), p()], p()));
             }
             // Scaling a partial sum by a mirrored factor is linear. (Division is
@@ -77,7 +78,7 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             if cur[0] == p() && matches!(t.op, Op::Mul) {
                 out.push(cand(vec![p(), m.clone()], p()));
             }
-            if cur[1] == p() && matches!(t.op, Op::Mul) && b.ne == a.ne {
+            if cur[1] == p() && matches!(t.op, Op::Mul) {
                 out.push(cand(vec![m.clone(), p()], p()));
             }
         }
@@ -90,11 +91,15 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             if keeps {
                 out.push(cand(vec![cur[0].clone(), cur[0].clone()], cur[0].clone()));
             }
+            // Or the destination's layout: each device converts the part it holds.
+            if let SplitState::Split(_) = &cur[1] {
+                out.push(cand(vec![cur[1].clone(), cur[1].clone()], cur[1].clone()));
+            }
         }
         Op::Glu { .. } if src.len() == 2 => {
-            if let SplitState::Split(s) = &cur[0] {
-                if src[1].ne == src[0].ne {
-                    out.push(cand(vec![cur[0].clone(), cur[0].clone()], SplitState::Split(s.clone())));
+            for st in &cur[..2] {
+                if matches!(st, SplitState::Split(_)) && src[1].ne == src[0].ne {
+                    out.push(cand(vec![st.clone(), st.clone()], st.clone()));
                 }
             }
         }
@@ -149,31 +154,50 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             }
         }
         Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } | Op::SoftMax { .. } => {
-            // ALiBi slopes depend on the global head index: only unsplit heads.
+            // ALiBi slopes depend on the global head index (axis 2).
             let alibi = matches!(t.op, Op::SoftMax { max_bias, .. } if max_bias > 0.0);
-            // A distributed soft_max needs a mask that broadcasts over dims 2 and 3.
-            let mask_2d = src.len() < 2 || (src[1].ne[2] == 1 && src[1].ne[3] == 1);
             if let SplitState::Split(s) = &cur[0] {
-                if (alibi && s.axis >= 2) || (s.axis == 0 && (alibi || !mask_2d || src.len() > 2)) {
-                    return with_replicated(out, src.len());
-                }
-                let mut ins = vec![cur[0].clone()];
-                let mut ok = true;
-                if src.len() > 1 {
-                    // soft_max mask: split like the input along axis 0; mirrored when broadcast.
-                    let mk = src[1];
-                    if s.axis == 0 && mk.ne[0] == src[0].ne[0] {
-                        ins.push(cur[0].clone());
-                    } else if s.axis >= 2 && mk.ne[s.axis] == 1 {
-                        ins.push(m.clone());
-                    } else {
-                        ok = false;
+                let ax = s.axis;
+                if ax == 0 {
+                    // Rows split: the distributed row op (a 2-D mask, no ALiBi, no sinks).
+                    let mask_2d = src.len() < 2 || (src[1].ne[2] == 1 && src[1].ne[3] == 1);
+                    if !alibi && mask_2d && src.len() <= 2 {
+                        let mut ins = vec![cur[0].clone()];
+                        if src.len() > 1 {
+                            if src[1].ne[0] != src[0].ne[0] {
+                                return with_replicated(out, src.len());
+                            }
+                            ins.push(cur[0].clone());
+                        }
+                        let combine = Some(row_combine(src[0], n, 8));
+                        out.push(Candidate { inputs: ins, output: cur[0].clone(), combine_bytes: combine });
                     }
-                }
-                ins.extend(std::iter::repeat_n(m.clone(), src.len().saturating_sub(ins.len())));
-                if ok {
-                    let combine = (s.axis == 0).then(|| row_combine(src[0], n, 8));
-                    out.push(Candidate { inputs: ins, output: SplitState::Split(s.clone()), combine_bytes: combine });
+                } else if !(alibi && ax == 2) {
+                    // Whole rows on each device: the mask (per row, broadcast or not)
+                    // splits the same way or is mirrored; sinks follow the heads.
+                    let mut ins = vec![cur[0].clone()];
+                    let mut ok = true;
+                    if let Some(mk) = src.get(1) {
+                        if mk.ne[ax] == 1 {
+                            ins.push(m.clone());
+                        } else if mk.ne[ax] == src[0].ne[ax] {
+                            ins.push(cur[0].clone());
+                        } else {
+                            ok = false;
+                        }
+                    }
+                    if let Some(sk) = src.get(2) {
+                        if ax == 2 && sk.ne[0] == src[0].ne[2] {
+                            ins.push(SplitState::Split(AxisSplit { axis: 0, ..s.clone() }));
+                        } else if ax == 2 {
+                            ok = false;
+                        } else {
+                            ins.push(m.clone());
+                        }
+                    }
+                    if ok {
+                        out.push(cand(ins, cur[0].clone()));
+                    }
                 }
             }
         }
@@ -219,6 +243,10 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
         }
         Op::MulMat => mul_mat(&mut out, src[0], src[1], cur),
         Op::GetRows => {
+            // A lookup is linear in the table.
+            if cur[0] == p() && t.ty == src[0].ty && t.ty == crate::tensor::GgmlType::F32 {
+                out.push(cand(vec![p(), m.clone()], p()));
+            }
             if let SplitState::Split(s) = &cur[0] {
                 match s.axis {
                     // Vocabulary-parallel embedding: the owner looks the row up, the others give zeros.
@@ -291,6 +319,17 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             }
         }
         Op::FlashAttnExt { .. } => flash_attn(&mut out, t, &src, cur),
+        Op::Repeat => {
+            // Tiling along other axes keeps a split of an axis that is not repeated.
+            if let SplitState::Split(s) = &cur[0] {
+                if t.ne[s.axis] == src[0].ne[s.axis] {
+                    out.push(cand(vec![cur[0].clone()], cur[0].clone()));
+                }
+            }
+            if cur[0] == p() {
+                out.push(cand(vec![p()], p()));
+            }
+        }
         _ => {}
     }
     with_replicated(out, src.len())
@@ -512,11 +551,42 @@ fn mul_mat(out: &mut Vec<Candidate>, a: &Tensor, b: &Tensor, cur: &[SplitState])
 }
 
 fn flash_attn(out: &mut Vec<Candidate>, t: &Tensor, src: &[&Tensor], cur: &[SplitState]) {
+    let (q, k) = (src[0], src[1]);
+    let m = SplitState::Mirrored;
+    // Queries (axis 1) or sequences (axis 3) split: K/V whole (or split by
+    // sequence alike), the mask's rows split with the queries. Output
+    // [d_v, n_head, n_q, n_seq]: queries land on axis 2.
+    if let SplitState::Split(s) = &cur[0] {
+        if s.axis == 1 || s.axis == 3 {
+            let ax = s.axis;
+            let mut ins = vec![cur[0].clone()];
+            let kv = if ax == 3 && k.ne[3] == q.ne[3] { cur[0].clone() } else { m.clone() };
+            ins.push(kv.clone());
+            ins.push(kv);
+            let mut ok = !(ax == 3 && k.ne[3] != q.ne[3] && k.ne[3] != 1);
+            for (i, extra) in src[3..].iter().enumerate() {
+                // src[3] is the mask [n_kv, n_q, ...]; later ones (sinks) are per head.
+                let st = match (i, ax) {
+                    (0, 1) if extra.ne[1] == q.ne[1] => Some(cur[0].clone()),
+                    (0, 1) => None,
+                    (0, _) if extra.ne[3] == 1 => Some(m.clone()),
+                    (0, _) if extra.ne[3] == q.ne[3] => Some(cur[0].clone()),
+                    (0, _) => None,
+                    _ => Some(m.clone()),
+                };
+                ok &= st.is_some();
+                ins.push(st.unwrap_or(SplitState::Mirrored));
+            }
+            if ok {
+                let o = AxisSplit { axis: if ax == 1 { 2 } else { 3 }, ..s.clone() };
+                out.push(cand(ins, SplitState::Split(o)));
+            }
+        }
+    }
     // ALiBi slopes depend on the global head index.
     if matches!(t.op, Op::FlashAttnExt { max_bias, .. } if max_bias > 0.0) {
         return;
     }
-    let (q, k) = (src[0], src[1]);
     let SplitState::Split(s) = &cur[0] else { return };
     if s.axis != 2 || s.segments.len() != 1 || s.repeat != 1 {
         return;
