@@ -176,5 +176,8 @@ fn plan_memory_per_device_is_known_before_allocation() {
     assert_eq!(m[0].inputs, 64 * 3 * 4 + 3 * 8);
     assert_eq!(plan.total_bytes(), 0, "{}", plan.report(&ctx));
     let text = plan.describe(&ctx, &g).unwrap();
-    assert!(text.contains("cache_k_l0") && text.contains("per device [32, 32]") && text.contains("device 1: 0 1024"), "{text}");
+    assert!(
+        text.contains("cache_k_l0") && text.contains("per device [32, 32]") && text.contains("device 1: 0 1024"),
+        "{text}"
+    );
 }

@@ -10,7 +10,7 @@ mod qwen3;
 use qwen3::{input, named, qwen3_layers, qwen3_policy, Dims};
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
-    split_extents, AxisSplit, Collective, MetaExecutor, Plan, Planner, SplitPolicy, SplitSpec, SplitState,
+    split_extents, AxisSplit, Collective, MetaExecutor, Plan, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore,
 };
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, RopeMode, RopeParams, TensorId, TensorStorage};
 
@@ -287,6 +287,17 @@ fn qwen3_layers_move_exactly_the_megatron_minimum() {
         assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
         assert_eq!(plan.count(Collective::AllReduce), 2 * n_layer, "{}", plan.report(&ctx));
         assert_eq!(plan.total_bytes(), 2 * n_layer as u64 * all_reduce, "{}", plan.report(&ctx));
+        // Executed: the communicator moves exactly those bytes, and each layer
+        // lowers to per-device subgraphs between its two all-reduces.
+        let exec = MetaExecutor::new(ratios.len(), 1).unwrap();
+        let lowered = exec.lower(&ctx, &g, &plan).unwrap();
+        assert_eq!(lowered.n_subgraphs(), 2 * n_layer as usize + 1, "{}", lowered.describe(&ctx));
+        if std::env::var("SHOW_LOWERING").is_ok() {
+            eprintln!("{}", lowered.describe(&ctx));
+        }
+        let mut store = SplitStore::new(ratios.len());
+        let rep = exec.execute(&ctx, &g, &plan, &mut store, &[out]).unwrap();
+        assert_eq!((rep.bytes_moved, rep.unplanned_bytes), (plan.total_bytes(), 0));
     }
 }
 

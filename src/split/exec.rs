@@ -911,6 +911,7 @@ pub(crate) fn build_subgraph(
     let mut local: HashMap<usize, (TensorId, SplitState)> = HashMap::new();
     let mut ext: HashMap<(usize, SplitState), TensorId> = HashMap::new();
     let mut inputs = Vec::new();
+    let mut folded: HashMap<(usize, SplitState), TensorId> = HashMap::new();
     let mut input = |l: &mut Context, g: TensorId, st: &SplitState, ne: [i64; 4]| -> Result<TensorId> {
         let key = (g.index(), st.clone());
         if let Some(&lid) = ext.get(&key) {
@@ -928,8 +929,20 @@ pub(crate) fn build_subgraph(
         let mut srcs = Vec::with_capacity(t.src.len());
         for (k, &s) in t.src.iter().enumerate() {
             let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
-            match local.get(&s.index()) {
-                Some((lid, st)) if *st == need => srcs.push(*lid),
+            match local.get(&s.index()).cloned() {
+                Some((lid, st)) if st == need => srcs.push(lid),
+                Some((lid, st)) if super::lower::folds(&st, &need, ctx.t(s).ty) => {
+                    let key = (s.index(), need.clone());
+                    let c = match folded.get(&key) {
+                        Some(&c) => c,
+                        None => {
+                            let c = local_convert(&mut l, lid, &need, j)?;
+                            folded.insert(key, c);
+                            c
+                        }
+                    };
+                    srcs.push(c);
+                }
                 _ => srcs.push(input(&mut l, s, &need, local_ne(ctx.t(s).ne, &need, j))?),
             }
         }
@@ -939,7 +952,8 @@ pub(crate) fn build_subgraph(
                 Some((lid, st)) if *st == out_state => *lid,
                 _ => input(&mut l, owner, &out_state, ctx.t(owner).ne)?,
             };
-            l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid]).map_err(|e| node_err(t, &out_state, e))?
+            l.push_view(olid, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[olid])
+                .map_err(|e| node_err(t, &out_state, e))?
         } else {
             local_op(&mut l, ctx, t, &srcs, &needs, &out_state, j).map_err(|e| node_err(t, &out_state, e))?
         };
@@ -955,6 +969,42 @@ pub(crate) fn build_subgraph(
         }
     }
     Ok(Subgraph { l, inputs, outs })
+}
+
+/// Device `j`'s part in state `to` of local mirrored tensor `lid`, by local
+/// ops (see `lower::folds`): views of its ranges (concatenated, made
+/// contiguous), or for a partial sum the tensor on device 0 and zeros elsewhere.
+fn local_convert(l: &mut Context, lid: TensorId, to: &SplitState, j: usize) -> Result<TensorId> {
+    let t = l.t(lid).clone();
+    match to {
+        SplitState::Partial(_) if j == 0 => Ok(lid),
+        SplitState::Partial(_) => l.push_op(t.ty, t.ne, Op::Fill { c: 0.0 }, &[lid]),
+        SplitState::Split(s) => {
+            let a = s.axis;
+            let bs = if a == 0 { t.ty.block_size() as i64 } else { 1 };
+            let mut parts = Vec::new();
+            for (x, y) in s.ranges(j) {
+                let mut ne = t.ne;
+                ne[a] = y - x;
+                // An empty tensor has no bytes to offset into.
+                let offs = if t.ne.contains(&0) { 0 } else { (x / bs) as usize * t.nb[a] };
+                let v = l.push_view(lid, t.ty, ne, t.nb, offs, Op::View, &[lid])?;
+                parts.push(l.push_op(t.ty, ne, Op::Cont, &[v])?);
+            }
+            let Some(mut acc) = parts.first().copied() else {
+                let mut ne = t.ne;
+                ne[a] = 0;
+                return l.push_view(lid, t.ty, ne, crate::tensor::contiguous_strides(t.ty, &ne), 0, Op::View, &[lid]);
+            };
+            for &p in &parts[1..] {
+                let mut ne = l.t(acc).ne;
+                ne[a] += l.t(p).ne[a];
+                acc = l.push_op(t.ty, ne, Op::Concat { dim: a }, &[acc, p])?;
+            }
+            Ok(acc)
+        }
+        _ => Err(Error::Split { detail: format!("no local conversion to {}", to.label()) }),
+    }
 }
 
 /// For a mirrored/partial `view` whose parent is held here in another

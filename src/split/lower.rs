@@ -108,6 +108,33 @@ pub(crate) fn owner_state_after_write(ctx: &Context, t: &crate::tensor::Tensor, 
     }
 }
 
+/// True if the conversion `from` → `to` of a `ty` tensor needs no
+/// communication and is done inside a subgraph by local ops: a local slice
+/// of a mirrored tensor (views of this device's ranges), or a mirrored
+/// F32/F16 tensor as a partial sum (device 0 keeps it, the others zeros).
+pub(crate) fn folds(from: &SplitState, to: &SplitState, ty: crate::tensor::GgmlType) -> bool {
+    use crate::tensor::GgmlType;
+    match (from, to) {
+        (SplitState::Mirrored, SplitState::Split(_)) => true,
+        (SplitState::Mirrored, SplitState::Partial(_)) => matches!(ty, GgmlType::F32 | GgmlType::F16),
+        _ => false,
+    }
+}
+
+/// True if `cpy` node `node` writes a destination nothing else reads (what
+/// `cast` makes): an ordinary node, not a write into storage.
+pub(crate) fn scratch_copy(ctx: &Context, graph: &Graph, node: TensorId) -> bool {
+    let t = ctx.t(node);
+    let Some(owner) = t.view_src else { return false };
+    if !matches!(t.op, Op::Cpy) || t.src.get(1) != Some(&owner) || ctx.t(owner).flags.input {
+        return false;
+    }
+    graph.nodes().iter().all(|&n| {
+        let nt = ctx.t(n);
+        nt.src.iter().enumerate().all(|(k, &s)| s != owner || (n == node && k == 1))
+    })
+}
+
 /// Lowers `plan` for `graph` of `ctx` to steps.
 ///
 /// # Errors
@@ -151,13 +178,17 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             let from = list.first().cloned().ok_or_else(|| Error::Split {
                 detail: format!("tensor #{} is read before it is computed", s.index()),
             })?;
+            list.push(need.clone());
+            if folds(&from, need, ctx.t(s).ty) {
+                // Done by local ops in the subgraph (or on the fly), no step.
+                continue;
+            }
             let kind =
                 super::cost::conversion(&from, need, 1, plan.n_devices).map_or(Collective::LocalSlice, |c| c.kind);
             if !seg.is_empty() {
                 steps.push(Step::Compute(std::mem::take(&mut seg)));
             }
             steps.push(Step::Convert { tensor: s, from, to: need.clone(), kind });
-            list.push(need.clone());
         }
         let special = if combines.contains(&node.index()) {
             Some(Step::RowCombine(node))
@@ -166,7 +197,7 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             && matches!(out, SplitState::Partial(_))
         {
             Some(Step::VocabGetRows(node))
-        } else if matches!(t.op, Op::Cpy | Op::SetRows) {
+        } else if matches!(t.op, Op::Cpy | Op::SetRows) && !scratch_copy(ctx, graph, node) {
             Some(Step::Write(node))
         } else {
             None

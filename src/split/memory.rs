@@ -7,11 +7,11 @@ use super::lower::{lower, Step};
 use super::planner::Plan;
 use super::state::SplitState;
 use crate::backend::BufferType;
+use crate::backend::TensorStorage;
 use crate::error::Result;
 use crate::graph::alloc::GraphAllocator;
 use crate::graph::{Context, Graph};
 use crate::ops::Op;
-use crate::backend::TensorStorage;
 
 /// Bytes one device needs for a plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
