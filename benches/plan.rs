@@ -22,11 +22,13 @@ fn plan_qwen3_32b(c: &mut Criterion) {
     for n in [2usize, 4] {
         let policy = qwen3_policy(&vec![1.0; n], dims.d, dims.h / dims.hkv);
         let plan = Planner::default().plan(&ctx, &graph, &policy, &[]).expect("plan");
+        let mem = plan.memory(&ctx, &graph).expect("memory");
         println!(
-            "  {n} devices: {} repartitions, {} bytes per decode step, weights per device {:?} bytes",
+            "  {n} devices: {} repartitions, {} bytes per decode step; device 0: weights {} B, compute peak {} B",
             plan.repartitions.len(),
             plan.total_bytes(),
-            plan.leaf_bytes_per_device(&ctx, &graph)
+            mem[0].weights,
+            mem[0].compute
         );
         group.bench_function(format!("plan_{n}_devices"), |b| {
             b.iter(|| Planner::default().plan(&ctx, &graph, &policy, &[]).expect("plan").total_bytes())

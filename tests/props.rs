@@ -8,7 +8,8 @@
 //!    allowed; panics are not).
 //!
 //! The split properties over the same random graphs are in `split_props.rs`.
-//! `PROPTEST_CASES` sets the case count (default 64 here, to keep CI short).
+//! `PROPTEST_CASES` sets the case count and `PROPTEST_RNG_SEED` the seed
+//! (fixed by default, so CI is deterministic) (default 64 here, to keep CI short).
 
 #[path = "ggml_diff/oracle.rs"]
 mod oracle;
@@ -93,7 +94,12 @@ fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
 
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
-    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
+    // A fixed seed keeps CI deterministic; PROPTEST_RNG_SEED=<n> explores others.
+    let rng_seed = match std::env::var("PROPTEST_RNG_SEED").ok().and_then(|v| v.parse().ok()) {
+        Some(seed) => proptest::test_runner::RngSeed::Fixed(seed),
+        None => proptest::test_runner::RngSeed::Fixed(0x5348_4152_4447),
+    };
+    ProptestConfig { cases, failure_persistence: None, rng_seed, ..ProptestConfig::default() }
 }
 
 proptest! {

@@ -23,10 +23,11 @@ pub struct DeviceMemory {
     pub caches: u64,
     /// Graph inputs (`set_input` leafs: tokens, positions, masks), bytes.
     pub inputs: u64,
-    /// The largest per-device subgraph's allocator peak (its inputs,
-    /// intermediates and results, as [`GraphAllocator::measure`] plans them
-    /// with 64-byte alignment), plus scratch leafs only a copy writes and
-    /// reads (`cast` destinations), bytes.
+    /// The largest per-device subgraph's allocator peak (its intermediates,
+    /// results and inputs from earlier steps, as [`GraphAllocator::measure`]
+    /// plans them with 64-byte alignment; leafs read in place are counted
+    /// above), plus scratch leafs only a copy writes and reads (`cast`
+    /// destinations), bytes.
     pub compute: u64,
 }
 
@@ -108,7 +109,14 @@ impl Plan {
                 let ids: Vec<_> = sg.outs.iter().map(|o| o.1).collect();
                 let g = sg.l.build_forward(&ids)?;
                 let stats = GraphAllocator::new(bt.clone()).measure(&sg.l, &g, &TensorStorage::new())?;
-                peak[j] = peak[j].max(stats.peak_bytes as u64);
+                // Leafs read in place (weights, caches, inputs) are counted above.
+                let held: u64 = sg
+                    .inputs
+                    .iter()
+                    .filter(|(gid, st, _)| graph.leafs().contains(gid) && self.state(*gid) == Some(st))
+                    .map(|(_, _, lid)| (sg.l.t(*lid).nbytes() as u64).div_ceil(64) * 64)
+                    .sum();
+                peak[j] = peak[j].max((stats.peak_bytes as u64).saturating_sub(held));
             }
         }
         for (m, p) in out.iter_mut().zip(peak) {
