@@ -98,8 +98,8 @@ impl Plan {
         let lowered = lower(ctx, graph, self)?;
         let ex = exports(ctx, &lowered, graph.outputs());
         let bt = BufferType { name: "plan".into(), alignment: 64, max_size: usize::MAX };
-        let mut peak = vec![0u64; n];
-        for j in 0..n {
+        for (j, m) in out.iter_mut().enumerate() {
+            let mut peak = 0u64;
             for step in &lowered.steps {
                 let Step::Compute(nodes) = step else { continue };
                 let sg = build_subgraph(ctx, self, nodes, &ex, j)?;
@@ -116,11 +116,9 @@ impl Plan {
                     .filter(|(gid, st, _)| graph.leafs().contains(gid) && self.state(*gid) == Some(st))
                     .map(|(_, _, lid)| (sg.l.t(*lid).nbytes() as u64).div_ceil(64) * 64)
                     .sum();
-                peak[j] = peak[j].max((stats.peak_bytes as u64).saturating_sub(held));
+                peak = peak.max((stats.peak_bytes as u64).saturating_sub(held));
             }
-        }
-        for (m, p) in out.iter_mut().zip(peak) {
-            m.compute += p;
+            m.compute += peak;
         }
         Ok(out)
     }
