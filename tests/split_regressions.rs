@@ -291,7 +291,7 @@ fn qwen3_layers_move_exactly_the_megatron_minimum() {
         // lowers to per-device subgraphs between its two all-reduces.
         let exec = MetaExecutor::new(ratios.len(), 1).unwrap();
         let lowered = exec.lower(&ctx, &g, &plan).unwrap();
-        assert_eq!(lowered.n_subgraphs(), 2 * n_layer as usize + 1, "{}", lowered.describe(&ctx));
+        assert_eq!(lowered.n_subgraphs(), 2 * n_layer + 1, "{}", lowered.describe(&ctx));
         if std::env::var("SHOW_LOWERING").is_ok() {
             eprintln!("{}", lowered.describe(&ctx));
         }
