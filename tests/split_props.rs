@@ -324,3 +324,55 @@ proptest! {
         check_split(&leafs, &steps)?;
     }
 }
+
+#[test]
+fn debug_case() {
+    let leafs = vec![Leaf { ty: 0, ne: vec![5, 5] }, Leaf { ty: 6, ne: vec![0] }];
+    let steps: Vec<Step> = vec![
+        (45, 2409420377, 0, 0),
+        (100, 2893548972, 643424155, 0),
+        (68, 1393999144, 207734431, 0),
+        (84, 779704287, 0, 0),
+        (14, 4178324034, 0, 0),
+        (82, 3930218679, 707402806, 465871429),
+        (22, 1310423017, 0, 0),
+        (48, 2401172001, 187847570, 159999197),
+        (20, 1137203302, 0, 0),
+        (0, 1276446255, 0, 0),
+        (70, 3770084036, 2070711841, 0),
+        (18, 2634971833, 781250474, 0),
+        (0, 2729719849, 0, 0),
+        (12, 440086361, 0, 0),
+        (75, 3548671538, 0, 0),
+        (0, 3130516857, 0, 0),
+        (4, 2844814183, 0, 0),
+        (28, 921585966, 0, 0),
+        (128, 851833083, 0, 0),
+        (0, 903983955, 0, 0),
+    ];
+    let n = 3;
+    let (ctx, acc) = build(&leafs, &steps).unwrap();
+    let graph = ctx.build_forward(&acc).unwrap();
+    let explicit = random_leaf_states(
+        &ctx,
+        &graph,
+        n,
+        steps.iter().fold(n as u64, |h, s| h.wrapping_mul(31).wrapping_add(s.1 as u64)),
+    );
+    let plan = Planner::default().plan(&ctx, &graph, &SplitPolicy::new(&vec![1.0; n]).unwrap(), &explicit).unwrap();
+    for &id in graph.leafs().iter().chain(graph.nodes()) {
+        let t = ctx.tensor(id).unwrap();
+        eprintln!(
+            "#{} {} {:?} {} src {:?} state {} ins {:?}",
+            id.index(),
+            t.op.name(),
+            t.op,
+            t.describe(),
+            t.src.iter().map(|s| s.index()).collect::<Vec<_>>(),
+            plan.state(id).unwrap().label(),
+            plan.inputs_of(id).map(|v| v.iter().map(|s| s.label()).collect::<Vec<_>>())
+        );
+    }
+    eprintln!("accepted {:?}", acc.iter().map(|a| a.index()).collect::<Vec<_>>());
+    check_split(&leafs, &steps).unwrap();
+}
