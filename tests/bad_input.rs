@@ -77,3 +77,40 @@ fn concurrent_computes_on_one_storage_serialise() {
     });
     assert!(st.get_f32(&c, x).unwrap().iter().all(|&v| v == 8.0));
 }
+
+#[test]
+fn graphs_built_before_a_truncate_are_errors() {
+    use shardgraph::graph::alloc::GraphAllocator;
+    use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitStore};
+    use shardgraph::{Backend, CpuBackend, TensorStorage};
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor_2d(GgmlType::F32, 4, 4).unwrap();
+    let base = ctx.len();
+    let x = ctx.new_tensor_2d(GgmlType::F32, 4, 2).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let stale = ctx.build_forward(&[y]).unwrap();
+    let plan = Planner::default().plan(&ctx, &stale, &SplitPolicy::new(&[1.0, 1.0]).unwrap(), &[]);
+    ctx.truncate(base);
+    assert_eq!(ctx.len(), base);
+    // The next step's graph reuses the indices with other shapes.
+    let x = ctx.new_tensor_2d(GgmlType::F32, 4, 3).unwrap();
+    ctx.set_input(x).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let g = ctx.build_forward(&[y]).unwrap();
+    let cpu = CpuBackend::with_threads(1).unwrap();
+    let mut st = TensorStorage::new();
+    st.alloc_tensors(&cpu, &ctx, g.leafs()).unwrap();
+    assert!(GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &stale, &mut st).is_err());
+    assert!(cpu.compute(&ctx, &stale, &st).is_err());
+    assert!(Planner::default().plan(&ctx, &stale, &SplitPolicy::new(&[1.0, 1.0]).unwrap(), &[]).is_err());
+    if let Ok(plan) = plan {
+        let mut store = SplitStore::new(2);
+        assert!(MetaExecutor::new(2, 1).unwrap().execute(&ctx, &stale, &plan, &mut store, &[y]).is_err());
+    }
+    // The fresh graph plans and runs; the store re-places the reused input index.
+    let policy = SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("*", shardgraph::split::SplitSpec::Mirrored);
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+    let mut store = SplitStore::new(2);
+    let rep = MetaExecutor::new(2, 1).unwrap().execute(&ctx, &g, &plan, &mut store, &[y]).unwrap();
+    assert_eq!(rep.outputs[0].len(), 4 * 3 * 4);
+}

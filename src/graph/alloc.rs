@@ -924,7 +924,7 @@ fn owner_of(ctx: &Context, id: TensorId) -> TensorId {
 }
 
 fn check_graph_ctx(ctx: &Context, graph: &Graph) -> Result<()> {
-    if graph.context_id() != ctx.id() {
+    if !graph.built_from(ctx) {
         return Err(Error::ForeignTensor {
             id: 0,
             ctx: ctx.id(),

@@ -18,6 +18,8 @@ pub const MAX_ELEMENTS: i64 = 1 << 48;
 #[derive(Debug)]
 pub struct Context {
     id: u32,
+    /// Bumped by [`Context::truncate`]; graphs built before are stale.
+    generation: u64,
     tensors: Vec<Tensor>,
 }
 
@@ -30,7 +32,25 @@ impl Default for Context {
 impl Context {
     /// An empty context with a process-unique id.
     pub fn new() -> Self {
-        Context { id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed), tensors: Vec::new() }
+        Context { id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed), generation: 0, tensors: Vec::new() }
+    }
+
+    /// Drops every tensor created after the first `len`, so a per-step graph
+    /// can be rebuilt on top of long-lived tensors (weights, caches) whose
+    /// ids stay valid, as llama.cpp rebuilds its graph for each batch over
+    /// the model's tensors. Graphs built before are stale afterwards: every
+    /// function taking a context and a graph returns an error for them.
+    /// `len` beyond the current length changes nothing.
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.tensors.len() {
+            self.tensors.truncate(len);
+            self.generation += 1;
+        }
+    }
+
+    /// How many times [`Context::truncate`] removed tensors.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// This context's id (stored in every [`TensorId`] it hands out).

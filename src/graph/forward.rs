@@ -15,6 +15,7 @@ use std::hash::{Hash, Hasher};
 #[derive(Clone, Debug)]
 pub struct Graph {
     pub(crate) ctx_id: u32,
+    pub(crate) ctx_generation: u64,
     pub(crate) nodes: Vec<TensorId>,
     pub(crate) leafs: Vec<TensorId>,
     pub(crate) outputs: Vec<TensorId>,
@@ -26,6 +27,12 @@ impl Graph {
     /// Id of the context the graph was built from.
     pub fn context_id(&self) -> u32 {
         self.ctx_id
+    }
+
+    /// True if the graph was built from `ctx` as it is now (same context,
+    /// not truncated since).
+    pub fn built_from(&self, ctx: &Context) -> bool {
+        self.ctx_id == ctx.id() && self.ctx_generation == ctx.generation()
     }
 
     /// Op tensors in a valid execution order (every source first).
@@ -127,7 +134,15 @@ impl Context {
             use_counts[o.index()] += 1;
         }
         let hash = self.structural_hash(&nodes, &leafs);
-        Ok(Graph { ctx_id: self.id(), nodes, leafs, outputs: outputs.to_vec(), use_counts, hash })
+        Ok(Graph {
+            ctx_id: self.id(),
+            ctx_generation: self.generation(),
+            nodes,
+            leafs,
+            outputs: outputs.to_vec(),
+            use_counts,
+            hash,
+        })
     }
 
     fn structural_hash(&self, nodes: &[TensorId], leafs: &[TensorId]) -> u64 {

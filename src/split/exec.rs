@@ -155,7 +155,7 @@ impl MetaExecutor {
                 let full = assemble(t.ty, t.ne, &parts, &s.state)?;
                 let locals =
                     (0..n).map(|j| slice_local(t.ty, t.ne, &full, &want, j).map(Arc::new)).collect::<Result<_>>()?;
-                Stored { state: want, locals }
+                Stored { state: want, locals, layout: Some((t.ty, t.ne)) }
             };
             leafs.push((l, s));
         }
@@ -225,7 +225,7 @@ impl MetaExecutor {
         for (k, id) in written.iter().enumerate() {
             let state = devs[0].written[k].1.clone();
             let locals = devs.iter().map(|d| d.written[k].2.clone()).collect();
-            store.put_stored(*id, Stored { state, locals });
+            store.put_stored(*id, Stored { state, locals, layout: Some((ctx.t(*id).ty, ctx.t(*id).ne)) });
         }
         Ok(report)
     }

@@ -141,7 +141,7 @@ pub(crate) fn scratch_copy(ctx: &Context, graph: &Graph, node: TensorId) -> bool
 /// [`Error::Split`] if the plan was made for another graph or lacks a node's
 /// states.
 pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
-    if plan.graph_hash != graph.hash() || graph.context_id() != ctx.id() {
+    if plan.graph_hash != graph.hash() || !graph.built_from(ctx) {
         return Err(Error::Split { detail: "plan was made for another graph".into() });
     }
     let state = |id: TensorId| {

@@ -361,7 +361,7 @@ fn leaf_states(
     policy: &SplitPolicy,
     explicit: &[(TensorId, SplitState)],
 ) -> Result<Vec<SplitState>> {
-    if graph.context_id() != ctx.id() {
+    if !graph.built_from(ctx) {
         return Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail: "graph of another context".into() });
     }
     let n = policy.n_devices();

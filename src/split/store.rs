@@ -20,6 +20,9 @@ use std::sync::Arc;
 pub(crate) struct Stored {
     pub state: SplitState,
     pub locals: Vec<Arc<Vec<u8>>>,
+    /// Type and shape placed (a tensor id reused after `Context::truncate`
+    /// with another shape is placed again).
+    pub layout: Option<(crate::tensor::GgmlType, [i64; 4])>,
 }
 
 /// Per-device storage of non-view tensors over `n` devices.
@@ -76,12 +79,13 @@ impl SplitStore {
             }
             locals.push(Arc::new(vec![0u8; box_bytes(t.ty, &b)]));
         }
-        self.map.insert(id, Stored { state: state.clone(), locals });
+        self.map.insert(id, Stored { state: state.clone(), locals, layout: Some((t.ty, t.ne)) });
         Ok(())
     }
 
-    /// Places every leaf of `graph` that is not placed yet in its planned
-    /// state (so memory is allocated as the plan sizes it).
+    /// Places every leaf of `graph` that is not placed yet (or was placed
+    /// with another type or shape, as an input of an earlier step) in its
+    /// planned state, zero-filled (so memory is allocated as the plan sizes it).
     ///
     /// # Errors
     /// As [`SplitStore::place`]; [`Error::Split`] if the plan is for another
@@ -92,7 +96,8 @@ impl SplitStore {
         }
         for &l in graph.leafs() {
             let t = ctx.tensor(l)?;
-            if t.view_src.is_none() && !self.map.contains_key(&l) {
+            let same = self.map.get(&l).is_some_and(|e| e.layout.is_none_or(|(ty, ne)| ty == t.ty && ne == t.ne));
+            if t.view_src.is_none() && !same {
                 let st = plan.state(l).cloned().unwrap_or(SplitState::Mirrored);
                 self.place(ctx, l, &st)?;
             }

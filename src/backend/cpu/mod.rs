@@ -145,7 +145,7 @@ impl Backend for CpuBackend {
     }
 
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
-        if graph.context_id() != ctx.id() {
+        if !graph.built_from(ctx) {
             return Err(Error::ForeignTensor {
                 id: 0,
                 ctx: ctx.id(),
