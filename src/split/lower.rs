@@ -129,9 +129,11 @@ pub(crate) fn scratch_copy(ctx: &Context, graph: &Graph, node: TensorId) -> bool
     if !matches!(t.op, Op::Cpy) || t.src.get(1) != Some(&owner) || ctx.t(owner).flags.input {
         return false;
     }
+    // Nothing else reads the destination, not even through a view of it.
     graph.nodes().iter().all(|&n| {
         let nt = ctx.t(n);
         nt.src.iter().enumerate().all(|(k, &s)| s != owner || (n == node && k == 1))
+            && (n == node || nt.view_src != Some(owner))
     })
 }
 
