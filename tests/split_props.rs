@@ -327,18 +327,8 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
-    // A fixed seed keeps CI deterministic; PROPTEST_RNG_SEED=<n> explores others.
-    let rng_seed = match std::env::var("PROPTEST_RNG_SEED").ok().and_then(|v| v.parse().ok()) {
-        Some(seed) => proptest::test_runner::RngSeed::Fixed(seed),
-        None => proptest::test_runner::RngSeed::Fixed(0x5348_4152_4447),
-    };
-    ProptestConfig { cases, failure_persistence: None, rng_seed, ..ProptestConfig::default() }
-}
-
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(random_graph::config(48))]
 
     #[test]
     fn split_plans_execute_as_one_device_and_move_the_planned_bytes(

@@ -81,7 +81,7 @@ impl Traffic {
 
 /// Bytes of a `bytes`-byte tensor device `j` holds under `state` (exact:
 /// the split axis divides the byte count).
-fn part(bytes: u64, state: &SplitState, j: usize) -> u64 {
+pub(crate) fn part(bytes: u64, state: &SplitState, j: usize) -> u64 {
     match state {
         SplitState::Split(s) if s.axis_len() > 0 => {
             (bytes as u128 * s.local_len(j).max(0) as u128 / s.axis_len() as u128) as u64

@@ -2,6 +2,7 @@
 //! llama.cpp cannot tell for `--split-mode tensor`: "llama_params_fit is not
 //! implemented for SPLIT_MODE_TENSOR").
 
+use super::cost::part;
 use super::exec::{build_subgraph, exports};
 use super::lower::{lower, Step};
 use super::planner::Plan;
@@ -35,17 +36,6 @@ impl DeviceMemory {
     /// Everything together, bytes.
     pub fn total(&self) -> u64 {
         self.weights + self.caches + self.inputs + self.compute
-    }
-}
-
-/// Bytes device `j` holds of a `bytes`-byte leaf in `state`.
-fn share(bytes: u64, state: &SplitState, j: usize) -> u64 {
-    match state {
-        SplitState::Split(s) if s.axis_len() > 0 => {
-            (bytes as u128 * s.local_len(j).max(0) as u128 / s.axis_len() as u128) as u64
-        }
-        SplitState::Split(_) => 0,
-        _ => bytes,
     }
 }
 
@@ -83,7 +73,7 @@ impl Plan {
             }
             let st = self.state(l).cloned().unwrap_or(SplitState::Mirrored);
             for (j, m) in out.iter_mut().enumerate() {
-                let b = share(t.data_bytes() as u64, &st, j);
+                let b = part(t.data_bytes() as u64, &st, j);
                 if t.flags.input {
                     m.inputs += b;
                 } else if written.contains(&l.index()) && read_otherwise.contains(&l.index()) {

@@ -76,15 +76,8 @@ impl Plan {
         let mut out = vec![0u64; self.n_devices];
         for &l in graph.leafs() {
             let (Ok(t), Some(st)) = (ctx.tensor(l), self.state(l)) else { continue };
-            let b = t.data_bytes() as f64;
             for (j, o) in out.iter_mut().enumerate() {
-                *o += match st {
-                    SplitState::Split(s) if s.axis_len() > 0 => {
-                        (b * s.local_len(j) as f64 / s.axis_len() as f64).ceil() as u64
-                    }
-                    SplitState::Split(_) => 0,
-                    _ => b as u64,
-                };
+                *o += super::cost::part(t.data_bytes() as u64, st, j);
             }
         }
         out

@@ -204,3 +204,14 @@ pub fn build(leafs: &[Leaf], steps: &[Step]) -> Option<(Context, Vec<TensorId>)>
     }
     Some((ctx, accepted))
 }
+
+/// The proptest configuration: `PROPTEST_CASES` cases (default `default_cases`),
+/// a fixed seed unless `PROPTEST_RNG_SEED=<n>` picks another, so CI is deterministic.
+pub fn config(default_cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default_cases);
+    let rng_seed = match std::env::var("PROPTEST_RNG_SEED").ok().and_then(|v| v.parse().ok()) {
+        Some(seed) => proptest::test_runner::RngSeed::Fixed(seed),
+        None => proptest::test_runner::RngSeed::Fixed(0x5348_4152_4447),
+    };
+    ProptestConfig { cases, failure_persistence: None, rng_seed, ..ProptestConfig::default() }
+}
