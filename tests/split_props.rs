@@ -5,11 +5,13 @@
 //!
 //! 4. planning never panics, always succeeds and leaves no `Unknown` state;
 //! 5. executing the plan on N CPU devices gives the single-device values
-//!    (NMSE ≤ 1e-5 for F32 graphs, 1e-4 where values pass through F16/BF16,
+//!    (NMSE ≤ 1e-5 for F32 graphs, 1e-3 where values pass through F16/BF16,
 //!    or that bound on the absolute error for outputs that cancel to almost
 //!    nothing; integer outputs exact; outputs read through views at byte
 //!    offsets inside an element, or normalising values that cancelled to
-//!    rounding noise, are checked for finiteness only; graphs with a write
+//!    rounding noise, are checked for finiteness only; argmax/top_k/argsort
+//!    are compared by the values they select, and what derives from a
+//!    selection among near-equal values is not compared; graphs with a write
 //!    that reads the memory it writes, or whose single-device run makes
 //!    infinities or NaN, are checked for properties 4 and 6 only);
 //! 6. the bytes the executor's communicator moved equal the plan's reported
@@ -176,6 +178,28 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
             misaligned.insert(id);
         }
     }
+    // Integer results derived (through views and copies) from a selection
+    // over rows with near-equal values: which of two near-equal values wins
+    // depends on the last bit; the selection itself is compared by the
+    // values it selects, what is derived from it for finiteness only.
+    let mut tie_sensitive = std::collections::HashSet::new();
+    for &id in graph.nodes() {
+        let t = ctx.tensor(id).unwrap();
+        let select =
+            matches!(t.op, shardgraph::Op::Argmax | shardgraph::Op::TopK { .. } | shardgraph::Op::Argsort { .. });
+        let near_ties = select
+            && storage.get_f32(&ctx, t.src[0]).is_ok_and(|v| {
+                let w = ctx.tensor(t.src[0]).unwrap().ne[0].max(1) as usize;
+                v.chunks(w).any(|row| {
+                    let mut r: Vec<f32> = row.iter().copied().filter(|x| x.is_finite()).collect();
+                    r.sort_by(|a, b| a.total_cmp(b));
+                    r.windows(2).any(|p| (p[1] - p[0]).abs() <= 1e-4 * p[1].abs().max(1.0))
+                })
+            });
+        if near_ties || t.src.iter().any(|s| tie_sensitive.contains(s)) {
+            tie_sensitive.insert(id);
+        }
+    }
     // A write whose other operands read the memory it writes (set_rows of a
     // tensor into a permuted view of itself) depends on the kernel's loop
     // order on one device; such graphs check planning, execution and bytes.
@@ -191,7 +215,8 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         t.src.iter().enumerate().any(|(k, &s)| k != dst && owner_of(s) == written)
     });
     let half = ctx.ids().any(|id| matches!(ctx.tensor(id).unwrap().ty, GgmlType::F16 | GgmlType::BF16));
-    let tol = if half { 1e-4 } else { 1e-5 };
+    // BF16 keeps 8 significant bits: one rounding step is ~4e-3 relative.
+    let tol = if half { 1e-3 } else { 1e-5 };
 
     for n in 1..=5usize {
         let seed = steps.iter().fold(n as u64, |h, s| h.wrapping_mul(31).wrapping_add(s.1 as u64));
@@ -261,9 +286,12 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
             prop_assert_eq!(have.len(), want.len());
             // Indices of near-ties (argmax, top_k, argsort after sums regrouped
             // across devices) may differ; the values they select may not.
-            if have != want
-                && matches!(t.op, shardgraph::Op::Argmax | shardgraph::Op::TopK { .. } | shardgraph::Op::Argsort { .. })
-            {
+            let select =
+                matches!(t.op, shardgraph::Op::Argmax | shardgraph::Op::TopK { .. } | shardgraph::Op::Argsort { .. });
+            if !select && tie_sensitive.contains(&o) {
+                continue;
+            }
+            if have != want && select {
                 let src = ctx.tensor(t.src[0]).unwrap();
                 let sv = storage.get_f32(&ctx, t.src[0]).unwrap();
                 let (w_in, w_out) = (src.ne[0].max(1) as usize, t.ne[0].max(1) as usize);

@@ -957,6 +957,12 @@ pub(crate) fn build_subgraph(
         } else {
             local_op(&mut l, ctx, t, &srcs, &needs, &out_state, j).map_err(|e| node_err(t, &out_state, e))?
         };
+        // A view of a parent held in another layout (a contiguous copy of a
+        // transposed tensor, transposed back) may come out strided where one
+        // device's is packed; kernels that need packed rows get packed rows.
+        let lt = l.t(lid).clone();
+        let lid =
+            if t.is_contiguous() && !lt.is_contiguous() { l.push_op(lt.ty, lt.ne, Op::Cont, &[lid])? } else { lid };
         local.insert(node.index(), (lid, out_state));
     }
     let mut outs = Vec::new();
