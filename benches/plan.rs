@@ -24,12 +24,13 @@ fn plan_qwen3_32b(c: &mut Criterion) {
         let plan = Planner::default().plan(&ctx, &graph, &policy, &[]).expect("plan");
         let mem = plan.memory(&ctx, &graph).expect("memory");
         println!(
-            "  {n} devices: {} repartitions, {} bytes per decode step; device 0: weights {} B, compute peak {} B",
+            "  {n} devices: {} repartitions, {} bytes per decode step",
             plan.repartitions.len(),
-            plan.total_bytes(),
-            mem[0].weights,
-            mem[0].compute
+            plan.total_bytes()
         );
+        for (j, m) in mem.iter().enumerate() {
+            println!("    device {j}: weights {} B, compute peak {} B", m.weights, m.compute);
+        }
         group.bench_function(format!("plan_{n}_devices"), |b| {
             b.iter(|| Planner::default().plan(&ctx, &graph, &policy, &[]).expect("plan").total_bytes())
         });

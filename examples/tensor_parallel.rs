@@ -23,11 +23,11 @@ fn main() -> shardgraph::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(2);
     let ratios: Vec<f32> = match arg(&args, "--tensor-split") {
-        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(1.0)).collect(),
+        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
         None => vec![1.0; n],
     };
-    if ratios.len() != n {
-        eprintln!("--tensor-split needs {n} ratios");
+    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
+        eprintln!("--tensor-split needs {n} non-negative numbers separated by commas, got {ratios:?}");
         std::process::exit(2);
     }
     let (e, f, vocab, t) = (256i64, 1024i64, 4096i64, 4i64);

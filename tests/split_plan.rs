@@ -111,10 +111,10 @@ fn plans_are_cached_reported_and_sized_before_allocation() {
     assert_eq!(planner.cached(), 2);
 
     let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
-    let dot = plan.to_dot(&ctx, &g);
+    let dot = plan.to_dot(&ctx, &g).unwrap();
     assert!(dot.starts_with("digraph plan") && dot.contains("all-reduce") && dot.contains("lightblue"));
     // Weights: each device holds half of every split matrix and all of the norms.
-    let per_dev = plan.leaf_bytes_per_device(&ctx, &g);
+    let per_dev = plan.leaf_bytes_per_device(&ctx, &g).unwrap();
     let (mut split, mut mirrored) = (0u64, 0u64);
     for &l in g.leafs() {
         let t = ctx.tensor(l).unwrap();

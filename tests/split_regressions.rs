@@ -187,8 +187,10 @@ fn c1_ties_break_as_on_one_device() {
 fn c7_mul_mat_combinations_and_c8_partial_into_non_linear_ops() {
     for ratios in RATIOS {
         let mut ctx = Context::new();
-        let a = named(&mut ctx, GgmlType::F32, &[16, 6], "a"); // [K, N] mirrored
-        let b = named(&mut ctx, GgmlType::F32, &[16, 5], "b"); // [K, M] split on K
+        // Weight-sized B: slicing A and reducing the small product beats
+        // gathering B under the cost model (a gather of a few KB would not).
+        let a = named(&mut ctx, GgmlType::F32, &[4096, 6], "a"); // [K, N] mirrored
+        let b = named(&mut ctx, GgmlType::F32, &[4096, 256], "b"); // [K, M] split on K
         let p = ctx.mul_mat(a, b).unwrap(); // C7(a): partial
         let a3 = named(&mut ctx, GgmlType::F32, &[8, 4, 6], "a3"); // split on heads
         let b3 = named(&mut ctx, GgmlType::F32, &[8, 3, 6], "b3");
@@ -237,14 +239,15 @@ fn c9_mean_over_uneven_slices_with_an_empty_one() {
 fn vocab_parallel_embedding_lookup() {
     for ratios in RATIOS {
         let mut ctx = Context::new();
-        let emb = named(&mut ctx, GgmlType::Q8_0, &[64, 50], "token_embd.weight");
+        // A table large enough that gathering it costs more than reducing the lookup.
+        let emb = named(&mut ctx, GgmlType::Q8_0, &[256, 8000], "token_embd.weight");
         let ids = input(&mut ctx, GgmlType::I32, &[7], "tokens");
         let e = ctx.get_rows(emb, ids).unwrap();
         let y = ctx.rms_norm(e, 1e-6).unwrap();
         let policy = SplitPolicy::new(ratios)
             .unwrap()
             .rule("token_embd.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
-        let plan = check(&ctx, &[y, e], &policy, &[], &|_, n| (0..n as i64).map(|i| (i * 17 + 3) % 50).collect());
+        let plan = check(&ctx, &[y, e], &policy, &[], &|_, n| (0..n as i64).map(|i| (i * 1777 + 3) % 8000).collect());
         if ratios.len() > 1 {
             assert_eq!(plan.state(e), Some(&SplitState::partial()));
         }

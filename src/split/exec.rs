@@ -56,6 +56,11 @@ impl MetaExecutor {
         if n == 0 || n > 64 {
             return Err(Error::Split { detail: format!("{n} devices: need 1..=64") });
         }
+        if n.saturating_mul(threads.max(1)) > 1024 {
+            return Err(Error::Split {
+                detail: format!("{n} devices × {threads} threads: at most 1024 worker threads in all"),
+            });
+        }
         let devices = (0..n)
             .map(|_| CpuBackend::new(CpuConfig { n_threads: threads, ..CpuConfig::default() }))
             .collect::<Result<_>>()?;
@@ -181,7 +186,19 @@ impl MetaExecutor {
                         for (l, s) in leafs {
                             d.put(*l, s.state.clone(), s.locals[j].clone());
                         }
-                        let r = d.run(lowered, exports, outputs, graph);
+                        // A panic (a bug, or a foreign Comm) must not leave the
+                        // other devices waiting in a collective: it aborts them.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            d.run(lowered, exports, outputs, graph)
+                        }))
+                        .unwrap_or_else(|p| {
+                            let what = p
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| p.downcast_ref::<String>().cloned())
+                                .unwrap_or_default();
+                            Err(Error::Split { detail: format!("device {j} panicked: {what}") })
+                        });
                         if r.is_err() {
                             comm.abort();
                         }
@@ -318,6 +335,11 @@ impl Device<'_> {
         })
     }
 
+    /// Bytes this device's communicator rank received so far.
+    fn received(&self) -> u64 {
+        self.comm.bytes_received().get(self.j).copied().unwrap_or(0)
+    }
+
     /// `id` in `state`, converting now (counted as unplanned) if no step did.
     /// A view whose owner was written since it was computed is read again
     /// from the owner, as one device reads its memory.
@@ -328,11 +350,11 @@ impl Device<'_> {
         // Only the outermost fetch counts (a re-read view fetches its owner).
         let outer = !self.fetching;
         self.fetching = true;
-        let before = self.comm.bytes_received()[self.j];
+        let before = self.received();
         let r = self.fetch_inner(id, state);
         if outer {
             self.fetching = false;
-            self.unplanned += self.comm.bytes_received()[self.j] - before;
+            self.unplanned += self.received().saturating_sub(before);
         }
         r
     }
@@ -603,6 +625,14 @@ impl Device<'_> {
             GgmlType::I32 => idx.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
             _ => idx.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
         };
+        // Out-of-range ids are an error on every device, as on one (which
+        // looks nothing up for an empty result).
+        let bad = ids.iter().enumerate().find(|(_, &id)| id < 0 || id >= table.ne[1]);
+        if let (Some((k, &id)), true) = (bad, t.nelements() > 0) {
+            return Err(Error::Split {
+                detail: format!("get_rows: index {id} at position {k} is outside the table's {} rows", table.ne[1]),
+            });
+        }
         let ne0 = table.ne[0] as usize;
         let rb = table.ty.row_size(table.ne[0])?;
         let ranges = s.ranges(self.j);
@@ -654,7 +684,12 @@ impl Device<'_> {
             return Ok(());
         }
         let nrows = ctx.t(t.src[0]).nrows().max(0) as usize;
-        let len = s.local_len(j) as usize;
+        let len = s.local_len(j).max(0) as usize;
+        if x.len() != nrows * len {
+            return Err(Error::Split {
+                detail: format!("{}: local part of {} values for {nrows} rows of {len}", t.op.name(), x.len()),
+            });
+        }
         let n_global = s.axis_len() as usize;
         let lens: Vec<i64> = (0..self.n).map(|d| s.local_len(d)).collect();
         let ranges = s.ranges(j);

@@ -57,14 +57,11 @@ impl Lowered {
 
     /// One line per step.
     pub fn describe(&self, ctx: &Context) -> String {
-        let name = |id: TensorId| {
-            let t = ctx.t(id);
-            if t.name.is_empty() {
-                format!("#{}", id.index())
-            } else {
-                t.name.clone()
-            }
+        let name = |id: TensorId| match ctx.tensor(id) {
+            Ok(t) if !t.name.is_empty() => t.name.clone(),
+            _ => format!("#{}", id.index()),
         };
+        let op = |id: TensorId| ctx.tensor(id).map(|t| t.op.name()).unwrap_or("?");
         let mut s = String::new();
         for st in &self.steps {
             let _ = match st {
@@ -74,9 +71,9 @@ impl Lowered {
                 Step::Convert { tensor, from, to, kind } => {
                     writeln!(s, "{} {} {} -> {}", kind.name(), name(*tensor), from.label(), to.label())
                 }
-                Step::RowCombine(n) => writeln!(s, "row-combine {} ({})", name(*n), ctx.t(*n).op.name()),
+                Step::RowCombine(n) => writeln!(s, "row-combine {} ({})", name(*n), op(*n)),
                 Step::VocabGetRows(n) => writeln!(s, "vocab-parallel get_rows {}", name(*n)),
-                Step::Write(n) => writeln!(s, "write {} ({})", name(*n), ctx.t(*n).op.name()),
+                Step::Write(n) => writeln!(s, "write {} ({})", name(*n), op(*n)),
             };
         }
         s
@@ -145,6 +142,36 @@ pub(crate) fn scratch_copy(ctx: &Context, graph: &Graph, node: TensorId) -> bool
 pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
     if plan.graph_hash != graph.hash() || !graph.built_from(ctx) {
         return Err(Error::Split { detail: "plan was made for another graph".into() });
+    }
+    // A plan's fields are public: check every state fits its tensor.
+    let fits = |id: TensorId, st: &SplitState| -> Result<()> {
+        let t = ctx.tensor(id)?;
+        match st {
+            SplitState::Unknown => {
+                Err(Error::Split { detail: format!("tensor #{} is Unknown in the plan", id.index()) })
+            }
+            SplitState::Split(s) => s.validate(t.ne[s.axis.min(3)], plan.n_devices).map_err(|e| Error::Split {
+                detail: format!("plan state of tensor #{} {}: {e}", id.index(), t.describe()),
+            }),
+            _ => Ok(()),
+        }
+    };
+    for &id in graph.leafs().iter().chain(graph.nodes()) {
+        let st = plan
+            .state(id)
+            .ok_or_else(|| Error::Split { detail: format!("tensor #{} has no planned state", id.index()) })?;
+        fits(id, st)?;
+    }
+    for &node in graph.nodes() {
+        let srcs = &ctx.t(node).src;
+        match plan.inputs_of(node) {
+            Some(v) if v.len() == srcs.len() => {
+                for (k, st) in v.iter().enumerate() {
+                    fits(srcs[k], st)?;
+                }
+            }
+            _ => return Err(Error::Split { detail: format!("node #{} has no planned input states", node.index()) }),
+        }
     }
     let state = |id: TensorId| {
         plan.state(id)

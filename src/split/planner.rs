@@ -72,7 +72,12 @@ impl Plan {
     /// Bytes each device holds for the graph's leafs (weights, caches,
     /// inputs) under this plan: the local slice of split leafs, all of
     /// mirrored and partial ones. Known before anything is allocated.
-    pub fn leaf_bytes_per_device(&self, ctx: &Context, graph: &Graph) -> Vec<u64> {
+    ///
+    /// # Errors
+    /// [`Error::Split`] if the plan was made for another graph (or `graph`
+    /// for another context).
+    pub fn leaf_bytes_per_device(&self, ctx: &Context, graph: &Graph) -> Result<Vec<u64>> {
+        self.check_graph(ctx, graph)?;
         let mut out = vec![0u64; self.n_devices];
         for &l in graph.leafs() {
             let (Ok(t), Some(st)) = (ctx.tensor(l), self.state(l)) else { continue };
@@ -80,13 +85,28 @@ impl Plan {
                 *o += super::cost::part(t.data_bytes() as u64, st, j);
             }
         }
-        out
+        Ok(out)
+    }
+
+    /// Checks that this plan was made for `graph` of `ctx` as it is now.
+    ///
+    /// # Errors
+    /// [`Error::Split`] otherwise.
+    pub fn check_graph(&self, ctx: &Context, graph: &Graph) -> Result<()> {
+        if !graph.built_from(ctx) || self.graph_hash != graph.hash() || self.states.len() > ctx.len() {
+            return Err(Error::Split { detail: "the plan was made for another graph or context".into() });
+        }
+        Ok(())
     }
 
     /// Graphviz DOT of the plan: tensors coloured by state (mirrored grey,
     /// split blue, partial orange), repartitions as red boxes on the edges
     /// they sit on.
-    pub fn to_dot(&self, ctx: &Context, graph: &Graph) -> String {
+    ///
+    /// # Errors
+    /// As [`Plan::check_graph`].
+    pub fn to_dot(&self, ctx: &Context, graph: &Graph) -> Result<String> {
+        self.check_graph(ctx, graph)?;
         let mut s = String::from("digraph plan {\n  rankdir=TB;\n  node [shape=ellipse, style=filled, fontsize=10];\n");
         let label = |id: TensorId| {
             let t = ctx.t(id);
@@ -125,7 +145,7 @@ impl Plan {
             }
         }
         s.push_str("}\n");
-        s
+        Ok(s)
     }
 
     /// A text report: every repartition with its bytes, then the total.
@@ -190,6 +210,7 @@ impl Planner {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         std::hash::Hash::hash(&leaf_states, &mut h);
         std::hash::Hash::hash(&policy.n_devices(), &mut h);
+        std::hash::Hash::hash(&(self.link.latency_s.to_bits(), self.link.bandwidth.to_bits()), &mut h);
         let key = (graph.hash(), std::hash::Hasher::finish(&h));
         if !self.cache.contains_key(&key) {
             let plan = self.plan_with_leafs(ctx, graph, policy.n_devices(), leaf_states)?;
@@ -220,6 +241,15 @@ impl Planner {
     }
 
     fn plan_with_leafs(&self, ctx: &Context, graph: &Graph, n: usize, leafs: Vec<SplitState>) -> Result<Plan> {
+        let l = &self.link;
+        if !(l.latency_s.is_finite() && l.latency_s >= 0.0 && l.bandwidth.is_finite() && l.bandwidth > 0.0) {
+            return Err(Error::Split {
+                detail: format!(
+                    "link model needs latency ≥ 0 and bandwidth > 0 (finite), got {} s and {} B/s",
+                    l.latency_s, l.bandwidth
+                ),
+            });
+        }
         let mut states: Vec<Option<SplitState>> = vec![None; ctx.len()];
         for (&l, st) in graph.leafs().iter().zip(leafs) {
             states[l.index()] = Some(st);
@@ -258,6 +288,18 @@ impl Planner {
                 }
                 if let Some(b) = c.combine_bytes {
                     cost += combine_traffic(b, n).time(&self.link);
+                }
+                // A partial result is reduced later (an all-reduce, or the
+                // reduce-scatter/all-reduce of whatever linear consumers carry
+                // it to): charge that reduction now, so a greedy choice does
+                // not buy a cheap gather that forces a dearer all-reduce
+                // downstream (a vocabulary-split head gathered so that its
+                // logits stay partial).
+                if matches!(c.output, SplitState::Partial(_)) {
+                    let b = t.data_bytes() as u64;
+                    if let Some(tr) = conversion(&c.output, &SplitState::Mirrored, b, n) {
+                        cost += tr.time(&self.link);
+                    }
                 }
                 if best.is_none_or(|(bc, _)| cost < bc) {
                     best = Some((cost, ci));
@@ -358,6 +400,17 @@ fn leaf_states(
         return Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail: "graph of another context".into() });
     }
     let n = policy.n_devices();
+    for (k, (id, _)) in explicit.iter().enumerate() {
+        let t = ctx.tensor(*id)?;
+        if !graph.leafs().contains(id) {
+            return Err(Error::Split {
+                detail: format!("explicit state for {:?} {}: not a leaf of this graph", t.name, t.describe()),
+            });
+        }
+        if explicit[..k].iter().any(|(o, _)| o == id) {
+            return Err(Error::Split { detail: format!("two explicit states for {:?}", t.name) });
+        }
+    }
     let mut out = Vec::with_capacity(graph.leafs().len());
     for &l in graph.leafs() {
         let t = ctx.tensor(l)?;

@@ -40,14 +40,17 @@ impl AxisSplit {
         self.segments.first().map_or(0, |s| s.len())
     }
 
-    /// Logical length along the axis (`repeat · Σ segments`).
+    /// Logical length along the axis (`repeat · Σ segments`; saturating, so
+    /// a split that [`AxisSplit::validate`] rejects never overflows).
     pub fn axis_len(&self) -> i64 {
-        self.repeat * self.segments.iter().flatten().sum::<i64>()
+        let sum = self.segments.iter().flatten().fold(0i64, |a, &e| a.saturating_add(e));
+        self.repeat.saturating_mul(sum)
     }
 
-    /// Elements device `j` holds along the axis.
+    /// Elements device `j` holds along the axis (saturating, as [`AxisSplit::axis_len`]).
     pub fn local_len(&self, j: usize) -> i64 {
-        self.repeat * self.segments.iter().map(|s| s.get(j).copied().unwrap_or(0)).sum::<i64>()
+        let sum = self.segments.iter().map(|s| s.get(j).copied().unwrap_or(0)).fold(0i64, |a, e| a.saturating_add(e));
+        self.repeat.saturating_mul(sum)
     }
 
     /// For device `j`: the logical ranges `[start, end)` along the axis it
@@ -91,6 +94,17 @@ impl AxisSplit {
         }
         if self.segments.iter().flatten().any(|&e| e < 0) {
             return bad(format!("split on axis {} has a negative extent", self.axis));
+        }
+        // Exact sums: extents that overflow i64 are never a valid split.
+        let total: i128 = self.segments.iter().flatten().map(|&e| e as i128).sum::<i128>() * self.repeat as i128;
+        if total > i64::MAX as i128 {
+            return bad(format!("split on axis {}: extents {:?} × {} overflow", self.axis, self.segments, self.repeat));
+        }
+        if self.repeat > 1 && self.repeat > axis_len {
+            return bad(format!(
+                "split on axis {}: repeat {} exceeds the axis length {axis_len}",
+                self.axis, self.repeat
+            ));
         }
         if self.axis_len() != axis_len {
             return bad(format!(

@@ -47,11 +47,15 @@ impl SplitStore {
     /// `j` gets `local_ne(ne, state, j)` elements. Replaces an earlier placement.
     ///
     /// # Errors
+    /// [`Error::Split`] for a store of 0 or more than 64 devices;
     /// [`Error::ForeignTensor`]/[`Error::InvalidOperand`] for a bad id;
     /// [`Error::Split`] for a view, an `Unknown` state, a split that does not
     /// fit the tensor or the device count, or a partial state of a type that
     /// cannot be summed.
     pub fn place(&mut self, ctx: &Context, id: TensorId, state: &SplitState) -> Result<()> {
+        if self.n == 0 || self.n > 64 {
+            return Err(Error::Split { detail: format!("a store for {} devices (1..=64)", self.n) });
+        }
         let t = ctx.tensor(id)?;
         if t.view_src.is_some() {
             return Err(Error::Split { detail: format!("{:?} is a view; place its owner", t.name) });
