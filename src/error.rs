@@ -96,6 +96,26 @@ pub enum Error {
         /// What and why.
         detail: String,
     },
+    /// A GGUF file that cannot be read or written (bad magic or version,
+    /// truncated or out-of-range data, a metadata value of another type than
+    /// asked for, a tensor that is not where its info says, an I/O failure).
+    /// `file` is the path (or the name given for an in-memory file);
+    /// `detail` names the key or tensor and what is wrong.
+    #[error("gguf {file}: {detail}")]
+    Gguf {
+        /// Path or name of the file.
+        file: String,
+        /// The key or tensor involved and why it was rejected.
+        detail: String,
+    },
+    /// A model that cannot be built or run as asked: inconsistent
+    /// hyper-parameters, a missing or mis-shaped tensor, a drafter made for
+    /// another target, a cache too small (`detail` names the parameter).
+    #[error("model: {detail}")]
+    Model {
+        /// The parameter or tensor involved and why.
+        detail: String,
+    },
     /// A backend failure during compute (including a kernel that panicked;
     /// the panic is contained and reported here).
     #[error("compute failed: {detail}")]

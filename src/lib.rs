@@ -52,12 +52,19 @@
 //! assert_eq!(storage.get_f32(&ctx, y)?, vec![1., 2., 3., 5., 6., 7.]);
 //! # Ok::<(), shardgraph::Error>(())
 //! ```
+//!
+//! ## Model files
+//! [`gguf`] reads GGUF v2/v3 files (memory-mapped, validated, zero-copy
+//! tensor data), writes v3 files streaming, and loads tensors into a
+//! [`TensorStorage`] or a tensor-parallel [`split::SplitStore`].
 
 #![deny(missing_docs)]
 
 pub mod backend;
 pub mod error;
+pub mod gguf;
 pub mod graph;
+pub mod models;
 pub mod ops;
 pub mod split;
 pub mod tensor;

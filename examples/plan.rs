@@ -1,0 +1,118 @@
+//! Plans real-dimension models for N devices without allocating their
+//! weights: the collectives of one decode step with their bytes, bytes per
+//! token, and per-device memory for weights, KV cache and compute.
+//!
+//! `cargo run --release --example plan -- --model qwen3-32b --devices 2 --tensor-split 1,1`
+//!
+//! Options: `--model qwen3-8b|qwen3-32b` (default qwen3-8b), `--devices N`,
+//! `--tensor-split r0,r1,..`, `--ctx-size` (KV cells, default 4096),
+//! `--cache-type-k f16|q8_0|q4_0` (default f16), `--tokens T` (batch, default 1).
+
+use shardgraph::models::policy::qwen3_policy;
+use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+use shardgraph::split::Planner;
+use shardgraph::{Context, GgmlType};
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn main() -> shardgraph::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let model = arg(&args, "--model").unwrap_or_else(|| "qwen3-8b".into());
+    let n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(2);
+    let ratios: Vec<f32> = match arg(&args, "--tensor-split") {
+        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
+        None => vec![1.0; n],
+    };
+    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite()) {
+        eprintln!("--tensor-split needs {n} numbers, got {ratios:?}");
+        std::process::exit(2);
+    }
+    let kv_size: i64 = arg(&args, "--ctx-size").and_then(|v| v.parse().ok()).unwrap_or(4096);
+    let tokens: i64 = arg(&args, "--tokens").and_then(|v| v.parse().ok()).unwrap_or(1);
+    let kv_type = match arg(&args, "--cache-type-k").as_deref() {
+        None | Some("f16") => GgmlType::F16,
+        Some("q8_0") => GgmlType::Q8_0,
+        Some("q4_0") => GgmlType::Q4_0,
+        Some(other) => {
+            eprintln!("--cache-type-k {other}: use f16, q8_0 or q4_0");
+            std::process::exit(2);
+        }
+    };
+    // MODELS.md section 2.4; a Q4_K_M-like file keeps attn_v and ffn_down at Q6_K.
+    let hp = match model.as_str() {
+        "qwen3-8b" => Qwen3Hparams {
+            n_layer: 36,
+            n_embd: 4096,
+            n_ff: 12288,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_vocab: 151936,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+            n_ctx_train: 40960,
+        },
+        "qwen3-32b" => Qwen3Hparams {
+            n_layer: 64,
+            n_embd: 5120,
+            n_ff: 25600,
+            n_head: 64,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_vocab: 151936,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+            n_ctx_train: 40960,
+        },
+        other => {
+            eprintln!("--model {other}: use qwen3-8b or qwen3-32b (the DFlash drafter and qwen35 plans come with their models)");
+            std::process::exit(2);
+        }
+    };
+    let types = Qwen3Types {
+        embd: GgmlType::Q4_K,
+        attn: GgmlType::Q4_K,
+        attn_v: GgmlType::Q6_K,
+        ffn: GgmlType::Q4_K,
+        ffn_down: GgmlType::Q6_K,
+        output: GgmlType::Q6_K,
+    };
+    let mut ctx = Context::new();
+    let m = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
+    let step = m.build(&mut ctx, tokens, &[])?;
+    let graph = ctx.build_forward(&step.outputs())?;
+    let policy = qwen3_policy(&hp, &types, &ratios)?;
+    let start = std::time::Instant::now();
+    let plan = Planner::default().plan(&ctx, &graph, &policy, &[])?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{model}: {} layers, n_embd {}, {} heads / {} KV heads of {}, n_ff {}, vocab {}; weights Q4_K_M-like, KV cache {kv_type} × {kv_size} cells; {tokens} token(s) per step",
+        hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab
+    );
+    println!(
+        "graph: {} nodes, {} leafs; planned for {n} devices (tensor split {ratios:?}) in {:.1} ms",
+        graph.n_nodes(),
+        graph.leafs().len(),
+        secs * 1e3
+    );
+    println!("{}", plan.report(&ctx).trim_end());
+    println!("bytes per token: {:.0}", plan.total_bytes() as f64 / tokens as f64);
+    println!("memory per device:");
+    for (j, mem) in plan.memory(&ctx, &graph)?.iter().enumerate() {
+        println!(
+            "  device {j}: weights {}, KV cache {}, inputs {:.1} KiB, compute {:.1} MiB, total {}",
+            gib(mem.weights),
+            gib(mem.caches),
+            mem.inputs as f64 / 1024.0,
+            mem.compute as f64 / (1 << 20) as f64,
+            gib(mem.total())
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! Model graphs built from the crate's ops, with llama.cpp's tensor names,
+//! GGUF keys and `--split-mode tensor` policy (MODELS.md), and a runner that
+//! decodes them on N devices.
+//!
+//! * [`qwen3`]: the `qwen3` dense target.
+//! * [`policy`]: llama.cpp's split states for these tensors.
+//! * [`runner`]: per-step graphs over long-lived weights and caches, planned
+//!   (cached) and executed on N CPU devices.
+
+pub mod policy;
+pub mod qwen3;
+pub mod runner;

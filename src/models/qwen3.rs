@@ -1,0 +1,473 @@
+//! The `qwen3` dense target (llama.cpp's `LLM_ARCH_QWEN3`, MODELS.md
+//! section 2): RMSNorm, GQA attention with per-head q/k RMSNorm and NEOX
+//! rope, a KV cache written with `set_rows` and read by `flash_attn_ext`,
+//! SwiGLU FFN, untied output head. Tensor names and metadata keys are
+//! llama.cpp's (`blk.N.attn_q.weight`, `qwen3.embedding_length`, ...).
+
+use crate::error::{Error, Result};
+use crate::graph::Context;
+use crate::ops::{RopeMode, RopeParams};
+use crate::tensor::{GgmlType, TensorId};
+
+/// Hyper-parameters of a `qwen3` model (GGUF keys in brackets).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Qwen3Hparams {
+    /// Layers L (`qwen3.block_count`).
+    pub n_layer: usize,
+    /// Hidden size E (`qwen3.embedding_length`).
+    pub n_embd: i64,
+    /// FFN size F (`qwen3.feed_forward_length`).
+    pub n_ff: i64,
+    /// Query heads H (`qwen3.attention.head_count`).
+    pub n_head: i64,
+    /// KV heads Hkv (`qwen3.attention.head_count_kv`).
+    pub n_head_kv: i64,
+    /// Head size D (`qwen3.attention.key_length` = `value_length`).
+    pub head_dim: i64,
+    /// Vocabulary size V (`qwen3.vocab_size` / rows of `token_embd.weight`).
+    pub n_vocab: i64,
+    /// RMSNorm ε (`qwen3.attention.layer_norm_rms_epsilon`).
+    pub rms_eps: f32,
+    /// Rope θ base (`qwen3.rope.freq_base`).
+    pub rope_base: f32,
+    /// Training context (`qwen3.context_length`).
+    pub n_ctx_train: i64,
+}
+
+impl Qwen3Hparams {
+    /// Checks that the shapes fit together (heads divide, sizes positive).
+    ///
+    /// # Errors
+    /// [`Error::Model`] naming the parameter.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |d: &str| Err(Error::Model { detail: format!("qwen3: {d}") });
+        if self.n_layer == 0 || self.n_embd <= 0 || self.n_ff <= 0 || self.n_vocab <= 0 {
+            return bad("block_count, embedding_length, feed_forward_length and vocab_size must be positive");
+        }
+        if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 {
+            return bad(&format!(
+                "head_count {} must be a positive multiple of head_count_kv {}",
+                self.n_head, self.n_head_kv
+            ));
+        }
+        if self.head_dim <= 0 || self.head_dim % 2 != 0 {
+            return bad(&format!("key_length {} must be positive and even (NEOX rope)", self.head_dim));
+        }
+        if self.rms_eps.is_nan() || self.rms_eps <= 0.0 || self.rope_base.is_nan() || self.rope_base <= 0.0 {
+            return bad("layer_norm_rms_epsilon and rope.freq_base must be positive");
+        }
+        Ok(())
+    }
+
+    /// The rope parameters (NEOX over the whole head).
+    pub fn rope(&self) -> RopeParams {
+        RopeParams {
+            n_dims: self.head_dim as i32,
+            mode: RopeMode::Neox,
+            n_ctx_orig: self.n_ctx_train as i32,
+            freq_base: self.rope_base,
+            ..RopeParams::default()
+        }
+    }
+}
+
+/// The long-lived tensors of one layer.
+#[derive(Clone, Debug)]
+pub struct Qwen3Layer {
+    /// `blk.N.attn_norm.weight` `[E]`.
+    pub attn_norm: TensorId,
+    /// `blk.N.attn_q.weight` `[E, H·D]`.
+    pub wq: TensorId,
+    /// `blk.N.attn_k.weight` `[E, Hkv·D]`.
+    pub wk: TensorId,
+    /// `blk.N.attn_v.weight` `[E, Hkv·D]`.
+    pub wv: TensorId,
+    /// `blk.N.attn_output.weight` `[H·D, E]`.
+    pub wo: TensorId,
+    /// `blk.N.attn_q_norm.weight` `[D]`.
+    pub q_norm: TensorId,
+    /// `blk.N.attn_k_norm.weight` `[D]`.
+    pub k_norm: TensorId,
+    /// `blk.N.ffn_norm.weight` `[E]`.
+    pub ffn_norm: TensorId,
+    /// `blk.N.ffn_gate.weight` `[E, F]`.
+    pub ffn_gate: TensorId,
+    /// `blk.N.ffn_up.weight` `[E, F]`.
+    pub ffn_up: TensorId,
+    /// `blk.N.ffn_down.weight` `[F, E]`.
+    pub ffn_down: TensorId,
+    /// `cache_k_lN` `[Hkv·D, kv_size]`.
+    pub cache_k: TensorId,
+    /// `cache_v_lN` `[Hkv·D, kv_size]`.
+    pub cache_v: TensorId,
+}
+
+/// Weight types of a model: one per tensor role (a Q4_K_M-like file mixes them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Qwen3Types {
+    /// `token_embd.weight`.
+    pub embd: GgmlType,
+    /// attention projections.
+    pub attn: GgmlType,
+    /// `attn_v` (Q4_K_M keeps it at Q6_K).
+    pub attn_v: GgmlType,
+    /// FFN gate/up.
+    pub ffn: GgmlType,
+    /// FFN down (Q4_K_M keeps it at Q6_K).
+    pub ffn_down: GgmlType,
+    /// `output.weight`.
+    pub output: GgmlType,
+}
+
+impl Qwen3Types {
+    /// Every weight matrix of type `ty` (norms are always F32).
+    pub fn all(ty: GgmlType) -> Self {
+        Qwen3Types { embd: ty, attn: ty, attn_v: ty, ffn: ty, ffn_down: ty, output: ty }
+    }
+}
+
+/// A `qwen3` model's long-lived tensors in a [`Context`]: weights and KV
+/// caches, created once; each step's graph is built on top
+/// ([`Qwen3::build`]) and removed with [`Context::truncate`].
+#[derive(Clone, Debug)]
+pub struct Qwen3 {
+    /// Hyper-parameters.
+    pub hp: Qwen3Hparams,
+    /// `token_embd.weight` `[E, V]`.
+    pub tok_embd: TensorId,
+    /// `output_norm.weight` `[E]`.
+    pub output_norm: TensorId,
+    /// `output.weight` `[E, V]`.
+    pub output: TensorId,
+    /// Per layer.
+    pub layers: Vec<Qwen3Layer>,
+    /// KV cache cells per layer.
+    pub kv_size: i64,
+    /// KV cache type (F16, Q8_0, Q4_0).
+    pub kv_type: GgmlType,
+    /// Length of the context with only the long-lived tensors.
+    pub base_len: usize,
+}
+
+/// Inputs and outputs of one step's graph.
+#[derive(Clone, Debug)]
+pub struct Qwen3Step {
+    /// `tokens` I32 `[T]`.
+    pub tokens: TensorId,
+    /// `inp_pos` I32 `[T]`.
+    pub pos: TensorId,
+    /// `kq_mask` F16 `[kv_size, T]` (0 or −inf).
+    pub mask: TensorId,
+    /// `k_idxs` I64 `[T]`: the cache cell each token is written to.
+    pub kv_idxs: TensorId,
+    /// The cache writes (`set_rows`), in layer order: K then V per layer.
+    pub writes: Vec<TensorId>,
+    /// Hidden states entering the requested layers, `[E, T]` each (layer
+    /// `n_layer` means after the last layer, before the final norm).
+    pub taps: Vec<(usize, TensorId)>,
+    /// Logits `[V, T]`.
+    pub logits: TensorId,
+    /// Greedy tokens: `argmax` of each logits column, I32 `[T]`.
+    pub argmax: TensorId,
+}
+
+impl Qwen3Step {
+    /// The graph outputs in the order they must be built: cache writes first
+    /// (as llama.cpp expands them before attention reads the cache), then
+    /// taps and logits.
+    pub fn outputs(&self) -> Vec<TensorId> {
+        let mut v = self.writes.clone();
+        v.extend(self.taps.iter().map(|t| t.1));
+        v.push(self.logits);
+        v.push(self.argmax);
+        v
+    }
+}
+
+fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
+    let id = ctx.new_tensor(ty, ne)?;
+    ctx.set_name(id, name)?;
+    Ok(id)
+}
+
+impl Qwen3 {
+    /// Creates the weights (named as in a llama.cpp GGUF) and the KV caches
+    /// (`cache_k_lN`, `cache_v_lN`, `[Hkv·D, kv_size]` of `kv_type`) in `ctx`.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for inconsistent hyper-parameters, a `kv_size < 1`, or
+    /// a weight/KV type whose block does not divide the rows it stores.
+    pub fn new(
+        ctx: &mut Context,
+        hp: Qwen3Hparams,
+        types: Qwen3Types,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        hp.validate()?;
+        if kv_size < 1 {
+            return Err(Error::Model { detail: format!("qwen3: kv_size {kv_size} must be ≥ 1") });
+        }
+        if !matches!(kv_type, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0) {
+            return Err(Error::Model { detail: format!("qwen3: KV cache type {kv_type} (F32, F16, Q8_0 or Q4_0)") });
+        }
+        if hp.head_dim % kv_type.block_size() as i64 != 0 {
+            return Err(Error::Model {
+                detail: format!("qwen3: head size {} is not a multiple of the {kv_type} block", hp.head_dim),
+            });
+        }
+        let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
+        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        let check = |ty: GgmlType, ne0: i64, what: &str| -> Result<()> {
+            if ne0 % ty.block_size() as i64 != 0 {
+                return Err(Error::Model { detail: format!("qwen3: {what} rows of {ne0} do not fit {ty} blocks") });
+            }
+            Ok(())
+        };
+        check(types.embd, e, "token_embd")?;
+        check(types.attn, e, "attn_q/k")?;
+        check(types.attn_v, e, "attn_v")?;
+        check(types.attn, qd, "attn_output")?;
+        check(types.ffn, e, "ffn_gate/up")?;
+        check(types.ffn_down, f, "ffn_down")?;
+        check(types.output, e, "output")?;
+        let tok_embd = named(ctx, types.embd, &[e, v], "token_embd.weight")?;
+        let output_norm = named(ctx, GgmlType::F32, &[e], "output_norm.weight")?;
+        let output = named(ctx, types.output, &[e, v], "output.weight")?;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let b = |n: &str| format!("blk.{il}.{n}");
+            layers.push(Qwen3Layer {
+                attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
+                wq: named(ctx, types.attn, &[e, qd], &b("attn_q.weight"))?,
+                wk: named(ctx, types.attn, &[e, kvd], &b("attn_k.weight"))?,
+                wv: named(ctx, types.attn_v, &[e, kvd], &b("attn_v.weight"))?,
+                wo: named(ctx, types.attn, &[qd, e], &b("attn_output.weight"))?,
+                q_norm: named(ctx, GgmlType::F32, &[hp.head_dim], &b("attn_q_norm.weight"))?,
+                k_norm: named(ctx, GgmlType::F32, &[hp.head_dim], &b("attn_k_norm.weight"))?,
+                ffn_norm: named(ctx, GgmlType::F32, &[e], &b("ffn_norm.weight"))?,
+                ffn_gate: named(ctx, types.ffn, &[e, f], &b("ffn_gate.weight"))?,
+                ffn_up: named(ctx, types.ffn, &[e, f], &b("ffn_up.weight"))?,
+                ffn_down: named(ctx, types.ffn_down, &[f, e], &b("ffn_down.weight"))?,
+                cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
+                cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
+            });
+        }
+        Ok(Qwen3 { hp, tok_embd, output_norm, output, layers, kv_size, kv_type, base_len: ctx.len() })
+    }
+
+    /// Builds one step's graph for `n_tokens` tokens on top of the model's
+    /// tensors: embedding lookup, every layer (the step's K/V written to the
+    /// cache cells given by `k_idxs`, attention over all `kv_size` cells
+    /// under `kq_mask`), final norm and logits for every token. `taps` lists
+    /// the layers whose input hidden state is exported (for a drafter).
+    ///
+    /// # Errors
+    /// [`Error::Model`] for `n_tokens < 1` or a tap beyond `n_layer`;
+    /// constructor errors.
+    pub fn build(&self, ctx: &mut Context, n_tokens: i64, taps: &[usize]) -> Result<Qwen3Step> {
+        let hp = &self.hp;
+        if n_tokens < 1 {
+            return Err(Error::Model { detail: format!("qwen3: a step needs ≥ 1 token, got {n_tokens}") });
+        }
+        if let Some(&t) = taps.iter().find(|&&t| t > hp.n_layer) {
+            return Err(Error::Model { detail: format!("qwen3: tap of layer {t} beyond {} layers", hp.n_layer) });
+        }
+        let (t, d) = (n_tokens, hp.head_dim);
+        let (h, hkv) = (hp.n_head, hp.n_head_kv);
+        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
+            let id = named(ctx, ty, ne, name)?;
+            ctx.set_input(id)?;
+            Ok(id)
+        };
+        let tokens = input(ctx, GgmlType::I32, &[t], "tokens")?;
+        let pos = input(ctx, GgmlType::I32, &[t], "inp_pos")?;
+        let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "kq_mask")?;
+        let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
+        let rope = hp.rope();
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut x = ctx.get_rows(self.tok_embd, tokens)?;
+        let mut writes = Vec::new();
+        let mut tap_ids = Vec::new();
+        for (il, w) in self.layers.iter().enumerate() {
+            if taps.contains(&il) {
+                tap_ids.push((il, x));
+            }
+            let xn = ctx.rms_norm(x, hp.rms_eps)?;
+            let xn = ctx.mul(xn, w.attn_norm)?;
+            let q = ctx.mul_mat(w.wq, xn)?;
+            let q = ctx.reshape_3d(q, d, h, t)?;
+            let q = ctx.rms_norm(q, hp.rms_eps)?;
+            let q = ctx.mul(q, w.q_norm)?;
+            let q = ctx.rope_ext(q, pos, None, rope)?;
+            let k = ctx.mul_mat(w.wk, xn)?;
+            let k = ctx.reshape_3d(k, d, hkv, t)?;
+            let k = ctx.rms_norm(k, hp.rms_eps)?;
+            let k = ctx.mul(k, w.k_norm)?;
+            let k = ctx.rope_ext(k, pos, None, rope)?;
+            let v = ctx.mul_mat(w.wv, xn)?;
+            // Store K/V rows, then attend over the whole cache.
+            let k2 = ctx.reshape_2d(k, hkv * d, t)?;
+            let v2 = ctx.reshape_2d(v, hkv * d, t)?;
+            let wk = ctx.set_rows(w.cache_k, k2, kv_idxs)?;
+            let wv = ctx.set_rows(w.cache_v, v2, kv_idxs)?;
+            writes.push(wk);
+            writes.push(wv);
+            let kc = self.cache_view(ctx, wk)?;
+            let vc = self.cache_view(ctx, wv)?;
+            let q = ctx.permute(q, [0, 2, 1, 3])?; // [D, T, H]
+            let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), scale, 0.0, 0.0)?; // [D, H, T]
+            let a = ctx.reshape_2d(a, h * d, t)?;
+            let a = ctx.mul_mat(w.wo, a)?;
+            let hres = ctx.add(a, x)?;
+            let hn = ctx.rms_norm(hres, hp.rms_eps)?;
+            let hn = ctx.mul(hn, w.ffn_norm)?;
+            let up = ctx.mul_mat(w.ffn_up, hn)?;
+            let gate = ctx.mul_mat(w.ffn_gate, hn)?;
+            let act = ctx.swiglu_split(gate, up)?;
+            let down = ctx.mul_mat(w.ffn_down, act)?;
+            x = ctx.add(down, hres)?;
+        }
+        if taps.contains(&hp.n_layer) {
+            tap_ids.push((hp.n_layer, x));
+        }
+        let xn = ctx.rms_norm(x, hp.rms_eps)?;
+        let xn = ctx.mul(xn, self.output_norm)?;
+        let logits = ctx.mul_mat(self.output, xn)?;
+        let argmax = ctx.argmax(logits)?;
+        Ok(Qwen3Step { tokens, pos, mask, kv_idxs, writes, taps: tap_ids, logits, argmax })
+    }
+
+    /// The cache (as written by `write`) viewed as `[D, kv_size, Hkv]` for
+    /// attention (heads on axis 2, as `flash_attn_ext` takes K/V).
+    fn cache_view(&self, ctx: &mut Context, write: TensorId) -> Result<TensorId> {
+        let hp = &self.hp;
+        let (d, hkv) = (hp.head_dim, hp.n_head_kv);
+        let row_d = self.kv_type.row_size(d)?;
+        let row = self.kv_type.row_size(hkv * d)?;
+        // [D, Hkv, kv] then heads to axis 2.
+        let v = ctx.view_3d(write, d, hkv, self.kv_size, row_d, row, 0)?;
+        ctx.permute(v, [0, 2, 1, 3])
+    }
+}
+
+/// What one decode step returns.
+#[derive(Clone, Debug, Default)]
+pub struct StepOutput {
+    /// The greedy token after each input token.
+    pub argmax: Vec<i32>,
+    /// Logits `[V, T]` (column per token), if asked for.
+    pub logits: Option<Vec<f32>>,
+    /// Hidden states entering the tapped layers, `[E, T]` each.
+    pub taps: Vec<(usize, Vec<f32>)>,
+}
+
+/// A `qwen3` model decoding one sequence on N devices: the model's tensors
+/// in a context, a [`Runner`](super::runner::Runner), and the number of
+/// positions already in the KV cache (cache cell = position).
+#[derive(Debug)]
+pub struct Qwen3Session {
+    /// The model.
+    pub model: Qwen3,
+    /// The context holding the model's tensors (step graphs are built on top).
+    pub ctx: Context,
+    /// Devices, plans and storage.
+    pub runner: super::runner::Runner,
+    /// Positions in the cache.
+    pub n_past: i64,
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+impl Qwen3Session {
+    /// A session over a model whose tensors are in `ctx`; places weights and
+    /// caches on the runner's devices (zero-filled; write weights with
+    /// [`Qwen3Session::set_weight`]).
+    ///
+    /// # Errors
+    /// Placement errors (a policy that cannot split a tensor names it).
+    pub fn new(model: Qwen3, ctx: Context, mut runner: super::runner::Runner) -> Result<Self> {
+        let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
+        for id in ids {
+            runner.place(&ctx, id)?;
+        }
+        Ok(Qwen3Session { model, ctx, runner, n_past: 0 })
+    }
+
+    /// Writes a weight's full single-device bytes (ggml layout of its type).
+    ///
+    /// # Errors
+    /// [`Error::Model`] for an unknown name; size errors.
+    pub fn set_weight(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let id = self.ctx.find(name).ok_or_else(|| Error::Model { detail: format!("qwen3: no tensor {name:?}") })?;
+        self.runner.store.set_tensor(&self.ctx, id, 0, bytes)
+    }
+
+    /// Runs `tokens` at positions `n_past..n_past + T`, writes their K/V,
+    /// and returns the greedy next token after each (and the logits if
+    /// `want_logits`, and the hidden states entering `taps`). Advances `n_past`.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for no tokens, a token outside the vocabulary, or a
+    /// KV cache too small for the positions; run errors.
+    pub fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        let t = tokens.len() as i64;
+        let hp = &self.model.hp;
+        if let Some(bad) = tokens.iter().find(|&&x| x < 0 || x as i64 >= hp.n_vocab) {
+            return Err(Error::Model {
+                detail: format!("qwen3: token {bad} outside the vocabulary of {}", hp.n_vocab),
+            });
+        }
+        if self.n_past + t > self.model.kv_size {
+            return Err(Error::Model {
+                detail: format!(
+                    "qwen3: KV cache of {} cells is too small for positions up to {}",
+                    self.model.kv_size,
+                    self.n_past + t
+                ),
+            });
+        }
+        self.ctx.truncate(self.model.base_len);
+        let step = self.model.build(&mut self.ctx, t, taps)?;
+        let outputs = step.outputs();
+        let graph = self.ctx.build_forward(&outputs)?;
+        let kv = self.model.kv_size;
+        let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
+        let mut mask = Vec::with_capacity((kv * t) as usize * 2);
+        for &p in &pos {
+            for c in 0..kv {
+                let v = if c <= p as i64 { half::f16::ZERO } else { half::f16::NEG_INFINITY };
+                mask.extend(v.to_le_bytes());
+            }
+        }
+        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
+        let inputs = vec![(step.tokens, i32b(tokens)), (step.pos, i32b(&pos)), (step.mask, mask), (step.kv_idxs, idx)];
+        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        self.n_past += t;
+        let k_logits = outputs.len() - 2;
+        let argmax = rep.outputs[outputs.len() - 1]
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let first_tap = step.writes.len();
+        let taps = step.taps.iter().enumerate().map(|(k, (l, _))| (*l, f32s(&rep.outputs[first_tap + k]))).collect();
+        Ok(StepOutput { argmax, logits: want_logits.then(|| f32s(&rep.outputs[k_logits])), taps })
+    }
+
+    /// Forgets every position from `n_past` on (llama.cpp's
+    /// `llama_memory_seq_rm(seq, n_past, -1)`): later steps overwrite those
+    /// cells and the mask hides them until then.
+    ///
+    /// # Errors
+    /// [`Error::Model`] if `n_past` is beyond the current length.
+    pub fn rollback(&mut self, n_past: i64) -> Result<()> {
+        if n_past < 0 || n_past > self.n_past {
+            return Err(Error::Model { detail: format!("qwen3: cannot roll back to {n_past} of {}", self.n_past) });
+        }
+        self.n_past = n_past;
+        Ok(())
+    }
+}

@@ -1,0 +1,85 @@
+//! Running per-step graphs on N devices: weights and caches stay placed in a
+//! [`SplitStore`]; each step's graph is planned (cached by structure, so a
+//! repeated decode step does not re-plan), its inputs written, and executed.
+
+use crate::error::Result;
+use crate::graph::{Context, Graph};
+use crate::split::{LeafInfo, LinkModel, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore};
+use crate::tensor::TensorId;
+
+/// N CPU devices with a split policy, a plan cache and device-resident storage.
+#[derive(Debug)]
+pub struct Runner {
+    /// The executor (one CPU backend per device).
+    pub exec: MetaExecutor,
+    /// Plans, cached by graph structure and leaf states.
+    pub planner: Planner,
+    /// Leaf split states.
+    pub policy: SplitPolicy,
+    /// Weights, caches and inputs on the devices.
+    pub store: SplitStore,
+    /// Bytes moved by all runs so far.
+    pub bytes_moved: u64,
+    /// Graph runs so far.
+    pub runs: u64,
+}
+
+impl Runner {
+    /// A runner over `policy.n_devices()` CPU devices with `threads` worker
+    /// threads each.
+    ///
+    /// # Errors
+    /// As [`MetaExecutor::new`].
+    pub fn new(policy: SplitPolicy, threads: usize) -> Result<Self> {
+        let n = policy.n_devices();
+        Ok(Runner {
+            exec: MetaExecutor::new(n, threads)?,
+            planner: Planner::new(LinkModel::default()),
+            policy,
+            store: SplitStore::new(n),
+            bytes_moved: 0,
+            runs: 0,
+        })
+    }
+
+    /// Number of devices.
+    pub fn n_devices(&self) -> usize {
+        self.exec.n_devices()
+    }
+
+    /// Places long-lived tensor `id` (a weight or cache) on the devices in
+    /// the state the policy gives it (mirrored if no rule matches), zero-filled.
+    ///
+    /// # Errors
+    /// Policy errors naming the tensor and rule; placement errors.
+    pub fn place(&mut self, ctx: &Context, id: TensorId) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        let st =
+            self.policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })?.unwrap_or(SplitState::Mirrored);
+        self.store.place(ctx, id, &st)
+    }
+
+    /// Plans (or reuses the plan of) `graph`, places leafs that are not
+    /// placed yet, writes `inputs` (full single-device bytes per tensor) and
+    /// runs it; returns the outputs' single-device bytes.
+    ///
+    /// # Errors
+    /// Planning, placement and execution errors.
+    pub fn run(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        inputs: &[(TensorId, Vec<u8>)],
+        outputs: &[TensorId],
+    ) -> Result<RunReport> {
+        let plan = self.planner.plan_cached(ctx, graph, &self.policy, &[])?.clone();
+        self.store.place_leafs(ctx, graph, &plan)?;
+        for (id, bytes) in inputs {
+            self.store.set_tensor(ctx, *id, 0, bytes)?;
+        }
+        let rep = self.exec.execute(ctx, graph, &plan, &mut self.store, outputs)?;
+        self.bytes_moved += rep.bytes_moved;
+        self.runs += 1;
+        Ok(rep)
+    }
+}

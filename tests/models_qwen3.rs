@@ -1,0 +1,160 @@
+//! The `qwen3` target decoding on N CPU devices under llama.cpp's tensor
+//! split policy equals one device: the same greedy tokens (exactly) and
+//! logits (NMSE ≤ 1e-6 with F32 weights) over a prompt and a sequence of
+//! decode steps, with the KV cache in F16 and Q4_0, ratios 1:1, 3:1, 1:1:1;
+//! and a rollback followed by re-decoding gives the same tokens again.
+
+use shardgraph::models::policy::qwen3_policy;
+use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph::models::runner::Runner;
+use shardgraph::split::{Collective, Planner};
+use shardgraph::tensor::quant::quantize_chunk;
+use shardgraph::{Context, GgmlType};
+
+fn hp() -> Qwen3Hparams {
+    Qwen3Hparams {
+        n_layer: 2,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        n_vocab: 96,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        n_ctx_train: 4096,
+    }
+}
+
+/// Deterministic weights in [-scale, scale] (norm weights around 1).
+fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            around + (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn session(ratios: &[f32], types: Qwen3Types, kv: GgmlType) -> Qwen3Session {
+    let mut ctx = Context::new();
+    let model = Qwen3::new(&mut ctx, hp(), types, kv, 32).unwrap();
+    let policy = qwen3_policy(&model.hp, &types, ratios).unwrap();
+    let runner = Runner::new(policy, 1).unwrap();
+    let mut s = Qwen3Session::new(model, ctx, runner).unwrap();
+    let names: Vec<(String, GgmlType, [i64; 4])> = s
+        .ctx
+        .ids()
+        .take(s.model.base_len)
+        .map(|id| {
+            let t = s.ctx.tensor(id).unwrap();
+            (t.name.clone(), t.ty, t.ne)
+        })
+        .filter(|(n, _, _)| !n.starts_with("cache_"))
+        .collect();
+    for (k, (name, ty, ne)) in names.iter().enumerate() {
+        let n: i64 = ne.iter().product();
+        let v = if name.ends_with("norm.weight") {
+            values(n as usize, k as u64 + 1, 0.1, 1.0)
+        } else {
+            values(n as usize, k as u64 + 1, 0.5 / (ne[0] as f32).sqrt() * 3.0, 0.0)
+        };
+        let mut bytes = vec![0u8; ty.row_size(ne[0]).unwrap() * (n / ne[0]) as usize];
+        quantize_chunk(*ty, &v, &mut bytes, (n / ne[0]) as usize, ne[0] as usize).unwrap();
+        s.set_weight(name, &bytes).unwrap();
+    }
+    s
+}
+
+/// Prompt, then greedy decoding of `steps` tokens; returns tokens and the logits of every step.
+fn generate(s: &mut Qwen3Session, prompt: &[i32], steps: usize) -> (Vec<i32>, Vec<Vec<f32>>) {
+    let out = s.decode(prompt, &[], true).unwrap();
+    let mut tokens = vec![*out.argmax.last().unwrap()];
+    let mut logits = vec![out.logits.unwrap()];
+    for _ in 1..steps {
+        let o = s.decode(&[*tokens.last().unwrap()], &[], true).unwrap();
+        tokens.push(o.argmax[0]);
+        logits.push(o.logits.unwrap());
+    }
+    (tokens, logits)
+}
+
+fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+#[test]
+fn tensor_parallel_decoding_equals_one_device() {
+    let prompt = [3, 17, 42, 5, 88, 1];
+    for (types, kv) in [
+        (Qwen3Types::all(GgmlType::F32), GgmlType::F16),
+        (Qwen3Types::all(GgmlType::Q8_0), GgmlType::Q4_0),
+        (
+            Qwen3Types {
+                embd: GgmlType::Q8_0,
+                attn: GgmlType::Q8_0,
+                attn_v: GgmlType::Q8_0,
+                ffn: GgmlType::Q8_0,
+                ffn_down: GgmlType::Q8_0,
+                output: GgmlType::Q8_0,
+            },
+            GgmlType::Q8_0,
+        ),
+    ] {
+        let mut one = session(&[1.0], types, kv);
+        let (want, want_logits) = generate(&mut one, &prompt, 8);
+        for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+            let mut s = session(&ratios, types, kv);
+            let (got, logits) = generate(&mut s, &prompt, 8);
+            assert_eq!(got, want, "{ratios:?} {types:?} kv {kv}");
+            for (a, b) in logits.iter().zip(&want_logits) {
+                let e = nmse(a, b);
+                assert!(e <= 1e-6, "{ratios:?} {types:?}: logits NMSE {e:.3e}");
+            }
+            // Prompt and decode plans are cached, not re-planned per step.
+            assert_eq!(s.runner.planner.cached(), 2);
+            // A decode step: caches stay split by heads, the vocabulary-split
+            // head is never gathered (argmax combines 8 bytes per row), two
+            // all-reduces per layer.
+            let base = s.model.base_len;
+            s.ctx.truncate(base);
+            let step = s.model.build(&mut s.ctx, 1, &[]).unwrap();
+            let g = s.ctx.build_forward(&step.outputs()).unwrap();
+            let plan = Planner::default().plan(&s.ctx, &g, &s.runner.policy, &[]).unwrap();
+            assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&s.ctx));
+            assert_eq!(plan.count(Collective::AllReduce), 2 * hp().n_layer, "{}", plan.report(&s.ctx));
+        }
+    }
+}
+
+#[test]
+fn rollback_then_redecode_gives_the_same_tokens() {
+    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let mut s = session(&[1.0, 1.0], types, GgmlType::F16);
+    let (first, _) = generate(&mut s, &[7, 8, 9], 5);
+    // Back to just after the prompt, and decode again: identical continuation.
+    s.rollback(3).unwrap();
+    let mut again = vec![];
+    let mut last = first[0];
+    again.push(last);
+    for _ in 1..5 {
+        let o = s.decode(&[last], &[], false).unwrap();
+        last = o.argmax[0];
+        again.push(last);
+    }
+    assert_eq!(again, first);
+    // Bad input: out-of-vocabulary token, a cache too small, rollback forward.
+    assert!(s.decode(&[1000], &[], false).is_err());
+    assert!(s.decode(&[1; 64], &[], false).is_err());
+    assert!(s.rollback(s.n_past + 1).is_err());
+    // A tensor split that leaves a device without a KV head.
+    let mut ctx = Context::new();
+    let model = Qwen3::new(&mut ctx, hp(), types, GgmlType::F16, 8).unwrap();
+    let e = qwen3_policy(&model.hp, &types, &[1.0, 1.0, 1.0, 1.0]).unwrap_err();
+    assert!(e.to_string().contains("no KV head"), "{e}");
+}
