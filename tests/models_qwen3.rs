@@ -158,3 +158,32 @@ fn rollback_then_redecode_gives_the_same_tokens() {
     let e = qwen3_policy(&model.hp, &types, &[1.0, 1.0, 1.0, 1.0]).unwrap_err();
     assert!(e.to_string().contains("no KV head"), "{e}");
 }
+
+#[test]
+fn generated_gguf_loads_and_decodes_the_same_on_one_and_two_devices() {
+    use shardgraph::models::generate::write_qwen3_gguf;
+    let dir = std::env::temp_dir().join(format!("shardgraph-qwen3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    let types = Qwen3Types::all(GgmlType::Q8_0);
+    write_qwen3_gguf(&path, &hp(), &types, 3).unwrap();
+    let run = |ratios: &[f32]| {
+        let mut s = Qwen3Session::from_gguf(&path, ratios, 1, GgmlType::Q8_0, 32).unwrap();
+        generate(&mut s, &[1, 2, 3, 4], 6).0
+    };
+    let one = run(&[1.0]);
+    assert_eq!(run(&[1.0, 1.0]), one);
+    assert_eq!(run(&[1.0, 1.0, 1.0]), one);
+    // Bad input: a truncated file, a file of another architecture.
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    assert!(Qwen3Session::from_gguf(&cut, &[1.0], 1, GgmlType::F16, 8).is_err());
+    let mut w = shardgraph::gguf::GgufWriter::new();
+    w.add_kv("general.architecture", "llama").unwrap();
+    let other = dir.join("llama.gguf");
+    w.write_file(&other, |_, _| Ok(())).unwrap();
+    let e = Qwen3Session::from_gguf(&other, &[1.0], 1, GgmlType::F16, 8).unwrap_err();
+    assert!(e.to_string().contains("llama"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

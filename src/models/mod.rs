@@ -3,10 +3,12 @@
 //! decodes them on N devices.
 //!
 //! * [`qwen3`]: the `qwen3` dense target.
+//! * [`generate`]: GGUF files with seeded weights for the tests and examples.
 //! * [`policy`]: llama.cpp's split states for these tensors.
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
 //!   (cached) and executed on N CPU devices.
 
+pub mod generate;
 pub mod policy;
 pub mod qwen3;
 pub mod runner;

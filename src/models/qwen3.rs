@@ -59,6 +59,69 @@ impl Qwen3Hparams {
         Ok(())
     }
 
+    /// Reads the hyper-parameters from a `qwen3` GGUF's metadata (llama.cpp's
+    /// keys; the vocabulary from `qwen3.vocab_size` or the rows of
+    /// `token_embd.weight`; `key_length` defaults to E/H as in llama.cpp).
+    ///
+    /// # Errors
+    /// [`Error::Model`] for another architecture or inconsistent values;
+    /// [`Error::Gguf`] naming a missing or mistyped key.
+    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+        let arch = f.get_str("general.architecture")?;
+        if arch != "qwen3" {
+            return Err(Error::Model { detail: format!("general.architecture is {arch:?}, not \"qwen3\"") });
+        }
+        let u = |k: &str| f.get_uint(&format!("qwen3.{k}"));
+        let n_embd = u("embedding_length")? as i64;
+        let n_head = u("attention.head_count")? as i64;
+        let n_vocab = match u("vocab_size") {
+            Ok(v) => v as i64,
+            Err(_) => f.tensor("token_embd.weight")?.info.ne[1],
+        };
+        let hp = Qwen3Hparams {
+            n_layer: u("block_count")? as usize,
+            n_embd,
+            n_ff: u("feed_forward_length")? as i64,
+            n_head,
+            n_head_kv: u("attention.head_count_kv").map(|v| v as i64).unwrap_or(n_head),
+            head_dim: u("attention.key_length").map(|v| v as i64).unwrap_or(if n_head > 0 {
+                n_embd / n_head
+            } else {
+                0
+            }),
+            n_vocab,
+            rms_eps: f.get_f32("qwen3.attention.layer_norm_rms_epsilon")?,
+            rope_base: f.get_f32("qwen3.rope.freq_base").unwrap_or(10000.0),
+            n_ctx_train: u("context_length")? as i64,
+        };
+        hp.validate()?;
+        Ok(hp)
+    }
+
+    /// Writes these hyper-parameters as llama.cpp's `qwen3` metadata (and
+    /// `tokenizer.ggml.model = "no_vocab"`, so a file without a tokenizer
+    /// loads in llama.cpp and takes token ids directly).
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] from the writer.
+    pub fn add_to_gguf(&self, w: &mut crate::gguf::GgufWriter, name: &str) -> Result<()> {
+        w.add_kv("general.architecture", "qwen3")?;
+        w.add_kv("general.name", name)?;
+        w.add_kv("qwen3.block_count", self.n_layer as u32)?;
+        w.add_kv("qwen3.context_length", self.n_ctx_train as u32)?;
+        w.add_kv("qwen3.embedding_length", self.n_embd as u32)?;
+        w.add_kv("qwen3.feed_forward_length", self.n_ff as u32)?;
+        w.add_kv("qwen3.attention.head_count", self.n_head as u32)?;
+        w.add_kv("qwen3.attention.head_count_kv", self.n_head_kv as u32)?;
+        w.add_kv("qwen3.attention.key_length", self.head_dim as u32)?;
+        w.add_kv("qwen3.attention.value_length", self.head_dim as u32)?;
+        w.add_kv("qwen3.rope.freq_base", self.rope_base)?;
+        w.add_kv("qwen3.attention.layer_norm_rms_epsilon", self.rms_eps)?;
+        w.add_kv("qwen3.vocab_size", self.n_vocab as u32)?;
+        w.add_kv("tokenizer.ggml.model", "no_vocab")?;
+        Ok(())
+    }
+
     /// The rope parameters (NEOX over the whole head).
     pub fn rope(&self) -> RopeParams {
         RopeParams {
@@ -123,6 +186,22 @@ impl Qwen3Types {
     /// Every weight matrix of type `ty` (norms are always F32).
     pub fn all(ty: GgmlType) -> Self {
         Qwen3Types { embd: ty, attn: ty, attn_v: ty, ffn: ty, ffn_down: ty, output: ty }
+    }
+
+    /// The types of a GGUF's tensors (layer 0 for the per-layer roles).
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] naming a missing tensor.
+    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+        let ty = |n: &str| f.tensor(n).map(|t| t.info.ty);
+        Ok(Qwen3Types {
+            embd: ty("token_embd.weight")?,
+            attn: ty("blk.0.attn_q.weight")?,
+            attn_v: ty("blk.0.attn_v.weight")?,
+            ffn: ty("blk.0.ffn_gate.weight")?,
+            ffn_down: ty("blk.0.ffn_down.weight")?,
+            output: ty("output.weight")?,
+        })
     }
 }
 
@@ -394,6 +473,40 @@ impl Qwen3Session {
             runner.place(&ctx, id)?;
         }
         Ok(Qwen3Session { model, ctx, runner, n_past: 0 })
+    }
+
+    /// Opens a `qwen3` GGUF, builds the model with a KV cache of `kv_size`
+    /// cells of `kv_type`, splits it over `ratios.len()` CPU devices with
+    /// llama.cpp's policy, and loads every weight straight from the
+    /// memory-mapped file into the devices' parts.
+    ///
+    /// # Errors
+    /// GGUF errors naming the file; [`Error::Model`] for another
+    /// architecture, a tensor split that leaves a device without a KV head,
+    /// or tensors the model lacks.
+    pub fn from_gguf(
+        path: impl AsRef<std::path::Path>,
+        ratios: &[f32],
+        threads: usize,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        let file = crate::gguf::GgufFile::open(path)?;
+        let hp = Qwen3Hparams::from_gguf(&file)?;
+        let types = Qwen3Types::from_gguf(&file)?;
+        let mut ctx = Context::new();
+        let model = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
+        let policy = super::policy::qwen3_policy(&hp, &types, ratios)?;
+        let runner = super::runner::Runner::new(policy, threads)?;
+        let mut s = Qwen3Session::new(model, ctx, runner)?;
+        let report = crate::gguf::load_into_split_store(&file, &s.ctx, &mut s.runner.store)?;
+        let weights = s.ctx.ids().take(s.model.base_len).filter(|&id| !s.ctx.t(id).name.starts_with("cache_")).count();
+        if report.loaded.len() != weights {
+            return Err(Error::Model {
+                detail: format!("qwen3: the file gave {} of the model's {weights} weights", report.loaded.len()),
+            });
+        }
+        Ok(s)
     }
 
     /// Writes a weight's full single-device bytes (ggml layout of its type).

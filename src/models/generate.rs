@@ -1,0 +1,96 @@
+//! Writes real-format GGUF files with seeded weights (the models the tests
+//! and examples run), streaming one tensor at a time so a large model never
+//! needs a second copy in memory.
+
+use super::qwen3::{Qwen3Hparams, Qwen3Types};
+use crate::error::{Error, Result};
+use crate::gguf::GgufWriter;
+use crate::tensor::quant::quantize_chunk;
+use crate::tensor::GgmlType;
+
+/// A seeded stream of uniform values in `[-1, 1)` (xorshift64*), one per tensor name.
+fn stream(seed: u64, name: &str) -> impl FnMut() -> f32 {
+    let mut s =
+        name.bytes().fold(seed ^ 0x9E37_79B9_7F4A_7C15, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3)) | 1;
+    move || {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        let v = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// The tensors of a `qwen3` GGUF in llama.cpp's order: name, type, shape.
+pub fn qwen3_tensors(hp: &Qwen3Hparams, types: &Qwen3Types) -> Vec<(String, GgmlType, Vec<i64>)> {
+    let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
+    let (qd, kvd, d) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.head_dim);
+    let mut t = vec![
+        ("token_embd.weight".to_string(), types.embd, vec![e, v]),
+        ("output_norm.weight".to_string(), GgmlType::F32, vec![e]),
+        ("output.weight".to_string(), types.output, vec![e, v]),
+    ];
+    for il in 0..hp.n_layer {
+        let b = |n: &str| format!("blk.{il}.{n}");
+        t.extend([
+            (b("attn_norm.weight"), GgmlType::F32, vec![e]),
+            (b("attn_q.weight"), types.attn, vec![e, qd]),
+            (b("attn_k.weight"), types.attn, vec![e, kvd]),
+            (b("attn_v.weight"), types.attn_v, vec![e, kvd]),
+            (b("attn_output.weight"), types.attn, vec![qd, e]),
+            (b("attn_q_norm.weight"), GgmlType::F32, vec![d]),
+            (b("attn_k_norm.weight"), GgmlType::F32, vec![d]),
+            (b("ffn_norm.weight"), GgmlType::F32, vec![e]),
+            (b("ffn_gate.weight"), types.ffn, vec![e, f]),
+            (b("ffn_up.weight"), types.ffn, vec![e, f]),
+            (b("ffn_down.weight"), types.ffn_down, vec![f, e]),
+        ]);
+    }
+    t
+}
+
+/// Writes a `qwen3` GGUF with random weights from `seed`: matrices uniform
+/// in ±√(3/n_in) (unit variance of each output), norm weights 1 ± 0.1,
+/// quantized to `types`. Returns the file size in bytes.
+///
+/// # Errors
+/// [`Error::Model`] for inconsistent hyper-parameters or a type whose block
+/// does not divide a row; GGUF write errors naming the path.
+pub fn write_qwen3_gguf(
+    path: impl AsRef<std::path::Path>,
+    hp: &Qwen3Hparams,
+    types: &Qwen3Types,
+    seed: u64,
+) -> Result<u64> {
+    hp.validate()?;
+    let tensors = qwen3_tensors(hp, types);
+    let mut w = GgufWriter::new();
+    hp.add_to_gguf(&mut w, "shardgraph tiny qwen3")?;
+    for (name, ty, ne) in &tensors {
+        if ne[0] % ty.block_size() as i64 != 0 {
+            return Err(Error::Model { detail: format!("{name}: rows of {} do not fit {ty} blocks", ne[0]) });
+        }
+        w.add_tensor(name, *ty, ne)?;
+    }
+    w.write_file(path, |info, sink| {
+        let (name, ty, ne) = tensors
+            .iter()
+            .find(|t| t.0 == info.name)
+            .ok_or_else(|| Error::Model { detail: format!("unknown tensor {}", info.name) })?;
+        let n_in = ne[0] as usize;
+        let rows: usize = ne[1..].iter().product::<i64>().max(1) as usize;
+        let mut next = stream(seed, name);
+        let norm = name.ends_with("norm.weight");
+        let scale = (3.0 / n_in.max(1) as f32).sqrt();
+        let mut row = vec![0f32; n_in];
+        let mut bytes = vec![0u8; ty.row_size(ne[0])?];
+        for _ in 0..rows {
+            for x in row.iter_mut() {
+                *x = if norm { 1.0 + 0.1 * next() } else { scale * next() };
+            }
+            quantize_chunk(*ty, &row, &mut bytes, 1, n_in)?;
+            sink.put(&bytes)?;
+        }
+        Ok(())
+    })
+}
