@@ -9,7 +9,7 @@
 //! Without the venv or the package the test prints `SKIPPED: <reason>` and
 //! passes, unless `SHARDGRAPH_REQUIRE_GGML` is set (as `.ci/run` does).
 
-use shardgraph::models::generate::write_qwen3_gguf;
+use shardgraph::models::generate::{write_qwen3_gguf_with, Weights};
 use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::GgmlType;
 use std::path::{Path, PathBuf};
@@ -130,17 +130,21 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
     // must be identical in every case. KV cache F32, flash attention on, on
     // both sides.
     //
-    // The weights here are random, so the top logits of later steps are close:
-    // the Q4_K continuation departs from llama.cpp's after 3 tokens, on a
-    // near-tie, at that 6e-4 NMSE. Its greedy check waits for the generator's
-    // structured weights (large margins); F32 and Q8_0 must agree token for token.
-    for (types, tol, greedy) in [
-        (Qwen3Types::all(GgmlType::F32), 1e-6, true),
-        (Qwen3Types::all(GgmlType::Q8_0), 5e-4, true),
-        (Qwen3Types::all(GgmlType::Q4_K), 1e-3, false),
+    // Each type is checked twice: random weights (every logit counts), and
+    // the generator's permutation weights, whose wide margins make the
+    // greedy continuation a sharp test. With random weights the top logits
+    // of later steps are near-ties, so there only F32 and Q8_0 must give the
+    // same tokens (Q4_K departs after 3 tokens, at 6e-4 NMSE).
+    for (types, tol, weights, greedy) in [
+        (Qwen3Types::all(GgmlType::F32), 1e-6, Weights::Random, true),
+        (Qwen3Types::all(GgmlType::Q8_0), 5e-4, Weights::Random, true),
+        (Qwen3Types::all(GgmlType::Q4_K), 1e-3, Weights::Random, false),
+        (Qwen3Types::all(GgmlType::F32), 1e-6, Weights::Permutation, true),
+        (Qwen3Types::all(GgmlType::Q8_0), 5e-4, Weights::Permutation, true),
+        (Qwen3Types::all(GgmlType::Q4_K), 1e-3, Weights::Permutation, true),
     ] {
-        let path = dir.join(format!("qwen3-{}.gguf", types.attn));
-        write_qwen3_gguf(&path, &hp, &types, 7).unwrap();
+        let path = dir.join(format!("qwen3-{}-{weights:?}.gguf", types.attn));
+        write_qwen3_gguf_with(&path, &hp, &types, 7, weights).unwrap();
         let (want, want_gen) = llama_cpp(&py, &path, &tokens, n_gen);
         for ratios in [vec![1.0], vec![1.0, 1.0]] {
             let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, GgmlType::F32, 64).unwrap();
@@ -152,7 +156,7 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
             let all = nmse(&logits[..all_want.len()], &all_want);
             let worst = (0..want.len()).map(|i| nmse(&logits[i * v..(i + 1) * v], &want[i])).fold(0.0, f64::max);
             println!(
-                "qwen3 {} weights on {} device(s): logits NMSE vs llama.cpp {all:.2e} (worst row {worst:.2e})",
+                "qwen3 {} {weights:?} weights on {} device(s): logits NMSE vs llama.cpp {all:.2e} (worst row {worst:.2e})",
                 types.attn,
                 ratios.len()
             );

@@ -187,3 +187,26 @@ fn generated_gguf_loads_and_decodes_the_same_on_one_and_two_devices() {
     assert!(e.to_string().contains("llama"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn structured_weights_continue_along_the_permutation() {
+    use shardgraph::models::generate::{permutation, write_qwen3_gguf_with, Weights};
+    let dir = std::env::temp_dir().join(format!("shardgraph-perm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("perm.gguf");
+    let mut h = hp();
+    h.n_embd = 128;
+    write_qwen3_gguf_with(&path, &h, &Qwen3Types::all(GgmlType::Q8_0), 5, Weights::Permutation).unwrap();
+    let perm = permutation(h.n_vocab, 5);
+    for ratios in [vec![1.0], vec![1.0, 1.0, 1.0]] {
+        let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, GgmlType::F16, 40).unwrap();
+        let (tokens, _) = generate(&mut s, &[9, 30, 2], 12);
+        // The greedy rule of the generated model: each token is followed by its image.
+        let mut want = vec![perm[2] as i32];
+        while want.len() < 12 {
+            want.push(perm[*want.last().unwrap() as usize] as i32);
+        }
+        assert_eq!(tokens, want, "{ratios:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

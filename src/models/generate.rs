@@ -49,6 +49,32 @@ pub fn qwen3_tensors(hp: &Qwen3Hparams, types: &Qwen3Types) -> Vec<(String, Ggml
     t
 }
 
+/// What the generated weights do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weights {
+    /// Uniform random matrices (unit variance of each output); greedy
+    /// continuations run into near-ties after a few steps.
+    Random,
+    /// A model with a known greedy rule: token embeddings are random ±1
+    /// vectors, the output head maps token `t`'s embedding to token
+    /// [`permutation`]`(t)` with a wide margin, and the layers add small
+    /// random updates (attention and FFN outputs scaled down), so the greedy
+    /// continuation of `t` is `perm(t), perm(perm(t)), …` — something real
+    /// for a drafter to predict.
+    Permutation,
+}
+
+/// The vocabulary permutation of a [`Weights::Permutation`] model from `seed`.
+pub fn permutation(n_vocab: i64, seed: u64) -> Vec<i64> {
+    let mut next = stream(seed, "permutation");
+    let mut p: Vec<i64> = (0..n_vocab).collect();
+    for i in (1..p.len()).rev() {
+        let j = (((next() + 1.0) / 2.0) * (i + 1) as f32) as usize;
+        p.swap(i, j.min(i));
+    }
+    p
+}
+
 /// Writes a `qwen3` GGUF with random weights from `seed`: matrices uniform
 /// in ±√(3/n_in) (unit variance of each output), norm weights 1 ± 0.1,
 /// quantized to `types`. Returns the file size in bytes.
@@ -62,6 +88,25 @@ pub fn write_qwen3_gguf(
     types: &Qwen3Types,
     seed: u64,
 ) -> Result<u64> {
+    write_qwen3_gguf_with(path, hp, types, seed, Weights::Random)
+}
+
+/// [`write_qwen3_gguf`] with the weights of `kind`.
+///
+/// # Errors
+/// As [`write_qwen3_gguf`].
+pub fn write_qwen3_gguf_with(
+    path: impl AsRef<std::path::Path>,
+    hp: &Qwen3Hparams,
+    types: &Qwen3Types,
+    seed: u64,
+    kind: Weights,
+) -> Result<u64> {
+    let perm = permutation(hp.n_vocab, seed);
+    let mut inverse = vec![0i64; perm.len()];
+    for (t, &p) in perm.iter().enumerate() {
+        inverse[p as usize] = t as i64;
+    }
     hp.validate()?;
     let tensors = qwen3_tensors(hp, types);
     let mut w = GgufWriter::new();
@@ -81,12 +126,35 @@ pub fn write_qwen3_gguf(
         let rows: usize = ne[1..].iter().product::<i64>().max(1) as usize;
         let mut next = stream(seed, name);
         let norm = name.ends_with("norm.weight");
-        let scale = (3.0 / n_in.max(1) as f32).sqrt();
+        let structured = kind == Weights::Permutation;
+        // Structured models: the layers' writes into the residual stream are small.
+        let damp = if structured && (name.ends_with("attn_output.weight") || name.ends_with("ffn_down.weight")) {
+            0.05
+        } else {
+            1.0
+        };
+        let scale = (3.0 / n_in.max(1) as f32).sqrt() * damp;
         let mut row = vec![0f32; n_in];
         let mut bytes = vec![0u8; ty.row_size(ne[0])?];
-        for _ in 0..rows {
-            for x in row.iter_mut() {
-                *x = if norm { 1.0 + 0.1 * next() } else { scale * next() };
+        // ±1 embedding of token t (its own seeded stream), for the structured head.
+        let embedding = |t: i64, out: &mut [f32]| {
+            let mut e = stream(seed, &format!("embedding {t}"));
+            for x in out.iter_mut() {
+                *x = if e() >= 0.0 { 1.0 } else { -1.0 };
+            }
+        };
+        for r in 0..rows {
+            if structured && name == "token_embd.weight" {
+                embedding(r as i64, &mut row);
+            } else if structured && name == "output.weight" {
+                // Row v scores the embedding of the token whose successor is v.
+                embedding(inverse[r], &mut row);
+                let k = 16.0 / n_in.max(1) as f32;
+                row.iter_mut().for_each(|x| *x *= k);
+            } else {
+                for x in row.iter_mut() {
+                    *x = if norm { 1.0 + 0.1 * next() } else { scale * next() };
+                }
             }
             quantize_chunk(*ty, &row, &mut bytes, 1, n_in)?;
             sink.put(&bytes)?;
