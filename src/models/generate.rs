@@ -148,7 +148,7 @@ pub fn write_qwen3_gguf_with(
                 embedding(r as i64, &mut row);
             } else if structured && name == "output.weight" {
                 // Row v scores the embedding of the token whose successor is v.
-                embedding(inverse[r], &mut row);
+                embedding(inverse.get(r).copied().unwrap_or(0), &mut row);
                 let k = 16.0 / n_in.max(1) as f32;
                 row.iter_mut().for_each(|x| *x *= k);
             } else {
