@@ -7,8 +7,10 @@
 //! * [`policy`]: llama.cpp's split states for these tensors.
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
 //!   (cached) and executed on N CPU devices.
+//! * [`speculative`]: draft, verify in one target batch, accept, roll back.
 
 pub mod generate;
 pub mod policy;
 pub mod qwen3;
 pub mod runner;
+pub mod speculative;

@@ -1,0 +1,111 @@
+//! Speculative decoding (MODELS.md section 3.6, llama.cpp's
+//! `common_speculative` loop): a drafter proposes tokens after the last
+//! accepted one, the target verifies them all in one batch, the longest
+//! prefix equal to the target's greedy choices is accepted plus the
+//! target's own next token (the correction, or a bonus when every draft
+//! matched), and the caches are rolled back to what was accepted. The output
+//! equals plain greedy decoding token for token.
+
+use super::qwen3::{Qwen3Session, StepOutput};
+use crate::error::{Error, Result};
+
+/// Proposes draft tokens.
+pub trait Drafter {
+    /// Up to `n_max` tokens to follow `last` (the target's latest token, at
+    /// position `pos`, not yet in the target's cache).
+    ///
+    /// # Errors
+    /// Whatever the drafter's own model returns.
+    fn draft(&mut self, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>>;
+
+    /// Called after each verification with the target's step output for the
+    /// verified batch (hidden-state taps included) and how many of its rows
+    /// were kept (`1 + accepted`), so a drafter can inject context and roll
+    /// its own caches back.
+    ///
+    /// # Errors
+    /// Whatever the drafter's own model returns.
+    fn accept(&mut self, batch: &[i32], start: i64, out: &StepOutput, kept: usize) -> Result<()> {
+        let _ = (batch, start, out, kept);
+        Ok(())
+    }
+
+    /// Target layers whose input hidden states the drafter needs (DFlash taps).
+    fn taps(&self) -> Vec<usize> {
+        Vec::new()
+    }
+}
+
+/// llama.cpp's `--spec-draft-n-max`, `--spec-draft-n-min` (and the drafter
+/// applies `--spec-draft-p-min` itself).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpecParams {
+    /// Most drafts per step.
+    pub n_max: usize,
+    /// Drafts shorter than this are discarded (plain decoding that step).
+    pub n_min: usize,
+}
+
+/// Counts of one generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Tokens the drafter proposed (after `n_min`).
+    pub drafted: usize,
+    /// Drafts the target accepted.
+    pub accepted: usize,
+    /// Target decode calls after the prompt.
+    pub target_steps: usize,
+}
+
+/// Generates `n_gen` tokens after `prompt` with `drafter` proposing and the
+/// target verifying; returns them with the counts. The target's session
+/// must be empty or hold exactly what the caller wants kept before the prompt.
+///
+/// # Errors
+/// [`Error::Model`] for an empty prompt or `n_max == 0`; decode errors.
+pub fn generate(
+    target: &mut Qwen3Session,
+    drafter: &mut dyn Drafter,
+    prompt: &[i32],
+    n_gen: usize,
+    params: SpecParams,
+) -> Result<(Vec<i32>, SpecStats)> {
+    if prompt.is_empty() {
+        return Err(Error::Model { detail: "speculative decoding needs a prompt".into() });
+    }
+    let taps = drafter.taps();
+    let start = target.n_past;
+    let out = target.decode(prompt, &taps, false)?;
+    drafter.accept(prompt, start, &out, prompt.len())?;
+    let mut last = *out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?;
+    let mut tokens = vec![last];
+    let mut stats = SpecStats::default();
+    while tokens.len() < n_gen {
+        let pos = target.n_past;
+        let mut drafts = if params.n_max > 0 { drafter.draft(last, pos, params.n_max)? } else { Vec::new() };
+        drafts.truncate(params.n_max.min(n_gen - tokens.len()));
+        if drafts.len() < params.n_min {
+            drafts.clear();
+        }
+        stats.drafted += drafts.len();
+        let mut batch = vec![last];
+        batch.extend(&drafts);
+        let out = target.decode(&batch, &taps, false)?;
+        stats.target_steps += 1;
+        // Accept the longest prefix the target agrees with, then its own token.
+        let mut k = 0;
+        while k < drafts.len() && out.argmax[k] == drafts[k] {
+            k += 1;
+        }
+        stats.accepted += k;
+        tokens.extend(&drafts[..k]);
+        let next = out.argmax[k];
+        tokens.push(next);
+        // The cache keeps `last` and the accepted drafts; `next` is not in it yet.
+        target.rollback(pos + 1 + k as i64)?;
+        drafter.accept(&batch, pos, &out, 1 + k)?;
+        last = next;
+    }
+    tokens.truncate(n_gen);
+    Ok((tokens, stats))
+}
