@@ -3,12 +3,14 @@
 //! decodes them on N devices.
 //!
 //! * [`qwen3`]: the `qwen3` dense target.
+//! * [`dflash`]: the DFlash block-diffusion drafter's graphs.
 //! * [`generate`]: GGUF files with seeded weights for the tests and examples.
 //! * [`policy`]: llama.cpp's split states for these tensors.
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
 //!   (cached) and executed on N CPU devices.
 //! * [`speculative`]: draft, verify in one target batch, accept, roll back.
 
+pub mod dflash;
 pub mod generate;
 pub mod policy;
 pub mod qwen3;

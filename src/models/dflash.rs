@@ -1,0 +1,345 @@
+//! The DFlash block-diffusion drafter (llama.cpp's `LLM_ARCH_DFLASH`,
+//! MODELS.md section 3): a small Qwen3-style decoder that drafts a whole
+//! block (`[anchor, mask × (B−1)]`) in one non-causal pass, attending to K/V
+//! injected from the target's hidden states. It borrows the target's token
+//! embedding and output head, so its tensors live in the target's context
+//! (named `dft.` + the GGUF name, so the two models' `blk.N.*` never meet).
+//!
+//! Two graphs: the context-injection graph (target features → `fc` → norm →
+//! each layer's K/V written into the drafter's caches at the target
+//! positions) and the block graph (the block's own K/V written after the
+//! context, attention over context + block, logits for every row).
+
+use super::qwen3::{Qwen3, Qwen3Layer};
+use crate::error::{Error, Result};
+use crate::graph::Context;
+use crate::ops::{RopeMode, RopeParams};
+use crate::tensor::{GgmlType, TensorId};
+
+/// Hyper-parameters of a DFlash drafter (GGUF keys `dflash.*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DflashHparams {
+    /// Drafter layers (`dflash.block_count`, 5 in practice).
+    pub n_layer: usize,
+    /// Drafter hidden size E (`dflash.embedding_length`; equals the target's,
+    /// since it borrows the target's embedding and head).
+    pub n_embd: i64,
+    /// FFN size (`dflash.feed_forward_length`).
+    pub n_ff: i64,
+    /// Query heads.
+    pub n_head: i64,
+    /// KV heads.
+    pub n_head_kv: i64,
+    /// Head size.
+    pub head_dim: i64,
+    /// RMSNorm ε.
+    pub rms_eps: f32,
+    /// Rope θ base.
+    pub rope_base: f32,
+    /// Tapped target layers as the GGUF stores them (`dflash.target_layers`,
+    /// HF ids + 1: the input of layer k+1 is the output of layer k).
+    pub target_layers: Vec<usize>,
+    /// Target hidden size Et (`dflash.target_hidden_size`).
+    pub target_hidden: i64,
+    /// Block size B (`dflash.block_size`): anchor + B−1 masks.
+    pub block_size: usize,
+    /// The mask token (`tokenizer.ggml.mask_token_id`).
+    pub mask_token: i32,
+}
+
+impl DflashHparams {
+    /// Checks the drafter against its target: same hidden size and
+    /// vocabulary, tapped layers within the target, heads that divide.
+    ///
+    /// # Errors
+    /// [`Error::Model`] naming the mismatch.
+    pub fn validate(&self, target: &Qwen3) -> Result<()> {
+        let bad = |d: String| Err(Error::Model { detail: format!("dflash drafter: {d}") });
+        if self.n_layer == 0 || self.n_ff <= 0 || self.head_dim <= 0 || self.head_dim % 2 != 0 {
+            return bad("block_count, feed_forward_length and an even key_length must be positive".into());
+        }
+        if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 {
+            return bad(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
+        }
+        if self.n_embd != target.hp.n_embd {
+            return bad(format!(
+                "embedding_length {} differs from the target's {} (it borrows the target's embedding and head)",
+                self.n_embd, target.hp.n_embd
+            ));
+        }
+        if self.target_hidden != target.hp.n_embd {
+            return bad(format!("target_hidden_size {} but the target's is {}", self.target_hidden, target.hp.n_embd));
+        }
+        if self.target_layers.is_empty() || self.target_layers.iter().any(|&l| l > target.hp.n_layer) {
+            return bad(format!(
+                "target_layers {:?} must name layers 0..={} of the target",
+                self.target_layers, target.hp.n_layer
+            ));
+        }
+        if self.block_size < 2 {
+            return bad(format!("block_size {} must be ≥ 2", self.block_size));
+        }
+        if self.mask_token < 0 || self.mask_token as i64 >= target.hp.n_vocab {
+            return bad(format!(
+                "mask token {} outside the target's vocabulary of {}",
+                self.mask_token, target.hp.n_vocab
+            ));
+        }
+        Ok(())
+    }
+
+    fn rope(&self) -> RopeParams {
+        RopeParams {
+            n_dims: self.head_dim as i32,
+            mode: RopeMode::Neox,
+            freq_base: self.rope_base,
+            ..RopeParams::default()
+        }
+    }
+}
+
+/// A DFlash drafter's tensors in the target's context.
+#[derive(Clone, Debug)]
+pub struct Dflash {
+    /// Hyper-parameters.
+    pub hp: DflashHparams,
+    /// `fc.weight` `[X·Et, E]`.
+    pub fc: TensorId,
+    /// `enc.output_norm.weight` `[E]`.
+    pub enc_norm: TensorId,
+    /// `output_norm.weight` `[E]`.
+    pub output_norm: TensorId,
+    /// Per layer (the same roles as the target's; caches `dft.cache_k_lN`).
+    pub layers: Vec<Qwen3Layer>,
+    /// The target's `token_embd.weight` (borrowed).
+    pub tok_embd: TensorId,
+    /// The target's `output.weight` (borrowed).
+    pub output: TensorId,
+    /// KV cache cells per layer.
+    pub kv_size: i64,
+    /// KV cache type.
+    pub kv_type: GgmlType,
+}
+
+/// One block-graph step's tensors.
+#[derive(Clone, Debug)]
+pub struct BlockStep {
+    /// `tokens` I32 `[B]`: anchor then masks.
+    pub tokens: TensorId,
+    /// `inp_pos` I32 `[B]`.
+    pub pos: TensorId,
+    /// `kq_mask` F16 `[kv_size, B]`.
+    pub mask: TensorId,
+    /// `k_idxs` I64 `[B]`.
+    pub kv_idxs: TensorId,
+    /// Cache writes (K, V per layer).
+    pub writes: Vec<TensorId>,
+    /// Logits `[V, B]`.
+    pub logits: TensorId,
+    /// Greedy token per row, I32 `[B]`.
+    pub argmax: TensorId,
+}
+
+/// One injection-graph step's tensors.
+#[derive(Clone, Debug)]
+pub struct InjectStep {
+    /// `features` F32 `[X·Et, T]`: the tapped target hidden states, layer-major.
+    pub features: TensorId,
+    /// `inp_pos` I32 `[T]`.
+    pub pos: TensorId,
+    /// `k_idxs` I64 `[T]`.
+    pub kv_idxs: TensorId,
+    /// Cache writes (K, V per layer).
+    pub writes: Vec<TensorId>,
+}
+
+fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
+    let id = ctx.new_tensor(ty, ne)?;
+    ctx.set_name(id, name)?;
+    Ok(id)
+}
+
+fn input(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
+    let id = named(ctx, ty, ne, name)?;
+    ctx.set_input(id)?;
+    Ok(id)
+}
+
+impl Dflash {
+    /// Creates the drafter's weights (`dft.` + GGUF names, matrices of
+    /// `weight_type`) and caches in the target's context, borrowing the
+    /// target's embedding and head.
+    ///
+    /// # Errors
+    /// As [`DflashHparams::validate`]; [`Error::Model`] for a KV type or
+    /// weight type whose block does not divide its rows.
+    pub fn new(
+        ctx: &mut Context,
+        target: &Qwen3,
+        hp: DflashHparams,
+        weight_type: GgmlType,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        hp.validate(target)?;
+        let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
+        let (qd, kvd) = (hp.n_head * d, hp.n_head_kv * d);
+        let x = hp.target_layers.len() as i64 * hp.target_hidden;
+        for (what, n) in [("fc", x), ("attn", e), ("attn_output", qd), ("ffn_down", f)] {
+            if n % weight_type.block_size() as i64 != 0 {
+                return Err(Error::Model {
+                    detail: format!("dflash: {what} rows of {n} do not fit {weight_type} blocks"),
+                });
+            }
+        }
+        if d % kv_type.block_size() as i64 != 0 {
+            return Err(Error::Model { detail: format!("dflash: head size {d} does not fit {kv_type} cache blocks") });
+        }
+        let w = weight_type;
+        let fc = named(ctx, w, &[x, e], "dft.fc.weight")?;
+        let enc_norm = named(ctx, GgmlType::F32, &[e], "dft.enc.output_norm.weight")?;
+        let output_norm = named(ctx, GgmlType::F32, &[e], "dft.output_norm.weight")?;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let b = |n: &str| format!("dft.blk.{il}.{n}");
+            layers.push(Qwen3Layer {
+                attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
+                wq: named(ctx, w, &[e, qd], &b("attn_q.weight"))?,
+                wk: named(ctx, w, &[e, kvd], &b("attn_k.weight"))?,
+                wv: named(ctx, w, &[e, kvd], &b("attn_v.weight"))?,
+                wo: named(ctx, w, &[qd, e], &b("attn_output.weight"))?,
+                q_norm: named(ctx, GgmlType::F32, &[d], &b("attn_q_norm.weight"))?,
+                k_norm: named(ctx, GgmlType::F32, &[d], &b("attn_k_norm.weight"))?,
+                ffn_norm: named(ctx, GgmlType::F32, &[e], &b("ffn_norm.weight"))?,
+                ffn_gate: named(ctx, w, &[e, f], &b("ffn_gate.weight"))?,
+                ffn_up: named(ctx, w, &[e, f], &b("ffn_up.weight"))?,
+                ffn_down: named(ctx, w, &[f, e], &b("ffn_down.weight"))?,
+                cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("dft.cache_k_l{il}"))?,
+                cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("dft.cache_v_l{il}"))?,
+            });
+        }
+        Ok(Dflash {
+            hp,
+            fc,
+            enc_norm,
+            output_norm,
+            layers,
+            tok_embd: target.tok_embd,
+            output: target.output,
+            kv_size,
+            kv_type,
+        })
+    }
+
+    /// The layer's K and V for hidden states `h` `[E, T]` at positions
+    /// `pos`, written into its caches at `kv_idxs`; returns the two writes.
+    fn write_kv(
+        &self,
+        ctx: &mut Context,
+        w: &Qwen3Layer,
+        h: TensorId,
+        pos: TensorId,
+        kv_idxs: TensorId,
+        t: i64,
+    ) -> Result<(TensorId, TensorId)> {
+        let hp = &self.hp;
+        let (d, hkv) = (hp.head_dim, hp.n_head_kv);
+        let k = ctx.mul_mat(w.wk, h)?;
+        let k = ctx.reshape_3d(k, d, hkv, t)?;
+        let k = ctx.rms_norm(k, hp.rms_eps)?;
+        let k = ctx.mul(k, w.k_norm)?;
+        let k = ctx.rope_ext(k, pos, None, hp.rope())?;
+        let v = ctx.mul_mat(w.wv, h)?;
+        let k2 = ctx.reshape_2d(k, hkv * d, t)?;
+        let v2 = ctx.reshape_2d(v, hkv * d, t)?;
+        Ok((ctx.set_rows(w.cache_k, k2, kv_idxs)?, ctx.set_rows(w.cache_v, v2, kv_idxs)?))
+    }
+
+    /// The context-injection graph for `n_tokens` target rows (MODELS.md
+    /// 3.4 i): `features` → `fc` → RMSNorm·`enc.output_norm` → every layer's
+    /// K (normed, roped) and V written at the rows' positions.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for `n_tokens < 1`; constructor errors.
+    pub fn build_inject(&self, ctx: &mut Context, n_tokens: i64) -> Result<InjectStep> {
+        let hp = &self.hp;
+        if n_tokens < 1 {
+            return Err(Error::Model { detail: "dflash: injection needs ≥ 1 row".into() });
+        }
+        let x = hp.target_layers.len() as i64 * hp.target_hidden;
+        let features = input(ctx, GgmlType::F32, &[x, n_tokens], "dft.features")?;
+        let pos = input(ctx, GgmlType::I32, &[n_tokens], "dft.inp_pos")?;
+        let kv_idxs = input(ctx, GgmlType::I64, &[n_tokens], "dft.k_idxs")?;
+        let g = ctx.mul_mat(self.fc, features)?;
+        let g = ctx.rms_norm(g, hp.rms_eps)?;
+        let g = ctx.mul(g, self.enc_norm)?;
+        let mut writes = Vec::new();
+        for w in &self.layers {
+            let (wk, wv) = self.write_kv(ctx, w, g, pos, kv_idxs, n_tokens)?;
+            writes.push(wk);
+            writes.push(wv);
+        }
+        Ok(InjectStep { features, pos, kv_idxs, writes })
+    }
+
+    /// The block graph (MODELS.md 3.4 ii) for one block of `block` rows: the
+    /// target's embedding of the tokens, per layer the block's K/V written
+    /// after the context and non-causal attention over every visible cell
+    /// (the mask says which), FFN; final norm and the target's head.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for `block < 1`; constructor errors.
+    pub fn build_block(&self, ctx: &mut Context, block: i64) -> Result<BlockStep> {
+        let hp = &self.hp;
+        if block < 1 {
+            return Err(Error::Model { detail: "dflash: a block needs ≥ 1 row".into() });
+        }
+        let (d, h) = (hp.head_dim, hp.n_head);
+        let tokens = input(ctx, GgmlType::I32, &[block], "dft.tokens")?;
+        let pos = input(ctx, GgmlType::I32, &[block], "dft.block_pos")?;
+        let mask = input(ctx, GgmlType::F16, &[self.kv_size, block], "dft.kq_mask")?;
+        let kv_idxs = input(ctx, GgmlType::I64, &[block], "dft.block_idxs")?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut x = ctx.get_rows(self.tok_embd, tokens)?;
+        let mut writes = Vec::new();
+        for w in &self.layers {
+            let hn = ctx.rms_norm(x, hp.rms_eps)?;
+            let hn = ctx.mul(hn, w.attn_norm)?;
+            let q = ctx.mul_mat(w.wq, hn)?;
+            let q = ctx.reshape_3d(q, d, h, block)?;
+            let q = ctx.rms_norm(q, hp.rms_eps)?;
+            let q = ctx.mul(q, w.q_norm)?;
+            let q = ctx.rope_ext(q, pos, None, hp.rope())?;
+            let (wk, wv) = self.write_kv(ctx, w, hn, pos, kv_idxs, block)?;
+            writes.push(wk);
+            writes.push(wv);
+            let kc = self.cache_view(ctx, wk)?;
+            let vc = self.cache_view(ctx, wv)?;
+            let q = ctx.permute(q, [0, 2, 1, 3])?;
+            let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), scale, 0.0, 0.0)?;
+            let a = ctx.reshape_2d(a, h * d, block)?;
+            let a = ctx.mul_mat(w.wo, a)?;
+            let r = ctx.add(a, x)?;
+            let f = ctx.rms_norm(r, hp.rms_eps)?;
+            let f = ctx.mul(f, w.ffn_norm)?;
+            let up = ctx.mul_mat(w.ffn_up, f)?;
+            let gate = ctx.mul_mat(w.ffn_gate, f)?;
+            let act = ctx.swiglu_split(gate, up)?;
+            let down = ctx.mul_mat(w.ffn_down, act)?;
+            x = ctx.add(down, r)?;
+        }
+        let xn = ctx.rms_norm(x, hp.rms_eps)?;
+        let xn = ctx.mul(xn, self.output_norm)?;
+        let logits = ctx.mul_mat(self.output, xn)?;
+        let argmax = ctx.argmax(logits)?;
+        Ok(BlockStep { tokens, pos, mask, kv_idxs, writes, logits, argmax })
+    }
+
+    fn cache_view(&self, ctx: &mut Context, write: TensorId) -> Result<TensorId> {
+        let (d, hkv) = (self.hp.head_dim, self.hp.n_head_kv);
+        let row_d = self.kv_type.row_size(d)?;
+        let row = self.kv_type.row_size(hkv * d)?;
+        let v = ctx.view_3d(write, d, hkv, self.kv_size, row_d, row, 0)?;
+        ctx.permute(v, [0, 2, 1, 3])
+    }
+}

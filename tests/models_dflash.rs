@@ -1,0 +1,165 @@
+//! The DFlash drafter's graphs (context injection, then a non-causal block
+//! over injected context + block) on N CPU devices equal one device: the
+//! drafter's K/V caches, the block's logits (NMSE ≤ 1e-6) and its greedy
+//! rows; the block plan never gathers the vocabulary-split logits. Bad
+//! input: a drafter built for another target is an error naming the key.
+
+use shardgraph::models::dflash::{Dflash, DflashHparams};
+use shardgraph::models::policy::qwen3_dflash_policy;
+use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+use shardgraph::models::runner::Runner;
+use shardgraph::split::{Collective, Planner};
+use shardgraph::tensor::quant::quantize_chunk;
+use shardgraph::{Context, GgmlType};
+
+fn target_hp() -> Qwen3Hparams {
+    Qwen3Hparams {
+        n_layer: 3,
+        n_embd: 128,
+        n_ff: 256,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        n_vocab: 160,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        n_ctx_train: 4096,
+    }
+}
+
+fn drafter_hp() -> DflashHparams {
+    DflashHparams {
+        n_layer: 2,
+        n_embd: 128,
+        n_ff: 256,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers: vec![1, 3],
+        target_hidden: 128,
+        block_size: 5,
+        mask_token: 159,
+    }
+}
+
+fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            around + (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// Runs injection of 6 context rows, then one block, on `ratios`; returns
+/// (block logits, block argmax, drafter cache bytes of layer 0).
+fn run(ratios: &[f32]) -> (Vec<f32>, Vec<i32>, Vec<u8>, Runner, Context, Dflash) {
+    let mut ctx = Context::new();
+    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let target = Qwen3::new(&mut ctx, target_hp(), types, GgmlType::F16, 16).unwrap();
+    let dft = Dflash::new(&mut ctx, &target, drafter_hp(), GgmlType::Q8_0, GgmlType::F16, 16).unwrap();
+    let base = ctx.len();
+    let policy = qwen3_dflash_policy(&target.hp, &types, &dft.hp, GgmlType::Q8_0, ratios).unwrap();
+    let mut runner = Runner::new(policy, 1).unwrap();
+    let ids: Vec<_> = ctx.ids().take(base).collect();
+    for (k, &id) in ids.iter().enumerate() {
+        runner.place(&ctx, id).unwrap();
+        let t = ctx.tensor(id).unwrap().clone();
+        if t.name.contains("cache_") {
+            continue;
+        }
+        let n = t.nelements() as usize;
+        let v = if t.name.ends_with("norm.weight") {
+            values(n, k as u64 + 1, 0.1, 1.0)
+        } else {
+            values(n, k as u64 + 1, (3.0 / t.ne[0] as f32).sqrt(), 0.0)
+        };
+        let mut bytes = vec![0u8; t.nbytes()];
+        quantize_chunk(t.ty, &v, &mut bytes, n / t.ne[0] as usize, t.ne[0] as usize).unwrap();
+        runner.store.set_tensor(&ctx, id, 0, &bytes).unwrap();
+    }
+    let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let i64b = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    // Context injection: features of 6 target rows at positions 0..6.
+    let inj = dft.build_inject(&mut ctx, 6).unwrap();
+    let g = ctx.build_forward(&inj.writes).unwrap();
+    let feats: Vec<u8> = values(2 * 128 * 6, 99, 1.0, 0.0).iter().flat_map(|x| x.to_le_bytes()).collect();
+    let pos: Vec<i32> = (0..6).collect();
+    let inputs = vec![(inj.features, feats), (inj.pos, i32b(&pos)), (inj.kv_idxs, i64b(&[0, 1, 2, 3, 4, 5]))];
+    runner.run(&ctx, &g, &inputs, &inj.writes).unwrap();
+    // The block: anchor then masks at positions 6..11, seeing every cell < 11 (non-causal).
+    ctx.truncate(base);
+    let b = dft.build_block(&mut ctx, 5).unwrap();
+    let mut outs = b.writes.clone();
+    outs.push(b.logits);
+    outs.push(b.argmax);
+    let g = ctx.build_forward(&outs).unwrap();
+    let mut mask = Vec::new();
+    for _ in 0..5 {
+        for c in 0..16 {
+            let v = if c < 11 { half::f16::ZERO } else { half::f16::NEG_INFINITY };
+            mask.extend(v.to_le_bytes());
+        }
+    }
+    let toks = [42, 159, 159, 159, 159];
+    let bpos: Vec<i32> = (6..11).collect();
+    let inputs =
+        vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&bpos)), (b.mask, mask), (b.kv_idxs, i64b(&[6, 7, 8, 9, 10]))];
+    let rep = runner.run(&ctx, &g, &inputs, &outs).unwrap();
+    let n = outs.len();
+    let logits = f32s(&rep.outputs[n - 2]);
+    let argmax = rep.outputs[n - 1].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let cache = dft.layers[0].cache_k;
+    let mut cb = vec![0u8; ctx.tensor(cache).unwrap().nbytes()];
+    runner.store.get_tensor(&ctx, cache, 0, &mut cb).unwrap();
+    ctx.truncate(base);
+    (logits, argmax, cb, runner, ctx, dft)
+}
+
+#[test]
+fn drafter_graphs_on_n_devices_equal_one_device() {
+    let (want, want_arg, want_cache, ..) = run(&[1.0]);
+    // The injected context and the block's own K/V are in the cache (cells 0..11).
+    let row = 3 * 32 * 2;
+    assert!(want_cache[..11 * row].chunks(row).all(|r| r.iter().any(|&b| b != 0)));
+    assert!(want_cache[11 * row..].iter().all(|&b| b == 0));
+    assert_eq!(want_arg.len(), 5);
+    for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+        let (got, arg, cache, runner, mut ctx, dft) = run(&ratios);
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+        assert!(num / den <= 1e-6, "{ratios:?}: block logits NMSE {:.3e}", num / den);
+        assert_eq!(arg, want_arg, "{ratios:?}");
+        assert_eq!(cache, want_cache, "{ratios:?}: drafter K cache bytes");
+        // The block's plan keeps the logits split by vocabulary (argmax combines).
+        let b = dft.build_block(&mut ctx, 5).unwrap();
+        let g = ctx.build_forward(&[b.argmax]).unwrap();
+        let plan = Planner::default().plan(&ctx, &g, &runner.policy, &[]).unwrap();
+        assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
+    }
+}
+
+#[test]
+fn a_drafter_for_another_target_is_an_error() {
+    let mut ctx = Context::new();
+    let target = Qwen3::new(&mut ctx, target_hp(), Qwen3Types::all(GgmlType::F32), GgmlType::F16, 8).unwrap();
+    let mut wrong = drafter_hp();
+    wrong.n_embd = 256;
+    let e = Dflash::new(&mut ctx, &target, wrong, GgmlType::F32, GgmlType::F16, 8).unwrap_err();
+    assert!(e.to_string().contains("embedding_length"), "{e}");
+    let mut wrong = drafter_hp();
+    wrong.target_layers = vec![7];
+    assert!(Dflash::new(&mut ctx, &target, wrong, GgmlType::F32, GgmlType::F16, 8).is_err());
+    let mut wrong = drafter_hp();
+    wrong.mask_token = 1000;
+    assert!(Dflash::new(&mut ctx, &target, wrong, GgmlType::F32, GgmlType::F16, 8).is_err());
+}
