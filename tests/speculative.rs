@@ -19,7 +19,7 @@ struct PermDrafter {
 }
 
 impl Drafter for PermDrafter {
-    fn draft(&mut self, last: i32, pos: i64, n_max: usize) -> shardgraph::Result<Vec<i32>> {
+    fn draft(&mut self, _: &mut Qwen3Session, last: i32, pos: i64, n_max: usize) -> shardgraph::Result<Vec<i32>> {
         let v = self.perm.len() as i64;
         let mut out = Vec::new();
         let mut t = last as i64;
@@ -81,6 +81,77 @@ fn speculative_output_equals_plain_greedy() {
                 assert!(st.accepted > 0 && st.accepted < st.drafted, "{st:?}");
             }
         }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
+    use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
+    use shardgraph::tensor::quant::quantize_chunk;
+    let dir = std::env::temp_dir().join(format!("shardgraph-spec-dflash-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("target.gguf");
+    write_qwen3_gguf_with(&path, &hp(), &Qwen3Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
+    let dhp = DflashHparams {
+        n_layer: 2,
+        n_embd: 128,
+        n_ff: 256,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers: vec![1, 2],
+        target_hidden: 128,
+        block_size: 5,
+        mask_token: 199,
+    };
+    let prompt = [3, 14, 15, 92, 65];
+    let n_gen = 16;
+    let mut plain = None;
+    for (ratios, kv) in
+        [(vec![1.0], GgmlType::F16), (vec![1.0, 1.0], GgmlType::Q4_0), (vec![1.0, 1.0, 1.0], GgmlType::F16)]
+    {
+        let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+        let mut d = DflashDrafter::attach(&mut s, dhp.clone(), GgmlType::Q8_0, kv, 0.0).unwrap();
+        // Seeded drafter weights (random: drafts are mostly rejected, which
+        // exercises the rollback of both caches every step).
+        let names: Vec<(String, GgmlType, [i64; 4])> = s
+            .ctx
+            .ids()
+            .map(|id| s.ctx.tensor(id).unwrap().clone())
+            .filter(|t| t.name.starts_with("dft.") && !t.name.contains("cache_"))
+            .map(|t| (t.name.clone(), t.ty, t.ne))
+            .collect();
+        for (k, (name, ty, ne)) in names.iter().enumerate() {
+            let n = ne.iter().product::<i64>() as usize;
+            let mut x = (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let u = ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                    if name.ends_with("norm.weight") {
+                        1.0 + 0.1 * u
+                    } else {
+                        u * (3.0 / ne[0] as f32).sqrt()
+                    }
+                })
+                .collect();
+            let mut bytes = vec![0u8; ty.row_size(ne[0]).unwrap() * n / ne[0] as usize];
+            quantize_chunk(*ty, &v, &mut bytes, n / ne[0] as usize, ne[0] as usize).unwrap();
+            s.set_weight(name, &bytes).unwrap();
+        }
+        let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
+        assert!(st.drafted > 0, "{st:?}");
+        let want = plain.get_or_insert_with(|| {
+            let mut s = Qwen3Session::from_gguf(&path, &[1.0], 1, GgmlType::F16, 64).unwrap();
+            let mut none = PermDrafter { perm: vec![], every: 0, all_wrong: false };
+            generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
+        });
+        assert_eq!(&tokens, want, "{ratios:?} kv {kv}: {st:?}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -343,3 +343,152 @@ impl Dflash {
         ctx.permute(v, [0, 2, 1, 3])
     }
 }
+
+/// The DFlash drafter in a speculative loop (MODELS.md 3.6): after every
+/// target decode the kept rows' tapped hidden states are injected into the
+/// drafter's caches at their positions; a draft is one block
+/// `[last, mask × n]` decoded non-causally over the injected context, its
+/// rows 1..=n read greedily, stopping at the first row whose top
+/// probability is below `p_min`.
+#[derive(Clone, Debug)]
+pub struct DflashDrafter {
+    /// The drafter's tensors (in the target session's context).
+    pub model: Dflash,
+    /// llama.cpp's `--spec-draft-p-min`.
+    pub p_min: f32,
+}
+
+impl DflashDrafter {
+    /// Adds a DFlash drafter to `target`'s context and devices: creates its
+    /// tensors, extends the split policy with llama.cpp's rules for it, and
+    /// places its weights and caches (zero-filled; write them with
+    /// [`super::qwen3::Qwen3Session::set_weight`] under their `dft.` names).
+    ///
+    /// # Errors
+    /// As [`Dflash::new`] and the policy (a drafter whose heads leave a
+    /// device without a KV head).
+    pub fn attach(
+        target: &mut super::qwen3::Qwen3Session,
+        hp: DflashHparams,
+        weight_type: GgmlType,
+        kv_type: GgmlType,
+        p_min: f32,
+    ) -> Result<Self> {
+        target.ctx.truncate(target.base_len);
+        let start = target.ctx.len();
+        let kv_size = target.model.kv_size;
+        let model = Dflash::new(&mut target.ctx, &target.model, hp, weight_type, kv_type, kv_size)?;
+        let ratios = target.runner.policy.ratios().to_vec();
+        let types = target.model_types();
+        target.runner.policy =
+            super::policy::qwen3_dflash_policy(&target.model.hp, &types, &model.hp, weight_type, &ratios)?;
+        let ids: Vec<TensorId> = target.ctx.ids().skip(start).collect();
+        for id in ids {
+            target.runner.place(&target.ctx, id)?;
+        }
+        target.base_len = target.ctx.len();
+        Ok(DflashDrafter { model, p_min })
+    }
+}
+
+fn sanitize(x: f32) -> f32 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x.clamp(-65504.0, 65504.0)
+    }
+}
+
+impl super::speculative::Drafter for DflashDrafter {
+    fn taps(&self) -> Vec<usize> {
+        self.model.hp.target_layers.clone()
+    }
+
+    fn draft(
+        &mut self,
+        target: &mut super::qwen3::Qwen3Session,
+        last: i32,
+        pos: i64,
+        n_max: usize,
+    ) -> Result<Vec<i32>> {
+        let hp = &self.model.hp;
+        let n = n_max.min(hp.block_size - 1);
+        let rows = n as i64 + 1;
+        if pos + rows > self.model.kv_size {
+            return Ok(Vec::new());
+        }
+        let ctx = &mut target.ctx;
+        ctx.truncate(target.base_len);
+        let b = self.model.build_block(ctx, rows)?;
+        let mut outs = b.writes.clone();
+        outs.push(b.logits);
+        let g = ctx.build_forward(&outs)?;
+        let mut toks = vec![last];
+        toks.extend(std::iter::repeat_n(hp.mask_token, n));
+        let positions: Vec<i32> = (0..rows).map(|i| (pos + i) as i32).collect();
+        let visible = pos + rows;
+        let mut mask = Vec::with_capacity((self.model.kv_size * rows) as usize * 2);
+        for _ in 0..rows {
+            for c in 0..self.model.kv_size {
+                let v = if c < visible { half::f16::ZERO } else { half::f16::NEG_INFINITY };
+                mask.extend(v.to_le_bytes());
+            }
+        }
+        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let idx: Vec<u8> = positions.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
+        let inputs = vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&positions)), (b.mask, mask), (b.kv_idxs, idx)];
+        let rep = target.runner.run(&target.ctx, &g, &inputs, &outs)?;
+        let logits: Vec<f32> =
+            rep.outputs[outs.len() - 1].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let v = target.model.hp.n_vocab as usize;
+        let mut drafts = Vec::with_capacity(n);
+        for r in 1..=n {
+            let row = &logits[r * v..(r + 1) * v];
+            let (best, max) =
+                row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a });
+            let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+            if ((1.0 / sum) as f32) < self.p_min {
+                break;
+            }
+            drafts.push(best as i32);
+        }
+        Ok(drafts)
+    }
+
+    fn accept(
+        &mut self,
+        target: &mut super::qwen3::Qwen3Session,
+        _batch: &[i32],
+        start: i64,
+        out: &super::qwen3::StepOutput,
+        kept: usize,
+    ) -> Result<()> {
+        // Inject the kept rows' features (layer-major per row) at their positions.
+        let hp = &self.model.hp;
+        let et = hp.target_hidden as usize;
+        let mut feats = Vec::with_capacity(kept * et * hp.target_layers.len() * 4);
+        for r in 0..kept {
+            for &l in &hp.target_layers {
+                let tap = out
+                    .taps
+                    .iter()
+                    .find(|t| t.0 == l)
+                    .ok_or_else(|| Error::Model { detail: format!("dflash: the target did not tap layer {l}") })?;
+                let row = tap
+                    .1
+                    .get(r * et..(r + 1) * et)
+                    .ok_or_else(|| Error::Model { detail: format!("dflash: tap of layer {l} has no row {r}") })?;
+                feats.extend(row.iter().flat_map(|&x| sanitize(x).to_le_bytes()));
+            }
+        }
+        let ctx = &mut target.ctx;
+        ctx.truncate(target.base_len);
+        let inj = self.model.build_inject(ctx, kept as i64)?;
+        let g = ctx.build_forward(&inj.writes)?;
+        let pos: Vec<u8> = (0..kept as i64).flat_map(|i| ((start + i) as i32).to_le_bytes()).collect();
+        let idx: Vec<u8> = (0..kept as i64).flat_map(|i| (start + i).to_le_bytes()).collect();
+        let inputs = vec![(inj.features, feats), (inj.pos, pos), (inj.kv_idxs, idx)];
+        target.runner.run(&target.ctx, &g, &inputs, &inj.writes)?;
+        Ok(())
+    }
+}

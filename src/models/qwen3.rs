@@ -454,6 +454,9 @@ pub struct Qwen3Session {
     pub runner: super::runner::Runner,
     /// Positions in the cache.
     pub n_past: i64,
+    /// Length of the context with only long-lived tensors (the target's,
+    /// and a drafter's once added); step graphs are built after it.
+    pub base_len: usize,
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
@@ -472,7 +475,8 @@ impl Qwen3Session {
         for id in ids {
             runner.place(&ctx, id)?;
         }
-        Ok(Qwen3Session { model, ctx, runner, n_past: 0 })
+        let base_len = model.base_len;
+        Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len })
     }
 
     /// Opens a `qwen3` GGUF, builds the model with a KV cache of `kv_size`
@@ -509,6 +513,20 @@ impl Qwen3Session {
         Ok(s)
     }
 
+    /// The model's weight types (from its tensors).
+    pub fn model_types(&self) -> Qwen3Types {
+        let ty = |id: TensorId| self.ctx.t(id).ty;
+        let l = &self.model.layers[0];
+        Qwen3Types {
+            embd: ty(self.model.tok_embd),
+            attn: ty(l.wq),
+            attn_v: ty(l.wv),
+            ffn: ty(l.ffn_gate),
+            ffn_down: ty(l.ffn_down),
+            output: ty(self.model.output),
+        }
+    }
+
     /// Writes a weight's full single-device bytes (ggml layout of its type).
     ///
     /// # Errors
@@ -542,7 +560,7 @@ impl Qwen3Session {
                 ),
             });
         }
-        self.ctx.truncate(self.model.base_len);
+        self.ctx.truncate(self.base_len);
         let step = self.model.build(&mut self.ctx, t, taps)?;
         let outputs = step.outputs();
         let graph = self.ctx.build_forward(&outputs)?;

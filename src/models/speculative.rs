@@ -12,11 +12,12 @@ use crate::error::{Error, Result};
 /// Proposes draft tokens.
 pub trait Drafter {
     /// Up to `n_max` tokens to follow `last` (the target's latest token, at
-    /// position `pos`, not yet in the target's cache).
+    /// position `pos`, not yet in the target's cache). A drafter whose model
+    /// lives in the target's context runs it through `target`'s runner.
     ///
     /// # Errors
     /// Whatever the drafter's own model returns.
-    fn draft(&mut self, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>>;
+    fn draft(&mut self, target: &mut Qwen3Session, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>>;
 
     /// Called after each verification with the target's step output for the
     /// verified batch (hidden-state taps included) and how many of its rows
@@ -25,8 +26,15 @@ pub trait Drafter {
     ///
     /// # Errors
     /// Whatever the drafter's own model returns.
-    fn accept(&mut self, batch: &[i32], start: i64, out: &StepOutput, kept: usize) -> Result<()> {
-        let _ = (batch, start, out, kept);
+    fn accept(
+        &mut self,
+        target: &mut Qwen3Session,
+        batch: &[i32],
+        start: i64,
+        out: &StepOutput,
+        kept: usize,
+    ) -> Result<()> {
+        let _ = (target, batch, start, out, kept);
         Ok(())
     }
 
@@ -76,13 +84,13 @@ pub fn generate(
     let taps = drafter.taps();
     let start = target.n_past;
     let out = target.decode(prompt, &taps, false)?;
-    drafter.accept(prompt, start, &out, prompt.len())?;
+    drafter.accept(target, prompt, start, &out, prompt.len())?;
     let mut last = *out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?;
     let mut tokens = vec![last];
     let mut stats = SpecStats::default();
     while tokens.len() < n_gen {
         let pos = target.n_past;
-        let mut drafts = if params.n_max > 0 { drafter.draft(last, pos, params.n_max)? } else { Vec::new() };
+        let mut drafts = if params.n_max > 0 { drafter.draft(target, last, pos, params.n_max)? } else { Vec::new() };
         drafts.truncate(params.n_max.min(n_gen - tokens.len()));
         if drafts.len() < params.n_min {
             drafts.clear();
@@ -103,7 +111,7 @@ pub fn generate(
         tokens.push(next);
         // The cache keeps `last` and the accepted drafts; `next` is not in it yet.
         target.rollback(pos + 1 + k as i64)?;
-        drafter.accept(&batch, pos, &out, 1 + k)?;
+        drafter.accept(target, &batch, pos, &out, 1 + k)?;
         last = next;
     }
     tokens.truncate(n_gen);
