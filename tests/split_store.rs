@@ -917,3 +917,34 @@ fn failed_set_locals_keeps_previous_contents() {
     assert_eq!(store.locals(a).unwrap().0, &st, "state after a failed set_locals");
     assert_eq!(whole(&store, &ctx, a), full, "contents after a failed set_locals");
 }
+
+/// Weights stay in device buffers between runs; writing new weights through
+/// the store must reach the next run (no stale device copy).
+#[test]
+fn new_weights_reach_the_next_run_of_the_same_executor() {
+    use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec};
+    let mut ctx = Context::new();
+    let w = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
+    ctx.set_name(w, "w").unwrap();
+    let x = ctx.new_tensor(GgmlType::F32, &[8, 2]).unwrap();
+    ctx.set_input(x).unwrap();
+    let y = ctx.mul_mat(w, x).unwrap();
+    let g = ctx.build_forward(&[y]).unwrap();
+    let policy =
+        SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("w", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+    let exec = MetaExecutor::new(2, 1).unwrap();
+    let mut store = SplitStore::new(2);
+    store.place_leafs(&ctx, &g, &plan).unwrap();
+    let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    store.set_tensor(&ctx, x, 0, &f(&[1.0; 16])).unwrap();
+    for scale in [1.0f32, 2.0, -3.0] {
+        let wv: Vec<f32> = (0..48).map(|i| i as f32 * scale).collect();
+        store.set_tensor(&ctx, w, 0, &f(&wv)).unwrap();
+        let out = exec.execute(&ctx, &g, &plan, &mut store, &[y]).unwrap().outputs.remove(0);
+        let got: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let want: Vec<f32> =
+            (0..2).flat_map(|_| (0..6).map(|r| (0..8).map(|k| ((r * 8 + k) as f32) * scale).sum::<f32>())).collect();
+        assert_eq!(got, want, "scale {scale}");
+    }
+}

@@ -29,7 +29,13 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct MetaExecutor {
     devices: Vec<CpuBackend>,
+    /// Per device: leaf parts kept in device buffers between runs (weights),
+    /// keyed by tensor and state, valid for one stored version.
+    resident: Vec<std::sync::Mutex<Resident>>,
 }
+
+/// Device-resident leaf parts: (tensor, state) → (stored version, buffer).
+type Resident = HashMap<(TensorId, SplitState), (u64, Arc<dyn crate::backend::Buffer>)>;
 
 /// What one run did.
 #[derive(Clone, Debug, Default)]
@@ -64,7 +70,8 @@ impl MetaExecutor {
         let devices = (0..n)
             .map(|_| CpuBackend::new(CpuConfig { n_threads: threads, ..CpuConfig::default() }))
             .collect::<Result<_>>()?;
-        Ok(MetaExecutor { devices })
+        let resident = (0..n).map(|_| std::sync::Mutex::new(HashMap::new())).collect();
+        Ok(MetaExecutor { devices, resident })
     }
 
     /// Number of devices.
@@ -160,17 +167,26 @@ impl MetaExecutor {
                 let full = assemble(t.ty, t.ne, &parts, &s.state)?;
                 let locals =
                     (0..n).map(|j| slice_local(t.ty, t.ne, &full, &want, j).map(Arc::new)).collect::<Result<_>>()?;
-                Stored { state: want, locals, layout: Some((t.ty, t.ne)) }
+                Stored { state: want, locals, layout: Some((t.ty, t.ne)), version: s.version }
             };
             leafs.push((l, s));
         }
         let exports = exports(ctx, &lowered, outputs);
+        // Leafs the graph only reads may stay in device buffers between runs.
+        let written: HashSet<usize> = graph
+            .nodes()
+            .iter()
+            .filter(|&&id| matches!(ctx.t(id).op, Op::Cpy | Op::SetRows))
+            .filter_map(|&id| ctx.t(id).view_src.map(|o| o.index()))
+            .collect();
+        let versions: HashMap<usize, u64> =
+            leafs.iter().filter(|(l, _)| !written.contains(&l.index())).map(|(l, s)| (l.index(), s.version)).collect();
         let before = comm.bytes_received().iter().sum::<u64>();
         let results: Vec<Result<DeviceResult>> = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..n)
                 .map(|j| {
-                    let (lowered, exports, leafs) = (&lowered, &exports, &leafs);
-                    let dev = &self.devices[j];
+                    let (lowered, exports, leafs, versions) = (&lowered, &exports, &leafs, &versions);
+                    let (dev, resident) = (&self.devices[j], &self.resident[j]);
                     sc.spawn(move || {
                         let mut d = Device {
                             j,
@@ -182,6 +198,8 @@ impl MetaExecutor {
                             data: HashMap::new(),
                             unplanned: 0,
                             fetching: false,
+                            resident,
+                            versions,
                         };
                         for (l, s) in leafs {
                             d.put(*l, s.state.clone(), s.locals[j].clone());
@@ -242,7 +260,8 @@ impl MetaExecutor {
         for (k, id) in written.iter().enumerate() {
             let state = devs[0].written[k].1.clone();
             let locals = devs.iter().map(|d| d.written[k].2.clone()).collect();
-            store.put_stored(*id, Stored { state, locals, layout: Some((ctx.t(*id).ty, ctx.t(*id).ne)) });
+            let layout = Some((ctx.t(*id).ty, ctx.t(*id).ne));
+            store.put_stored(*id, Stored { state, locals, layout, version: super::store::next_version() });
         }
         Ok(report)
     }
@@ -316,6 +335,16 @@ struct Device<'a> {
     unplanned: u64,
     /// Inside an unplanned fetch (its bytes are counted once, by the outermost).
     fetching: bool,
+    /// This device's resident leaf buffers.
+    resident: &'a std::sync::Mutex<Resident>,
+    /// Stored versions of the leafs the graph only reads.
+    versions: &'a HashMap<usize, u64>,
+}
+
+/// A local graph's leaf input: bytes to copy in, or a resident device buffer.
+enum Input {
+    Bytes(Arc<Vec<u8>>),
+    Buffer(Arc<dyn crate::backend::Buffer>),
 }
 
 impl Device<'_> {
@@ -501,10 +530,15 @@ impl Device<'_> {
         }
         let mut inputs = Vec::with_capacity(sg.inputs.len());
         for (g, st, lid) in &sg.inputs {
-            inputs.push((*lid, self.fetch(*g, st)?));
+            let bytes = self.fetch(*g, st)?;
+            let input = match self.resident_buffer(*g, st, &bytes)? {
+                Some(buf) => Input::Buffer(buf),
+                None => Input::Bytes(bytes),
+            };
+            inputs.push((*lid, input));
         }
         let out_ids: Vec<TensorId> = sg.outs.iter().map(|o| o.1).collect();
-        let results = self.run_local(&sg.l, &out_ids, &inputs).map_err(|e| {
+        let results = self.run_local_with(&sg.l, &out_ids, &inputs).map_err(|e| {
             let t = ctx.t(nodes[0]);
             Error::Split { detail: format!("device {}: subgraph from {} {}: {e}", self.j, t.op.name(), t.describe()) }
         })?;
@@ -514,15 +548,58 @@ impl Device<'_> {
         Ok(())
     }
 
+    /// A device buffer holding `bytes` of leaf `g` in its planned state `st`,
+    /// kept between runs while the stored data keeps its version (weights
+    /// are copied to the device once, not every step); `None` for anything
+    /// else (intermediates, converted parts, leafs this graph writes).
+    fn resident_buffer(
+        &self,
+        g: TensorId,
+        st: &SplitState,
+        bytes: &Arc<Vec<u8>>,
+    ) -> Result<Option<Arc<dyn crate::backend::Buffer>>> {
+        let Some(&version) = self.versions.get(&g.index()) else { return Ok(None) };
+        if self.plan.state(g) != Some(st) || bytes.is_empty() {
+            return Ok(None);
+        }
+        let mut map = self.resident.lock().map_err(|_| Error::Split { detail: "resident buffers poisoned".into() })?;
+        let key = (g, st.clone());
+        if let Some((v, buf)) = map.get(&key) {
+            if *v == version && buf.size() == bytes.len() {
+                return Ok(Some(buf.clone()));
+            }
+        }
+        let buf = self.backend.alloc_buffer(bytes.len())?;
+        buf.set(0, bytes)?;
+        map.insert(key, (version, buf.clone()));
+        Ok(Some(buf))
+    }
+
     /// Runs local graph `l` on this device with leaf `inputs` set and
     /// returns the bytes of `outs` (each contiguous).
     fn run_local(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Arc<Vec<u8>>)]) -> Result<Vec<Vec<u8>>> {
+        let inputs: Vec<(TensorId, Input)> = inputs.iter().map(|(id, b)| (*id, Input::Bytes(b.clone()))).collect();
+        self.run_local_with(l, outs, &inputs)
+    }
+
+    /// [`Device::run_local`] with inputs that may be resident buffers.
+    fn run_local_with(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Input)]) -> Result<Vec<Vec<u8>>> {
         let g = l.build_forward(outs)?;
         let mut st = TensorStorage::new();
-        let leaf_ids: Vec<TensorId> = inputs.iter().map(|i| i.0).collect();
-        st.alloc_tensors(self.backend, l, &leaf_ids)?;
-        for (lid, b) in inputs {
-            st.set_bytes(l, *lid, 0, b)?;
+        let copied: Vec<TensorId> = inputs.iter().filter(|(_, i)| matches!(i, Input::Bytes(_))).map(|i| i.0).collect();
+        st.alloc_tensors(self.backend, l, &copied)?;
+        st.bind_ctx(l)?;
+        for (lid, input) in inputs {
+            match input {
+                Input::Bytes(b) => st.set_bytes(l, *lid, 0, b)?,
+                Input::Buffer(buf) => {
+                    if buf.size() < l.t(*lid).nbytes() {
+                        return Err(Error::Split { detail: "resident buffer smaller than its tensor".into() });
+                    }
+                    let k = st.add_buffer(buf.clone());
+                    st.place(*lid, k, 0);
+                }
+            }
         }
         GraphAllocator::new(self.backend.buffer_type()).alloc_graph(self.backend, l, &g, &mut st)?;
         self.backend.compute(l, &g, &st)?;

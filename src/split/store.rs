@@ -23,6 +23,15 @@ pub(crate) struct Stored {
     /// Type and shape placed (a tensor id reused after `Context::truncate`
     /// with another shape is placed again).
     pub layout: Option<(crate::tensor::GgmlType, [i64; 4])>,
+    /// Changes with every write: device-resident copies are keyed by it.
+    pub version: u64,
+}
+
+static NEXT_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A fresh version number for stored data.
+pub(crate) fn next_version() -> u64 {
+    NEXT_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Per-device storage of non-view tensors over `n` devices.
@@ -83,7 +92,8 @@ impl SplitStore {
             }
             locals.push(Arc::new(vec![0u8; box_bytes(t.ty, &b)]));
         }
-        self.map.insert(id, Stored { state: state.clone(), locals, layout: Some((t.ty, t.ne)) });
+        self.map
+            .insert(id, Stored { state: state.clone(), locals, layout: Some((t.ty, t.ne)), version: next_version() });
         Ok(())
     }
 
@@ -142,6 +152,7 @@ impl SplitStore {
         }
         if let Some(e) = self.map.get_mut(&id) {
             e.locals = locals.into_iter().map(Arc::new).collect();
+            e.version = next_version();
         }
         Ok(())
     }
@@ -187,6 +198,7 @@ impl SplitStore {
             return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
         }
         let state = e.state.clone();
+        e.version = next_version();
         let mut parts: Vec<&mut Vec<u8>> = e.locals.iter_mut().map(Arc::make_mut).collect();
         for_each_run(&t, &state, parts.len(), start, data.len(), &mut |j, local, src| {
             let d = parts[j].get_mut(local..local + src.len()).ok_or_else(|| oob(&t.name))?;
