@@ -88,7 +88,7 @@ fn speculative_output_equals_plain_greedy() {
 #[test]
 fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
-    use shardgraph::tensor::quant::quantize_chunk;
+    use shardgraph::models::generate::write_dflash_gguf;
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-dflash-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("target.gguf");
@@ -107,6 +107,8 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
         block_size: 5,
         mask_token: 199,
     };
+    let drafter = dir.join("drafter.gguf");
+    write_dflash_gguf(&drafter, &dhp, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
     let prompt = [3, 14, 15, 92, 65];
     let n_gen = 16;
     let mut plain = None;
@@ -114,36 +116,9 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
         [(vec![1.0], GgmlType::F16), (vec![1.0, 1.0], GgmlType::Q4_0), (vec![1.0, 1.0, 1.0], GgmlType::F16)]
     {
         let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
-        let mut d = DflashDrafter::attach(&mut s, dhp.clone(), GgmlType::Q8_0, kv, 0.0).unwrap();
-        // Seeded drafter weights (random: drafts are mostly rejected, which
-        // exercises the rollback of both caches every step).
-        let names: Vec<(String, GgmlType, [i64; 4])> = s
-            .ctx
-            .ids()
-            .map(|id| s.ctx.tensor(id).unwrap().clone())
-            .filter(|t| t.name.starts_with("dft.") && !t.name.contains("cache_"))
-            .map(|t| (t.name.clone(), t.ty, t.ne))
-            .collect();
-        for (k, (name, ty, ne)) in names.iter().enumerate() {
-            let n = ne.iter().product::<i64>() as usize;
-            let mut x = (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let v: Vec<f32> = (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let u = ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-                    if name.ends_with("norm.weight") {
-                        1.0 + 0.1 * u
-                    } else {
-                        u * (3.0 / ne[0] as f32).sqrt()
-                    }
-                })
-                .collect();
-            let mut bytes = vec![0u8; ty.row_size(ne[0]).unwrap() * n / ne[0] as usize];
-            quantize_chunk(*ty, &v, &mut bytes, n / ne[0] as usize, ne[0] as usize).unwrap();
-            s.set_weight(name, &bytes).unwrap();
-        }
+        // A generated drafter GGUF (seeded random weights: drafts are mostly
+        // rejected, which exercises the rollback of both caches every step).
+        let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
         let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
         assert!(st.drafted > 0, "{st:?}");
         let want = plain.get_or_insert_with(|| {
@@ -153,5 +128,16 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
         });
         assert_eq!(&tokens, want, "{ratios:?} kv {kv}: {st:?}");
     }
+    // A drafter built for another target (vocabulary, hidden size) is refused.
+    let other = dir.join("other.gguf");
+    write_dflash_gguf(&other, &dhp, GgmlType::Q8_0, 1000, 17).unwrap();
+    let mut s = Qwen3Session::from_gguf(&path, &[1.0], 1, GgmlType::F16, 64).unwrap();
+    let e = DflashDrafter::attach_gguf(&mut s, &other, GgmlType::F16, 0.0).unwrap_err();
+    assert!(e.to_string().contains("vocab_size"), "{e}");
+    let mut wide = dhp.clone();
+    wide.n_embd = 256;
+    write_dflash_gguf(&other, &wide, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
+    let e = DflashDrafter::attach_gguf(&mut s, &other, GgmlType::F16, 0.0).unwrap_err();
+    assert!(e.to_string().contains("embedding_length"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -88,6 +88,72 @@ impl DflashHparams {
         Ok(())
     }
 
+    /// Reads a `dflash` GGUF's metadata (llama.cpp's keys: `dflash.*`,
+    /// `tokenizer.ggml.mask_token_id`; `block_size` defaults to 16, the
+    /// target hidden size to the drafter's).
+    ///
+    /// # Errors
+    /// [`Error::Model`] for another architecture; [`Error::Gguf`] naming a
+    /// missing or mistyped key.
+    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+        let arch = f.get_str("general.architecture")?;
+        if arch != "dflash" {
+            return Err(Error::Model { detail: format!("general.architecture is {arch:?}, not \"dflash\"") });
+        }
+        let u = |k: &str| f.get_uint(&format!("dflash.{k}"));
+        let n_embd = u("embedding_length")? as i64;
+        let n_head = u("attention.head_count")? as i64;
+        let layers: Vec<usize> =
+            f.get_arr_u32("dflash.target_layers").map(|v| v.into_iter().map(|x| x as usize).collect()).or_else(
+                |_| f.get_arr_i32("dflash.target_layers").map(|v| v.into_iter().map(|x| x.max(0) as usize).collect()),
+            )?;
+        Ok(DflashHparams {
+            n_layer: u("block_count")? as usize,
+            n_embd,
+            n_ff: u("feed_forward_length")? as i64,
+            n_head,
+            n_head_kv: u("attention.head_count_kv").map(|v| v as i64).unwrap_or(n_head),
+            head_dim: u("attention.key_length").map(|v| v as i64).unwrap_or(if n_head > 0 {
+                n_embd / n_head
+            } else {
+                0
+            }),
+            rms_eps: f.get_f32("dflash.attention.layer_norm_rms_epsilon")?,
+            rope_base: f.get_f32("dflash.rope.freq_base").unwrap_or(10000.0),
+            target_layers: layers,
+            target_hidden: u("target_hidden_size").map(|v| v as i64).unwrap_or(n_embd),
+            block_size: u("block_size").map(|v| v as usize).unwrap_or(16),
+            mask_token: f.get_uint("tokenizer.ggml.mask_token_id")? as i32,
+        })
+    }
+
+    /// Writes llama.cpp's `dflash` metadata for these hyper-parameters.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] from the writer.
+    pub fn add_to_gguf(&self, w: &mut crate::gguf::GgufWriter, name: &str, n_vocab: i64) -> Result<()> {
+        w.add_kv("general.architecture", "dflash")?;
+        w.add_kv("general.name", name)?;
+        w.add_kv("dflash.block_count", self.n_layer as u32)?;
+        w.add_kv("dflash.context_length", 4096u32)?;
+        w.add_kv("dflash.embedding_length", self.n_embd as u32)?;
+        w.add_kv("dflash.feed_forward_length", self.n_ff as u32)?;
+        w.add_kv("dflash.attention.head_count", self.n_head as u32)?;
+        w.add_kv("dflash.attention.head_count_kv", self.n_head_kv as u32)?;
+        w.add_kv("dflash.attention.key_length", self.head_dim as u32)?;
+        w.add_kv("dflash.attention.value_length", self.head_dim as u32)?;
+        w.add_kv("dflash.rope.freq_base", self.rope_base)?;
+        w.add_kv("dflash.rope.dimension_count", self.head_dim as u32)?;
+        w.add_kv("dflash.attention.layer_norm_rms_epsilon", self.rms_eps)?;
+        w.add_kv("dflash.target_layers", self.target_layers.iter().map(|&l| l as u32).collect::<Vec<u32>>())?;
+        w.add_kv("dflash.target_hidden_size", self.target_hidden as u32)?;
+        w.add_kv("dflash.block_size", self.block_size as u32)?;
+        w.add_kv("dflash.vocab_size", n_vocab as u32)?;
+        w.add_kv("tokenizer.ggml.model", "no_vocab")?;
+        w.add_kv("tokenizer.ggml.mask_token_id", self.mask_token as u32)?;
+        Ok(())
+    }
+
     fn rope(&self) -> RopeParams {
         RopeParams {
             n_dims: self.head_dim as i32,
@@ -388,6 +454,52 @@ impl DflashDrafter {
         }
         target.base_len = target.ctx.len();
         Ok(DflashDrafter { model, p_min })
+    }
+}
+
+impl DflashDrafter {
+    /// [`DflashDrafter::attach`] from a `dflash` GGUF: hyper-parameters from
+    /// its metadata (checked against the target), weights copied straight
+    /// from the mapped file (GGUF names, `dft.` in the context).
+    ///
+    /// # Errors
+    /// GGUF errors naming the file or tensor; as [`DflashDrafter::attach`];
+    /// [`Error::Model`] if the file lacks one of the drafter's tensors or
+    /// they are of mixed types.
+    pub fn attach_gguf(
+        target: &mut super::qwen3::Qwen3Session,
+        path: impl AsRef<std::path::Path>,
+        kv_type: GgmlType,
+        p_min: f32,
+    ) -> Result<Self> {
+        let file = crate::gguf::GgufFile::open(path)?;
+        let hp = DflashHparams::from_gguf(&file)?;
+        if let Ok(v) = file.get_uint("dflash.vocab_size") {
+            if v as i64 != target.model.hp.n_vocab {
+                return Err(Error::Model {
+                    detail: format!(
+                        "dflash drafter: vocab_size {v} differs from the target's {}: built for another target",
+                        target.model.hp.n_vocab
+                    ),
+                });
+            }
+        }
+        let weight_type = file.tensor("blk.0.attn_q.weight")?.info.ty;
+        let d = DflashDrafter::attach(target, hp, weight_type, kv_type, p_min)?;
+        let names: Vec<(String, TensorId)> = target
+            .ctx
+            .ids()
+            .take(target.base_len)
+            .filter_map(|id| {
+                let n = &target.ctx.t(id).name;
+                (n.starts_with("dft.") && !n.starts_with("dft.cache_")).then(|| (n["dft.".len()..].to_string(), id))
+            })
+            .collect();
+        for (name, id) in names {
+            crate::gguf::load_tensor_into_split_store(&file, &name, &target.ctx, id, &mut target.runner.store)
+                .map_err(|e| Error::Model { detail: format!("dflash drafter: {e}") })?;
+        }
+        Ok(d)
     }
 }
 

@@ -162,3 +162,80 @@ pub fn write_qwen3_gguf_with(
         Ok(())
     })
 }
+
+/// The tensors of a `dflash` GGUF (GGUF names): `fc`, the norms, and per
+/// layer the Qwen3-style attention and FFN (no embedding or head: the
+/// drafter borrows the target's).
+pub fn dflash_tensors(hp: &super::dflash::DflashHparams, ty: GgmlType) -> Vec<(String, GgmlType, Vec<i64>)> {
+    let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
+    let (qd, kvd) = (hp.n_head * d, hp.n_head_kv * d);
+    let x = hp.target_layers.len() as i64 * hp.target_hidden;
+    let mut t = vec![
+        ("fc.weight".to_string(), ty, vec![x, e]),
+        ("enc.output_norm.weight".to_string(), GgmlType::F32, vec![e]),
+        ("output_norm.weight".to_string(), GgmlType::F32, vec![e]),
+    ];
+    for il in 0..hp.n_layer {
+        let b = |n: &str| format!("blk.{il}.{n}");
+        t.extend([
+            (b("attn_norm.weight"), GgmlType::F32, vec![e]),
+            (b("attn_q.weight"), ty, vec![e, qd]),
+            (b("attn_k.weight"), ty, vec![e, kvd]),
+            (b("attn_v.weight"), ty, vec![e, kvd]),
+            (b("attn_output.weight"), ty, vec![qd, e]),
+            (b("attn_q_norm.weight"), GgmlType::F32, vec![d]),
+            (b("attn_k_norm.weight"), GgmlType::F32, vec![d]),
+            (b("ffn_norm.weight"), GgmlType::F32, vec![e]),
+            (b("ffn_gate.weight"), ty, vec![e, f]),
+            (b("ffn_up.weight"), ty, vec![e, f]),
+            (b("ffn_down.weight"), ty, vec![f, e]),
+        ]);
+    }
+    t
+}
+
+/// Writes a `dflash` drafter GGUF with random weights from `seed` (as
+/// [`write_qwen3_gguf`]) for a target of `n_vocab` tokens. Returns the file
+/// size in bytes.
+///
+/// # Errors
+/// [`Error::Model`] for a type whose block does not divide a row; GGUF
+/// write errors naming the path.
+pub fn write_dflash_gguf(
+    path: impl AsRef<std::path::Path>,
+    hp: &super::dflash::DflashHparams,
+    ty: GgmlType,
+    n_vocab: i64,
+    seed: u64,
+) -> Result<u64> {
+    let tensors = dflash_tensors(hp, ty);
+    let mut w = GgufWriter::new();
+    hp.add_to_gguf(&mut w, "shardgraph tiny dflash", n_vocab)?;
+    for (name, ty, ne) in &tensors {
+        if ne[0] % ty.block_size() as i64 != 0 {
+            return Err(Error::Model { detail: format!("{name}: rows of {} do not fit {ty} blocks", ne[0]) });
+        }
+        w.add_tensor(name, *ty, ne)?;
+    }
+    w.write_file(path, |info, sink| {
+        let (name, ty, ne) = tensors
+            .iter()
+            .find(|t| t.0 == info.name)
+            .ok_or_else(|| Error::Model { detail: format!("unknown tensor {}", info.name) })?;
+        let n_in = ne[0] as usize;
+        let rows: usize = ne[1..].iter().product::<i64>().max(1) as usize;
+        let mut next = stream(seed, name);
+        let norm = name.ends_with("norm.weight");
+        let scale = (3.0 / n_in.max(1) as f32).sqrt();
+        let mut row = vec![0f32; n_in];
+        let mut bytes = vec![0u8; ty.row_size(ne[0])?];
+        for _ in 0..rows {
+            for x in row.iter_mut() {
+                *x = if norm { 1.0 + 0.1 * next() } else { scale * next() };
+            }
+            quantize_chunk(*ty, &row, &mut bytes, 1, n_in)?;
+            sink.put(&bytes)?;
+        }
+        Ok(())
+    })
+}
