@@ -4,11 +4,14 @@
 //!
 //! `cargo run --release --example plan -- --model qwen3-32b --devices 2 --tensor-split 1,1`
 //!
-//! Options: `--model qwen3-8b|qwen3-32b` (default qwen3-8b), `--devices N`,
+//! Options: `--model qwen3-8b|qwen3-32b` (default qwen3-8b), `--draft
+//! dflash|none` (default dflash for qwen3-8b: the z-lab 5-layer block-16
+//! drafter, Q8_0; its block and injection steps are planned too), `--devices N`,
 //! `--tensor-split r0,r1,..`, `--ctx-size` (KV cells, default 4096),
 //! `--cache-type-k f16|q8_0|q4_0` (default f16), `--tokens T` (batch, default 1).
 
-use shardgraph::models::policy::qwen3_policy;
+use shardgraph::models::dflash::{Dflash, DflashHparams};
+use shardgraph::models::policy::{qwen3_dflash_policy, qwen3_policy};
 use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use shardgraph::split::Planner;
 use shardgraph::{Context, GgmlType};
@@ -83,11 +86,41 @@ fn main() -> shardgraph::Result<()> {
         ffn_down: GgmlType::Q6_K,
         output: GgmlType::Q6_K,
     };
+    let draft =
+        arg(&args, "--draft").unwrap_or_else(|| if model == "qwen3-8b" { "dflash".into() } else { "none".into() });
+    // The z-lab Qwen3-8B-DFlash-b16 drafter (MODELS.md 3.5).
+    let dhp = DflashHparams {
+        n_layer: 5,
+        n_embd: hp.n_embd,
+        n_ff: hp.n_ff,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers: vec![2, 10, 18, 26, 34].into_iter().filter(|&l| l <= hp.n_layer).collect(),
+        target_hidden: hp.n_embd,
+        block_size: 16,
+        mask_token: 151669,
+    };
     let mut ctx = Context::new();
     let m = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
-    let step = m.build(&mut ctx, tokens, &[])?;
+    let drafter = match draft.as_str() {
+        "dflash" => Some(Dflash::new(&mut ctx, &m, dhp.clone(), GgmlType::Q8_0, kv_type, kv_size)?),
+        "none" => None,
+        other => {
+            eprintln!("--draft {other}: use dflash or none");
+            std::process::exit(2);
+        }
+    };
+    let base = ctx.len();
+    let taps = drafter.as_ref().map(|d| d.hp.target_layers.clone()).unwrap_or_default();
+    let step = m.build(&mut ctx, tokens, &taps)?;
     let graph = ctx.build_forward(&step.outputs())?;
-    let policy = qwen3_policy(&hp, &types, &ratios)?;
+    let policy = match &drafter {
+        Some(d) => qwen3_dflash_policy(&hp, &types, &d.hp, GgmlType::Q8_0, &ratios)?,
+        None => qwen3_policy(&hp, &types, &ratios)?,
+    };
     let start = std::time::Instant::now();
     let plan = Planner::default().plan(&ctx, &graph, &policy, &[])?;
     let secs = start.elapsed().as_secs_f64();
@@ -103,7 +136,7 @@ fn main() -> shardgraph::Result<()> {
     );
     println!("{}", plan.report(&ctx).trim_end());
     println!("bytes per token: {:.0}", plan.total_bytes() as f64 / tokens as f64);
-    println!("memory per device:");
+    println!("target memory per device (the drafter's weights and KV cache are listed below):");
     for (j, mem) in plan.memory(&ctx, &graph)?.iter().enumerate() {
         println!(
             "  device {j}: weights {}, KV cache {}, inputs {:.1} KiB, compute {:.1} MiB, total {}",
@@ -113,6 +146,32 @@ fn main() -> shardgraph::Result<()> {
             mem.compute as f64 / (1 << 20) as f64,
             gib(mem.total())
         );
+    }
+    if let Some(d) = &drafter {
+        // One draft: a block of B rows; then the injection of the verified rows.
+        ctx.truncate(base);
+        let b = d.build_block(&mut ctx, d.hp.block_size as i64)?;
+        let mut outs = b.writes.clone();
+        outs.push(b.argmax);
+        let g = ctx.build_forward(&outs)?;
+        let bplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
+        println!("\ndflash drafter ({} layers, block {}): one block step", d.hp.n_layer, d.hp.block_size);
+        println!("{}", bplan.report(&ctx).trim_end());
+        let bmem = bplan.memory(&ctx, &g)?;
+        ctx.truncate(base);
+        let inj = d.build_inject(&mut ctx, d.hp.block_size as i64)?;
+        let g = ctx.build_forward(&inj.writes)?;
+        let iplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
+        println!("injection of {} verified rows: {} bytes", d.hp.block_size, iplan.total_bytes());
+        println!("drafter memory per device:");
+        for (j, mem) in bmem.iter().enumerate() {
+            println!(
+                "  device {j}: weights {} (incl. the borrowed embedding/head counted with the target), KV cache {}, compute {:.1} MiB",
+                gib(mem.weights),
+                gib(mem.caches),
+                mem.compute as f64 / (1 << 20) as f64
+            );
+        }
     }
     Ok(())
 }

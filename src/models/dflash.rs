@@ -532,8 +532,13 @@ impl super::speculative::Drafter for DflashDrafter {
         let ctx = &mut target.ctx;
         ctx.truncate(target.base_len);
         let b = self.model.build_block(ctx, rows)?;
+        // The greedy rows are combined where the vocabulary slices live; the
+        // logits themselves leave the devices only when p_min needs them.
         let mut outs = b.writes.clone();
-        outs.push(b.logits);
+        outs.push(b.argmax);
+        if self.p_min > 0.0 {
+            outs.push(b.logits);
+        }
         let g = ctx.build_forward(&outs)?;
         let mut toks = vec![last];
         toks.extend(std::iter::repeat_n(hp.mask_token, n));
@@ -550,19 +555,25 @@ impl super::speculative::Drafter for DflashDrafter {
         let idx: Vec<u8> = positions.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
         let inputs = vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&positions)), (b.mask, mask), (b.kv_idxs, idx)];
         let rep = target.runner.run(&target.ctx, &g, &inputs, &outs)?;
-        let logits: Vec<f32> =
-            rep.outputs[outs.len() - 1].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let k = b.writes.len();
+        let best: Vec<i32> =
+            rep.outputs[k].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let logits: Option<Vec<f32>> = (self.p_min > 0.0).then(|| {
+            rep.outputs[k + 1].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        });
         let v = target.model.hp.n_vocab as usize;
         let mut drafts = Vec::with_capacity(n);
         for r in 1..=n {
-            let row = &logits[r * v..(r + 1) * v];
-            let (best, max) =
-                row.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a });
-            let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
-            if ((1.0 / sum) as f32) < self.p_min {
-                break;
+            if let Some(l) = &logits {
+                // The top token's probability: 1 / Σ exp(l − l_max).
+                let row = &l[r * v..(r + 1) * v];
+                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+                if ((1.0 / sum) as f32) < self.p_min {
+                    break;
+                }
             }
-            drafts.push(best as i32);
+            drafts.push(best[r]);
         }
         Ok(drafts)
     }
