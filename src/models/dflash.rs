@@ -10,7 +10,7 @@
 //! positions) and the block graph (the block's own K/V written after the
 //! context, attention over context + block, logits for every row).
 
-use super::qwen3::{Qwen3, Qwen3Layer};
+use super::qwen3::{decoder_layer, new_layer, write_kv, LayerShape, Qwen3, Qwen3Layer};
 use crate::error::{Error, Result};
 use crate::graph::Context;
 use crate::ops::{RopeMode, RopeParams};
@@ -154,12 +154,20 @@ impl DflashHparams {
         Ok(())
     }
 
-    fn rope(&self) -> RopeParams {
-        RopeParams {
-            n_dims: self.head_dim as i32,
-            mode: RopeMode::Neox,
-            freq_base: self.rope_base,
-            ..RopeParams::default()
+    fn shape(&self, kv_type: GgmlType, kv_size: i64) -> LayerShape {
+        LayerShape {
+            head_dim: self.head_dim,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            rms_eps: self.rms_eps,
+            rope: RopeParams {
+                n_dims: self.head_dim as i32,
+                mode: RopeMode::Neox,
+                freq_base: self.rope_base,
+                ..RopeParams::default()
+            },
+            kv_type,
+            kv_size,
         }
     }
 }
@@ -249,7 +257,7 @@ impl Dflash {
     ) -> Result<Self> {
         hp.validate(target)?;
         let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
-        let (qd, kvd) = (hp.n_head * d, hp.n_head_kv * d);
+        let qd = hp.n_head * d;
         let x = hp.target_layers.len() as i64 * hp.target_hidden;
         for (what, n) in [("fc", x), ("attn", e), ("attn_output", qd), ("ffn_down", f)] {
             if n % weight_type.block_size() as i64 != 0 {
@@ -265,25 +273,10 @@ impl Dflash {
         let fc = named(ctx, w, &[x, e], "dft.fc.weight")?;
         let enc_norm = named(ctx, GgmlType::F32, &[e], "dft.enc.output_norm.weight")?;
         let output_norm = named(ctx, GgmlType::F32, &[e], "dft.output_norm.weight")?;
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for il in 0..hp.n_layer {
-            let b = |n: &str| format!("dft.blk.{il}.{n}");
-            layers.push(Qwen3Layer {
-                attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
-                wq: named(ctx, w, &[e, qd], &b("attn_q.weight"))?,
-                wk: named(ctx, w, &[e, kvd], &b("attn_k.weight"))?,
-                wv: named(ctx, w, &[e, kvd], &b("attn_v.weight"))?,
-                wo: named(ctx, w, &[qd, e], &b("attn_output.weight"))?,
-                q_norm: named(ctx, GgmlType::F32, &[d], &b("attn_q_norm.weight"))?,
-                k_norm: named(ctx, GgmlType::F32, &[d], &b("attn_k_norm.weight"))?,
-                ffn_norm: named(ctx, GgmlType::F32, &[e], &b("ffn_norm.weight"))?,
-                ffn_gate: named(ctx, w, &[e, f], &b("ffn_gate.weight"))?,
-                ffn_up: named(ctx, w, &[e, f], &b("ffn_up.weight"))?,
-                ffn_down: named(ctx, w, &[f, e], &b("ffn_down.weight"))?,
-                cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("dft.cache_k_l{il}"))?,
-                cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("dft.cache_v_l{il}"))?,
-            });
-        }
+        let shape = hp.shape(kv_type, kv_size);
+        let layers = (0..hp.n_layer)
+            .map(|il| new_layer(ctx, "dft.", il, (e, f), &shape, (w, w, w, w)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Dflash {
             hp,
             fc,
@@ -295,30 +288,6 @@ impl Dflash {
             kv_size,
             kv_type,
         })
-    }
-
-    /// The layer's K and V for hidden states `h` `[E, T]` at positions
-    /// `pos`, written into its caches at `kv_idxs`; returns the two writes.
-    fn write_kv(
-        &self,
-        ctx: &mut Context,
-        w: &Qwen3Layer,
-        h: TensorId,
-        pos: TensorId,
-        kv_idxs: TensorId,
-        t: i64,
-    ) -> Result<(TensorId, TensorId)> {
-        let hp = &self.hp;
-        let (d, hkv) = (hp.head_dim, hp.n_head_kv);
-        let k = ctx.mul_mat(w.wk, h)?;
-        let k = ctx.reshape_3d(k, d, hkv, t)?;
-        let k = ctx.rms_norm(k, hp.rms_eps)?;
-        let k = ctx.mul(k, w.k_norm)?;
-        let k = ctx.rope_ext(k, pos, None, hp.rope())?;
-        let v = ctx.mul_mat(w.wv, h)?;
-        let k2 = ctx.reshape_2d(k, hkv * d, t)?;
-        let v2 = ctx.reshape_2d(v, hkv * d, t)?;
-        Ok((ctx.set_rows(w.cache_k, k2, kv_idxs)?, ctx.set_rows(w.cache_v, v2, kv_idxs)?))
     }
 
     /// The context-injection graph for `n_tokens` target rows (MODELS.md
@@ -341,7 +310,7 @@ impl Dflash {
         let g = ctx.mul(g, self.enc_norm)?;
         let mut writes = Vec::new();
         for w in &self.layers {
-            let (wk, wv) = self.write_kv(ctx, w, g, pos, kv_idxs, n_tokens)?;
+            let (wk, wv) = write_kv(ctx, w, g, pos, kv_idxs, n_tokens, &self.hp.shape(self.kv_type, self.kv_size))?;
             writes.push(wk);
             writes.push(wv);
         }
@@ -360,53 +329,24 @@ impl Dflash {
         if block < 1 {
             return Err(Error::Model { detail: "dflash: a block needs ≥ 1 row".into() });
         }
-        let (d, h) = (hp.head_dim, hp.n_head);
         let tokens = input(ctx, GgmlType::I32, &[block], "dft.tokens")?;
         let pos = input(ctx, GgmlType::I32, &[block], "dft.block_pos")?;
         let mask = input(ctx, GgmlType::F16, &[self.kv_size, block], "dft.kq_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[block], "dft.block_idxs")?;
-        let scale = 1.0 / (d as f32).sqrt();
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
+        let shape = hp.shape(self.kv_type, self.kv_size);
         for w in &self.layers {
-            let hn = ctx.rms_norm(x, hp.rms_eps)?;
-            let hn = ctx.mul(hn, w.attn_norm)?;
-            let q = ctx.mul_mat(w.wq, hn)?;
-            let q = ctx.reshape_3d(q, d, h, block)?;
-            let q = ctx.rms_norm(q, hp.rms_eps)?;
-            let q = ctx.mul(q, w.q_norm)?;
-            let q = ctx.rope_ext(q, pos, None, hp.rope())?;
-            let (wk, wv) = self.write_kv(ctx, w, hn, pos, kv_idxs, block)?;
+            let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, block, &shape)?;
             writes.push(wk);
             writes.push(wv);
-            let kc = self.cache_view(ctx, wk)?;
-            let vc = self.cache_view(ctx, wv)?;
-            let q = ctx.permute(q, [0, 2, 1, 3])?;
-            let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), scale, 0.0, 0.0)?;
-            let a = ctx.reshape_2d(a, h * d, block)?;
-            let a = ctx.mul_mat(w.wo, a)?;
-            let r = ctx.add(a, x)?;
-            let f = ctx.rms_norm(r, hp.rms_eps)?;
-            let f = ctx.mul(f, w.ffn_norm)?;
-            let up = ctx.mul_mat(w.ffn_up, f)?;
-            let gate = ctx.mul_mat(w.ffn_gate, f)?;
-            let act = ctx.swiglu_split(gate, up)?;
-            let down = ctx.mul_mat(w.ffn_down, act)?;
-            x = ctx.add(down, r)?;
+            x = out;
         }
         let xn = ctx.rms_norm(x, hp.rms_eps)?;
         let xn = ctx.mul(xn, self.output_norm)?;
         let logits = ctx.mul_mat(self.output, xn)?;
         let argmax = ctx.argmax(logits)?;
         Ok(BlockStep { tokens, pos, mask, kv_idxs, writes, logits, argmax })
-    }
-
-    fn cache_view(&self, ctx: &mut Context, write: TensorId) -> Result<TensorId> {
-        let (d, hkv) = (self.hp.head_dim, self.hp.n_head_kv);
-        let row_d = self.kv_type.row_size(d)?;
-        let row = self.kv_type.row_size(hkv * d)?;
-        let v = ctx.view_3d(write, d, hkv, self.kv_size, row_d, row, 0)?;
-        ctx.permute(v, [0, 2, 1, 3])
     }
 }
 

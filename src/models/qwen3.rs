@@ -296,7 +296,7 @@ impl Qwen3 {
             });
         }
         let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
-        let (qd, kvd) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+        let qd = hp.n_head * hp.head_dim;
         let check = |ty: GgmlType, ne0: i64, what: &str| -> Result<()> {
             if ne0 % ty.block_size() as i64 != 0 {
                 return Err(Error::Model { detail: format!("qwen3: {what} rows of {ne0} do not fit {ty} blocks") });
@@ -313,25 +313,18 @@ impl Qwen3 {
         let tok_embd = named(ctx, types.embd, &[e, v], "token_embd.weight")?;
         let output_norm = named(ctx, GgmlType::F32, &[e], "output_norm.weight")?;
         let output = named(ctx, types.output, &[e, v], "output.weight")?;
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for il in 0..hp.n_layer {
-            let b = |n: &str| format!("blk.{il}.{n}");
-            layers.push(Qwen3Layer {
-                attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
-                wq: named(ctx, types.attn, &[e, qd], &b("attn_q.weight"))?,
-                wk: named(ctx, types.attn, &[e, kvd], &b("attn_k.weight"))?,
-                wv: named(ctx, types.attn_v, &[e, kvd], &b("attn_v.weight"))?,
-                wo: named(ctx, types.attn, &[qd, e], &b("attn_output.weight"))?,
-                q_norm: named(ctx, GgmlType::F32, &[hp.head_dim], &b("attn_q_norm.weight"))?,
-                k_norm: named(ctx, GgmlType::F32, &[hp.head_dim], &b("attn_k_norm.weight"))?,
-                ffn_norm: named(ctx, GgmlType::F32, &[e], &b("ffn_norm.weight"))?,
-                ffn_gate: named(ctx, types.ffn, &[e, f], &b("ffn_gate.weight"))?,
-                ffn_up: named(ctx, types.ffn, &[e, f], &b("ffn_up.weight"))?,
-                ffn_down: named(ctx, types.ffn_down, &[f, e], &b("ffn_down.weight"))?,
-                cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
-                cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
-            });
-        }
+        let shape = LayerShape {
+            head_dim: hp.head_dim,
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            rms_eps: hp.rms_eps,
+            rope: hp.rope(),
+            kv_type,
+            kv_size,
+        };
+        let wt = (types.attn, types.attn_v, types.ffn, types.ffn_down);
+        let layers =
+            (0..hp.n_layer).map(|il| new_layer(ctx, "", il, (e, f), &shape, wt)).collect::<Result<Vec<_>>>()?;
         Ok(Qwen3 { hp, tok_embd, output_norm, output, layers, kv_size, kv_type, base_len: ctx.len() })
     }
 
@@ -363,8 +356,15 @@ impl Qwen3 {
         let pos = input(ctx, GgmlType::I32, &[t], "inp_pos")?;
         let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "kq_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
-        let rope = hp.rope();
-        let scale = 1.0 / (d as f32).sqrt();
+        let shape = LayerShape {
+            head_dim: d,
+            n_head: h,
+            n_head_kv: hkv,
+            rms_eps: hp.rms_eps,
+            rope: hp.rope(),
+            kv_type: self.kv_type,
+            kv_size: self.kv_size,
+        };
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
         let mut tap_ids = Vec::new();
@@ -372,40 +372,10 @@ impl Qwen3 {
             if taps.contains(&il) {
                 tap_ids.push((il, x));
             }
-            let xn = ctx.rms_norm(x, hp.rms_eps)?;
-            let xn = ctx.mul(xn, w.attn_norm)?;
-            let q = ctx.mul_mat(w.wq, xn)?;
-            let q = ctx.reshape_3d(q, d, h, t)?;
-            let q = ctx.rms_norm(q, hp.rms_eps)?;
-            let q = ctx.mul(q, w.q_norm)?;
-            let q = ctx.rope_ext(q, pos, None, rope)?;
-            let k = ctx.mul_mat(w.wk, xn)?;
-            let k = ctx.reshape_3d(k, d, hkv, t)?;
-            let k = ctx.rms_norm(k, hp.rms_eps)?;
-            let k = ctx.mul(k, w.k_norm)?;
-            let k = ctx.rope_ext(k, pos, None, rope)?;
-            let v = ctx.mul_mat(w.wv, xn)?;
-            // Store K/V rows, then attend over the whole cache.
-            let k2 = ctx.reshape_2d(k, hkv * d, t)?;
-            let v2 = ctx.reshape_2d(v, hkv * d, t)?;
-            let wk = ctx.set_rows(w.cache_k, k2, kv_idxs)?;
-            let wv = ctx.set_rows(w.cache_v, v2, kv_idxs)?;
+            let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, t, &shape)?;
             writes.push(wk);
             writes.push(wv);
-            let kc = self.cache_view(ctx, wk)?;
-            let vc = self.cache_view(ctx, wv)?;
-            let q = ctx.permute(q, [0, 2, 1, 3])?; // [D, T, H]
-            let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), scale, 0.0, 0.0)?; // [D, H, T]
-            let a = ctx.reshape_2d(a, h * d, t)?;
-            let a = ctx.mul_mat(w.wo, a)?;
-            let hres = ctx.add(a, x)?;
-            let hn = ctx.rms_norm(hres, hp.rms_eps)?;
-            let hn = ctx.mul(hn, w.ffn_norm)?;
-            let up = ctx.mul_mat(w.ffn_up, hn)?;
-            let gate = ctx.mul_mat(w.ffn_gate, hn)?;
-            let act = ctx.swiglu_split(gate, up)?;
-            let down = ctx.mul_mat(w.ffn_down, act)?;
-            x = ctx.add(down, hres)?;
+            x = out;
         }
         if taps.contains(&hp.n_layer) {
             tap_ids.push((hp.n_layer, x));
@@ -416,18 +386,122 @@ impl Qwen3 {
         let argmax = ctx.argmax(logits)?;
         Ok(Qwen3Step { tokens, pos, mask, kv_idxs, writes, taps: tap_ids, logits, argmax })
     }
+}
 
-    /// The cache (as written by `write`) viewed as `[D, kv_size, Hkv]` for
-    /// attention (heads on axis 2, as `flash_attn_ext` takes K/V).
-    fn cache_view(&self, ctx: &mut Context, write: TensorId) -> Result<TensorId> {
-        let hp = &self.hp;
-        let (d, hkv) = (hp.head_dim, hp.n_head_kv);
-        let row_d = self.kv_type.row_size(d)?;
-        let row = self.kv_type.row_size(hkv * d)?;
-        // [D, Hkv, kv] then heads to axis 2.
-        let v = ctx.view_3d(write, d, hkv, self.kv_size, row_d, row, 0)?;
-        ctx.permute(v, [0, 2, 1, 3])
-    }
+/// What a Qwen3-style decoder layer needs besides its weights (the target's
+/// layers and the DFlash drafter's share it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LayerShape {
+    pub head_dim: i64,
+    pub n_head: i64,
+    pub n_head_kv: i64,
+    pub rms_eps: f32,
+    pub rope: RopeParams,
+    pub kv_type: GgmlType,
+    pub kv_size: i64,
+}
+
+/// Creates one layer's weights (`{prefix}blk.{il}.*`) and caches
+/// (`{prefix}cache_k_l{il}`, `{prefix}cache_v_l{il}`, `[Hkv·D, kv_size]`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn new_layer(
+    ctx: &mut Context,
+    prefix: &str,
+    il: usize,
+    (e, f): (i64, i64),
+    s: &LayerShape,
+    (attn, attn_v, ffn, ffn_down): (GgmlType, GgmlType, GgmlType, GgmlType),
+) -> Result<Qwen3Layer> {
+    let (d, qd, kvd) = (s.head_dim, s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    let b = |n: &str| format!("{prefix}blk.{il}.{n}");
+    Ok(Qwen3Layer {
+        attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
+        wq: named(ctx, attn, &[e, qd], &b("attn_q.weight"))?,
+        wk: named(ctx, attn, &[e, kvd], &b("attn_k.weight"))?,
+        wv: named(ctx, attn_v, &[e, kvd], &b("attn_v.weight"))?,
+        wo: named(ctx, attn, &[qd, e], &b("attn_output.weight"))?,
+        q_norm: named(ctx, GgmlType::F32, &[d], &b("attn_q_norm.weight"))?,
+        k_norm: named(ctx, GgmlType::F32, &[d], &b("attn_k_norm.weight"))?,
+        ffn_norm: named(ctx, GgmlType::F32, &[e], &b("ffn_norm.weight"))?,
+        ffn_gate: named(ctx, ffn, &[e, f], &b("ffn_gate.weight"))?,
+        ffn_up: named(ctx, ffn, &[e, f], &b("ffn_up.weight"))?,
+        ffn_down: named(ctx, ffn_down, &[f, e], &b("ffn_down.weight"))?,
+        cache_k: named(ctx, s.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_k_l{il}"))?,
+        cache_v: named(ctx, s.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_v_l{il}"))?,
+    })
+}
+
+/// K (per-head RMSNorm, rope) and V of hidden states `h` `[E, T]` at `pos`,
+/// written into the layer's caches at cells `kv_idxs`; returns the writes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_kv(
+    ctx: &mut Context,
+    w: &Qwen3Layer,
+    h: TensorId,
+    pos: TensorId,
+    kv_idxs: TensorId,
+    t: i64,
+    s: &LayerShape,
+) -> Result<(TensorId, TensorId)> {
+    let (d, hkv) = (s.head_dim, s.n_head_kv);
+    let k = ctx.mul_mat(w.wk, h)?;
+    let k = ctx.reshape_3d(k, d, hkv, t)?;
+    let k = ctx.rms_norm(k, s.rms_eps)?;
+    let k = ctx.mul(k, w.k_norm)?;
+    let k = ctx.rope_ext(k, pos, None, s.rope)?;
+    let v = ctx.mul_mat(w.wv, h)?;
+    let k2 = ctx.reshape_2d(k, hkv * d, t)?;
+    let v2 = ctx.reshape_2d(v, hkv * d, t)?;
+    Ok((ctx.set_rows(w.cache_k, k2, kv_idxs)?, ctx.set_rows(w.cache_v, v2, kv_idxs)?))
+}
+
+/// The cache as written by `write`, viewed `[D, kv_size, Hkv]` for
+/// attention (heads on axis 2, as `flash_attn_ext` takes K/V).
+fn cache_view(ctx: &mut Context, write: TensorId, s: &LayerShape) -> Result<TensorId> {
+    let (d, hkv) = (s.head_dim, s.n_head_kv);
+    let v = ctx.view_3d(write, d, hkv, s.kv_size, s.kv_type.row_size(d)?, s.kv_type.row_size(hkv * d)?, 0)?;
+    ctx.permute(v, [0, 2, 1, 3])
+}
+
+/// One Qwen3-style decoder layer over `x` `[E, T]`: RMSNorm, Q (per-head
+/// norm, rope) and K/V written to the caches, flash attention over every
+/// cache cell under `mask`, output projection, residual; RMSNorm, SwiGLU
+/// FFN, residual. Returns the layer's output and its two cache writes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decoder_layer(
+    ctx: &mut Context,
+    w: &Qwen3Layer,
+    x: TensorId,
+    pos: TensorId,
+    mask: TensorId,
+    kv_idxs: TensorId,
+    t: i64,
+    s: &LayerShape,
+) -> Result<(TensorId, TensorId, TensorId)> {
+    let (d, h) = (s.head_dim, s.n_head);
+    let xn = ctx.rms_norm(x, s.rms_eps)?;
+    let xn = ctx.mul(xn, w.attn_norm)?;
+    let q = ctx.mul_mat(w.wq, xn)?;
+    let q = ctx.reshape_3d(q, d, h, t)?;
+    let q = ctx.rms_norm(q, s.rms_eps)?;
+    let q = ctx.mul(q, w.q_norm)?;
+    let q = ctx.rope_ext(q, pos, None, s.rope)?;
+    // Store K/V rows, then attend over the whole cache.
+    let (wk, wv) = write_kv(ctx, w, xn, pos, kv_idxs, t, s)?;
+    let kc = cache_view(ctx, wk, s)?;
+    let vc = cache_view(ctx, wv, s)?;
+    let q = ctx.permute(q, [0, 2, 1, 3])?; // [D, T, H]
+    let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)?; // [D, H, T]
+    let a = ctx.reshape_2d(a, h * d, t)?;
+    let a = ctx.mul_mat(w.wo, a)?;
+    let hres = ctx.add(a, x)?;
+    let hn = ctx.rms_norm(hres, s.rms_eps)?;
+    let hn = ctx.mul(hn, w.ffn_norm)?;
+    let up = ctx.mul_mat(w.ffn_up, hn)?;
+    let gate = ctx.mul_mat(w.ffn_gate, hn)?;
+    let act = ctx.swiglu_split(gate, up)?;
+    let down = ctx.mul_mat(w.ffn_down, act)?;
+    Ok((ctx.add(down, hres)?, wk, wv))
 }
 
 /// What one decode step returns.
