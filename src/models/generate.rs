@@ -108,10 +108,55 @@ pub fn write_qwen3_gguf_with(
         inverse[p as usize] = t as i64;
     }
     hp.validate()?;
-    let tensors = qwen3_tensors(hp, types);
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny qwen3")?;
-    for (name, ty, ne) in &tensors {
+    let structured = kind == Weights::Permutation;
+    // Structured models: the layers' writes into the residual stream are small.
+    let damp = |name: &str| {
+        if structured && (name.ends_with("attn_output.weight") || name.ends_with("ffn_down.weight")) {
+            0.05
+        } else {
+            1.0
+        }
+    };
+    // ±1 embedding of token t (its own seeded stream), for the structured head.
+    let embedding = |t: i64, out: &mut [f32]| {
+        let mut e = stream(seed, &format!("embedding {t}"));
+        for x in out.iter_mut() {
+            *x = if e() >= 0.0 { 1.0 } else { -1.0 };
+        }
+    };
+    let special = |name: &str, r: usize, row: &mut [f32]| -> bool {
+        if structured && name == "token_embd.weight" {
+            embedding(r as i64, row);
+        } else if structured && name == "output.weight" {
+            // Row v scores the embedding of the token whose successor is v.
+            embedding(inverse.get(r).copied().unwrap_or(0), row);
+            let k = 16.0 / row.len().max(1) as f32;
+            row.iter_mut().for_each(|x| *x *= k);
+        } else {
+            return false;
+        }
+        true
+    };
+    write_tensors(path, w, &qwen3_tensors(hp, types), seed, &damp, &special)
+}
+
+/// Rows of one tensor, given by a caller (`true`) or left to the seeded default.
+type RowFill<'a> = dyn Fn(&str, usize, &mut [f32]) -> bool + 'a;
+
+/// Streams `tensors` into a GGUF with `w`'s metadata: each row from
+/// `special`, or seeded uniform values in ±√(3/n_in)·`damp(name)` (norm
+/// weights 1 ± 0.1), quantized to the tensor's type.
+fn write_tensors(
+    path: impl AsRef<std::path::Path>,
+    mut w: GgufWriter,
+    tensors: &[(String, GgmlType, Vec<i64>)],
+    seed: u64,
+    damp: &dyn Fn(&str) -> f32,
+    special: &RowFill<'_>,
+) -> Result<u64> {
+    for (name, ty, ne) in tensors {
         if ne[0] % ty.block_size() as i64 != 0 {
             return Err(Error::Model { detail: format!("{name}: rows of {} do not fit {ty} blocks", ne[0]) });
         }
@@ -126,32 +171,11 @@ pub fn write_qwen3_gguf_with(
         let rows: usize = ne[1..].iter().product::<i64>().max(1) as usize;
         let mut next = stream(seed, name);
         let norm = name.ends_with("norm.weight");
-        let structured = kind == Weights::Permutation;
-        // Structured models: the layers' writes into the residual stream are small.
-        let damp = if structured && (name.ends_with("attn_output.weight") || name.ends_with("ffn_down.weight")) {
-            0.05
-        } else {
-            1.0
-        };
-        let scale = (3.0 / n_in.max(1) as f32).sqrt() * damp;
+        let scale = (3.0 / n_in.max(1) as f32).sqrt() * damp(name);
         let mut row = vec![0f32; n_in];
         let mut bytes = vec![0u8; ty.row_size(ne[0])?];
-        // ±1 embedding of token t (its own seeded stream), for the structured head.
-        let embedding = |t: i64, out: &mut [f32]| {
-            let mut e = stream(seed, &format!("embedding {t}"));
-            for x in out.iter_mut() {
-                *x = if e() >= 0.0 { 1.0 } else { -1.0 };
-            }
-        };
         for r in 0..rows {
-            if structured && name == "token_embd.weight" {
-                embedding(r as i64, &mut row);
-            } else if structured && name == "output.weight" {
-                // Row v scores the embedding of the token whose successor is v.
-                embedding(inverse.get(r).copied().unwrap_or(0), &mut row);
-                let k = 16.0 / n_in.max(1) as f32;
-                row.iter_mut().for_each(|x| *x *= k);
-            } else {
+            if !special(name, r, &mut row) {
                 for x in row.iter_mut() {
                     *x = if norm { 1.0 + 0.1 * next() } else { scale * next() };
                 }
@@ -208,34 +232,7 @@ pub fn write_dflash_gguf(
     n_vocab: i64,
     seed: u64,
 ) -> Result<u64> {
-    let tensors = dflash_tensors(hp, ty);
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny dflash", n_vocab)?;
-    for (name, ty, ne) in &tensors {
-        if ne[0] % ty.block_size() as i64 != 0 {
-            return Err(Error::Model { detail: format!("{name}: rows of {} do not fit {ty} blocks", ne[0]) });
-        }
-        w.add_tensor(name, *ty, ne)?;
-    }
-    w.write_file(path, |info, sink| {
-        let (name, ty, ne) = tensors
-            .iter()
-            .find(|t| t.0 == info.name)
-            .ok_or_else(|| Error::Model { detail: format!("unknown tensor {}", info.name) })?;
-        let n_in = ne[0] as usize;
-        let rows: usize = ne[1..].iter().product::<i64>().max(1) as usize;
-        let mut next = stream(seed, name);
-        let norm = name.ends_with("norm.weight");
-        let scale = (3.0 / n_in.max(1) as f32).sqrt();
-        let mut row = vec![0f32; n_in];
-        let mut bytes = vec![0u8; ty.row_size(ne[0])?];
-        for _ in 0..rows {
-            for x in row.iter_mut() {
-                *x = if norm { 1.0 + 0.1 * next() } else { scale * next() };
-            }
-            quantize_chunk(*ty, &row, &mut bytes, 1, n_in)?;
-            sink.put(&bytes)?;
-        }
-        Ok(())
-    })
+    write_tensors(path, w, &dflash_tensors(hp, ty), seed, &|_| 1.0, &|_, _, _| false)
 }
