@@ -3,8 +3,9 @@
 //! system temp folder), then prints prompt and decode tokens/s.
 //!
 //! `cargo run --release --example decode -- --devices 2 --tensor-split 1,1 --tokens 32`
+//! (`RUST_LOG=debug` logs every decode step: tokens, position, bytes moved, time).
 
-use shardgraph::models::generate::{write_qwen3_gguf_with, Weights};
+use shardgraph::models::generate::{write_qwen3_gguf_progress, Weights};
 use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::GgmlType;
 use std::time::Instant;
@@ -14,6 +15,7 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 }
 
 fn main() -> shardgraph::Result<()> {
+    env_logger::init();
     let args: Vec<String> = std::env::args().collect();
     let n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(1);
     let ratios: Vec<f32> = match arg(&args, "--tensor-split") {
@@ -44,7 +46,20 @@ fn main() -> shardgraph::Result<()> {
         .unwrap_or_else(|| std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf"));
     if !path.exists() {
         let t = Instant::now();
-        let bytes = write_qwen3_gguf_with(&path, &hp, &types, 1, Weights::Permutation)?;
+        let mut shown = 0;
+        let bytes = write_qwen3_gguf_progress(&path, &hp, &types, 1, Weights::Permutation, &mut |done, total| {
+            let pct = done * 100 / total.max(1);
+            if pct >= shown + 5 || done == total {
+                shown = pct;
+                eprint!(
+                    "\rgenerating {}: {pct:3}% ({:.0}/{:.0} MB)",
+                    path.display(),
+                    done as f64 / 1e6,
+                    total as f64 / 1e6
+                );
+            }
+        })?;
+        eprintln!();
         println!("wrote {} ({:.0} MB) in {:.1} s", path.display(), bytes as f64 / 1e6, t.elapsed().as_secs_f64());
     }
     let mut s = Qwen3Session::from_gguf(&path, &ratios, threads, GgmlType::F16, 512)?;
@@ -53,6 +68,7 @@ fn main() -> shardgraph::Result<()> {
     let out = s.decode(&prompt, &[], false)?;
     let prompt_s = t.elapsed().as_secs_f64();
     let mut last = *out.argmax.last().unwrap_or(&0);
+    let moved_before = s.runner.bytes_moved;
     let t = Instant::now();
     for _ in 0..n_tokens {
         last = s.decode(&[last], &[], false)?.argmax[0];
@@ -63,7 +79,7 @@ fn main() -> shardgraph::Result<()> {
         prompt.len(),
         prompt.len() as f64 / prompt_s,
         n_tokens as f64 / dec,
-        s.runner.bytes_moved / s.runner.runs.max(1)
+        (s.runner.bytes_moved - moved_before) / n_tokens.max(1) as u64
     );
     Ok(())
 }

@@ -102,6 +102,22 @@ pub fn write_qwen3_gguf_with(
     seed: u64,
     kind: Weights,
 ) -> Result<u64> {
+    write_qwen3_gguf_progress(path, hp, types, seed, kind, &mut |_, _| {})
+}
+
+/// [`write_qwen3_gguf_with`], calling `progress(bytes_written, total_bytes)`
+/// after every tensor (for a progress display of large models).
+///
+/// # Errors
+/// As [`write_qwen3_gguf`].
+pub fn write_qwen3_gguf_progress(
+    path: impl AsRef<std::path::Path>,
+    hp: &Qwen3Hparams,
+    types: &Qwen3Types,
+    seed: u64,
+    kind: Weights,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64> {
     let perm = permutation(hp.n_vocab, seed);
     let mut inverse = vec![0i64; perm.len()];
     for (t, &p) in perm.iter().enumerate() {
@@ -139,7 +155,7 @@ pub fn write_qwen3_gguf_with(
         }
         true
     };
-    write_tensors(path, w, &qwen3_tensors(hp, types), seed, &damp, &special)
+    write_tensors(path, w, &qwen3_tensors(hp, types), seed, &damp, &special, progress)
 }
 
 /// Rows of one tensor, given by a caller (`true`) or left to the seeded default.
@@ -155,6 +171,7 @@ fn write_tensors(
     seed: u64,
     damp: &dyn Fn(&str) -> f32,
     special: &RowFill<'_>,
+    progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
     for (name, ty, ne) in tensors {
         if ne[0] % ty.block_size() as i64 != 0 {
@@ -162,6 +179,8 @@ fn write_tensors(
         }
         w.add_tensor(name, *ty, ne)?;
     }
+    let total = w.file_len();
+    let mut done = w.data_offset();
     w.write_file(path, |info, sink| {
         let (name, ty, ne) = tensors
             .iter()
@@ -183,6 +202,8 @@ fn write_tensors(
             quantize_chunk(*ty, &row, &mut bytes, 1, n_in)?;
             sink.put(&bytes)?;
         }
+        done += info.nbytes as u64;
+        progress(done.min(total), total);
         Ok(())
     })
 }
@@ -234,5 +255,5 @@ pub fn write_dflash_gguf(
 ) -> Result<u64> {
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny dflash", n_vocab)?;
-    write_tensors(path, w, &dflash_tensors(hp, ty), seed, &|_| 1.0, &|_, _, _| false)
+    write_tensors(path, w, &dflash_tensors(hp, ty), seed, &|_| 1.0, &|_, _, _| false, &mut |_, _| {})
 }

@@ -577,7 +577,15 @@ impl Qwen3Session {
         let policy = super::policy::qwen3_policy(&hp, &types, ratios)?;
         let runner = super::runner::Runner::new(policy, threads)?;
         let mut s = Qwen3Session::new(model, ctx, runner)?;
+        let start = std::time::Instant::now();
         let report = crate::gguf::load_into_split_store(&file, &s.ctx, &mut s.runner.store)?;
+        log::info!(
+            "qwen3: loaded {} tensors ({:.1} MB) onto {} device(s) in {:.2} s",
+            report.loaded.len(),
+            report.bytes as f64 / 1e6,
+            ratios.len(),
+            start.elapsed().as_secs_f64()
+        );
         let weights = s.ctx.ids().take(s.model.base_len).filter(|&id| !s.ctx.t(id).name.starts_with("cache_")).count();
         if report.loaded.len() != weights {
             return Err(Error::Model {
@@ -650,7 +658,15 @@ impl Qwen3Session {
         let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
         let inputs = vec![(step.tokens, i32b(tokens)), (step.pos, i32b(&pos)), (step.mask, mask), (step.kv_idxs, idx)];
+        let start = std::time::Instant::now();
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        log::debug!(
+            "qwen3 step: {t} token(s) at position {}, {} devices, {} bytes moved, {:.2} ms",
+            self.n_past,
+            self.runner.n_devices(),
+            rep.bytes_moved,
+            start.elapsed().as_secs_f64() * 1e3
+        );
         self.n_past += t;
         let k_logits = outputs.len() - 2;
         let argmax = rep.outputs[outputs.len() - 1]

@@ -108,6 +108,7 @@ pub fn generate(
         stats.accepted += k;
         tokens.extend(&drafts[..k]);
         let next = out.argmax[k];
+        log::debug!("speculative step at {pos}: drafted {}, accepted {k}, next token {next}", drafts.len());
         tokens.push(next);
         // The cache keeps `last` and the accepted drafts; `next` is not in it yet.
         target.rollback(pos + 1 + k as i64)?;
