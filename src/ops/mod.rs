@@ -78,9 +78,9 @@ pub enum SortOrder {
 /// Rope modes (ggml's `GGML_ROPE_TYPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RopeMode {
-    /// Rotate adjacent pairs (x[2i], x[2i+1]); mode 0.
+    /// Rotate adjacent pairs (`x[2i]`, `x[2i+1]`); mode 0.
     Normal,
-    /// Rotate halves (x[i], x[i + n_dims/2]); mode 2.
+    /// Rotate halves (`x[i]`, `x[i + n_dims/2]`); mode 2.
     Neox,
     /// Multi-section rope (positions tensor has 4 per token); mode 8.
     Mrope,
@@ -206,7 +206,7 @@ pub enum Op {
     Sqr,
     /// √x
     Sqrt,
-    /// Sum of all elements → [1,1,1,1].
+    /// Sum of all elements → `[1, 1, 1, 1]`.
     Sum,
     /// Sum over ne0 → [1, ne1, ne2, ne3].
     SumRows,
@@ -258,7 +258,7 @@ pub enum Op {
     },
     /// Element-wise unary function.
     Unary(UnaryOp),
-    /// Index of the max of each row → I32 [ne1].
+    /// Index of the max of each row → I32 `[ne1]`.
     Argmax,
     /// Indices of the k largest per row → I32 [k, ne1, ne2, ne3] (order within the k unspecified in ggml; ours is descending).
     TopK {
