@@ -8,8 +8,8 @@
 //!    (NMSE ≤ 1e-5 for F32 graphs, 1e-3 where values pass through F16/BF16,
 //!    or that bound on the absolute error for outputs that cancel to almost
 //!    nothing; integer outputs exact; outputs read through views at byte
-//!    offsets inside an element, or normalising values that cancelled to
-//!    rounding noise, are checked for finiteness only; argmax/top_k/argsort
+//!    offsets inside an element, or normalising (or dividing by) values that
+//!    cancelled to rounding noise, are checked for finiteness only; argmax/top_k/argsort
 //!    are compared by the values they select, and what derives from a
 //!    selection among near-equal values is not compared; graphs with a write
 //!    that reads the memory it writes, or whose single-device run makes
@@ -173,7 +173,10 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
             shardgraph::Op::RmsNorm { .. } | shardgraph::Op::Norm { .. } | shardgraph::Op::L2Norm { .. }
         );
         let noise = normed && storage.get_f32(&ctx, t.src[0]).is_ok_and(|v| v.iter().all(|x| x.abs() < 1e-3));
-        let odd = odd || noise;
+        // Dividing by such noise amplifies it the same way.
+        let by_noise = matches!(t.op, shardgraph::Op::Div)
+            && storage.get_f32(&ctx, t.src[1]).is_ok_and(|v| v.iter().any(|x| x.abs() < 1e-3));
+        let odd = odd || noise || by_noise;
         if odd || t.src.iter().any(|s| misaligned.contains(s)) {
             misaligned.insert(id);
         }
