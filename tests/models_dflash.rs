@@ -163,3 +163,67 @@ fn a_drafter_for_another_target_is_an_error() {
     wrong.mask_token = 1000;
     assert!(Dflash::new(&mut ctx, &target, wrong, GgmlType::F32, GgmlType::F16, 8).is_err());
 }
+
+#[test]
+fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
+    use shardgraph::graph::alloc::GraphAllocator;
+    use shardgraph::models::dflash::dflash2_conv;
+    use shardgraph::split::{MetaExecutor, SplitPolicy, SplitSpec};
+    use shardgraph::{Backend, CpuBackend, TensorStorage};
+    let (e, group, k, bl, nb) = (64i64, 16i64, 2i64, 4i64, 3i64);
+    let (gc, t) = (e / group, bl * nb);
+    let xs = values((e * t) as usize, 1, 1.0, 0.0);
+    let ds = values((2 * k * gc * t) as usize, 2, 0.5, 0.0);
+    let bs = values((e * k * 2) as usize, 3, 1.0, 0.0);
+    for side in 0..2usize {
+        let mut ctx = Context::new();
+        let x = ctx.new_tensor(GgmlType::F32, &[e, t]).unwrap();
+        let d = ctx.new_tensor(GgmlType::F32, &[2 * k * gc, t]).unwrap();
+        let b = ctx.new_tensor(GgmlType::F32, &[e, k, 2]).unwrap();
+        for id in [x, d, b] {
+            ctx.set_input(id).unwrap();
+        }
+        let out = dflash2_conv(&mut ctx, x, d, b, side, nb, group).unwrap();
+        let g = ctx.build_forward(&[out]).unwrap();
+        // The formula, on the host.
+        let mut want = vec![0f32; (e * t) as usize];
+        for blk in 0..nb {
+            for i in 0..bl {
+                let row = blk * bl + i;
+                for c in 0..e {
+                    let mut acc = 0f32;
+                    for tau in 0..k.min(i + 1) {
+                        let w = bs[(c + e * tau + e * k * side as i64) as usize]
+                            + ds[((c / group) + gc * tau + gc * k * side as i64 + 2 * k * gc * row) as usize];
+                        acc += w * xs[(c + e * (row - tau)) as usize];
+                    }
+                    want[(c + e * row) as usize] = acc;
+                }
+            }
+        }
+        let cpu = CpuBackend::with_threads(1).unwrap();
+        let mut st = TensorStorage::new();
+        st.alloc_tensors(&cpu, &ctx, g.leafs()).unwrap();
+        st.set_f32(&ctx, x, &xs).unwrap();
+        st.set_f32(&ctx, d, &ds).unwrap();
+        st.set_f32(&ctx, b, &bs).unwrap();
+        GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &g, &mut st).unwrap();
+        cpu.compute(&ctx, &g, &st).unwrap();
+        let got = st.get_f32(&ctx, out).unwrap();
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(err < 1e-4, "side {side}: max error {err}");
+        // Tensor-parallel: the hidden state split by channels (a DFlash2 sublayer's input is mirrored
+        // in llama.cpp's policy; a split must give the same values).
+        let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let policy = SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("*", SplitSpec::Mirrored);
+        let plan = shardgraph::split::Planner::default()
+            .plan(&ctx, &g, &policy, &[(x, shardgraph::split::SplitState::split(0, vec![32, 32]))])
+            .unwrap();
+        let data = [(x, f(&xs)), (d, f(&ds)), (b, f(&bs))];
+        let two = MetaExecutor::new(2, 1)
+            .unwrap()
+            .run(&ctx, &g, &plan, &|l| data.iter().find(|(i, _)| *i == l).map(|(_, v)| v.clone()), &[out])
+            .unwrap();
+        assert_eq!(f32s(&two[0]), got, "side {side}: 2 devices");
+    }
+}

@@ -555,3 +555,76 @@ impl super::speculative::Drafter for DflashDrafter {
         Ok(())
     }
 }
+
+/// DFlash2's grouped dynamic two-tap depthwise convolution (MODELS.md 3.4,
+/// `CONV(hidden, δ, base, side)`): for every block of `t / n_blocks` rows,
+/// `out[i, c] = Σ_τ (base[c, τ, side] + δ[g(c), τ, side, i]) · x[i − τ, c]`
+/// with `g(c) = c / group` and taps that do not reach across the block start.
+///
+/// Shapes: `hidden` F32 `[E, T]`, `delta` F32 `[2·k·E/group, T]`
+/// (layout `[E/group, k, 2]` per row), `base` F32 `[E, k, 2]`; `side` 0 is
+/// the convolution before a sublayer, 1 the one after. Returns `[E, T]`.
+///
+/// # Errors
+/// [`Error::Model`] if `group` does not divide E, `n_blocks` does not divide
+/// T, or the shapes disagree; constructor errors.
+pub fn dflash2_conv(
+    ctx: &mut Context,
+    hidden: TensorId,
+    delta: TensorId,
+    base: TensorId,
+    side: usize,
+    n_blocks: i64,
+    group: i64,
+) -> Result<TensorId> {
+    let (x, dt, bt) = (ctx.tensor(hidden)?.clone(), ctx.tensor(delta)?.clone(), ctx.tensor(base)?.clone());
+    let (e, t) = (x.ne[0], x.ne[1]);
+    let k = bt.ne[1];
+    let bad = |d: String| Error::Model { detail: format!("dflash2 conv: {d}") };
+    if group < 1 || e % group != 0 || n_blocks < 1 || t % n_blocks != 0 || side > 1 || k < 1 {
+        return Err(bad(format!("E {e}, group {group}, T {t}, blocks {n_blocks}, side {side}, taps {k}")));
+    }
+    let gc = e / group;
+    if dt.ne[0] != 2 * k * gc || dt.ne[1] != t || bt.ne[0] != e || bt.ne[2] != 2 {
+        return Err(bad(format!("δ {:?} and base {:?} do not fit hidden {:?}", dt.ne, bt.ne, x.ne)));
+    }
+    let bl = t / n_blocks;
+    let f = 4usize; // F32
+                    // Per-row kernel W[gs, Gc, k, T] = δ (this side, repeated over each group) + base (this side).
+    let d4 = ctx.reshape_4d(delta, gc, k, 2, t)?;
+    let nb3 = ctx.tensor(d4)?.nb[3];
+    let c = ctx.view_3d(d4, gc, k, t, gc as usize * f, nb3, side * (gc * k) as usize * f)?;
+    let c = ctx.cont(c)?;
+    let c = ctx.reshape_4d(c, 1, gc, k, t)?;
+    let c = ctx.repeat_4d(c, group, gc, k, t)?;
+    let b = ctx.view_1d(base, e * k, side * (e * k) as usize * f)?;
+    let b = ctx.reshape_4d(b, group, gc, k, 1)?;
+    let w = ctx.add(c, b)?;
+    let blocks = ctx.reshape_3d(hidden, e, bl, n_blocks)?;
+    let wt = ctx.tensor(w)?.clone();
+    let bnb = ctx.tensor(blocks)?.nb;
+    let mut out: Option<TensorId> = None;
+    for tap in 0..k.min(bl) {
+        // The tap's kernel as [E, T].
+        let wtap = ctx.view_3d(w, group, gc, t, wt.nb[1], wt.nb[3], tap as usize * wt.nb[2])?;
+        let wtap = ctx.cont(wtap)?;
+        let wtap = ctx.reshape_2d(wtap, e, t)?;
+        // x shifted down by `tap` rows inside each block, zeros first.
+        let shifted = if tap == 0 {
+            ctx.reshape_2d(blocks, e, t)?
+        } else {
+            let head = ctx.view_3d(blocks, e, tap, n_blocks, bnb[1], bnb[2], 0)?;
+            let head = ctx.cont(head)?;
+            let zeros = ctx.fill(head, 0.0)?;
+            let body = ctx.view_3d(blocks, e, bl - tap, n_blocks, bnb[1], bnb[2], 0)?;
+            let s = ctx.concat(zeros, body, 1)?;
+            ctx.reshape_2d(s, e, t)?
+        };
+        let term = ctx.mul(wtap, shifted)?;
+        out = Some(match out {
+            None => term,
+            Some(acc) => ctx.add(acc, term)?,
+        });
+    }
+    out.ok_or_else(|| bad("no taps".into()))
+}
