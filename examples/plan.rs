@@ -102,6 +102,7 @@ fn main() -> shardgraph::Result<()> {
         target_hidden: hp.n_embd,
         block_size: 16,
         mask_token: 151669,
+        conv: None,
     };
     let mut ctx = Context::new();
     let m = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;

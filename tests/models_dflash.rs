@@ -41,6 +41,7 @@ fn drafter_hp() -> DflashHparams {
         target_hidden: 128,
         block_size: 5,
         mask_token: 159,
+        conv: None,
     }
 }
 
@@ -62,11 +63,12 @@ fn f32s(b: &[u8]) -> Vec<f32> {
 
 /// Runs injection of 6 context rows, then one block, on `ratios`; returns
 /// (block logits, block argmax, drafter cache bytes of layer 0).
-fn run(ratios: &[f32]) -> (Vec<f32>, Vec<i32>, Vec<u8>, Runner, Context, Dflash) {
+fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> (Vec<f32>, Vec<i32>, Vec<u8>, Runner, Context, Dflash) {
     let mut ctx = Context::new();
     let types = Qwen3Types::all(GgmlType::Q8_0);
     let target = Qwen3::new(&mut ctx, target_hp(), types, GgmlType::F16, 16).unwrap();
-    let dft = Dflash::new(&mut ctx, &target, drafter_hp(), GgmlType::Q8_0, GgmlType::F16, 16).unwrap();
+    let dft = Dflash::new(&mut ctx, &target, DflashHparams { conv, ..drafter_hp() }, GgmlType::Q8_0, GgmlType::F16, 16)
+        .unwrap();
     let base = ctx.len();
     let policy = qwen3_dflash_policy(&target.hp, &types, &dft.hp, GgmlType::Q8_0, ratios).unwrap();
     let mut runner = Runner::new(policy, 1).unwrap();
@@ -127,24 +129,27 @@ fn run(ratios: &[f32]) -> (Vec<f32>, Vec<i32>, Vec<u8>, Runner, Context, Dflash)
 
 #[test]
 fn drafter_graphs_on_n_devices_equal_one_device() {
-    let (want, want_arg, want_cache, ..) = run(&[1.0]);
-    // The injected context and the block's own K/V are in the cache (cells 0..11).
-    let row = 3 * 32 * 2;
-    assert!(want_cache[..11 * row].chunks(row).all(|r| r.iter().any(|&b| b != 0)));
-    assert!(want_cache[11 * row..].iter().all(|&b| b == 0));
-    assert_eq!(want_arg.len(), 5);
-    for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
-        let (got, arg, cache, runner, mut ctx, dft) = run(&ratios);
-        let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-        let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-        assert!(num / den <= 1e-6, "{ratios:?}: block logits NMSE {:.3e}", num / den);
-        assert_eq!(arg, want_arg, "{ratios:?}");
-        assert_eq!(cache, want_cache, "{ratios:?}: drafter K cache bytes");
-        // The block's plan keeps the logits split by vocabulary (argmax combines).
-        let b = dft.build_block(&mut ctx, 5).unwrap();
-        let g = ctx.build_forward(&[b.argmax]).unwrap();
-        let plan = Planner::default().plan(&ctx, &g, &runner.policy, &[]).unwrap();
-        assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
+    // DFlash v1, and DFlash2 with its dynamic convolutions around each sublayer.
+    for conv in [None, Some((2, 16))] {
+        let (want, want_arg, want_cache, ..) = run(&[1.0], conv);
+        // The injected context and the block's own K/V are in the cache (cells 0..11).
+        let row = 3 * 32 * 2;
+        assert!(want_cache[..11 * row].chunks(row).all(|r| r.iter().any(|&b| b != 0)));
+        assert!(want_cache[11 * row..].iter().all(|&b| b == 0));
+        assert_eq!(want_arg.len(), 5);
+        for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+            let (got, arg, cache, runner, mut ctx, dft) = run(&ratios, conv);
+            let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+            assert!(num / den <= 1e-6, "{ratios:?}: block logits NMSE {:.3e}", num / den);
+            assert_eq!(arg, want_arg, "{ratios:?}");
+            assert_eq!(cache, want_cache, "{ratios:?}: drafter K cache bytes");
+            // The block's plan keeps the logits split by vocabulary (argmax combines).
+            let b = dft.build_block(&mut ctx, 5).unwrap();
+            let g = ctx.build_forward(&[b.argmax]).unwrap();
+            let plan = Planner::default().plan(&ctx, &g, &runner.policy, &[]).unwrap();
+            assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
+        }
     }
 }
 

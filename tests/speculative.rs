@@ -106,19 +106,33 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
         target_hidden: 128,
         block_size: 5,
         mask_token: 199,
+        conv: None,
     };
     let drafter = dir.join("drafter.gguf");
     write_dflash_gguf(&drafter, &dhp, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
+    // DFlash2's convolutions in the drafter too.
+    let drafter2 = dir.join("drafter2.gguf");
+    write_dflash_gguf(
+        &drafter2,
+        &DflashHparams { conv: Some((2, 16)), ..dhp.clone() },
+        GgmlType::Q8_0,
+        hp().n_vocab,
+        19,
+    )
+    .unwrap();
     let prompt = [3, 14, 15, 92, 65];
     let n_gen = 16;
     let mut plain = None;
-    for (ratios, kv) in
-        [(vec![1.0], GgmlType::F16), (vec![1.0, 1.0], GgmlType::Q4_0), (vec![1.0, 1.0, 1.0], GgmlType::F16)]
-    {
+    for (ratios, kv, file) in [
+        (vec![1.0], GgmlType::F16, &drafter),
+        (vec![1.0, 1.0], GgmlType::Q4_0, &drafter),
+        (vec![1.0, 1.0, 1.0], GgmlType::F16, &drafter),
+        (vec![1.0, 1.0], GgmlType::F16, &drafter2),
+    ] {
         let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
         // A generated drafter GGUF (seeded random weights: drafts are mostly
         // rejected, which exercises the rollback of both caches every step).
-        let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
+        let mut d = DflashDrafter::attach_gguf(&mut s, file, kv, 0.0).unwrap();
         let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
         assert!(st.drafted > 0, "{st:?}");
         let want = plain.get_or_insert_with(|| {

@@ -10,7 +10,7 @@
 //! positions) and the block graph (the block's own K/V written after the
 //! context, attention over context + block, logits for every row).
 
-use super::qwen3::{decoder_layer, new_layer, write_kv, LayerShape, Qwen3, Qwen3Layer};
+use super::qwen3::{decoder_layer, new_layer, write_kv, LayerConv, LayerShape, Qwen3, Qwen3Layer};
 use crate::error::{Error, Result};
 use crate::graph::Context;
 use crate::ops::{RopeMode, RopeParams};
@@ -45,6 +45,10 @@ pub struct DflashHparams {
     pub block_size: usize,
     /// The mask token (`tokenizer.ggml.mask_token_id`).
     pub mask_token: i32,
+    /// DFlash2's convolution: taps and channels per group
+    /// (`dflash.conv_kernel_size`, `dflash.conv_group_size`; 2 and 16), or
+    /// `None` for DFlash v1.
+    pub conv: Option<(i64, i64)>,
 }
 
 impl DflashHparams {
@@ -78,6 +82,14 @@ impl DflashHparams {
         }
         if self.block_size < 2 {
             return bad(format!("block_size {} must be ≥ 2", self.block_size));
+        }
+        if let Some((k, g)) = self.conv {
+            if k < 1 || g < 1 || self.n_embd % g != 0 {
+                return bad(format!(
+                    "conv_kernel_size {k} / conv_group_size {g} do not fit embedding_length {}",
+                    self.n_embd
+                ));
+            }
         }
         if self.mask_token < 0 || self.mask_token as i64 >= target.hp.n_vocab {
             return bad(format!(
@@ -124,6 +136,10 @@ impl DflashHparams {
             target_hidden: u("target_hidden_size").map(|v| v as i64).unwrap_or(n_embd),
             block_size: u("block_size").map(|v| v as usize).unwrap_or(16),
             mask_token: f.get_uint("tokenizer.ggml.mask_token_id")? as i32,
+            conv: match (u("conv_kernel_size"), u("conv_group_size")) {
+                (Ok(k), Ok(g)) => Some((k as i64, g as i64)),
+                _ => None,
+            },
         })
     }
 
@@ -151,6 +167,10 @@ impl DflashHparams {
         w.add_kv("dflash.vocab_size", n_vocab as u32)?;
         w.add_kv("tokenizer.ggml.model", "no_vocab")?;
         w.add_kv("tokenizer.ggml.mask_token_id", self.mask_token as u32)?;
+        if let Some((k, g)) = self.conv {
+            w.add_kv("dflash.conv_kernel_size", k as u32)?;
+            w.add_kv("dflash.conv_group_size", g as u32)?;
+        }
         Ok(())
     }
 
@@ -185,6 +205,8 @@ pub struct Dflash {
     pub output_norm: TensorId,
     /// Per layer (the same roles as the target's; caches `dft.cache_k_lN`).
     pub layers: Vec<Qwen3Layer>,
+    /// Per layer, DFlash2's convolution tensors (`None` for DFlash v1).
+    pub convs: Vec<Option<LayerConv>>,
     /// The target's `token_embd.weight` (borrowed).
     pub tok_embd: TensorId,
     /// The target's `output.weight` (borrowed).
@@ -277,7 +299,26 @@ impl Dflash {
         let layers = (0..hp.n_layer)
             .map(|il| new_layer(ctx, "dft.", il, (e, f), &shape, (w, w, w, w)))
             .collect::<Result<Vec<_>>>()?;
+        let mut convs = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            convs.push(match hp.conv {
+                Some((k, g)) => {
+                    let b = |n: &str| format!("dft.blk.{il}.{n}");
+                    let width = 2 * k * (e / g);
+                    Some(LayerConv {
+                        attn_base: named(ctx, GgmlType::F32, &[e, k, 2], &b("attn_conv_base"))?,
+                        attn_proj: named(ctx, w, &[e, width], &b("attn_conv_proj.weight"))?,
+                        ffn_base: named(ctx, GgmlType::F32, &[e, k, 2], &b("ffn_conv_base"))?,
+                        ffn_proj: named(ctx, w, &[e, width], &b("ffn_conv_proj.weight"))?,
+                        group: g,
+                        n_blocks: 1,
+                    })
+                }
+                None => None,
+            });
+        }
         Ok(Dflash {
+            convs,
             hp,
             fc,
             enc_norm,
@@ -336,8 +377,9 @@ impl Dflash {
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
         let shape = hp.shape(self.kv_type, self.kv_size);
-        for w in &self.layers {
-            let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, block, &shape)?;
+        for (il, w) in self.layers.iter().enumerate() {
+            let conv = self.convs.get(il).copied().flatten();
+            let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, block, &shape, conv.as_ref())?;
             writes.push(wk);
             writes.push(wv);
             x = out;

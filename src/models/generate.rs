@@ -235,6 +235,15 @@ pub fn dflash_tensors(hp: &super::dflash::DflashHparams, ty: GgmlType) -> Vec<(S
             (b("ffn_up.weight"), ty, vec![e, f]),
             (b("ffn_down.weight"), ty, vec![f, e]),
         ]);
+        if let Some((k, g)) = hp.conv {
+            let width = 2 * k * (e / g.max(1));
+            t.extend([
+                (b("attn_conv_base"), GgmlType::F32, vec![e, k, 2]),
+                (b("attn_conv_proj.weight"), ty, vec![e, width]),
+                (b("ffn_conv_base"), GgmlType::F32, vec![e, k, 2]),
+                (b("ffn_conv_proj.weight"), ty, vec![e, width]),
+            ]);
+        }
     }
     t
 }

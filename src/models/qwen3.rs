@@ -372,7 +372,7 @@ impl Qwen3 {
             if taps.contains(&il) {
                 tap_ids.push((il, x));
             }
-            let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, t, &shape)?;
+            let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, t, &shape, None)?;
             writes.push(wk);
             writes.push(wv);
             x = out;
@@ -463,10 +463,29 @@ fn cache_view(ctx: &mut Context, write: TensorId, s: &LayerShape) -> Result<Tens
     ctx.permute(v, [0, 2, 1, 3])
 }
 
+/// DFlash2's convolutions around a layer's two sublayers (MODELS.md 3.4).
+#[derive(Clone, Copy, Debug)]
+pub struct LayerConv {
+    /// `blk.N.attn_conv_base` `[E, k, 2]`.
+    pub attn_base: TensorId,
+    /// `blk.N.attn_conv_proj.weight` `[E, 2·k·E/group]`.
+    pub attn_proj: TensorId,
+    /// `blk.N.ffn_conv_base` `[E, k, 2]`.
+    pub ffn_base: TensorId,
+    /// `blk.N.ffn_conv_proj.weight` `[E, 2·k·E/group]`.
+    pub ffn_proj: TensorId,
+    /// Channels per group (16).
+    pub group: i64,
+    /// Blocks in the batch (rows are split evenly among them).
+    pub n_blocks: i64,
+}
+
 /// One Qwen3-style decoder layer over `x` `[E, T]`: RMSNorm, Q (per-head
 /// norm, rope) and K/V written to the caches, flash attention over every
 /// cache cell under `mask`, output projection, residual; RMSNorm, SwiGLU
-/// FFN, residual. Returns the layer's output and its two cache writes.
+/// FFN, residual. With `conv` (DFlash2) each sublayer's input and output go
+/// through the dynamic convolution. Returns the layer's output and its two
+/// cache writes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decoder_layer(
     ctx: &mut Context,
@@ -477,10 +496,19 @@ pub(crate) fn decoder_layer(
     kv_idxs: TensorId,
     t: i64,
     s: &LayerShape,
+    conv: Option<&LayerConv>,
 ) -> Result<(TensorId, TensorId, TensorId)> {
+    use super::dflash::dflash2_conv;
     let (d, h) = (s.head_dim, s.n_head);
     let xn = ctx.rms_norm(x, s.rms_eps)?;
     let xn = ctx.mul(xn, w.attn_norm)?;
+    let (xn, d_a) = match conv {
+        Some(c) => {
+            let d_a = ctx.mul_mat(c.attn_proj, xn)?;
+            (dflash2_conv(ctx, xn, d_a, c.attn_base, 0, c.n_blocks, c.group)?, Some(d_a))
+        }
+        None => (xn, None),
+    };
     let q = ctx.mul_mat(w.wq, xn)?;
     let q = ctx.reshape_3d(q, d, h, t)?;
     let q = ctx.rms_norm(q, s.rms_eps)?;
@@ -494,13 +522,28 @@ pub(crate) fn decoder_layer(
     let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)?; // [D, H, T]
     let a = ctx.reshape_2d(a, h * d, t)?;
     let a = ctx.mul_mat(w.wo, a)?;
+    let a = match (conv, d_a) {
+        (Some(c), Some(d_a)) => dflash2_conv(ctx, a, d_a, c.attn_base, 1, c.n_blocks, c.group)?,
+        _ => a,
+    };
     let hres = ctx.add(a, x)?;
     let hn = ctx.rms_norm(hres, s.rms_eps)?;
     let hn = ctx.mul(hn, w.ffn_norm)?;
+    let (hn, d_f) = match conv {
+        Some(c) => {
+            let d_f = ctx.mul_mat(c.ffn_proj, hn)?;
+            (dflash2_conv(ctx, hn, d_f, c.ffn_base, 0, c.n_blocks, c.group)?, Some(d_f))
+        }
+        None => (hn, None),
+    };
     let up = ctx.mul_mat(w.ffn_up, hn)?;
     let gate = ctx.mul_mat(w.ffn_gate, hn)?;
     let act = ctx.swiglu_split(gate, up)?;
     let down = ctx.mul_mat(w.ffn_down, act)?;
+    let down = match (conv, d_f) {
+        (Some(c), Some(d_f)) => dflash2_conv(ctx, down, d_f, c.ffn_base, 1, c.n_blocks, c.group)?,
+        _ => down,
+    };
     Ok((ctx.add(down, hres)?, wk, wv))
 }
 
