@@ -137,7 +137,11 @@ fn main() -> shardgraph::Result<()> {
     );
     println!("{}", plan.report(&ctx).trim_end());
     println!("bytes per token: {:.0}", plan.total_bytes() as f64 / tokens as f64);
-    println!("target memory per device (the drafter's weights and KV cache are listed below):");
+    if drafter.is_some() {
+        println!("target memory per device (the drafter's weights and KV cache are listed below):");
+    } else {
+        println!("memory per device:");
+    }
     for (j, mem) in plan.memory(&ctx, &graph)?.iter().enumerate() {
         println!(
             "  device {j}: weights {}, KV cache {}, inputs {:.1} KiB, compute {:.1} MiB, total {}",
