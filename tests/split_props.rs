@@ -27,9 +27,8 @@ mod random_graph;
 
 use proptest::prelude::*;
 use random_graph::{build, leaf_strategy, Leaf, Step};
-use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{AxisSplit, MetaExecutor, Planner, SplitPolicy, SplitState, SplitStore};
-use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
+use shardgraph::{Context, GgmlType, TensorId};
 
 /// Random explicit leaf states for `n` devices from `seed`.
 fn random_leaf_states(ctx: &Context, graph: &shardgraph::Graph, n: usize, seed: u64) -> Vec<(TensorId, SplitState)> {
@@ -123,28 +122,7 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         return Ok(());
     }
     let graph = ctx.build_forward(&accepted).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let cpu = CpuBackend::with_threads(2).unwrap();
-    let mut storage = TensorStorage::new();
-    storage.alloc_tensors(&cpu, &ctx, graph.leafs()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    for &l in graph.leafs() {
-        let t = ctx.tensor(l).unwrap();
-        let n = t.nelements() as usize;
-        match t.ty {
-            GgmlType::I32 => storage.set_i32(&ctx, l, &(0..n as i32).map(|i| i % 3).collect::<Vec<_>>()).unwrap(),
-            GgmlType::I64 => storage.set_i64(&ctx, l, &(0..n as i64).map(|i| i % 2).collect::<Vec<_>>()).unwrap(),
-            _ => storage.set_f32(&ctx, l, &(0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>()).unwrap(),
-        }
-    }
-    let mut leaf_bytes = std::collections::HashMap::new();
-    for &l in graph.leafs() {
-        let mut b = vec![0u8; ctx.tensor(l).unwrap().nbytes()];
-        storage.get_bytes(&ctx, l, 0, &mut b).unwrap();
-        leaf_bytes.insert(l, b);
-    }
-    GraphAllocator::new(cpu.buffer_type())
-        .alloc_graph(&cpu, &ctx, &graph, &mut storage)
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let computed = cpu.compute(&ctx, &graph, &storage).is_ok();
+    let (storage, leaf_bytes, computed) = random_graph::compute_one_device(&ctx, &graph)?;
     // Infinities in the single-device run (x/0, overflow) do not survive
     // regrouping: a partial sum of addends 0 and x times a mirrored inf is
     // NaN where one device gets inf. Such graphs check planning, execution

@@ -108,11 +108,7 @@ impl DflashHparams {
     /// [`Error::Model`] for another architecture; [`Error::Gguf`] naming a
     /// missing or mistyped key.
     pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
-        let arch = f.get_str("general.architecture")?;
-        if arch != "dflash" {
-            return Err(Error::Model { detail: format!("general.architecture is {arch:?}, not \"dflash\"") });
-        }
-        let u = |k: &str| f.get_uint(&format!("dflash.{k}"));
+        let u = super::arch_keys(f, "dflash")?;
         let n_embd = u("embedding_length")? as i64;
         let n_head = u("attention.head_count")? as i64;
         let layers: Vec<usize> =

@@ -16,3 +16,20 @@ pub mod policy;
 pub mod qwen3;
 pub mod runner;
 pub mod speculative;
+
+/// Checks a GGUF's `general.architecture` and returns a reader of its
+/// unsigned `{arch}.{key}` values (llama.cpp's per-architecture keys).
+///
+/// # Errors
+/// [`crate::Error::Model`] for another architecture; [`crate::Error::Gguf`]
+/// if the key is missing.
+pub(crate) fn arch_keys<'a>(
+    f: &'a crate::gguf::GgufFile,
+    arch: &'a str,
+) -> crate::Result<impl Fn(&str) -> crate::Result<u64> + 'a> {
+    let found = f.get_str("general.architecture")?;
+    if found != arch {
+        return Err(crate::Error::Model { detail: format!("general.architecture is {found:?}, not {arch:?}") });
+    }
+    Ok(move |k: &str| f.get_uint(&format!("{arch}.{k}")))
+}

@@ -67,11 +67,7 @@ impl Qwen3Hparams {
     /// [`Error::Model`] for another architecture or inconsistent values;
     /// [`Error::Gguf`] naming a missing or mistyped key.
     pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
-        let arch = f.get_str("general.architecture")?;
-        if arch != "qwen3" {
-            return Err(Error::Model { detail: format!("general.architecture is {arch:?}, not \"qwen3\"") });
-        }
-        let u = |k: &str| f.get_uint(&format!("qwen3.{k}"));
+        let u = super::arch_keys(f, "qwen3")?;
         let n_embd = u("embedding_length")? as i64;
         let n_head = u("attention.head_count")? as i64;
         let n_vocab = match u("vocab_size") {

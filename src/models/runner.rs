@@ -72,12 +72,14 @@ impl Runner {
         inputs: &[(TensorId, Vec<u8>)],
         outputs: &[TensorId],
     ) -> Result<RunReport> {
-        let plan = self.planner.plan_cached(ctx, graph, &self.policy, &[])?.clone();
-        self.store.place_leafs(ctx, graph, &plan)?;
+        // Disjoint borrows: the cached plan is used in place, not copied per step.
+        let Runner { exec, planner, policy, store, .. } = self;
+        let plan = planner.plan_cached(ctx, graph, policy, &[])?;
+        store.place_leafs(ctx, graph, plan)?;
         for (id, bytes) in inputs {
-            self.store.set_tensor(ctx, *id, 0, bytes)?;
+            store.set_tensor(ctx, *id, 0, bytes)?;
         }
-        let rep = self.exec.execute(ctx, graph, &plan, &mut self.store, outputs)?;
+        let rep = exec.execute(ctx, graph, plan, store, outputs)?;
         self.bytes_moved += rep.bytes_moved;
         self.runs += 1;
         Ok(rep)

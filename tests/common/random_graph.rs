@@ -4,7 +4,10 @@
 #![allow(dead_code)]
 
 use proptest::prelude::*;
-use shardgraph::{Context, GgmlType, GluOp, RopeMode, SortOrder, TensorId, UnaryOp};
+use shardgraph::graph::alloc::GraphAllocator;
+use shardgraph::{
+    Backend, Context, CpuBackend, GgmlType, GluOp, Graph, RopeMode, SortOrder, TensorId, TensorStorage, UnaryOp,
+};
 
 #[derive(Clone, Debug)]
 pub struct Leaf {
@@ -214,4 +217,40 @@ pub fn config(default_cases: u32) -> ProptestConfig {
         None => proptest::test_runner::RngSeed::Fixed(0x5348_4152_4447),
     };
     ProptestConfig { cases, failure_persistence: None, rng_seed, ..ProptestConfig::default() }
+}
+
+/// What [`compute_one_device`] returns: the storage after compute, every
+/// leaf's bytes as written before compute, and whether compute succeeded.
+pub type OneDevice = (TensorStorage, std::collections::HashMap<TensorId, Vec<u8>>, bool);
+
+/// Runs `graph` on one CPU device with deterministic leaf values (I32 `i % 3`,
+/// I64 `i % 2`, floats `sin(0.37 i)`). Compute errors (an index out of
+/// range) are allowed and reported; allocation failures fail the test.
+pub fn compute_one_device(ctx: &Context, graph: &Graph) -> Result<OneDevice, TestCaseError> {
+    let cpu = CpuBackend::with_threads(2).unwrap();
+    let mut storage = TensorStorage::new();
+    storage.alloc_tensors(&cpu, ctx, graph.leafs()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for &l in graph.leafs() {
+        let t = ctx.tensor(l).unwrap();
+        let n = t.nelements() as usize;
+        match t.ty {
+            GgmlType::I32 => storage.set_i32(ctx, l, &(0..n as i32).map(|i| i % 3).collect::<Vec<_>>()).unwrap(),
+            GgmlType::I64 => storage.set_i64(ctx, l, &(0..n as i64).map(|i| i % 2).collect::<Vec<_>>()).unwrap(),
+            _ => storage.set_f32(ctx, l, &(0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>()).unwrap(),
+        }
+    }
+    let leaf_bytes = graph
+        .leafs()
+        .iter()
+        .map(|&l| {
+            let mut b = vec![0u8; ctx.tensor(l).unwrap().nbytes()];
+            storage.get_bytes(ctx, l, 0, &mut b).unwrap();
+            (l, b)
+        })
+        .collect();
+    GraphAllocator::new(cpu.buffer_type())
+        .alloc_graph(&cpu, ctx, graph, &mut storage)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let computed = cpu.compute(ctx, graph, &storage).is_ok();
+    Ok((storage, leaf_bytes, computed))
 }
