@@ -103,6 +103,7 @@ fn main() -> shardgraph::Result<()> {
         block_size: 16,
         mask_token: 151669,
         conv: None,
+        selector: None,
     };
     let mut ctx = Context::new();
     let m = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;

@@ -8,7 +8,7 @@ use shardgraph::models::dflash::{Dflash, DflashHparams};
 use shardgraph::models::policy::qwen3_dflash_policy;
 use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use shardgraph::models::runner::Runner;
-use shardgraph::split::{Collective, Planner};
+use shardgraph::split::{Collective, LinkModel, Planner};
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 
@@ -42,6 +42,7 @@ fn drafter_hp() -> DflashHparams {
         block_size: 5,
         mask_token: 159,
         conv: None,
+        selector: None,
     }
 }
 
@@ -57,21 +58,34 @@ fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
         .collect()
 }
 
+fn bandwidth_bound() -> LinkModel {
+    LinkModel { latency_s: 0.0, ..LinkModel::default() }
+}
+
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
-/// Runs injection of 6 context rows, then one block, on `ratios`; returns
-/// (block logits, block argmax, drafter cache bytes of layer 0).
-fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> (Vec<f32>, Vec<i32>, Vec<u8>, Runner, Context, Dflash) {
+/// Runs injection of 6 context rows, then one block, on `ratios`.
+/// What [`run`] returns: block logits, argmax, layer-0 K cache bytes, the
+/// runner and context (for planning), the drafter, and DFlash2's lattice.
+type Run = (Vec<f32>, Vec<i32>, Vec<u8>, Runner, Context, Dflash, Vec<f32>);
+
+fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
     let mut ctx = Context::new();
     let types = Qwen3Types::all(GgmlType::Q8_0);
     let target = Qwen3::new(&mut ctx, target_hp(), types, GgmlType::F16, 16).unwrap();
-    let dft = Dflash::new(&mut ctx, &target, DflashHparams { conv, ..drafter_hp() }, GgmlType::Q8_0, GgmlType::F16, 16)
-        .unwrap();
+    // DFlash2 (convolutions) also gets its candidate selector.
+    let selector = conv.map(|_| (32, 8));
+    let hp = DflashHparams { conv, selector, ..drafter_hp() };
+    let dft = Dflash::new(&mut ctx, &target, hp, GgmlType::Q8_0, GgmlType::F16, 16).unwrap();
     let base = ctx.len();
     let policy = qwen3_dflash_policy(&target.hp, &types, &dft.hp, GgmlType::Q8_0, ratios).unwrap();
     let mut runner = Runner::new(policy, 1).unwrap();
+    // Bytes, not latency, decide (as at real sizes, where the logits are
+    // megabytes): on these tiny shapes a latency-bound link would rather
+    // gather 3 KB of logits than all-reduce the candidates' 160-byte logits.
+    runner.planner = Planner::new(bandwidth_bound());
     let ids: Vec<_> = ctx.ids().take(base).collect();
     for (k, &id) in ids.iter().enumerate() {
         runner.place(&ctx, id).unwrap();
@@ -102,6 +116,7 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> (Vec<f32>, Vec<i32>, Vec<u8>
     ctx.truncate(base);
     let b = dft.build_block(&mut ctx, 5).unwrap();
     let mut outs = b.writes.clone();
+    outs.extend(b.lattice);
     outs.push(b.logits);
     outs.push(b.argmax);
     let g = ctx.build_forward(&outs).unwrap();
@@ -120,35 +135,69 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> (Vec<f32>, Vec<i32>, Vec<u8>
     let n = outs.len();
     let logits = f32s(&rep.outputs[n - 2]);
     let argmax = rep.outputs[n - 1].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let lattice = if b.lattice.is_some() { f32s(&rep.outputs[n - 3]) } else { vec![] };
     let cache = dft.layers[0].cache_k;
     let mut cb = vec![0u8; ctx.tensor(cache).unwrap().nbytes()];
     runner.store.get_tensor(&ctx, cache, 0, &mut cb).unwrap();
     ctx.truncate(base);
-    (logits, argmax, cb, runner, ctx, dft)
+    (logits, argmax, cb, runner, ctx, dft, lattice)
 }
 
 #[test]
 fn drafter_graphs_on_n_devices_equal_one_device() {
     // DFlash v1, and DFlash2 with its dynamic convolutions around each sublayer.
     for conv in [None, Some((2, 16))] {
-        let (want, want_arg, want_cache, ..) = run(&[1.0], conv);
+        let (want, want_arg, want_cache, _, _, _, want_lattice) = run(&[1.0], conv);
+        if conv.is_some() {
+            // The lattice: row 0 zeros; rows 1..5 hold 8 distinct candidate ids then 64 finite scores.
+            assert_eq!(want_lattice.len(), 5 * 128);
+            assert!(want_lattice[..128].iter().all(|&x| x == 0.0));
+            for row in want_lattice.chunks(128).skip(1) {
+                let mut ids: Vec<i64> = row[..8].iter().map(|&x| x as i64).collect();
+                assert!(ids.iter().all(|&i| (0..160).contains(&i)) && row[..8].iter().all(|x| x.fract() == 0.0));
+                ids.sort();
+                ids.dedup();
+                assert_eq!(ids.len(), 8, "{row:?}");
+                assert!(row[8..72].iter().all(|x| x.is_finite()) && row[72..].iter().all(|&x| x == 0.0));
+            }
+        }
         // The injected context and the block's own K/V are in the cache (cells 0..11).
         let row = 3 * 32 * 2;
         assert!(want_cache[..11 * row].chunks(row).all(|r| r.iter().any(|&b| b != 0)));
         assert!(want_cache[11 * row..].iter().all(|&b| b == 0));
         assert_eq!(want_arg.len(), 5);
         for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
-            let (got, arg, cache, runner, mut ctx, dft) = run(&ratios, conv);
+            let (got, arg, cache, runner, mut ctx, dft, lattice) = run(&ratios, conv);
             let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
             let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
             assert!(num / den <= 1e-6, "{ratios:?}: block logits NMSE {:.3e}", num / den);
             assert_eq!(arg, want_arg, "{ratios:?}");
             assert_eq!(cache, want_cache, "{ratios:?}: drafter K cache bytes");
-            // The block's plan keeps the logits split by vocabulary (argmax combines).
+            // Same candidates; scores to rounding (the candidates' logits are summed across devices).
+            assert_eq!(lattice.len(), want_lattice.len());
+            for (r, (a, b)) in lattice.chunks(128).zip(want_lattice.chunks(128)).enumerate() {
+                assert_eq!(a[..8], b[..8], "{ratios:?}: candidates of row {r}");
+                for (x, y) in a[8..].iter().zip(&b[8..]) {
+                    assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{ratios:?}: row {r}: {x} vs {y}");
+                }
+            }
+            // The block's plan keeps the logits split by vocabulary: argmax, top_k and the
+            // candidates' logits are computed where the slices live, and no collective
+            // moves anything near the logits' size.
             let b = dft.build_block(&mut ctx, 5).unwrap();
-            let g = ctx.build_forward(&[b.argmax]).unwrap();
-            let plan = Planner::default().plan(&ctx, &g, &runner.policy, &[]).unwrap();
+            let mut outs = vec![b.argmax];
+            outs.extend(b.lattice);
+            let g = ctx.build_forward(&outs).unwrap();
+            let plan = Planner::new(bandwidth_bound()).plan(&ctx, &g, &runner.policy, &[]).unwrap();
             assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
+            for r in &plan.repartitions {
+                let t = ctx.tensor(r.tensor).unwrap();
+                if t.nelements() >= 160 * 5 {
+                    // Logit-sized tensors only take row combines (8 bytes per row, 8·K for top_k).
+                    assert!(r.traffic.total_bytes <= 2 * 8 * 8 * 5, "{}", plan.report(&ctx));
+                }
+            }
+            eprintln!("{ratios:?} {conv:?}: block plan moves {} bytes", plan.total_bytes());
         }
     }
 }

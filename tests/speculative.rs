@@ -107,6 +107,7 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
         block_size: 5,
         mask_token: 199,
         conv: None,
+        selector: None,
     };
     let drafter = dir.join("drafter.gguf");
     write_dflash_gguf(&drafter, &dhp, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
@@ -153,5 +154,57 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     write_dflash_gguf(&other, &wide, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
     let e = DflashDrafter::attach_gguf(&mut s, &other, GgmlType::F16, 0.0).unwrap_err();
     assert!(e.to_string().contains("embedding_length"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The seed configuration's shapes: a target whose rows fit K-quant blocks
+/// (E = 256) and a DFlash2 drafter (convolutions and selector) built to
+/// follow it.
+fn seed_hp() -> (Qwen3Hparams, shardgraph::models::dflash::DflashHparams) {
+    let t = Qwen3Hparams { n_embd: 256, n_ff: 512, n_head: 8, n_head_kv: 4, head_dim: 64, ..hp() };
+    let d = shardgraph::models::dflash::DflashHparams {
+        n_layer: 2,
+        n_embd: 256,
+        n_ff: 256,
+        n_head: 8,
+        n_head_kv: 4,
+        head_dim: 64,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers: vec![1, 2],
+        target_hidden: 256,
+        block_size: 6,
+        mask_token: 199,
+        conv: Some((2, 16)),
+        selector: Some((32, 8)),
+    };
+    (t, d)
+}
+
+#[test]
+fn dflash2_seed_configuration_accepts_drafts_and_stays_greedy() {
+    use shardgraph::models::dflash::DflashDrafter;
+    use shardgraph::models::generate::write_dflash_gguf_with;
+    let dir = std::env::temp_dir().join(format!("shardgraph-spec-seed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (thp, dhp) = seed_hp();
+    let target = dir.join("target-q4_k_m.gguf");
+    write_qwen3_gguf_with(&target, &thp, &Qwen3Types::q4_k_m(), 23, Weights::Permutation).unwrap();
+    let drafter = dir.join("dflash2-q8_0.gguf");
+    write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, thp.n_vocab, 23, Weights::Permutation).unwrap();
+    let prompt = [7, 31, 150, 2, 64, 90];
+    let n_gen = 40;
+    let plain = {
+        let mut s = Qwen3Session::from_gguf(&target, &[1.0], 1, GgmlType::F16, 96).unwrap();
+        let mut none = PermDrafter { perm: vec![], every: 0, all_wrong: false };
+        generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
+    };
+    for (ratios, kv) in [(vec![1.0], GgmlType::F16), (vec![1.0, 1.0], GgmlType::Q4_0)] {
+        let mut s = Qwen3Session::from_gguf(&target, &ratios, 1, kv, 96).unwrap();
+        let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
+        let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 5, n_min: 1 }).unwrap();
+        eprintln!("{ratios:?} kv {kv}: {st:?}");
+        assert_eq!(tokens, plain, "{ratios:?} kv {kv}: {st:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

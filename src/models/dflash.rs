@@ -10,7 +10,7 @@
 //! positions) and the block graph (the block's own K/V written after the
 //! context, attention over context + block, logits for every row).
 
-use super::qwen3::{decoder_layer, new_layer, write_kv, LayerConv, LayerShape, Qwen3, Qwen3Layer};
+use super::qwen3::{decoder_layer, f32s, new_layer, write_kv, LayerConv, LayerShape, Qwen3, Qwen3Layer};
 use crate::error::{Error, Result};
 use crate::graph::Context;
 use crate::ops::{RopeMode, RopeParams};
@@ -49,6 +49,11 @@ pub struct DflashHparams {
     /// (`dflash.conv_kernel_size`, `dflash.conv_group_size`; 2 and 16), or
     /// `None` for DFlash v1.
     pub conv: Option<(i64, i64)>,
+    /// DFlash2's candidate selector: low-rank codebook rank R and
+    /// candidates per position K (`dflash.selector_rank`,
+    /// `dflash.selector_top_k`; 256 and 16), or `None` (DFlash v1: drafts
+    /// are the rows' greedy tokens).
+    pub selector: Option<(i64, i64)>,
 }
 
 impl DflashHparams {
@@ -88,6 +93,15 @@ impl DflashHparams {
                 return bad(format!(
                     "conv_kernel_size {k} / conv_group_size {g} do not fit embedding_length {}",
                     self.n_embd
+                ));
+            }
+        }
+        if let Some((r, k)) = self.selector {
+            if r < 1 || k < 1 || k > target.hp.n_vocab || self.n_embd < k + k * k {
+                return bad(format!(
+                    "selector_rank {r} / selector_top_k {k}: need both ≥ 1, top_k ≤ the vocabulary ({}) and \
+                     embedding_length {} ≥ top_k + top_k² (one lattice row per position)",
+                    target.hp.n_vocab, self.n_embd
                 ));
             }
         }
@@ -136,6 +150,10 @@ impl DflashHparams {
                 (Ok(k), Ok(g)) => Some((k as i64, g as i64)),
                 _ => None,
             },
+            selector: match (u("selector_rank"), u("selector_top_k")) {
+                (Ok(r), Ok(k)) if k > 0 => Some((r as i64, k as i64)),
+                _ => None,
+            },
         })
     }
 
@@ -166,6 +184,10 @@ impl DflashHparams {
         if let Some((k, g)) = self.conv {
             w.add_kv("dflash.conv_kernel_size", k as u32)?;
             w.add_kv("dflash.conv_group_size", g as u32)?;
+        }
+        if let Some((r, k)) = self.selector {
+            w.add_kv("dflash.selector_rank", r as u32)?;
+            w.add_kv("dflash.selector_top_k", k as u32)?;
         }
         Ok(())
     }
@@ -203,6 +225,8 @@ pub struct Dflash {
     pub layers: Vec<Qwen3Layer>,
     /// Per layer, DFlash2's convolution tensors (`None` for DFlash v1).
     pub convs: Vec<Option<LayerConv>>,
+    /// DFlash2's candidate selector (`None` for DFlash v1).
+    pub selector: Option<Selector>,
     /// The target's `token_embd.weight` (borrowed).
     pub tok_embd: TensorId,
     /// The target's `output.weight` (borrowed).
@@ -211,6 +235,20 @@ pub struct Dflash {
     pub kv_size: i64,
     /// KV cache type.
     pub kv_type: GgmlType,
+}
+
+/// DFlash2's candidate-selector tensors (MODELS.md 3.3; mirrored on every
+/// device under llama.cpp's policy).
+#[derive(Clone, Copy, Debug)]
+pub struct Selector {
+    /// `selector_hidden.weight` `[E, R]`: the gate `W_h·h` of each row.
+    pub hidden: TensorId,
+    /// `selector_predecessor.weight` `[R, V]`: codebook A, one column per token.
+    pub predecessor: TensorId,
+    /// `selector_successor.weight` `[R, V]`: codebook B.
+    pub successor: TensorId,
+    /// Candidates per position K.
+    pub top_k: i64,
 }
 
 /// One block-graph step's tensors.
@@ -230,6 +268,12 @@ pub struct BlockStep {
     pub logits: TensorId,
     /// Greedy token per row, I32 `[B]`.
     pub argmax: TensorId,
+    /// DFlash2's lattice F32 `[E, B]` (`None` for DFlash v1): row 0 zeros;
+    /// row `i ≥ 1` holds the K candidate ids of position `i` (as floats)
+    /// then K×K edge scores, index `p·K + c` for candidate `c` after the
+    /// `p`-th candidate of position `i − 1` (the anchor for `i = 1`), then
+    /// zeros. Read with [`best_path`].
+    pub lattice: Option<TensorId>,
 }
 
 /// One injection-graph step's tensors.
@@ -313,8 +357,18 @@ impl Dflash {
                 None => None,
             });
         }
+        let selector = match hp.selector {
+            Some((r, k)) => Some(Selector {
+                hidden: named(ctx, w, &[e, r], "dft.selector_hidden.weight")?,
+                predecessor: named(ctx, w, &[r, target.hp.n_vocab], "dft.selector_predecessor.weight")?,
+                successor: named(ctx, w, &[r, target.hp.n_vocab], "dft.selector_successor.weight")?,
+                top_k: k,
+            }),
+            None => None,
+        };
         Ok(Dflash {
             convs,
+            selector,
             hp,
             fc,
             enc_norm,
@@ -384,8 +438,119 @@ impl Dflash {
         let xn = ctx.mul(xn, self.output_norm)?;
         let logits = ctx.mul_mat(self.output, xn)?;
         let argmax = ctx.argmax(logits)?;
-        Ok(BlockStep { tokens, pos, mask, kv_idxs, writes, logits, argmax })
+        let lattice = match &self.selector {
+            Some(sel) => Some(self.build_selector(ctx, sel, logits, xn, tokens, block)?),
+            None => None,
+        };
+        Ok(BlockStep { tokens, pos, mask, kv_idxs, writes, logits, argmax, lattice })
     }
+
+    /// DFlash2's candidate selector over one block's `logits` `[V, B]` and
+    /// normed hidden states `t_embd` `[E, B]` (MODELS.md 3.4, SELECTOR, with
+    /// one block): the top K candidates per row, each one's own logit
+    /// (`get_rows` on the vocabulary, so a vocabulary-split head is read
+    /// where its slices live), the gate `W_h·h`, and per position the edge
+    /// scores `⟨A[p] ⊙ gate, B[c]⟩ + logit[c]` from every candidate `p` of
+    /// the previous position (the anchor for position 1), packed into the
+    /// `[E, B]` lattice of [`BlockStep::lattice`].
+    fn build_selector(
+        &self,
+        ctx: &mut Context,
+        sel: &Selector,
+        logits: TensorId,
+        t_embd: TensorId,
+        tokens: TensorId,
+        block: i64,
+    ) -> Result<TensorId> {
+        let (e, k, v) = (self.hp.n_embd, sel.top_k, ctx.tensor(logits)?.ne[0]);
+        let rank = ctx.tensor(sel.hidden)?.ne[1];
+        let cand = ctx.top_k(logits, k as i32)?; // I32 [K, B]
+        let l3 = ctx.reshape_3d(logits, 1, v, block)?;
+        let unary = ctx.get_rows(l3, cand)?; // [1, K, B]
+        let unary = ctx.reshape_2d(unary, k, block)?;
+        let gate = ctx.mul_mat(sel.hidden, t_embd)?; // [R, B]
+        let mut packed = {
+            let z = ctx.new_tensor(GgmlType::F32, &[e, 1])?;
+            ctx.fill(z, 0.0)?
+        };
+        // One run of positions [p0, p0 + n) with `n_pred` predecessor ids per position.
+        let run = |ctx: &mut Context, p0: i64, n: i64, preds: TensorId, n_pred: i64| -> Result<TensorId> {
+            let i32s = ctx.tensor(cand)?.nb[1];
+            let c_run = ctx.view_2d(cand, k, n, i32s, p0 as usize * i32s)?;
+            let c_run = ctx.cont(c_run)?;
+            let c_flat = ctx.reshape_1d(c_run, k * n)?;
+            let succ = ctx.get_rows(sel.successor, c_flat)?; // [R, K·n]
+            let succ = ctx.reshape_3d(succ, rank, k, n)?;
+            let p_flat = ctx.reshape_1d(preds, n_pred * n)?;
+            let pred = ctx.get_rows(sel.predecessor, p_flat)?; // [R, n_pred·n]
+            let pred = ctx.reshape_3d(pred, rank, n_pred, n)?;
+            let f32s = ctx.tensor(gate)?.nb[1];
+            let g_run = ctx.view_2d(gate, rank, n, f32s, p0 as usize * f32s)?;
+            let g_run = ctx.cont(g_run)?;
+            let g_run = ctx.reshape_3d(g_run, rank, 1, n)?;
+            let g_rep = ctx.repeat_4d(g_run, rank, n_pred, n, 1)?;
+            let cond = ctx.mul(pred, g_rep)?;
+            let mut s = ctx.mul_mat(succ, cond)?; // [K (successor c), n_pred (predecessor p), n]
+            if n_pred == 1 {
+                s = ctx.repeat_4d(s, k, k, n, 1)?;
+            }
+            let u_nb = ctx.tensor(unary)?.nb[1];
+            let u_run = ctx.view_2d(unary, k, n, u_nb, p0 as usize * u_nb)?;
+            let u_run = ctx.cont(u_run)?;
+            let u_run = ctx.reshape_3d(u_run, k, 1, n)?;
+            let u_rep = ctx.repeat_4d(u_run, k, k, n, 1)?;
+            let s = ctx.add(s, u_rep)?;
+            let s = ctx.reshape_2d(s, k * k, n)?;
+            let ids = ctx.cast(c_run, GgmlType::F32)?;
+            let row = ctx.concat(ids, s, 0)?;
+            ctx.pad(row, (e - k - k * k) as i32, 0, 0, 0)
+        };
+        if block > 1 {
+            let anchor = ctx.view_1d(tokens, 1, 0)?;
+            let anchor = ctx.cont(anchor)?;
+            let r1 = run(ctx, 1, 1, anchor, 1)?;
+            packed = ctx.concat(packed, r1, 1)?;
+        }
+        if block > 2 {
+            // Predecessors of positions 2..B are the candidates of positions 1..B−1.
+            let i32s = ctx.tensor(cand)?.nb[1];
+            let prev = ctx.view_2d(cand, k, block - 2, i32s, i32s)?;
+            let prev = ctx.cont(prev)?;
+            let rest = run(ctx, 2, block - 2, prev, k)?;
+            packed = ctx.concat(packed, rest, 1)?;
+        }
+        Ok(packed)
+    }
+}
+
+/// Reads DFlash2's lattice (MODELS.md 3.6, v2): from the anchor, at each
+/// position `i = 1..=n_max` take the best-scoring candidate after the
+/// previous pick; stop where `p_min > 0` and that candidate's softmax
+/// probability among the K scores is below `p_min`. Returns the drafted ids.
+///
+/// `lattice` is F32 `[E, B]` as [`BlockStep::lattice`] describes, `k` the
+/// candidates per position. Rows beyond the lattice end the path.
+pub fn best_path(lattice: &[f32], n_embd: usize, k: usize, n_max: usize, p_min: f32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut pred = 0usize;
+    for i in 1..=n_max {
+        let Some(row) = lattice.get(i * n_embd..(i + 1) * n_embd) else { break };
+        let Some(scores) = row.get(k + pred * k..k + (pred + 1) * k) else { break };
+        let (best, &top) = match scores.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0))) {
+            Some(x) => x,
+            None => break,
+        };
+        if p_min > 0.0 {
+            let sum: f64 = scores.iter().map(|&s| ((s - top) as f64).exp()).sum();
+            let prob = (1.0 / sum) as f32;
+            if prob.is_nan() || prob < p_min {
+                break;
+            }
+        }
+        out.push(row[best] as i32);
+        pred = best;
+    }
+    out
 }
 
 /// The DFlash drafter in a speculative loop (MODELS.md 3.6): after every
@@ -510,12 +675,18 @@ impl super::speculative::Drafter for DflashDrafter {
         let ctx = &mut target.ctx;
         ctx.truncate(target.base_len);
         let b = self.model.build_block(ctx, rows)?;
-        // The greedy rows are combined where the vocabulary slices live; the
-        // logits themselves leave the devices only when p_min needs them.
+        // The greedy rows (v1) or the selector's lattice (DFlash2) are
+        // computed where the vocabulary slices live; the logits themselves
+        // leave the devices only when v1's p_min needs them.
         let mut outs = b.writes.clone();
-        outs.push(b.argmax);
-        if self.p_min > 0.0 {
-            outs.push(b.logits);
+        match b.lattice {
+            Some(l) => outs.push(l),
+            None => {
+                outs.push(b.argmax);
+                if self.p_min > 0.0 {
+                    outs.push(b.logits);
+                }
+            }
         }
         let g = ctx.build_forward(&outs)?;
         let mut toks = vec![last];
@@ -534,11 +705,14 @@ impl super::speculative::Drafter for DflashDrafter {
         let inputs = vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&positions)), (b.mask, mask), (b.kv_idxs, idx)];
         let rep = target.runner.run(&target.ctx, &g, &inputs, &outs)?;
         let k = b.writes.len();
+        if b.lattice.is_some() {
+            let lattice = f32s(&rep.outputs[k]);
+            let top_k = self.model.selector.map_or(1, |s| s.top_k) as usize;
+            return Ok(best_path(&lattice, hp.n_embd as usize, top_k, n, self.p_min));
+        }
         let best: Vec<i32> =
             rep.outputs[k].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let logits: Option<Vec<f32>> = (self.p_min > 0.0).then(|| {
-            rep.outputs[k + 1].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-        });
+        let logits: Option<Vec<f32>> = (self.p_min > 0.0).then(|| f32s(&rep.outputs[k + 1]));
         let v = target.model.hp.n_vocab as usize;
         let mut drafts = Vec::with_capacity(n);
         for r in 1..=n {

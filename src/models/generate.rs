@@ -56,12 +56,29 @@ pub enum Weights {
     /// continuations run into near-ties after a few steps.
     Random,
     /// A model with a known greedy rule: token embeddings are random ±1
-    /// vectors, the output head maps token `t`'s embedding to token
+    /// vectors ([`permutation_embedding`]), the output head maps token `t`'s embedding to token
     /// [`permutation`]`(t)` with a wide margin, and the layers add small
     /// random updates (attention and FFN outputs scaled down), so the greedy
     /// continuation of `t` is `perm(t), perm(perm(t)), …` — something real
-    /// for a drafter to predict.
+    /// for a drafter to predict. For a drafter
+    /// ([`write_dflash_gguf_with`]): one built to predict the permutation
+    /// target written with the same seed.
     Permutation,
+}
+
+/// Token `t`'s embedding row in a [`Weights::Permutation`] model from
+/// `seed` (`out` is one row of `n_embd` values): channel 0 is a marker, +1
+/// for every token but the last id of the vocabulary (`n_vocab − 1`,
+/// reserved as a drafter's mask token), which gets −1; the other channels
+/// are seeded random ±1.
+pub fn permutation_embedding(seed: u64, t: i64, n_vocab: i64, out: &mut [f32]) {
+    let mut e = stream(seed, &format!("embedding {t}"));
+    for x in out.iter_mut() {
+        *x = if e() >= 0.0 { 1.0 } else { -1.0 };
+    }
+    if let Some(m) = out.first_mut() {
+        *m = if t == n_vocab - 1 { -1.0 } else { 1.0 };
+    }
 }
 
 /// The vocabulary permutation of a [`Weights::Permutation`] model from `seed`.
@@ -135,13 +152,7 @@ pub fn write_qwen3_gguf_progress(
             1.0
         }
     };
-    // ±1 embedding of token t (its own seeded stream), for the structured head.
-    let embedding = |t: i64, out: &mut [f32]| {
-        let mut e = stream(seed, &format!("embedding {t}"));
-        for x in out.iter_mut() {
-            *x = if e() >= 0.0 { 1.0 } else { -1.0 };
-        }
-    };
+    let embedding = |t: i64, out: &mut [f32]| permutation_embedding(seed, t, hp.n_vocab, out);
     let special = |name: &str, r: usize, row: &mut [f32]| -> bool {
         if structured && name == "token_embd.weight" {
             embedding(r as i64, row);
@@ -210,8 +221,13 @@ fn write_tensors(
 
 /// The tensors of a `dflash` GGUF (GGUF names): `fc`, the norms, and per
 /// layer the Qwen3-style attention and FFN (no embedding or head: the
-/// drafter borrows the target's).
-pub fn dflash_tensors(hp: &super::dflash::DflashHparams, ty: GgmlType) -> Vec<(String, GgmlType, Vec<i64>)> {
+/// drafter borrows the target's of `n_vocab` tokens), DFlash2's
+/// convolution and selector tensors when `hp` has them.
+pub fn dflash_tensors(
+    hp: &super::dflash::DflashHparams,
+    ty: GgmlType,
+    n_vocab: i64,
+) -> Vec<(String, GgmlType, Vec<i64>)> {
     let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
     let (qd, kvd) = (hp.n_head * d, hp.n_head_kv * d);
     let x = hp.target_layers.len() as i64 * hp.target_hidden;
@@ -245,6 +261,13 @@ pub fn dflash_tensors(hp: &super::dflash::DflashHparams, ty: GgmlType) -> Vec<(S
             ]);
         }
     }
+    if let Some((r, _)) = hp.selector {
+        t.extend([
+            ("selector_hidden.weight".to_string(), ty, vec![e, r]),
+            ("selector_predecessor.weight".to_string(), ty, vec![r, n_vocab]),
+            ("selector_successor.weight".to_string(), ty, vec![r, n_vocab]),
+        ]);
+    }
     t
 }
 
@@ -262,7 +285,141 @@ pub fn write_dflash_gguf(
     n_vocab: i64,
     seed: u64,
 ) -> Result<u64> {
+    write_dflash_gguf_with(path, hp, ty, n_vocab, seed, Weights::Random)
+}
+
+/// [`write_dflash_gguf`] with the weights of `kind`. [`Weights::Permutation`]
+/// builds a DFlash2 drafter that predicts the [`Weights::Permutation`]
+/// target written with the same `seed` (its mask token must be the
+/// target's last id, whose embedding's marker channel is −1):
+///
+/// * layer 0's attention sends every mask row to the anchor: queries and
+///   keys read only the marker channel (in the lowest-frequency rope pair,
+///   so positions barely rotate them; the context's keys are zero because
+///   `enc.output_norm` zeroes the marker), and the values copy the anchor's
+///   embedding into the mask rows;
+/// * layer 0's FFN is a lookup table (one unit per token, so
+///   `feed_forward_length ≥ n_vocab`): the unit of token `a` writes the
+///   embeddings of `a, perm(a), …, perm^{B−2}(a)`, so the borrowed head puts
+///   the whole chain `perm(a) … perm^{B−1}(a)` among every row's top
+///   candidates;
+/// * the selector's codebooks score the edge `p → perm(p)` high (the
+///   successor code of `c` is the predecessor code of `perm⁻¹(c)`), with a
+///   gate read from the marker channel, so the best path from the anchor is
+///   the chain in order;
+/// * the later layers and the convolutions add nothing (zero output
+///   projections, identity convolution kernels).
+///
+/// # Errors
+/// [`Error::Model`] if `hp` has no selector, `n_ff < n_vocab`, the mask
+/// token is not `n_vocab − 1`, or `E < 2`; as [`write_dflash_gguf`].
+pub fn write_dflash_gguf_with(
+    path: impl AsRef<std::path::Path>,
+    hp: &super::dflash::DflashHparams,
+    ty: GgmlType,
+    n_vocab: i64,
+    seed: u64,
+    kind: Weights,
+) -> Result<u64> {
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny dflash", n_vocab)?;
-    write_tensors(path, w, &dflash_tensors(hp, ty), seed, &|_| 1.0, &|_, _, _| false, &mut |_, _| {})
+    let tensors = dflash_tensors(hp, ty, n_vocab);
+    if kind == Weights::Random {
+        return write_tensors(path, w, &tensors, seed, &|_| 1.0, &|_, _, _| false, &mut |_, _| {});
+    }
+    let bad = |d: &str| Err(Error::Model { detail: format!("structured dflash drafter: {d}") });
+    let Some((rank, _)) = hp.selector else { return bad("needs DFlash2's selector (selector_top_k > 0)") };
+    if hp.n_ff < n_vocab || hp.mask_token as i64 != n_vocab - 1 || hp.n_embd < 2 || hp.n_head % hp.n_head_kv != 0 {
+        return bad(&format!(
+            "needs feed_forward_length ({}) ≥ n_vocab ({n_vocab}), mask token n_vocab − 1 (got {}), and whole GQA groups",
+            hp.n_ff, hp.mask_token
+        ));
+    }
+    let (e, d, v) = (hp.n_embd as usize, hp.head_dim as usize, n_vocab as usize);
+    let group = (hp.n_head / hp.n_head_kv) as usize;
+    let chain = hp.block_size.max(2) - 1; // drafts per block
+                                          // The value channels: KV head j, dim i carries channel 1 + j·D + i.
+    let s_len = (hp.n_head_kv as usize * d).min(e - 1);
+    let perm = permutation(n_vocab, seed);
+    let mut inverse = vec![0usize; v];
+    for (t, &p) in perm.iter().enumerate() {
+        inverse[p as usize] = t;
+    }
+    let mut emb = vec![0f32; v * e];
+    for (t, row) in emb.chunks_exact_mut(e).enumerate() {
+        permutation_embedding(seed, t as i64, n_vocab, row);
+    }
+    // Scales: copy strength γ; lookup sharpness κ; a matched unit's output
+    // silu(κ·s)·s with s ≈ √(E/|S|) the normed copy's amplitude; δ makes each
+    // chain embedding as strong as the copy; the selector's edge margin ~30.
+    let (gamma, kappa) = (8.0f32, 6.0f32);
+    let amp = (e as f32 / s_len as f32).sqrt();
+    let silu = |x: f32| x / (1.0 + (-x).exp());
+    let delta = gamma / (silu(kappa * amp) * amp);
+    let qk = (20.0 / (d as f32).sqrt()).sqrt();
+    let gate_scale = 30.0 * gamma * ((chain + 1) as f32).sqrt() / rank as f32;
+    let code = |t: usize, out: &mut [f32]| {
+        let mut c = stream(seed, &format!("selector code {t}"));
+        out.iter_mut().for_each(|x| *x = if c() >= 0.0 { 1.0 } else { -1.0 });
+    };
+    let special = |name: &str, r: usize, row: &mut [f32]| -> bool {
+        let layer0 = name.starts_with("blk.0.");
+        let role = name.rsplit_once("blk.").map_or(name, |(_, rest)| rest.split_once('.').map_or(rest, |x| x.1));
+        row.iter_mut().for_each(|x| *x = 0.0);
+        match role {
+            "attn_norm.weight" | "ffn_norm.weight" | "output_norm.weight" => row.iter_mut().for_each(|x| *x = 1.0),
+            "enc.output_norm.weight" => row.iter_mut().skip(1).for_each(|x| *x = 1.0),
+            "attn_q_norm.weight" | "attn_k_norm.weight" => row.iter_mut().for_each(|x| *x = qk),
+            // Queries −marker, keys +marker, in each head's last dim.
+            "attn_q.weight" if layer0 => row[0] = if r % d == d - 1 { -1.0 } else { 0.0 },
+            "attn_k.weight" if layer0 => row[0] = if r % d == d - 1 { 1.0 } else { 0.0 },
+            "attn_v.weight" if layer0 => {
+                if r < s_len {
+                    row[1 + r] = 1.0;
+                }
+            }
+            "attn_output.weight" if layer0 => {
+                // Output channel r ≥ 1 takes the first head of its KV group.
+                if (1..=s_len).contains(&r) {
+                    let (j, i) = ((r - 1) / d, (r - 1) % d);
+                    row[j * group * d + i] = gamma;
+                }
+            }
+            "ffn_gate.weight" | "ffn_up.weight" if layer0 => {
+                if r < v {
+                    let k = if role == "ffn_gate.weight" { kappa } else { 1.0 } / s_len as f32;
+                    for c in 1..=s_len {
+                        row[c] = k * emb[r * e + c];
+                    }
+                }
+            }
+            "ffn_down.weight" if layer0 => {
+                if r >= 1 {
+                    for (j, x) in row.iter_mut().enumerate().take(v) {
+                        let mut t = j;
+                        let mut sum = 0.0;
+                        for _ in 0..chain {
+                            sum += emb[t * e + r];
+                            t = perm[t] as usize;
+                        }
+                        *x = delta * sum;
+                    }
+                }
+            }
+            "attn_output.weight" | "ffn_down.weight" | "attn_conv_proj.weight" | "ffn_conv_proj.weight" => {}
+            // Identity convolutions: tap 0 of either side is 1.
+            "attn_conv_base" | "ffn_conv_base" => {
+                let k = hp.conv.map_or(1, |c| c.0.max(1)) as usize;
+                if r % k == 0 {
+                    row.iter_mut().for_each(|x| *x = 1.0);
+                }
+            }
+            "selector_hidden.weight" => row[0] = -gate_scale,
+            "selector_predecessor.weight" => code(r, row),
+            "selector_successor.weight" => code(inverse[r], row),
+            _ => return false,
+        }
+        true
+    };
+    write_tensors(path, w, &tensors, seed, &|_| 1.0, &special, &mut |_, _| {})
 }

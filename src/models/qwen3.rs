@@ -184,6 +184,21 @@ impl Qwen3Types {
         Qwen3Types { embd: ty, attn: ty, attn_v: ty, ffn: ty, ffn_down: ty, output: ty }
     }
 
+    /// A mixed layout like llama.cpp's Q4_K_M: Q4_K for the embedding,
+    /// Q/K/output projections and FFN gate/up, Q6_K for `attn_v` and
+    /// `ffn_down` (the tensors Q4_K_M keeps wider), Q8_0 for the output
+    /// head. Rows must be multiples of 256 (the K-quant super-block).
+    pub fn q4_k_m() -> Self {
+        Qwen3Types {
+            embd: GgmlType::Q4_K,
+            attn: GgmlType::Q4_K,
+            attn_v: GgmlType::Q6_K,
+            ffn: GgmlType::Q4_K,
+            ffn_down: GgmlType::Q6_K,
+            output: GgmlType::Q8_0,
+        }
+    }
+
     /// The types of a GGUF's tensors (layer 0 for the per-layer roles).
     ///
     /// # Errors
@@ -572,7 +587,8 @@ pub struct Qwen3Session {
     pub base_len: usize,
 }
 
-fn f32s(b: &[u8]) -> Vec<f32> {
+/// Little-endian F32 bytes as values.
+pub(crate) fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 

@@ -687,7 +687,9 @@ impl Device<'_> {
 
     /// Vocabulary-parallel `get_rows` (Megatron's embedding): the table is
     /// split on its rows (axis 1), indices are mirrored; this device looks up
-    /// the rows it owns and gives zeros for the others.
+    /// the rows it owns and gives zeros for the others. Batched tables
+    /// (`[ne0, rows, ne2, ne3]`, indices `[n, ne2, ne3]`, as DFlash2's
+    /// selector reads each block row's candidate logits) look up plane by plane.
     fn vocab_get_rows(&mut self, node: TensorId) -> Result<()> {
         let ctx = self.ctx;
         let t = ctx.t(node);
@@ -713,12 +715,17 @@ impl Device<'_> {
         let ne0 = table.ne[0] as usize;
         let rb = table.ty.row_size(table.ne[0])?;
         let ranges = s.ranges(self.j);
+        // Batched tables [ne0, rows, ne2, ne3] with indices [n, ne2, ne3]:
+        // index k looks up plane (k / n) of this device's [ne0, local rows] slices.
+        let local_rows: i64 = ranges.iter().map(|&(a, b)| b - a).sum();
+        let n_idx = idx_t.ne[0].max(1) as usize;
         let mut v = vec![0f32; ne0 * ids.len()];
         for (k, &id) in ids.iter().enumerate() {
+            let plane = (k / n_idx) as i64;
             let mut base = 0i64;
             for &(a, b) in &ranges {
                 if id >= a && id < b {
-                    let off = (base + id - a) as usize * rb;
+                    let off = ((plane * local_rows) + base + id - a) as usize * rb;
                     let row = tab
                         .get(off..off + rb)
                         .ok_or_else(|| Error::Split { detail: "get_rows: local row out of range".into() })?;

@@ -250,9 +250,7 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
             if let SplitState::Split(s) = &cur[0] {
                 match s.axis {
                     // Vocabulary-parallel embedding: the owner looks the row up, the others give zeros.
-                    1 if src[0].ne[2] == 1 && src[0].ne[3] == 1 && t.ty == crate::tensor::GgmlType::F32 => {
-                        out.push(cand(vec![cur[0].clone(), m.clone()], p()))
-                    }
+                    1 if t.ty == crate::tensor::GgmlType::F32 => out.push(cand(vec![cur[0].clone(), m.clone()], p())),
                     0 => out.push(cand(vec![cur[0].clone(), m.clone()], cur[0].clone())),
                     _ => {}
                 }
