@@ -5,15 +5,19 @@
 //! `cargo run --release --example plan -- --model qwen3-32b --devices 2 --tensor-split 1,1`
 //!
 //! Options: `--model qwen3-8b|qwen3-32b` (default qwen3-8b), `--draft
-//! dflash|none` (default dflash for qwen3-8b: the z-lab 5-layer block-16
-//! drafter, Q8_0; its block and injection steps are planned too), `--devices N`,
-//! `--tensor-split r0,r1,..`, `--ctx-size` (KV cells, default 4096),
-//! `--cache-type-k f16|q8_0|q4_0` (default f16), `--tokens T` (batch, default 1).
+//! dflash|dflash2|none` (default: dflash for qwen3-8b, the z-lab 5-layer
+//! block-16 drafter; dflash2 for qwen3-32b, a 5-layer block-8 DFlash2 drafter
+//! with the z-lab Qwen3.8-27B-DFlash2 dimensions (MODELS.md 3.5) and its
+//! candidate selector; both Q8_0, their block and injection steps planned
+//! too), `--devices N`, `--tensor-split r0,r1,..`, `--split-mode
+//! none|tensor` (default tensor; none plans one device), `--ctx-size` (KV
+//! cells, default 4096), `--cache-type-k f16|q8_0|q4_0` (default f16),
+//! `--tokens T` (batch, default 1).
 
 use shardgraph::models::dflash::{Dflash, DflashHparams};
 use shardgraph::models::policy::{qwen3_dflash_policy, qwen3_policy};
 use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
-use shardgraph::split::Planner;
+use shardgraph::split::{Collective, Planner};
 use shardgraph::{Context, GgmlType};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -27,14 +31,25 @@ fn gib(b: u64) -> String {
 fn main() -> shardgraph::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let model = arg(&args, "--model").unwrap_or_else(|| "qwen3-8b".into());
-    let n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(2);
-    let ratios: Vec<f32> = match arg(&args, "--tensor-split") {
+    let mut n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(2);
+    let mut ratios: Vec<f32> = match arg(&args, "--tensor-split") {
         Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
         None => vec![1.0; n],
     };
     if ratios.len() != n || ratios.iter().any(|r| !r.is_finite()) {
         eprintln!("--tensor-split needs {n} numbers, got {ratios:?}");
         std::process::exit(2);
+    }
+    match arg(&args, "--split-mode").as_deref() {
+        None | Some("tensor") => {}
+        Some("none") => {
+            n = 1;
+            ratios = vec![1.0];
+        }
+        Some(other) => {
+            eprintln!("--split-mode {other}: use none or tensor");
+            std::process::exit(2);
+        }
     }
     let kv_size: i64 = arg(&args, "--ctx-size").and_then(|v| v.parse().ok()).unwrap_or(4096);
     let tokens: i64 = arg(&args, "--tokens").and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -78,18 +93,11 @@ fn main() -> shardgraph::Result<()> {
             std::process::exit(2);
         }
     };
-    let types = Qwen3Types {
-        embd: GgmlType::Q4_K,
-        attn: GgmlType::Q4_K,
-        attn_v: GgmlType::Q6_K,
-        ffn: GgmlType::Q4_K,
-        ffn_down: GgmlType::Q6_K,
-        output: GgmlType::Q6_K,
-    };
+    let types = Qwen3Types { output: GgmlType::Q6_K, ..Qwen3Types::q4_k_m() };
     let draft =
-        arg(&args, "--draft").unwrap_or_else(|| if model == "qwen3-8b" { "dflash".into() } else { "none".into() });
+        arg(&args, "--draft").unwrap_or_else(|| if model == "qwen3-8b" { "dflash".into() } else { "dflash2".into() });
     // The z-lab Qwen3-8B-DFlash-b16 drafter (MODELS.md 3.5).
-    let dhp = DflashHparams {
+    let v1 = DflashHparams {
         n_layer: 5,
         n_embd: hp.n_embd,
         n_ff: hp.n_ff,
@@ -105,13 +113,31 @@ fn main() -> shardgraph::Result<()> {
         conv: None,
         selector: None,
     };
+    // A DFlash2 drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions (MODELS.md 3.5).
+    let v2 = DflashHparams {
+        n_layer: 5,
+        n_embd: hp.n_embd,
+        n_ff: 17408,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        rms_eps: 1e-6,
+        rope_base: 1e7,
+        target_layers: vec![6, 20, 34, 48, 62].into_iter().filter(|&l| l <= hp.n_layer).collect(),
+        target_hidden: hp.n_embd,
+        block_size: 8,
+        mask_token: 151669,
+        conv: Some((2, 16)),
+        selector: Some((256, 16)),
+    };
     let mut ctx = Context::new();
     let m = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
     let drafter = match draft.as_str() {
-        "dflash" => Some(Dflash::new(&mut ctx, &m, dhp.clone(), GgmlType::Q8_0, kv_type, kv_size)?),
+        "dflash" => Some(Dflash::new(&mut ctx, &m, v1, GgmlType::Q8_0, kv_type, kv_size)?),
+        "dflash2" => Some(Dflash::new(&mut ctx, &m, v2, GgmlType::Q8_0, kv_type, kv_size)?),
         "none" => None,
         other => {
-            eprintln!("--draft {other}: use dflash or none");
+            eprintln!("--draft {other}: use dflash, dflash2 or none");
             std::process::exit(2);
         }
     };
@@ -158,11 +184,35 @@ fn main() -> shardgraph::Result<()> {
         ctx.truncate(base);
         let b = d.build_block(&mut ctx, d.hp.block_size as i64)?;
         let mut outs = b.writes.clone();
-        outs.push(b.argmax);
+        // v1 reads each row's greedy token; DFlash2 its selector's lattice.
+        outs.push(b.lattice.unwrap_or(b.argmax));
         let g = ctx.build_forward(&outs)?;
         let bplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
-        println!("\ndflash drafter ({} layers, block {}): one block step", d.hp.n_layer, d.hp.block_size);
+        let kind = if d.hp.selector.is_some() { "dflash2" } else { "dflash" };
+        println!("\n{kind} drafter ({} layers, block {}): one block step", d.hp.n_layer, d.hp.block_size);
         println!("{}", bplan.report(&ctx).trim_end());
+        // The logits [V, B] stay split by vocabulary: only per-row combines touch them.
+        let logits = ctx.tensor(b.logits)?.nelements();
+        let on_logits: u64 = bplan
+            .repartitions
+            .iter()
+            .filter(|r| ctx.tensor(r.tensor).map(|t| t.nelements() >= logits).unwrap_or(false))
+            .map(|r| r.traffic.total_bytes)
+            .sum();
+        let combines: u64 = bplan
+            .repartitions
+            .iter()
+            .filter(|r| r.traffic.kind == Collective::RowCombine)
+            .map(|r| r.traffic.total_bytes)
+            .sum();
+        if n > 1 {
+            println!(
+            "logits [{}, {}] ({} bytes F32) stay split by vocabulary: {on_logits} bytes of collectives move them; per-row combines (argmax/top_k) move {combines} bytes",
+            hp.n_vocab,
+            d.hp.block_size,
+            logits * 4
+        );
+        }
         let bmem = bplan.memory(&ctx, &g)?;
         ctx.truncate(base);
         let inj = d.build_inject(&mut ctx, d.hp.block_size as i64)?;

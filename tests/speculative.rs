@@ -181,6 +181,13 @@ fn seed_hp() -> (Qwen3Hparams, shardgraph::models::dflash::DflashHparams) {
     (t, d)
 }
 
+/// DFlash2 drafting (its selector's best path, generated to follow the
+/// permutation) against a target whose layer-0 attention overrides the
+/// permutation at some positions: drafts are accepted and rejected, and the
+/// output equals single-device plain greedy decoding on 1, 2 and 3 devices,
+/// ratios 1:1 and 3:1, KV caches F16 and Q4_0 — among them the seed
+/// configuration (target Q4_K-style weights, drafter Q8_0, KV cache q4_0,
+/// flash attention, tensor split 1,1).
 #[test]
 fn dflash2_seed_configuration_accepts_drafts_and_stays_greedy() {
     use shardgraph::models::dflash::DflashDrafter;
@@ -188,23 +195,49 @@ fn dflash2_seed_configuration_accepts_drafts_and_stays_greedy() {
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-seed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (thp, dhp) = seed_hp();
-    let target = dir.join("target-q4_k_m.gguf");
-    write_qwen3_gguf_with(&target, &thp, &Qwen3Types::q4_k_m(), 23, Weights::Permutation).unwrap();
+    let kind = Weights::PermutationWithAttention { attention: 2.0 };
     let drafter = dir.join("dflash2-q8_0.gguf");
     write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, thp.n_vocab, 23, Weights::Permutation).unwrap();
     let prompt = [7, 31, 150, 2, 64, 90];
     let n_gen = 40;
-    let plain = {
-        let mut s = Qwen3Session::from_gguf(&target, &[1.0], 1, GgmlType::F16, 96).unwrap();
-        let mut none = PermDrafter { perm: vec![], every: 0, all_wrong: false };
-        generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
-    };
-    for (ratios, kv) in [(vec![1.0], GgmlType::F16), (vec![1.0, 1.0], GgmlType::Q4_0)] {
-        let mut s = Qwen3Session::from_gguf(&target, &ratios, 1, kv, 96).unwrap();
-        let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
-        let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 5, n_min: 1 }).unwrap();
-        eprintln!("{ratios:?} kv {kv}: {st:?}");
-        assert_eq!(tokens, plain, "{ratios:?} kv {kv}: {st:?}");
+    let (f16, q4_0) = (GgmlType::F16, GgmlType::Q4_0);
+    for (name, types, runs) in [
+        (
+            "target-q4_k_m.gguf",
+            Qwen3Types::q4_k_m(),
+            vec![(vec![1.0], f16), (vec![1.0, 1.0], q4_0), (vec![1.0, 1.0], f16)],
+        ),
+        // Q8_0 attention blocks let 3 devices and 3:1 each hold a KV head.
+        (
+            "target-q8_0.gguf",
+            Qwen3Types::all(GgmlType::Q8_0),
+            vec![
+                (vec![3.0, 1.0], f16),
+                (vec![3.0, 1.0], q4_0),
+                (vec![1.0, 1.0, 1.0], q4_0),
+                (vec![1.0, 1.0, 1.0], f16),
+            ],
+        ),
+    ] {
+        let target = dir.join(name);
+        write_qwen3_gguf_with(&target, &thp, &types, 23, kind).unwrap();
+        // Plain greedy on one device with the same KV cache type.
+        let plain = |kv| {
+            let mut s = Qwen3Session::from_gguf(&target, &[1.0], 1, kv, 96).unwrap();
+            let mut none = PermDrafter { perm: vec![], every: 0, all_wrong: false };
+            generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
+        };
+        let (plain_f16, plain_q4_0) = (plain(f16), plain(q4_0));
+        for (ratios, kv) in runs {
+            let plain = if kv == f16 { &plain_f16 } else { &plain_q4_0 };
+            let mut s = Qwen3Session::from_gguf(&target, &ratios, 1, kv, 96).unwrap();
+            let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
+            let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 5, n_min: 1 }).unwrap();
+            eprintln!("{name} {ratios:?} kv {kv}: {st:?}");
+            assert_eq!(&tokens, plain, "{name} {ratios:?} kv {kv}: {st:?}");
+            // The drafter predicts the target often, and is wrong where its attention intervenes.
+            assert!(st.accepted * 5 >= st.drafted && st.accepted < st.drafted, "{name} {ratios:?} kv {kv}: {st:?}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

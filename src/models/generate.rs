@@ -50,7 +50,7 @@ pub fn qwen3_tensors(hp: &Qwen3Hparams, types: &Qwen3Types) -> Vec<(String, Ggml
 }
 
 /// What the generated weights do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Weights {
     /// Uniform random matrices (unit variance of each output); greedy
     /// continuations run into near-ties after a few steps.
@@ -64,6 +64,18 @@ pub enum Weights {
     /// ([`write_dflash_gguf_with`]): one built to predict the permutation
     /// target written with the same seed.
     Permutation,
+    /// [`Weights::Permutation`] with attention that matters: layer 0's
+    /// attention (random queries and keys) copies the embeddings of the
+    /// tokens it attends to into the residual stream, `attention` strong, so
+    /// at positions where it concentrates on an earlier token `x` the greedy
+    /// token becomes `perm(x)` instead of the chain's — a drafter that
+    /// follows the permutation is rejected there. For a drafter, the same as
+    /// [`Weights::Permutation`].
+    PermutationWithAttention {
+        /// Strength of layer 0's copy of attended embeddings (the token's
+        /// own embedding has strength 1).
+        attention: f32,
+    },
 }
 
 /// Token `t`'s embedding row in a [`Weights::Permutation`] model from
@@ -143,7 +155,11 @@ pub fn write_qwen3_gguf_progress(
     hp.validate()?;
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny qwen3")?;
-    let structured = kind == Weights::Permutation;
+    let structured = kind != Weights::Random;
+    let copy = match kind {
+        Weights::PermutationWithAttention { attention } => Some(attention),
+        _ => None,
+    };
     // Structured models: the layers' writes into the residual stream are small.
     let damp = |name: &str| {
         if structured && (name.ends_with("attn_output.weight") || name.ends_with("ffn_down.weight")) {
@@ -152,6 +168,8 @@ pub fn write_qwen3_gguf_progress(
             1.0
         }
     };
+    let (d, group) = (hp.head_dim as usize, (hp.n_head / hp.n_head_kv.max(1)) as usize);
+    let s_len = ((hp.n_head_kv * hp.head_dim) as usize).min(hp.n_embd.max(1) as usize - 1);
     let embedding = |t: i64, out: &mut [f32]| permutation_embedding(seed, t, hp.n_vocab, out);
     let special = |name: &str, r: usize, row: &mut [f32]| -> bool {
         if structured && name == "token_embd.weight" {
@@ -161,6 +179,22 @@ pub fn write_qwen3_gguf_progress(
             embedding(inverse.get(r).copied().unwrap_or(0), row);
             let k = 16.0 / row.len().max(1) as f32;
             row.iter_mut().for_each(|x| *x *= k);
+        } else if let (Some(_), "blk.0.attn_v.weight") = (copy, name) {
+            // Layer 0's values copy the attended tokens' embeddings (channels 1..=S) ...
+            row.iter_mut().for_each(|x| *x = 0.0);
+            if r < s_len {
+                row[1 + r] = 1.0;
+            }
+        } else if copy.is_some() && (name == "blk.0.attn_q_norm.weight" || name == "blk.0.attn_k_norm.weight") {
+            // Sharper scores (q·k up to 16× a unit norm's), so the attention often settles on one token.
+            row.iter_mut().for_each(|x| *x = 4.0);
+        } else if let (Some(c), "blk.0.attn_output.weight") = (copy, name) {
+            // ... into the residual stream, `c` strong (first head of each KV group).
+            row.iter_mut().for_each(|x| *x = 0.0);
+            if (1..=s_len).contains(&r) {
+                let (j, i) = ((r - 1) / d, (r - 1) % d);
+                row[j * group * d + i] = c;
+            }
         } else {
             return false;
         }
