@@ -281,3 +281,46 @@ fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
         assert_eq!(f32s(&two[0]), got, "side {side}: 2 devices");
     }
 }
+
+#[test]
+fn best_path_follows_the_edges_from_the_anchor_and_stops_below_p_min() {
+    use shardgraph::models::dflash::best_path;
+    // E = 8, K = 2: each row is [c0, c1 | s(p0→c0), s(p0→c1), s(p1→c0), s(p1→c1) | 0, 0].
+    let lattice = [
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],   // row 0: the anchor
+        [11.0, 12.0, 1.0, 5.0, 9.0, 9.0, 0.0, 0.0], // from the anchor (p = 0): c1 = 12 wins
+        [21.0, 22.0, 0.0, 9.0, 7.0, 2.0, 0.0, 0.0], // after candidate 1: c0 = 21 wins (7 > 2)
+        [31.0, 32.0, 3.0, 3.1, 0.0, 0.0, 0.0, 0.0], // after candidate 0: 32 wins narrowly (p ≈ 0.52)
+    ]
+    .concat();
+    assert_eq!(best_path(&lattice, 8, 2, 3, 0.0), vec![12, 21, 32]);
+    assert_eq!(best_path(&lattice, 8, 2, 2, 0.0), vec![12, 21]);
+    // p_min 0.9: row 3's best candidate has probability 1/(1 + e^-0.1) ≈ 0.52 < 0.9.
+    assert_eq!(best_path(&lattice, 8, 2, 3, 0.9), vec![12, 21]);
+    // Rows beyond the lattice end the path.
+    assert_eq!(best_path(&lattice, 8, 2, 7, 0.0), vec![12, 21, 32]);
+}
+
+#[test]
+fn a_selector_that_does_not_fit_is_an_error() {
+    let mut ctx = Context::new();
+    let target = Qwen3::new(&mut ctx, target_hp(), Qwen3Types::all(GgmlType::F32), GgmlType::F16, 8).unwrap();
+    // K + K² = 132 > E = 128: a lattice row cannot hold the scores.
+    let wide = DflashHparams { conv: Some((2, 16)), selector: Some((32, 11)), ..drafter_hp() };
+    let e = Dflash::new(&mut ctx, &target, wide, GgmlType::F32, GgmlType::F16, 8).unwrap_err();
+    assert!(e.to_string().contains("selector_top_k"), "{e}");
+    // A structured drafter needs the selector.
+    let dir = std::env::temp_dir().join(format!("shardgraph-dflash-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = shardgraph::models::generate::write_dflash_gguf_with(
+        dir.join("d.gguf"),
+        &drafter_hp(),
+        GgmlType::F32,
+        160,
+        1,
+        shardgraph::models::generate::Weights::Permutation,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("selector"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -321,7 +321,8 @@ impl Dflash {
         let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
         let qd = hp.n_head * d;
         let x = hp.target_layers.len() as i64 * hp.target_hidden;
-        for (what, n) in [("fc", x), ("attn", e), ("attn_output", qd), ("ffn_down", f)] {
+        let rank = hp.selector.map_or(weight_type.block_size() as i64, |s| s.0);
+        for (what, n) in [("fc", x), ("attn", e), ("attn_output", qd), ("ffn_down", f), ("selector codebook", rank)] {
             if n % weight_type.block_size() as i64 != 0 {
                 return Err(Error::Model {
                     detail: format!("dflash: {what} rows of {n} do not fit {weight_type} blocks"),
