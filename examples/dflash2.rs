@@ -42,6 +42,45 @@ impl Drafter for NoDraft {
     }
 }
 
+/// The options this example takes (each followed by a value, except `--verify`).
+const OPTIONS: &[&str] = &[
+    "--devices",
+    "--tensor-split",
+    "--split-mode",
+    "--spec-draft-n-max",
+    "--spec-draft-n-min",
+    "--spec-draft-p-min",
+    "--cache-type-k",
+    "--n-predict",
+    "--threads",
+    "--model",
+    "--model-draft",
+];
+
+/// Exits with usage on `--help` or an unknown option.
+fn check_options(args: &[String]) {
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if a == "--help" || a == "-h" {
+            println!(
+                "usage: dflash2 [--verify] {}",
+                OPTIONS.iter().map(|o| format!("[{o} V]")).collect::<Vec<_>>().join(" ")
+            );
+            println!("(see the doc comment of examples/dflash2.rs for what each does)");
+            std::process::exit(0);
+        }
+        if a == "--verify" {
+            i += 1;
+        } else if OPTIONS.contains(&a) && i + 1 < args.len() {
+            i += 2;
+        } else {
+            eprintln!("unknown option or missing value: {a} (try --help)");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
@@ -145,13 +184,22 @@ fn main() {
     env_logger::init();
     if let Err(e) = run() {
         eprintln!("error: {e}");
+        eprintln!(
+            "(the generated example models are cached as {}/shardgraph-example-*.gguf; delete them to regenerate)",
+            std::env::temp_dir().display()
+        );
         std::process::exit(1);
     }
 }
 
 fn run() -> shardgraph::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    check_options(&args);
     let mut n: usize = parsed(&args, "--devices", 2);
+    if n == 0 {
+        eprintln!("--devices must be at least 1");
+        std::process::exit(2);
+    }
     let mode = arg(&args, "--split-mode").unwrap_or_else(|| "tensor".into());
     let mut ratios: Vec<f32> = match arg(&args, "--tensor-split") {
         Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
@@ -186,20 +234,40 @@ fn run() -> shardgraph::Result<()> {
     let threads: usize = parsed(&args, "--threads", 1);
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);
     let n_min: usize = parsed(&args, "--spec-draft-n-min", 0);
+    if n_gen == 0 || threads == 0 || !(0.0..=1.0).contains(&p_min) {
+        eprintln!("--n-predict and --threads must be at least 1, --spec-draft-p-min within 0..=1");
+        std::process::exit(2);
+    }
     let verify = args.iter().any(|a| a == "--verify");
+    // The example models are generated when absent; paths given by the user must exist.
     let dir = std::env::temp_dir();
-    let target =
-        arg(&args, "--model").map(PathBuf::from).unwrap_or_else(|| dir.join("shardgraph-example-qwen3-q4_k_m.gguf"));
-    let draft_path = arg(&args, "--model-draft")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| dir.join("shardgraph-example-dflash2-q8_0.gguf"));
+    let given = |name: &str| -> Option<PathBuf> {
+        let p = PathBuf::from(arg(&args, name)?);
+        if !p.is_file() {
+            eprintln!("{name} {}: no such file", p.display());
+            std::process::exit(2);
+        }
+        Some(p)
+    };
+    let target = given("--model").unwrap_or_else(|| dir.join("shardgraph-example-qwen3-q4_k_m.gguf"));
+    let draft_path = given("--model-draft").unwrap_or_else(|| dir.join("shardgraph-example-dflash2-q8_0.gguf"));
     ensure_models(&target, &draft_path)?;
+    // Check the drafter's metadata before spending time on the baseline.
+    let dhp = DflashHparams::from_gguf(&shardgraph::gguf::GgufFile::open(&draft_path)?)?;
+    if dhp.block_size < 2 {
+        eprintln!("{}: block_size {} leaves nothing to draft", draft_path.display(), dhp.block_size);
+        std::process::exit(2);
+    }
 
     let kv_size = 1024;
     let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
     let open = |ratios: &[f32]| Qwen3Session::from_gguf(&target, ratios, threads, kv_type, kv_size);
 
-    // Plain greedy on these devices (the baseline).
+    // Plain greedy on these devices (the baseline), after a short warm-up
+    // run so that neither measurement pays for first-touch page faults.
+    let mut s = open(&ratios)?;
+    generate(&mut s, &mut NoDraft, &prompt, n_gen.min(8), SpecParams { n_max: 0, n_min: 0 })?;
+    drop(s);
     let mut s = open(&ratios)?;
     let t = Instant::now();
     let (plain, _) = generate(&mut s, &mut NoDraft, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 })?;
@@ -209,7 +277,7 @@ fn run() -> shardgraph::Result<()> {
     // Speculative, DFlash2 drafting.
     let mut s = open(&ratios)?;
     let mut d = DflashDrafter::attach_gguf(&mut s, &draft_path, kv_type, p_min)?;
-    let block = d.model.hp.block_size;
+    let block = d.model.hp.block_size.max(2);
     let n_max: usize = parsed(&args, "--spec-draft-n-max", block - 1).min(block - 1);
     let moved = s.runner.bytes_moved;
     let t = Instant::now();
@@ -229,7 +297,8 @@ fn run() -> shardgraph::Result<()> {
         d.model.hp.selector.map_or(0, |x| x.1),
     );
     println!(
-        "{n} device(s), --split-mode {mode}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated",
+        "{n} device(s), --split-mode {mode}{}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated",
+        if mode == "none" { " (one device; --devices and --tensor-split ignored)" } else { "" },
         prompt.len()
     );
     let plain_tps = n_gen as f64 / plain_s;
@@ -241,7 +310,7 @@ fn run() -> shardgraph::Result<()> {
         st.accepted,
         100.0 * st.accepted as f64 / st.drafted.max(1) as f64,
         st.target_steps,
-        (n_gen - 1) as f64 / st.target_steps.max(1) as f64
+        n_gen.saturating_sub(1) as f64 / st.target_steps.max(1) as f64
     );
     println!(
         "speed-up over plain greedy: {:.2}x; {} bytes moved between devices ({:.0} per token)",

@@ -28,14 +28,42 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-fn main() -> shardgraph::Result<()> {
+const OPTIONS: &[&str] =
+    &["--model", "--draft", "--devices", "--tensor-split", "--split-mode", "--ctx-size", "--cache-type-k", "--tokens"];
+
+fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < args.len() {
+        if args[i] == "--help" || args[i] == "-h" {
+            println!("usage: plan {}", OPTIONS.iter().map(|o| format!("[{o} V]")).collect::<Vec<_>>().join(" "));
+            println!("(see the doc comment of examples/plan.rs for what each does)");
+            return;
+        }
+        if !OPTIONS.contains(&args[i].as_str()) || i + 1 >= args.len() {
+            eprintln!("unknown option or missing value: {} (try --help)", args[i]);
+            std::process::exit(2);
+        }
+        i += 2;
+    }
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &[String]) -> shardgraph::Result<()> {
+    let args = args.to_vec();
     let model = arg(&args, "--model").unwrap_or_else(|| "qwen3-8b".into());
     let mut n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(2);
     let mut ratios: Vec<f32> = match arg(&args, "--tensor-split") {
         Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
         None => vec![1.0; n],
     };
+    if n == 0 {
+        eprintln!("--devices must be at least 1");
+        std::process::exit(2);
+    }
     if ratios.len() != n || ratios.iter().any(|r| !r.is_finite()) {
         eprintln!("--tensor-split needs {n} numbers, got {ratios:?}");
         std::process::exit(2);
@@ -157,7 +185,7 @@ fn main() -> shardgraph::Result<()> {
         hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab
     );
     println!(
-        "graph: {} nodes, {} leafs; planned for {n} devices (tensor split {ratios:?}) in {:.1} ms",
+        "graph: {} nodes, {} leafs; planned for {n} device(s) (tensor split {ratios:?}) in {:.1} ms",
         graph.n_nodes(),
         graph.leafs().len(),
         secs * 1e3

@@ -181,3 +181,60 @@ fn plan_memory_per_device_is_known_before_allocation() {
         "{text}"
     );
 }
+
+/// A tensor split that gives one device everything (`--tensor-split 0,1`)
+/// plans like one device: no weight is re-laid out each step (a conversion
+/// that moves nothing between devices still rewrites the tensor locally, and
+/// the planner charges it), and the busy device's compute peak stays that of
+/// a one-device plan. Found by trying the dflash2 example with `0,1`: 702
+/// zero-byte all-to-alls of whole weights made decoding 2.5× slower than one
+/// device.
+#[test]
+fn a_zero_ratio_device_does_not_make_the_others_relayout_weights() {
+    use shardgraph::models::policy::qwen3_policy;
+    use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+    let hp = Qwen3Hparams {
+        n_layer: 4,
+        n_embd: 1024,
+        n_ff: 2816,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 64,
+        n_vocab: 8192,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        n_ctx_train: 4096,
+    };
+    let types = Qwen3Types::q4_k_m();
+    let plan_for = |ratios: &[f32]| {
+        let mut ctx = Context::new();
+        let m = Qwen3::new(&mut ctx, hp.clone(), types, GgmlType::F16, 256).unwrap();
+        let step = m.build(&mut ctx, 1, &[]).unwrap();
+        let g = ctx.build_forward(&step.outputs()).unwrap();
+        let policy = qwen3_policy(&hp, &types, ratios).unwrap();
+        let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+        let mem = plan.memory(&ctx, &g).unwrap();
+        (plan, mem, ctx)
+    };
+    let (_, one, _) = plan_for(&[1.0]);
+    for ratios in [[0.0, 1.0], [1.0, 0.0]] {
+        let (plan, mem, ctx) = plan_for(&ratios);
+        let busy = if ratios[0] == 0.0 { 1 } else { 0 };
+        for r in &plan.repartitions {
+            let t = ctx.tensor(r.tensor).unwrap();
+            assert!(
+                !(t.name.ends_with(".weight") && t.ne[1] > 1),
+                "{ratios:?}: weight {} re-laid out ({:?} -> {:?})",
+                t.name,
+                r.from,
+                r.to
+            );
+        }
+        assert!(
+            mem[busy].compute <= one[0].compute,
+            "{ratios:?}: compute {} vs one device {}",
+            mem[busy].compute,
+            one[0].compute
+        );
+    }
+}

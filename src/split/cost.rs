@@ -51,11 +51,18 @@ pub struct LinkModel {
     pub latency_s: f64,
     /// Per-device link bandwidth, bytes per second (default 20 GB/s, PCIe 4.0 x16-ish).
     pub bandwidth: f64,
+    /// A device's own memory bandwidth for re-laying out a tensor, bytes per
+    /// second (default 10 GB/s, a host copy). Every conversion but mirrored → partial
+    /// writes the tensor's new layout locally, even one that moves nothing
+    /// between devices (a split that leaves all of a tensor on one device
+    /// converted to another axis), so the planner charges
+    /// `tensor bytes / local_bandwidth` for it.
+    pub local_bandwidth: f64,
 }
 
 impl Default for LinkModel {
     fn default() -> Self {
-        LinkModel { latency_s: 10e-6, bandwidth: 20e9 }
+        LinkModel { latency_s: 10e-6, bandwidth: 20e9, local_bandwidth: 10e9 }
     }
 }
 
@@ -145,7 +152,15 @@ pub fn conversion(from: &SplitState, to: &SplitState, bytes: u64, n: usize) -> O
             (SplitState::Split(_), SplitState::Split(_)) => Collective::AllToAll,
             _ => Collective::AllGather,
         };
-        let steps = if kind == Collective::Rebalance { 1 } else { steps };
+        // Nothing to receive (a split that already leaves every element where
+        // the new state wants it, e.g. all of it on one device): no link steps.
+        let steps = if total == 0 {
+            0
+        } else if kind == Collective::Rebalance {
+            1
+        } else {
+            steps
+        };
         Traffic { kind, bytes_per_device: per, total_bytes: total, steps }
     };
     Some(match (from, to) {

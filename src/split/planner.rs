@@ -282,8 +282,12 @@ impl Planner {
                     if have.get(&s.index()).is_some_and(|v| v.contains(need)) || cur[k] == SplitState::Unknown {
                         continue;
                     }
-                    if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n) {
+                    let bytes = ctx.t(s).data_bytes() as u64;
+                    if let Some(tr) = conversion(&cur[k], need, bytes, n) {
                         cost += tr.time(&self.link) + 1e-12; // any conversion loses a tie
+                        if tr.kind != Collective::MirroredToPartial {
+                            cost += bytes as f64 / self.link.local_bandwidth;
+                        }
                     }
                 }
                 if let Some(b) = c.combine_bytes {
