@@ -119,6 +119,7 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
     outs.extend(b.lattice);
     outs.push(b.logits);
     outs.push(b.argmax);
+    outs.push(b.top_prob);
     let g = ctx.build_forward(&outs).unwrap();
     let mut mask = Vec::new();
     for _ in 0..5 {
@@ -133,9 +134,17 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
         vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&bpos)), (b.mask, mask), (b.kv_idxs, i64b(&[6, 7, 8, 9, 10]))];
     let rep = runner.run(&ctx, &g, &inputs, &outs).unwrap();
     let n = outs.len();
-    let logits = f32s(&rep.outputs[n - 2]);
-    let argmax = rep.outputs[n - 1].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let lattice = if b.lattice.is_some() { f32s(&rep.outputs[n - 3]) } else { vec![] };
+    let logits = f32s(&rep.outputs[n - 3]);
+    let argmax = rep.outputs[n - 2].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let lattice = if b.lattice.is_some() { f32s(&rep.outputs[n - 4]) } else { vec![] };
+    // v1's p_min reads each row's top probability, computed on the devices:
+    // it equals 1 / Σ exp(logit − max) of the row.
+    let top_prob = f32s(&rep.outputs[n - 1]);
+    for (r, row) in logits.chunks(160).enumerate() {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let want = 1.0 / row.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>();
+        assert!((top_prob[r] as f64 - want).abs() <= 1e-5 * want, "{ratios:?} row {r}: {} vs {want}", top_prob[r]);
+    }
     let cache = dft.layers[0].cache_k;
     let mut cb = vec![0u8; ctx.tensor(cache).unwrap().nbytes()];
     runner.store.get_tensor(&ctx, cache, 0, &mut cb).unwrap();
@@ -185,7 +194,7 @@ fn drafter_graphs_on_n_devices_equal_one_device() {
             // candidates' logits are computed where the slices live, and no collective
             // moves anything near the logits' size.
             let b = dft.build_block(&mut ctx, 5).unwrap();
-            let mut outs = vec![b.argmax];
+            let mut outs = vec![b.argmax, b.top_prob];
             outs.extend(b.lattice);
             let g = ctx.build_forward(&outs).unwrap();
             let plan = Planner::new(bandwidth_bound()).plan(&ctx, &g, &runner.policy, &[]).unwrap();

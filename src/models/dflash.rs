@@ -268,6 +268,10 @@ pub struct BlockStep {
     pub logits: TensorId,
     /// Greedy token per row, I32 `[B]`.
     pub argmax: TensorId,
+    /// The greedy token's probability per row, F32 `[1, 1, B]`: `soft_max`
+    /// of the logits read at `argmax` (both computed where the vocabulary
+    /// slices live, so only `B` floats leave the devices).
+    pub top_prob: TensorId,
     /// DFlash2's lattice F32 `[E, B]` (`None` for DFlash v1): row 0 zeros;
     /// row `i ≥ 1` holds the K candidate ids of position `i` (as floats)
     /// then K×K edge scores, index `p·K + c` for candidate `c` after the
@@ -439,11 +443,18 @@ impl Dflash {
         let xn = ctx.mul(xn, self.output_norm)?;
         let logits = ctx.mul_mat(self.output, xn)?;
         let argmax = ctx.argmax(logits)?;
+        let top_prob = {
+            let v = ctx.tensor(logits)?.ne[0];
+            let probs = ctx.soft_max(logits)?;
+            let probs = ctx.reshape_3d(probs, 1, v, block)?;
+            let at = ctx.reshape_2d(argmax, 1, block)?;
+            ctx.get_rows(probs, at)?
+        };
         let lattice = match &self.selector {
             Some(sel) => Some(self.build_selector(ctx, sel, logits, xn, tokens, block)?),
             None => None,
         };
-        Ok(BlockStep { tokens, pos, mask, kv_idxs, writes, logits, argmax, lattice })
+        Ok(BlockStep { tokens, pos, mask, kv_idxs, writes, logits, argmax, top_prob, lattice })
     }
 
     /// DFlash2's candidate selector over one block's `logits` `[V, B]` and
@@ -557,9 +568,12 @@ pub fn best_path(lattice: &[f32], n_embd: usize, k: usize, n_max: usize, p_min: 
 /// The DFlash drafter in a speculative loop (MODELS.md 3.6): after every
 /// target decode the kept rows' tapped hidden states are injected into the
 /// drafter's caches at their positions; a draft is one block
-/// `[last, mask × n]` decoded non-causally over the injected context, its
-/// rows 1..=n read greedily, stopping at the first row whose top
-/// probability is below `p_min`.
+/// `[last, mask × n]` decoded non-causally over the injected context. DFlash
+/// v1 reads rows 1..=n greedily, stopping at the first row whose top
+/// probability is below `p_min`; DFlash2 reads its selector's lattice with
+/// [`best_path`] (the same `p_min` over each position's K edge scores).
+/// Either way the vocabulary-split logits stay on their devices (v1 with
+/// `p_min > 0` reads them on the host to get the probabilities).
 #[derive(Clone, Debug)]
 pub struct DflashDrafter {
     /// The drafter's tensors (in the target session's context).
@@ -676,16 +690,16 @@ impl super::speculative::Drafter for DflashDrafter {
         let ctx = &mut target.ctx;
         ctx.truncate(target.base_len);
         let b = self.model.build_block(ctx, rows)?;
-        // The greedy rows (v1) or the selector's lattice (DFlash2) are
-        // computed where the vocabulary slices live; the logits themselves
-        // leave the devices only when v1's p_min needs them.
+        // The greedy rows and their probabilities (v1) or the selector's
+        // lattice (DFlash2) are computed where the vocabulary slices live;
+        // the logits never leave the devices.
         let mut outs = b.writes.clone();
         match b.lattice {
             Some(l) => outs.push(l),
             None => {
                 outs.push(b.argmax);
                 if self.p_min > 0.0 {
-                    outs.push(b.logits);
+                    outs.push(b.top_prob);
                 }
             }
         }
@@ -713,16 +727,11 @@ impl super::speculative::Drafter for DflashDrafter {
         }
         let best: Vec<i32> =
             rep.outputs[k].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let logits: Option<Vec<f32>> = (self.p_min > 0.0).then(|| f32s(&rep.outputs[k + 1]));
-        let v = target.model.hp.n_vocab as usize;
+        let top_prob: Option<Vec<f32>> = (self.p_min > 0.0).then(|| f32s(&rep.outputs[k + 1]));
         let mut drafts = Vec::with_capacity(n);
         for r in 1..=n {
-            if let Some(l) = &logits {
-                // The top token's probability: 1 / Σ exp(l − l_max).
-                let row = &l[r * v..(r + 1) * v];
-                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
-                if ((1.0 / sum) as f32) < self.p_min {
+            if let Some(p) = &top_prob {
+                if p.get(r).is_none_or(|&p| p.is_nan() || p < self.p_min) {
                     break;
                 }
             }
