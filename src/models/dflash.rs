@@ -729,13 +729,13 @@ impl super::speculative::Drafter for DflashDrafter {
             rep.outputs[k].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let top_prob: Option<Vec<f32>> = (self.p_min > 0.0).then(|| f32s(&rep.outputs[k + 1]));
         let mut drafts = Vec::with_capacity(n);
-        for r in 1..=n {
+        for (r, &tok) in best.iter().enumerate().take(n + 1).skip(1) {
             if let Some(p) = &top_prob {
                 if p.get(r).is_none_or(|&p| p.is_nan() || p < self.p_min) {
                     break;
                 }
             }
-            drafts.push(best[r]);
+            drafts.push(tok);
         }
         Ok(drafts)
     }
