@@ -457,3 +457,34 @@ pub fn write_dflash_gguf_with(
     };
     write_tensors(path, w, &tensors, seed, &|_| 1.0, &special, &mut |_, _| {})
 }
+
+/// Writes a `qwen35` GGUF (llama.cpp's names and keys) with random weights
+/// from `seed`: matrices uniform in ±√(3/n_in), norm weights 1 ± 0.1 (as
+/// the converter stores them, already +1-shifted), `ssm_a` in
+/// `[−1.5, −0.5]` (−exp(A_log)), conv kernels and `ssm_dt.bias` uniform.
+/// Returns the file size in bytes.
+///
+/// # Errors
+/// [`Error::Model`] for inconsistent hyper-parameters or a type whose block
+/// does not divide a row; GGUF write errors naming the path.
+pub fn write_qwen35_gguf(
+    path: impl AsRef<std::path::Path>,
+    hp: &super::qwen35::Qwen35Hparams,
+    types: &super::qwen35::Qwen35Types,
+    seed: u64,
+) -> Result<u64> {
+    hp.validate()?;
+    let mut w = GgufWriter::new();
+    hp.add_to_gguf(&mut w, "shardgraph tiny qwen35")?;
+    let tensors = super::qwen35::qwen35_tensors(hp, types);
+    let special = |name: &str, _r: usize, row: &mut [f32]| -> bool {
+        if name.ends_with(".ssm_a") {
+            let mut next = stream(seed, name);
+            row.iter_mut().for_each(|x| *x = -(1.0 + 0.5 * next()));
+            true
+        } else {
+            false
+        }
+    };
+    write_tensors(path, w, &tensors, seed, &|_| 1.0, &special, &mut |_, _| {})
+}

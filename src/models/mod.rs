@@ -3,6 +3,7 @@
 //! decodes them on N devices.
 //!
 //! * [`qwen3`]: the `qwen3` dense target.
+//! * [`qwen35`]: the `qwen35` hybrid target (gated attention + Gated DeltaNet).
 //! * [`dflash`]: the DFlash block-diffusion drafter's graphs.
 //! * [`generate`]: GGUF files with seeded weights for the tests and examples.
 //! * [`policy`]: llama.cpp's split states for these tensors.
@@ -14,6 +15,7 @@ pub mod dflash;
 pub mod generate;
 pub mod policy;
 pub mod qwen3;
+pub mod qwen35;
 pub mod runner;
 pub mod speculative;
 

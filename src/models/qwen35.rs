@@ -1,0 +1,779 @@
+//! The Qwen3.5-family hybrid target (llama.cpp's `LLM_ARCH_QWEN35`,
+//! MODELS.md section 2.5): every `full_attention_interval`-th layer is a
+//! gated full-attention layer (Q and a sigmoid gate interleaved per head,
+//! IMROPE over a partial rotary dimension), the others are Gated-DeltaNet
+//! layers (fused qkv projection, depthwise causal conv over a conv-state
+//! cache, L2-normed q/k, `gated_delta_net` over a recurrent state cache, a
+//! norm gated by SiLU(z)). Norm weights are stored +1-shifted by llama.cpp's
+//! converter, so the graph multiplies by them directly.
+//!
+//! One sequence: the recurrent caches hold one state each
+//! (`cache_r_lN` `[(d_conv − 1)·conv_channels, 1]`, `cache_s_lN`
+//! `[S_v·S_v·H_v, 1]`, F32), the attention layers' KV caches are
+//! `[Hkv·D, kv_size]` as in [`super::qwen3`].
+
+use super::qwen3::{f32s, StepOutput};
+use crate::error::{Error, Result};
+use crate::graph::Context;
+use crate::ops::{RopeMode, RopeParams};
+use crate::tensor::{GgmlType, TensorId};
+
+/// Hyper-parameters of a `qwen35` model (GGUF keys `qwen35.*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Qwen35Hparams {
+    /// Trunk layers L (`qwen35.block_count` minus the NextN layers).
+    pub n_layer: usize,
+    /// Hidden size E.
+    pub n_embd: i64,
+    /// FFN size F.
+    pub n_ff: i64,
+    /// Attention query heads H.
+    pub n_head: i64,
+    /// Attention KV heads Hkv.
+    pub n_head_kv: i64,
+    /// Attention head size D (`attention.key_length`).
+    pub head_dim: i64,
+    /// Vocabulary size V.
+    pub n_vocab: i64,
+    /// RMSNorm ε (also the L2 norm's ε in the delta-net layers).
+    pub rms_eps: f32,
+    /// Rope θ base.
+    pub rope_base: f32,
+    /// Rotated dims per head (`rope.dimension_count`, partial rotary: 64 of 256).
+    pub n_rot: i64,
+    /// IMROPE sections in pairs (`rope.dimension_sections`, `[11, 11, 10, 0]`).
+    pub rope_sections: [i32; 4],
+    /// Every `full_attention_interval`-th layer (1-based) is full attention.
+    pub full_attention_interval: usize,
+    /// Conv taps (`ssm.conv_kernel`, 4).
+    pub d_conv: i64,
+    /// Key head size S (`ssm.state_size`, 128; the value head size too).
+    pub d_state: i64,
+    /// Key heads H_k (`ssm.group_count`, 16).
+    pub n_k_heads: i64,
+    /// Value heads H_v (`ssm.time_step_rank`, 48).
+    pub n_v_heads: i64,
+    /// NextN (MTP) layers after the trunk (`nextn_predict_layers`, 0 or 1).
+    pub n_nextn: usize,
+    /// Training context (`context_length`).
+    pub n_ctx_train: u32,
+}
+
+impl Qwen35Hparams {
+    /// Value dimension `H_v·S` (`ssm.inner_size`).
+    pub fn d_inner(&self) -> i64 {
+        self.n_v_heads * self.d_state
+    }
+
+    /// Key dimension `H_k·S`.
+    pub fn key_dim(&self) -> i64 {
+        self.n_k_heads * self.d_state
+    }
+
+    /// Conv channels: q, k and v (`2·key_dim + d_inner`).
+    pub fn conv_channels(&self) -> i64 {
+        2 * self.key_dim() + self.d_inner()
+    }
+
+    /// Whether trunk layer `il` is a Gated-DeltaNet layer (llama.cpp:
+    /// `(il + 1) % full_attention_interval != 0`).
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        (il + 1) % self.full_attention_interval.max(1) != 0
+    }
+
+    /// Checks the hyper-parameters.
+    ///
+    /// # Errors
+    /// [`Error::Model`] naming the inconsistent value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |d: String| Err(Error::Model { detail: format!("qwen35: {d}") });
+        if self.n_layer == 0 || self.n_embd <= 0 || self.n_ff <= 0 || self.n_vocab <= 0 {
+            return bad("block_count, embedding_length, feed_forward_length and the vocabulary must be positive".into());
+        }
+        if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 || self.head_dim <= 0 {
+            return bad(format!(
+                "head_count {} / head_count_kv {} / key_length {}",
+                self.n_head, self.n_head_kv, self.head_dim
+            ));
+        }
+        if self.n_rot <= 0 || self.n_rot > self.head_dim || self.n_rot % 2 != 0 {
+            return bad(format!("rope.dimension_count {} must be even and ≤ key_length {}", self.n_rot, self.head_dim));
+        }
+        if self.rope_sections.iter().any(|&s| s < 0) || self.rope_sections[..3].iter().all(|&s| s == 0) {
+            return bad(format!("rope.dimension_sections {:?}", self.rope_sections));
+        }
+        if self.full_attention_interval == 0 {
+            return bad("full_attention_interval must be ≥ 1".into());
+        }
+        if self.d_conv < 2 || self.d_state <= 0 || self.n_k_heads <= 0 || self.n_v_heads % self.n_k_heads.max(1) != 0 {
+            return bad(format!(
+                "ssm.conv_kernel {} (≥ 2), state_size {}, group_count {} dividing time_step_rank {}",
+                self.d_conv, self.d_state, self.n_k_heads, self.n_v_heads
+            ));
+        }
+        if self.n_nextn > 1 {
+            return bad(format!("nextn_predict_layers {} (0 or 1)", self.n_nextn));
+        }
+        Ok(())
+    }
+
+    /// The rope of the attention layers: IMROPE over `n_rot` dims.
+    pub fn rope(&self) -> RopeParams {
+        RopeParams {
+            n_dims: self.n_rot as i32,
+            mode: RopeMode::Imrope,
+            n_ctx_orig: self.n_ctx_train as i32,
+            freq_base: self.rope_base,
+            sections: self.rope_sections,
+            ..RopeParams::default()
+        }
+    }
+
+    /// Reads a `qwen35` GGUF's metadata.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for another architecture or inconsistent values;
+    /// [`Error::Gguf`] naming a missing or mistyped key.
+    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+        let u = super::arch_keys(f, "qwen35")?;
+        let n_nextn = u("nextn_predict_layers").unwrap_or(0) as usize;
+        let blocks = u("block_count")? as usize;
+        let sections: Vec<i32> = f.get_arr_i32("qwen35.rope.dimension_sections").or_else(|_| {
+            f.get_arr_u32("qwen35.rope.dimension_sections").map(|v| v.into_iter().map(|x| x as i32).collect())
+        })?;
+        let mut rope_sections = [0i32; 4];
+        for (d, s) in rope_sections.iter_mut().zip(&sections) {
+            *d = *s;
+        }
+        let n_head = u("attention.head_count")? as i64;
+        let n_embd = u("embedding_length")? as i64;
+        let head_dim = u("attention.key_length").map(|v| v as i64).unwrap_or(n_embd / n_head.max(1));
+        let hp = Qwen35Hparams {
+            n_layer: blocks.checked_sub(n_nextn).ok_or_else(|| Error::Model {
+                detail: format!("qwen35: block_count {blocks} < nextn_predict_layers {n_nextn}"),
+            })?,
+            n_embd,
+            n_ff: u("feed_forward_length")? as i64,
+            n_head,
+            n_head_kv: u("attention.head_count_kv")? as i64,
+            head_dim,
+            n_vocab: 0,
+            rms_eps: f.get_f32("qwen35.attention.layer_norm_rms_epsilon")?,
+            rope_base: f.get_f32("qwen35.rope.freq_base").unwrap_or(10000.0),
+            n_rot: u("rope.dimension_count").map(|v| v as i64).unwrap_or(head_dim),
+            rope_sections,
+            full_attention_interval: u("full_attention_interval").unwrap_or(4) as usize,
+            d_conv: u("ssm.conv_kernel")? as i64,
+            d_state: u("ssm.state_size")? as i64,
+            n_k_heads: u("ssm.group_count")? as i64,
+            n_v_heads: u("ssm.time_step_rank")? as i64,
+            n_nextn,
+            n_ctx_train: u("context_length").unwrap_or(4096) as u32,
+        };
+        let n_vocab = f.tensor("token_embd.weight")?.info.ne[1];
+        let hp = Qwen35Hparams { n_vocab, ..hp };
+        hp.validate()?;
+        let inner = u("ssm.inner_size")? as i64;
+        if inner != hp.d_inner() {
+            return Err(Error::Model {
+                detail: format!("qwen35: ssm.inner_size {inner} ≠ time_step_rank × state_size {}", hp.d_inner()),
+            });
+        }
+        Ok(hp)
+    }
+
+    /// Writes llama.cpp's `qwen35` metadata for these hyper-parameters.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] from the writer.
+    pub fn add_to_gguf(&self, w: &mut crate::gguf::GgufWriter, name: &str) -> Result<()> {
+        w.add_kv("general.architecture", "qwen35")?;
+        w.add_kv("general.name", name)?;
+        w.add_kv("qwen35.block_count", (self.n_layer + self.n_nextn) as u32)?;
+        w.add_kv("qwen35.nextn_predict_layers", self.n_nextn as u32)?;
+        w.add_kv("qwen35.context_length", self.n_ctx_train)?;
+        w.add_kv("qwen35.embedding_length", self.n_embd as u32)?;
+        w.add_kv("qwen35.feed_forward_length", self.n_ff as u32)?;
+        w.add_kv("qwen35.attention.head_count", self.n_head as u32)?;
+        w.add_kv("qwen35.attention.head_count_kv", self.n_head_kv as u32)?;
+        w.add_kv("qwen35.attention.key_length", self.head_dim as u32)?;
+        w.add_kv("qwen35.attention.value_length", self.head_dim as u32)?;
+        w.add_kv("qwen35.attention.layer_norm_rms_epsilon", self.rms_eps)?;
+        w.add_kv("qwen35.rope.freq_base", self.rope_base)?;
+        w.add_kv("qwen35.rope.dimension_count", self.n_rot as u32)?;
+        w.add_kv("qwen35.rope.dimension_sections", self.rope_sections.to_vec())?;
+        w.add_kv("qwen35.full_attention_interval", self.full_attention_interval as u32)?;
+        w.add_kv("qwen35.ssm.conv_kernel", self.d_conv as u32)?;
+        w.add_kv("qwen35.ssm.state_size", self.d_state as u32)?;
+        w.add_kv("qwen35.ssm.group_count", self.n_k_heads as u32)?;
+        w.add_kv("qwen35.ssm.time_step_rank", self.n_v_heads as u32)?;
+        w.add_kv("qwen35.ssm.inner_size", self.d_inner() as u32)?;
+        w.add_kv("qwen35.vocab_size", self.n_vocab as u32)?;
+        w.add_kv("tokenizer.ggml.model", "no_vocab")?;
+        Ok(())
+    }
+}
+
+/// Weight types of a `qwen35` model, per role (norms, conv kernels, `ssm_a`
+/// and `ssm_dt` are always F32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Qwen35Types {
+    /// `token_embd.weight`.
+    pub embd: GgmlType,
+    /// Attention and delta-net projections (`attn_q/k/v/output`, `attn_qkv`,
+    /// `attn_gate`, `ssm_alpha/beta`, `ssm_out`).
+    pub attn: GgmlType,
+    /// FFN gate/up/down.
+    pub ffn: GgmlType,
+    /// `output.weight`.
+    pub output: GgmlType,
+}
+
+impl Qwen35Types {
+    /// Every matrix of type `ty`.
+    pub fn all(ty: GgmlType) -> Self {
+        Qwen35Types { embd: ty, attn: ty, ffn: ty, output: ty }
+    }
+}
+
+/// The mixer of one trunk layer.
+#[derive(Clone, Debug)]
+pub enum Qwen35Mixer {
+    /// Gated full attention.
+    Attention {
+        /// `attn_q.weight` `[E, 2·H·D]` (per head: D query then D gate rows).
+        wq: TensorId,
+        /// `attn_k.weight` `[E, Hkv·D]`.
+        wk: TensorId,
+        /// `attn_v.weight` `[E, Hkv·D]`.
+        wv: TensorId,
+        /// `attn_output.weight` `[H·D, E]`.
+        wo: TensorId,
+        /// `attn_q_norm.weight` `[D]`.
+        q_norm: TensorId,
+        /// `attn_k_norm.weight` `[D]`.
+        k_norm: TensorId,
+        /// `cache_k_lN` `[Hkv·D, kv_size]`.
+        cache_k: TensorId,
+        /// `cache_v_lN` `[Hkv·D, kv_size]`.
+        cache_v: TensorId,
+    },
+    /// Gated DeltaNet.
+    DeltaNet {
+        /// `attn_qkv.weight` `[E, conv_channels]`.
+        wqkv: TensorId,
+        /// `attn_gate.weight` `[E, d_inner]` (z).
+        wgate: TensorId,
+        /// `ssm_beta.weight` `[E, H_v]`.
+        beta: TensorId,
+        /// `ssm_alpha.weight` `[E, H_v]`.
+        alpha: TensorId,
+        /// `ssm_dt.bias` `[H_v]`.
+        dt_bias: TensorId,
+        /// `ssm_a` `[H_v]` (−exp(A_log)).
+        a: TensorId,
+        /// `ssm_conv1d.weight` `[d_conv, conv_channels]`.
+        conv1d: TensorId,
+        /// `ssm_norm.weight` `[S]`.
+        norm: TensorId,
+        /// `ssm_out.weight` `[d_inner, E]`.
+        out: TensorId,
+        /// `cache_r_lN` `[(d_conv − 1)·conv_channels, 1]`: the last inputs.
+        cache_r: TensorId,
+        /// `cache_s_lN` `[S·S·H_v, 1]`: the recurrent state.
+        cache_s: TensorId,
+    },
+}
+
+/// One trunk layer's tensors.
+#[derive(Clone, Debug)]
+pub struct Qwen35Layer {
+    /// `attn_norm.weight` `[E]`.
+    pub attn_norm: TensorId,
+    /// `post_attention_norm.weight` `[E]`.
+    pub post_norm: TensorId,
+    /// The mixer.
+    pub mixer: Qwen35Mixer,
+    /// `ffn_gate.weight` `[E, F]`.
+    pub ffn_gate: TensorId,
+    /// `ffn_up.weight` `[E, F]`.
+    pub ffn_up: TensorId,
+    /// `ffn_down.weight` `[F, E]`.
+    pub ffn_down: TensorId,
+}
+
+/// A `qwen35` model's long-lived tensors in a [`Context`].
+#[derive(Clone, Debug)]
+pub struct Qwen35 {
+    /// Hyper-parameters.
+    pub hp: Qwen35Hparams,
+    /// Weight types.
+    pub types: Qwen35Types,
+    /// `token_embd.weight` `[E, V]`.
+    pub tok_embd: TensorId,
+    /// `output_norm.weight` `[E]`.
+    pub output_norm: TensorId,
+    /// `output.weight` `[E, V]`.
+    pub output: TensorId,
+    /// Trunk layers.
+    pub layers: Vec<Qwen35Layer>,
+    /// KV cache cells of the attention layers.
+    pub kv_size: i64,
+    /// KV cache type.
+    pub kv_type: GgmlType,
+    /// Context length after the model's tensors.
+    pub base_len: usize,
+}
+
+/// One step's graph tensors.
+#[derive(Clone, Debug)]
+pub struct Qwen35Step {
+    /// `tokens` I32 `[T]`.
+    pub tokens: TensorId,
+    /// `inp_pos` I32 `[4·T]`: IMROPE's four position streams (text: p, p, p, 0).
+    pub pos: TensorId,
+    /// `kq_mask` F16 `[kv_size, T]`.
+    pub mask: TensorId,
+    /// `k_idxs` I64 `[T]`.
+    pub kv_idxs: TensorId,
+    /// Cache and state writes.
+    pub writes: Vec<TensorId>,
+    /// The post-final-norm hidden state `[E, T]` (`t_h_nextn`, the MTP head's input).
+    pub h_nextn: TensorId,
+    /// Logits `[V, T]`.
+    pub logits: TensorId,
+    /// Greedy token per row, I32 `[T]`.
+    pub argmax: TensorId,
+}
+
+fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
+    let id = ctx.new_tensor(ty, ne)?;
+    ctx.set_name(id, name)?;
+    Ok(id)
+}
+
+/// The tensors of a `qwen35` GGUF in llama.cpp's names: name, type, shape.
+pub fn qwen35_tensors(hp: &Qwen35Hparams, types: &Qwen35Types) -> Vec<(String, GgmlType, Vec<i64>)> {
+    let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
+    let (d, qd, kvd) = (hp.head_dim, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
+    let f32t = GgmlType::F32;
+    let mut t = vec![
+        ("token_embd.weight".to_string(), types.embd, vec![e, v]),
+        ("output_norm.weight".to_string(), f32t, vec![e]),
+        ("output.weight".to_string(), types.output, vec![e, v]),
+    ];
+    for il in 0..hp.n_layer {
+        let b = |n: &str| format!("blk.{il}.{n}");
+        t.push((b("attn_norm.weight"), f32t, vec![e]));
+        t.push((b("post_attention_norm.weight"), f32t, vec![e]));
+        if hp.is_recurrent(il) {
+            let a = types.attn;
+            t.extend([
+                (b("attn_qkv.weight"), a, vec![e, hp.conv_channels()]),
+                (b("attn_gate.weight"), a, vec![e, hp.d_inner()]),
+                (b("ssm_beta.weight"), a, vec![e, hp.n_v_heads]),
+                (b("ssm_alpha.weight"), a, vec![e, hp.n_v_heads]),
+                (b("ssm_dt.bias"), f32t, vec![hp.n_v_heads]),
+                (b("ssm_a"), f32t, vec![hp.n_v_heads]),
+                (b("ssm_conv1d.weight"), f32t, vec![hp.d_conv, hp.conv_channels()]),
+                (b("ssm_norm.weight"), f32t, vec![hp.d_state]),
+                (b("ssm_out.weight"), a, vec![hp.d_inner(), e]),
+            ]);
+        } else {
+            let a = types.attn;
+            t.extend([
+                (b("attn_q.weight"), a, vec![e, 2 * qd]),
+                (b("attn_k.weight"), a, vec![e, kvd]),
+                (b("attn_v.weight"), a, vec![e, kvd]),
+                (b("attn_output.weight"), a, vec![qd, e]),
+                (b("attn_q_norm.weight"), f32t, vec![d]),
+                (b("attn_k_norm.weight"), f32t, vec![d]),
+            ]);
+        }
+        t.extend([
+            (b("ffn_gate.weight"), types.ffn, vec![e, f]),
+            (b("ffn_up.weight"), types.ffn, vec![e, f]),
+            (b("ffn_down.weight"), types.ffn, vec![f, e]),
+        ]);
+    }
+    t
+}
+
+impl Qwen35 {
+    /// Creates the weights (GGUF names) and caches in `ctx`: KV caches of
+    /// `kv_size` cells of `kv_type` for the attention layers, F32 conv and
+    /// recurrent states for the delta-net layers.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for inconsistent hyper-parameters, `kv_size < 1`, or
+    /// a type whose block does not divide the rows it stores.
+    pub fn new(
+        ctx: &mut Context,
+        hp: Qwen35Hparams,
+        types: Qwen35Types,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        hp.validate()?;
+        if kv_size < 1 {
+            return Err(Error::Model { detail: format!("qwen35: kv_size {kv_size} must be ≥ 1") });
+        }
+        if !matches!(kv_type, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0)
+            || hp.head_dim % kv_type.block_size() as i64 != 0
+        {
+            return Err(Error::Model {
+                detail: format!("qwen35: KV cache type {kv_type} for head size {} (F32, F16, Q8_0, Q4_0)", hp.head_dim),
+            });
+        }
+        let tensors = qwen35_tensors(&hp, &types);
+        for (name, ty, ne) in &tensors {
+            if ne[0] % ty.block_size() as i64 != 0 {
+                return Err(Error::Model {
+                    detail: format!("qwen35: {name} rows of {} do not fit {ty} blocks", ne[0]),
+                });
+            }
+        }
+        let mut ids = std::collections::HashMap::new();
+        for (name, ty, ne) in &tensors {
+            ids.insert(name.clone(), named(ctx, *ty, ne, name)?);
+        }
+        let get = |n: &str| ids[n];
+        let kvd = hp.n_head_kv * hp.head_dim;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for il in 0..hp.n_layer {
+            let b = |n: &str| get(&format!("blk.{il}.{n}"));
+            let mixer = if hp.is_recurrent(il) {
+                Qwen35Mixer::DeltaNet {
+                    wqkv: b("attn_qkv.weight"),
+                    wgate: b("attn_gate.weight"),
+                    beta: b("ssm_beta.weight"),
+                    alpha: b("ssm_alpha.weight"),
+                    dt_bias: b("ssm_dt.bias"),
+                    a: b("ssm_a"),
+                    conv1d: b("ssm_conv1d.weight"),
+                    norm: b("ssm_norm.weight"),
+                    out: b("ssm_out.weight"),
+                    cache_r: named(
+                        ctx,
+                        GgmlType::F32,
+                        &[(hp.d_conv - 1) * hp.conv_channels(), 1],
+                        &format!("cache_r_l{il}"),
+                    )?,
+                    cache_s: named(
+                        ctx,
+                        GgmlType::F32,
+                        &[hp.d_state * hp.d_state * hp.n_v_heads, 1],
+                        &format!("cache_s_l{il}"),
+                    )?,
+                }
+            } else {
+                Qwen35Mixer::Attention {
+                    wq: b("attn_q.weight"),
+                    wk: b("attn_k.weight"),
+                    wv: b("attn_v.weight"),
+                    wo: b("attn_output.weight"),
+                    q_norm: b("attn_q_norm.weight"),
+                    k_norm: b("attn_k_norm.weight"),
+                    cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
+                    cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
+                }
+            };
+            layers.push(Qwen35Layer {
+                attn_norm: b("attn_norm.weight"),
+                post_norm: b("post_attention_norm.weight"),
+                mixer,
+                ffn_gate: b("ffn_gate.weight"),
+                ffn_up: b("ffn_up.weight"),
+                ffn_down: b("ffn_down.weight"),
+            });
+        }
+        Ok(Qwen35 {
+            tok_embd: get("token_embd.weight"),
+            output_norm: get("output_norm.weight"),
+            output: get("output.weight"),
+            hp,
+            types,
+            layers,
+            kv_size,
+            kv_type,
+            base_len: ctx.len(),
+        })
+    }
+
+    /// Builds one step's graph for `n_tokens` tokens (MODELS.md 2.5): every
+    /// layer's mixer (attention writing K/V at `k_idxs`; delta-net reading
+    /// and writing its conv and recurrent states), post-attention norm and
+    /// SwiGLU FFN with residuals; the final norm (`h_nextn`) and logits.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for `n_tokens < 1`; constructor errors.
+    pub fn build(&self, ctx: &mut Context, n_tokens: i64) -> Result<Qwen35Step> {
+        let hp = &self.hp;
+        if n_tokens < 1 {
+            return Err(Error::Model { detail: format!("qwen35: a step needs ≥ 1 token, got {n_tokens}") });
+        }
+        let t = n_tokens;
+        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
+            let id = named(ctx, ty, ne, name)?;
+            ctx.set_input(id)?;
+            Ok(id)
+        };
+        let tokens = input(ctx, GgmlType::I32, &[t], "tokens")?;
+        let pos = input(ctx, GgmlType::I32, &[4 * t], "inp_pos")?;
+        let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "kq_mask")?;
+        let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
+        let mut x = ctx.get_rows(self.tok_embd, tokens)?;
+        let mut writes = Vec::new();
+        for w in &self.layers {
+            let xn = ctx.rms_norm(x, hp.rms_eps)?;
+            let xn = ctx.mul(xn, w.attn_norm)?;
+            let mixed = match &w.mixer {
+                Qwen35Mixer::Attention { .. } => {
+                    self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, &mut writes)?
+                }
+                Qwen35Mixer::DeltaNet { .. } => self.delta_net(ctx, &w.mixer, xn, t, &mut writes)?,
+            };
+            let h = ctx.add(mixed, x)?;
+            let hn = ctx.rms_norm(h, hp.rms_eps)?;
+            let hn = ctx.mul(hn, w.post_norm)?;
+            let up = ctx.mul_mat(w.ffn_up, hn)?;
+            let gate = ctx.mul_mat(w.ffn_gate, hn)?;
+            let act = ctx.swiglu_split(gate, up)?;
+            let down = ctx.mul_mat(w.ffn_down, act)?;
+            x = ctx.add(down, h)?;
+        }
+        let h_nextn = ctx.rms_norm(x, hp.rms_eps)?;
+        let h_nextn = ctx.mul(h_nextn, self.output_norm)?;
+        let logits = ctx.mul_mat(self.output, h_nextn)?;
+        let argmax = ctx.argmax(logits)?;
+        Ok(Qwen35Step { tokens, pos, mask, kv_idxs, writes, h_nextn, logits, argmax })
+    }
+
+    /// Gated full attention over `xn` `[E, T]`; returns `[E, T]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        ctx: &mut Context,
+        m: &Qwen35Mixer,
+        xn: TensorId,
+        pos: TensorId,
+        mask: TensorId,
+        kv_idxs: TensorId,
+        t: i64,
+        writes: &mut Vec<TensorId>,
+    ) -> Result<TensorId> {
+        let Qwen35Mixer::Attention { wq, wk, wv, wo, q_norm, k_norm, cache_k, cache_v } = *m else {
+            return Err(Error::Model { detail: "qwen35: not an attention layer".into() });
+        };
+        let hp = &self.hp;
+        let (d, h, hkv) = (hp.head_dim, hp.n_head, hp.n_head_kv);
+        let f = 4usize;
+        let qg = ctx.mul_mat(wq, xn)?; // [2·H·D, T]: per head D query then D gate values
+        let (nb1, nb2) = (2 * d as usize * f, 2 * (d * h) as usize * f);
+        let q = ctx.view_3d(qg, d, h, t, nb1, nb2, 0)?;
+        let q = ctx.rms_norm(q, hp.rms_eps)?;
+        let q = ctx.mul(q, q_norm)?;
+        let gate = ctx.view_3d(qg, d, h, t, nb1, nb2, d as usize * f)?;
+        let gate = ctx.cont_2d(gate, d * h, t)?;
+        let k = ctx.mul_mat(wk, xn)?;
+        let k = ctx.reshape_3d(k, d, hkv, t)?;
+        let k = ctx.rms_norm(k, hp.rms_eps)?;
+        let k = ctx.mul(k, k_norm)?;
+        let v = ctx.mul_mat(wv, xn)?;
+        let rope = hp.rope();
+        let q = ctx.rope_multi(q, pos, None, rope)?;
+        let k = ctx.rope_multi(k, pos, None, rope)?;
+        let k2 = ctx.reshape_2d(k, hkv * d, t)?;
+        let wk_ = ctx.set_rows(cache_k, k2, kv_idxs)?;
+        let wv_ = ctx.set_rows(cache_v, v, kv_idxs)?;
+        writes.push(wk_);
+        writes.push(wv_);
+        let view = |ctx: &mut Context, w: TensorId| -> Result<TensorId> {
+            let ty = self.kv_type;
+            let v = ctx.view_3d(w, d, hkv, self.kv_size, ty.row_size(d)?, ty.row_size(hkv * d)?, 0)?;
+            ctx.permute(v, [0, 2, 1, 3])
+        };
+        let kc = view(ctx, wk_)?;
+        let vc = view(ctx, wv_)?;
+        let q = ctx.permute(q, [0, 2, 1, 3])?;
+        let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)?;
+        let a = ctx.reshape_2d(a, h * d, t)?;
+        let g = ctx.sigmoid(gate)?;
+        let a = ctx.mul(a, g)?;
+        ctx.mul_mat(wo, a)
+    }
+
+    /// A Gated-DeltaNet mixer over `xn` `[E, T]`; returns `[E, T]` and
+    /// records the conv- and recurrent-state writes.
+    fn delta_net(
+        &self,
+        ctx: &mut Context,
+        m: &Qwen35Mixer,
+        xn: TensorId,
+        t: i64,
+        writes: &mut Vec<TensorId>,
+    ) -> Result<TensorId> {
+        let Qwen35Mixer::DeltaNet { wqkv, wgate, beta, alpha, dt_bias, a, conv1d, norm, out, cache_r, cache_s } = *m
+        else {
+            return Err(Error::Model { detail: "qwen35: not a delta-net layer".into() });
+        };
+        let hp = &self.hp;
+        let (s, hk, hv, dc) = (hp.d_state, hp.n_k_heads, hp.n_v_heads, hp.d_conv);
+        let ch = hp.conv_channels();
+        let f = 4usize;
+        let qkv = ctx.mul_mat(wqkv, xn)?; // [ch, T]
+        let z = ctx.mul_mat(wgate, xn)?; // [d_inner, T]
+        let b = ctx.mul_mat(beta, xn)?;
+        let b = ctx.reshape_4d(b, 1, hv, t, 1)?;
+        let b = ctx.sigmoid(b)?;
+        let al = ctx.mul_mat(alpha, xn)?; // [H_v, T]
+        let al = ctx.add(al, dt_bias)?;
+        let al = ctx.softplus(al)?;
+        let g = ctx.mul(al, a)?;
+        let g = ctx.reshape_4d(g, 1, hv, t, 1)?;
+        // Conv: the last d_conv − 1 inputs, then this step's, per channel.
+        let state = ctx.reshape_3d(cache_r, dc - 1, ch, 1)?;
+        let qkv_t = ctx.transpose(qkv)?; // [T, ch] (a strided view, as llama.cpp concatenates it)
+        let conv_in = ctx.concat(state, qkv_t, 0)?; // [dc − 1 + T, ch, 1]
+        let cin = ctx.tensor(conv_in)?.clone();
+        let last = ctx.view_3d(conv_in, dc - 1, ch, 1, cin.nb[1], cin.nb[2], t as usize * f)?;
+        let last = ctx.cont(last)?;
+        let last = ctx.reshape_2d(last, (dc - 1) * ch, 1)?;
+        writes.push(ctx.cpy(last, cache_r)?);
+        let conv = ctx.ssm_conv(conv_in, conv1d)?; // [ch, T, 1]
+        let conv = ctx.silu(conv)?;
+        let nb1 = ch as usize * f;
+        let row = |n: i64| n as usize * f;
+        let q = ctx.view_4d(conv, s, hk, t, 1, row(s), nb1, nb1 * t as usize, 0)?;
+        let k = ctx.view_4d(conv, s, hk, t, 1, row(s), nb1, nb1 * t as usize, row(s * hk))?;
+        let v = ctx.view_4d(conv, s, hv, t, 1, row(s), nb1, nb1 * t as usize, row(2 * s * hk))?;
+        let q = ctx.l2_norm(q, hp.rms_eps)?;
+        let k = ctx.l2_norm(k, hp.rms_eps)?;
+        let st = ctx.reshape_4d(cache_s, s, s, hv, 1)?;
+        let r = ctx.gated_delta_net(q, k, v, g, b, st, 1)?; // [S·H_v, T + S·H_v]
+        let o = ctx.view_4d(r, s, hv, t, 1, row(s), row(s * hv), row(s * hv * t), 0)?;
+        let new_state = ctx.view_2d(r, s * s * hv, 1, row(s * s * hv), row(s * hv * t))?;
+        writes.push(ctx.cpy(new_state, cache_s)?);
+        let o = ctx.rms_norm(o, hp.rms_eps)?;
+        let o = ctx.mul(o, norm)?;
+        let z = ctx.reshape_4d(z, s, hv, t, 1)?;
+        let z = ctx.silu(z)?;
+        let o = ctx.mul(o, z)?;
+        let o = ctx.reshape_2d(o, s * hv, t)?;
+        ctx.mul_mat(out, o)
+    }
+}
+
+/// A `qwen35` model decoding one sequence on N devices.
+#[derive(Debug)]
+pub struct Qwen35Session {
+    /// The model.
+    pub model: Qwen35,
+    /// The context holding the model's tensors.
+    pub ctx: Context,
+    /// Devices, plans and storage.
+    pub runner: super::runner::Runner,
+    /// Positions decoded.
+    pub n_past: i64,
+    /// Context length with only long-lived tensors.
+    pub base_len: usize,
+}
+
+impl Qwen35Session {
+    /// Opens a `qwen35` GGUF, builds the model (KV cache of `kv_size` cells
+    /// of `kv_type`), splits it over `ratios.len()` CPU devices with
+    /// `policy` (or every tensor mirrored when `None`), and loads every
+    /// weight from the mapped file.
+    ///
+    /// # Errors
+    /// GGUF errors naming the file; [`Error::Model`] for another
+    /// architecture or tensors the file lacks.
+    pub fn from_gguf(
+        path: impl AsRef<std::path::Path>,
+        ratios: &[f32],
+        threads: usize,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        let file = crate::gguf::GgufFile::open(path)?;
+        let hp = Qwen35Hparams::from_gguf(&file)?;
+        let ty = |n: &str| file.tensor(n).map(|t| t.info.ty);
+        let first_attn = (0..hp.n_layer).find(|&il| !hp.is_recurrent(il));
+        let attn = match first_attn {
+            Some(il) => ty(&format!("blk.{il}.attn_q.weight"))?,
+            None => ty("blk.0.attn_qkv.weight")?,
+        };
+        let types = Qwen35Types {
+            embd: ty("token_embd.weight")?,
+            attn,
+            ffn: ty("blk.0.ffn_gate.weight")?,
+            output: ty("output.weight")?,
+        };
+        let mut ctx = Context::new();
+        let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
+        let policy = crate::split::SplitPolicy::new(ratios)?.rule("*", crate::split::SplitSpec::Mirrored);
+        let mut runner = super::runner::Runner::new(policy, threads)?;
+        let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
+        for id in ids {
+            runner.place(&ctx, id)?;
+        }
+        let report = crate::gguf::load_into_split_store(&file, &ctx, &mut runner.store)?;
+        let weights = ctx.ids().take(model.base_len).filter(|&id| !ctx.t(id).name.starts_with("cache_")).count();
+        if report.loaded.len() != weights {
+            return Err(Error::Model {
+                detail: format!("qwen35: the file gave {} of the model's {weights} weights", report.loaded.len()),
+            });
+        }
+        let base_len = model.base_len;
+        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len })
+    }
+
+    /// Decodes `tokens` at the next positions: returns the greedy token
+    /// after each, the logits if `want_logits`, and no taps.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for an empty batch or a full KV cache; execution errors.
+    pub fn decode(&mut self, tokens: &[i32], want_logits: bool) -> Result<StepOutput> {
+        let t = tokens.len() as i64;
+        if t == 0 {
+            return Err(Error::Model { detail: "qwen35: empty batch".into() });
+        }
+        if self.n_past + t > self.model.kv_size {
+            return Err(Error::Model {
+                detail: format!(
+                    "qwen35: KV cache of {} cells is too small for {} positions",
+                    self.model.kv_size,
+                    self.n_past + t
+                ),
+            });
+        }
+        self.ctx.truncate(self.base_len);
+        let step = self.model.build(&mut self.ctx, t)?;
+        let mut outputs = step.writes.clone();
+        outputs.push(step.logits);
+        outputs.push(step.argmax);
+        let graph = self.ctx.build_forward(&outputs)?;
+        let kv = self.model.kv_size;
+        let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
+        let mut mask = Vec::with_capacity((kv * t) as usize * 2);
+        for &p in &pos {
+            for c in 0..kv {
+                let v = if c <= p as i64 { half::f16::ZERO } else { half::f16::NEG_INFINITY };
+                mask.extend(v.to_le_bytes());
+            }
+        }
+        // IMROPE positions for text: three streams equal to the position, the fourth zero.
+        let mut pos4 = Vec::with_capacity(4 * t as usize);
+        for stream in 0..4 {
+            pos4.extend(pos.iter().map(|&p| if stream < 3 { p } else { 0 }));
+        }
+        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
+        let inputs = vec![(step.tokens, i32b(tokens)), (step.pos, i32b(&pos4)), (step.mask, mask), (step.kv_idxs, idx)];
+        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        self.n_past += t;
+        let n = outputs.len();
+        let argmax = rep.outputs[n - 1].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        Ok(StepOutput { argmax, logits: want_logits.then(|| f32s(&rep.outputs[n - 2])), taps: Vec::new() })
+    }
+}
