@@ -682,12 +682,13 @@ pub struct Qwen35Session {
 impl Qwen35Session {
     /// Opens a `qwen35` GGUF, builds the model (KV cache of `kv_size` cells
     /// of `kv_type`), splits it over `ratios.len()` CPU devices with
-    /// `policy` (or every tensor mirrored when `None`), and loads every
-    /// weight from the mapped file.
+    /// llama.cpp's policy ([`super::policy::qwen35_policy`]), and loads
+    /// every weight from the mapped file.
     ///
     /// # Errors
     /// GGUF errors naming the file; [`Error::Model`] for another
-    /// architecture or tensors the file lacks.
+    /// architecture, tensors the file lacks, or a tensor split that leaves
+    /// a device without a KV head or a delta-net key head.
     pub fn from_gguf(
         path: impl AsRef<std::path::Path>,
         ratios: &[f32],
@@ -711,7 +712,7 @@ impl Qwen35Session {
         };
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
-        let policy = crate::split::SplitPolicy::new(ratios)?.rule("*", crate::split::SplitSpec::Mirrored);
+        let policy = super::policy::qwen35_policy(&model.hp, &types, ratios)?;
         let mut runner = super::runner::Runner::new(policy, threads)?;
         let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
         for id in ids {

@@ -1202,8 +1202,16 @@ fn local_op(
         Op::Cpy => l.push_view(srcs[1], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::Cpy, srcs),
         Op::SetRows => l.push_view(srcs[2], t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::SetRows, srcs),
         Op::View if matches!(out_state, SplitState::Split(_)) => {
-            // A box of a split parent: the same box of this device's part.
             let parent = ctx.t(t.src[0]);
+            // A view of a head-split Gated-DeltaNet result: this device's packing.
+            if let Some(SplitState::Split(is)) = in_states.first() {
+                if let Some(g) = super::rules::gdn_view(ctx, parent, t, is) {
+                    let s = ctx.t(parent.src[2]).ne[0].max(1);
+                    let (lne, lnb, offs) = g.local(is.local_len(j) / s);
+                    return l.push_view(srcs[0], t.ty, lne, lnb, offs, Op::View, srcs);
+                }
+            }
+            // A box of a split parent: the same box of this device's part.
             let geometry = match in_states.first() {
                 Some(SplitState::Split(is)) => super::rules::view_geometry(parent, t, is),
                 _ => None,

@@ -260,6 +260,16 @@ impl Planner {
         let mut have: HashMap<usize, Vec<SplitState>> = HashMap::new();
         // Owners written through a view (cpy/set_rows) are in a new state afterwards.
         let mut written: HashMap<usize, SplitState> = HashMap::new();
+        // Consumers of Gated-DeltaNet results: a head split of one is only
+        // offered when every consumer is a view that can read its packing.
+        let mut gdn_readers: HashMap<usize, Vec<TensorId>> = HashMap::new();
+        for &node in graph.nodes() {
+            for &src in &ctx.t(node).src {
+                if matches!(ctx.t(src).op, crate::ops::Op::GatedDeltaNet { .. }) {
+                    gdn_readers.entry(src.index()).or_default().push(node);
+                }
+            }
+        }
         for &node in graph.nodes() {
             let t = ctx.t(node);
             let cur: Vec<SplitState> = t
@@ -273,7 +283,21 @@ impl Planner {
                         .unwrap_or(SplitState::Mirrored)
                 })
                 .collect();
-            let cands = candidates(ctx, t, &cur, n);
+            let mut cands = candidates(ctx, t, &cur, n);
+            if matches!(t.op, crate::ops::Op::GatedDeltaNet { .. }) {
+                let readers = gdn_readers.get(&node.index()).map_or(&[][..], |v| &v[..]);
+                cands.retain(|c| match &c.output {
+                    SplitState::Split(sp) => {
+                        !readers.is_empty()
+                            && readers.iter().all(|&r| {
+                                let rt = ctx.t(r);
+                                matches!(rt.op, crate::ops::Op::View)
+                                    && super::rules::gdn_view(ctx, t, rt, sp).is_some()
+                            })
+                    }
+                    _ => true,
+                });
+            }
             let mut best: Option<(f64, usize)> = None;
             for (ci, c) in cands.iter().enumerate() {
                 let mut cost = 0.0;
@@ -281,6 +305,15 @@ impl Planner {
                     let s = t.src[k];
                     if have.get(&s.index()).is_some_and(|v| v.contains(need)) || cur[k] == SplitState::Unknown {
                         continue;
+                    }
+                    // A head-split Gated-DeltaNet result is held in a device-local
+                    // packing only its own views read (rules::gated_delta_net).
+                    if matches!(ctx.t(s).op, crate::ops::Op::GatedDeltaNet { .. })
+                        && matches!(cur[k], SplitState::Split(_))
+                        && need != &cur[k]
+                    {
+                        cost = f64::INFINITY;
+                        break;
                     }
                     let bytes = ctx.t(s).data_bytes() as u64;
                     if let Some(tr) = conversion(&cur[k], need, bytes, n) {
@@ -304,6 +337,9 @@ impl Planner {
                     if let Some(tr) = conversion(&c.output, &SplitState::Mirrored, b, n) {
                         cost += tr.time(&self.link);
                     }
+                }
+                if !cost.is_finite() {
+                    continue;
                 }
                 if best.is_none_or(|(bc, _)| cost < bc) {
                     best = Some((cost, ci));

@@ -1,0 +1,108 @@
+//! The tiny `qwen35` hybrid target on N CPU devices under llama.cpp's
+//! `--split-mode tensor` policy (delta-net tensors split by key heads as
+//! repeated segments, recurrent caches by heads, attention by GQA groups)
+//! equals one device: logits of a prompt (NMSE ≤ 1e-6) and a greedy
+//! continuation decoded one token at a time (which carries the conv and
+//! recurrent states and the KV cache), on 2 and 3 devices, ratios 1:1 and
+//! 3:1, KV caches F16 and Q4_0. Bad input: a tensor split that leaves a
+//! device without a key head is an error naming it.
+
+use shardgraph::models::generate::write_qwen35_gguf;
+use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use shardgraph::GgmlType;
+
+/// 4 layers (delta-net, attention, delta-net, attention); 6 key heads and
+/// 12 value heads of 64 (head ratio 2), so 3 devices each get key heads in
+/// llama.cpp's granules of 128 rows; 6 query / 3 KV heads.
+pub fn tiny() -> Qwen35Hparams {
+    Qwen35Hparams {
+        n_layer: 4,
+        n_embd: 256,
+        n_ff: 512,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 64,
+        n_vocab: 320,
+        rms_eps: 1e-6,
+        rope_base: 1e7,
+        n_rot: 16,
+        rope_sections: [3, 3, 2, 0],
+        full_attention_interval: 2,
+        d_conv: 4,
+        d_state: 64,
+        n_k_heads: 6,
+        n_v_heads: 12,
+        n_nextn: 0,
+        n_ctx_train: 4096,
+    }
+}
+
+fn run(path: &std::path::Path, ratios: &[f32], kv: GgmlType) -> (Vec<f32>, Vec<i32>) {
+    let mut s = Qwen35Session::from_gguf(path, ratios, 1, kv, 64).unwrap();
+    let prompt = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5];
+    let out = s.decode(&prompt, true).unwrap();
+    let mut gen = vec![*out.argmax.last().unwrap()];
+    while gen.len() < 12 {
+        let o = s.decode(&[*gen.last().unwrap()], false).unwrap();
+        gen.push(o.argmax[0]);
+    }
+    (out.logits.unwrap(), gen)
+}
+
+#[test]
+fn qwen35_on_n_devices_equals_one_device() {
+    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-q8_0.gguf");
+    write_qwen35_gguf(&path, &tiny(), &Qwen35Types::all(GgmlType::Q8_0), 3).unwrap();
+    for kv in [GgmlType::F16, GgmlType::Q4_0] {
+        let (want, want_gen) = run(&path, &[1.0], kv);
+        for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+            let (got, gen) = run(&path, &ratios, kv);
+            let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+            let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+            eprintln!("{ratios:?} kv {kv}: logits NMSE {:.2e}", num / den);
+            assert!(num / den <= 1e-6, "{ratios:?} kv {kv}: NMSE {:.3e}", num / den);
+            assert_eq!(gen, want_gen, "{ratios:?} kv {kv}");
+        }
+    }
+    // Four devices cannot each hold a key head (6 heads of 64 in granules of 128 rows).
+    let e = Qwen35Session::from_gguf(&path, &[1.0; 4], 1, GgmlType::F16, 64).unwrap_err();
+    assert!(e.to_string().contains("key heads") || e.to_string().contains("KV heads"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A decode step's plan on 2 and 3 devices is Megatron's minimum: two
+/// all-reduces per layer (after the mixer's output projection and after
+/// the FFN), whether the mixer is gated attention or a Gated DeltaNet
+/// split by heads; nothing is gathered, and the recurrent state never
+/// leaves its device.
+#[test]
+fn qwen35_decode_plan_moves_two_all_reduces_per_layer() {
+    use shardgraph::models::policy::qwen35_policy;
+    use shardgraph::models::qwen35::Qwen35;
+    use shardgraph::split::{Collective, Planner};
+    use shardgraph::Context;
+    let hp = tiny();
+    let types = Qwen35Types::all(GgmlType::Q8_0);
+    for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+        let mut ctx = Context::new();
+        let model = Qwen35::new(&mut ctx, hp.clone(), types, GgmlType::F16, 64).unwrap();
+        let st = model.build(&mut ctx, 1).unwrap();
+        let mut outs = st.writes.clone();
+        outs.push(st.argmax);
+        let g = ctx.build_forward(&outs).unwrap();
+        let policy = qwen35_policy(&hp, &types, &ratios).unwrap();
+        let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+        let report = plan.report(&ctx);
+        assert_eq!(plan.count(Collective::AllReduce), 2 * hp.n_layer, "{ratios:?}\n{report}");
+        assert_eq!(plan.count(Collective::AllGather), 0, "{ratios:?}\n{report}");
+        assert_eq!(plan.count(Collective::AllToAll), 0, "{ratios:?}\n{report}");
+        let n = ratios.len() as u64;
+        let e = hp.n_embd as u64 * 4;
+        let reduce = 2 * e * (n - 1); // ring all-reduce of [E, 1] F32, all devices together
+        let combine = 8 * n * (n - 1); // the greedy token's row combine: 8 bytes from every other device
+        let moved: u64 = plan.repartitions.iter().map(|r| r.traffic.total_bytes).sum();
+        assert_eq!(moved, 2 * hp.n_layer as u64 * reduce + combine, "{ratios:?}\n{report}");
+    }
+}
