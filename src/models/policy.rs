@@ -162,6 +162,10 @@ pub fn qwen35_policy(
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
     let n = ratios.len();
+    if n == 1 {
+        // One device holds everything (granules only matter between devices).
+        return Ok(SplitPolicy::new(ratios)?.rule("*", SplitSpec::Mirrored));
+    }
     let axis = |axis, granule, segments: Vec<i64>| SplitSpec::Axis { axis, granule, segments };
     let g = hp.n_head / hp.n_head_kv;
     let n_embd_q = g * hp.head_dim;
