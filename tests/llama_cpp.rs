@@ -223,7 +223,7 @@ fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
     let n_gen = 12;
     let (want, want_gen) = llama_cpp(&py, &path, &tokens, n_gen);
     let mut s = Qwen35Session::from_gguf(&path, &[1.0], 1, GgmlType::F32, 64).unwrap();
-    let out = s.decode(&tokens, true).unwrap();
+    let out = s.decode(&tokens, &[], true).unwrap();
     let logits = out.logits.unwrap();
     let all_want: Vec<f32> = want.iter().flatten().copied().collect();
     let all = nmse(&logits[..all_want.len()], &all_want);
@@ -231,7 +231,7 @@ fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
     assert!(all <= 1e-6, "NMSE {all:.3e}");
     let mut gen = vec![*out.argmax.last().unwrap()];
     while gen.len() < n_gen {
-        let o = s.decode(&[*gen.last().unwrap()], false).unwrap();
+        let o = s.decode(&[*gen.last().unwrap()], &[], false).unwrap();
         gen.push(o.argmax[0]);
     }
     assert_eq!(gen, want_gen, "greedy continuation differs from llama.cpp");

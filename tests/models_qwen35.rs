@@ -8,42 +8,20 @@
 //! device without a key head is an error naming it.
 
 use shardgraph::models::generate::write_qwen35_gguf;
-use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use shardgraph::models::qwen35::{Qwen35Session, Qwen35Types};
 use shardgraph::GgmlType;
 
-/// 4 layers (delta-net, attention, delta-net, attention); 6 key heads and
-/// 12 value heads of 64 (head ratio 2), so 3 devices each get key heads in
-/// llama.cpp's granules of 128 rows; 6 query / 3 KV heads.
-pub fn tiny() -> Qwen35Hparams {
-    Qwen35Hparams {
-        n_layer: 4,
-        n_embd: 256,
-        n_ff: 512,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 64,
-        n_vocab: 320,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
-        n_rot: 16,
-        rope_sections: [3, 3, 2, 0],
-        full_attention_interval: 2,
-        d_conv: 4,
-        d_state: 64,
-        n_k_heads: 6,
-        n_v_heads: 12,
-        n_nextn: 0,
-        n_ctx_train: 4096,
-    }
-}
+#[path = "common/qwen35_tiny.rs"]
+mod qwen35_tiny;
+use qwen35_tiny::tiny;
 
 fn run(path: &std::path::Path, ratios: &[f32], kv: GgmlType) -> (Vec<f32>, Vec<i32>) {
     let mut s = Qwen35Session::from_gguf(path, ratios, 1, kv, 64).unwrap();
     let prompt = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5];
-    let out = s.decode(&prompt, true).unwrap();
+    let out = s.decode(&prompt, &[], true).unwrap();
     let mut gen = vec![*out.argmax.last().unwrap()];
     while gen.len() < 12 {
-        let o = s.decode(&[*gen.last().unwrap()], false).unwrap();
+        let o = s.decode(&[*gen.last().unwrap()], &[], false).unwrap();
         gen.push(o.argmax[0]);
     }
     (out.logits.unwrap(), gen)
@@ -88,7 +66,7 @@ fn qwen35_decode_plan_moves_two_all_reduces_per_layer() {
     for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp.clone(), types, GgmlType::F16, 64).unwrap();
-        let st = model.build(&mut ctx, 1).unwrap();
+        let st = model.build(&mut ctx, 1, &[]).unwrap();
         let mut outs = st.writes.clone();
         outs.push(st.argmax);
         let g = ctx.build_forward(&outs).unwrap();

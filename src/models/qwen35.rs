@@ -338,6 +338,9 @@ pub struct Qwen35Step {
     pub kv_idxs: TensorId,
     /// Cache and state writes.
     pub writes: Vec<TensorId>,
+    /// Exported hidden states: `(layer, [E, T])`, the input of `layer`, or
+    /// for `layer = n_layer` the post-final-norm state.
+    pub taps: Vec<(usize, TensorId)>,
     /// The post-final-norm hidden state `[E, T]` (`t_h_nextn`, the MTP head's input).
     pub h_nextn: TensorId,
     /// Logits `[V, T]`.
@@ -505,12 +508,20 @@ impl Qwen35 {
     /// and writing its conv and recurrent states), post-attention norm and
     /// SwiGLU FFN with residuals; the final norm (`h_nextn`) and logits.
     ///
+    /// `taps` lists the layers whose input is exported (`n_layer`: the
+    /// post-final-norm state, as DFlash's "after the last layer" and the MTP
+    /// head read it).
+    ///
     /// # Errors
-    /// [`Error::Model`] for `n_tokens < 1`; constructor errors.
-    pub fn build(&self, ctx: &mut Context, n_tokens: i64) -> Result<Qwen35Step> {
+    /// [`Error::Model`] for `n_tokens < 1` or a tap beyond `n_layer`;
+    /// constructor errors.
+    pub fn build(&self, ctx: &mut Context, n_tokens: i64, taps: &[usize]) -> Result<Qwen35Step> {
         let hp = &self.hp;
         if n_tokens < 1 {
             return Err(Error::Model { detail: format!("qwen35: a step needs ≥ 1 token, got {n_tokens}") });
+        }
+        if let Some(&l) = taps.iter().find(|&&l| l > hp.n_layer) {
+            return Err(Error::Model { detail: format!("qwen35: tap of layer {l} beyond {} layers", hp.n_layer) });
         }
         let t = n_tokens;
         let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
@@ -524,7 +535,11 @@ impl Qwen35 {
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
-        for w in &self.layers {
+        let mut tap_ids = Vec::new();
+        for (il, w) in self.layers.iter().enumerate() {
+            if taps.contains(&il) {
+                tap_ids.push((il, x));
+            }
             let xn = ctx.rms_norm(x, hp.rms_eps)?;
             let xn = ctx.mul(xn, w.attn_norm)?;
             let mixed = match &w.mixer {
@@ -544,9 +559,12 @@ impl Qwen35 {
         }
         let h_nextn = ctx.rms_norm(x, hp.rms_eps)?;
         let h_nextn = ctx.mul(h_nextn, self.output_norm)?;
+        if taps.contains(&hp.n_layer) {
+            tap_ids.push((hp.n_layer, h_nextn));
+        }
         let logits = ctx.mul_mat(self.output, h_nextn)?;
         let argmax = ctx.argmax(logits)?;
-        Ok(Qwen35Step { tokens, pos, mask, kv_idxs, writes, h_nextn, logits, argmax })
+        Ok(Qwen35Step { tokens, pos, mask, kv_idxs, writes, taps: tap_ids, h_nextn, logits, argmax })
     }
 
     /// Gated full attention over `xn` `[E, T]`; returns `[E, T]`.
@@ -665,6 +683,13 @@ impl Qwen35 {
 }
 
 /// A `qwen35` model decoding one sequence on N devices.
+///
+/// Rollback (a speculative step's rejected rows): attention layers just
+/// forget their KV cells, but the conv and recurrent states have absorbed
+/// every token of the batch. A multi-token [`Qwen35Session::decode`] first
+/// checkpoints those states (host copies, single-device bytes); rolling
+/// back into that batch restores them and decodes the kept tokens again, so
+/// the states are exactly those greedy decoding leaves.
 #[derive(Debug)]
 pub struct Qwen35Session {
     /// The model.
@@ -677,6 +702,9 @@ pub struct Qwen35Session {
     pub n_past: i64,
     /// Context length with only long-lived tensors.
     pub base_len: usize,
+    /// The last multi-token batch: its start position, its tokens, and the
+    /// recurrent caches before it.
+    checkpoint: Option<(i64, Vec<i32>, Vec<(TensorId, Vec<u8>)>)>,
 }
 
 impl Qwen35Session {
@@ -726,15 +754,29 @@ impl Qwen35Session {
             });
         }
         let base_len = model.base_len;
-        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len })
+        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None })
     }
 
-    /// Decodes `tokens` at the next positions: returns the greedy token
-    /// after each, the logits if `want_logits`, and no taps.
+    /// The recurrent caches (conv and delta-net states) of every layer.
+    fn recurrent_caches(&self) -> Vec<TensorId> {
+        let mut v = Vec::new();
+        for l in &self.model.layers {
+            if let Qwen35Mixer::DeltaNet { cache_r, cache_s, .. } = l.mixer {
+                v.push(cache_r);
+                v.push(cache_s);
+            }
+        }
+        v
+    }
+
+    /// Decodes `tokens` at the next positions: the greedy token after each,
+    /// the logits if `want_logits`, and the hidden states `taps` asks for
+    /// (see [`Qwen35::build`]). A batch of more than one token checkpoints
+    /// the recurrent states first (see [`Qwen35Session::rollback`]).
     ///
     /// # Errors
     /// [`Error::Model`] for an empty batch or a full KV cache; execution errors.
-    pub fn decode(&mut self, tokens: &[i32], want_logits: bool) -> Result<StepOutput> {
+    pub fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
         let t = tokens.len() as i64;
         if t == 0 {
             return Err(Error::Model { detail: "qwen35: empty batch".into() });
@@ -748,9 +790,19 @@ impl Qwen35Session {
                 ),
             });
         }
+        if t > 1 {
+            let mut saved = Vec::new();
+            for id in self.recurrent_caches() {
+                let mut b = vec![0u8; self.ctx.t(id).nbytes()];
+                self.runner.store.get_tensor(&self.ctx, id, 0, &mut b)?;
+                saved.push((id, b));
+            }
+            self.checkpoint = Some((self.n_past, tokens.to_vec(), saved));
+        }
         self.ctx.truncate(self.base_len);
-        let step = self.model.build(&mut self.ctx, t)?;
+        let step = self.model.build(&mut self.ctx, t, taps)?;
         let mut outputs = step.writes.clone();
+        outputs.extend(step.taps.iter().map(|x| x.1));
         outputs.push(step.logits);
         outputs.push(step.argmax);
         let graph = self.ctx.build_forward(&outputs)?;
@@ -771,10 +823,73 @@ impl Qwen35Session {
         let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
         let inputs = vec![(step.tokens, i32b(tokens)), (step.pos, i32b(&pos4)), (step.mask, mask), (step.kv_idxs, idx)];
+        let start = std::time::Instant::now();
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        log::debug!(
+            "qwen35 step: {t} token(s) at position {}, {} bytes moved, {:.2} ms",
+            self.n_past,
+            rep.bytes_moved,
+            start.elapsed().as_secs_f64() * 1e3
+        );
         self.n_past += t;
         let n = outputs.len();
         let argmax = rep.outputs[n - 1].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        Ok(StepOutput { argmax, logits: want_logits.then(|| f32s(&rep.outputs[n - 2])), taps: Vec::new() })
+        let first_tap = step.writes.len();
+        let taps = step.taps.iter().enumerate().map(|(k, (l, _))| (*l, f32s(&rep.outputs[first_tap + k]))).collect();
+        Ok(StepOutput { argmax, logits: want_logits.then(|| f32s(&rep.outputs[n - 2])), taps })
+    }
+
+    /// Forgets every position from `n_past` on. Within the last
+    /// multi-token batch this restores the recurrent states checkpointed
+    /// before it and decodes the batch's kept tokens again; at the current
+    /// length it does nothing.
+    ///
+    /// # Errors
+    /// [`Error::Model`] if `n_past` is beyond the current length, or before
+    /// the last batch's start (the recurrent states of earlier positions
+    /// are gone); decode errors.
+    pub fn rollback(&mut self, n_past: i64) -> Result<()> {
+        if n_past == self.n_past {
+            return Ok(());
+        }
+        if n_past < 0 || n_past > self.n_past {
+            return Err(Error::Model { detail: format!("qwen35: cannot roll back to {n_past} of {}", self.n_past) });
+        }
+        let Some((start, tokens, saved)) = self.checkpoint.take() else {
+            return Err(Error::Model {
+                detail: format!("qwen35: no recurrent-state checkpoint to roll back to position {n_past}"),
+            });
+        };
+        if n_past < start || start + tokens.len() as i64 != self.n_past {
+            return Err(Error::Model {
+                detail: format!(
+                    "qwen35: position {n_past} is outside the last batch ({start}..{}); the recurrent states before it are gone",
+                    start + tokens.len() as i64
+                ),
+            });
+        }
+        for (id, b) in &saved {
+            self.runner.store.set_tensor(&self.ctx, *id, 0, b)?;
+        }
+        self.n_past = start;
+        let keep = (n_past - start) as usize;
+        if keep > 0 {
+            self.decode(&tokens[..keep], &[], false)?;
+        }
+        Ok(())
+    }
+}
+
+impl super::speculative::Target for Qwen35Session {
+    fn n_past(&self) -> i64 {
+        self.n_past
+    }
+
+    fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        Qwen35Session::decode(self, tokens, taps, want_logits)
+    }
+
+    fn rollback(&mut self, n_past: i64) -> Result<()> {
+        Qwen35Session::rollback(self, n_past)
     }
 }

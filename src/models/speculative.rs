@@ -9,15 +9,51 @@
 use super::qwen3::{Qwen3Session, StepOutput};
 use crate::error::{Error, Result};
 
-/// Proposes draft tokens.
-pub trait Drafter {
+/// A target model decoding one sequence: what the speculative loop needs
+/// of it. Implemented by [`Qwen3Session`] and
+/// [`super::qwen35::Qwen35Session`].
+pub trait Target {
+    /// Positions already decoded (the next token's position).
+    fn n_past(&self) -> i64;
+
+    /// Decodes `tokens` at the next positions: the greedy token after each,
+    /// the logits if `want_logits`, and the hidden states `taps` asks for
+    /// (layer `l`'s input; `l = n_layer`: the post-final-norm state).
+    ///
+    /// # Errors
+    /// The target's decode errors.
+    fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput>;
+
+    /// Forgets every position from `n_past` on.
+    ///
+    /// # Errors
+    /// The target's rollback errors.
+    fn rollback(&mut self, n_past: i64) -> Result<()>;
+}
+
+impl Target for Qwen3Session {
+    fn n_past(&self) -> i64 {
+        self.n_past
+    }
+
+    fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        Qwen3Session::decode(self, tokens, taps, want_logits)
+    }
+
+    fn rollback(&mut self, n_past: i64) -> Result<()> {
+        Qwen3Session::rollback(self, n_past)
+    }
+}
+
+/// Proposes draft tokens for a target of type `T`.
+pub trait Drafter<T = Qwen3Session> {
     /// Up to `n_max` tokens to follow `last` (the target's latest token, at
     /// position `pos`, not yet in the target's cache). A drafter whose model
     /// lives in the target's context runs it through `target`'s runner.
     ///
     /// # Errors
     /// Whatever the drafter's own model returns.
-    fn draft(&mut self, target: &mut Qwen3Session, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>>;
+    fn draft(&mut self, target: &mut T, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>>;
 
     /// Called after each verification with the target's step output for the
     /// verified batch (hidden-state taps included) and how many of its rows
@@ -26,14 +62,7 @@ pub trait Drafter {
     ///
     /// # Errors
     /// Whatever the drafter's own model returns.
-    fn accept(
-        &mut self,
-        target: &mut Qwen3Session,
-        batch: &[i32],
-        start: i64,
-        out: &StepOutput,
-        kept: usize,
-    ) -> Result<()> {
+    fn accept(&mut self, target: &mut T, batch: &[i32], start: i64, out: &StepOutput, kept: usize) -> Result<()> {
         let _ = (target, batch, start, out, kept);
         Ok(())
     }
@@ -71,9 +100,9 @@ pub struct SpecStats {
 ///
 /// # Errors
 /// [`Error::Model`] for an empty prompt or `n_max == 0`; decode errors.
-pub fn generate(
-    target: &mut Qwen3Session,
-    drafter: &mut dyn Drafter,
+pub fn generate<T: Target>(
+    target: &mut T,
+    drafter: &mut dyn Drafter<T>,
     prompt: &[i32],
     n_gen: usize,
     params: SpecParams,
@@ -82,14 +111,14 @@ pub fn generate(
         return Err(Error::Model { detail: "speculative decoding needs a prompt".into() });
     }
     let taps = drafter.taps();
-    let start = target.n_past;
+    let start = target.n_past();
     let out = target.decode(prompt, &taps, false)?;
     drafter.accept(target, prompt, start, &out, prompt.len())?;
     let mut last = *out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?;
     let mut tokens = vec![last];
     let mut stats = SpecStats::default();
     while tokens.len() < n_gen {
-        let pos = target.n_past;
+        let pos = target.n_past();
         let mut drafts = if params.n_max > 0 { drafter.draft(target, last, pos, params.n_max)? } else { Vec::new() };
         drafts.truncate(params.n_max.min(n_gen - tokens.len()));
         if drafts.len() < params.n_min {

@@ -1,0 +1,73 @@
+//! Speculative decoding on the `qwen35` hybrid target (Gated-DeltaNet
+//! layers whose conv and recurrent states absorb every verified token):
+//! the output equals single-device plain greedy decoding on 1, 2 and 3 CPU
+//! devices, ratios 1:1 and 3:1, KV caches F16 and Q4_0, with drafts that
+//! are all accepted, all rejected, or rejected at chosen positions — so
+//! the recurrent rollback (restore the states, decode the kept tokens
+//! again) runs at every kind of boundary.
+
+use shardgraph::models::generate::write_qwen35_gguf;
+use shardgraph::models::qwen35::{Qwen35Session, Qwen35Types};
+use shardgraph::models::speculative::{generate, Drafter, SpecParams};
+use shardgraph::GgmlType;
+
+#[path = "common/qwen35_tiny.rs"]
+mod qwen35_tiny;
+
+/// Drafts from a known continuation (`reference[i]` is the token at
+/// position `offset + i`), wrong at every position `p` with
+/// `p % every == 0` (never when `every == 0`), or always wrong.
+struct OracleDrafter {
+    reference: Vec<i32>,
+    offset: i64,
+    every: i64,
+    all_wrong: bool,
+}
+
+impl Drafter<Qwen35Session> for OracleDrafter {
+    fn draft(&mut self, _: &mut Qwen35Session, _: i32, pos: i64, n_max: usize) -> shardgraph::Result<Vec<i32>> {
+        let mut out = Vec::new();
+        for i in 0..n_max as i64 {
+            let p = pos + 1 + i;
+            let Some(&t) = usize::try_from(p - self.offset).ok().and_then(|k| self.reference.get(k)) else { break };
+            let wrong = self.all_wrong || (self.every > 0 && p % self.every == 0);
+            out.push(if wrong { (t + 1) % 320 } else { t });
+        }
+        Ok(out)
+    }
+}
+
+#[test]
+fn speculative_on_qwen35_equals_plain_greedy_with_recurrent_rollback() {
+    let dir = std::env::temp_dir().join(format!("shardgraph-spec-hybrid-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-q8_0.gguf");
+    write_qwen35_gguf(&path, &qwen35_tiny::tiny(), &Qwen35Types::all(GgmlType::Q8_0), 5).unwrap();
+    let prompt = [3, 14, 15, 92, 65, 35];
+    let n_gen = 24;
+    for kv in [GgmlType::F16, GgmlType::Q4_0] {
+        let plain = {
+            let mut s = Qwen35Session::from_gguf(&path, &[1.0], 1, kv, 64).unwrap();
+            let mut none = OracleDrafter { reference: vec![], offset: 0, every: 0, all_wrong: false };
+            generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
+        };
+        // The first generated token sits at position prompt.len().
+        let offset = prompt.len() as i64;
+        for ratios in [vec![1.0], vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+            for (every, all_wrong) in [(0, false), (3, false), (5, false), (0, true)] {
+                let mut s = Qwen35Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+                let mut d = OracleDrafter { reference: plain.clone(), offset, every, all_wrong };
+                let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
+                assert_eq!(tokens, plain, "{ratios:?} kv {kv} every {every} all_wrong {all_wrong}: {st:?}");
+                if all_wrong {
+                    assert_eq!(st.accepted, 0, "{st:?}");
+                } else if every == 0 {
+                    assert_eq!(st.accepted, st.drafted, "{st:?}");
+                } else {
+                    assert!(st.accepted > 0 && st.accepted < st.drafted, "{st:?}");
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
