@@ -704,8 +704,12 @@ pub struct Qwen35Session {
     pub base_len: usize,
     /// The last multi-token batch: its start position, its tokens, and the
     /// recurrent caches before it.
-    checkpoint: Option<(i64, Vec<i32>, Vec<(TensorId, Vec<u8>)>)>,
+    checkpoint: Option<Checkpoint>,
 }
+
+/// The recurrent states before a multi-token batch: `(start position,
+/// the batch's tokens, (cache, single-device bytes) per recurrent cache)`.
+type Checkpoint = (i64, Vec<i32>, Vec<(TensorId, Vec<u8>)>);
 
 impl Qwen35Session {
     /// Opens a `qwen35` GGUF, builds the model (KV cache of `kv_size` cells
