@@ -186,8 +186,9 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
 }
 
 /// The tiny `qwen35` hybrid (Gated-DeltaNet and gated attention layers,
-/// IMROPE over a partial rotary dimension) against llama.cpp on the same
-/// GGUF: logits of a 16-token batch (NMSE ≤ 1e-6 with F32 weights) and a
+/// IMROPE over a partial rotary dimension, and a NextN (MTP) block that
+/// llama.cpp must load but the trunk does not run) against llama.cpp on the
+/// same GGUF: logits of a 16-token batch (NMSE ≤ 1e-6 with F32 weights) and a
 /// greedy continuation of 12 tokens decoded one at a time, which carries
 /// the conv and recurrent states and the KV cache across steps.
 #[test]
@@ -212,7 +213,7 @@ fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
         d_state: 32,
         n_k_heads: 2,
         n_v_heads: 4,
-        n_nextn: 0,
+        n_nextn: 1,
         n_ctx_train: 4096,
     };
     let dir = std::env::temp_dir().join(format!("shardgraph-llama-qwen35-{}", std::process::id()));

@@ -71,3 +71,42 @@ fn speculative_on_qwen35_equals_plain_greedy_with_recurrent_rollback() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The MTP (NextN) drafter of a generated `qwen35` whose MTP block predicts
+/// the target's permutation: on 1, 2 and 3 devices, 1:1 and 3:1, KV F16 and
+/// Q4_0, its drafts are mostly accepted and the output equals single-device
+/// plain greedy decoding. A GGUF without an MTP layer is refused.
+#[test]
+fn mtp_drafting_on_qwen35_equals_plain_greedy() {
+    use shardgraph::models::generate::{write_qwen35_gguf_with, Weights};
+    use shardgraph::models::mtp::MtpDrafter;
+    let dir = std::env::temp_dir().join(format!("shardgraph-spec-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-mtp-q8_0.gguf");
+    let hp = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    write_qwen35_gguf_with(&path, &hp, &Qwen35Types::all(GgmlType::Q8_0), 7, Weights::Permutation).unwrap();
+    let prompt = [3, 14, 15, 92, 65, 35];
+    let n_gen = 24;
+    for kv in [GgmlType::F16, GgmlType::Q4_0] {
+        let plain = {
+            let mut s = Qwen35Session::from_gguf(&path, &[1.0], 1, kv, 64).unwrap();
+            let mut none = OracleDrafter { reference: vec![], offset: 0, every: 0, all_wrong: false };
+            generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
+        };
+        for ratios in [vec![1.0], vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+            let mut s = Qwen35Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+            let mut d = MtpDrafter::new(&s, 0.0).unwrap();
+            let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 3, n_min: 1 }).unwrap();
+            eprintln!("mtp {ratios:?} kv {kv}: {st:?}");
+            assert_eq!(tokens, plain, "{ratios:?} kv {kv}: {st:?}");
+            assert!(st.accepted * 2 >= st.drafted && st.drafted > 0, "{ratios:?} kv {kv}: {st:?}");
+        }
+    }
+    // No MTP layer: a clear error.
+    let plain_path = dir.join("qwen35-no-mtp.gguf");
+    write_qwen35_gguf(&plain_path, &qwen35_tiny::tiny(), &Qwen35Types::all(GgmlType::Q8_0), 7).unwrap();
+    let s = Qwen35Session::from_gguf(&plain_path, &[1.0], 1, GgmlType::F16, 64).unwrap();
+    let e = MtpDrafter::new(&s, 0.0).unwrap_err();
+    assert!(e.to_string().contains("MTP"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

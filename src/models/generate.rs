@@ -461,8 +461,9 @@ pub fn write_dflash_gguf_with(
 /// Writes a `qwen35` GGUF (llama.cpp's names and keys) with random weights
 /// from `seed`: matrices uniform in ±√(3/n_in), norm weights 1 ± 0.1 (as
 /// the converter stores them, already +1-shifted), `ssm_a` in
-/// `[−1.5, −0.5]` (−exp(A_log)), conv kernels and `ssm_dt.bias` uniform.
-/// Returns the file size in bytes.
+/// `[−1.5, −0.5]` (−exp(A_log)), conv kernels and `ssm_dt.bias` uniform;
+/// the NextN (MTP) block when `hp.n_nextn == 1`. Returns the file size in
+/// bytes.
 ///
 /// # Errors
 /// [`Error::Model`] for inconsistent hyper-parameters or a type whose block
@@ -473,18 +474,63 @@ pub fn write_qwen35_gguf(
     types: &super::qwen35::Qwen35Types,
     seed: u64,
 ) -> Result<u64> {
+    write_qwen35_gguf_with(path, hp, types, seed, Weights::Random)
+}
+
+/// [`write_qwen35_gguf`] with the weights of `kind`. With
+/// [`Weights::Permutation`] the trunk follows the permutation as the
+/// `qwen3` generator's does (±1 embeddings, a head mapping token `t`'s
+/// embedding to `perm(t)`, small mixer and FFN outputs), and the MTP block
+/// predicts the target: `eh_proj` passes the normed embedding through
+/// (`[I | 0]`) and its attention and FFN outputs are small, so from
+/// `(token t, any hidden state)` it predicts `perm(t)`, and chained on its
+/// own output `perm(perm(t))`, ….
+///
+/// # Errors
+/// As [`write_qwen35_gguf`].
+pub fn write_qwen35_gguf_with(
+    path: impl AsRef<std::path::Path>,
+    hp: &super::qwen35::Qwen35Hparams,
+    types: &super::qwen35::Qwen35Types,
+    seed: u64,
+    kind: Weights,
+) -> Result<u64> {
     hp.validate()?;
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny qwen35")?;
     let tensors = super::qwen35::qwen35_tensors(hp, types);
-    let special = |name: &str, _r: usize, row: &mut [f32]| -> bool {
+    let structured = kind != Weights::Random;
+    let perm = permutation(hp.n_vocab, seed);
+    let mut inverse = vec![0i64; perm.len()];
+    for (t, &p) in perm.iter().enumerate() {
+        inverse[p as usize] = t as i64;
+    }
+    let damp = |name: &str| {
+        let out = ["attn_output.weight", "ssm_out.weight", "ffn_down.weight"];
+        if structured && out.iter().any(|o| name.ends_with(o)) {
+            0.05
+        } else {
+            1.0
+        }
+    };
+    let special = |name: &str, r: usize, row: &mut [f32]| -> bool {
         if name.ends_with(".ssm_a") {
             let mut next = stream(seed, name);
             row.iter_mut().for_each(|x| *x = -(1.0 + 0.5 * next()));
-            true
+        } else if structured && name == "token_embd.weight" {
+            permutation_embedding(seed, r as i64, hp.n_vocab, row);
+        } else if structured && name == "output.weight" {
+            permutation_embedding(seed, inverse.get(r).copied().unwrap_or(0), hp.n_vocab, row);
+            let k = 16.0 / row.len().max(1) as f32;
+            row.iter_mut().for_each(|x| *x *= k);
+        } else if structured && name.ends_with("nextn.eh_proj.weight") {
+            row.iter_mut().enumerate().for_each(|(c, x)| *x = if c == r { 1.0 } else { 0.0 });
+        } else if structured && name.contains(".nextn.") && name.ends_with("norm.weight") {
+            row.iter_mut().for_each(|x| *x = 1.0);
         } else {
-            false
+            return false;
         }
+        true
     };
-    write_tensors(path, w, &tensors, seed, &|_| 1.0, &special, &mut |_, _| {})
+    write_tensors(path, w, &tensors, seed, &damp, &special, &mut |_, _| {})
 }

@@ -5,6 +5,7 @@
 //! * [`qwen3`]: the `qwen3` dense target.
 //! * [`qwen35`]: the `qwen35` hybrid target (gated attention + Gated DeltaNet).
 //! * [`dflash`]: the DFlash block-diffusion drafter's graphs.
+//! * [`mtp`]: the `qwen35` target's native MTP (NextN) drafter.
 //! * [`generate`]: GGUF files with seeded weights for the tests and examples.
 //! * [`policy`]: llama.cpp's split states for these tensors.
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
@@ -13,6 +14,7 @@
 
 pub mod dflash;
 pub mod generate;
+pub mod mtp;
 pub mod policy;
 pub mod qwen3;
 pub mod qwen35;

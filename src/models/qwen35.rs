@@ -302,6 +302,44 @@ pub struct Qwen35Layer {
     pub ffn_down: TensorId,
 }
 
+/// The NextN (MTP) block (MODELS.md 4.1): `blk.L.*` after the trunk.
+#[derive(Clone, Debug)]
+pub struct Qwen35Nextn {
+    /// Its gated-attention layer (mixer [`Qwen35Mixer::Attention`], own KV cache `cache_k_lL`).
+    pub layer: Qwen35Layer,
+    /// `nextn.eh_proj.weight` `[2E, E]`: `[normed embedding; normed hidden]` → E.
+    pub eh_proj: TensorId,
+    /// `nextn.enorm.weight` `[E]`.
+    pub enorm: TensorId,
+    /// `nextn.hnorm.weight` `[E]`.
+    pub hnorm: TensorId,
+    /// `nextn.shared_head_norm.weight` `[E]`.
+    pub head_norm: TensorId,
+}
+
+/// One MTP step's graph tensors.
+#[derive(Clone, Debug)]
+pub struct MtpStep {
+    /// `mtp_tokens` I32 `[T]`.
+    pub tokens: TensorId,
+    /// `mtp_h` F32 `[E, T]`: the hidden state paired with each token.
+    pub h: TensorId,
+    /// `mtp_pos` I32 `[4·T]`.
+    pub pos: TensorId,
+    /// `mtp_mask` F16 `[kv_size, T]`.
+    pub mask: TensorId,
+    /// `mtp_idxs` I64 `[T]`.
+    pub kv_idxs: TensorId,
+    /// The MTP layer's K/V writes.
+    pub writes: Vec<TensorId>,
+    /// `hN` `[E, T]`, fed back as the next row's hidden state.
+    pub h_out: TensorId,
+    /// Greedy token per row, I32 `[T]`.
+    pub argmax: TensorId,
+    /// The greedy token's probability per row, F32 `[1, 1, T]` (computed where the vocabulary slices live).
+    pub top_prob: TensorId,
+}
+
 /// A `qwen35` model's long-lived tensors in a [`Context`].
 #[derive(Clone, Debug)]
 pub struct Qwen35 {
@@ -317,6 +355,8 @@ pub struct Qwen35 {
     pub output: TensorId,
     /// Trunk layers.
     pub layers: Vec<Qwen35Layer>,
+    /// The NextN (MTP) block, when the file has one.
+    pub nextn: Option<Qwen35Nextn>,
     /// KV cache cells of the attention layers.
     pub kv_size: i64,
     /// KV cache type.
@@ -397,6 +437,30 @@ pub fn qwen35_tensors(hp: &Qwen35Hparams, types: &Qwen35Types) -> Vec<(String, G
             (b("ffn_gate.weight"), types.ffn, vec![e, f]),
             (b("ffn_up.weight"), types.ffn, vec![e, f]),
             (b("ffn_down.weight"), types.ffn, vec![f, e]),
+        ]);
+    }
+    if hp.n_nextn == 1 {
+        // The NextN (MTP) block after the trunk: a gated-attention layer and
+        // its projection of [normed embedding; normed hidden state].
+        let il = hp.n_layer;
+        let b = |n: &str| format!("blk.{il}.{n}");
+        let a = types.attn;
+        t.extend([
+            (b("attn_norm.weight"), f32t, vec![e]),
+            (b("post_attention_norm.weight"), f32t, vec![e]),
+            (b("attn_q.weight"), a, vec![e, 2 * qd]),
+            (b("attn_k.weight"), a, vec![e, kvd]),
+            (b("attn_v.weight"), a, vec![e, kvd]),
+            (b("attn_output.weight"), a, vec![qd, e]),
+            (b("attn_q_norm.weight"), f32t, vec![d]),
+            (b("attn_k_norm.weight"), f32t, vec![d]),
+            (b("ffn_gate.weight"), types.ffn, vec![e, f]),
+            (b("ffn_up.weight"), types.ffn, vec![e, f]),
+            (b("ffn_down.weight"), types.ffn, vec![f, e]),
+            (b("nextn.eh_proj.weight"), a, vec![2 * e, e]),
+            (b("nextn.enorm.weight"), f32t, vec![e]),
+            (b("nextn.hnorm.weight"), f32t, vec![e]),
+            (b("nextn.shared_head_norm.weight"), f32t, vec![e]),
         ]);
     }
     t
@@ -490,7 +554,37 @@ impl Qwen35 {
                 ffn_down: b("ffn_down.weight"),
             });
         }
+        let nextn = if hp.n_nextn == 1 {
+            let il = hp.n_layer;
+            let b = |n: &str| get(&format!("blk.{il}.{n}"));
+            Some(Qwen35Nextn {
+                layer: Qwen35Layer {
+                    attn_norm: b("attn_norm.weight"),
+                    post_norm: b("post_attention_norm.weight"),
+                    mixer: Qwen35Mixer::Attention {
+                        wq: b("attn_q.weight"),
+                        wk: b("attn_k.weight"),
+                        wv: b("attn_v.weight"),
+                        wo: b("attn_output.weight"),
+                        q_norm: b("attn_q_norm.weight"),
+                        k_norm: b("attn_k_norm.weight"),
+                        cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
+                        cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
+                    },
+                    ffn_gate: b("ffn_gate.weight"),
+                    ffn_up: b("ffn_up.weight"),
+                    ffn_down: b("ffn_down.weight"),
+                },
+                eh_proj: b("nextn.eh_proj.weight"),
+                enorm: b("nextn.enorm.weight"),
+                hnorm: b("nextn.hnorm.weight"),
+                head_norm: b("nextn.shared_head_norm.weight"),
+            })
+        } else {
+            None
+        };
         Ok(Qwen35 {
+            nextn,
             tok_embd: get("token_embd.weight"),
             output_norm: get("output_norm.weight"),
             output: get("output.weight"),
@@ -565,6 +659,66 @@ impl Qwen35 {
         let logits = ctx.mul_mat(self.output, h_nextn)?;
         let argmax = ctx.argmax(logits)?;
         Ok(Qwen35Step { tokens, pos, mask, kv_idxs, writes, taps: tap_ids, h_nextn, logits, argmax })
+    }
+
+    /// The MTP (NextN) head's graph for `n_tokens` rows (MODELS.md 4.1):
+    /// `x = eh_proj·[RMSNorm(embd(token))·enorm; RMSNorm(h)·hnorm]`, one
+    /// gated-attention block over its own KV cache (causal), the SwiGLU FFN,
+    /// `hN = RMSNorm(y)·shared_head_norm`, logits from the shared head.
+    ///
+    /// # Errors
+    /// [`Error::Model`] if the model has no NextN block or `n_tokens < 1`.
+    pub fn build_mtp(&self, ctx: &mut Context, n_tokens: i64) -> Result<MtpStep> {
+        let hp = &self.hp;
+        let Some(nx) = &self.nextn else {
+            return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
+        };
+        if n_tokens < 1 {
+            return Err(Error::Model { detail: "qwen35: an MTP step needs ≥ 1 row".into() });
+        }
+        let t = n_tokens;
+        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
+            let id = named(ctx, ty, ne, name)?;
+            ctx.set_input(id)?;
+            Ok(id)
+        };
+        let tokens = input(ctx, GgmlType::I32, &[t], "mtp_tokens")?;
+        let h = input(ctx, GgmlType::F32, &[hp.n_embd, t], "mtp_h")?;
+        let pos = input(ctx, GgmlType::I32, &[4 * t], "mtp_pos")?;
+        let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "mtp_mask")?;
+        let kv_idxs = input(ctx, GgmlType::I64, &[t], "mtp_idxs")?;
+        let e = ctx.get_rows(self.tok_embd, tokens)?;
+        let en = ctx.rms_norm(e, hp.rms_eps)?;
+        let en = ctx.mul(en, nx.enorm)?;
+        let hn = ctx.rms_norm(h, hp.rms_eps)?;
+        let hn = ctx.mul(hn, nx.hnorm)?;
+        let eh = ctx.concat(en, hn, 0)?;
+        let x = ctx.mul_mat(nx.eh_proj, eh)?;
+        let w = &nx.layer;
+        let xn = ctx.rms_norm(x, hp.rms_eps)?;
+        let xn = ctx.mul(xn, w.attn_norm)?;
+        let mut writes = Vec::new();
+        let a = self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, &mut writes)?;
+        let r = ctx.add(a, x)?;
+        let rn = ctx.rms_norm(r, hp.rms_eps)?;
+        let rn = ctx.mul(rn, w.post_norm)?;
+        let up = ctx.mul_mat(w.ffn_up, rn)?;
+        let gate = ctx.mul_mat(w.ffn_gate, rn)?;
+        let act = ctx.swiglu_split(gate, up)?;
+        let down = ctx.mul_mat(w.ffn_down, act)?;
+        let y = ctx.add(down, r)?;
+        let h_out = ctx.rms_norm(y, hp.rms_eps)?;
+        let h_out = ctx.mul(h_out, nx.head_norm)?;
+        let logits = ctx.mul_mat(self.output, h_out)?;
+        let argmax = ctx.argmax(logits)?;
+        let top_prob = {
+            let v = ctx.tensor(logits)?.ne[0];
+            let probs = ctx.soft_max(logits)?;
+            let probs = ctx.reshape_3d(probs, 1, v, t)?;
+            let at = ctx.reshape_2d(argmax, 1, t)?;
+            ctx.get_rows(probs, at)?
+        };
+        Ok(MtpStep { tokens, h, pos, mask, kv_idxs, writes, h_out, argmax, top_prob })
     }
 
     /// Gated full attention over `xn` `[E, T]`; returns `[E, T]`.
@@ -881,6 +1035,79 @@ impl Qwen35Session {
             self.decode(&tokens[..keep], &[], false)?;
         }
         Ok(())
+    }
+}
+
+/// What one MTP step returns, per row.
+#[derive(Clone, Debug, Default)]
+pub struct MtpOutput {
+    /// Greedy token.
+    pub argmax: Vec<i32>,
+    /// The greedy token's probability.
+    pub top_prob: Vec<f32>,
+    /// `hN` `[E]` per row (the next row's hidden state when chaining).
+    pub h: Vec<f32>,
+}
+
+impl Qwen35Session {
+    /// Runs the MTP head on rows `(tokens[i], h[i])` at positions
+    /// `start + i` (writing its KV cache there): MODELS.md 4.1.
+    ///
+    /// # Errors
+    /// [`Error::Model`] without a NextN block, for mismatched lengths or a
+    /// full KV cache; execution errors.
+    pub fn mtp_step(&mut self, tokens: &[i32], h: &[f32], start: i64) -> Result<MtpOutput> {
+        let t = tokens.len() as i64;
+        let e = self.model.hp.n_embd as usize;
+        if t == 0 || h.len() != tokens.len() * e {
+            return Err(Error::Model {
+                detail: format!("qwen35 MTP: {} tokens need {} hidden values, got {}", t, t as usize * e, h.len()),
+            });
+        }
+        if start < 0 || start + t > self.model.kv_size {
+            return Err(Error::Model {
+                detail: format!(
+                    "qwen35 MTP: positions {start}..{} outside the {}-cell cache",
+                    start + t,
+                    self.model.kv_size
+                ),
+            });
+        }
+        self.ctx.truncate(self.base_len);
+        let step = self.model.build_mtp(&mut self.ctx, t)?;
+        let mut outputs = step.writes.clone();
+        outputs.extend([step.h_out, step.argmax, step.top_prob]);
+        let graph = self.ctx.build_forward(&outputs)?;
+        let kv = self.model.kv_size;
+        let pos: Vec<i32> = (0..t).map(|i| (start + i) as i32).collect();
+        let mut mask = Vec::with_capacity((kv * t) as usize * 2);
+        for &p in &pos {
+            for c in 0..kv {
+                let v = if c <= p as i64 { half::f16::ZERO } else { half::f16::NEG_INFINITY };
+                mask.extend(v.to_le_bytes());
+            }
+        }
+        let mut pos4 = Vec::with_capacity(4 * t as usize);
+        for stream in 0..4 {
+            pos4.extend(pos.iter().map(|&p| if stream < 3 { p } else { 0 }));
+        }
+        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
+        let hb: Vec<u8> = h.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let inputs = vec![
+            (step.tokens, i32b(tokens)),
+            (step.h, hb),
+            (step.pos, i32b(&pos4)),
+            (step.mask, mask),
+            (step.kv_idxs, idx),
+        ];
+        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        let n = outputs.len();
+        Ok(MtpOutput {
+            h: f32s(&rep.outputs[n - 3]),
+            argmax: rep.outputs[n - 2].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            top_prob: f32s(&rep.outputs[n - 1]),
+        })
     }
 }
 
