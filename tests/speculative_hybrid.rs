@@ -110,3 +110,63 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
     assert!(e.to_string().contains("MTP"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// DFlash2 against the `qwen35` target (taps of a layer input and of the
+/// post-final-norm state, `dflash.target_layers` = [1, n_layer]): the
+/// seed's matrix — one device (`--split-mode none`), and tensor split on 2
+/// and 3 devices, 1:1 and 3:1 — all give single-device plain greedy
+/// decoding's tokens, with the drafter (built to follow the target's
+/// permutation) mostly accepted. A drafter built for another target is
+/// refused.
+#[test]
+fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
+    use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
+    use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+    let dir = std::env::temp_dir().join(format!("shardgraph-spec-dflash-hybrid-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("qwen35-q8_0.gguf");
+    let hp = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
+    let dhp = DflashHparams {
+        n_layer: 2,
+        n_embd: 256,
+        n_ff: 384,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers: vec![1, hp.n_layer],
+        target_hidden: 256,
+        block_size: 5,
+        mask_token: (hp.n_vocab - 1) as i32,
+        conv: Some((2, 16)),
+        selector: Some((32, 8)),
+    };
+    let drafter = dir.join("dflash2-q8_0.gguf");
+    write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, hp.n_vocab, 13, Weights::Permutation).unwrap();
+    let prompt = [3, 14, 15, 92, 65, 35];
+    let n_gen = 24;
+    let kv = GgmlType::Q4_0;
+    let plain = {
+        let mut s = Qwen35Session::from_gguf(&target, &[1.0], 1, kv, 64).unwrap();
+        let mut none = OracleDrafter { reference: vec![], offset: 0, every: 0, all_wrong: false };
+        generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
+    };
+    for ratios in [vec![1.0], vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+        let mut s = Qwen35Session::from_gguf(&target, &ratios, 1, kv, 64).unwrap();
+        let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
+        let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
+        eprintln!("dflash2 on qwen35 {ratios:?}: {st:?}");
+        assert_eq!(tokens, plain, "{ratios:?}: {st:?}");
+        assert!(st.accepted * 2 >= st.drafted && st.drafted > 0, "{ratios:?}: {st:?}");
+    }
+    // A drafter for a target with another vocabulary.
+    let other = dir.join("other.gguf");
+    let wrong = DflashHparams { mask_token: 999, ..dhp.clone() };
+    write_dflash_gguf_with(&other, &wrong, GgmlType::Q8_0, 1000, 13, Weights::Random).unwrap();
+    let mut s = Qwen35Session::from_gguf(&target, &[1.0], 1, kv, 64).unwrap();
+    let e = DflashDrafter::attach_gguf(&mut s, &other, kv, 0.0).unwrap_err();
+    assert!(e.to_string().contains("vocab_size"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,6 +16,95 @@ use crate::graph::Context;
 use crate::ops::{RopeMode, RopeParams};
 use crate::tensor::{GgmlType, TensorId};
 
+/// What a DFlash drafter borrows from and checks against its target.
+#[derive(Clone, Copy, Debug)]
+pub struct TargetInfo {
+    /// The target's hidden size E.
+    pub n_embd: i64,
+    /// The target's vocabulary V.
+    pub n_vocab: i64,
+    /// The target's trunk layers (a tap of `n_layer` is the post-final-norm state).
+    pub n_layer: usize,
+    /// The target's `token_embd.weight` `[E, V]`.
+    pub tok_embd: TensorId,
+    /// The target's `output.weight` `[E, V]`.
+    pub output: TensorId,
+}
+
+impl From<&Qwen3> for TargetInfo {
+    fn from(t: &Qwen3) -> Self {
+        TargetInfo {
+            n_embd: t.hp.n_embd,
+            n_vocab: t.hp.n_vocab,
+            n_layer: t.hp.n_layer,
+            tok_embd: t.tok_embd,
+            output: t.output,
+        }
+    }
+}
+
+impl From<&super::qwen35::Qwen35> for TargetInfo {
+    fn from(t: &super::qwen35::Qwen35) -> Self {
+        TargetInfo {
+            n_embd: t.hp.n_embd,
+            n_vocab: t.hp.n_vocab,
+            n_layer: t.hp.n_layer,
+            tok_embd: t.tok_embd,
+            output: t.output,
+        }
+    }
+}
+
+/// A target session a DFlash drafter can live in: its context (the drafter's
+/// tensors go after the target's), its devices and store, and llama.cpp's
+/// split policy for target and drafter together.
+pub trait DraftHost {
+    /// The borrowed embedding and head, and the sizes to check.
+    fn info(&self) -> TargetInfo;
+    /// KV cache cells (the drafter's caches get as many).
+    fn kv_size(&self) -> i64;
+    /// The context, the runner, and the length of the long-lived part.
+    fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize);
+    /// The split policy for the target with the drafter `hp` (weights of
+    /// `weight_type`) in its context.
+    ///
+    /// # Errors
+    /// As the target's policy, for either model's heads.
+    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<crate::split::SplitPolicy>;
+}
+
+impl DraftHost for super::qwen3::Qwen3Session {
+    fn info(&self) -> TargetInfo {
+        (&self.model).into()
+    }
+    fn kv_size(&self) -> i64 {
+        self.model.kv_size
+    }
+    fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize) {
+        (&mut self.ctx, &mut self.runner, &mut self.base_len)
+    }
+    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<crate::split::SplitPolicy> {
+        let ratios = self.runner.policy.ratios().to_vec();
+        super::policy::qwen3_dflash_policy(&self.model.hp, &self.model_types(), hp, weight_type, &ratios)
+    }
+}
+
+impl DraftHost for super::qwen35::Qwen35Session {
+    fn info(&self) -> TargetInfo {
+        (&self.model).into()
+    }
+    fn kv_size(&self) -> i64 {
+        self.model.kv_size
+    }
+    fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize) {
+        (&mut self.ctx, &mut self.runner, &mut self.base_len)
+    }
+    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<crate::split::SplitPolicy> {
+        let ratios = self.runner.policy.ratios().to_vec();
+        super::policy::qwen35_dflash_policy(&self.model.hp, &self.model.types, hp, weight_type, &ratios)
+    }
+}
+
 /// Hyper-parameters of a DFlash drafter (GGUF keys `dflash.*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DflashHparams {
@@ -62,7 +151,7 @@ impl DflashHparams {
     ///
     /// # Errors
     /// [`Error::Model`] naming the mismatch.
-    pub fn validate(&self, target: &Qwen3) -> Result<()> {
+    pub fn validate(&self, target: &TargetInfo) -> Result<()> {
         let bad = |d: String| Err(Error::Model { detail: format!("dflash drafter: {d}") });
         if self.n_layer == 0 || self.n_ff <= 0 || self.head_dim <= 0 || self.head_dim % 2 != 0 {
             return bad("block_count, feed_forward_length and an even key_length must be positive".into());
@@ -70,19 +159,19 @@ impl DflashHparams {
         if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 {
             return bad(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
         }
-        if self.n_embd != target.hp.n_embd {
+        if self.n_embd != target.n_embd {
             return bad(format!(
                 "embedding_length {} differs from the target's {} (it borrows the target's embedding and head)",
-                self.n_embd, target.hp.n_embd
+                self.n_embd, target.n_embd
             ));
         }
-        if self.target_hidden != target.hp.n_embd {
-            return bad(format!("target_hidden_size {} but the target's is {}", self.target_hidden, target.hp.n_embd));
+        if self.target_hidden != target.n_embd {
+            return bad(format!("target_hidden_size {} but the target's is {}", self.target_hidden, target.n_embd));
         }
-        if self.target_layers.is_empty() || self.target_layers.iter().any(|&l| l > target.hp.n_layer) {
+        if self.target_layers.is_empty() || self.target_layers.iter().any(|&l| l > target.n_layer) {
             return bad(format!(
                 "target_layers {:?} must name layers 0..={} of the target",
-                self.target_layers, target.hp.n_layer
+                self.target_layers, target.n_layer
             ));
         }
         if self.block_size < 2 {
@@ -97,18 +186,18 @@ impl DflashHparams {
             }
         }
         if let Some((r, k)) = self.selector {
-            if r < 1 || k < 1 || k > target.hp.n_vocab || self.n_embd < k + k * k {
+            if r < 1 || k < 1 || k > target.n_vocab || self.n_embd < k + k * k {
                 return bad(format!(
                     "selector_rank {r} / selector_top_k {k}: need both ≥ 1, top_k ≤ the vocabulary ({}) and \
                      embedding_length {} ≥ top_k + top_k² (one lattice row per position)",
-                    target.hp.n_vocab, self.n_embd
+                    target.n_vocab, self.n_embd
                 ));
             }
         }
-        if self.mask_token < 0 || self.mask_token as i64 >= target.hp.n_vocab {
+        if self.mask_token < 0 || self.mask_token as i64 >= target.n_vocab {
             return bad(format!(
                 "mask token {} outside the target's vocabulary of {}",
-                self.mask_token, target.hp.n_vocab
+                self.mask_token, target.n_vocab
             ));
         }
         Ok(())
@@ -315,13 +404,14 @@ impl Dflash {
     /// weight type whose block does not divide its rows.
     pub fn new(
         ctx: &mut Context,
-        target: &Qwen3,
+        target: impl Into<TargetInfo>,
         hp: DflashHparams,
         weight_type: GgmlType,
         kv_type: GgmlType,
         kv_size: i64,
     ) -> Result<Self> {
-        hp.validate(target)?;
+        let target: TargetInfo = target.into();
+        hp.validate(&target)?;
         let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
         let qd = hp.n_head * d;
         let x = hp.target_layers.len() as i64 * hp.target_hidden;
@@ -365,8 +455,8 @@ impl Dflash {
         let selector = match hp.selector {
             Some((r, k)) => Some(Selector {
                 hidden: named(ctx, w, &[e, r], "dft.selector_hidden.weight")?,
-                predecessor: named(ctx, w, &[r, target.hp.n_vocab], "dft.selector_predecessor.weight")?,
-                successor: named(ctx, w, &[r, target.hp.n_vocab], "dft.selector_successor.weight")?,
+                predecessor: named(ctx, w, &[r, target.n_vocab], "dft.selector_predecessor.weight")?,
+                successor: named(ctx, w, &[r, target.n_vocab], "dft.selector_successor.weight")?,
                 top_k: k,
             }),
             None => None,
@@ -591,26 +681,26 @@ impl DflashDrafter {
     /// # Errors
     /// As [`Dflash::new`] and the policy (a drafter whose heads leave a
     /// device without a KV head).
-    pub fn attach(
-        target: &mut super::qwen3::Qwen3Session,
+    pub fn attach<T: DraftHost>(
+        target: &mut T,
         hp: DflashHparams,
         weight_type: GgmlType,
         kv_type: GgmlType,
         p_min: f32,
     ) -> Result<Self> {
-        target.ctx.truncate(target.base_len);
-        let start = target.ctx.len();
-        let kv_size = target.model.kv_size;
-        let model = Dflash::new(&mut target.ctx, &target.model, hp, weight_type, kv_type, kv_size)?;
-        let ratios = target.runner.policy.ratios().to_vec();
-        let types = target.model_types();
-        target.runner.policy =
-            super::policy::qwen3_dflash_policy(&target.model.hp, &types, &model.hp, weight_type, &ratios)?;
-        let ids: Vec<TensorId> = target.ctx.ids().skip(start).collect();
+        let info = target.info();
+        let kv_size = target.kv_size();
+        let policy = target.policy_with(&hp, weight_type)?;
+        let (ctx, runner, base_len) = target.parts();
+        ctx.truncate(*base_len);
+        let start = ctx.len();
+        let model = Dflash::new(ctx, info, hp, weight_type, kv_type, kv_size)?;
+        runner.policy = policy;
+        let ids: Vec<TensorId> = ctx.ids().skip(start).collect();
         for id in ids {
-            target.runner.place(&target.ctx, id)?;
+            runner.place(ctx, id)?;
         }
-        target.base_len = target.ctx.len();
+        *base_len = ctx.len();
         Ok(DflashDrafter { model, p_min })
     }
 }
@@ -624,37 +714,37 @@ impl DflashDrafter {
     /// GGUF errors naming the file or tensor; as [`DflashDrafter::attach`];
     /// [`Error::Model`] if the file lacks one of the drafter's tensors or
     /// they are of mixed types.
-    pub fn attach_gguf(
-        target: &mut super::qwen3::Qwen3Session,
+    pub fn attach_gguf<T: DraftHost>(
+        target: &mut T,
         path: impl AsRef<std::path::Path>,
         kv_type: GgmlType,
         p_min: f32,
     ) -> Result<Self> {
         let file = crate::gguf::GgufFile::open(path)?;
         let hp = DflashHparams::from_gguf(&file)?;
+        let n_vocab = target.info().n_vocab;
         if let Ok(v) = file.get_uint("dflash.vocab_size") {
-            if v as i64 != target.model.hp.n_vocab {
+            if v as i64 != n_vocab {
                 return Err(Error::Model {
                     detail: format!(
-                        "dflash drafter: vocab_size {v} differs from the target's {}: built for another target",
-                        target.model.hp.n_vocab
+                        "dflash drafter: vocab_size {v} differs from the target's {n_vocab}: built for another target"
                     ),
                 });
             }
         }
         let weight_type = file.tensor("blk.0.attn_q.weight")?.info.ty;
         let d = DflashDrafter::attach(target, hp, weight_type, kv_type, p_min)?;
-        let names: Vec<(String, TensorId)> = target
-            .ctx
+        let (ctx, runner, base_len) = target.parts();
+        let names: Vec<(String, TensorId)> = ctx
             .ids()
-            .take(target.base_len)
+            .take(*base_len)
             .filter_map(|id| {
-                let n = &target.ctx.t(id).name;
+                let n = &ctx.t(id).name;
                 (n.starts_with("dft.") && !n.starts_with("dft.cache_")).then(|| (n["dft.".len()..].to_string(), id))
             })
             .collect();
         for (name, id) in names {
-            crate::gguf::load_tensor_into_split_store(&file, &name, &target.ctx, id, &mut target.runner.store)
+            crate::gguf::load_tensor_into_split_store(&file, &name, ctx, id, &mut runner.store)
                 .map_err(|e| Error::Model { detail: format!("dflash drafter: {e}") })?;
         }
         Ok(d)
@@ -669,26 +759,20 @@ fn sanitize(x: f32) -> f32 {
     }
 }
 
-impl super::speculative::Drafter for DflashDrafter {
+impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
     fn taps(&self) -> Vec<usize> {
         self.model.hp.target_layers.clone()
     }
 
-    fn draft(
-        &mut self,
-        target: &mut super::qwen3::Qwen3Session,
-        last: i32,
-        pos: i64,
-        n_max: usize,
-    ) -> Result<Vec<i32>> {
+    fn draft(&mut self, target: &mut T, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>> {
         let hp = &self.model.hp;
         let n = n_max.min(hp.block_size - 1);
         let rows = n as i64 + 1;
         if pos + rows > self.model.kv_size {
             return Ok(Vec::new());
         }
-        let ctx = &mut target.ctx;
-        ctx.truncate(target.base_len);
+        let (ctx, runner, base_len) = target.parts();
+        ctx.truncate(*base_len);
         let b = self.model.build_block(ctx, rows)?;
         // The greedy rows and their probabilities (v1) or the selector's
         // lattice (DFlash2) are computed where the vocabulary slices live;
@@ -718,7 +802,7 @@ impl super::speculative::Drafter for DflashDrafter {
         let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let idx: Vec<u8> = positions.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
         let inputs = vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&positions)), (b.mask, mask), (b.kv_idxs, idx)];
-        let rep = target.runner.run(&target.ctx, &g, &inputs, &outs)?;
+        let rep = runner.run(ctx, &g, &inputs, &outs)?;
         let k = b.writes.len();
         if b.lattice.is_some() {
             let lattice = f32s(&rep.outputs[k]);
@@ -742,7 +826,7 @@ impl super::speculative::Drafter for DflashDrafter {
 
     fn accept(
         &mut self,
-        target: &mut super::qwen3::Qwen3Session,
+        target: &mut T,
         _batch: &[i32],
         start: i64,
         out: &super::qwen3::StepOutput,
@@ -766,14 +850,14 @@ impl super::speculative::Drafter for DflashDrafter {
                 feats.extend(row.iter().flat_map(|&x| sanitize(x).to_le_bytes()));
             }
         }
-        let ctx = &mut target.ctx;
-        ctx.truncate(target.base_len);
+        let (ctx, runner, base_len) = target.parts();
+        ctx.truncate(*base_len);
         let inj = self.model.build_inject(ctx, kept as i64)?;
         let g = ctx.build_forward(&inj.writes)?;
         let pos: Vec<u8> = (0..kept as i64).flat_map(|i| ((start + i) as i32).to_le_bytes()).collect();
         let idx: Vec<u8> = (0..kept as i64).flat_map(|i| (start + i).to_le_bytes()).collect();
         let inputs = vec![(inj.features, feats), (inj.pos, pos), (inj.kv_idxs, idx)];
-        target.runner.run(&target.ctx, &g, &inputs, &inj.writes)?;
+        runner.run(ctx, &g, &inputs, &inj.writes)?;
         Ok(())
     }
 }

@@ -112,18 +112,7 @@ pub fn qwen3_dflash_policy(
     drafter_type: GgmlType,
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
-    let dhp = Qwen3Hparams {
-        n_layer: drafter.n_layer,
-        n_embd: drafter.n_embd,
-        n_ff: drafter.n_ff,
-        n_head: drafter.n_head,
-        n_head_kv: drafter.n_head_kv,
-        head_dim: drafter.head_dim,
-        n_vocab: hp.n_vocab,
-        rms_eps: drafter.rms_eps,
-        rope_base: drafter.rope_base,
-        n_ctx_train: hp.n_ctx_train,
-    };
+    let dhp = drafter_as_qwen3(drafter, hp.n_vocab);
     // The drafter's heads must give every device a KV head too.
     qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios)?;
     let g = attention_granules(&dhp, drafter_type, ratios.len());
@@ -161,10 +150,61 @@ pub fn qwen35_policy(
     types: &super::qwen35::Qwen35Types,
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
+    Ok(qwen35_rules(hp, types, ratios)?.rule("*", SplitSpec::Mirrored))
+}
+
+/// [`qwen35_policy`] for a target with a DFlash drafter in the same context
+/// (`dft.` names): the drafter's layers and caches split like a `qwen3`
+/// target's (MODELS.md 5.5), `fc`, norms, convolution and selector tensors
+/// mirrored.
+///
+/// # Errors
+/// As [`qwen35_policy`], and for the drafter's heads.
+pub fn qwen35_dflash_policy(
+    hp: &super::qwen35::Qwen35Hparams,
+    types: &super::qwen35::Qwen35Types,
+    drafter: &super::dflash::DflashHparams,
+    drafter_type: GgmlType,
+    ratios: &[f32],
+) -> Result<SplitPolicy> {
+    let dhp = drafter_as_qwen3(drafter, hp.n_vocab);
+    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios)?;
+    let policy = qwen35_rules(hp, types, ratios)?;
+    let policy = if ratios.len() > 1 {
+        let g = attention_granules(&dhp, drafter_type, ratios.len());
+        layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type))
+    } else {
+        policy
+    };
+    Ok(policy.rule("*", SplitSpec::Mirrored))
+}
+
+/// A DFlash drafter's layer shapes as a `qwen3` model's (for the granules).
+fn drafter_as_qwen3(drafter: &super::dflash::DflashHparams, n_vocab: i64) -> Qwen3Hparams {
+    Qwen3Hparams {
+        n_layer: drafter.n_layer,
+        n_embd: drafter.n_embd,
+        n_ff: drafter.n_ff,
+        n_head: drafter.n_head,
+        n_head_kv: drafter.n_head_kv,
+        head_dim: drafter.head_dim,
+        n_vocab,
+        rms_eps: drafter.rms_eps,
+        rope_base: drafter.rope_base,
+        n_ctx_train: 4096,
+    }
+}
+
+/// The rules of [`qwen35_policy`] without the final "everything else mirrored".
+fn qwen35_rules(
+    hp: &super::qwen35::Qwen35Hparams,
+    types: &super::qwen35::Qwen35Types,
+    ratios: &[f32],
+) -> Result<SplitPolicy> {
     let n = ratios.len();
     if n == 1 {
         // One device holds everything (granules only matter between devices).
-        return Ok(SplitPolicy::new(ratios)?.rule("*", SplitSpec::Mirrored));
+        return SplitPolicy::new(ratios);
     }
     let axis = |axis, granule, segments: Vec<i64>| SplitSpec::Axis { axis, granule, segments };
     let g = hp.n_head / hp.n_head_kv;
@@ -222,5 +262,5 @@ pub fn qwen35_policy(
         .rule("blk.*.ffn_up.weight", axis(1, ffn_granule(hp.n_ff, types.ffn), vec![]))
         .rule("blk.*.ffn_down.weight", axis(0, ffn_granule(hp.n_ff, types.ffn), vec![]))
         .rule("output.weight", axis(1, 1, vec![]));
-    Ok(policy.rule("*", SplitSpec::Mirrored))
+    Ok(policy)
 }
