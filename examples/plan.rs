@@ -4,7 +4,13 @@
 //!
 //! `cargo run --release --example plan -- --model qwen3-32b --devices 2 --tensor-split 1,1`
 //!
-//! Options: `--model qwen3-8b|qwen3-32b` (default qwen3-8b), `--draft
+//! `cargo run --release --example plan -- --model qwen35-27b --draft dflash2 --devices 2 --tensor-split 1,1`
+//! plans the Qwen3.x-27B hybrid (48 Gated-DeltaNet + 16 gated attention
+//! layers, its NextN layer, the 5-layer DFlash2 drafter) at 65536 cells of
+//! a q4_0 KV cache by default, with per-device recurrent caches; `--draft
+//! mtp|none` leaves the DFlash2 drafter out (the MTP head is always planned).
+//!
+//! Options: `--model qwen3-8b|qwen3-32b|qwen35-27b` (default qwen3-8b), `--draft
 //! dflash|dflash2|none` (default: dflash for qwen3-8b, the z-lab 5-layer
 //! block-16 drafter; dflash2 for qwen3-32b, a 5-layer block-8 DFlash2 drafter
 //! with the z-lab Qwen3.8-27B-DFlash2 dimensions (MODELS.md 3.5) and its
@@ -15,9 +21,11 @@
 //! `--tokens T` (batch, default 1).
 
 use shardgraph::models::dflash::{Dflash, DflashHparams};
+use shardgraph::models::policy::{qwen35_dflash_policy, qwen35_policy};
 use shardgraph::models::policy::{qwen3_dflash_policy, qwen3_policy};
 use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
-use shardgraph::split::{Collective, Planner};
+use shardgraph::models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
+use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -90,6 +98,16 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
             std::process::exit(2);
         }
     };
+    if model == "qwen35-27b" {
+        let kv_size: i64 = arg(&args, "--ctx-size").and_then(|v| v.parse().ok()).unwrap_or(65536);
+        let kv_type = match arg(&args, "--cache-type-k").as_deref() {
+            None | Some("q4_0") => GgmlType::Q4_0,
+            Some("q8_0") => GgmlType::Q8_0,
+            _ => GgmlType::F16,
+        };
+        let draft = arg(&args, "--draft").unwrap_or_else(|| "dflash2".into());
+        return plan_qwen35(&ratios, kv_size, kv_type, tokens, &draft);
+    }
     // MODELS.md section 2.4; a Q4_K_M-like file keeps attn_v and ffn_down at Q6_K.
     let hp = match model.as_str() {
         "qwen3-8b" => Qwen3Hparams {
@@ -117,7 +135,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
             n_ctx_train: 40960,
         },
         other => {
-            eprintln!("--model {other}: use qwen3-8b or qwen3-32b (the DFlash drafter and qwen35 plans come with their models)");
+            eprintln!("--model {other}: use qwen3-8b, qwen3-32b or qwen35-27b");
             std::process::exit(2);
         }
     };
@@ -240,6 +258,172 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
             d.hp.block_size,
             logits * 4
         );
+        }
+        let bmem = bplan.memory(&ctx, &g)?;
+        ctx.truncate(base);
+        let inj = d.build_inject(&mut ctx, d.hp.block_size as i64)?;
+        let g = ctx.build_forward(&inj.writes)?;
+        let iplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
+        println!("injection of {} verified rows: {} bytes", d.hp.block_size, iplan.total_bytes());
+        println!("drafter memory per device:");
+        for (j, mem) in bmem.iter().enumerate() {
+            println!(
+                "  device {j}: weights {} (incl. the borrowed embedding/head counted with the target), KV cache {}, compute {:.1} MiB",
+                gib(mem.weights),
+                gib(mem.caches),
+                mem.compute as f64 / (1 << 20) as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of `ids` each device holds under `plan` (split tensors by their parts).
+fn bytes_per_device(ctx: &Context, plan: &shardgraph::split::Plan, ids: &[shardgraph::TensorId], n: usize) -> Vec<u64> {
+    let mut out = vec![0u64; n];
+    for &id in ids {
+        let Ok(t) = ctx.tensor(id) else { continue };
+        let bytes = t.nbytes() as u64;
+        for (j, o) in out.iter_mut().enumerate() {
+            *o += match plan.state(id) {
+                Some(SplitState::Split(s)) if s.axis_len() > 0 => {
+                    (bytes as u128 * s.local_len(j).max(0) as u128 / s.axis_len() as u128) as u64
+                }
+                Some(SplitState::Split(_)) => 0,
+                _ => bytes,
+            };
+        }
+    }
+    out
+}
+
+/// Plans the real Qwen3.x-27B (`qwen35`, MODELS.md 2.5): 64 layers (48
+/// Gated-DeltaNet + 16 gated attention), its NextN (MTP) layer, and its
+/// 5-layer DFlash2 drafter (MODELS.md 3.5), without allocating weights.
+fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, draft: &str) -> shardgraph::Result<()> {
+    let n = ratios.len();
+    let hp = Qwen35Hparams {
+        n_layer: 64,
+        n_embd: 5120,
+        n_ff: 17408,
+        n_head: 24,
+        n_head_kv: 4,
+        head_dim: 256,
+        n_vocab: 248320,
+        rms_eps: 1e-6,
+        rope_base: 1e7,
+        n_rot: 64,
+        rope_sections: [11, 11, 10, 0],
+        full_attention_interval: 4,
+        d_conv: 4,
+        d_state: 128,
+        n_k_heads: 16,
+        n_v_heads: 48,
+        n_nextn: 1,
+        n_ctx_train: 262144,
+    };
+    let types = Qwen35Types { embd: GgmlType::Q4_K, attn: GgmlType::Q4_K, ffn: GgmlType::Q4_K, output: GgmlType::Q6_K };
+    let dhp = DflashHparams {
+        n_layer: 5,
+        n_embd: 5120,
+        n_ff: 17408,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        rms_eps: 1e-6,
+        rope_base: 1e7,
+        target_layers: vec![6, 20, 34, 48, 62],
+        target_hidden: 5120,
+        block_size: 8,
+        mask_token: 248070,
+        conv: Some((2, 16)),
+        selector: Some((256, 16)),
+    };
+    let mut ctx = Context::new();
+    let m = Qwen35::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
+    let drafter = match draft {
+        "dflash2" => Some(Dflash::new(&mut ctx, &m, dhp.clone(), GgmlType::Q8_0, kv_type, kv_size)?),
+        "mtp" | "none" => None,
+        other => {
+            eprintln!("--draft {other}: use dflash2, mtp or none for qwen35-27b");
+            std::process::exit(2);
+        }
+    };
+    let policy = match &drafter {
+        Some(d) => qwen35_dflash_policy(&hp, &types, &d.hp, GgmlType::Q8_0, ratios)?,
+        None => qwen35_policy(&hp, &types, ratios)?,
+    };
+    let base = ctx.len();
+    let taps = drafter.as_ref().map(|d| d.hp.target_layers.clone()).unwrap_or_default();
+    let step = m.build(&mut ctx, tokens, &taps)?;
+    let mut outs = step.writes.clone();
+    outs.extend(step.taps.iter().map(|t| t.1));
+    outs.push(step.argmax);
+    let graph = ctx.build_forward(&outs)?;
+    let start = std::time::Instant::now();
+    let plan = Planner::default().plan(&ctx, &graph, &policy, &[])?;
+    println!(
+        "qwen35-27b: 64 layers (48 gated delta-net + 16 gated attention) + 1 NextN, n_embd 5120, n_ff 17408, 24 heads / 4 KV heads of 256 (IMROPE, 64 rotated), delta-net 16 key / 48 value heads of 128, vocab 248320; weights Q4_K (head Q6_K), KV cache {kv_type} × {kv_size} cells; {tokens} token(s) per step"
+    );
+    println!(
+        "graph: {} nodes; planned for {n} device(s) (tensor split {ratios:?}) in {:.1} ms",
+        graph.n_nodes(),
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    println!("{}", plan.report(&ctx).trim_end());
+    println!("bytes per token: {:.0}", plan.total_bytes() as f64 / tokens as f64);
+    let named = |prefix: &str| -> Vec<shardgraph::TensorId> {
+        ctx.ids().take(base).filter(|&id| ctx.tensor(id).map(|t| t.name.starts_with(prefix)).unwrap_or(false)).collect()
+    };
+    let kv: Vec<_> = [named("cache_k_l"), named("cache_v_l")].concat();
+    let rec: Vec<_> = [named("cache_r_l"), named("cache_s_l")].concat();
+    let (kv_b, rec_b) = (bytes_per_device(&ctx, &plan, &kv, n), bytes_per_device(&ctx, &plan, &rec, n));
+    println!("target memory per device (weights include the NextN layer; the drafter's are listed below):");
+    for (j, mem) in plan.memory(&ctx, &graph)?.iter().enumerate() {
+        println!(
+            "  device {j}: weights {}, KV cache {}, recurrent caches {:.1} MiB, compute {:.1} MiB, total {}",
+            gib(mem.weights),
+            gib(kv_b[j]),
+            rec_b[j] as f64 / (1 << 20) as f64,
+            mem.compute as f64 / (1 << 20) as f64,
+            gib(mem.total())
+        );
+    }
+    // The MTP head: one draft row.
+    ctx.truncate(base);
+    let mtp = m.build_mtp(&mut ctx, 1)?;
+    let mut outs = mtp.writes.clone();
+    outs.extend([mtp.h_out, mtp.argmax]);
+    let g = ctx.build_forward(&outs)?;
+    let mplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
+    println!(
+        "\nMTP (NextN) head, one draft row: {} repartitions, {} bytes",
+        mplan.repartitions.len(),
+        mplan.total_bytes()
+    );
+    if let Some(d) = &drafter {
+        ctx.truncate(base);
+        let b = d.build_block(&mut ctx, d.hp.block_size as i64)?;
+        let mut outs = b.writes.clone();
+        outs.push(b.lattice.unwrap_or(b.argmax));
+        let g = ctx.build_forward(&outs)?;
+        let bplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
+        println!("\ndflash2 drafter ({} layers, block {}): one block step", d.hp.n_layer, d.hp.block_size);
+        println!("{}", bplan.report(&ctx).trim_end());
+        let logits = ctx.tensor(b.logits)?.nelements();
+        let on_logits: u64 = bplan
+            .repartitions
+            .iter()
+            .filter(|r| ctx.tensor(r.tensor).map(|t| t.nelements() >= logits).unwrap_or(false))
+            .map(|r| r.traffic.total_bytes)
+            .sum();
+        if n > 1 {
+            println!(
+                "logits [{}, {}] ({} bytes F32) stay split by vocabulary: {on_logits} bytes of collectives move them",
+                hp.n_vocab,
+                d.hp.block_size,
+                logits * 4
+            );
         }
         let bmem = bplan.memory(&ctx, &g)?;
         ctx.truncate(base);
