@@ -15,8 +15,13 @@
 //! `--verify` it checks the speculative output against plain greedy
 //! decoding on one device and ends with `verify: identical`.
 //!
+//! `--target qwen35` runs the same against the example `qwen35` hybrid
+//! (Gated-DeltaNet and gated attention layers; ~175 MB, Q8_0, written on
+//! first use with its own DFlash2 drafter), whose recurrent states are
+//! rolled back after rejected drafts.
+//!
 //! Options (llama.cpp's names where it has one):
-//! `--devices N` (default 2), `--tensor-split r0,r1,..` (default equal),
+//! `--target qwen3|qwen35` (default qwen3), `--devices N` (default 2), `--tensor-split r0,r1,..` (default equal),
 //! `--split-mode none|tensor` (default tensor; `none` runs on one device),
 //! `--spec-draft-n-max` (default: the drafter's block size − 1),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
@@ -28,22 +33,18 @@
 use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
 use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen3_gguf_progress, Weights};
 use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph::models::speculative::{generate, Drafter, SpecParams, SpecStats};
+use shardgraph::models::qwen35::Qwen35Session;
+use shardgraph::models::speculative::SpecParams;
 use shardgraph::GgmlType;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
-/// Proposes nothing: plain greedy decoding through the same loop.
-struct NoDraft;
-
-impl Drafter for NoDraft {
-    fn draft(&mut self, _: &mut Qwen3Session, _: i32, _: i64, _: usize) -> shardgraph::Result<Vec<i32>> {
-        Ok(Vec::new())
-    }
-}
+#[path = "common/spec.rs"]
+mod spec;
+use spec::{bench, progress, Bench};
 
 /// The options this example takes (each followed by a value, except `--verify`).
 const OPTIONS: &[&str] = &[
+    "--target",
     "--devices",
     "--tensor-split",
     "--split-mode",
@@ -134,50 +135,16 @@ fn drafter_hp(t: &Qwen3Hparams) -> DflashHparams {
     }
 }
 
-fn progress(what: &str) -> impl FnMut(u64, u64) + '_ {
-    let mut shown = u64::MAX;
-    move |done, total| {
-        let pct = done * 100 / total.max(1);
-        if shown == u64::MAX || pct >= shown + 5 || done == total {
-            shown = pct;
-            eprint!("\r{what}: {pct:3}% ({:.0}/{:.0} MB)", done as f64 / 1e6, total as f64 / 1e6);
-            if done == total {
-                eprintln!();
-            }
-        }
-    }
-}
-
 fn ensure_models(target: &Path, drafter: &Path) -> shardgraph::Result<()> {
     let hp = target_hp();
-    if !target.exists() {
-        let t = Instant::now();
-        let tmp = target.with_extension("partial");
-        let bytes = write_qwen3_gguf_progress(
-            &tmp,
-            &hp,
-            &Qwen3Types::q4_k_m(),
-            1,
-            Weights::PermutationWithAttention { attention: 6.0 },
-            &mut progress(&format!("generating {}", target.display())),
-        )?;
-        std::fs::rename(&tmp, target).map_err(|e| shardgraph::Error::Model {
-            detail: format!("renaming {} to {}: {e}", tmp.display(), target.display()),
-        })?;
-        println!("wrote {} ({:.0} MB) in {:.1} s", target.display(), bytes as f64 / 1e6, t.elapsed().as_secs_f64());
-    }
-    if !drafter.exists() {
-        let t = Instant::now();
-        eprintln!("generating {} ...", drafter.display());
-        let tmp = drafter.with_extension("partial");
-        let bytes =
-            write_dflash_gguf_with(&tmp, &drafter_hp(&hp), GgmlType::Q8_0, hp.n_vocab, 1, Weights::Permutation)?;
-        std::fs::rename(&tmp, drafter).map_err(|e| shardgraph::Error::Model {
-            detail: format!("renaming {} to {}: {e}", tmp.display(), drafter.display()),
-        })?;
-        println!("wrote {} ({:.0} MB) in {:.1} s", drafter.display(), bytes as f64 / 1e6, t.elapsed().as_secs_f64());
-    }
-    Ok(())
+    let what = format!("generating {}", target.display());
+    spec::ensure(target, |tmp| {
+        let kind = Weights::PermutationWithAttention { attention: 6.0 };
+        write_qwen3_gguf_progress(tmp, &hp, &Qwen3Types::q4_k_m(), 1, kind, &mut progress(&what))
+    })?;
+    spec::ensure(drafter, |tmp| {
+        write_dflash_gguf_with(tmp, &drafter_hp(&hp), GgmlType::Q8_0, hp.n_vocab, 1, Weights::Permutation)
+    })
 }
 
 fn main() {
@@ -249,98 +216,71 @@ fn run() -> shardgraph::Result<()> {
         }
         Some(p)
     };
-    let target = given("--model").unwrap_or_else(|| dir.join("shardgraph-example-qwen3-q4_k_m.gguf"));
-    let draft_path = given("--model-draft").unwrap_or_else(|| dir.join("shardgraph-example-dflash2-q8_0.gguf"));
-    ensure_models(&target, &draft_path)?;
+    let target_kind = arg(&args, "--target").unwrap_or_else(|| "qwen3".into());
+    let kv_size = 1024;
+    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
+    let describe = |target: &PathBuf, draft: &PathBuf| {
+        println!(
+            "target {}, drafter {} (DFlash2), KV cache {kv_type}",
+            target.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
+            draft.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
+        );
+        println!(
+            "{n} device(s), --split-mode {mode}{}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated",
+            if mode == "none" { " (one device; --devices and --tensor-split ignored)" } else { "" },
+            prompt.len()
+        );
+    };
+    let (target, draft_path) = match target_kind.as_str() {
+        "qwen3" => {
+            let target = given("--model").unwrap_or_else(|| dir.join("shardgraph-example-qwen3-q4_k_m.gguf"));
+            let draft = given("--model-draft").unwrap_or_else(|| dir.join("shardgraph-example-dflash2-q8_0.gguf"));
+            ensure_models(&target, &draft)?;
+            (target, draft)
+        }
+        "qwen35" => {
+            let target = given("--model").unwrap_or_else(|| dir.join("shardgraph-example-qwen35-q8_0.gguf"));
+            let draft =
+                given("--model-draft").unwrap_or_else(|| dir.join("shardgraph-example-dflash2-qwen35-q8_0.gguf"));
+            spec::ensure_qwen35(&target)?;
+            spec::ensure_qwen35_drafter(&draft)?;
+            (target, draft)
+        }
+        other => {
+            eprintln!("--target {other}: use qwen3 or qwen35");
+            std::process::exit(2);
+        }
+    };
     // Check the drafter's metadata before spending time on the baseline.
     let dhp = DflashHparams::from_gguf(&shardgraph::gguf::GgufFile::open(&draft_path)?)?;
     if dhp.block_size < 2 {
         eprintln!("{}: block_size {} leaves nothing to draft", draft_path.display(), dhp.block_size);
         std::process::exit(2);
     }
-
-    let kv_size = 1024;
-    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
-    let open = |ratios: &[f32]| Qwen3Session::from_gguf(&target, ratios, threads, kv_type, kv_size);
-
-    // Plain greedy on these devices (the baseline), after a short warm-up
-    // run so that neither measurement pays for first-touch page faults.
-    let mut s = open(&ratios)?;
-    generate(&mut s, &mut NoDraft, &prompt, n_gen.min(8), SpecParams { n_max: 0, n_min: 0 })?;
-    drop(s);
-    let mut s = open(&ratios)?;
-    let t = Instant::now();
-    let (plain, _) = generate(&mut s, &mut NoDraft, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 })?;
-    let plain_s = t.elapsed().as_secs_f64();
-    drop(s);
-
-    // Speculative, DFlash2 drafting.
-    let mut s = open(&ratios)?;
-    let mut d = DflashDrafter::attach_gguf(&mut s, &draft_path, kv_type, p_min)?;
-    let block = d.model.hp.block_size.max(2);
-    let n_max: usize = parsed(&args, "--spec-draft-n-max", block - 1).min(block - 1);
-    let moved = s.runner.bytes_moved;
-    let t = Instant::now();
-    let (tokens, st): (Vec<i32>, SpecStats) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max, n_min })?;
-    let spec_s = t.elapsed().as_secs_f64();
-
-    let hp = &s.model.hp;
-    println!(
-        "target {} ({} layers, n_embd {}, vocab {}, {:?}), drafter {} (DFlash2, {} layers, block {block}, selector top {}), KV cache {kv_type}",
-        target.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
-        hp.n_layer,
-        hp.n_embd,
-        hp.n_vocab,
-        s.model_types().attn,
-        draft_path.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
-        d.model.hp.n_layer,
-        d.model.hp.selector.map_or(0, |x| x.1),
-    );
-    println!(
-        "{n} device(s), --split-mode {mode}{}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated",
-        if mode == "none" { " (one device; --devices and --tensor-split ignored)" } else { "" },
-        prompt.len()
-    );
-    let plain_tps = n_gen as f64 / plain_s;
-    let spec_tps = n_gen as f64 / spec_s;
-    println!("plain greedy: {plain_tps:.1} tokens/s");
-    println!(
-        "dflash2:      {spec_tps:.1} tokens/s; drafted {}, accepted {} ({:.0}%), {} target steps ({:.2} tokens per step), n_max {n_max}, p_min {p_min}",
-        st.drafted,
-        st.accepted,
-        100.0 * st.accepted as f64 / st.drafted.max(1) as f64,
-        st.target_steps,
-        n_gen.saturating_sub(1) as f64 / st.target_steps.max(1) as f64
-    );
-    println!(
-        "speed-up over plain greedy: {:.2}x; {} bytes moved between devices ({:.0} per token)",
-        spec_tps / plain_tps,
-        s.runner.bytes_moved - moved,
-        (s.runner.bytes_moved - moved) as f64 / n_gen as f64
-    );
-    if plain != tokens {
-        let i = plain.iter().zip(&tokens).position(|(a, b)| a != b).unwrap_or(0);
-        println!("verify: MISMATCH between plain greedy and speculative on the same devices at token {i}");
-        std::process::exit(1);
-    }
-    if verify {
-        let reference = if n == 1 {
-            plain
-        } else {
-            let mut one = open(&[1.0])?;
-            generate(&mut one, &mut NoDraft, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 })?.0
-        };
-        match reference.iter().zip(&tokens).position(|(a, b)| a != b) {
-            None if reference.len() == tokens.len() => println!(
-                "verify: identical — {} tokens equal plain greedy decoding on one device (first: {:?})",
-                tokens.len(),
-                &tokens[..tokens.len().min(8)]
-            ),
-            i => {
-                println!("verify: MISMATCH with one-device greedy decoding at token {}", i.unwrap_or(reference.len()));
-                std::process::exit(1);
-            }
-        }
+    let n_max: usize = parsed(&args, "--spec-draft-n-max", dhp.block_size - 1).min(dhp.block_size - 1);
+    let b = Bench {
+        ratios: ratios.clone(),
+        prompt: prompt.clone(),
+        n_gen,
+        params: SpecParams { n_max, n_min },
+        verify,
+        label: "dflash2",
+    };
+    describe(&target, &draft_path);
+    if target_kind == "qwen3" {
+        bench::<Qwen3Session>(
+            &b,
+            &|r| Qwen3Session::from_gguf(&target, r, threads, kv_type, kv_size),
+            &|s| Ok(Box::new(DflashDrafter::attach_gguf(s, &draft_path, kv_type, p_min)?)),
+            &|s| s.runner.bytes_moved,
+        )?;
+    } else {
+        bench::<Qwen35Session>(
+            &b,
+            &|r| Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size),
+            &|s| Ok(Box::new(DflashDrafter::attach_gguf(s, &draft_path, kv_type, p_min)?)),
+            &|s| s.runner.bytes_moved,
+        )?;
     }
     Ok(())
 }

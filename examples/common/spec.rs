@@ -1,0 +1,205 @@
+//! What the speculative-decoding examples share: the generated example
+//! models, a progress display, and the measurement (plain greedy, then
+//! speculative, on the same devices; optional check against one device).
+
+#![allow(dead_code)] // each example uses part of it
+
+use shardgraph::models::dflash::DflashHparams;
+use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
+use shardgraph::models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
+use shardgraph::GgmlType;
+use std::path::Path;
+use std::time::Instant;
+
+/// Proposes nothing: plain greedy decoding through the same loop.
+pub struct NoDraft;
+
+impl<T> Drafter<T> for NoDraft {
+    fn draft(&mut self, _: &mut T, _: i32, _: i64, _: usize) -> shardgraph::Result<Vec<i32>> {
+        Ok(Vec::new())
+    }
+}
+
+/// A progress line on stderr, every 5%.
+pub fn progress(what: &str) -> impl FnMut(u64, u64) + '_ {
+    let mut shown = u64::MAX;
+    move |done, total| {
+        let pct = done * 100 / total.max(1);
+        if shown == u64::MAX || pct >= shown + 5 || done == total {
+            shown = pct;
+            eprint!("\r{what}: {pct:3}% ({:.0}/{:.0} MB)", done as f64 / 1e6, total as f64 / 1e6);
+            if done == total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+/// Writes `path` with `write` (through a `.partial` file, renamed when
+/// complete) unless it exists.
+pub fn ensure(path: &Path, write: impl FnOnce(&Path) -> shardgraph::Result<u64>) -> shardgraph::Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let t = Instant::now();
+    let tmp = path.with_extension("partial");
+    let bytes = write(&tmp)?;
+    std::fs::rename(&tmp, path).map_err(|e| shardgraph::Error::Model {
+        detail: format!("renaming {} to {}: {e}", tmp.display(), path.display()),
+    })?;
+    println!("wrote {} ({:.0} MB) in {:.1} s", path.display(), bytes as f64 / 1e6, t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The example `qwen35`: 8 layers (6 Gated-DeltaNet + 2 gated attention),
+/// n_embd 1024, n_ff 2816, 12 heads / 3 KV heads of 128 (IMROPE over 32
+/// dims), 8 key / 16 value heads of 128, vocabulary 8192, an MTP layer;
+/// Q8_0, about 175 MB. Its greedy continuation follows a vocabulary
+/// permutation, which its MTP head predicts.
+pub fn qwen35_hp() -> Qwen35Hparams {
+    Qwen35Hparams {
+        n_layer: 8,
+        n_embd: 1024,
+        n_ff: 2816,
+        n_head: 12,
+        n_head_kv: 3,
+        head_dim: 128,
+        n_vocab: 8192,
+        rms_eps: 1e-6,
+        rope_base: 1e7,
+        n_rot: 32,
+        rope_sections: [6, 5, 5, 0],
+        full_attention_interval: 4,
+        d_conv: 4,
+        d_state: 128,
+        n_k_heads: 8,
+        n_v_heads: 16,
+        n_nextn: 1,
+        n_ctx_train: 4096,
+    }
+}
+
+/// The DFlash2 drafter for the example `qwen35`: as the `qwen3` example's,
+/// tapping the input of layer 2 and the post-final-norm state (8).
+pub fn qwen35_drafter_hp() -> DflashHparams {
+    let t = qwen35_hp();
+    DflashHparams {
+        n_layer: 2,
+        n_embd: t.n_embd,
+        n_ff: t.n_vocab,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 64,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers: vec![2, t.n_layer],
+        target_hidden: t.n_embd,
+        block_size: 8,
+        mask_token: (t.n_vocab - 1) as i32,
+        conv: Some((2, 16)),
+        selector: Some((64, 16)),
+    }
+}
+
+/// Writes the example `qwen35` (with its MTP layer) unless it exists.
+pub fn ensure_qwen35(path: &Path) -> shardgraph::Result<()> {
+    ensure(path, |tmp| {
+        eprintln!("generating {} ...", path.display());
+        write_qwen35_gguf_with(tmp, &qwen35_hp(), &Qwen35Types::all(GgmlType::Q8_0), 1, Weights::Permutation)
+    })
+}
+
+/// Writes the DFlash2 drafter for the example `qwen35` unless it exists.
+pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
+    ensure(path, |tmp| {
+        write_dflash_gguf_with(tmp, &qwen35_drafter_hp(), GgmlType::Q8_0, qwen35_hp().n_vocab, 1, Weights::Permutation)
+    })
+}
+
+/// One measurement's setting.
+pub struct Bench<'a> {
+    /// Tensor-split ratios of the devices.
+    pub ratios: Vec<f32>,
+    /// The prompt.
+    pub prompt: Vec<i32>,
+    /// Tokens to generate.
+    pub n_gen: usize,
+    /// Draft limits.
+    pub params: SpecParams,
+    /// Check against plain greedy decoding on one device.
+    pub verify: bool,
+    /// The drafter's name in the report.
+    pub label: &'a str,
+}
+
+/// Plain greedy decoding (after a short warm-up run), then speculative
+/// decoding, on sessions from `open(ratios)`; prints tokens/s, drafted and
+/// accepted counts, the speed-up and the bytes moved (`moved` reads a
+/// session's counter), and with `verify` a last line `verify: identical`
+/// (or exits with status 1 on a mismatch).
+pub fn bench<T: Target>(
+    b: &Bench<'_>,
+    open: &dyn Fn(&[f32]) -> shardgraph::Result<T>,
+    attach: &dyn Fn(&mut T) -> shardgraph::Result<Box<dyn Drafter<T>>>,
+    moved: &dyn Fn(&T) -> u64,
+) -> shardgraph::Result<()> {
+    let plain_params = SpecParams { n_max: 0, n_min: 0 };
+    let mut s = open(&b.ratios)?;
+    generate(&mut s, &mut NoDraft, &b.prompt, b.n_gen.min(8), plain_params)?;
+    drop(s);
+    let mut s = open(&b.ratios)?;
+    let t = Instant::now();
+    let (plain, _) = generate(&mut s, &mut NoDraft, &b.prompt, b.n_gen, plain_params)?;
+    let plain_s = t.elapsed().as_secs_f64();
+    drop(s);
+    let mut s = open(&b.ratios)?;
+    let mut d = attach(&mut s)?;
+    let before = moved(&s);
+    let t = Instant::now();
+    let (tokens, st): (Vec<i32>, SpecStats) = generate(&mut s, d.as_mut(), &b.prompt, b.n_gen, b.params)?;
+    let spec_s = t.elapsed().as_secs_f64();
+    let bytes = moved(&s) - before;
+    let (plain_tps, spec_tps) = (b.n_gen as f64 / plain_s, b.n_gen as f64 / spec_s);
+    println!("plain greedy: {plain_tps:.1} tokens/s");
+    println!(
+        "{:<13} {spec_tps:.1} tokens/s; drafted {}, accepted {} ({:.0}%), {} target steps ({:.2} tokens per step), n_max {}",
+        format!("{}:", b.label),
+        st.drafted,
+        st.accepted,
+        100.0 * st.accepted as f64 / st.drafted.max(1) as f64,
+        st.target_steps,
+        b.n_gen.saturating_sub(1) as f64 / st.target_steps.max(1) as f64,
+        b.params.n_max
+    );
+    println!(
+        "speed-up over plain greedy: {:.2}x; {bytes} bytes moved between devices ({:.0} per token)",
+        spec_tps / plain_tps,
+        bytes as f64 / b.n_gen as f64
+    );
+    if plain != tokens {
+        let i = plain.iter().zip(&tokens).position(|(a, b)| a != b).unwrap_or(0);
+        println!("verify: MISMATCH between plain greedy and speculative on the same devices at token {i}");
+        std::process::exit(1);
+    }
+    if b.verify {
+        let reference = if b.ratios.len() == 1 {
+            plain
+        } else {
+            let mut one = open(&[1.0])?;
+            generate(&mut one, &mut NoDraft, &b.prompt, b.n_gen, plain_params)?.0
+        };
+        match reference.iter().zip(&tokens).position(|(a, b)| a != b) {
+            None if reference.len() == tokens.len() => println!(
+                "verify: identical — {} tokens equal plain greedy decoding on one device (first: {:?})",
+                tokens.len(),
+                &tokens[..tokens.len().min(8)]
+            ),
+            i => {
+                println!("verify: MISMATCH with one-device greedy decoding at token {}", i.unwrap_or(reference.len()));
+                std::process::exit(1);
+            }
+        }
+    }
+    Ok(())
+}
