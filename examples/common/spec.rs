@@ -118,7 +118,7 @@ pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
 }
 
 /// Creates a drafter in a target session.
-pub type Attach<T> = dyn Fn(&mut T) -> shardgraph::Result<Box<dyn Drafter<T>>>;
+pub type Attach<'a, T> = dyn Fn(&mut T) -> shardgraph::Result<Box<dyn Drafter<T>>> + 'a;
 
 /// One measurement's setting.
 pub struct Bench<'a> {
@@ -144,7 +144,7 @@ pub struct Bench<'a> {
 pub fn bench<T: Target>(
     b: &Bench<'_>,
     open: &dyn Fn(&[f32]) -> shardgraph::Result<T>,
-    attach: &Attach<T>,
+    attach: &Attach<'_, T>,
     moved: &dyn Fn(&T) -> u64,
 ) -> shardgraph::Result<()> {
     let plain_params = SpecParams { n_max: 0, n_min: 0 };
