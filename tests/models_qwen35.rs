@@ -84,3 +84,35 @@ fn qwen35_decode_plan_moves_two_all_reduces_per_layer() {
         assert_eq!(moved, 2 * hp.n_layer as u64 * reduce + combine, "{ratios:?}\n{report}");
     }
 }
+
+/// A GGUF whose metadata claims an MTP layer that its tensors lack is an
+/// error naming the missing block; so is a truncated file.
+#[test]
+fn a_claimed_but_missing_mtp_layer_is_an_error() {
+    use shardgraph::gguf::{GgufFile, GgufWriter};
+    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plain = dir.join("no-mtp.gguf");
+    write_qwen35_gguf(&plain, &tiny(), &Qwen35Types::all(GgmlType::Q8_0), 3).unwrap();
+    // The same tensors under metadata that says there is a NextN layer.
+    let file = GgufFile::open(&plain).unwrap();
+    let mut w = GgufWriter::new();
+    let claims = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..tiny() };
+    claims.add_to_gguf(&mut w, "claims an MTP layer").unwrap();
+    let infos: Vec<_> = file.tensors().to_vec();
+    for i in &infos {
+        w.add_tensor(&i.name, i.ty, &i.ne[..i.n_dims.max(1) as usize]).unwrap();
+    }
+    let bad = dir.join("claims-mtp.gguf");
+    w.write_file(&bad, |info, sink| sink.put(file.tensor(&info.name)?.data)).unwrap();
+    let e = Qwen35Session::from_gguf(&bad, &[1.0], 1, GgmlType::F16, 64).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("blk.4.") && msg.contains("NextN"), "{msg}");
+    // Truncated: a GGUF error naming the file.
+    let bytes = std::fs::read(&plain).unwrap();
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e = Qwen35Session::from_gguf(&cut, &[1.0], 1, GgmlType::F16, 64).unwrap_err();
+    assert!(e.to_string().contains("cut.gguf"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -905,10 +905,29 @@ impl Qwen35Session {
             runner.place(&ctx, id)?;
         }
         let report = crate::gguf::load_into_split_store(&file, &ctx, &mut runner.store)?;
-        let weights = ctx.ids().take(model.base_len).filter(|&id| !ctx.t(id).name.starts_with("cache_")).count();
-        if report.loaded.len() != weights {
+        let missing: Vec<String> = ctx
+            .ids()
+            .take(model.base_len)
+            .map(|id| ctx.t(id).name.clone())
+            .filter(|n| !n.starts_with("cache_") && !report.loaded.iter().any(|(l, _)| l == n))
+            .collect();
+        if !missing.is_empty() {
+            let nextn = missing.iter().any(|n| n.starts_with(&format!("blk.{}.", model.hp.n_layer)));
             return Err(Error::Model {
-                detail: format!("qwen35: the file gave {} of the model's {weights} weights", report.loaded.len()),
+                detail: format!(
+                    "qwen35: the file lacks {} tensor(s): {}{}{}",
+                    missing.len(),
+                    missing.iter().take(4).cloned().collect::<Vec<_>>().join(", "),
+                    if missing.len() > 4 { ", …" } else { "" },
+                    if nextn {
+                        format!(
+                            " (it claims {} NextN/MTP layer(s) in qwen35.nextn_predict_layers, but block {} is missing)",
+                            model.hp.n_nextn, model.hp.n_layer
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
             });
         }
         let base_len = model.base_len;
