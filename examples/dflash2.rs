@@ -151,10 +151,13 @@ fn main() {
     env_logger::init();
     if let Err(e) = run() {
         eprintln!("error: {e}");
-        eprintln!(
-            "(the generated example models are cached as {}/shardgraph-example-*.gguf; delete them to regenerate)",
-            std::env::temp_dir().display()
-        );
+        let args: Vec<String> = std::env::args().collect();
+        if !args.iter().any(|a| a == "--model" || a == "--model-draft") {
+            eprintln!(
+                "(the generated example models are cached as {}/shardgraph-example-*.gguf; delete them to regenerate)",
+                std::env::temp_dir().display()
+            );
+        }
         std::process::exit(1);
     }
 }
@@ -201,23 +204,19 @@ fn run() -> shardgraph::Result<()> {
     let threads: usize = parsed(&args, "--threads", 1);
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);
     let n_min: usize = parsed(&args, "--spec-draft-n-min", 0);
-    if n_gen == 0 || threads == 0 || !(0.0..=1.0).contains(&p_min) {
-        eprintln!("--n-predict and --threads must be at least 1, --spec-draft-p-min within 0..=1");
-        std::process::exit(2);
-    }
+    spec::check_counts(n_gen, threads, n_min.max(1), n_min, p_min);
     let verify = args.iter().any(|a| a == "--verify");
     // The example models are generated when absent; paths given by the user must exist.
     let dir = std::env::temp_dir();
     let given = |name: &str| -> Option<PathBuf> {
         let p = PathBuf::from(arg(&args, name)?);
         if !p.is_file() {
-            eprintln!("{name} {}: no such file", p.display());
+            eprintln!("{name} {}: not a file", p.display());
             std::process::exit(2);
         }
         Some(p)
     };
     let target_kind = arg(&args, "--target").unwrap_or_else(|| "qwen3".into());
-    let kv_size = 1024;
     let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
     let describe = |target: &PathBuf, draft: &PathBuf| {
         println!(
@@ -257,7 +256,14 @@ fn run() -> shardgraph::Result<()> {
         eprintln!("{}: block_size {} leaves nothing to draft", draft_path.display(), dhp.block_size);
         std::process::exit(2);
     }
-    let n_max: usize = parsed(&args, "--spec-draft-n-max", dhp.block_size - 1).min(dhp.block_size - 1);
+    let asked: usize = parsed(&args, "--spec-draft-n-max", dhp.block_size - 1);
+    let n_max = asked.min(dhp.block_size - 1);
+    if asked > n_max {
+        eprintln!("--spec-draft-n-max {asked} capped at {n_max} (the drafter's block size {} − 1)", dhp.block_size);
+    }
+    spec::check_counts(n_gen, threads, n_max, n_min, p_min);
+    // Cache cells for the prompt, the generated tokens and one block beyond them.
+    let kv_size = (prompt.len() + n_gen + dhp.block_size + 1) as i64;
     let b = Bench {
         ratios: ratios.clone(),
         prompt: prompt.clone(),

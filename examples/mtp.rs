@@ -86,8 +86,12 @@ fn run() -> shardgraph::Result<()> {
         Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
         None => vec![1.0; n],
     };
-    if n == 0 || ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
-        eprintln!("--devices must be ≥ 1 and --tensor-split needs {n} non-negative numbers, got {ratios:?}");
+    if n == 0 {
+        eprintln!("--devices must be at least 1");
+        std::process::exit(2);
+    }
+    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
+        eprintln!("--tensor-split needs {n} non-negative numbers (one per device), got {ratios:?}");
         std::process::exit(2);
     }
     let mode = arg(&args, "--split-mode").unwrap_or_else(|| "tensor".into());
@@ -116,16 +120,13 @@ fn run() -> shardgraph::Result<()> {
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);
     let n_min: usize = parsed(&args, "--spec-draft-n-min", 0);
     let n_max: usize = parsed(&args, "--spec-draft-n-max", 3);
-    if n_gen == 0 || threads == 0 || n_max == 0 || !(0.0..=1.0).contains(&p_min) {
-        eprintln!("--n-predict, --threads and --spec-draft-n-max must be at least 1, --spec-draft-p-min within 0..=1");
-        std::process::exit(2);
-    }
+    spec::check_counts(n_gen, threads, n_max, n_min, p_min);
     let verify = args.iter().any(|a| a == "--verify");
     let target = match arg(&args, "--model") {
         Some(p) => {
             let p = std::path::PathBuf::from(p);
             if !p.is_file() {
-                eprintln!("--model {}: no such file", p.display());
+                eprintln!("--model {}: not a file", p.display());
                 std::process::exit(2);
             }
             p
@@ -136,8 +137,11 @@ fn run() -> shardgraph::Result<()> {
             p
         }
     };
-    let kv_size = 1024;
     let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
+    // Cache cells for the prompt, the generated tokens and one draft beyond them.
+    let kv_size = (prompt.len() + n_gen + n_max + 1) as i64;
+    // The model's metadata before anything is printed about it.
+    shardgraph::models::qwen35::Qwen35Hparams::from_gguf(&shardgraph::gguf::GgufFile::open(&target)?)?;
     println!(
         "target {} (qwen35 with its MTP layer), KV cache {kv_type}",
         target.file_name().and_then(|f| f.to_str()).unwrap_or("?")

@@ -72,8 +72,8 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
         eprintln!("--devices must be at least 1");
         std::process::exit(2);
     }
-    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite()) {
-        eprintln!("--tensor-split needs {n} numbers, got {ratios:?}");
+    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
+        eprintln!("--tensor-split needs {n} non-negative numbers, got {ratios:?}");
         std::process::exit(2);
     }
     match arg(&args, "--split-mode").as_deref() {

@@ -120,6 +120,29 @@ pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
 /// Creates a drafter in a target session.
 pub type Attach<'a, T> = dyn Fn(&mut T) -> shardgraph::Result<Box<dyn Drafter<T>>> + 'a;
 
+/// Exits with a message naming the first out-of-range count.
+pub fn check_counts(n_gen: usize, threads: usize, n_max: usize, n_min: usize, p_min: f32) {
+    let bad = |m: &str| -> ! {
+        eprintln!("{m}");
+        std::process::exit(2)
+    };
+    if n_gen == 0 {
+        bad("--n-predict must be at least 1");
+    }
+    if threads == 0 {
+        bad("--threads must be at least 1");
+    }
+    if n_max == 0 {
+        bad("--spec-draft-n-max must be at least 1");
+    }
+    if n_min > n_max {
+        bad(&format!("--spec-draft-n-min {n_min} exceeds --spec-draft-n-max {n_max}: nothing would be drafted"));
+    }
+    if !(0.0..=1.0).contains(&p_min) {
+        bad(&format!("--spec-draft-p-min {p_min} must be within 0..=1"));
+    }
+}
+
 /// One measurement's setting.
 pub struct Bench<'a> {
     /// Tensor-split ratios of the devices.

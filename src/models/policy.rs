@@ -114,7 +114,7 @@ pub fn qwen3_dflash_policy(
 ) -> Result<SplitPolicy> {
     let dhp = drafter_as_qwen3(drafter, hp.n_vocab);
     // The drafter's heads must give every device a KV head too.
-    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios)?;
+    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios).map_err(|e| drafter_error(&dhp, e))?;
     let g = attention_granules(&dhp, drafter_type, ratios.len());
     let policy = qwen3_rules(hp, types, ratios)?;
     Ok(layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type)).rule("*", SplitSpec::Mirrored))
@@ -168,7 +168,7 @@ pub fn qwen35_dflash_policy(
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
     let dhp = drafter_as_qwen3(drafter, hp.n_vocab);
-    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios)?;
+    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios).map_err(|e| drafter_error(&dhp, e))?;
     let policy = qwen35_rules(hp, types, ratios)?;
     let policy = if ratios.len() > 1 {
         let g = attention_granules(&dhp, drafter_type, ratios.len());
@@ -177,6 +177,20 @@ pub fn qwen35_dflash_policy(
         policy
     };
     Ok(policy.rule("*", SplitSpec::Mirrored))
+}
+
+/// Says that a policy error is about the drafter's heads, not the target's.
+fn drafter_error(dhp: &Qwen3Hparams, e: Error) -> Error {
+    let inner = match e {
+        Error::Model { detail } => detail,
+        other => other.to_string(),
+    };
+    Error::Model {
+        detail: format!(
+            "dflash drafter ({} heads / {} KV heads of {}): {inner}",
+            dhp.n_head, dhp.n_head_kv, dhp.head_dim
+        ),
+    }
 }
 
 /// A DFlash drafter's layer shapes as a `qwen3` model's (for the granules).
