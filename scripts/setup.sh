@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set-up for a fresh machine: installs the test oracle (the real ggml 0.15.3,
 # built from source by the PyPI package ggml-python 0.0.45), the GGUF
-# reference implementation (the PyPI package gguf 0.19.0, for tests/gguf.rs)
-# and llama.cpp itself (llama-cpp-python 0.3.36, for tests/llama_cpp.rs)
-# into ./.venv. Idempotent: a second run only checks that they are there.
+# reference implementation (the PyPI package gguf 0.19.0, for tests/gguf.rs),
+# llama.cpp itself (llama-cpp-python 0.3.36, for tests/llama_cpp.rs) and
+# NVRTC (nvidia-cuda-nvrtc, for the CUDA kernel compile check in
+# tests/cuda_kernels.rs) into ./.venv. Idempotent: a second run only checks that they are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,10 @@ fi
 if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('llama_cpp_python') == '0.3.36' else 1)" 2>/dev/null; then
   echo "setup: building llama.cpp via pip install llama-cpp-python==0.3.36 (about 8 minutes on 2 cores)"
   .venv/bin/pip install --quiet --disable-pip-version-check llama-cpp-python==0.3.36
+fi
+if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('nvidia-cuda-nvrtc') == '13.5.37' else 1)" 2>/dev/null; then
+  echo "setup: installing NVRTC for the CUDA kernel compile check (pip install nvidia-cuda-nvrtc==13.5.37, no GPU needed)"
+  .venv/bin/pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37
 fi
 .venv/bin/python -c "import ggml, os; print('setup: ggml oracle at', os.path.join(os.path.dirname(ggml.__file__), 'lib'))"
 .venv/bin/python -c "import gguf, importlib.metadata as m; print('setup: gguf', m.version('gguf'), 'at', gguf.__path__[0])"

@@ -116,6 +116,14 @@ pub enum Error {
         /// The parameter or tensor involved and why.
         detail: String,
     },
+    /// The CUDA backend: a missing library or device, a kernel that does
+    /// not compile (`detail` names the kernel file, architecture and
+    /// NVRTC's log), a failed launch or allocation.
+    #[error("cuda: {detail}")]
+    Cuda {
+        /// The device, kernel or library involved and why.
+        detail: String,
+    },
     /// A backend failure during compute (including a kernel that panicked;
     /// the panic is contained and reported here).
     #[error("compute failed: {detail}")]

@@ -3,6 +3,8 @@
 //! reference; CUDA and HIP sit behind cargo features.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod storage;
 
 pub use storage::TensorStorage;

@@ -1,0 +1,77 @@
+//! Compiles every CUDA kernel source in `kernels-cuda/` with NVRTC to PTX
+//! for sm_86 and sm_90, on any machine (no GPU needed: NVRTC comes from the
+//! `nvidia-cuda-nvrtc` wheel `scripts/setup.sh` installs), so a syntax or
+//! type error in a kernel fails CI. Ends with
+//! `cuda_kernels: <n> kernels compiled, <failures> failures`.
+//!
+//! Without NVRTC the test prints `SKIPPED` with the reason, unless
+//! `SHARDGRAPH_REQUIRE_GGML` is set (as `.ci/run` does), when it fails.
+
+use shardgraph::backend::cuda::nvrtc::{compile, entries, load, KERNEL_SOURCES};
+
+#[test]
+fn every_kernel_compiles_for_sm_86_and_sm_90() {
+    if let Err(e) = load() {
+        println!("cuda_kernels: SKIPPED: {e}");
+        assert!(std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(), "SHARDGRAPH_REQUIRE_GGML is set: {e}");
+        return;
+    }
+    assert!(!KERNEL_SOURCES.is_empty(), "kernels-cuda/ holds no .cu file");
+    let (mut kernels, mut failures) = (0usize, Vec::new());
+    for &(name, src) in KERNEL_SOURCES {
+        for arch in ["sm_86", "sm_90"] {
+            match compile(name, src, arch) {
+                Ok(ptx) => {
+                    let e = entries(&ptx);
+                    assert!(!e.is_empty(), "{name}.cu for {arch}: no kernel entry point in the PTX");
+                    if arch == "sm_86" {
+                        println!("{name}.cu: {} kernels: {}", e.len(), e.join(", "));
+                        kernels += e.len();
+                    }
+                }
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+    }
+    for f in &failures {
+        println!("{f}");
+    }
+    println!("cuda_kernels: {kernels} kernels compiled, {} failures", failures.len());
+    assert!(failures.is_empty(), "{} kernel files failed to compile", failures.len());
+    // A second compile of the same source comes from the cache.
+    let (name, src) = KERNEL_SOURCES[0];
+    let t = std::time::Instant::now();
+    compile(name, src, "sm_86").unwrap();
+    assert!(t.elapsed().as_millis() < 50, "the NVRTC cache was not used");
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_is_an_error_naming_it() {
+    if load().is_err() {
+        return;
+    }
+    let e = compile("broken", "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }", "sm_86")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("broken.cu") && e.contains("sm_86"), "{e}");
+}
+
+/// Without a GPU the driver is an error, not a panic; with one, every
+/// kernel's module loads on every device and each entry point resolves.
+#[test]
+fn without_a_gpu_the_driver_is_an_error_not_a_panic() {
+    use shardgraph::backend::cuda::device::device_count;
+    match device_count() {
+        Ok(n) => {
+            println!("cuda_kernels: {n} CUDA device(s)");
+            for d in 0..n {
+                let k = shardgraph::backend::cuda::device::load_all_kernels(d).unwrap();
+                println!("cuda_kernels: device {d}: {k} kernels loaded");
+            }
+        }
+        Err(e) => {
+            println!("cuda_kernels: no GPU: {e}");
+            assert!(e.to_string().contains("cuda"), "{e}");
+        }
+    }
+}
