@@ -3,8 +3,9 @@
 //! rows are fed to the MTP head — token at position `p` paired with the
 //! target's post-final-norm hidden state of position `p − 1` — filling its
 //! KV cache; a draft starts from `(last token, the last kept row's hidden
-//! state)` and chains autoregressively on the head's own `hN`, one MTP step
-//! per drafted token, stopping below `p_min`.
+//! state)` and chains autoregressively on the head's own `hN`: all `n_max`
+//! steps in one graph (llama.cpp's chain variant), cut on the host at the
+//! first step whose probability is below `p_min`.
 
 use super::qwen3::StepOutput;
 use super::qwen35::Qwen35Session;
@@ -48,19 +49,18 @@ impl Drafter<Qwen35Session> for MtpDrafter {
     }
 
     fn draft(&mut self, target: &mut Qwen35Session, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>> {
-        let mut drafts = Vec::with_capacity(n_max);
-        let (mut tok, mut h) = (last, self.pending_h.clone());
-        for i in 0..n_max as i64 {
-            if pos + i + 1 > target.model.kv_size {
+        // All steps in one graph run; p_min cuts the chain on the host.
+        let n = n_max.min((target.model.kv_size - pos).max(0) as usize);
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (toks, probs) = target.mtp_chain(last, &self.pending_h, pos, n)?;
+        let mut drafts = Vec::with_capacity(n);
+        for (t, p) in toks.into_iter().zip(probs) {
+            if self.p_min > 0.0 && (p.is_nan() || p < self.p_min) {
                 break;
             }
-            let o = target.mtp_step(&[tok], &h, pos + i)?;
-            if self.p_min > 0.0 && o.top_prob.first().is_none_or(|&p| p.is_nan() || p < self.p_min) {
-                break;
-            }
-            tok = o.argmax[0];
-            h = o.h;
-            drafts.push(tok);
+            drafts.push(t);
         }
         Ok(drafts)
     }

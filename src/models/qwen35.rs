@@ -340,6 +340,34 @@ pub struct MtpStep {
     pub top_prob: TensorId,
 }
 
+/// One step of an MTP chain ([`Qwen35::build_mtp_chain`]).
+#[derive(Clone, Debug)]
+pub struct MtpChainStep {
+    /// `mtp_pos_i` I32 `[4]`.
+    pub pos: TensorId,
+    /// `mtp_mask_i` F16 `[kv_size, 1]`.
+    pub mask: TensorId,
+    /// `mtp_idx_i` I64 `[1]`.
+    pub kv_idxs: TensorId,
+    /// The drafted token, I32 `[1]`.
+    pub argmax: TensorId,
+    /// Its probability, F32 `[1, 1, 1]`.
+    pub top_prob: TensorId,
+}
+
+/// `n` chained MTP steps in one graph.
+#[derive(Clone, Debug)]
+pub struct MtpChain {
+    /// `mtp_token` I32 `[1]`: the last accepted token.
+    pub token: TensorId,
+    /// `mtp_h` F32 `[E, 1]`: the hidden state paired with it.
+    pub h: TensorId,
+    /// The steps.
+    pub steps: Vec<MtpChainStep>,
+    /// The MTP layer's K/V writes of every step.
+    pub writes: Vec<TensorId>,
+}
+
 /// A `qwen35` model's long-lived tensors in a [`Context`].
 #[derive(Clone, Debug)]
 pub struct Qwen35 {
@@ -670,9 +698,9 @@ impl Qwen35 {
     /// [`Error::Model`] if the model has no NextN block or `n_tokens < 1`.
     pub fn build_mtp(&self, ctx: &mut Context, n_tokens: i64) -> Result<MtpStep> {
         let hp = &self.hp;
-        let Some(nx) = &self.nextn else {
+        if self.nextn.is_none() {
             return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
-        };
+        }
         if n_tokens < 1 {
             return Err(Error::Model { detail: "qwen35: an MTP step needs ≥ 1 row".into() });
         }
@@ -687,6 +715,28 @@ impl Qwen35 {
         let pos = input(ctx, GgmlType::I32, &[4 * t], "mtp_pos")?;
         let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "mtp_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "mtp_idxs")?;
+        let mut writes = Vec::new();
+        let (h_out, argmax, top_prob) = self.mtp_rows(ctx, tokens, h, pos, mask, kv_idxs, t, &mut writes)?;
+        Ok(MtpStep { tokens, h, pos, mask, kv_idxs, writes, h_out, argmax, top_prob })
+    }
+
+    /// The MTP block over `t` rows: `(hN, greedy token, its probability)`.
+    #[allow(clippy::too_many_arguments)]
+    fn mtp_rows(
+        &self,
+        ctx: &mut Context,
+        tokens: TensorId,
+        h: TensorId,
+        pos: TensorId,
+        mask: TensorId,
+        kv_idxs: TensorId,
+        t: i64,
+        writes: &mut Vec<TensorId>,
+    ) -> Result<(TensorId, TensorId, TensorId)> {
+        let hp = &self.hp;
+        let Some(nx) = &self.nextn else {
+            return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
+        };
         let e = ctx.get_rows(self.tok_embd, tokens)?;
         let en = ctx.rms_norm(e, hp.rms_eps)?;
         let en = ctx.mul(en, nx.enorm)?;
@@ -697,8 +747,7 @@ impl Qwen35 {
         let w = &nx.layer;
         let xn = ctx.rms_norm(x, hp.rms_eps)?;
         let xn = ctx.mul(xn, w.attn_norm)?;
-        let mut writes = Vec::new();
-        let a = self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, &mut writes)?;
+        let a = self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, writes)?;
         let r = ctx.add(a, x)?;
         let rn = ctx.rms_norm(r, hp.rms_eps)?;
         let rn = ctx.mul(rn, w.post_norm)?;
@@ -718,7 +767,43 @@ impl Qwen35 {
             let at = ctx.reshape_2d(argmax, 1, t)?;
             ctx.get_rows(probs, at)?
         };
-        Ok(MtpStep { tokens, h, pos, mask, kv_idxs, writes, h_out, argmax, top_prob })
+        Ok((h_out, argmax, top_prob))
+    }
+
+    /// `n` chained MTP draft steps in one graph (llama.cpp's chain
+    /// variant): step 0 reads the input token and hidden state, step `i`
+    /// the greedy token and `hN` of step `i − 1`; each writes its K/V at
+    /// its own cell, which the later steps attend to.
+    ///
+    /// # Errors
+    /// [`Error::Model`] without a NextN block or for `n < 1`.
+    pub fn build_mtp_chain(&self, ctx: &mut Context, n: usize) -> Result<MtpChain> {
+        if self.nextn.is_none() {
+            return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
+        }
+        if n < 1 {
+            return Err(Error::Model { detail: "qwen35: an MTP chain needs ≥ 1 step".into() });
+        }
+        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
+            let id = named(ctx, ty, ne, name)?;
+            ctx.set_input(id)?;
+            Ok(id)
+        };
+        let token = input(ctx, GgmlType::I32, &[1], "mtp_token")?;
+        let h0 = input(ctx, GgmlType::F32, &[self.hp.n_embd, 1], "mtp_h")?;
+        let (mut tok, mut h) = (token, h0);
+        let mut steps = Vec::with_capacity(n);
+        let mut writes = Vec::new();
+        for i in 0..n {
+            let pos = input(ctx, GgmlType::I32, &[4], &format!("mtp_pos_{i}"))?;
+            let mask = input(ctx, GgmlType::F16, &[self.kv_size, 1], &format!("mtp_mask_{i}"))?;
+            let idx = input(ctx, GgmlType::I64, &[1], &format!("mtp_idx_{i}"))?;
+            let (h_out, argmax, top_prob) = self.mtp_rows(ctx, tok, h, pos, mask, idx, 1, &mut writes)?;
+            steps.push(MtpChainStep { pos, mask, kv_idxs: idx, argmax, top_prob });
+            tok = argmax;
+            h = h_out;
+        }
+        Ok(MtpChain { token, h: h0, steps, writes })
     }
 
     /// Gated full attention over `xn` `[E, T]`; returns `[E, T]`.
@@ -1127,6 +1212,65 @@ impl Qwen35Session {
             argmax: rep.outputs[n - 2].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             top_prob: f32s(&rep.outputs[n - 1]),
         })
+    }
+}
+
+impl Qwen35Session {
+    /// Drafts `n` tokens after `last` (at position `start`, paired with
+    /// hidden state `h` `[E]`) with the MTP head, all `n` chained steps in
+    /// one graph run ([`Qwen35::build_mtp_chain`]): the drafted tokens and
+    /// each one's probability.
+    ///
+    /// # Errors
+    /// [`Error::Model`] without a NextN block, for a wrong `h` length or
+    /// positions beyond the cache; execution errors.
+    pub fn mtp_chain(&mut self, last: i32, h: &[f32], start: i64, n: usize) -> Result<(Vec<i32>, Vec<f32>)> {
+        let e = self.model.hp.n_embd as usize;
+        if h.len() != e || n == 0 {
+            return Err(Error::Model { detail: format!("qwen35 MTP chain: {n} steps from {} hidden values", h.len()) });
+        }
+        if start < 0 || start + n as i64 > self.model.kv_size {
+            return Err(Error::Model {
+                detail: format!(
+                    "qwen35 MTP: positions {start}..{} outside the {}-cell cache",
+                    start + n as i64,
+                    self.model.kv_size
+                ),
+            });
+        }
+        self.ctx.truncate(self.base_len);
+        let chain = self.model.build_mtp_chain(&mut self.ctx, n)?;
+        let mut outputs = chain.writes.clone();
+        for st in &chain.steps {
+            outputs.push(st.argmax);
+            outputs.push(st.top_prob);
+        }
+        let graph = self.ctx.build_forward(&outputs)?;
+        let kv = self.model.kv_size;
+        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut inputs =
+            vec![(chain.token, i32b(&[last])), (chain.h, h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())];
+        for (i, st) in chain.steps.iter().enumerate() {
+            let p = start + i as i64;
+            let mut mask = Vec::with_capacity(kv as usize * 2);
+            for c in 0..kv {
+                let v = if c <= p { half::f16::ZERO } else { half::f16::NEG_INFINITY };
+                mask.extend(v.to_le_bytes());
+            }
+            inputs.push((st.pos, i32b(&[p as i32, p as i32, p as i32, 0])));
+            inputs.push((st.mask, mask));
+            inputs.push((st.kv_idxs, p.to_le_bytes().to_vec()));
+        }
+        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        let k = chain.writes.len();
+        let mut toks = Vec::with_capacity(n);
+        let mut probs = Vec::with_capacity(n);
+        for i in 0..n {
+            let a = &rep.outputs[k + 2 * i];
+            toks.push(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+            probs.push(f32s(&rep.outputs[k + 2 * i + 1]).first().copied().unwrap_or(f32::NAN));
+        }
+        Ok((toks, probs))
     }
 }
 

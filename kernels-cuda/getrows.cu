@@ -1,0 +1,336 @@
+// getrows.cu — get_rows and set_rows of the CUDA backend (NVRTC, C++17).
+//
+// Semantics follow ggml (ggml.c ggml_get_rows / ggml_set_rows, ggml-cpu
+// ops.cpp ggml_compute_forward_get_rows_* / ..._set_rows_f32); block layouts
+// are ggml-common.h's, dequantisation is dequantize_row_* and quantisation
+// quantize_row_q8_0_ref / quantize_row_q4_0_ref of ggml-quants.c (products
+// and sums rounded separately, no fused multiply-add). Self-contained: no
+// headers; f16 <-> f32 via the PTX `cvt` instructions.
+//
+// Block layouts (bytes; blocks are only 2-byte aligned, read byte-wise):
+//   Q8_0  34 B / 32 values: f16 d, int8 qs[32];            x = d*q
+//   Q4_0  18 B / 32 values: f16 d, u8 qs[16];  x[j] = d*((qs[j] & 15) - 8),
+//                                              x[j+16] = d*((qs[j] >> 4) - 8)
+//   Q4_K 144 B / 256 values: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
+//   Q5_K 176 B / 256 values: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]
+//   Q6_K 210 B / 256 values: u8 ql[128], u8 qh[64], int8 scales[16], f16 d
+//
+// get_rows (ggml_get_rows): dst[:, i10, i11, i12] =
+//   to_f32(src0[:, idx[i10, i11, i12], i11, i12]), dst F32 [ne00, ne10, ne11, ne12].
+//   sg_get_rows_f32, sg_get_rows_f16, sg_get_rows_q8_0, sg_get_rows_q4_0,
+//   sg_get_rows_q4_K, sg_get_rows_q5_K, sg_get_rows_q6_K
+//   (const char *src0, const char *idx, char *dst,
+//    i64 ne00, i64 ne01,              // row length (multiple of the block size
+//                                     //   for quantized tables), rows in the table
+//    i64 nb00, nb01, nb02, nb03,      // table strides (nb00 used by f32/f16 only)
+//    i64 ne10, ne11, ne12,            // I32 index tensor shape
+//    i64 nb10, nb11, nb12,            // index strides (bytes)
+//    i64 nb0, nb1, nb2, nb3,          // dst strides (bytes)
+//    int *err)                        // nullptr, or a flag set to 1 on a bad index
+//   An index outside [0, ne01) (ggml aborts) writes a row of zeros and sets *err.
+//   Launch: blockDim = (B, 1, 1), B a multiple of 32 (256 recommended);
+//   gridDim = (gx, gy, 1): x strides over the ne00 elements of a row
+//   (gx = min(ceil(ne00 / B), 1024)), y over the ne10*ne11*ne12 output rows
+//   (gy = min(rows, 65535)); both are grid-stride loops.
+//
+// set_rows (ggml_set_rows): dst[:, idx[i, i02 % ne11, i03 % ne12], i02, i03] =
+//   from_f32(src[:, i, i02, i03]) for every source row (i, i02, i03) of the F32
+//   source [ne00, ne01, ne02, ne03]; dst rows that no index names keep their
+//   contents. When an index repeats within one (i02, i03) slice the LAST source
+//   row wins (as shardgraph's CPU kernel; ggml's sequential loop gives the same).
+//   sg_set_rows_<dst>_<idx> for dst in {f32, f16, q8_0, q4_0}, idx in {i32, i64}
+//   (const char *src, const char *idx, char *dst,
+//    i64 ne00, ne01, ne02, ne03,      // source shape; ne00 % 32 == 0 for q8_0/q4_0
+//    i64 nb00, nb01, nb02, nb03,      // source strides (bytes)
+//    i64 ne11, ne12,                  // index dims 1 and 2 (index dim 0 is ne01)
+//    i64 nb10, nb11, nb12,            // index strides (bytes)
+//    i64 ne1,                         // rows of dst (valid index range [0, ne1))
+//    i64 nb0, nb1, nb2, nb3,          // dst strides (nb0 used by f32/f16 only)
+//    int *err)                        // nullptr, or a flag set to 1 on a bad index
+//   An index outside [0, ne1) (ggml aborts) is skipped and sets *err.
+//   Q8_0: d = amax/127, q = roundf(x/d) (x * (1/d)); Q4_0: d = max/-8 with max
+//   the signed value of largest magnitude (first one on ties),
+//   q = min(15, (int8)(x*(1/d) + 8.5)); d stored as f16 (round to nearest even).
+//   Launch: one block per source row, blockDim = (B, 1, 1) with B a multiple
+//   of 32 (128 or 256 recommended), gridDim = (gx, 1, 1) with
+//   gx = min(ne01*ne02*ne03, 2^31 - 1) (grid-stride over rows).
+
+typedef long long i64;
+
+__device__ __forceinline__ float sg_h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short sg_f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float sg_ld_h(const unsigned char *p) {
+    return sg_h2f((unsigned short) (p[0] | (p[1] << 8)));
+}
+
+__device__ __forceinline__ void sg_st_h(unsigned char *p, float v) {
+    const unsigned short h = sg_f2h(v);
+    p[0] = (unsigned char) (h & 0xff);
+    p[1] = (unsigned char) (h >> 8);
+}
+
+// ---------------------------------------------------------------------------
+// Per-element dequantisation: value j of a row (j in [0, ne00))
+// ---------------------------------------------------------------------------
+
+struct DqF32 {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64 nb00) { return *(const float *) (row + j * nb00); }
+};
+struct DqF16 {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64 nb00) {
+        return sg_h2f(*(const unsigned short *) (row + j * nb00));
+    }
+};
+struct DqQ8_0 {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 34;
+        const float d = sg_ld_h(b);
+        return d * (float) (signed char) b[2 + (j % 32)];
+    }
+};
+struct DqQ4_0 {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 18;
+        const int t = (int) (j % 32);
+        const float d = sg_ld_h(b);
+        const unsigned char q = b[2 + (t & 15)];
+        const int v = (t < 16 ? (q & 15) : (q >> 4)) - 8;
+        return (float) v * d;
+    }
+};
+
+// 6-bit scale and min number `j` (0..7) of a Q4_K / Q5_K block (get_scale_min_k4).
+__device__ __forceinline__ void sg_scale_min_k4(int j, const unsigned char *q, int &sc, int &m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+struct DqQ4_K {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 256) * 144;
+        const int t = (int) (j % 256);
+        const int g = t / 64, w = t % 64, l = w % 32;
+        const float d = sg_ld_h(b), dmin = sg_ld_h(b + 2);
+        int sc, m;
+        sg_scale_min_k4(2 * g + (w >= 32), b + 4, sc, m);
+        const unsigned char q = b[16 + g * 32 + l];
+        const int v = w < 32 ? (q & 0xF) : (q >> 4);
+        return __fsub_rn(__fmul_rn(__fmul_rn(d, (float) sc), (float) v), __fmul_rn(dmin, (float) m));
+    }
+};
+struct DqQ5_K {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 256) * 176;
+        const int t = (int) (j % 256);
+        const int g = t / 64, w = t % 64, l = w % 32;
+        const float d = sg_ld_h(b), dmin = sg_ld_h(b + 2);
+        int sc, m;
+        sg_scale_min_k4(2 * g + (w >= 32), b + 4, sc, m);
+        const unsigned char qh = b[16 + l];
+        const unsigned char ql = b[48 + g * 32 + l];
+        const int hbit = w < 32 ? (1 << (2 * g)) : (2 << (2 * g));
+        const int v = (w < 32 ? (ql & 0xF) : (ql >> 4)) + ((qh & hbit) ? 16 : 0);
+        return __fsub_rn(__fmul_rn(__fmul_rn(d, (float) sc), (float) v), __fmul_rn(dmin, (float) m));
+    }
+};
+struct DqQ6_K {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 256) * 210;
+        const int t = (int) (j % 256);
+        const int n = t / 128, r = t % 128, qq = r / 32, l = r % 32;
+        const unsigned char *ql = b + n * 64;
+        const unsigned char *qh = b + 128 + n * 32;
+        const signed char *sc = (const signed char *) (b + 192) + n * 8;
+        const float d = sg_ld_h(b + 208);
+        const unsigned char lo = (qq & 1) ? ql[l + 32] : ql[l];
+        const int v = (((qq & 2) ? (lo >> 4) : (lo & 0xF)) | (((qh[l] >> (2 * qq)) & 3) << 4)) - 32;
+        return __fmul_rn(__fmul_rn(d, (float) sc[l / 16 + 2 * qq]), (float) v);
+    }
+};
+
+template <typename DQ>
+__device__ __forceinline__ void get_rows_impl(
+        const char *src0, const char *idx, char *dst,
+        i64 ne00, i64 ne01,
+        i64 nb00, i64 nb01, i64 nb02, i64 nb03,
+        i64 ne10, i64 ne11, i64 ne12,
+        i64 nb10, i64 nb11, i64 nb12,
+        i64 nb0, i64 nb1, i64 nb2, i64 nb3,
+        int *err) {
+    const i64 nrows = ne10 * ne11 * ne12;
+    for (i64 r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const i64 i10 = r % ne10;
+        const i64 i11 = (r / ne10) % ne11;
+        const i64 i12 = r / (ne10 * ne11);
+        const i64 i01 = *(const int *) (idx + i10 * nb10 + i11 * nb11 + i12 * nb12);
+        char *d = dst + i10 * nb1 + i11 * nb2 + i12 * nb3;
+        const bool ok = i01 >= 0 && i01 < ne01;
+        if (!ok && err && blockIdx.x == 0 && threadIdx.x == 0) atomicExch(err, 1);
+        const char *row = src0 + i01 * nb01 + i11 * nb02 + i12 * nb03;
+        for (i64 j = (i64) blockIdx.x * blockDim.x + threadIdx.x; j < ne00; j += (i64) gridDim.x * blockDim.x) {
+            *(float *) (d + j * nb0) = ok ? DQ::at(row, j, nb00) : 0.0f;
+        }
+    }
+}
+
+#define SG_GET_ROWS(NAME, DQ)                                                            \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src0, const char *idx, char *dst,                                \
+            i64 ne00, i64 ne01,                                                          \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 ne10, i64 ne11, i64 ne12,                                                \
+            i64 nb10, i64 nb11, i64 nb12,                                                \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3,                                          \
+            int *err) {                                                                  \
+        get_rows_impl<DQ>(src0, idx, dst, ne00, ne01, nb00, nb01, nb02, nb03,            \
+                          ne10, ne11, ne12, nb10, nb11, nb12, nb0, nb1, nb2, nb3, err);  \
+    }
+
+SG_GET_ROWS(sg_get_rows_f32, DqF32)
+SG_GET_ROWS(sg_get_rows_f16, DqF16)
+SG_GET_ROWS(sg_get_rows_q8_0, DqQ8_0)
+SG_GET_ROWS(sg_get_rows_q4_0, DqQ4_0)
+SG_GET_ROWS(sg_get_rows_q4_K, DqQ4_K)
+SG_GET_ROWS(sg_get_rows_q5_K, DqQ5_K)
+SG_GET_ROWS(sg_get_rows_q6_K, DqQ6_K)
+
+// ---------------------------------------------------------------------------
+// set_rows
+// ---------------------------------------------------------------------------
+
+struct IdxI32 { __device__ static __forceinline__ i64 at(const char *p) { return (i64) *(const int *) p; } };
+struct IdxI64 { __device__ static __forceinline__ i64 at(const char *p) { return *(const i64 *) p; } };
+
+// Element-wise destinations: one thread per element.
+struct StF32 {
+    static const int QK = 1;
+    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64 nb0, i64 ne00) {
+        for (i64 j = threadIdx.x; j < ne00; j += blockDim.x) *(float *) (y + j * nb0) = *(const float *) (x + j * nb00);
+    }
+};
+struct StF16 {
+    static const int QK = 1;
+    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64 nb0, i64 ne00) {
+        for (i64 j = threadIdx.x; j < ne00; j += blockDim.x)
+            *(unsigned short *) (y + j * nb0) = sg_f2h(*(const float *) (x + j * nb00));
+    }
+};
+// Block destinations: one thread per 32-value block, ggml's reference quantizers.
+struct StQ8_0 {
+    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
+        for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
+            const char *xb = x + ib * 32 * nb00;
+            unsigned char *yb = (unsigned char *) y + ib * 34;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; ++j) {
+                const float a = fabsf(*(const float *) (xb + j * nb00));
+                amax = amax > a ? amax : a;
+            }
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            sg_st_h(yb, d);
+            for (int j = 0; j < 32; ++j) {
+                const float v = __fmul_rn(*(const float *) (xb + j * nb00), id);
+                yb[2 + j] = (unsigned char) (signed char) (int) roundf(v);
+            }
+        }
+    }
+};
+struct StQ4_0 {
+    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
+        for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
+            const char *xb = x + ib * 32 * nb00;
+            unsigned char *yb = (unsigned char *) y + ib * 18;
+            float amax = 0.0f, max = 0.0f;
+            for (int j = 0; j < 32; ++j) {
+                const float v = *(const float *) (xb + j * nb00);
+                if (amax < fabsf(v)) {
+                    amax = fabsf(v);
+                    max = v;
+                }
+            }
+            const float d = max / -8.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            sg_st_h(yb, d);
+            for (int j = 0; j < 16; ++j) {
+                const float x0 = *(const float *) (xb + j * nb00);
+                const float x1 = *(const float *) (xb + (j + 16) * nb00);
+                int q0 = (int) (signed char) __float2int_rz(__fadd_rn(__fmul_rn(x0, id), 8.5f));
+                int q1 = (int) (signed char) __float2int_rz(__fadd_rn(__fmul_rn(x1, id), 8.5f));
+                q0 = q0 < 15 ? q0 : 15;
+                q1 = q1 < 15 ? q1 : 15;
+                yb[2 + j] = (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
+            }
+        }
+    }
+};
+
+template <typename ST, typename IDX>
+__device__ __forceinline__ void set_rows_impl(
+        const char *src, const char *idx, char *dst,
+        i64 ne00, i64 ne01, i64 ne02, i64 ne03,
+        i64 nb00, i64 nb01, i64 nb02, i64 nb03,
+        i64 ne11, i64 ne12,
+        i64 nb10, i64 nb11, i64 nb12,
+        i64 ne1,
+        i64 nb0, i64 nb1, i64 nb2, i64 nb3,
+        int *err) {
+    const i64 nrows = ne01 * ne02 * ne03;
+    for (i64 r = blockIdx.x; r < nrows; r += gridDim.x) {
+        const i64 i = r % ne01;
+        const i64 i02 = (r / ne01) % ne02;
+        const i64 i03 = r / (ne01 * ne02);
+        const char *icol = idx + (i02 % ne11) * nb11 + (i03 % ne12) * nb12;
+        const i64 i1 = IDX::at(icol + i * nb10);
+        if (i1 < 0 || i1 >= ne1) {
+            if (err && threadIdx.x == 0) atomicExch(err, 1);
+            continue;   // uniform across the block
+        }
+        // A later source row with the same destination row overwrites this one.
+        int later = 0;
+        for (i64 k = i + 1 + threadIdx.x; k < ne01; k += blockDim.x) {
+            if (IDX::at(icol + k * nb10) == i1) later = 1;
+        }
+        if (__syncthreads_or(later)) continue;
+        ST::row(src + i * nb01 + i02 * nb02 + i03 * nb03, nb00,
+                dst + i1 * nb1 + i02 * nb2 + i03 * nb3, nb0, ne00);
+    }
+}
+
+#define SG_SET_ROWS(NAME, ST, IDX)                                                       \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src, const char *idx, char *dst,                                 \
+            i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 ne11, i64 ne12,                                                          \
+            i64 nb10, i64 nb11, i64 nb12,                                                \
+            i64 ne1,                                                                     \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3,                                          \
+            int *err) {                                                                  \
+        set_rows_impl<ST, IDX>(src, idx, dst, ne00, ne01, ne02, ne03, nb00, nb01, nb02, nb03, \
+                               ne11, ne12, nb10, nb11, nb12, ne1, nb0, nb1, nb2, nb3, err); \
+    }
+
+SG_SET_ROWS(sg_set_rows_f32_i32, StF32, IdxI32)
+SG_SET_ROWS(sg_set_rows_f32_i64, StF32, IdxI64)
+SG_SET_ROWS(sg_set_rows_f16_i32, StF16, IdxI32)
+SG_SET_ROWS(sg_set_rows_f16_i64, StF16, IdxI64)
+SG_SET_ROWS(sg_set_rows_q8_0_i32, StQ8_0, IdxI32)
+SG_SET_ROWS(sg_set_rows_q8_0_i64, StQ8_0, IdxI64)
+SG_SET_ROWS(sg_set_rows_q4_0_i32, StQ4_0, IdxI32)
+SG_SET_ROWS(sg_set_rows_q4_0_i64, StQ4_0, IdxI64)

@@ -1,0 +1,266 @@
+// quant_matvec.cu — matrix-vector products (ggml_mul_mat with few columns) of
+// the CUDA backend (NVRTC, C++17).
+//
+// dst[i01, i11, i12, i13] = sum_k W[k, i01, i12 / r2, i13 / r3] * X[k, i11, i12, i13]
+// with r2 = ne12 / ne02, r3 = ne13 / ne03: ggml_mul_mat's semantics and its
+// broadcast of the weights over dims 2 and 3 (ne12 % ne02 == 0,
+// ne13 % ne03 == 0; weight matrix i12 / r2 serves the r2 consecutive
+// matrices of X — integer division, unlike the element-wise ops' modulo).
+//
+// The weights are dequantised exactly as ggml's dequantize_row_* (block
+// layouts of ggml-common.h, QK_K = 256) and dotted with the F32 activations in
+// f32. Note: ggml's CPU (and shardgraph's) first quantises the activations to
+// Q8_0 / Q8_K and ggml's CUDA to Q8_1; these kernels keep them in f32, so
+// results agree with those backends up to that activation rounding and to
+// summation order.
+//
+// Kernels: sg_mul_mat_vec_f32, sg_mul_mat_vec_f16, sg_mul_mat_vec_q8_0,
+//          sg_mul_mat_vec_q4_0, sg_mul_mat_vec_q4_K, sg_mul_mat_vec_q5_K,
+//          sg_mul_mat_vec_q6_K
+// Arguments (all kernels):
+//   const char *w,                   // weights [ne00 = K, ne01 = M, ne02, ne03]; rows
+//                                    //   contiguous (blocks back to back), as ggml requires
+//   const char *x,                   // F32 activations [K, ne11 = N, ne12, ne13]
+//   char *dst,                       // F32 [M, N, ne12, ne13]
+//   i64 ne00, ne01, ne02, ne03,
+//   i64 nb01, nb02, nb03,            // weight strides (bytes)
+//   i64 ne11, ne12, ne13,
+//   i64 nb10, nb11, nb12, nb13,      // activation strides (bytes; nb10 is usually 4)
+//   i64 nb0, nb1, nb2, nb3           // dst strides (bytes)
+// K must be a multiple of the block size: 32 for Q8_0 / Q4_0, 256 for
+// Q4_K / Q5_K / Q6_K.
+// Launch: one warp per output row. blockDim = (32*R, 1, 1) with R warps
+// (R = 4 recommended, i.e. 128 threads); gridDim = (gx, gy, 1) with
+// gx = min(ceil(M / R), 2^31 - 1) over the rows and gy = min(N*ne12*ne13, 65535)
+// over the activation columns; both are grid-stride loops. Meant for small N
+// (decoding); each column re-reads the weights.
+//
+// Block layouts (bytes; blocks are only 2-byte aligned, read byte-wise):
+//   Q8_0  34 B / 32 values: f16 d, int8 qs[32];                   w = d*q
+//   Q4_0  18 B / 32 values: f16 d, u8 qs[16]; w[j] = d*((qs[j] & 15) - 8),
+//                                              w[j+16] = d*((qs[j] >> 4) - 8)
+//   Q4_K 144 B / 256 values: f16 d, f16 dmin, u8 scales[12], u8 qs[128];
+//        8 sub-blocks of 32 with 6-bit scale sc and min m (get_scale_min_k4);
+//        w = d*sc*q - dmin*m, q a nibble (low nibbles of qs[32g..32g+31] are
+//        sub-block 2g, high nibbles sub-block 2g+1)
+//   Q5_K 176 B / 256 values: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128];
+//        as Q4_K with a fifth bit from qh (bit 2g for sub-block 2g, 2g+1 for 2g+1)
+//   Q6_K 210 B / 256 values: u8 ql[128], u8 qh[64], int8 scales[16], f16 d;
+//        w = d*scale*(q - 32), q 6 bits (4 from ql, 2 from qh), 16 sub-blocks of 16
+
+typedef long long i64;
+
+__device__ __forceinline__ float sg_h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float sg_ld_h(const unsigned char *p) {
+    return sg_h2f((unsigned short) (p[0] | (p[1] << 8)));
+}
+
+__device__ __forceinline__ float sg_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// 6-bit scale and min number `j` (0..7) of a Q4_K / Q5_K block (get_scale_min_k4).
+__device__ __forceinline__ void sg_scale_min_k4(int j, const unsigned char *q, int &sc, int &m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Activation value k of the current column.
+#define XV(k) (*(const float *) (xc + (i64) (k) * nb10))
+
+// Each DOT::row returns this lane's partial dot product of one weight row
+// (`wr`, ne00 values) with the column `xc`; the warp sums the partials.
+
+struct DotF32 {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        const float *w = (const float *) wr;
+        float acc = 0.0f;
+        for (i64 k = lane; k < ne00; k += 32) acc += w[k] * XV(k);
+        return acc;
+    }
+};
+
+struct DotF16 {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        const unsigned short *w = (const unsigned short *) wr;
+        float acc = 0.0f;
+        for (i64 k = lane; k < ne00; k += 32) acc += sg_h2f(w[k]) * XV(k);
+        return acc;
+    }
+};
+
+// Q8_0: 8 lanes per block, 4 consecutive values per lane, 4 blocks per step.
+struct DotQ8_0 {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        const i64 nb = ne00 / 32;
+        const int sub = lane & 7;
+        float acc = 0.0f;
+        for (i64 ib = lane >> 3; ib < nb; ib += 4) {
+            const unsigned char *b = wr + ib * 34;
+            const float d = sg_ld_h(b);
+            const signed char *q = (const signed char *) (b + 2) + sub * 4;
+            const i64 k0 = ib * 32 + sub * 4;
+            float s = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) s += (float) q[t] * XV(k0 + t);
+            acc += d * s;
+        }
+        return acc;
+    }
+};
+
+// Q4_0: 8 lanes per block; lane sub handles bytes 2*sub, 2*sub+1, i.e. values
+// 2*sub, 2*sub+1 (low nibbles) and 2*sub+16, 2*sub+17 (high nibbles).
+struct DotQ4_0 {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        const i64 nb = ne00 / 32;
+        const int sub = lane & 7;
+        float acc = 0.0f;
+        for (i64 ib = lane >> 3; ib < nb; ib += 4) {
+            const unsigned char *b = wr + ib * 18;
+            const float d = sg_ld_h(b);
+            const unsigned char q0 = b[2 + 2 * sub], q1 = b[3 + 2 * sub];
+            const i64 k0 = ib * 32 + 2 * sub;
+            float s = (float) ((q0 & 15) - 8) * XV(k0);
+            s += (float) ((q1 & 15) - 8) * XV(k0 + 1);
+            s += (float) ((q0 >> 4) - 8) * XV(k0 + 16);
+            s += (float) ((q1 >> 4) - 8) * XV(k0 + 17);
+            acc += d * s;
+        }
+        return acc;
+    }
+};
+
+// Q4_K / Q5_K: the warp takes one 256-value super-block per step; lane
+// (g = lane/8, p = 4*(lane%8)) handles qs[32g+p .. 32g+p+3]: values
+// 64g+p+t (low nibbles, sub-block 2g) and 64g+32+p+t (high, sub-block 2g+1).
+template <bool Q5>
+struct DotQ45_K {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        const i64 nb = ne00 / 256;
+        const int g = lane >> 3;
+        const int p = (lane & 7) * 4;
+        const int bsize = Q5 ? 176 : 144;
+        const int qs_off = Q5 ? 48 : 16;
+        float acc = 0.0f;
+        for (i64 ib = 0; ib < nb; ++ib) {
+            const unsigned char *b = wr + ib * bsize;
+            const float d = sg_ld_h(b), dmin = sg_ld_h(b + 2);
+            int sc0, m0, sc1, m1;
+            sg_scale_min_k4(2 * g, b + 4, sc0, m0);
+            sg_scale_min_k4(2 * g + 1, b + 4, sc1, m1);
+            const unsigned char *q = b + qs_off + 32 * g + p;
+            const unsigned char *qh = b + 16 + p;
+            const i64 k0 = ib * 256 + 64 * g + p;
+            float s0 = 0.0f, s1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                int v0 = q[t] & 0xF, v1 = q[t] >> 4;
+                if (Q5) {
+                    v0 += (qh[t] & (1 << (2 * g))) ? 16 : 0;
+                    v1 += (qh[t] & (2 << (2 * g))) ? 16 : 0;
+                }
+                const float a0 = XV(k0 + t), a1 = XV(k0 + 32 + t);
+                s0 += (float) v0 * a0;
+                s1 += (float) v1 * a1;
+                x0 += a0;
+                x1 += a1;
+            }
+            acc += (d * (float) sc0) * s0 - (dmin * (float) m0) * x0;
+            acc += (d * (float) sc1) * s1 - (dmin * (float) m1) * x1;
+        }
+        return acc;
+    }
+};
+
+// Q6_K: the warp takes one super-block per step; lane l handles, in each
+// 128-value half n, the values 128n + l + 32*qq for qq = 0..3.
+struct DotQ6_K {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        const i64 nb = ne00 / 256;
+        const int l = lane;
+        float acc = 0.0f;
+        for (i64 ib = 0; ib < nb; ++ib) {
+            const unsigned char *b = wr + ib * 210;
+            const float d = sg_ld_h(b + 208);
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const unsigned char *ql = b + 64 * n;
+                const unsigned char h = b[128 + 32 * n + l];
+                const signed char *sc = (const signed char *) (b + 192) + 8 * n + l / 16;
+                const i64 k0 = ib * 256 + 128 * n + l;
+                const int q0 = ((ql[l] & 0xF) | (((h >> 0) & 3) << 4)) - 32;
+                const int q1 = ((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) - 32;
+                const int q2 = ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) - 32;
+                const int q3 = ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) - 32;
+                acc += (d * (float) sc[0]) * ((float) q0 * XV(k0));
+                acc += (d * (float) sc[2]) * ((float) q1 * XV(k0 + 32));
+                acc += (d * (float) sc[4]) * ((float) q2 * XV(k0 + 64));
+                acc += (d * (float) sc[6]) * ((float) q3 * XV(k0 + 96));
+            }
+        }
+        return acc;
+    }
+};
+
+#undef XV
+
+template <typename DOT>
+__device__ __forceinline__ void mul_mat_vec_impl(
+        const char *w, const char *x, char *dst,
+        i64 ne00, i64 ne01, i64 ne02, i64 ne03,
+        i64 nb01, i64 nb02, i64 nb03,
+        i64 ne11, i64 ne12, i64 ne13,
+        i64 nb10, i64 nb11, i64 nb12, i64 nb13,
+        i64 nb0, i64 nb1, i64 nb2, i64 nb3) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    const i64 r2 = ne12 / ne02;
+    const i64 r3 = ne13 / ne03;
+    const i64 ncols = ne11 * ne12 * ne13;
+    for (i64 c = blockIdx.y; c < ncols; c += gridDim.y) {
+        const i64 i11 = c % ne11;
+        const i64 i12 = (c / ne11) % ne12;
+        const i64 i13 = c / (ne11 * ne12);
+        const char *xc = x + i11 * nb11 + i12 * nb12 + i13 * nb13;
+        const unsigned char *wm = (const unsigned char *) w + (i12 / r2) * nb02 + (i13 / r3) * nb03;
+        char *dc = dst + i11 * nb1 + i12 * nb2 + i13 * nb3;
+        for (i64 row = (i64) blockIdx.x * nwarps + warp; row < ne01; row += (i64) gridDim.x * nwarps) {
+            float acc = DOT::row(wm + row * nb01, xc, nb10, ne00, lane);
+            acc = sg_warp_sum(acc);
+            if (lane == 0) *(float *) (dc + row * nb0) = acc;
+        }
+    }
+}
+
+#define SG_MMV(NAME, DOT)                                                                \
+    extern "C" __global__ void NAME(                                                     \
+            const char *w, const char *x, char *dst,                                     \
+            i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
+            i64 nb01, i64 nb02, i64 nb03,                                                \
+            i64 ne11, i64 ne12, i64 ne13,                                                \
+            i64 nb10, i64 nb11, i64 nb12, i64 nb13,                                      \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
+        mul_mat_vec_impl<DOT>(w, x, dst, ne00, ne01, ne02, ne03, nb01, nb02, nb03,       \
+                              ne11, ne12, ne13, nb10, nb11, nb12, nb13, nb0, nb1, nb2, nb3); \
+    }
+
+SG_MMV(sg_mul_mat_vec_f32, DotF32)
+SG_MMV(sg_mul_mat_vec_f16, DotF16)
+SG_MMV(sg_mul_mat_vec_q8_0, DotQ8_0)
+SG_MMV(sg_mul_mat_vec_q4_0, DotQ4_0)
+SG_MMV(sg_mul_mat_vec_q4_K, DotQ45_K<false>)
+SG_MMV(sg_mul_mat_vec_q5_K, DotQ45_K<true>)
+SG_MMV(sg_mul_mat_vec_q6_K, DotQ6_K)
