@@ -116,3 +116,45 @@ fn a_claimed_but_missing_mtp_layer_is_an_error() {
     assert!(e.to_string().contains("cut.gguf"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Rolling back into a batch through the device-side snapshots leaves the
+/// conv and recurrent states byte-identical to decoding only the kept
+/// tokens, on 1 and 2 devices (the snapshot buffers split by heads like the
+/// caches).
+#[test]
+fn snapshot_rollback_equals_decoding_the_kept_tokens() {
+    use shardgraph::models::qwen35::Qwen35Mixer;
+    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-snap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-f32.gguf");
+    write_qwen35_gguf(&path, &tiny(), &Qwen35Types::all(GgmlType::F32), 5).unwrap();
+    let states = |s: &Qwen35Session| -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        for l in &s.model.layers {
+            if let Qwen35Mixer::DeltaNet { cache_r, cache_s, .. } = l.mixer {
+                for id in [cache_r, cache_s] {
+                    let mut b = vec![0u8; s.ctx.tensor(id).unwrap().nbytes()];
+                    s.runner.store.get_tensor(&s.ctx, id, 0, &mut b).unwrap();
+                    v.push(b);
+                }
+            }
+        }
+        v
+    };
+    let toks = [3, 14, 15, 92, 65, 35, 8, 9, 10, 11];
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        for keep in 1..4usize {
+            let mut want = Qwen35Session::from_gguf(&path, &ratios, 1, GgmlType::F16, 64).unwrap();
+            want.decode(&toks[..6], &[], false).unwrap();
+            want.decode(&toks[6..6 + keep], &[], false).unwrap();
+            let mut got = Qwen35Session::from_gguf(&path, &ratios, 1, GgmlType::F16, 64).unwrap();
+            got.enable_snapshots(5).unwrap();
+            got.decode(&toks[..6], &[], false).unwrap();
+            got.decode(&toks[6..10], &[], false).unwrap();
+            got.rollback(6 + keep as i64).unwrap();
+            assert_eq!(states(&got), states(&want), "{ratios:?}: keep {keep}");
+            assert_eq!(got.n_past, 6 + keep as i64);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

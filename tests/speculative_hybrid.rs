@@ -3,8 +3,9 @@
 //! the output equals single-device plain greedy decoding on 1, 2 and 3 CPU
 //! devices, ratios 1:1 and 3:1, KV caches F16 and Q4_0, with drafts that
 //! are all accepted, all rejected, or rejected at chosen positions — so
-//! the recurrent rollback (restore the states, decode the kept tokens
-//! again) runs at every kind of boundary.
+//! the recurrent rollback runs at every kind of boundary, both ways: from
+//! device-side per-token snapshots, and by restoring a host checkpoint and
+//! decoding the kept tokens again.
 
 use shardgraph::models::generate::write_qwen35_gguf;
 use shardgraph::models::qwen35::{Qwen35Session, Qwen35Types};
@@ -54,11 +55,20 @@ fn speculative_on_qwen35_equals_plain_greedy_with_recurrent_rollback() {
         // The first generated token sits at position prompt.len().
         let offset = prompt.len() as i64;
         for ratios in [vec![1.0], vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
-            for (every, all_wrong) in [(0, false), (3, false), (5, false), (0, true)] {
+            for (every, all_wrong, snapshots) in
+                [(0, false, false), (3, false, false), (5, false, true), (3, false, true), (0, true, true)]
+            {
                 let mut s = Qwen35Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+                if snapshots {
+                    // Rollback copies a device-side snapshot back instead of re-decoding.
+                    s.enable_snapshots(5).unwrap();
+                }
                 let mut d = OracleDrafter { reference: plain.clone(), offset, every, all_wrong };
                 let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
-                assert_eq!(tokens, plain, "{ratios:?} kv {kv} every {every} all_wrong {all_wrong}: {st:?}");
+                assert_eq!(
+                    tokens, plain,
+                    "{ratios:?} kv {kv} every {every} all_wrong {all_wrong} snapshots {snapshots}: {st:?}"
+                );
                 if all_wrong {
                     assert_eq!(st.accepted, 0, "{st:?}");
                 } else if every == 0 {
@@ -95,6 +105,7 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
         };
         for ratios in [vec![1.0], vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
             let mut s = Qwen35Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+            s.enable_snapshots(4).unwrap();
             let mut d = MtpDrafter::new(&s, 0.0).unwrap();
             let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 3, n_min: 1 }).unwrap();
             eprintln!("mtp {ratios:?} kv {kv}: {st:?}");

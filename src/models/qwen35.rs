@@ -385,6 +385,16 @@ pub struct Qwen35 {
     pub layers: Vec<Qwen35Layer>,
     /// The NextN (MTP) block, when the file has one.
     pub nextn: Option<Qwen35Nextn>,
+    /// Per Gated-DeltaNet layer (in layer order), the rollback snapshots:
+    /// for every slot `j`, the conv state `cache_r_lN_snapJ`
+    /// `[(d_conv−1)·channels, 1]` and the recurrent state
+    /// `cache_s_lN_snapJ` `[S·S·H_v, 1]` after token `j` of a batch
+    /// (one tensor per slot, so a step's writes never share an owner);
+    /// made by [`Qwen35::add_snapshots`].
+    pub snapshots: Vec<Vec<(TensorId, TensorId)>>,
+    /// Columns of each snapshot buffer: the longest batch whose every
+    /// token's state is kept (0: none).
+    pub snapshot_slots: usize,
     /// KV cache cells of the attention layers.
     pub kv_size: i64,
     /// KV cache type.
@@ -404,6 +414,8 @@ pub struct Qwen35Step {
     pub mask: TensorId,
     /// `k_idxs` I64 `[T]`.
     pub kv_idxs: TensorId,
+    /// `snap_row` I64 `[1]` (= 0) when the step writes rollback snapshots.
+    pub snap_row: Option<TensorId>,
     /// Cache and state writes.
     pub writes: Vec<TensorId>,
     /// Exported hidden states: `(layer, [E, T])`, the input of `layer`, or
@@ -612,6 +624,8 @@ impl Qwen35 {
             None
         };
         Ok(Qwen35 {
+            snapshots: Vec::new(),
+            snapshot_slots: 0,
             nextn,
             tok_embd: get("token_embd.weight"),
             output_norm: get("output_norm.weight"),
@@ -658,6 +672,12 @@ impl Qwen35 {
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
         let mut tap_ids = Vec::new();
+        let mut snaps = self.snapshots.iter();
+        let snap_row = if t > 1 && t as usize <= self.snapshot_slots {
+            Some(input(ctx, GgmlType::I64, &[1], "snap_row")?)
+        } else {
+            None
+        };
         for (il, w) in self.layers.iter().enumerate() {
             if taps.contains(&il) {
                 tap_ids.push((il, x));
@@ -668,7 +688,10 @@ impl Qwen35 {
                 Qwen35Mixer::Attention { .. } => {
                     self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, &mut writes)?
                 }
-                Qwen35Mixer::DeltaNet { .. } => self.delta_net(ctx, &w.mixer, xn, t, &mut writes)?,
+                Qwen35Mixer::DeltaNet { .. } => {
+                    let snap = snaps.next().zip(snap_row).map(|(v, r)| (&v[..], r));
+                    self.delta_net(ctx, &w.mixer, xn, t, snap, &mut writes)?
+                }
             };
             let h = ctx.add(mixed, x)?;
             let hn = ctx.rms_norm(h, hp.rms_eps)?;
@@ -686,7 +709,48 @@ impl Qwen35 {
         }
         let logits = ctx.mul_mat(self.output, h_nextn)?;
         let argmax = ctx.argmax(logits)?;
-        Ok(Qwen35Step { tokens, pos, mask, kv_idxs, writes, taps: tap_ids, h_nextn, logits, argmax })
+        Ok(Qwen35Step { tokens, pos, mask, kv_idxs, snap_row, writes, taps: tap_ids, h_nextn, logits, argmax })
+    }
+
+    /// Creates the rollback snapshot buffers (F32, `slots` columns per
+    /// Gated-DeltaNet layer; named after the caches, so a split policy
+    /// splits them alike): a batch of up to `slots` tokens then keeps the
+    /// conv and recurrent state after every token, and a rollback inside it
+    /// copies one column back instead of decoding again.
+    ///
+    /// # Errors
+    /// [`Error::Model`] if snapshots exist already or `slots < 2`.
+    pub fn add_snapshots(&mut self, ctx: &mut Context, slots: usize) -> Result<()> {
+        if self.snapshot_slots > 0 || slots < 2 {
+            return Err(Error::Model {
+                detail: format!("qwen35: snapshots of {slots} slots (need ≥ 2, and only once)"),
+            });
+        }
+        let hp = &self.hp;
+        for (il, l) in self.layers.iter().enumerate() {
+            if let Qwen35Mixer::DeltaNet { .. } = l.mixer {
+                let mut layer = Vec::with_capacity(slots);
+                for j in 0..slots {
+                    let r = named(
+                        ctx,
+                        GgmlType::F32,
+                        &[(hp.d_conv - 1) * hp.conv_channels(), 1],
+                        &format!("cache_r_l{il}_snap{j}"),
+                    )?;
+                    let st = named(
+                        ctx,
+                        GgmlType::F32,
+                        &[hp.d_state * hp.d_state * hp.n_v_heads, 1],
+                        &format!("cache_s_l{il}_snap{j}"),
+                    )?;
+                    layer.push((r, st));
+                }
+                self.snapshots.push(layer);
+            }
+        }
+        self.snapshot_slots = slots;
+        self.base_len = ctx.len();
+        Ok(())
     }
 
     /// The MTP (NextN) head's graph for `n_tokens` rows (MODELS.md 4.1):
@@ -868,6 +932,7 @@ impl Qwen35 {
         m: &Qwen35Mixer,
         xn: TensorId,
         t: i64,
+        snap: Option<(&[(TensorId, TensorId)], TensorId)>,
         writes: &mut Vec<TensorId>,
     ) -> Result<TensorId> {
         let Qwen35Mixer::DeltaNet { wqkv, wgate, beta, alpha, dt_bias, a, conv1d, norm, out, cache_r, cache_s } = *m
@@ -897,6 +962,17 @@ impl Qwen35 {
         let last = ctx.cont(last)?;
         let last = ctx.reshape_2d(last, (dc - 1) * ch, 1)?;
         writes.push(ctx.cpy(last, cache_r)?);
+        // Snapshots: the conv state after token j (j = 0..T) is columns j+1 .. j+d_conv−1 of conv_in.
+        // (set_rows into row 0: a write to the stored snapshot even though nothing reads it here.)
+        if let Some((slots, row0)) = snap {
+            let row = (dc - 1) * ch;
+            for (j, &(snap_r, _)) in slots.iter().enumerate().take(t as usize) {
+                let st = ctx.view_3d(conv_in, dc - 1, ch, 1, cin.nb[1], cin.nb[2], (j + 1) * f)?;
+                let st = ctx.cont(st)?;
+                let st = ctx.reshape_2d(st, row, 1)?;
+                writes.push(ctx.set_rows(snap_r, st, row0)?);
+            }
+        }
         let conv = ctx.ssm_conv(conv_in, conv1d)?; // [ch, T, 1]
         let conv = ctx.silu(conv)?;
         let nb1 = ch as usize * f;
@@ -907,10 +983,20 @@ impl Qwen35 {
         let q = ctx.l2_norm(q, hp.rms_eps)?;
         let k = ctx.l2_norm(k, hp.rms_eps)?;
         let st = ctx.reshape_4d(cache_s, s, s, hv, 1)?;
-        let r = ctx.gated_delta_net(q, k, v, g, b, st, 1)?; // [S·H_v, T + S·H_v]
+        // With snapshots, a slot per token: slot i holds the state after token T − 1 − i.
+        let slots = if snap.is_some() { t } else { 1 };
+        let r = ctx.gated_delta_net(q, k, v, g, b, st, slots)?; // [S·H_v, T + slots·S·H_v]
         let o = ctx.view_4d(r, s, hv, t, 1, row(s), row(s * hv), row(s * hv * t), 0)?;
         let new_state = ctx.view_2d(r, s * s * hv, 1, row(s * s * hv), row(s * hv * t))?;
         writes.push(ctx.cpy(new_state, cache_s)?);
+        if let Some((slots, row0)) = snap {
+            for i in 0..t {
+                let st = ctx.view_2d(r, s * s * hv, 1, row(s * s * hv), row(s * hv * t + i * s * s * hv))?;
+                // Slot i is the state after token T − 1 − i.
+                let (_, snap_s) = slots[(t - 1 - i) as usize];
+                writes.push(ctx.set_rows(snap_s, st, row0)?);
+            }
+        }
         let o = ctx.rms_norm(o, hp.rms_eps)?;
         let o = ctx.mul(o, norm)?;
         let z = ctx.reshape_4d(z, s, hv, t, 1)?;
@@ -942,8 +1028,11 @@ pub struct Qwen35Session {
     /// Context length with only long-lived tensors.
     pub base_len: usize,
     /// The last multi-token batch: its start position, its tokens, and the
-    /// recurrent caches before it.
+    /// recurrent caches before it (host copies; used without snapshots).
     checkpoint: Option<Checkpoint>,
+    /// The last multi-token batch whose per-token states are in the
+    /// snapshot buffers: `(start, tokens)`.
+    snap_batch: Option<(i64, i64)>,
 }
 
 /// The recurrent states before a multi-token batch: `(start position,
@@ -1016,7 +1105,7 @@ impl Qwen35Session {
             });
         }
         let base_len = model.base_len;
-        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None })
+        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None })
     }
 
     /// The recurrent caches (conv and delta-net states) of every layer.
@@ -1052,7 +1141,12 @@ impl Qwen35Session {
                 ),
             });
         }
-        if t > 1 {
+        self.snap_batch = None;
+        self.checkpoint = None;
+        if t > 1 && t as usize <= self.model.snapshot_slots {
+            // Every token's state lands in the snapshot buffers (see `rollback`).
+            self.snap_batch = Some((self.n_past, t));
+        } else if t > 1 {
             let mut saved = Vec::new();
             for id in self.recurrent_caches() {
                 let mut b = vec![0u8; self.ctx.t(id).nbytes()];
@@ -1101,21 +1195,78 @@ impl Qwen35Session {
         Ok(StepOutput { argmax, logits: want_logits.then(|| f32s(&rep.outputs[n - 2])), taps })
     }
 
-    /// Forgets every position from `n_past` on. Within the last
-    /// multi-token batch this restores the recurrent states checkpointed
-    /// before it and decodes the batch's kept tokens again; at the current
-    /// length it does nothing.
+    /// Keeps the conv and recurrent state after every token of batches of
+    /// up to `slots` tokens in device-side snapshot buffers
+    /// ([`Qwen35::add_snapshots`]), so that [`Qwen35Session::rollback`] into
+    /// such a batch copies one snapshot back instead of saving the states to
+    /// the host before the batch and decoding the kept tokens again.
+    /// Speculative decoding verifies `n_max + 1` tokens per batch.
     ///
     /// # Errors
-    /// [`Error::Model`] if `n_past` is beyond the current length, or before
-    /// the last batch's start (the recurrent states of earlier positions
-    /// are gone); decode errors.
+    /// As [`Qwen35::add_snapshots`]; placement errors.
+    pub fn enable_snapshots(&mut self, slots: usize) -> Result<()> {
+        self.ctx.truncate(self.base_len);
+        let start = self.ctx.len();
+        self.model.add_snapshots(&mut self.ctx, slots)?;
+        let ids: Vec<TensorId> = self.ctx.ids().skip(start).collect();
+        for id in ids {
+            self.runner.place(&self.ctx, id)?;
+        }
+        self.base_len = self.ctx.len();
+        Ok(())
+    }
+
+    /// Forgets every position from `n_past` on. Attention layers just
+    /// forget their KV cells; the recurrent states are set back to those
+    /// after position `n_past − 1`: from the snapshot buffers when the last
+    /// batch kept them ([`Qwen35Session::enable_snapshots`]), else by
+    /// restoring the states checkpointed before the last multi-token batch
+    /// and decoding its kept tokens again. At the current length it does
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`Error::Model`] if `n_past` is beyond the current length, or not
+    /// inside the last batch (the recurrent states of earlier positions
+    /// are gone); execution errors.
     pub fn rollback(&mut self, n_past: i64) -> Result<()> {
         if n_past == self.n_past {
             return Ok(());
         }
         if n_past < 0 || n_past > self.n_past {
             return Err(Error::Model { detail: format!("qwen35: cannot roll back to {n_past} of {}", self.n_past) });
+        }
+        if let Some((start, t)) = self.snap_batch.take() {
+            let kept = n_past - start;
+            if start + t != self.n_past || kept < 1 {
+                return Err(Error::Model {
+                    detail: format!(
+                        "qwen35: position {n_past} is not after a token of the last batch ({start}..{}); the recurrent states before it are gone",
+                        start + t
+                    ),
+                });
+            }
+            // Copy the states after token kept − 1 back into the caches, on every device.
+            self.ctx.truncate(self.base_len);
+            let mut writes = Vec::new();
+            // Row 0 of each one-row cache (set_rows: a write to the stored cache
+            // even though nothing in this graph reads it afterwards).
+            let row0 = self.ctx.new_tensor(GgmlType::I64, &[1])?;
+            self.ctx.set_input(row0)?;
+            let mut snaps = self.model.snapshots.clone().into_iter();
+            for l in &self.model.layers {
+                if let Qwen35Mixer::DeltaNet { cache_r, cache_s, .. } = l.mixer {
+                    let (snap_r, snap_s) = snaps
+                        .next()
+                        .and_then(|v| v.get(kept as usize - 1).copied())
+                        .ok_or_else(|| Error::Model { detail: "qwen35: a snapshot is missing".into() })?;
+                    writes.push(self.ctx.set_rows(cache_r, snap_r, row0)?);
+                    writes.push(self.ctx.set_rows(cache_s, snap_s, row0)?);
+                }
+            }
+            let graph = self.ctx.build_forward(&writes)?;
+            self.runner.run(&self.ctx, &graph, &[(row0, 0i64.to_le_bytes().to_vec())], &writes)?;
+            self.n_past = n_past;
+            return Ok(());
         }
         let Some((start, tokens, saved)) = self.checkpoint.take() else {
             return Err(Error::Model {
