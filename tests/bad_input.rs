@@ -114,3 +114,97 @@ fn graphs_built_before_a_truncate_are_errors() {
     let rep = MetaExecutor::new(2, 1).unwrap().execute(&ctx, &g, &plan, &mut store, &[y]).unwrap();
     assert_eq!(rep.outputs[0].len(), 4 * 3 * 4);
 }
+
+/// The model-level public functions refuse hyper-parameters that would
+/// divide by zero or overflow, and the speculative loop refuses a target
+/// that returns the wrong number of tokens — errors, not panics.
+#[test]
+fn model_functions_refuse_degenerate_parameters() {
+    use shardgraph::models::dflash::DflashHparams;
+    use shardgraph::models::generate::{write_dflash_gguf_with, Weights};
+    use shardgraph::models::policy::{attention_granules, qwen35_policy, qwen3_policy};
+    use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Types, StepOutput};
+    use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
+    use shardgraph::models::speculative::{generate, Drafter, SpecParams, Target};
+    use shardgraph::GgmlType;
+    let q3 = Qwen3Hparams {
+        n_layer: 1,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 0,
+        head_dim: 16,
+        n_vocab: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e4,
+        n_ctx_train: 64,
+    };
+    assert!(qwen3_policy(&q3, &Qwen3Types::all(GgmlType::F32), &[1.0, 1.0]).is_err());
+    let _ = attention_granules(&q3, GgmlType::Q8_0, 2); // no division by zero
+    let q35 = Qwen35Hparams {
+        n_layer: 2,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+        n_vocab: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e4,
+        n_rot: 8,
+        rope_sections: [2, 1, 1, 0],
+        full_attention_interval: 2,
+        d_conv: 4,
+        d_state: 16,
+        n_k_heads: 0,
+        n_v_heads: 4,
+        n_nextn: 0,
+        n_ctx_train: 64,
+    };
+    assert!(qwen35_policy(&q35, &Qwen35Types::all(GgmlType::F32), &[1.0, 1.0]).is_err());
+    let huge = Qwen35Hparams { n_k_heads: 1 << 30, n_v_heads: 1 << 31, d_state: 1 << 30, ..q35 };
+    assert!(huge.validate().is_err());
+    let dhp = DflashHparams {
+        n_layer: 1,
+        n_embd: 64,
+        n_ff: 64,
+        n_head: 4,
+        n_head_kv: 0,
+        head_dim: 16,
+        rms_eps: 1e-6,
+        rope_base: 1e4,
+        target_layers: vec![1],
+        target_hidden: 64,
+        block_size: 4,
+        mask_token: 31,
+        conv: None,
+        selector: Some((8, 4)),
+    };
+    let path = std::env::temp_dir().join(format!("shardgraph-bad-dflash-{}.gguf", std::process::id()));
+    assert!(write_dflash_gguf_with(&path, &dhp, GgmlType::F32, 32, 1, Weights::Permutation).is_err());
+    let _ = std::fs::remove_file(&path);
+
+    /// A target that returns one greedy token whatever the batch.
+    struct Liar(i64);
+    impl Target for Liar {
+        fn n_past(&self) -> i64 {
+            self.0
+        }
+        fn decode(&mut self, t: &[i32], _: &[usize], _: bool) -> shardgraph::Result<StepOutput> {
+            self.0 += t.len() as i64;
+            Ok(StepOutput { argmax: vec![1], ..Default::default() })
+        }
+        fn rollback(&mut self, n: i64) -> shardgraph::Result<()> {
+            self.0 = n;
+            Ok(())
+        }
+    }
+    struct Two;
+    impl Drafter<Liar> for Two {
+        fn draft(&mut self, _: &mut Liar, _: i32, _: i64, _: usize) -> shardgraph::Result<Vec<i32>> {
+            Ok(vec![1, 1])
+        }
+    }
+    let e = generate(&mut Liar(0), &mut Two, &[1, 2], 8, SpecParams { n_max: 2, n_min: 0 }).unwrap_err();
+    assert!(e.to_string().contains("greedy tokens"), "{e}");
+}

@@ -363,6 +363,12 @@ pub fn write_dflash_gguf_with(
     }
     let bad = |d: &str| Err(Error::Model { detail: format!("structured dflash drafter: {d}") });
     let Some((rank, _)) = hp.selector else { return bad("needs DFlash2's selector (selector_top_k > 0)") };
+    if hp.n_head_kv < 1 || hp.head_dim < 1 || n_vocab < 1 {
+        return bad(&format!(
+            "head_count_kv {}, key_length {} and the vocabulary {n_vocab} must be positive",
+            hp.n_head_kv, hp.head_dim
+        ));
+    }
     if hp.n_ff < n_vocab || hp.mask_token as i64 != n_vocab - 1 || hp.n_embd < 2 || hp.n_head % hp.n_head_kv != 0 {
         return bad(&format!(
             "needs feed_forward_length ({}) ≥ n_vocab ({n_vocab}), mask token n_vocab − 1 (got {}), and whole GQA groups",

@@ -25,8 +25,9 @@ fn lcm(a: i64, b: i64) -> i64 {
 /// doubled up to 128 while each device still gets a group), and
 /// `g_kv = g_q / G` (whole KV heads).
 pub fn attention_granules(hp: &Qwen3Hparams, wo_type: GgmlType, n_dev: usize) -> (i64, i64) {
-    let g = hp.n_head / hp.n_head_kv;
-    let n_embd_q = g * hp.head_dim;
+    // (Head counts that do not validate get granules of one group, not a division by zero.)
+    let g = (hp.n_head / hp.n_head_kv.max(1)).max(1);
+    let n_embd_q = (g * hp.head_dim).max(1);
     let mut blck = wo_type.block_size() as i64;
     while blck < 128 && blck * (n_dev as i64) < n_embd_q {
         blck *= 2;
@@ -52,6 +53,7 @@ pub fn qwen3_policy(hp: &Qwen3Hparams, types: &Qwen3Types, ratios: &[f32]) -> Re
 
 /// The rules of [`qwen3_policy`] without the final "everything else mirrored".
 fn qwen3_rules(hp: &Qwen3Hparams, types: &Qwen3Types, ratios: &[f32]) -> Result<SplitPolicy> {
+    hp.validate()?;
     let n = ratios.len();
     let (g_q, g_kv) = attention_granules(hp, types.attn, n);
     let kvd = hp.n_head_kv * hp.head_dim;
@@ -215,6 +217,7 @@ fn qwen35_rules(
     types: &super::qwen35::Qwen35Types,
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
+    hp.validate()?;
     let n = ratios.len();
     if n == 1 {
         // One device holds everything (granules only matter between devices).

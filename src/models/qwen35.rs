@@ -114,6 +114,19 @@ impl Qwen35Hparams {
         if self.n_nextn > 1 {
             return bad(format!("nextn_predict_layers {} (0 or 1)", self.n_nextn));
         }
+        // Sizes the graph multiplies out stay far from overflow (absurd metadata is an error).
+        let limit = 1i64 << 40;
+        let sizes = [
+            self.n_v_heads.checked_mul(self.d_state),
+            self.n_k_heads.checked_mul(self.d_state).and_then(|k| k.checked_mul(2)),
+            self.d_state.checked_mul(self.d_state).and_then(|x| x.checked_mul(self.n_v_heads)),
+            self.n_head.checked_mul(self.head_dim).and_then(|x| x.checked_mul(2)),
+            self.n_embd.checked_mul(self.n_vocab),
+            self.n_embd.checked_mul(self.n_ff),
+        ];
+        if sizes.iter().any(|x| x.is_none_or(|x| x > limit)) || self.d_conv > 1 << 20 {
+            return bad("dimensions too large (products beyond 2^40 elements)".into());
+        }
         Ok(())
     }
 

@@ -128,6 +128,15 @@ pub fn generate<T: Target>(
         let mut batch = vec![last];
         batch.extend(&drafts);
         let out = target.decode(&batch, &taps, false)?;
+        if out.argmax.len() != batch.len() {
+            return Err(Error::Model {
+                detail: format!(
+                    "the target returned {} greedy tokens for a batch of {}",
+                    out.argmax.len(),
+                    batch.len()
+                ),
+            });
+        }
         stats.target_steps += 1;
         // Accept the longest prefix the target agrees with, then its own token.
         let mut k = 0;

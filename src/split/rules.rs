@@ -435,6 +435,9 @@ pub(crate) fn gdn_view(ctx: &Context, p: &Tensor, t: &Tensor, sp: &AxisSplit) ->
     }
     let v = ctx.t(*p.src.get(2)?);
     let (s, hv, t_, b) = (v.ne[0], v.ne[1], v.ne[2], v.ne[3]);
+    if s <= 0 || hv <= 0 || b <= 0 {
+        return None;
+    }
     let fs = 4usize;
     let out_bytes = (s * hv * t_ * b) as usize * fs;
     let per_head = |x: i64| -> Option<Vec<Vec<i64>>> {
