@@ -791,17 +791,14 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
         let mut toks = vec![last];
         toks.extend(std::iter::repeat_n(hp.mask_token, n));
         let positions: Vec<i32> = (0..rows).map(|i| (pos + i) as i32).collect();
-        let visible = pos + rows;
-        let mut mask = Vec::with_capacity((self.model.kv_size * rows) as usize * 2);
-        for _ in 0..rows {
-            for c in 0..self.model.kv_size {
-                let v = if c < visible { half::f16::ZERO } else { half::f16::NEG_INFINITY };
-                mask.extend(v.to_le_bytes());
-            }
-        }
-        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let idx: Vec<u8> = positions.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
-        let inputs = vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&positions)), (b.mask, mask), (b.kv_idxs, idx)];
+        // Non-causal: every row sees the context and the whole block.
+        let mask = super::mask_bytes(self.model.kv_size, std::iter::repeat_n(pos + rows - 1, rows as usize));
+        let inputs = vec![
+            (b.tokens, super::i32_bytes(&toks)),
+            (b.pos, super::i32_bytes(&positions)),
+            (b.mask, mask),
+            (b.kv_idxs, super::cell_bytes(&positions)),
+        ];
         let rep = runner.run(ctx, &g, &inputs, &outs)?;
         let k = b.writes.len();
         if b.lattice.is_some() {

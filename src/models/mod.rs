@@ -37,3 +37,42 @@ pub(crate) fn arch_keys<'a>(
     }
     Ok(move |k: &str| f.get_uint(&format!("{arch}.{k}")))
 }
+
+/// Little-endian bytes of I32 values (a graph input).
+pub(crate) fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes of F32 values (a graph input).
+pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The KV cells written at `positions` (cell = position), as the I64
+/// `k_idxs` input of `set_rows`.
+pub(crate) fn cell_bytes(positions: &[i32]) -> Vec<u8> {
+    positions.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect()
+}
+
+/// An F16 attention mask `[kv_size, rows]`: row `r` sees the cells
+/// `0..=last[r]` (0) and not the others (−inf).
+pub(crate) fn mask_bytes(kv_size: i64, last: impl IntoIterator<Item = i64>) -> Vec<u8> {
+    let mut mask = Vec::new();
+    for l in last {
+        for c in 0..kv_size {
+            let v = if c <= l { half::f16::ZERO } else { half::f16::NEG_INFINITY };
+            mask.extend(v.to_le_bytes());
+        }
+    }
+    mask
+}
+
+/// IMROPE's four position streams for text tokens (MODELS.md 1.1): the
+/// position in the first three, zero in the fourth, stream-major.
+pub(crate) fn imrope_positions(positions: &[i32]) -> Vec<i32> {
+    let mut out = Vec::with_capacity(4 * positions.len());
+    for stream in 0..4 {
+        out.extend(positions.iter().map(|&p| if stream < 3 { p } else { 0 }));
+    }
+    out
+}

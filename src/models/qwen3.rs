@@ -701,18 +701,15 @@ impl Qwen3Session {
         let step = self.model.build(&mut self.ctx, t, taps)?;
         let outputs = step.outputs();
         let graph = self.ctx.build_forward(&outputs)?;
-        let kv = self.model.kv_size;
+        use super::{cell_bytes, i32_bytes, mask_bytes};
         let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
-        let mut mask = Vec::with_capacity((kv * t) as usize * 2);
-        for &p in &pos {
-            for c in 0..kv {
-                let v = if c <= p as i64 { half::f16::ZERO } else { half::f16::NEG_INFINITY };
-                mask.extend(v.to_le_bytes());
-            }
-        }
-        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
-        let inputs = vec![(step.tokens, i32b(tokens)), (step.pos, i32b(&pos)), (step.mask, mask), (step.kv_idxs, idx)];
+        let mask = mask_bytes(self.model.kv_size, pos.iter().map(|&p| p as i64));
+        let inputs = vec![
+            (step.tokens, i32_bytes(tokens)),
+            (step.pos, i32_bytes(&pos)),
+            (step.mask, mask),
+            (step.kv_idxs, cell_bytes(&pos)),
+        ];
         let start = std::time::Instant::now();
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
         log::debug!(

@@ -13,6 +13,7 @@
 //! `[Hkv·D, kv_size]` as in [`super::qwen3`].
 
 use super::qwen3::{f32s, StepOutput};
+use super::{cell_bytes, f32_bytes, i32_bytes, imrope_positions, mask_bytes};
 use crate::error::{Error, Result};
 use crate::graph::Context;
 use crate::ops::{RopeMode, RopeParams};
@@ -1175,23 +1176,16 @@ impl Qwen35Session {
         outputs.push(step.logits);
         outputs.push(step.argmax);
         let graph = self.ctx.build_forward(&outputs)?;
-        let kv = self.model.kv_size;
         let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
-        let mut mask = Vec::with_capacity((kv * t) as usize * 2);
-        for &p in &pos {
-            for c in 0..kv {
-                let v = if c <= p as i64 { half::f16::ZERO } else { half::f16::NEG_INFINITY };
-                mask.extend(v.to_le_bytes());
-            }
+        let mut inputs = vec![
+            (step.tokens, i32_bytes(tokens)),
+            (step.pos, i32_bytes(&imrope_positions(&pos))),
+            (step.mask, mask_bytes(self.model.kv_size, pos.iter().map(|&p| p as i64))),
+            (step.kv_idxs, cell_bytes(&pos)),
+        ];
+        if let Some(r) = step.snap_row {
+            inputs.push((r, 0i64.to_le_bytes().to_vec()));
         }
-        // IMROPE positions for text: three streams equal to the position, the fourth zero.
-        let mut pos4 = Vec::with_capacity(4 * t as usize);
-        for stream in 0..4 {
-            pos4.extend(pos.iter().map(|&p| if stream < 3 { p } else { 0 }));
-        }
-        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
-        let inputs = vec![(step.tokens, i32b(tokens)), (step.pos, i32b(&pos4)), (step.mask, mask), (step.kv_idxs, idx)];
         let start = std::time::Instant::now();
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
         log::debug!(
@@ -1346,28 +1340,13 @@ impl Qwen35Session {
         let mut outputs = step.writes.clone();
         outputs.extend([step.h_out, step.argmax, step.top_prob]);
         let graph = self.ctx.build_forward(&outputs)?;
-        let kv = self.model.kv_size;
         let pos: Vec<i32> = (0..t).map(|i| (start + i) as i32).collect();
-        let mut mask = Vec::with_capacity((kv * t) as usize * 2);
-        for &p in &pos {
-            for c in 0..kv {
-                let v = if c <= p as i64 { half::f16::ZERO } else { half::f16::NEG_INFINITY };
-                mask.extend(v.to_le_bytes());
-            }
-        }
-        let mut pos4 = Vec::with_capacity(4 * t as usize);
-        for stream in 0..4 {
-            pos4.extend(pos.iter().map(|&p| if stream < 3 { p } else { 0 }));
-        }
-        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let idx: Vec<u8> = pos.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect();
-        let hb: Vec<u8> = h.iter().flat_map(|x| x.to_le_bytes()).collect();
         let inputs = vec![
-            (step.tokens, i32b(tokens)),
-            (step.h, hb),
-            (step.pos, i32b(&pos4)),
-            (step.mask, mask),
-            (step.kv_idxs, idx),
+            (step.tokens, i32_bytes(tokens)),
+            (step.h, f32_bytes(h)),
+            (step.pos, i32_bytes(&imrope_positions(&pos))),
+            (step.mask, mask_bytes(self.model.kv_size, pos.iter().map(|&p| p as i64))),
+            (step.kv_idxs, cell_bytes(&pos)),
         ];
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
         let n = outputs.len();
@@ -1410,20 +1389,12 @@ impl Qwen35Session {
             outputs.push(st.top_prob);
         }
         let graph = self.ctx.build_forward(&outputs)?;
-        let kv = self.model.kv_size;
-        let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let mut inputs =
-            vec![(chain.token, i32b(&[last])), (chain.h, h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())];
+        let mut inputs = vec![(chain.token, i32_bytes(&[last])), (chain.h, f32_bytes(h))];
         for (i, st) in chain.steps.iter().enumerate() {
-            let p = start + i as i64;
-            let mut mask = Vec::with_capacity(kv as usize * 2);
-            for c in 0..kv {
-                let v = if c <= p { half::f16::ZERO } else { half::f16::NEG_INFINITY };
-                mask.extend(v.to_le_bytes());
-            }
-            inputs.push((st.pos, i32b(&[p as i32, p as i32, p as i32, 0])));
-            inputs.push((st.mask, mask));
-            inputs.push((st.kv_idxs, p.to_le_bytes().to_vec()));
+            let p = [(start + i as i64) as i32];
+            inputs.push((st.pos, i32_bytes(&imrope_positions(&p))));
+            inputs.push((st.mask, mask_bytes(self.model.kv_size, [p[0] as i64])));
+            inputs.push((st.kv_idxs, cell_bytes(&p)));
         }
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
         let k = chain.writes.len();
