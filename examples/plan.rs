@@ -226,54 +226,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
         );
     }
     if let Some(d) = &drafter {
-        // One draft: a block of B rows; then the injection of the verified rows.
-        ctx.truncate(base);
-        let b = d.build_block(&mut ctx, d.hp.block_size as i64)?;
-        let mut outs = b.writes.clone();
-        // v1 reads each row's greedy token; DFlash2 its selector's lattice.
-        outs.push(b.lattice.unwrap_or(b.argmax));
-        let g = ctx.build_forward(&outs)?;
-        let bplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
-        let kind = if d.hp.selector.is_some() { "dflash2" } else { "dflash" };
-        println!("\n{kind} drafter ({} layers, block {}): one block step", d.hp.n_layer, d.hp.block_size);
-        println!("{}", bplan.report(&ctx).trim_end());
-        // The logits [V, B] stay split by vocabulary: only per-row combines touch them.
-        let logits = ctx.tensor(b.logits)?.nelements();
-        let on_logits: u64 = bplan
-            .repartitions
-            .iter()
-            .filter(|r| ctx.tensor(r.tensor).map(|t| t.nelements() >= logits).unwrap_or(false))
-            .map(|r| r.traffic.total_bytes)
-            .sum();
-        let combines: u64 = bplan
-            .repartitions
-            .iter()
-            .filter(|r| r.traffic.kind == Collective::RowCombine)
-            .map(|r| r.traffic.total_bytes)
-            .sum();
-        if n > 1 {
-            println!(
-            "logits [{}, {}] ({} bytes F32) stay split by vocabulary: {on_logits} bytes of collectives move them; per-row combines (argmax/top_k) move {combines} bytes",
-            hp.n_vocab,
-            d.hp.block_size,
-            logits * 4
-        );
-        }
-        let bmem = bplan.memory(&ctx, &g)?;
-        ctx.truncate(base);
-        let inj = d.build_inject(&mut ctx, d.hp.block_size as i64)?;
-        let g = ctx.build_forward(&inj.writes)?;
-        let iplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
-        println!("injection of {} verified rows: {} bytes", d.hp.block_size, iplan.total_bytes());
-        println!("drafter memory per device:");
-        for (j, mem) in bmem.iter().enumerate() {
-            println!(
-                "  device {j}: weights {} (incl. the borrowed embedding/head counted with the target), KV cache {}, compute {:.1} MiB",
-                gib(mem.weights),
-                gib(mem.caches),
-                mem.compute as f64 / (1 << 20) as f64
-            );
-        }
+        plan_drafter(&mut ctx, base, d, &policy, n, hp.n_vocab)?;
     }
     Ok(())
 }
@@ -402,44 +355,70 @@ fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, dra
         mplan.total_bytes()
     );
     if let Some(d) = &drafter {
-        ctx.truncate(base);
-        let b = d.build_block(&mut ctx, d.hp.block_size as i64)?;
-        let mut outs = b.writes.clone();
-        outs.push(b.lattice.unwrap_or(b.argmax));
-        let g = ctx.build_forward(&outs)?;
-        let bplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
-        println!("\ndflash2 drafter ({} layers, block {}): one block step", d.hp.n_layer, d.hp.block_size);
-        println!("{}", bplan.report(&ctx).trim_end());
-        let logits = ctx.tensor(b.logits)?.nelements();
-        let on_logits: u64 = bplan
-            .repartitions
-            .iter()
-            .filter(|r| ctx.tensor(r.tensor).map(|t| t.nelements() >= logits).unwrap_or(false))
-            .map(|r| r.traffic.total_bytes)
-            .sum();
-        if n > 1 {
-            println!(
-                "logits [{}, {}] ({} bytes F32) stay split by vocabulary: {on_logits} bytes of collectives move them",
-                hp.n_vocab,
-                d.hp.block_size,
-                logits * 4
-            );
-        }
-        let bmem = bplan.memory(&ctx, &g)?;
-        ctx.truncate(base);
-        let inj = d.build_inject(&mut ctx, d.hp.block_size as i64)?;
-        let g = ctx.build_forward(&inj.writes)?;
-        let iplan = Planner::default().plan(&ctx, &g, &policy, &[])?;
-        println!("injection of {} verified rows: {} bytes", d.hp.block_size, iplan.total_bytes());
-        println!("drafter memory per device:");
-        for (j, mem) in bmem.iter().enumerate() {
-            println!(
-                "  device {j}: weights {} (incl. the borrowed embedding/head counted with the target), KV cache {}, compute {:.1} MiB",
-                gib(mem.weights),
-                gib(mem.caches),
-                mem.compute as f64 / (1 << 20) as f64
-            );
-        }
+        plan_drafter(&mut ctx, base, d, &policy, n, hp.n_vocab)?;
+    }
+    Ok(())
+}
+
+/// Plans one DFlash block step and one injection of a block's rows for the
+/// drafter `d` (tensors in `ctx` up to `base`), and prints their
+/// collectives, the bytes that touch the vocabulary-split logits, and the
+/// drafter's memory per device.
+fn plan_drafter(
+    ctx: &mut Context,
+    base: usize,
+    d: &Dflash,
+    policy: &shardgraph::split::SplitPolicy,
+    n: usize,
+    n_vocab: i64,
+) -> shardgraph::Result<()> {
+    // One draft: a block of B rows; then the injection of the verified rows.
+    ctx.truncate(base);
+    let b = d.build_block(ctx, d.hp.block_size as i64)?;
+    let mut outs = b.writes.clone();
+    // v1 reads each row's greedy token; DFlash2 its selector's lattice.
+    outs.push(b.lattice.unwrap_or(b.argmax));
+    let g = ctx.build_forward(&outs)?;
+    let bplan = Planner::default().plan(ctx, &g, policy, &[])?;
+    let kind = if d.hp.selector.is_some() { "dflash2" } else { "dflash" };
+    println!("\n{kind} drafter ({} layers, block {}): one block step", d.hp.n_layer, d.hp.block_size);
+    println!("{}", bplan.report(ctx).trim_end());
+    // The logits [V, B] stay split by vocabulary: only per-row combines touch them.
+    let logits = ctx.tensor(b.logits)?.nelements();
+    let on_logits: u64 = bplan
+        .repartitions
+        .iter()
+        .filter(|r| ctx.tensor(r.tensor).map(|t| t.nelements() >= logits).unwrap_or(false))
+        .map(|r| r.traffic.total_bytes)
+        .sum();
+    let combines: u64 = bplan
+        .repartitions
+        .iter()
+        .filter(|r| r.traffic.kind == Collective::RowCombine)
+        .map(|r| r.traffic.total_bytes)
+        .sum();
+    if n > 1 {
+        println!(
+        "logits [{}, {}] ({} bytes F32) stay split by vocabulary: {on_logits} bytes of collectives move them; per-row combines (argmax/top_k) move {combines} bytes",
+        n_vocab,
+        d.hp.block_size,
+        logits * 4
+    );
+    }
+    let bmem = bplan.memory(ctx, &g)?;
+    ctx.truncate(base);
+    let inj = d.build_inject(ctx, d.hp.block_size as i64)?;
+    let g = ctx.build_forward(&inj.writes)?;
+    let iplan = Planner::default().plan(ctx, &g, policy, &[])?;
+    println!("injection of {} verified rows: {} bytes", d.hp.block_size, iplan.total_bytes());
+    println!("drafter memory per device:");
+    for (j, mem) in bmem.iter().enumerate() {
+        println!(
+            "  device {j}: weights {} (incl. the borrowed embedding/head counted with the target), KV cache {}, compute {:.1} MiB",
+            gib(mem.weights),
+            gib(mem.caches),
+            mem.compute as f64 / (1 << 20) as f64
+        );
     }
     Ok(())
 }
