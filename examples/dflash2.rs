@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 #[path = "common/spec.rs"]
 mod spec;
-use spec::{bench, progress, Bench};
+use spec::{arg, bench, check_options, parsed, progress, Bench};
 
 /// The options this example takes (each followed by a value, except `--verify`).
 const OPTIONS: &[&str] = &[
@@ -57,44 +57,6 @@ const OPTIONS: &[&str] = &[
     "--model",
     "--model-draft",
 ];
-
-/// Exits with usage on `--help` or an unknown option.
-fn check_options(args: &[String]) {
-    let mut i = 1;
-    while i < args.len() {
-        let a = args[i].as_str();
-        if a == "--help" || a == "-h" {
-            println!(
-                "usage: dflash2 [--verify] {}",
-                OPTIONS.iter().map(|o| format!("[{o} V]")).collect::<Vec<_>>().join(" ")
-            );
-            println!("(see the doc comment of examples/dflash2.rs for what each does)");
-            std::process::exit(0);
-        }
-        if a == "--verify" {
-            i += 1;
-        } else if OPTIONS.contains(&a) && i + 1 < args.len() {
-            i += 2;
-        } else {
-            eprintln!("unknown option or missing value: {a} (try --help)");
-            std::process::exit(2);
-        }
-    }
-}
-
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
-
-fn parsed<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    match arg(args, name) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|_| {
-            eprintln!("{name} {v}: not a valid value");
-            std::process::exit(2)
-        }),
-    }
-}
 
 /// The example target: 24 layers, n_embd 1024, 16 heads / 8 KV heads of 64,
 /// n_ff 2816, vocabulary 8192.
@@ -164,42 +126,10 @@ fn main() {
 
 fn run() -> shardgraph::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    check_options(&args);
-    let mut n: usize = parsed(&args, "--devices", 2);
-    if n == 0 {
-        eprintln!("--devices must be at least 1");
-        std::process::exit(2);
-    }
-    let mode = arg(&args, "--split-mode").unwrap_or_else(|| "tensor".into());
-    let mut ratios: Vec<f32> = match arg(&args, "--tensor-split") {
-        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
-        None => vec![1.0; n],
-    };
-    if n == 0 || ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
-        eprintln!("--tensor-split needs {n} non-negative numbers (one per device), got {ratios:?}");
-        std::process::exit(2);
-    }
-    match mode.as_str() {
-        "tensor" => {}
-        "none" => {
-            // llama.cpp's --split-mode none: the whole model on the main device.
-            n = 1;
-            ratios = vec![1.0];
-        }
-        other => {
-            eprintln!("--split-mode {other}: use none or tensor");
-            std::process::exit(2);
-        }
-    }
-    let kv_type = match arg(&args, "--cache-type-k").as_deref() {
-        None | Some("f16") => GgmlType::F16,
-        Some("q8_0") => GgmlType::Q8_0,
-        Some("q4_0") => GgmlType::Q4_0,
-        Some(other) => {
-            eprintln!("--cache-type-k {other}: use f16, q8_0 or q4_0");
-            std::process::exit(2);
-        }
-    };
+    check_options(&args, "dflash2", OPTIONS);
+    let (ratios, mode) = spec::devices(&args, 2);
+    let n = ratios.len();
+    let kv_type = spec::cache_type(&args);
     let n_gen: usize = parsed(&args, "--n-predict", 96);
     let threads: usize = parsed(&args, "--threads", 1);
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);

@@ -21,10 +21,10 @@
 use shardgraph::models::mtp::MtpDrafter;
 use shardgraph::models::qwen35::Qwen35Session;
 use shardgraph::models::speculative::SpecParams;
-use shardgraph::GgmlType;
 
 #[path = "common/spec.rs"]
 mod spec;
+use spec::{arg, check_options, parsed};
 
 const OPTIONS: &[&str] = &[
     "--devices",
@@ -39,20 +39,6 @@ const OPTIONS: &[&str] = &[
     "--model",
 ];
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
-
-fn parsed<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    match arg(args, name) {
-        None => default,
-        Some(v) => v.parse().unwrap_or_else(|_| {
-            eprintln!("{name} {v}: not a valid value");
-            std::process::exit(2)
-        }),
-    }
-}
-
 fn main() {
     env_logger::init();
     if let Err(e) = run() {
@@ -63,58 +49,10 @@ fn main() {
 
 fn run() -> shardgraph::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--help" | "-h" => {
-                println!(
-                    "usage: mtp [--verify] {}",
-                    OPTIONS.iter().map(|o| format!("[{o} V]")).collect::<Vec<_>>().join(" ")
-                );
-                return Ok(());
-            }
-            "--verify" => i += 1,
-            a if OPTIONS.contains(&a) && i + 1 < args.len() => i += 2,
-            a => {
-                eprintln!("unknown option or missing value: {a} (try --help)");
-                std::process::exit(2);
-            }
-        }
-    }
-    let mut n: usize = parsed(&args, "--devices", 3);
-    let mut ratios: Vec<f32> = match arg(&args, "--tensor-split") {
-        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
-        None => vec![1.0; n],
-    };
-    if n == 0 {
-        eprintln!("--devices must be at least 1");
-        std::process::exit(2);
-    }
-    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
-        eprintln!("--tensor-split needs {n} non-negative numbers (one per device), got {ratios:?}");
-        std::process::exit(2);
-    }
-    let mode = arg(&args, "--split-mode").unwrap_or_else(|| "tensor".into());
-    match mode.as_str() {
-        "tensor" => {}
-        "none" => {
-            n = 1;
-            ratios = vec![1.0];
-        }
-        other => {
-            eprintln!("--split-mode {other}: use none or tensor");
-            std::process::exit(2);
-        }
-    }
-    let kv_type = match arg(&args, "--cache-type-k").as_deref() {
-        None | Some("f16") => GgmlType::F16,
-        Some("q8_0") => GgmlType::Q8_0,
-        Some("q4_0") => GgmlType::Q4_0,
-        Some(other) => {
-            eprintln!("--cache-type-k {other}: use f16, q8_0 or q4_0");
-            std::process::exit(2);
-        }
-    };
+    check_options(&args, "mtp", OPTIONS);
+    let (ratios, mode) = spec::devices(&args, 3);
+    let n = ratios.len();
+    let kv_type = spec::cache_type(&args);
     let n_gen: usize = parsed(&args, "--n-predict", 96);
     let threads: usize = parsed(&args, "--threads", 1);
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);

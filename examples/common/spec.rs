@@ -12,6 +12,86 @@ use shardgraph::GgmlType;
 use std::path::Path;
 use std::time::Instant;
 
+/// The value after option `name`, if given.
+pub fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+/// Option `name` parsed, or `default`; exits with a message on a bad value.
+pub fn parsed<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
+    match arg(args, name) {
+        None => default,
+        Some(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("{name} {v}: not a valid value");
+            std::process::exit(2)
+        }),
+    }
+}
+
+/// Prints usage for `--help` (and exits), or exits on an unknown option or
+/// a missing value; `options` take a value, `--verify` does not.
+pub fn check_options(args: &[String], example: &str, options: &[&str]) {
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--help" | "-h" => {
+                let usage: Vec<String> = options.iter().map(|o| format!("[{o} V]")).collect();
+                println!("usage: {example} [--verify] {}", usage.join(" "));
+                println!("(see the doc comment of examples/{example}.rs for what each does)");
+                std::process::exit(0);
+            }
+            "--verify" => i += 1,
+            a if options.contains(&a) && i + 1 < args.len() => i += 2,
+            a => {
+                eprintln!("unknown option or missing value: {a} (try --help)");
+                std::process::exit(2);
+            }
+        }
+    }
+}
+
+/// `--devices`, `--tensor-split` and `--split-mode` (llama.cpp's: `none` is
+/// one device): the tensor-split ratios, one per device, and the mode.
+/// Exits with a message on bad values.
+pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
+    let n: usize = parsed(args, "--devices", default_n);
+    if n == 0 {
+        eprintln!("--devices must be at least 1");
+        std::process::exit(2);
+    }
+    let ratios: Vec<f32> = match arg(args, "--tensor-split") {
+        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
+        None => vec![1.0; n],
+    };
+    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
+        eprintln!("--tensor-split needs {n} non-negative numbers (one per device), got {ratios:?}");
+        std::process::exit(2);
+    }
+    let mode = arg(args, "--split-mode").unwrap_or_else(|| "tensor".into());
+    match mode.as_str() {
+        "tensor" => (ratios, mode),
+        // The whole model on the main device.
+        "none" => (vec![1.0], mode),
+        other => {
+            eprintln!("--split-mode {other}: use none or tensor");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// `--cache-type-k f16|q8_0|q4_0` (default f16); exits on another value.
+pub fn cache_type(args: &[String]) -> GgmlType {
+    match arg(args, "--cache-type-k").as_deref() {
+        None | Some("f16") => GgmlType::F16,
+        Some("q8_0") => GgmlType::Q8_0,
+        Some("q4_0") => GgmlType::Q4_0,
+        Some(other) => {
+            eprintln!("--cache-type-k {other}: use f16, q8_0 or q4_0");
+            std::process::exit(2);
+        }
+    }
+}
+
 /// Proposes nothing: plain greedy decoding through the same loop.
 pub struct NoDraft;
 
