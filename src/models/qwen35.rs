@@ -1093,11 +1093,12 @@ impl Qwen35Session {
             runner.place(&ctx, id)?;
         }
         let report = crate::gguf::load_into_split_store(&file, &ctx, &mut runner.store)?;
+        let loaded: std::collections::HashSet<&str> = report.loaded.iter().map(|(l, _)| l.as_str()).collect();
         let missing: Vec<String> = ctx
             .ids()
             .take(model.base_len)
             .map(|id| ctx.t(id).name.clone())
-            .filter(|n| !n.starts_with("cache_") && !report.loaded.iter().any(|(l, _)| l == n))
+            .filter(|n| !n.starts_with("cache_") && !loaded.contains(n.as_str()))
             .collect();
         if !missing.is_empty() {
             let nextn = missing.iter().any(|n| n.starts_with(&format!("blk.{}.", model.hp.n_layer)));
