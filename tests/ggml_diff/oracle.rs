@@ -164,7 +164,12 @@ impl GgmlCtx<'_> {
         unsafe {
             let d: unsafe extern "C" fn(P) -> *mut c_void = self.g.sym("ggml_get_data");
             let n: unsafe extern "C" fn(P) -> usize = self.g.sym("ggml_nbytes");
-            std::slice::from_raw_parts_mut(d(t) as *mut u8, n(t))
+            let (ptr, len) = (d(t) as *mut u8, n(t));
+            // An empty tensor may have no data pointer; a slice needs a non-null one.
+            if ptr.is_null() || len == 0 {
+                return &mut [];
+            }
+            std::slice::from_raw_parts_mut(ptr, len)
         }
     }
 
