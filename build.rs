@@ -1,14 +1,17 @@
 //! Lists the CUDA kernel sources (`kernels-cuda/*.cu`) for the `cuda`
 //! feature, so every file in the folder is embedded and compile-checked
-//! without a hand-kept list.
+//! without a hand-kept list. With the `cuda-emu` feature it also compiles
+//! every file as host C++ (with `kernels-cuda/emu/sg_emu.h` in front) into
+//! the CUDA emulator, with a table of its kernels by name.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels-cuda");
     println!("cargo:rerun-if-changed=build.rs");
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    let dir = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("kernels-cuda");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("kernels-cuda");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "cu")).collect()
@@ -23,4 +26,85 @@ fn main() {
         writeln!(f, "    ({name:?}, include_str!({:?})),", p.display().to_string()).expect("write");
     }
     writeln!(f, "]").expect("write");
+    #[cfg(feature = "cuda-emu")]
+    emulator(&out, &dir, &files);
+}
+
+/// Kernel names in a preprocessed kernel file: `extern "C" void sg_…(`.
+#[cfg_attr(not(feature = "cuda-emu"), allow(dead_code))]
+fn kernel_names(expanded: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expanded;
+    while let Some(i) = rest.find("extern \"C\"") {
+        rest = &rest[i + 10..];
+        let head = rest.trim_start();
+        let Some(after) = head.strip_prefix("void") else { continue };
+        let after = after.trim_start();
+        let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if name.starts_with("sg_") && after[name.len()..].trim_start().starts_with('(') && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+#[cfg(feature = "cuda-emu")]
+fn emulator(out: &Path, dir: &Path, files: &[PathBuf]) {
+    let header = dir.join("emu").join("sg_emu.h");
+    let runtime = dir.join("emu").join("runtime.cpp");
+    println!("cargo:rerun-if-changed={}", header.display());
+    println!("cargo:rerun-if-changed={}", runtime.display());
+    let base = || {
+        let mut b = cc::Build::new();
+        b.cpp(true)
+            .std("c++17")
+            .opt_level(2)
+            .warnings(false)
+            // Kernels pun through byte pointers and rely on unfused IEEE operations.
+            .flag("-fno-strict-aliasing")
+            .flag("-ffp-contract=off")
+            .flag("-fno-fast-math");
+        b
+    };
+    let mut build = base();
+    let mut families = Vec::new();
+    for p in files {
+        let fam = p.file_stem().and_then(|s| s.to_str()).expect("file name").to_string();
+        let probe = out.join(format!("emu_probe_{fam}.cpp"));
+        std::fs::write(&probe, format!("#include {:?}\n#include {:?}\n", header.display().to_string(), p.display().to_string()))
+            .expect("write probe");
+        let expanded = base().file(&probe).expand();
+        let names = kernel_names(&String::from_utf8_lossy(&expanded));
+        assert!(!names.is_empty(), "no kernels found in {}", p.display());
+        let src = std::fs::read_to_string(p).expect("read kernel file");
+        let cooperative = (src.contains("__syncthreads") || src.contains("__shfl")) as i32;
+        let mut tu = format!(
+            "#include {:?}\nnamespace sg_emu_k_{fam} {{\n#include {:?}\nconst sg_emu_entry table[] = {{\n",
+            header.display().to_string(),
+            p.display().to_string()
+        );
+        for n in &names {
+            tu += &format!("    {{\"{n}\", [](void **a) {{ sg_emu_call({n}, a); }}, {cooperative}}},\n");
+        }
+        tu += &format!(
+            "}};\n}}\nextern \"C\" const sg_emu_entry *sg_emu_table_{fam}(std::size_t *n) {{\n    *n = {};\n    return sg_emu_k_{fam}::table;\n}}\n",
+            names.len()
+        );
+        let tu_path = out.join(format!("emu_{fam}.cpp"));
+        std::fs::write(&tu_path, tu).expect("write emulator unit");
+        build.file(&tu_path);
+        families.push(fam);
+    }
+    let mut reg = format!("#include {:?}\n#include <vector>\n", header.display().to_string());
+    for fam in &families {
+        reg += &format!("extern \"C\" const sg_emu_entry *sg_emu_table_{fam}(std::size_t *n);\n");
+    }
+    reg += "extern \"C\" const sg_emu_entry *sg_emu_entries(std::size_t *n) {\n    static std::vector<sg_emu_entry> all = [] {\n        std::vector<sg_emu_entry> v;\n        std::size_t k = 0;\n";
+    for fam in &families {
+        reg += &format!("        {{ const sg_emu_entry *t = sg_emu_table_{fam}(&k); v.insert(v.end(), t, t + k); }}\n");
+    }
+    reg += "        return v;\n    }();\n    *n = all.size();\n    return all.data();\n}\n";
+    let reg_path = out.join("emu_registry.cpp");
+    std::fs::write(&reg_path, reg).expect("write registry");
+    build.file(&reg_path).file(&runtime).compile("sg_cuda_emu");
 }

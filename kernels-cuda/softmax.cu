@@ -59,7 +59,11 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float sg_h2f(unsigned short h) {
     float f;
+#ifdef SG_CUDA_EMU
+    f = sg_emu_h2f(h);
+#else
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+#endif
     return f;
 }
 

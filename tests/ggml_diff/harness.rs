@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use super::oracle::{ggml_layout, Ggml, P};
-use shardgraph::backend::cpu::CpuBackend;
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::tensor::quant;
 use shardgraph::{Backend, Context, GgmlType, Result, Tensor, TensorId, TensorStorage};
@@ -211,9 +210,10 @@ pub enum Outcome {
     Fail(String),
 }
 
-/// Runs `case` in both libraries and compares.
-pub fn run_case(g: &Ggml, case: &Case, backend: &CpuBackend) -> Outcome {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case_inner(g, case, backend))) {
+/// Runs `case` in both libraries (ours on `backend`, ggml's CPU with
+/// `threads` threads) and compares.
+pub fn run_case(g: &Ggml, case: &Case, backend: &dyn Backend, threads: i32) -> Outcome {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case_inner(g, case, backend, threads))) {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => Outcome::Fail(format!("error: {e}")),
         Err(p) => Outcome::Fail(format!(
@@ -226,7 +226,7 @@ pub fn run_case(g: &Ggml, case: &Case, backend: &CpuBackend) -> Outcome {
     }
 }
 
-fn run_case_inner(g: &Ggml, case: &Case, backend: &CpuBackend) -> Result<Outcome> {
+fn run_case_inner(g: &Ggml, case: &Case, backend: &dyn Backend, threads: i32) -> Result<Outcome> {
     let mut ctx = Context::new();
     let built = (case.build)(&mut ctx)?;
     let graph = ctx.build_forward(&built.outputs)?;
@@ -270,7 +270,7 @@ fn run_case_inner(g: &Ggml, case: &Case, backend: &CpuBackend) -> Result<Outcome
         map[n.index()] = gt;
     }
     let gouts: Vec<P> = built.outputs.iter().map(|o| map[o.index()]).collect();
-    gc.compute(&gouts, backend.n_threads() as i32);
+    gc.compute(&gouts, threads);
 
     let mut worst = 0.0f64;
     for (i, &o) in built.outputs.iter().enumerate() {

@@ -63,7 +63,7 @@ fn ggml_diff() {
     let verbose = std::env::var("GGML_DIFF_VERBOSE").is_ok();
     let mut failures = 0;
     for c in &cases {
-        match run_case(g, c, &backend) {
+        match run_case(g, c, &backend, backend.n_threads() as i32) {
             Outcome::Pass(e) => {
                 if verbose {
                     println!("  ok   {}({}) nmse={e:.2e}", c.op, c.vars);
@@ -77,4 +77,78 @@ fn ggml_diff() {
     }
     println!("ggml_diff: {} ops, {} cases, {} failures, 0 skipped", ops.len(), cases.len(), failures);
     assert_eq!(failures, 0, "{failures} differential cases failed");
+}
+
+/// The same cases on the CUDA backend: a GPU when the driver sees one, else
+/// the emulated GPU (`cuda-emu` feature), else skipped with a message. Ends
+/// with `cuda_diff: <cases> cases, <failures> failures, <n> cases with host
+/// nodes` and lists the ops that ran on the host (no kernel for their types).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_diff() {
+    use shardgraph::backend::cuda::CudaBackend;
+    use shardgraph::Backend;
+    use std::collections::BTreeMap;
+    let filter = std::env::var("GGML_DIFF_FILTER").unwrap_or_default();
+    let cases: Vec<Case> = all_cases()
+        .into_iter()
+        .filter(|c| filter.is_empty() || format!("{}:{}", c.op, c.vars).contains(&filter))
+        .collect();
+    let g = match oracle::Ggml::get() {
+        Ok(g) => g,
+        Err(why) => {
+            println!("cuda_diff: SKIPPED: ggml oracle not available: {why}");
+            assert!(std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(), "SHARDGRAPH_REQUIRE_GGML is set but the oracle is missing");
+            return;
+        }
+    };
+    let backend = match CudaBackend::new(0) {
+        Ok(b) => b,
+        #[cfg(feature = "cuda-emu")]
+        Err(why) => {
+            println!("cuda_diff: no GPU ({why}); using the emulated GPU");
+            CudaBackend::emulated(8 << 30)
+        }
+        #[cfg(not(feature = "cuda-emu"))]
+        Err(why) => {
+            println!("cuda_diff: SKIPPED: no GPU ({why}) and no `cuda-emu` feature");
+            return;
+        }
+    };
+    let verbose = std::env::var("GGML_DIFF_VERBOSE").is_ok();
+    let (mut failures, mut with_host) = (0, 0);
+    let mut host_ops: BTreeMap<String, u64> = BTreeMap::new();
+    for c in &cases {
+        let before = backend.stats().host_nodes;
+        let outcome = run_case(g, c, &backend, 2);
+        let after = backend.stats().host_nodes;
+        let on_host: Vec<String> =
+            after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
+        if !on_host.is_empty() {
+            with_host += 1;
+            for op in &on_host {
+                *host_ops.entry(op.clone()).or_default() += 1;
+            }
+        }
+        match outcome {
+            Outcome::Pass(e) => {
+                if verbose {
+                    println!("  ok   {}({}) nmse={e:.2e}{}", c.op, c.vars, if on_host.is_empty() { "" } else { " [host]" });
+                }
+            }
+            Outcome::Fail(why) => {
+                failures += 1;
+                println!("  FAIL {}({}): {why}", c.op, c.vars);
+            }
+        }
+    }
+    let s = backend.stats();
+    println!("cuda_diff: host nodes per op (cases): {host_ops:?}");
+    println!(
+        "cuda_diff: {} cases, {failures} failures, {with_host} cases with host nodes ({} kernel launches, {} device nodes)",
+        cases.len(),
+        s.launches,
+        s.device_nodes
+    );
+    assert_eq!(failures, 0, "{failures} differential cases failed on {}", backend.name());
 }

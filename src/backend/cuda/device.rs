@@ -61,14 +61,7 @@ pub fn load_all_kernels(ordinal: usize) -> Result<usize> {
     let minor = ctx
         .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
         .map_err(|e| bad(format!("compute capability: {e:?}")))?;
-    let arch: &'static str = match (major, minor) {
-        (9, _) => "sm_90",
-        (8, 9) => "sm_89",
-        (8, 6) => "sm_86",
-        (8, _) => "sm_80",
-        (m, _) if m >= 10 => "sm_90",
-        _ => "sm_75",
-    };
+    let arch = arch_name(major, minor);
     let mut n = 0;
     for &(name, src) in super::nvrtc::KERNEL_SOURCES {
         let ptx = super::nvrtc::compile(name, src, arch)?;
@@ -82,4 +75,17 @@ pub fn load_all_kernels(ordinal: usize) -> Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// The NVRTC architecture kernels are compiled for on a device of compute
+/// capability `major.minor` (newer devices run sm_90 PTX by JIT).
+pub(crate) fn arch_name(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (9, _) => "sm_90",
+        (8, 9) => "sm_89",
+        (8, 6) => "sm_86",
+        (8, _) => "sm_80",
+        (m, _) if m >= 10 => "sm_90",
+        _ => "sm_75",
+    }
 }

@@ -1,0 +1,141 @@
+//! The emulated GPU (cargo feature `cuda-emu`): device memory is host
+//! memory, and a launch runs the kernel compiled from the same
+//! `kernels-cuda/*.cu` source as host C++ (`kernels-cuda/emu/`), block after
+//! block, a block's threads as cooperative fibers so barriers and warp
+//! shuffles keep CUDA's meaning. It tests the CUDA backend's host side and
+//! kernels without a GPU; it is slow and never the default.
+
+use super::api::{DevPtr, Gpu, GpuInfo, KArg};
+use crate::error::{Error, Result};
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CString};
+use std::sync::Mutex;
+
+extern "C" {
+    fn sg_emu_launch(
+        name: *const c_char,
+        grid: *const u32,
+        block: *const u32,
+        args: *mut *mut c_void,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> i32;
+    fn sg_emu_kernel_count() -> usize;
+}
+
+/// Number of kernels compiled into the emulator.
+pub fn kernel_count() -> usize {
+    // SAFETY: reads a static table; no preconditions.
+    unsafe { sg_emu_kernel_count() }
+}
+
+/// An emulated GPU with a memory limit.
+#[derive(Debug)]
+pub(crate) struct EmuGpu {
+    memory: usize,
+    multiprocessors: u32,
+    /// Live allocations: address → layout.
+    live: Mutex<HashMap<DevPtr, Layout>>,
+}
+
+impl EmuGpu {
+    /// A device with `memory` bytes and `multiprocessors` SMs (which only
+    /// size launch grids).
+    pub(crate) fn new(memory: usize, multiprocessors: u32) -> Self {
+        EmuGpu { memory, multiprocessors: multiprocessors.max(1), live: Mutex::new(HashMap::new()) }
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<DevPtr, Layout>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for EmuGpu {
+    fn drop(&mut self) {
+        for (p, layout) in self.live().drain() {
+            // SAFETY: every entry was allocated in `alloc` with this layout.
+            unsafe { std::alloc::dealloc(p as *mut u8, layout) }
+        }
+    }
+}
+
+impl Gpu for EmuGpu {
+    fn info(&self) -> GpuInfo {
+        GpuInfo {
+            name: "emulated GPU (kernels as host C++)".into(),
+            memory_total: self.memory,
+            multiprocessors: self.multiprocessors,
+        }
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevPtr> {
+        let mut live = self.live();
+        let used: usize = live.values().map(|l| l.size()).sum();
+        if bytes > self.memory.saturating_sub(used) {
+            return Err(Error::Alloc {
+                detail: format!(
+                    "out of device memory: {bytes} bytes requested, {} of {} in use",
+                    used, self.memory
+                ),
+            });
+        }
+        let layout = Layout::from_size_align(bytes.max(1), 256)
+            .map_err(|e| Error::Alloc { detail: format!("{bytes} bytes: {e}") })?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(Error::Alloc { detail: format!("out of host memory for {bytes} emulated device bytes") });
+        }
+        live.insert(p as DevPtr, layout);
+        Ok(p as DevPtr)
+    }
+
+    unsafe fn free(&self, ptr: DevPtr) {
+        if let Some(layout) = self.live().remove(&ptr) {
+            // SAFETY: allocated in `alloc` with this layout (the caller does not use it again).
+            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) }
+        }
+    }
+
+    unsafe fn write(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        // SAFETY: the caller guarantees the range is inside a live allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    unsafe fn read(&self, src: DevPtr, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    unsafe fn memset(&self, dst: DevPtr, value: u8, n: usize) -> Result<()> {
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, n) };
+        Ok(())
+    }
+
+    unsafe fn launch(&self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: &[KArg]) -> Result<()> {
+        let name = CString::new(kernel).map_err(|_| Error::Cuda { detail: format!("bad kernel name {kernel:?}") })?;
+        let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
+        let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let mut err = [0 as c_char; 512];
+        // SAFETY: `name` is NUL-terminated; grid/block are 3 values each; each
+        // `ptrs[i]` points at an 8-byte slot that outlives the call; the
+        // kernel's memory accesses are the caller's guarantee.
+        let rc = unsafe {
+            sg_emu_launch(name.as_ptr(), grid.as_ptr(), block.as_ptr(), ptrs.as_mut_ptr(), err.as_mut_ptr(), err.len())
+        };
+        if rc != 0 {
+            // SAFETY: the runtime NUL-terminates the message within `err`.
+            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+            return Err(Error::Cuda { detail: format!("launch of {kernel}: {msg}") });
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
