@@ -7,10 +7,11 @@ use crate::graph::{Context, Graph};
 use crate::split::{LeafInfo, LinkModel, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore};
 use crate::tensor::TensorId;
 
-/// N CPU devices with a split policy, a plan cache and device-resident storage.
+/// N devices (CPU instances unless [`Runner::set_backends`] says otherwise)
+/// with a split policy, a plan cache and device-resident storage.
 #[derive(Debug)]
 pub struct Runner {
-    /// The executor (one CPU backend per device).
+    /// The executor (one backend per device).
     pub exec: MetaExecutor,
     /// Plans, cached by graph structure and leaf states.
     pub planner: Planner,
@@ -40,6 +41,23 @@ impl Runner {
             bytes_moved: 0,
             runs: 0,
         })
+    }
+
+    /// Runs on `devices` from now on (CUDA devices, virtual devices on one
+    /// GPU, CPU instances), one per rank of the policy. Weights already
+    /// placed stay in the store and are copied to the new devices at their
+    /// first use.
+    ///
+    /// # Errors
+    /// [`crate::Error::Split`] if the number of devices is not the policy's.
+    pub fn set_backends(&mut self, devices: Vec<std::sync::Arc<dyn crate::backend::Backend>>) -> Result<()> {
+        if devices.len() != self.policy.n_devices() {
+            return Err(crate::Error::Split {
+                detail: format!("{} devices for a policy over {}", devices.len(), self.policy.n_devices()),
+            });
+        }
+        self.exec = MetaExecutor::with_backends(devices)?;
+        Ok(())
     }
 
     /// Number of devices.

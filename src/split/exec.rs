@@ -1,5 +1,6 @@
-//! The executor of lowered plans on N CPU devices (N separate CPU backend
-//! instances). Every device runs on its own thread and walks the same
+//! The executor of lowered plans on N devices: N separate backend instances
+//! (CPU instances by default; CUDA devices, or virtual devices on one GPU,
+//! through [`MetaExecutor::with_backends`]). Every device runs on its own thread and walks the same
 //! [`Step`] list: a `Compute` step builds and runs one local graph over the
 //! device's parts (its subgraph), collectives go through a [`Comm`] (the
 //! generic [`HostComm`] by default), and distributed per-row ops exchange a
@@ -25,10 +26,9 @@ use crate::tensor::{contiguous_strides, GgmlType, Tensor, TensorId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// N CPU devices that execute plans.
-#[derive(Debug)]
+/// N devices that execute plans.
 pub struct MetaExecutor {
-    devices: Vec<CpuBackend>,
+    devices: Vec<Arc<dyn Backend>>,
     /// Per device: leaf parts kept in device buffers between runs (weights),
     /// keyed by tensor and state, valid for one stored version.
     resident: Vec<std::sync::Mutex<Resident>>,
@@ -53,6 +53,13 @@ pub struct RunReport {
     pub subgraphs: usize,
 }
 
+impl std::fmt::Debug for MetaExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.devices.iter().map(|d| d.device().name).collect();
+        f.debug_struct("MetaExecutor").field("devices", &names).finish()
+    }
+}
+
 impl MetaExecutor {
     /// `n` CPU devices with `threads` worker threads each.
     ///
@@ -68,10 +75,34 @@ impl MetaExecutor {
             });
         }
         let devices = (0..n)
-            .map(|_| CpuBackend::new(CpuConfig { n_threads: threads, ..CpuConfig::default() }))
+            .map(|_| {
+                CpuBackend::new(CpuConfig { n_threads: threads, ..CpuConfig::default() })
+                    .map(|b| Arc::new(b) as Arc<dyn Backend>)
+            })
             .collect::<Result<_>>()?;
+        Self::with_backends(devices)
+    }
+
+    /// An executor over the given devices, one per rank, in plan order
+    /// (device `j` runs rank `j`'s part): CUDA devices, virtual devices on
+    /// one GPU, CPU instances, or a mix. Leaf parts stay resident in each
+    /// device's buffers between runs; activations between steps go through
+    /// host memory and the [`Comm`].
+    ///
+    /// # Errors
+    /// [`Error::Split`] for no devices or more than 64.
+    pub fn with_backends(devices: Vec<Arc<dyn Backend>>) -> Result<Self> {
+        let n = devices.len();
+        if n == 0 || n > 64 {
+            return Err(Error::Split { detail: format!("{n} devices: need 1..=64") });
+        }
         let resident = (0..n).map(|_| std::sync::Mutex::new(HashMap::new())).collect();
         Ok(MetaExecutor { devices, resident })
+    }
+
+    /// The devices, in rank order.
+    pub fn devices(&self) -> &[Arc<dyn Backend>] {
+        &self.devices
     }
 
     /// Number of devices.
@@ -193,7 +224,7 @@ impl MetaExecutor {
                             n,
                             ctx,
                             plan,
-                            backend: dev,
+                            backend: &**dev,
                             comm,
                             data: HashMap::new(),
                             unplanned: 0,
@@ -328,7 +359,7 @@ struct Device<'a> {
     n: usize,
     ctx: &'a Context,
     plan: &'a Plan,
-    backend: &'a CpuBackend,
+    backend: &'a dyn Backend,
     comm: &'a dyn Comm,
     /// Per tensor: the states it is available in, the first being current.
     data: HashMap<usize, Vec<Held>>,
