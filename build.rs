@@ -5,7 +5,9 @@
 //! the CUDA emulator, with a table of its kernels by name.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+#[cfg(feature = "cuda-emu")]
+use std::path::Path;
+use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels-cuda");

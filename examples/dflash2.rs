@@ -23,6 +23,9 @@
 //! Options (llama.cpp's names where it has one):
 //! `--target qwen3|qwen35` (default qwen3), `--devices N` (default 2), `--tensor-split r0,r1,..` (default equal),
 //! `--split-mode none|tensor` (default tensor; `none` runs on one device),
+//! `--device CPU|CUDA<i>|EMU,..` (one name per device, default CPU; naming a
+//! GPU k times gives k virtual devices on it; needs `--features cuda`, EMU
+//! `--features cuda-emu`; `--verify` then compares with a one-device CPU run),
 //! `--spec-draft-n-max` (default: the drafter's block size − 1),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
 //! `--cache-type-k f16|q8_0|q4_0` (KV caches of both models, default f16),
@@ -46,6 +49,7 @@ use spec::{arg, bench, check_options, parsed, progress, Bench};
 const OPTIONS: &[&str] = &[
     "--target",
     "--devices",
+    "--device",
     "--tensor-split",
     "--split-mode",
     "--spec-draft-n-max",
@@ -201,19 +205,34 @@ fn run() -> shardgraph::Result<()> {
         params: SpecParams { n_max, n_min },
         verify,
         label: "dflash2",
+        accelerated: spec::backends(&args, n)?.is_some(),
     };
     describe(&target, &draft_path);
     if target_kind == "qwen3" {
         bench::<Qwen3Session>(
             &b,
-            &|r| Qwen3Session::from_gguf(&target, r, threads, kv_type, kv_size),
+            &|r| {
+                let mut s = Qwen3Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
+                if let Some(d) = spec::backends(&args, r.len())? {
+                    s.runner.set_backends(d)?;
+                }
+                Ok(s)
+            },
+            &|| Qwen3Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),
             &|s| Ok(Box::new(DflashDrafter::attach_gguf(s, &draft_path, kv_type, p_min)?)),
             &|s| s.runner.bytes_moved,
         )?;
     } else {
         bench::<Qwen35Session>(
             &b,
-            &|r| Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size),
+            &|r| {
+                let mut s = Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
+                if let Some(d) = spec::backends(&args, r.len())? {
+                    s.runner.set_backends(d)?;
+                }
+                Ok(s)
+            },
+            &|| Qwen35Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),
             &|s| Ok(Box::new(DflashDrafter::attach_gguf(s, &draft_path, kv_type, p_min)?)),
             &|s| s.runner.bytes_moved,
         )?;

@@ -13,7 +13,8 @@
 //! (`verify: identical`).
 //!
 //! Options: `--devices N` (default 3), `--tensor-split r0,r1,..` (default
-//! equal), `--split-mode none|tensor`, `--spec-draft-n-max` (default 3),
+//! equal), `--split-mode none|tensor`, `--device CPU|CUDA<i>|EMU,..` (as in
+//! the dflash2 example), `--spec-draft-n-max` (default 3),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
 //! `--cache-type-k f16|q8_0|q4_0`, `--n-predict` (default 96), `--threads`,
 //! `--model PATH`, `--verify`.
@@ -28,6 +29,7 @@ use spec::{arg, check_options, parsed};
 
 const OPTIONS: &[&str] = &[
     "--devices",
+    "--device",
     "--tensor-split",
     "--split-mode",
     "--spec-draft-n-max",
@@ -89,10 +91,18 @@ fn run() -> shardgraph::Result<()> {
         if mode == "none" { " (one device; --devices and --tensor-split ignored)" } else { "" },
         prompt.len()
     );
-    let b = spec::Bench { ratios, prompt, n_gen, params: SpecParams { n_max, n_min }, verify, label: "mtp" };
+    let accelerated = spec::backends(&args, n)?.is_some();
+    let b = spec::Bench { ratios, prompt, n_gen, params: SpecParams { n_max, n_min }, verify, label: "mtp", accelerated };
     spec::bench::<Qwen35Session>(
         &b,
-        &|r| Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size),
+        &|r| {
+            let mut s = Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
+            if let Some(d) = spec::backends(&args, r.len())? {
+                s.runner.set_backends(d)?;
+            }
+            Ok(s)
+        },
+        &|| Qwen35Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),
         &|s| Ok(Box::new(MtpDrafter::new(s, p_min)?)),
         &|s| s.runner.bytes_moved,
     )

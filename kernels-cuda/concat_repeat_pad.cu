@@ -41,13 +41,14 @@
 //    i64 nb00, nb01, nb02, nb03,      // src strides (bytes)
 //    i64 nb0, nb1, nb2, nb3)          // dst strides (bytes)
 //
-// pad (ggml_pad, ggml_pad_ext, ggml_pad_ext_circular), F32:
+// pad (ggml_pad, ggml_pad_ext, ggml_pad_ext_circular):
 //   dst ne_k = ne0k + lp_k + rp_k. Zero padding (circular == 0):
 //   dst[i] = src[i - lp] when lp_k <= i_k < ne_k - rp_k for every k, else 0.
 //   Circular padding (circular != 0): dst[i] = src[(i_k - lp_k) mod ne0k]
 //   per dim (a true modulo, equal to ggml's (i_k - lp_k + ne0k) % ne0k
 //   wherever that is in range; ggml requires lp_k <= ne0k there).
-//   sg_pad_f32
+//   Padding elements are all-zero bits (0.0 for F32/F16/BF16).
+//   sg_pad_f32, sg_pad_f16
 //   (const char *src, char *dst,
 //    i64 ne0, ne1, ne2, ne3,          // dst shape
 //    i64 ne00, ne01, ne02, ne03,      // src shape
@@ -148,7 +149,8 @@ static __device__ __forceinline__ i64 pad_src(i64 i, i64 n, i64 ns, int lp, int 
     return (i >= lp && i < n - rp) ? i - lp : -1;
 }
 
-extern "C" __global__ void sg_pad_f32(
+template <typename T>
+static __device__ __forceinline__ void pad_impl(
         const char *src, char *dst,
         i64 ne0, i64 ne1, i64 ne2, i64 ne3,
         i64 ne00, i64 ne01, i64 ne02, i64 ne03,
@@ -169,9 +171,26 @@ extern "C" __global__ void sg_pad_f32(
         char *d = dst + i1 * nb1 + i2 * nb2 + i3 * nb3;
         for (i64 i0 = (i64) blockIdx.x * blockDim.x + threadIdx.x; i0 < ne0; i0 += (i64) gridDim.x * blockDim.x) {
             const i64 s0 = pad_src(i0, ne0, ne00, lp0, rp0, circular);
-            float v = 0.0f;
-            if (row_ok && s0 >= 0) v = *(const float *) (s + s0 * nb00);
-            *(float *) (d + i0 * nb0) = v;
+            T v = 0;   // all-zero bits: 0.0 for F32/F16/BF16, 0 for integers
+            if (row_ok && s0 >= 0) v = *(const T *) (s + s0 * nb00);
+            *(T *) (d + i0 * nb0) = v;
         }
     }
 }
+
+#define SG_PAD(NAME, T)                                                                  \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src, char *dst,                                                  \
+            i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
+            i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3,                                          \
+            int lp0, int rp0, int lp1, int rp1, int lp2, int rp2, int lp3, int rp3,      \
+            int circular) {                                                              \
+        pad_impl<T>(src, dst, ne0, ne1, ne2, ne3, ne00, ne01, ne02, ne03,                \
+                    nb00, nb01, nb02, nb03, nb0, nb1, nb2, nb3,                          \
+                    lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, circular);                   \
+    }
+
+SG_PAD(sg_pad_f32, unsigned int)
+SG_PAD(sg_pad_f16, unsigned short)

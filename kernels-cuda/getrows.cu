@@ -9,20 +9,30 @@
 //
 // Block layouts (bytes; blocks are only 2-byte aligned, read byte-wise):
 //   Q8_0  34 B / 32 values: f16 d, int8 qs[32];            x = d*q
+//   Q4_1  20 B / 32 values: f16 d, f16 m, u8 qs[16];  x[j] = d*(qs[j] & 15) + m,
+//                                              x[j+16] = d*(qs[j] >> 4) + m
 //   Q4_0  18 B / 32 values: f16 d, u8 qs[16];  x[j] = d*((qs[j] & 15) - 8),
 //                                              x[j+16] = d*((qs[j] >> 4) - 8)
+//   Q5_0  22 B / 32 values: f16 d, u8 qh[4], u8 qs[16]; as Q4_0 with a fifth bit
+//        (bit j of the little-endian u32 qh for value j), x = d*(q - 16)
+//   Q5_1  24 B / 32 values: f16 d, f16 m, u8 qh[4], u8 qs[16]; x = d*q + m
+//   Q2_K  84 B / 256 values: u8 scales[16], u8 qs[64], f16 d, f16 dmin
+//   Q3_K 110 B / 256 values: u8 hmask[32], u8 qs[64], u8 scales[12], f16 d
 //   Q4_K 144 B / 256 values: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
 //   Q5_K 176 B / 256 values: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]
 //   Q6_K 210 B / 256 values: u8 ql[128], u8 qh[64], int8 scales[16], f16 d
 //
 // get_rows (ggml_get_rows): dst[:, i10, i11, i12] =
-//   to_f32(src0[:, idx[i10, i11, i12], i11, i12]), dst F32 [ne00, ne10, ne11, ne12].
-//   sg_get_rows_f32, sg_get_rows_f16, sg_get_rows_q8_0, sg_get_rows_q4_0,
-//   sg_get_rows_q4_K, sg_get_rows_q5_K, sg_get_rows_q6_K
+//   to_f32(src0[:, idx[i10, i11, i12], i11, i12]), dst F32 [ne00, ne10, ne11, ne12]
+//   (for an I32 table dst is I32 and the rows are copied).
+//   sg_get_rows_f32, sg_get_rows_f16, sg_get_rows_bf16, sg_get_rows_q8_0,
+//   sg_get_rows_q4_0, sg_get_rows_q4_1, sg_get_rows_q5_0, sg_get_rows_q5_1,
+//   sg_get_rows_q2_K, sg_get_rows_q3_K, sg_get_rows_q4_K, sg_get_rows_q5_K,
+//   sg_get_rows_q6_K, sg_get_rows_i32
 //   (const char *src0, const char *idx, char *dst,
 //    i64 ne00, i64 ne01,              // row length (multiple of the block size
 //                                     //   for quantized tables), rows in the table
-//    i64 nb00, nb01, nb02, nb03,      // table strides (nb00 used by f32/f16 only)
+//    i64 nb00, nb01, nb02, nb03,      // table strides (nb00 used by f32/f16/bf16/i32 only)
 //    i64 ne10, ne11, ne12,            // I32 index tensor shape
 //    i64 nb10, nb11, nb12,            // index strides (bytes)
 //    i64 nb0, nb1, nb2, nb3,          // dst strides (bytes)
@@ -38,9 +48,10 @@
 //   source [ne00, ne01, ne02, ne03]; dst rows that no index names keep their
 //   contents. When an index repeats within one (i02, i03) slice the LAST source
 //   row wins (as shardgraph's CPU kernel; ggml's sequential loop gives the same).
-//   sg_set_rows_<dst>_<idx> for dst in {f32, f16, q8_0, q4_0}, idx in {i32, i64}
+//   sg_set_rows_<dst>_<idx> for dst in {f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
+//   q5_1}, idx in {i32, i64}
 //   (const char *src, const char *idx, char *dst,
-//    i64 ne00, ne01, ne02, ne03,      // source shape; ne00 % 32 == 0 for q8_0/q4_0
+//    i64 ne00, ne01, ne02, ne03,      // source shape; ne00 % 32 == 0 for block types
 //    i64 nb00, nb01, nb02, nb03,      // source strides (bytes)
 //    i64 ne11, ne12,                  // index dims 1 and 2 (index dim 0 is ne01)
 //    i64 nb10, nb11, nb12,            // index strides (bytes)
@@ -50,10 +61,27 @@
 //   An index outside [0, ne1) (ggml aborts) is skipped and sets *err.
 //   Q8_0: d = amax/127, q = roundf(x/d) (x * (1/d)); Q4_0: d = max/-8 with max
 //   the signed value of largest magnitude (first one on ties),
-//   q = min(15, (int8)(x*(1/d) + 8.5)); d stored as f16 (round to nearest even).
+//   q = min(15, (int8)(x*(1/d) + 8.5)); d stored as f16 (round to nearest even);
+//   BF16: ggml_compute_fp32_to_bf16 (round to nearest even, NaN kept quiet).
+//   Q4_1 / Q5_1: d = (max - min)/15 (/31), m = min, q = (int)((x - min)*(1/d) + 0.5)
+//   (at most 15 for Q4_1); Q5_0: d = max/-16 (max as for Q4_0),
+//   q = min(31, (int8)(x*(1/d) + 16.5)); as quantize_row_*_ref.
 //   Launch: one block per source row, blockDim = (B, 1, 1) with B a multiple
 //   of 32 (128 or 256 recommended), gridDim = (gx, 1, 1) with
 //   gx = min(ne01*ne02*ne03, 2^31 - 1) (grid-stride over rows).
+
+//
+// dequantize (mul_mat's many-column path: weights to F32 for a GEMM):
+//   dst[j, i1, i2, i3] = to_f32(src[j, i1, i2, i3]), dst F32 and contiguous.
+//   sg_dequant_f16, sg_dequant_bf16, sg_dequant_q8_0, sg_dequant_q4_0,
+//   sg_dequant_q4_1, sg_dequant_q5_0, sg_dequant_q5_1, sg_dequant_q2_K,
+//   sg_dequant_q3_K, sg_dequant_q4_K, sg_dequant_q5_K, sg_dequant_q6_K
+//   (const char *src, char *dst,
+//    i64 ne00, ne01, ne02, ne03,      // shape; ne00 a multiple of the block size
+//    i64 nb00, nb01, nb02, nb03)      // source strides (bytes; nb00 used by f16/bf16 only)
+//   Launch: blockDim = (B, 1, 1), B a multiple of 32 (256 recommended);
+//   gridDim = (gx, gy, 1): x strides over ne00 (gx = min(ceil(ne00 / B), 1024)),
+//   y over the ne01*ne02*ne03 rows (gy = min(rows, 65535)); both grid-stride.
 
 typedef long long i64;
 
@@ -92,14 +120,27 @@ __device__ __forceinline__ void sg_st_h(unsigned char *p, float v) {
 // ---------------------------------------------------------------------------
 
 struct DqF32 {
+    typedef float T;
     __device__ static __forceinline__ float at(const char *row, i64 j, i64 nb00) { return *(const float *) (row + j * nb00); }
 };
 struct DqF16 {
+    typedef float T;
     __device__ static __forceinline__ float at(const char *row, i64 j, i64 nb00) {
         return sg_h2f(*(const unsigned short *) (row + j * nb00));
     }
 };
+struct DqBF16 {
+    typedef float T;
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64 nb00) {
+        return __uint_as_float((unsigned) *(const unsigned short *) (row + j * nb00) << 16);
+    }
+};
+struct DqI32 {
+    typedef int T;
+    __device__ static __forceinline__ int at(const char *row, i64 j, i64 nb00) { return *(const int *) (row + j * nb00); }
+};
 struct DqQ8_0 {
+    typedef float T;
     __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
         const unsigned char *b = (const unsigned char *) row + (j / 32) * 34;
         const float d = sg_ld_h(b);
@@ -107,6 +148,7 @@ struct DqQ8_0 {
     }
 };
 struct DqQ4_0 {
+    typedef float T;
     __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
         const unsigned char *b = (const unsigned char *) row + (j / 32) * 18;
         const int t = (int) (j % 32);
@@ -114,6 +156,76 @@ struct DqQ4_0 {
         const unsigned char q = b[2 + (t & 15)];
         const int v = (t < 16 ? (q & 15) : (q >> 4)) - 8;
         return (float) v * d;
+    }
+};
+
+struct DqQ4_1 {
+    typedef float T;
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 20;
+        const int t = (int) (j % 32);
+        const float d = sg_ld_h(b), m = sg_ld_h(b + 2);
+        const unsigned char q = b[4 + (t & 15)];
+        const int v = t < 16 ? (q & 15) : (q >> 4);
+        return __fadd_rn(__fmul_rn((float) v, d), m);
+    }
+};
+
+struct DqQ5_0 {
+    typedef float T;
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 22;
+        const int t = (int) (j % 32);
+        const float d = sg_ld_h(b);
+        const unsigned qh = (unsigned) b[2] | ((unsigned) b[3] << 8) | ((unsigned) b[4] << 16) | ((unsigned) b[5] << 24);
+        const unsigned char q = b[6 + (t & 15)];
+        const int v = ((t < 16 ? (q & 15) : (q >> 4)) | (((qh >> t) & 1) << 4)) - 16;
+        return __fmul_rn((float) v, d);
+    }
+};
+struct DqQ5_1 {
+    typedef float T;
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 24;
+        const int t = (int) (j % 32);
+        const float d = sg_ld_h(b), m = sg_ld_h(b + 2);
+        const unsigned qh = (unsigned) b[4] | ((unsigned) b[5] << 8) | ((unsigned) b[6] << 16) | ((unsigned) b[7] << 24);
+        const unsigned char q = b[8 + (t & 15)];
+        const int v = (t < 16 ? (q & 15) : (q >> 4)) | (((qh >> t) & 1) << 4);
+        return __fadd_rn(__fmul_rn((float) v, d), m);
+    }
+};
+// Q2_K / Q3_K: value t of a super-block lies in 128-value half n = t/128, and
+// in it at r = t%128: shift 2*(r/32), sub-block of 16 is = 8n + r/16, quant
+// byte 32n + r%32.
+struct DqQ2_K {
+    typedef float T;
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 256) * 84;
+        const int t = (int) (j % 256);
+        const int n = t / 128, r = t % 128;
+        const int is = 8 * n + r / 16;
+        const unsigned char sc = b[is];
+        const float d = sg_ld_h(b + 80), dmin = sg_ld_h(b + 82);
+        const int q = (b[16 + 32 * n + r % 32] >> (2 * (r / 32))) & 3;
+        const float dl = __fmul_rn(d, (float) (sc & 0xF)), ml = __fmul_rn(dmin, (float) (sc >> 4));
+        return __fsub_rn(__fmul_rn(dl, (float) q), ml);
+    }
+};
+struct DqQ3_K {
+    typedef float T;
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 256) * 110;
+        const int t = (int) (j % 256);
+        const int n = t / 128, r = t % 128, sh = r / 32;
+        const int is = 8 * n + r / 16;
+        const unsigned char *scales = b + 96;
+        const int lo = is < 8 ? (scales[is] & 0xF) : (scales[is - 8] >> 4);
+        const int hi = (scales[8 + (is % 4)] >> (2 * (is / 4))) & 3;
+        const int sc = (lo | (hi << 4)) - 32;
+        const float d = sg_ld_h(b + 108);
+        const int q = ((b[32 + 32 * n + r % 32] >> (2 * sh)) & 3) - ((b[r % 32] & (1 << (4 * n + sh))) ? 0 : 4);
+        return __fmul_rn(__fmul_rn(d, (float) sc), (float) q);
     }
 };
 
@@ -129,6 +241,7 @@ __device__ __forceinline__ void sg_scale_min_k4(int j, const unsigned char *q, i
 }
 
 struct DqQ4_K {
+    typedef float T;
     __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
         const unsigned char *b = (const unsigned char *) row + (j / 256) * 144;
         const int t = (int) (j % 256);
@@ -142,6 +255,7 @@ struct DqQ4_K {
     }
 };
 struct DqQ5_K {
+    typedef float T;
     __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
         const unsigned char *b = (const unsigned char *) row + (j / 256) * 176;
         const int t = (int) (j % 256);
@@ -157,6 +271,7 @@ struct DqQ5_K {
     }
 };
 struct DqQ6_K {
+    typedef float T;
     __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
         const unsigned char *b = (const unsigned char *) row + (j / 256) * 210;
         const int t = (int) (j % 256);
@@ -191,7 +306,7 @@ __device__ __forceinline__ void get_rows_impl(
         if (!ok && err && blockIdx.x == 0 && threadIdx.x == 0) atomicExch(err, 1);
         const char *row = src0 + i01 * nb01 + i11 * nb02 + i12 * nb03;
         for (i64 j = (i64) blockIdx.x * blockDim.x + threadIdx.x; j < ne00; j += (i64) gridDim.x * blockDim.x) {
-            *(float *) (d + j * nb0) = ok ? DQ::at(row, j, nb00) : 0.0f;
+            *(typename DQ::T *) (d + j * nb0) = ok ? DQ::at(row, j, nb00) : (typename DQ::T) 0;
         }
     }
 }
@@ -211,11 +326,57 @@ __device__ __forceinline__ void get_rows_impl(
 
 SG_GET_ROWS(sg_get_rows_f32, DqF32)
 SG_GET_ROWS(sg_get_rows_f16, DqF16)
+SG_GET_ROWS(sg_get_rows_bf16, DqBF16)
+SG_GET_ROWS(sg_get_rows_i32, DqI32)
+SG_GET_ROWS(sg_get_rows_q4_1, DqQ4_1)
+SG_GET_ROWS(sg_get_rows_q5_0, DqQ5_0)
+SG_GET_ROWS(sg_get_rows_q5_1, DqQ5_1)
+SG_GET_ROWS(sg_get_rows_q2_K, DqQ2_K)
+SG_GET_ROWS(sg_get_rows_q3_K, DqQ3_K)
 SG_GET_ROWS(sg_get_rows_q8_0, DqQ8_0)
 SG_GET_ROWS(sg_get_rows_q4_0, DqQ4_0)
 SG_GET_ROWS(sg_get_rows_q4_K, DqQ4_K)
 SG_GET_ROWS(sg_get_rows_q5_K, DqQ5_K)
 SG_GET_ROWS(sg_get_rows_q6_K, DqQ6_K)
+
+template <typename DQ>
+__device__ __forceinline__ void dequant_impl(
+        const char *src, char *dst,
+        i64 ne00, i64 ne01, i64 ne02, i64 ne03,
+        i64 nb00, i64 nb01, i64 nb02, i64 nb03) {
+    const i64 nrows = ne01 * ne02 * ne03;
+    for (i64 r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const i64 i1 = r % ne01;
+        const i64 i2 = (r / ne01) % ne02;
+        const i64 i3 = r / (ne01 * ne02);
+        const char *row = src + i1 * nb01 + i2 * nb02 + i3 * nb03;
+        float *d = (float *) dst + r * ne00;
+        for (i64 j = (i64) blockIdx.x * blockDim.x + threadIdx.x; j < ne00; j += (i64) gridDim.x * blockDim.x) {
+            d[j] = DQ::at(row, j, nb00);
+        }
+    }
+}
+
+#define SG_DEQUANT(NAME, DQ)                                                             \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src, char *dst,                                                  \
+            i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03) {                                    \
+        dequant_impl<DQ>(src, dst, ne00, ne01, ne02, ne03, nb00, nb01, nb02, nb03);      \
+    }
+
+SG_DEQUANT(sg_dequant_f16, DqF16)
+SG_DEQUANT(sg_dequant_bf16, DqBF16)
+SG_DEQUANT(sg_dequant_q8_0, DqQ8_0)
+SG_DEQUANT(sg_dequant_q4_0, DqQ4_0)
+SG_DEQUANT(sg_dequant_q4_1, DqQ4_1)
+SG_DEQUANT(sg_dequant_q5_0, DqQ5_0)
+SG_DEQUANT(sg_dequant_q5_1, DqQ5_1)
+SG_DEQUANT(sg_dequant_q2_K, DqQ2_K)
+SG_DEQUANT(sg_dequant_q3_K, DqQ3_K)
+SG_DEQUANT(sg_dequant_q4_K, DqQ4_K)
+SG_DEQUANT(sg_dequant_q5_K, DqQ5_K)
+SG_DEQUANT(sg_dequant_q6_K, DqQ6_K)
 
 // ---------------------------------------------------------------------------
 // set_rows
@@ -236,6 +397,18 @@ struct StF16 {
     __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64 nb0, i64 ne00) {
         for (i64 j = threadIdx.x; j < ne00; j += blockDim.x)
             *(unsigned short *) (y + j * nb0) = sg_f2h(*(const float *) (x + j * nb00));
+    }
+};
+struct StBF16 {
+    static const int QK = 1;
+    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64 nb0, i64 ne00) {
+        for (i64 j = threadIdx.x; j < ne00; j += blockDim.x) {
+            const unsigned u = __float_as_uint(*(const float *) (x + j * nb00));
+            const unsigned short h = (u & 0x7fffffffu) > 0x7f800000u
+                                         ? (unsigned short) ((u >> 16) | 64)
+                                         : (unsigned short) ((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+            *(unsigned short *) (y + j * nb0) = h;
+        }
     }
 };
 // Block destinations: one thread per 32-value block, ggml's reference quantizers.
@@ -284,6 +457,84 @@ struct StQ4_0 {
                 q1 = q1 < 15 ? q1 : 15;
                 yb[2 + j] = (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
             }
+        }
+    }
+};
+
+// Q4_1 and Q5_1 (BITS = 4 or 5): min/max affine quantisers.
+template <int BITS>
+struct StQx_1 {
+    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
+        const int bsize = BITS == 4 ? 20 : 24;
+        for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
+            const char *xb = x + ib * 32 * nb00;
+            unsigned char *yb = (unsigned char *) y + ib * bsize;
+            float min = 3.402823466e+38f, max = -3.402823466e+38f;   // FLT_MAX
+            for (int j = 0; j < 32; ++j) {
+                const float v = *(const float *) (xb + j * nb00);
+                if (v < min) min = v;
+                if (v > max) max = v;
+            }
+            const float d = __fdiv_rn(__fsub_rn(max, min), (float) ((1 << BITS) - 1));
+            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            sg_st_h(yb, d);
+            sg_st_h(yb + 2, min);
+            unsigned qh = 0;
+            unsigned char *qs = yb + (BITS == 4 ? 4 : 8);
+            for (int j = 0; j < 16; ++j) {
+                const float x0 = __fmul_rn(__fsub_rn(*(const float *) (xb + j * nb00), min), id);
+                const float x1 = __fmul_rn(__fsub_rn(*(const float *) (xb + (j + 16) * nb00), min), id);
+                // Q4_1: MIN(15, (int8_t) v); Q5_1: (uint8_t) v.
+                int q0 = __float2int_rz(__fadd_rn(x0, 0.5f));
+                int q1 = __float2int_rz(__fadd_rn(x1, 0.5f));
+                if (BITS == 4) {
+                    q0 = (signed char) q0;
+                    q1 = (signed char) q1;
+                    q0 = (unsigned char) (q0 < 15 ? q0 : 15);
+                    q1 = (unsigned char) (q1 < 15 ? q1 : 15);
+                } else {
+                    q0 = (unsigned char) q0;
+                    q1 = (unsigned char) q1;
+                }
+                qs[j] = (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
+                qh |= (unsigned) ((q0 >> 4) & 1) << j;
+                qh |= (unsigned) ((q1 >> 4) & 1) << (j + 16);
+            }
+            if (BITS == 5) {
+                for (int t = 0; t < 4; ++t) yb[4 + t] = (unsigned char) (qh >> (8 * t));
+            }
+        }
+    }
+};
+struct StQ5_0 {
+    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
+        for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
+            const char *xb = x + ib * 32 * nb00;
+            unsigned char *yb = (unsigned char *) y + ib * 22;
+            float amax = 0.0f, max = 0.0f;
+            for (int j = 0; j < 32; ++j) {
+                const float v = *(const float *) (xb + j * nb00);
+                if (amax < fabsf(v)) {
+                    amax = fabsf(v);
+                    max = v;
+                }
+            }
+            const float d = __fdiv_rn(max, -16.0f);
+            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            sg_st_h(yb, d);
+            unsigned qh = 0;
+            for (int j = 0; j < 16; ++j) {
+                const float x0 = __fmul_rn(*(const float *) (xb + j * nb00), id);
+                const float x1 = __fmul_rn(*(const float *) (xb + (j + 16) * nb00), id);
+                int q0 = (int) (signed char) __float2int_rz(__fadd_rn(x0, 16.5f));
+                int q1 = (int) (signed char) __float2int_rz(__fadd_rn(x1, 16.5f));
+                q0 = (unsigned char) (q0 < 31 ? q0 : 31);
+                q1 = (unsigned char) (q1 < 31 ? q1 : 31);
+                yb[6 + j] = (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
+                qh |= (unsigned) ((q0 >> 4) & 1) << j;
+                qh |= (unsigned) ((q1 >> 4) & 1) << (j + 16);
+            }
+            for (int t = 0; t < 4; ++t) yb[2 + t] = (unsigned char) (qh >> (8 * t));
         }
     }
 };
@@ -338,7 +589,15 @@ SG_SET_ROWS(sg_set_rows_f32_i32, StF32, IdxI32)
 SG_SET_ROWS(sg_set_rows_f32_i64, StF32, IdxI64)
 SG_SET_ROWS(sg_set_rows_f16_i32, StF16, IdxI32)
 SG_SET_ROWS(sg_set_rows_f16_i64, StF16, IdxI64)
+SG_SET_ROWS(sg_set_rows_bf16_i32, StBF16, IdxI32)
+SG_SET_ROWS(sg_set_rows_bf16_i64, StBF16, IdxI64)
 SG_SET_ROWS(sg_set_rows_q8_0_i32, StQ8_0, IdxI32)
 SG_SET_ROWS(sg_set_rows_q8_0_i64, StQ8_0, IdxI64)
 SG_SET_ROWS(sg_set_rows_q4_0_i32, StQ4_0, IdxI32)
 SG_SET_ROWS(sg_set_rows_q4_0_i64, StQ4_0, IdxI64)
+SG_SET_ROWS(sg_set_rows_q4_1_i32, StQx_1<4>, IdxI32)
+SG_SET_ROWS(sg_set_rows_q4_1_i64, StQx_1<4>, IdxI64)
+SG_SET_ROWS(sg_set_rows_q5_0_i32, StQ5_0, IdxI32)
+SG_SET_ROWS(sg_set_rows_q5_0_i64, StQ5_0, IdxI64)
+SG_SET_ROWS(sg_set_rows_q5_1_i32, StQx_1<5>, IdxI32)
+SG_SET_ROWS(sg_set_rows_q5_1_i64, StQx_1<5>, IdxI64)

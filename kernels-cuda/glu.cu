@@ -16,6 +16,13 @@
 //   ne0 output elements of a row, y over the ne1*ne2*ne3 rows, so any grid
 //   is correct; good choice gx = min(ceil(ne0 / B), 1024), gy = min(rows, 65535).
 // * dst must not overlap its inputs (ggml allocates a fresh result).
+// * Types: every kernel exists as _f32 (inputs and dst F32) and _f16 (inputs
+//   and dst F16; values widened to f32, ACT(x) * g computed in f32 exactly
+//   as for F32, the product rounded once to f16, as ggml-cpu's
+//   ggml_vec_<op>_f16). The names below say _f32; read _f16 for F16.
+//   For F16 input the *_lut variants equal ggml-cpu's F16 tables (its F16
+//   path has no range clamp; on F16 inputs the clamp changes at most the
+//   sign of a zero result).
 //
 // Fused form (ggml_glu(a, op, swapped), ggml_swiglu(a) ...): one tensor a of
 // shape [2*nc, ne1, ne2, ne3]; the result is [nc, ne1, ne2, ne3]. With
@@ -56,6 +63,7 @@
 //   semantics); out = (xc / (1 + expf(alpha * -xc))) * (gc + 1).
 //   sg_swiglu_oai_f32        fused arguments as above, then (float alpha, float limit)
 //   sg_swiglu_oai_split_f32  split arguments as above, then (float alpha, float limit)
+//   (and sg_swiglu_oai_f16, sg_swiglu_oai_split_f16)
 //
 // All products and quotients are single f32 operations written the way ggml
 // writes them; expf / tanhf / erff are CUDA's (within their documented ulp
@@ -135,8 +143,18 @@ struct GSwigluOai {
     }
 };
 
+// Element load/store of the two I/O types (the math is f32 in both).
+struct IoF32 {
+    static __device__ __forceinline__ float ld(const char *p) { return *(const float *) p; }
+    static __device__ __forceinline__ void st(char *p, float v) { *(float *) p = v; }
+};
+struct IoF16 {
+    static __device__ __forceinline__ float ld(const char *p) { return sg_h2f(*(const unsigned short *) p); }
+    static __device__ __forceinline__ void st(char *p, float v) { *(unsigned short *) p = sg_f2h(v); }
+};
+
 // x at xp + i0*nbx, g at gp + i0*nbg (row bases already offset).
-template <typename OP>
+template <typename IO, typename OP>
 static __device__ __forceinline__ void glu_rows(
         const char *xs, const char *gs, char *dst,
         i64 ne0, i64 ne1, i64 ne2, i64 ne3,
@@ -152,14 +170,14 @@ static __device__ __forceinline__ void glu_rows(
         const char *gr = gs + i1 * nbg1 + i2 * nbg2 + i3 * nbg3;
         char *d = dst + i1 * nb1 + i2 * nb2 + i3 * nb3;
         for (i64 i0 = (i64) blockIdx.x * blockDim.x + threadIdx.x; i0 < ne0; i0 += (i64) gridDim.x * blockDim.x) {
-            const float x = *(const float *) (xr + i0 * nbx0);
-            const float g = *(const float *) (gr + i0 * nbg0);
-            *(float *) (d + i0 * nb0) = op(x, g);
+            const float x = IO::ld(xr + i0 * nbx0);
+            const float g = IO::ld(gr + i0 * nbg0);
+            IO::st(d + i0 * nb0, op(x, g));
         }
     }
 }
 
-template <typename OP>
+template <typename IO, typename OP>
 static __device__ __forceinline__ void glu_fused(
         const char *src, char *dst,
         i64 ne0, i64 ne1, i64 ne2, i64 ne3,
@@ -167,29 +185,33 @@ static __device__ __forceinline__ void glu_fused(
         i64 nb0, i64 nb1, i64 nb2, i64 nb3, int swapped, const OP &op) {
     const char *lo = src;
     const char *hi = src + ne0 * nb00;
-    glu_rows(swapped ? hi : lo, swapped ? lo : hi, dst, ne0, ne1, ne2, ne3,
+    glu_rows<IO>(swapped ? hi : lo, swapped ? lo : hi, dst, ne0, ne1, ne2, ne3,
              nb00, nb01, nb02, nb03, nb00, nb01, nb02, nb03, nb0, nb1, nb2, nb3, op);
 }
 
-#define SG_GLU(OPNAME, OP)                                                               \
-    extern "C" __global__ void sg_##OPNAME##_f32(                                        \
+#define SG_GLU_T(OPNAME, SFX, IO, OP)                                                    \
+    extern "C" __global__ void sg_##OPNAME##_##SFX(                                      \
             const char *src, char *dst,                                                  \
             i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
             i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
             i64 nb0, i64 nb1, i64 nb2, i64 nb3,                                          \
             int swapped) {                                                               \
-        glu_fused(src, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03,                  \
-                  nb0, nb1, nb2, nb3, swapped, OP());                                    \
+        glu_fused<IO>(src, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03,              \
+                      nb0, nb1, nb2, nb3, swapped, OP());                                \
     }                                                                                    \
-    extern "C" __global__ void sg_##OPNAME##_split_f32(                                  \
+    extern "C" __global__ void sg_##OPNAME##_split_##SFX(                                \
             const char *a, const char *b, char *dst,                                     \
             i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
             i64 nba0, i64 nba1, i64 nba2, i64 nba3,                                      \
             i64 nbb0, i64 nbb1, i64 nbb2, i64 nbb3,                                      \
             i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
-        glu_rows(a, b, dst, ne0, ne1, ne2, ne3, nba0, nba1, nba2, nba3,                  \
-                 nbb0, nbb1, nbb2, nbb3, nb0, nb1, nb2, nb3, OP());                      \
+        glu_rows<IO>(a, b, dst, ne0, ne1, ne2, ne3, nba0, nba1, nba2, nba3,              \
+                     nbb0, nbb1, nbb2, nbb3, nb0, nb1, nb2, nb3, OP());                  \
     }
+
+#define SG_GLU(OPNAME, OP)                \
+    SG_GLU_T(OPNAME, f32, IoF32, OP)      \
+    SG_GLU_T(OPNAME, f16, IoF16, OP)
 
 SG_GLU(swiglu, GSwiglu)
 SG_GLU(geglu, GGeglu)
@@ -199,24 +221,28 @@ SG_GLU(geglu_quick, GGegluQuick)
 SG_GLU(geglu_lut, GGegluLut)
 SG_GLU(geglu_quick_lut, GGegluQuickLut)
 
-extern "C" __global__ void sg_swiglu_oai_f32(
-        const char *src, char *dst,
-        i64 ne0, i64 ne1, i64 ne2, i64 ne3,
-        i64 nb00, i64 nb01, i64 nb02, i64 nb03,
-        i64 nb0, i64 nb1, i64 nb2, i64 nb3,
-        int swapped, float alpha, float limit) {
-    GSwigluOai op{alpha, limit};
-    glu_fused(src, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03, nb0, nb1, nb2, nb3, swapped, op);
-}
+#define SG_SWIGLU_OAI(SFX, IO)                                                           \
+    extern "C" __global__ void sg_swiglu_oai_##SFX(                                      \
+            const char *src, char *dst,                                                  \
+            i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3,                                          \
+            int swapped, float alpha, float limit) {                                     \
+        GSwigluOai op{alpha, limit};                                                     \
+        glu_fused<IO>(src, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03,              \
+                      nb0, nb1, nb2, nb3, swapped, op);                                  \
+    }                                                                                    \
+    extern "C" __global__ void sg_swiglu_oai_split_##SFX(                                \
+            const char *a, const char *b, char *dst,                                     \
+            i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
+            i64 nba0, i64 nba1, i64 nba2, i64 nba3,                                      \
+            i64 nbb0, i64 nbb1, i64 nbb2, i64 nbb3,                                      \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3,                                          \
+            float alpha, float limit) {                                                  \
+        GSwigluOai op{alpha, limit};                                                     \
+        glu_rows<IO>(a, b, dst, ne0, ne1, ne2, ne3, nba0, nba1, nba2, nba3,              \
+                     nbb0, nbb1, nbb2, nbb3, nb0, nb1, nb2, nb3, op);                    \
+    }
 
-extern "C" __global__ void sg_swiglu_oai_split_f32(
-        const char *a, const char *b, char *dst,
-        i64 ne0, i64 ne1, i64 ne2, i64 ne3,
-        i64 nba0, i64 nba1, i64 nba2, i64 nba3,
-        i64 nbb0, i64 nbb1, i64 nbb2, i64 nbb3,
-        i64 nb0, i64 nb1, i64 nb2, i64 nb3,
-        float alpha, float limit) {
-    GSwigluOai op{alpha, limit};
-    glu_rows(a, b, dst, ne0, ne1, ne2, ne3, nba0, nba1, nba2, nba3,
-             nbb0, nbb1, nbb2, nbb3, nb0, nb1, nb2, nb3, op);
-}
+SG_SWIGLU_OAI(f32, IoF32)
+SG_SWIGLU_OAI(f16, IoF16)

@@ -25,6 +25,22 @@
 //   the ne12*ne13 batch matrices; any grid is correct; good choice
 //   gx = min(tiles, 65535), gy = min(ne12*ne13, 65535).
 //   dst must not overlap a or b.
+//
+// sg_add_id_f32 (ggml_add_id, the MoE bias):
+//   dst[:, i1, i2, i3] = a[:, i1, i2, i3] + b[:, ids[i1, i2]]
+//   (const char *a, const char *b, const char *ids, char *dst,
+//    i64 ne0, ne1, ne2, ne3,          // a's (= dst's) shape
+//    i64 nb00, nb01, nb02, nb03,      // a strides (bytes)
+//    i64 nb10, nb11,                  // b strides (bytes); b is F32 [ne0, n_expert]
+//    i64 n_expert,
+//    i64 nbi0, nbi1,                  // I32 ids [ne1, ne2] strides (bytes)
+//    i64 nb0, nb1, nb2, nb3,          // dst strides (bytes)
+//    int *err)                        // nullptr, or a flag set to 1 on a bad id
+//   An id outside [0, n_expert) (ggml aborts) writes a's row unchanged and sets *err.
+//   Launch: blockDim = (B, 1, 1), B a multiple of 32 (256 recommended);
+//   gridDim = (gx, gy, 1): x strides over ne0 (gx = min(ceil(ne0 / B), 1024)),
+//   y over the ne1*ne2*ne3 rows (gy = min(rows, 65535)); both grid-stride.
+//   dst may be a itself (in place).
 
 typedef long long i64;
 
@@ -85,6 +101,31 @@ extern "C" __global__ void sg_mul_mat_f32(
                     if (m < M && n < N) *(float *) (db + m * nb0 + n * nb1) = acc[j];
                 }
             }
+        }
+    }
+}
+
+extern "C" __global__ void sg_add_id_f32(
+        const char *a, const char *b, const char *ids, char *dst,
+        i64 ne0, i64 ne1, i64 ne2, i64 ne3,
+        i64 nb00, i64 nb01, i64 nb02, i64 nb03,
+        i64 nb10, i64 nb11,
+        i64 n_expert,
+        i64 nbi0, i64 nbi1,
+        i64 nb0, i64 nb1, i64 nb2, i64 nb3,
+        int *err) {
+    const i64 nrows = ne1 * ne2 * ne3;
+    for (i64 r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const i64 i1 = r % ne1, i2 = (r / ne1) % ne2, i3 = r / (ne1 * ne2);
+        const i64 e = *(const int *) (ids + i1 * nbi0 + i2 * nbi1);
+        const bool ok = e >= 0 && e < n_expert;
+        if (!ok && err && blockIdx.x == 0 && threadIdx.x == 0) atomicExch(err, 1);
+        const char *ar = a + i1 * nb01 + i2 * nb02 + i3 * nb03;
+        const char *br = b + (ok ? e : 0) * nb11;
+        char *dr = dst + i1 * nb1 + i2 * nb2 + i3 * nb3;
+        for (i64 j = (i64) blockIdx.x * blockDim.x + threadIdx.x; j < ne0; j += (i64) gridDim.x * blockDim.x) {
+            const float v = *(const float *) (ar + j * nb00);
+            *(float *) (dr + j * nb0) = ok ? v + *(const float *) (br + j * nb10) : v;
         }
     }
 }

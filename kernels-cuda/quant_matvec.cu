@@ -16,7 +16,10 @@
 //
 // Kernels: sg_mul_mat_vec_f32, sg_mul_mat_vec_f16, sg_mul_mat_vec_q8_0,
 //          sg_mul_mat_vec_q4_0, sg_mul_mat_vec_q4_K, sg_mul_mat_vec_q5_K,
-//          sg_mul_mat_vec_q6_K
+//          sg_mul_mat_vec_q6_K, and (one value per lane, dequantised one by one
+//          as ggml's dequantize_row_*) sg_mul_mat_vec_bf16, sg_mul_mat_vec_q4_1,
+//          sg_mul_mat_vec_q5_0, sg_mul_mat_vec_q5_1, sg_mul_mat_vec_q2_K,
+//          sg_mul_mat_vec_q3_K
 // Arguments (all kernels):
 //   const char *w,                   // weights [ne00 = K, ne01 = M, ne02, ne03]; rows
 //                                    //   contiguous (blocks back to back), as ggml requires
@@ -27,13 +30,38 @@
 //   i64 ne11, ne12, ne13,
 //   i64 nb10, nb11, nb12, nb13,      // activation strides (bytes; nb10 is usually 4)
 //   i64 nb0, nb1, nb2, nb3           // dst strides (bytes)
-// K must be a multiple of the block size: 32 for Q8_0 / Q4_0, 256 for
-// Q4_K / Q5_K / Q6_K.
+// K must be a multiple of the block size: 32 for Q8_0 / Q4_0 / Q4_1 / Q5_0 /
+// Q5_1, 256 for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K.
 // Launch: one warp per output row. blockDim = (32*R, 1, 1) with R warps
 // (R = 4 recommended, i.e. 128 threads); gridDim = (gx, gy, 1) with
 // gx = min(ceil(M / R), 2^31 - 1) over the rows and gy = min(N*ne12*ne13, 65535)
 // over the activation columns; both are grid-stride loops. Meant for small N
 // (decoding); each column re-reads the weights.
+//
+//
+// Expert products (ggml_mul_mat_id), one kernel per weight type as above:
+//   sg_mul_mat_id_vec_f32, sg_mul_mat_id_vec_f16, sg_mul_mat_id_vec_q8_0,
+//   sg_mul_mat_id_vec_q4_0, sg_mul_mat_id_vec_q4_K, sg_mul_mat_id_vec_q5_K,
+//   sg_mul_mat_id_vec_q6_K, sg_mul_mat_id_vec_bf16, sg_mul_mat_id_vec_q4_1,
+//   sg_mul_mat_id_vec_q5_0, sg_mul_mat_id_vec_q5_1, sg_mul_mat_id_vec_q2_K,
+//   sg_mul_mat_id_vec_q3_K
+//   dst[i01, slot, t] = sum_k W[k, i01, ids[slot, t]] * X[k, slot % ne11, t]
+// Arguments:
+//   const char *w,                   // experts [ne00 = K, ne01 = M, n_expert]; rows contiguous
+//   const char *x,                   // F32 activations [K, ne11, n_tok] (ne11 divides n_used)
+//   const char *ids,                 // I32 expert ids [n_used, n_tok]
+//   char *dst,                       // F32 [M, n_used, n_tok]
+//   i64 ne00, ne01, n_expert,
+//   i64 nb01, nb02,                  // weight strides (bytes)
+//   i64 ne11,
+//   i64 nb10, nb11, nb12,            // activation strides (bytes)
+//   i64 n_used, n_tok,
+//   i64 nbi0, nbi1,                  // id strides (bytes)
+//   i64 nb0, nb1, nb2,               // dst strides (bytes)
+//   int *err                         // nullptr, or a flag set to 1 on a bad id
+//   An id outside [0, n_expert) (ggml aborts) gives a column of zeros and sets *err.
+// Launch: as sg_mul_mat_vec_*, with gy = min(n_used*n_tok, 65535) over the
+// (slot, token) columns.
 //
 // Block layouts (bytes; blocks are only 2-byte aligned, read byte-wise):
 //   Q8_0  34 B / 32 values: f16 d, int8 qs[32];                   w = d*q
@@ -47,6 +75,15 @@
 //        as Q4_K with a fifth bit from qh (bit 2g for sub-block 2g, 2g+1 for 2g+1)
 //   Q6_K 210 B / 256 values: u8 ql[128], u8 qh[64], int8 scales[16], f16 d;
 //        w = d*scale*(q - 32), q 6 bits (4 from ql, 2 from qh), 16 sub-blocks of 16
+//   BF16: the high half of an f32.
+//   Q4_1  20 B / 32 values: f16 d, f16 m, u8 qs[16]; w = d*q + m, nibbles as Q4_0
+//   Q5_0  22 B / 32 values: f16 d, u8 qh[4], u8 qs[16]; w = d*(q - 16), q the
+//        nibble (as Q4_0) with bit j of the little-endian u32 qh as its fifth bit
+//   Q5_1  24 B / 32 values: f16 d, f16 m, u8 qh[4], u8 qs[16]; w = d*q + m
+//   Q2_K  84 B / 256 values: u8 scales[16], u8 qs[64], f16 d, f16 dmin; 16
+//        sub-blocks of 16 with 4-bit scale (low) and min (high), 2-bit q
+//   Q3_K 110 B / 256 values: u8 hmask[32], u8 qs[64], u8 scales[12], f16 d;
+//        16 6-bit scales (minus 32), 2-bit q minus 4 where the hmask bit is clear
 
 typedef long long i64;
 
@@ -218,6 +255,92 @@ struct DotQ6_K {
     }
 };
 
+// Types without a vectorised dot: value j of a row dequantised on its own
+// (DQ::at), one value per lane per step.
+struct DqBF16 {
+    __device__ static __forceinline__ float at(const unsigned char *row, i64 j) {
+        return __uint_as_float((unsigned) ((const unsigned short *) row)[j] << 16);
+    }
+};
+struct DqQ4_1 {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 20;
+        const int t = (int) (j % 32);
+        const float d = sg_ld_h(b), m = sg_ld_h(b + 2);
+        const unsigned char q = b[4 + (t & 15)];
+        const int v = t < 16 ? (q & 15) : (q >> 4);
+        return __fadd_rn(__fmul_rn((float) v, d), m);
+    }
+};
+struct DqQ5_0 {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 22;
+        const int t = (int) (j % 32);
+        const float d = sg_ld_h(b);
+        const unsigned qh = (unsigned) b[2] | ((unsigned) b[3] << 8) | ((unsigned) b[4] << 16) | ((unsigned) b[5] << 24);
+        const unsigned char q = b[6 + (t & 15)];
+        const int v = ((t < 16 ? (q & 15) : (q >> 4)) | (((qh >> t) & 1) << 4)) - 16;
+        return __fmul_rn((float) v, d);
+    }
+};
+struct DqQ5_1 {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 32) * 24;
+        const int t = (int) (j % 32);
+        const float d = sg_ld_h(b), m = sg_ld_h(b + 2);
+        const unsigned qh = (unsigned) b[4] | ((unsigned) b[5] << 8) | ((unsigned) b[6] << 16) | ((unsigned) b[7] << 24);
+        const unsigned char q = b[8 + (t & 15)];
+        const int v = (t < 16 ? (q & 15) : (q >> 4)) | (((qh >> t) & 1) << 4);
+        return __fadd_rn(__fmul_rn((float) v, d), m);
+    }
+};
+// Q2_K / Q3_K: value t of a super-block lies in 128-value half n = t/128, and
+// in it at r = t%128: shift 2*(r/32), sub-block of 16 is = 8n + r/16, quant
+// byte 32n + r%32.
+struct DqQ2_K {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 256) * 84;
+        const int t = (int) (j % 256);
+        const int n = t / 128, r = t % 128;
+        const int is = 8 * n + r / 16;
+        const unsigned char sc = b[is];
+        const float d = sg_ld_h(b + 80), dmin = sg_ld_h(b + 82);
+        const int q = (b[16 + 32 * n + r % 32] >> (2 * (r / 32))) & 3;
+        const float dl = __fmul_rn(d, (float) (sc & 0xF)), ml = __fmul_rn(dmin, (float) (sc >> 4));
+        return __fsub_rn(__fmul_rn(dl, (float) q), ml);
+    }
+};
+struct DqQ3_K {
+    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
+        const unsigned char *b = (const unsigned char *) row + (j / 256) * 110;
+        const int t = (int) (j % 256);
+        const int n = t / 128, r = t % 128, sh = r / 32;
+        const int is = 8 * n + r / 16;
+        const unsigned char *scales = b + 96;
+        const int lo = is < 8 ? (scales[is] & 0xF) : (scales[is - 8] >> 4);
+        const int hi = (scales[8 + (is % 4)] >> (2 * (is / 4))) & 3;
+        const int sc = (lo | (hi << 4)) - 32;
+        const float d = sg_ld_h(b + 108);
+        const int q = ((b[32 + 32 * n + r % 32] >> (2 * sh)) & 3) - ((b[r % 32] & (1 << (4 * n + sh))) ? 0 : 4);
+        return __fmul_rn(__fmul_rn(d, (float) sc), (float) q);
+    }
+};
+
+// Adapts the (row, j, nb00) form above.
+template <typename DQ>
+struct DqPacked {
+    __device__ static __forceinline__ float at(const unsigned char *row, i64 j) { return DQ::at((const char *) row, j, 0); }
+};
+
+template <typename DQ>
+struct DotDq {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        float acc = 0.0f;
+        for (i64 k = lane; k < ne00; k += 32) acc += DQ::at(wr, k) * XV(k);
+        return acc;
+    }
+};
+
 #undef XV
 
 template <typename DOT>
@@ -268,3 +391,71 @@ SG_MMV(sg_mul_mat_vec_q4_0, DotQ4_0)
 SG_MMV(sg_mul_mat_vec_q4_K, DotQ45_K<false>)
 SG_MMV(sg_mul_mat_vec_q5_K, DotQ45_K<true>)
 SG_MMV(sg_mul_mat_vec_q6_K, DotQ6_K)
+SG_MMV(sg_mul_mat_vec_bf16, DotDq<DqBF16>)
+SG_MMV(sg_mul_mat_vec_q4_1, DotDq<DqPacked<DqQ4_1>>)
+SG_MMV(sg_mul_mat_vec_q5_0, DotDq<DqPacked<DqQ5_0>>)
+SG_MMV(sg_mul_mat_vec_q5_1, DotDq<DqPacked<DqQ5_1>>)
+SG_MMV(sg_mul_mat_vec_q2_K, DotDq<DqPacked<DqQ2_K>>)
+SG_MMV(sg_mul_mat_vec_q3_K, DotDq<DqPacked<DqQ3_K>>)
+
+template <typename DOT>
+__device__ __forceinline__ void mul_mat_id_vec_impl(
+        const char *w, const char *x, const char *ids, char *dst,
+        i64 ne00, i64 ne01, i64 n_expert,
+        i64 nb01, i64 nb02,
+        i64 ne11,
+        i64 nb10, i64 nb11, i64 nb12,
+        i64 n_used, i64 n_tok,
+        i64 nbi0, i64 nbi1,
+        i64 nb0, i64 nb1, i64 nb2,
+        int *err) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    const i64 ncols = n_used * n_tok;
+    for (i64 c = blockIdx.y; c < ncols; c += gridDim.y) {
+        const i64 slot = c % n_used;
+        const i64 t = c / n_used;
+        const i64 e = *(const int *) (ids + slot * nbi0 + t * nbi1);
+        const bool ok = e >= 0 && e < n_expert;   // uniform across the block
+        if (!ok && err && blockIdx.x == 0 && threadIdx.x == 0) atomicExch(err, 1);
+        const char *xc = x + (slot % ne11) * nb11 + t * nb12;
+        const unsigned char *wm = (const unsigned char *) w + (ok ? e : 0) * nb02;
+        char *dc = dst + slot * nb1 + t * nb2;
+        for (i64 row = (i64) blockIdx.x * nwarps + warp; row < ne01; row += (i64) gridDim.x * nwarps) {
+            float acc = ok ? DOT::row(wm + row * nb01, xc, nb10, ne00, lane) : 0.0f;
+            acc = sg_warp_sum(acc);
+            if (lane == 0) *(float *) (dc + row * nb0) = acc;
+        }
+    }
+}
+
+#define SG_MMV_ID(NAME, DOT)                                                             \
+    extern "C" __global__ void NAME(                                                     \
+            const char *w, const char *x, const char *ids, char *dst,                    \
+            i64 ne00, i64 ne01, i64 n_expert,                                            \
+            i64 nb01, i64 nb02,                                                          \
+            i64 ne11,                                                                    \
+            i64 nb10, i64 nb11, i64 nb12,                                                \
+            i64 n_used, i64 n_tok,                                                       \
+            i64 nbi0, i64 nbi1,                                                          \
+            i64 nb0, i64 nb1, i64 nb2,                                                   \
+            int *err) {                                                                  \
+        mul_mat_id_vec_impl<DOT>(w, x, ids, dst, ne00, ne01, n_expert, nb01, nb02, ne11, \
+                                 nb10, nb11, nb12, n_used, n_tok, nbi0, nbi1,            \
+                                 nb0, nb1, nb2, err);                                    \
+    }
+
+SG_MMV_ID(sg_mul_mat_id_vec_f32, DotF32)
+SG_MMV_ID(sg_mul_mat_id_vec_f16, DotF16)
+SG_MMV_ID(sg_mul_mat_id_vec_q8_0, DotQ8_0)
+SG_MMV_ID(sg_mul_mat_id_vec_q4_0, DotQ4_0)
+SG_MMV_ID(sg_mul_mat_id_vec_q4_K, DotQ45_K<false>)
+SG_MMV_ID(sg_mul_mat_id_vec_q5_K, DotQ45_K<true>)
+SG_MMV_ID(sg_mul_mat_id_vec_q6_K, DotQ6_K)
+SG_MMV_ID(sg_mul_mat_id_vec_bf16, DotDq<DqBF16>)
+SG_MMV_ID(sg_mul_mat_id_vec_q4_1, DotDq<DqPacked<DqQ4_1>>)
+SG_MMV_ID(sg_mul_mat_id_vec_q5_0, DotDq<DqPacked<DqQ5_0>>)
+SG_MMV_ID(sg_mul_mat_id_vec_q5_1, DotDq<DqPacked<DqQ5_1>>)
+SG_MMV_ID(sg_mul_mat_id_vec_q2_K, DotDq<DqPacked<DqQ2_K>>)
+SG_MMV_ID(sg_mul_mat_id_vec_q3_K, DotDq<DqPacked<DqQ3_K>>)

@@ -165,3 +165,32 @@ fn a_missing_gpu_is_an_error() {
     assert!(CudaBackend::virtual_devices(0, 0).is_err());
     assert!(CudaBackend::new(1_000_000).is_err());
 }
+
+/// An index out of range in get_rows / set_rows is an `Err` naming the op
+/// (the kernels skip it, so nothing outside the tensors is touched), and
+/// the device computes the next graph normally.
+#[test]
+fn out_of_range_rows_are_errors() {
+    let Some(mut devs) = devices(1) else { return };
+    let d = devs.remove(0);
+    let mut ctx = Context::new();
+    let table = ctx.new_tensor_2d(GgmlType::F32, 8, 4).unwrap();
+    let idx = ctx.new_tensor_1d(GgmlType::I32, 3).unwrap();
+    let rows = ctx.get_rows(table, idx).unwrap();
+    let g = ctx.build_forward(&[rows]).unwrap();
+    let mut st = TensorStorage::new();
+    st.alloc_tensors(&d, &ctx, g.leafs()).unwrap();
+    GraphAllocator::new(d.buffer_type()).alloc_graph(&d, &ctx, &g, &mut st).unwrap();
+    st.set_f32(&ctx, table, &(0..32).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+    for bad in [[0, 4, 1], [-1, 0, 0], [0, 1, i32::MAX]] {
+        st.set_i32(&ctx, idx, &bad).unwrap();
+        let e = d.compute(&ctx, &g, &st).unwrap_err();
+        assert!(e.to_string().contains("get_rows"), "{bad:?}: {e}");
+    }
+    st.set_i32(&ctx, idx, &[3, 0, 2]).unwrap();
+    d.compute(&ctx, &g, &st).unwrap();
+    let got = st.get_f32(&ctx, rows).unwrap();
+    let want: Vec<f32> = [3, 0, 2].iter().flat_map(|&r| (0..8).map(move |i| (r * 8 + i) as f32)).collect();
+    assert_eq!(got, want);
+    assert!(d.stats().host_nodes.is_empty(), "get_rows F32 ran on the device: {:?}", d.stats());
+}

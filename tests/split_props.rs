@@ -22,12 +22,15 @@
 //! (fixed by default, so CI is deterministic) (default 48 here, to keep CI short;
 //! the check runs 2000).
 
+#[path = "common/devices.rs"]
+mod devices;
+
 #[path = "common/random_graph.rs"]
 mod random_graph;
 
 use proptest::prelude::*;
 use random_graph::{build, leaf_strategy, Leaf, Step};
-use shardgraph::split::{AxisSplit, MetaExecutor, Planner, SplitPolicy, SplitState, SplitStore};
+use shardgraph::split::{AxisSplit, Planner, SplitPolicy, SplitState, SplitStore};
 use shardgraph::{Context, GgmlType, TensorId};
 
 /// Random explicit leaf states for `n` devices from `seed`.
@@ -226,7 +229,7 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
                 store.set_tensor(&ctx, l, 0, full).unwrap();
             }
         }
-        let exec = MetaExecutor::new(n, 1).unwrap();
+        let exec = devices::executor(n);
         let rep = exec
             .execute(&ctx, &graph, &plan, &mut store, &accepted)
             .map_err(|e| TestCaseError::fail(format!("executing on {n} devices failed: {e}\n{}", plan.report(&ctx))))?;

@@ -30,6 +30,9 @@
 //! `SPLIT_RULES_SEGMENTS=1` adds two-segment and repeated splits of even
 //! axes to the input states (about twice the cases).
 
+#[path = "common/devices.rs"]
+mod devices;
+
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
     conversion, split_extents, AxisSplit, Collective, LinkModel, MetaExecutor, Plan, Planner, SplitPolicy, SplitState,
@@ -1413,7 +1416,7 @@ fn every_op_rule_is_exact_for_every_input_state() {
         for _ in 0..workers {
             sc.spawn(|| {
                 let execs: Vec<(usize, MetaExecutor)> =
-                    [2usize, 3].iter().map(|&n| (n, MetaExecutor::new(n, 1).unwrap())).collect();
+                    [2usize, 3].iter().map(|&n| (n, devices::executor(n))).collect();
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some(spec) = specs.get(i) else { break };

@@ -9,9 +9,12 @@
 //! for single-device bytes is a plain `Vec<u8>` edited the same way, or one
 //! CPU device's `TensorStorage`.
 
+#[path = "common/devices.rs"]
+mod devices;
+
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
-    assemble, local_ne, slice_local, split_extents, AxisSplit, MetaExecutor, Planner, SplitPolicy, SplitSpec,
+    assemble, local_ne, slice_local, split_extents, AxisSplit, Planner, SplitPolicy, SplitSpec,
     SplitState, SplitStore,
 };
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
@@ -655,7 +658,7 @@ fn kv_cache_written_by_set_rows_saves_and_restores_in_single_device_bytes() {
                 out
             };
 
-            let exec = MetaExecutor::new(n, 1).unwrap();
+            let exec = devices::executor(n);
             let mut store = SplitStore::new(n);
             store.place_leafs(&ctx, &g, &plan).unwrap();
             assert_eq!(store.locals(cache).unwrap().0, &cstate, "{what}: placed as planned");
@@ -739,7 +742,7 @@ fn recurrent_state_written_by_cpy_into_a_view_saves_and_restores() {
             .rule("cache_s_*", SplitSpec::Axis { axis: 0, granule: ds, segments: vec![] });
         let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
         let sstate = plan.state(s).cloned().unwrap();
-        let exec = MetaExecutor::new(n, 1).unwrap();
+        let exec = devices::executor(n);
         let mut store = SplitStore::new(n);
         store.place_leafs(&ctx, &g, &plan).unwrap();
         let snap0 = finite_values(F32, (ds * nh * nseq) as usize, &mut rng);
@@ -899,7 +902,7 @@ fn bad_input_is_an_error_never_a_panic() {
     let plan3 = Planner::default().plan(&c2, &g, &SplitPolicy::new(&[1.0, 1.0, 1.0]).unwrap(), &[]).unwrap();
     let mut s2 = SplitStore::new(2);
     assert!(s2.place_leafs(&c2, &g, &plan3).is_err(), "plan for 3 devices, store for 2");
-    assert!(MetaExecutor::new(2, 1).unwrap().execute(&c2, &g, &plan3, &mut s2, &[y]).is_err(), "execute on 2");
+    assert!(devices::executor(2).execute(&c2, &g, &plan3, &mut s2, &[y]).is_err(), "execute on 2");
 }
 
 #[test]
@@ -922,7 +925,7 @@ fn failed_set_locals_keeps_previous_contents() {
 /// the store must reach the next run (no stale device copy).
 #[test]
 fn new_weights_reach_the_next_run_of_the_same_executor() {
-    use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec};
+    use shardgraph::split::{Planner, SplitPolicy, SplitSpec};
     let mut ctx = Context::new();
     let w = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
     ctx.set_name(w, "w").unwrap();
@@ -933,7 +936,7 @@ fn new_weights_reach_the_next_run_of_the_same_executor() {
     let policy =
         SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("w", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
     let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
-    let exec = MetaExecutor::new(2, 1).unwrap();
+    let exec = devices::executor(2);
     let mut store = SplitStore::new(2);
     store.place_leafs(&ctx, &g, &plan).unwrap();
     let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();

@@ -8,8 +8,9 @@ use shardgraph::models::dflash::DflashHparams;
 use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
 use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
 use shardgraph::models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
-use shardgraph::GgmlType;
+use shardgraph::{Backend, GgmlType};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The value after option `name`, if given.
@@ -54,7 +55,12 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
 /// one device): the tensor-split ratios, one per device, and the mode.
 /// Exits with a message on bad values.
 pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
-    let n: usize = parsed(args, "--devices", default_n);
+    let listed = arg(args, "--device").map(|l| l.split(',').count());
+    let n: usize = parsed(args, "--devices", listed.unwrap_or(default_n));
+    if listed.is_some_and(|k| k != n) && arg(args, "--split-mode").as_deref() != Some("none") {
+        eprintln!("--device names {} device(s) but --devices is {n}", listed.unwrap_or(0));
+        std::process::exit(2);
+    }
     if n == 0 {
         eprintln!("--devices must be at least 1");
         std::process::exit(2);
@@ -77,6 +83,67 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
             std::process::exit(2);
         }
     }
+}
+
+/// `--device` (llama.cpp's option): comma-separated device names, one per
+/// device of the tensor split: `CPU` (the default for every device),
+/// `CUDA<i>` (GPU `i`; a GPU named k times gives k virtual devices on it,
+/// each with its own stream and share of memory), `EMU` (an emulated GPU:
+/// the CUDA kernels as host C++, slow; `--features cuda-emu`). Returns the
+/// devices to run on, or `None` for CPU devices; exits on a bad name.
+pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<dyn Backend>>>> {
+    let Some(list) = arg(args, "--device") else { return Ok(None) };
+    let mut names: Vec<String> = list.split(',').map(|x| x.trim().to_uppercase()).collect();
+    if names.len() != n {
+        if n != 1 {
+            eprintln!("--device names {} device(s) for {n}", names.len());
+            std::process::exit(2);
+        }
+        // --split-mode none: the main (first) device only.
+        names.truncate(1);
+    }
+    if names.iter().all(|d| d == "CPU") {
+        return Ok(None);
+    }
+    let mut out: Vec<Arc<dyn Backend>> = Vec::new();
+    #[cfg(feature = "cuda")]
+    {
+        use shardgraph::backend::cuda::CudaBackend;
+        let mut virtuals: std::collections::HashMap<usize, Vec<CudaBackend>> = std::collections::HashMap::new();
+        for d in &names {
+            if let Some(i) = d.strip_prefix("CUDA").and_then(|i| i.parse::<usize>().ok()) {
+                if !virtuals.contains_key(&i) {
+                    let k = names.iter().filter(|x| *x == d).count();
+                    virtuals.insert(i, CudaBackend::virtual_devices(i, k)?.into_iter().rev().collect());
+                }
+            }
+        }
+        for d in &names {
+            let b: Arc<dyn Backend> = match d.as_str() {
+                "CPU" => Arc::new(shardgraph::CpuBackend::with_threads(1)?),
+                #[cfg(feature = "cuda-emu")]
+                "EMU" => Arc::new(CudaBackend::emulated(8 << 30)),
+                g => match g.strip_prefix("CUDA").and_then(|i| i.parse::<usize>().ok()) {
+                    Some(i) => Arc::new(virtuals.get_mut(&i).and_then(|v| v.pop()).expect("opened above")),
+                    None => bad_device(g),
+                },
+            };
+            out.push(b);
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        eprintln!("--device {list}: this build has only CPU devices (build with --features cuda or cuda-emu)");
+        std::process::exit(2);
+    }
+    #[allow(unreachable_code)]
+    Ok(Some(out))
+}
+
+#[cfg(feature = "cuda")]
+fn bad_device(name: &str) -> ! {
+    eprintln!("--device {name}: use CPU, CUDA<i> or EMU (EMU needs --features cuda-emu)");
+    std::process::exit(2)
 }
 
 /// `--cache-type-k f16|q8_0|q4_0` (default f16); exits on another value.
@@ -237,6 +304,8 @@ pub struct Bench<'a> {
     pub verify: bool,
     /// The drafter's name in the report.
     pub label: &'a str,
+    /// The devices are not CPU devices (`--device`): verify against a CPU run.
+    pub accelerated: bool,
 }
 
 /// Plain greedy decoding (after a short warm-up run), then speculative
@@ -247,6 +316,7 @@ pub struct Bench<'a> {
 pub fn bench<T: Target>(
     b: &Bench<'_>,
     open: &dyn Fn(&[f32]) -> shardgraph::Result<T>,
+    reference: &dyn Fn() -> shardgraph::Result<T>,
     attach: &Attach<'_, T>,
     moved: &dyn Fn(&T) -> u64,
 ) -> shardgraph::Result<()> {
@@ -289,15 +359,15 @@ pub fn bench<T: Target>(
         std::process::exit(1);
     }
     if b.verify {
-        let reference = if b.ratios.len() == 1 {
+        let reference = if b.ratios.len() == 1 && !b.accelerated {
             plain
         } else {
-            let mut one = open(&[1.0])?;
+            let mut one = reference()?;
             generate(&mut one, &mut NoDraft, &b.prompt, b.n_gen, plain_params)?.0
         };
         match reference.iter().zip(&tokens).position(|(a, b)| a != b) {
             None if reference.len() == tokens.len() => println!(
-                "verify: identical — {} tokens equal plain greedy decoding on one device (first: {:?})",
+                "verify: identical — {} tokens equal plain greedy decoding on one CPU device (first: {:?})",
                 tokens.len(),
                 &tokens[..tokens.len().min(8)]
             ),

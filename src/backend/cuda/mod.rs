@@ -239,7 +239,11 @@ impl Backend for CudaBackend {
                     host.push(t.op.name());
                 }
             }
-            self.gpu.synchronize().map_err(|e| Error::Cuda { detail: format!("{}: {e}", self.name) })
+            self.gpu.synchronize().map_err(|e| Error::Cuda { detail: format!("{}: {e}", self.name) })?;
+            cx.check_flags().map_err(|e| match e {
+                Error::Compute { detail } => Error::Compute { detail: format!("{}: {detail}", self.name) },
+                other => other,
+            })
         })();
         let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         s.launches += cx.launches();

@@ -30,7 +30,7 @@ use super::api::{DevPtr, Gpu, KArg};
 use crate::error::Result;
 use crate::ops::Op;
 use crate::tensor::{GgmlType, Tensor};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 /// A node operand: its tensor and device address.
 #[derive(Clone, Copy, Debug)]
@@ -74,16 +74,36 @@ pub(crate) struct Cx<'a> {
     dry: bool,
     sms: u32,
     launches: Cell<u64>,
+    /// Error flags of this compute ([`Cx::error_flag`]) and what each means.
+    flags: RefCell<Option<Scratch<'a>>>,
+    flag_what: RefCell<Vec<String>>,
 }
+
+/// Error flags per flag buffer (checked early when it fills).
+const FLAG_SLOTS: usize = 1024;
 
 impl<'a> Cx<'a> {
     /// A context that launches on `gpu`.
     pub fn live(gpu: &'a dyn Gpu) -> Self {
-        Cx { gpu, dry: false, sms: gpu.info().multiprocessors.max(1), launches: Cell::new(0) }
+        Cx {
+            gpu,
+            dry: false,
+            sms: gpu.info().multiprocessors.max(1),
+            launches: Cell::new(0),
+            flags: RefCell::new(None),
+            flag_what: RefCell::new(Vec::new()),
+        }
     }
     /// A context that only answers whether a node has a kernel.
     pub fn dry(gpu: &'a dyn Gpu) -> Self {
-        Cx { gpu, dry: true, sms: 1, launches: Cell::new(0) }
+        Cx {
+            gpu,
+            dry: true,
+            sms: 1,
+            launches: Cell::new(0),
+            flags: RefCell::new(None),
+            flag_what: RefCell::new(Vec::new()),
+        }
     }
     /// Launches issued so far.
     pub fn launches(&self) -> u64 {
@@ -117,6 +137,109 @@ impl<'a> Cx<'a> {
     /// The device (for GEMM).
     pub fn gpu(&self) -> &dyn Gpu {
         self.gpu
+    }
+    /// `bytes` of zero-filled device memory for one node's launches, freed
+    /// when the [`Scratch`] is dropped (stream-ordered on a GPU, so after the
+    /// launches queued before). A dry run allocates nothing (address 0).
+    ///
+    /// # Errors
+    /// [`crate::Error::Alloc`] when the device is out of memory.
+    pub fn scratch(&self, bytes: usize) -> Result<Scratch<'a>> {
+        if self.dry {
+            return Ok(Scratch { gpu: self.gpu, p: 0, bytes: 0 });
+        }
+        let p = self.gpu.alloc(bytes.max(1))?;
+        Ok(Scratch { gpu: self.gpu, p, bytes: bytes.max(1) })
+    }
+    /// A 4-byte error flag for one launch's kernel to set (an index out of
+    /// range), reported as [`crate::Error::Compute`] with `what` by
+    /// [`Cx::check_flags`] after the graph's work has finished: one read per
+    /// compute instead of a wait per flagged node. Address 0 in a dry run.
+    ///
+    /// # Errors
+    /// [`crate::Error::Alloc`] if the flag buffer cannot be allocated; a set
+    /// flag found when the buffer is full and checked early.
+    pub fn error_flag(&self, what: String) -> Result<KArg> {
+        if self.dry {
+            return Ok(KArg::Ptr(0));
+        }
+        if self.flag_what.borrow().len() == FLAG_SLOTS {
+            self.check_flags()?;
+            if let Some(f) = self.flags.borrow().as_ref() {
+                // SAFETY: the whole flag allocation.
+                unsafe { self.gpu.memset(f.p, 0, f.bytes)? };
+            }
+            self.flag_what.borrow_mut().clear();
+        }
+        if self.flags.borrow().is_none() {
+            *self.flags.borrow_mut() = Some(self.scratch(4 * FLAG_SLOTS)?);
+        }
+        let base = self.flags.borrow().as_ref().map_or(0, |f| f.p);
+        let mut w = self.flag_what.borrow_mut();
+        w.push(what);
+        Ok(KArg::Ptr(base + 4 * (w.len() as DevPtr - 1)))
+    }
+    /// Reads every error flag handed out since the last check (after all
+    /// queued work) and fails with the first set one's message.
+    ///
+    /// # Errors
+    /// [`crate::Error::Compute`] naming the op and the bad operand.
+    pub fn check_flags(&self) -> Result<()> {
+        let w = self.flag_what.borrow();
+        let flags = self.flags.borrow();
+        let (Some(f), false) = (flags.as_ref(), w.is_empty()) else { return Ok(()) };
+        let mut b = vec![0u8; 4 * w.len()];
+        // SAFETY: the first 4·len bytes of the live flag allocation (len ≤ FLAG_SLOTS).
+        unsafe { self.gpu.read(f.p, &mut b)? };
+        match b.chunks_exact(4).position(|c| c != [0; 4]) {
+            Some(i) => Err(crate::error::Error::Compute { detail: w[i].clone() }),
+            None => Ok(()),
+        }
+    }
+    /// Runs `g` with the device's GEMM library: `Ok(false)` when it has none
+    /// (always in a dry run and in the emulator); the caller then launches
+    /// its own kernels. Counted as a launch when it ran.
+    pub fn gemm(&self, g: &super::api::Gemm) -> Result<bool> {
+        if self.dry {
+            return Ok(false);
+        }
+        // SAFETY: the module invariant: the matrices of `g` are checked
+        // operands (or scratch allocations) described by their own layouts.
+        let ran = unsafe { self.gpu().gemm(g)? };
+        if ran {
+            self.launches.set(self.launches.get() + 1);
+        }
+        Ok(ran)
+    }
+}
+
+/// Device memory owned by one node's launches (a dequantised weight, an
+/// error flag): see [`Cx::scratch`]. Its address joins the module's memory
+/// argument: dispatchers pass it only with layouts inside its `bytes`.
+pub(crate) struct Scratch<'a> {
+    gpu: &'a dyn Gpu,
+    p: DevPtr,
+    bytes: usize,
+}
+
+impl Scratch<'_> {
+    /// Its device address (0 in a dry run).
+    pub fn p(&self) -> DevPtr {
+        self.p
+    }
+    /// The address as a kernel argument.
+    pub fn ptr(&self) -> KArg {
+        KArg::Ptr(self.p)
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        if self.p != 0 {
+            // SAFETY: allocated by this device's `alloc` in `Cx::scratch`;
+            // the Scratch is its only owner.
+            unsafe { self.gpu.free(self.p) }
+        }
     }
 }
 
