@@ -45,6 +45,9 @@ pub(crate) struct GpuInfo {
     pub memory_total: usize,
     /// Streaming multiprocessors: launch grids are sized from it.
     pub multiprocessors: u32,
+    /// Peak memory bandwidth, bytes/s (memory clock × bus width × 2, as
+    /// `deviceQuery` reports it); 0 when unknown (the emulator).
+    pub memory_bandwidth: f64,
 }
 
 /// A column-major GEMM `C[m, n] = Aᵀ[m, k] · B[k, n]` over F32 or F16 data,

@@ -39,6 +39,7 @@ pub(crate) struct DriverGpu {
     cublas: Mutex<Option<CublasHandle>>,
     name: String,
     multiprocessors: u32,
+    bandwidth: f64,
 }
 
 /// A cuBLAS handle bound to one stream.
@@ -75,6 +76,10 @@ impl DriverGpu {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_err(gpu("multiprocessor count"), e))?;
+        // Peak bandwidth: memory clock (kHz) × bus width (bits) × 2 (DDR).
+        let clock = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0);
+        let bus = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0);
+        let bandwidth = clock.max(0) as f64 * 1e3 * (bus.max(0) as f64 / 8.0) * 2.0;
         let kernels = Arc::new(OnceLock::new());
         (0..n)
             .map(|_| {
@@ -91,6 +96,7 @@ impl DriverGpu {
                     cublas: Mutex::new(None),
                     name: name.clone(),
                     multiprocessors: sms.max(1) as u32,
+                    bandwidth,
                 })
             })
             .collect()
@@ -182,7 +188,12 @@ impl Drop for DriverGpu {
 
 impl Gpu for DriverGpu {
     fn info(&self) -> GpuInfo {
-        GpuInfo { name: self.name.clone(), memory_total: self.budget, multiprocessors: self.multiprocessors }
+        GpuInfo {
+            name: self.name.clone(),
+            memory_total: self.budget,
+            multiprocessors: self.multiprocessors,
+            memory_bandwidth: self.bandwidth,
+        }
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {

@@ -66,6 +66,7 @@ impl Gpu for EmuGpu {
             name: "emulated GPU (kernels as host C++)".into(),
             memory_total: self.memory,
             multiprocessors: self.multiprocessors,
+            memory_bandwidth: 0.0,
         }
     }
 

@@ -111,6 +111,18 @@ impl CudaBackend {
         CudaBackend { name, gpu, stats: Mutex::new(CudaStats::default()) }
     }
 
+    /// The GPU's peak memory bandwidth in bytes/s (memory clock × bus width
+    /// × 2, as `deviceQuery`), shared by virtual devices; 0 when unknown
+    /// (the emulator). Benches report achieved bandwidth against it.
+    pub fn memory_bandwidth(&self) -> f64 {
+        self.gpu.info().memory_bandwidth
+    }
+
+    /// True for an emulated GPU (kernels run as host C++).
+    pub fn is_emulated(&self) -> bool {
+        self.name.starts_with("EMU")
+    }
+
     /// Counters since creation (launches, nodes on the device, nodes on the host).
     pub fn stats(&self) -> CudaStats {
         self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
