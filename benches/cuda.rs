@@ -70,6 +70,16 @@ fn matvec_seconds(backend: &dyn Backend, ty: GgmlType, k: i64, m: i64, budget: D
     }
 }
 
+/// `n` virtual devices on GPU 0, or `n` emulated GPUs when `emu`.
+fn devices(n: usize, emu: bool) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
+    #[cfg(feature = "cuda-emu")]
+    if emu {
+        return Ok((0..n).map(|_| Arc::new(CudaBackend::emulated(4 << 30)) as Arc<dyn Backend>).collect());
+    }
+    let _ = emu;
+    Ok(CudaBackend::virtual_devices(0, n)?.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect())
+}
+
 fn main() -> shardgraph::Result<()> {
     let emu = std::env::var("SHARDGRAPH_BENCH_EMU").is_ok();
     let gpu = match CudaBackend::new(0) {
@@ -143,14 +153,8 @@ fn main() -> shardgraph::Result<()> {
         Ok(out)
     };
     let cpu_tokens = run("CPU x1", &[1.0], None)?;
-    let one: Vec<Arc<dyn Backend>> = if emu { vec![Arc::new(CudaBackend::emulated(4 << 30))] } else { vec![Arc::new(CudaBackend::new(0)?)] };
-    let t1 = run("CUDA x1", &[1.0], Some(one))?;
-    let two: Vec<Arc<dyn Backend>> = if emu {
-        (0..2).map(|_| Arc::new(CudaBackend::emulated(4 << 30)) as Arc<dyn Backend>).collect()
-    } else {
-        CudaBackend::virtual_devices(0, 2)?.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect()
-    };
-    let t2 = run("CUDA x2 (virtual, 1:1)", &[1.0, 1.0], Some(two))?;
+    let t1 = run("CUDA x1", &[1.0], Some(devices(1, emu)?))?;
+    let t2 = run("CUDA x2 (virtual, 1:1)", &[1.0, 1.0], Some(devices(2, emu)?))?;
     println!(
         "\ntokens equal the CPU run: 1 device {}, 2 virtual devices {}",
         t1 == cpu_tokens,
