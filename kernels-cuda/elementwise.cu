@@ -20,8 +20,14 @@
 // * In-place (dst == src0, same strides) is allowed for every kernel here
 //   except the cpy kernels.
 //
-// Binary ops (ggml_add / ggml_sub / ggml_mul / ggml_div, all F32):
-//   sg_add_f32, sg_sub_f32, sg_mul_f32, sg_div_f32
+// Binary ops (ggml_add / ggml_sub / ggml_mul / ggml_div):
+//   sg_add_f32, sg_sub_f32, sg_mul_f32, sg_div_f32            (all F32)
+//   sg_<op>_<a>_<b> for (a, b) in (f16, f16), (f16, f32), (bf16, bf16),
+//   (bf16, f32): src0 of type a, src1 of type b, dst of type a; computed in
+//   f32 on the converted inputs, one rounding to dst (ggml's CPU rule).
+//   sg_add_q8_0_f32, sg_add_q4_0_f32: add (and add1, as a [1,1,1,1] src1)
+//   of a Q8_0 / Q4_0 src0 and dst with an F32 src1; see the contract above
+//   the kernels at the end of this file.
 //   (const char *src0, const char *src1, char *dst,
 //    i64 ne0, ne1, ne2, ne3,          // shape of src0 == shape of dst
 //    i64 nb00, nb01, nb02, nb03,      // src0 strides (bytes)
@@ -31,7 +37,9 @@
 //   dst[i] = src0[i] OP src1[i0 % ne10, i1 % ne11, i2 % ne12, i3 % ne13]
 //   (ggml's broadcast rule: src1 repeats along every dim). Row launch.
 //
-// Unary ops, F32 -> F32 (`_f32`) and F16 -> F16 (`_f16`, computed in f32):
+// Unary ops, F32 -> F32 (`_f32`), F16 -> F16 (`_f16`, computed in f32) and,
+// for neg, abs, sqr, sqrt, exp, relu, sigmoid, tanh, softplus only,
+// BF16 -> BF16 (`_bf16`, computed in f32):
 //   sg_<op>_f32 / sg_<op>_f16
 //   (const char *src, char *dst,
 //    i64 ne0, ne1, ne2, ne3,          // shape (src == dst)
@@ -68,20 +76,46 @@
 //   (const char *src, char *dst, i64 ne0..ne3, i64 nb00..nb03, i64 nb0..nb3,
 //    float min, float max). Row launch.
 //
+// add1 (ggml_add1): dst = src0 + b[0], b a one-element tensor.
+//   sg_add1_<a>_<b> for (a, b) in (f32, f32), (f16, f16), (f16, f32),
+//   (bf16, bf16), (bf16, f32); dst has src0's type (computed in f32).
+//   (const char *src, const char *b, char *dst, i64 ne0..ne3,
+//    i64 nb00..nb03, i64 nb0..nb3). Row launch.
+//
 // sg_fill_f32 / sg_fill_f16 (ggml_fill): every element of dst = c (rounded to
 //   f16 for the F16 variant).
 //   (char *dst, i64 ne0..ne3, i64 nb0..nb3, float c). Row launch.
 //
-// Copies / conversions (ggml_cpy, ggml_dup, ggml_cont between F32 and F16):
-//   sg_cpy_f32_f32, sg_cpy_f32_f16, sg_cpy_f16_f32, sg_cpy_f16_f16
+// Copies / conversions (ggml_cpy, ggml_dup, ggml_cont):
+//   sg_cpy_f32_f32, sg_cpy_f32_f16, sg_cpy_f16_f32, sg_cpy_f16_f16,
+//   sg_cpy_f32_bf16, sg_cpy_bf16_f32, sg_cpy_f16_bf16, sg_cpy_bf16_f16,
+//   sg_cpy_bf16_bf16, sg_cpy_i32_i32, sg_cpy_i32_f32, sg_cpy_f32_i32
 //   (const char *src, char *dst,
 //    i64 ne00, ne01, ne02, ne03, i64 nb00, nb01, nb02, nb03,   // src
 //    i64 ne0,  ne1,  ne2,  ne3,  i64 nb0,  nb1,  nb2,  nb3)    // dst
 //   src and dst need the same number of elements but may differ in shape:
 //   element k of src in row-major logical order (i0 fastest) goes to element k
-//   of dst in its own logical order, as ggml_cpy does. F32 -> F16 rounds to
-//   nearest even; F32 -> F32 and F16 -> F16 copy the bits. Flat launch over
+//   of dst in its own logical order, as ggml_cpy does. F32 -> F16 and
+//   -> BF16 round to nearest even (BF16 as GGML_FP32_TO_BF16); F32 -> I32
+//   truncates toward zero; same-type copies copy the bits. Flat launch over
 //   n = ne00*ne01*ne02*ne03 elements.
+//
+// Copies into / out of block types (same arguments as the float copies):
+//   sg_cpy_<f32|f16|bf16>_<q8_0|q4_0|q4_1|q5_0>   quantize: dst contiguous;
+//     element k of src (logical order, any strides) -> element k of dst;
+//     blocks encoded as ggml's quantize_row_*_ref (bit for bit on finite
+//     inputs; NaN/out-of-range conversions saturate on the device where x86
+//     gives INT_MIN).
+//   sg_cpy_<q8_0|q4_0>_<f32|f16>   dequantize: src contiguous; element k of
+//     src -> element k of dst (logical order, any strides); as ggml's
+//     dequantize_row_*.
+//   Launch: blockDim = (B, 1, 1), gridDim = (gx, 1, 1), a grid-stride loop
+//   over the n/32 blocks (one block per thread), gx = min(ceil(n/32 / B), 65535).
+// sg_cpy_units (same-type copy of any block type, e.g. cont of a permuted
+//   Q8_0 tensor): (const char *src, char *dst, i64 esize,
+//   i64 ne0..ne3 (ne0 in units of esize bytes, e.g. blocks per row),
+//   i64 nb00..nb03, i64 nb0..nb3); src and dst have this same shape; unit k
+//   is copied byte by byte. Flat launch over the units.
 
 typedef long long i64;
 
@@ -118,6 +152,30 @@ struct TF16 {
     __device__ static __forceinline__ float load(const char *p) { return sg_h2f(*(const unsigned short *) p); }
     __device__ static __forceinline__ void store(char *p, float v) { *(unsigned short *) p = sg_f2h(v); }
 };
+// BF16: exact widening; narrowing as GGML_FP32_TO_BF16 (round to nearest
+// even, NaN kept quiet with its sign and high payload bits).
+__device__ __forceinline__ unsigned short sg_f2bf(float f) {
+    const unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short) ((u >> 16) | 64);
+    return (unsigned short) ((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+struct TBF16 {
+    __device__ static __forceinline__ float load(const char *p) {
+        return __uint_as_float(((unsigned) *(const unsigned short *) p) << 16);
+    }
+    __device__ static __forceinline__ void store(char *p, float v) { *(unsigned short *) p = sg_f2bf(v); }
+};
+// I32 as a value: i32 -> f32 rounds to nearest, f32 -> i32 truncates toward
+// zero (saturating on the device; ggml's `(int32_t) x`).
+struct TI32 {
+    __device__ static __forceinline__ float load(const char *p) { return (float) *(const int *) p; }
+    __device__ static __forceinline__ void store(char *p, float v) { *(int *) p = __float2int_rz(v); }
+};
+// Raw 32-bit copy (F32 -> F32 and I32 -> I32 keep every bit pattern).
+struct TU32 {
+    __device__ static __forceinline__ unsigned load(const char *p) { return *(const unsigned *) p; }
+    __device__ static __forceinline__ void store(char *p, unsigned v) { *(unsigned *) p = v; }
+};
 // Raw 16-bit copy (F16 -> F16 keeps every bit pattern, NaN payloads included).
 struct TU16 {
     __device__ static __forceinline__ unsigned short load(const char *p) { return *(const unsigned short *) p; }
@@ -133,8 +191,8 @@ struct OpSub { __device__ static __forceinline__ float f(float a, float b) { ret
 struct OpMul { __device__ static __forceinline__ float f(float a, float b) { return a * b; } };
 struct OpDiv { __device__ static __forceinline__ float f(float a, float b) { return a / b; } };
 
-template <typename OP>
-__device__ __forceinline__ void binary_f32(
+template <typename TA, typename TB, typename TD, typename OP>
+__device__ __forceinline__ void binary_t(
         const char *src0, const char *src1, char *dst,
         i64 ne0, i64 ne1, i64 ne2, i64 ne3,
         i64 nb00, i64 nb01, i64 nb02, i64 nb03,
@@ -151,14 +209,14 @@ __device__ __forceinline__ void binary_f32(
         char *d = dst + i1 * nb1 + i2 * nb2 + i3 * nb3;
         for (i64 i0 = (i64) blockIdx.x * blockDim.x + threadIdx.x; i0 < ne0; i0 += (i64) gridDim.x * blockDim.x) {
             const i64 i10 = (ne10 == ne0) ? i0 : i0 % ne10;
-            const float x = *(const float *) (a + i0 * nb00);
-            const float y = *(const float *) (b + i10 * nb10);
-            *(float *) (d + i0 * nb0) = OP::f(x, y);
+            const float x = TA::load(a + i0 * nb00);
+            const float y = TB::load(b + i10 * nb10);
+            TD::store(d + i0 * nb0, OP::f(x, y));
         }
     }
 }
 
-#define SG_BINARY(NAME, OP)                                                              \
+#define SG_BINARY(NAME, TA, TB, TD, OP)                                                  \
     extern "C" __global__ void NAME(                                                     \
             const char *src0, const char *src1, char *dst,                               \
             i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
@@ -166,14 +224,24 @@ __device__ __forceinline__ void binary_f32(
             i64 ne10, i64 ne11, i64 ne12, i64 ne13,                                      \
             i64 nb10, i64 nb11, i64 nb12, i64 nb13,                                      \
             i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
-        binary_f32<OP>(src0, src1, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03,      \
-                       ne10, ne11, ne12, ne13, nb10, nb11, nb12, nb13, nb0, nb1, nb2, nb3); \
+        binary_t<TA, TB, TD, OP>(src0, src1, dst, ne0, ne1, ne2, ne3,                    \
+                                 nb00, nb01, nb02, nb03, ne10, ne11, ne12, ne13,         \
+                                 nb10, nb11, nb12, nb13, nb0, nb1, nb2, nb3);            \
     }
 
-SG_BINARY(sg_add_f32, OpAdd)
-SG_BINARY(sg_sub_f32, OpSub)
-SG_BINARY(sg_mul_f32, OpMul)
-SG_BINARY(sg_div_f32, OpDiv)
+// F32 kernels keep their short names; the others are named by src0 and src1
+// type (dst has src0's type).
+#define SG_BINARY_ALL(OPNAME, OP)                                                        \
+    SG_BINARY(sg_##OPNAME##_f32, TF32, TF32, TF32, OP)                                   \
+    SG_BINARY(sg_##OPNAME##_f16_f16, TF16, TF16, TF16, OP)                               \
+    SG_BINARY(sg_##OPNAME##_f16_f32, TF16, TF32, TF16, OP)                               \
+    SG_BINARY(sg_##OPNAME##_bf16_bf16, TBF16, TBF16, TBF16, OP)                          \
+    SG_BINARY(sg_##OPNAME##_bf16_f32, TBF16, TF32, TBF16, OP)
+
+SG_BINARY_ALL(add, OpAdd)
+SG_BINARY_ALL(sub, OpSub)
+SG_BINARY_ALL(mul, OpMul)
+SG_BINARY_ALL(div, OpDiv)
 
 // ---------------------------------------------------------------------------
 // Unary ops
@@ -268,6 +336,17 @@ SG_UNARY(relu, URelu)
 SG_UNARY(sigmoid, USigmoid)
 SG_UNARY(tanh, UTanh)
 SG_UNARY(softplus, USoftplus)
+// BF16 -> BF16 (computed in f32) for the ops whose ggml CPU path is the
+// plain formula.
+SG_UNARY_T(sg_neg_bf16, TBF16, UNeg)
+SG_UNARY_T(sg_abs_bf16, TBF16, UAbs)
+SG_UNARY_T(sg_sqr_bf16, TBF16, USqr)
+SG_UNARY_T(sg_sqrt_bf16, TBF16, USqrt)
+SG_UNARY_T(sg_exp_bf16, TBF16, UExp)
+SG_UNARY_T(sg_relu_bf16, TBF16, URelu)
+SG_UNARY_T(sg_sigmoid_bf16, TBF16, USigmoid)
+SG_UNARY_T(sg_tanh_bf16, TBF16, UTanh)
+SG_UNARY_T(sg_softplus_bf16, TBF16, USoftplus)
 SG_UNARY_T(sg_gelu_lut_f32, TF32, UGeluLut)
 SG_UNARY_T(sg_gelu_quick_lut_f32, TF32, UGeluQuickLut)
 
@@ -317,6 +396,30 @@ extern "C" __global__ void sg_clamp_f16(
     ClampOp op{min, max};
     unary_map<TF16, TF16>(src, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03, nb0, nb1, nb2, nb3, op);
 }
+
+// add1: dst = src0 + src1[0] (src1 a scalar of type TB), dst of src0's type.
+template <typename TB>
+struct Add1Op {
+    const char *b;
+    __device__ __forceinline__ float operator()(float x) const { return x + TB::load(b); }
+};
+
+#define SG_ADD1(NAME, TA, TB)                                                            \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src, const char *b, char *dst,                                   \
+            i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
+        Add1Op<TB> op{b};                                                                \
+        unary_map<TA, TA>(src, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03,          \
+                          nb0, nb1, nb2, nb3, op);                                       \
+    }
+
+SG_ADD1(sg_add1_f32_f32, TF32, TF32)
+SG_ADD1(sg_add1_f16_f16, TF16, TF16)
+SG_ADD1(sg_add1_f16_f32, TF16, TF32)
+SG_ADD1(sg_add1_bf16_bf16, TBF16, TBF16)
+SG_ADD1(sg_add1_bf16_f32, TBF16, TF32)
 
 template <typename TD>
 __device__ __forceinline__ void fill_rows(char *dst, i64 ne0, i64 ne1, i64 ne2, i64 ne3,
@@ -390,3 +493,256 @@ SG_CPY(sg_cpy_f32_f32, TF32, TF32)
 SG_CPY(sg_cpy_f32_f16, TF32, TF16)
 SG_CPY(sg_cpy_f16_f32, TF16, TF32)
 SG_CPY(sg_cpy_f16_f16, TU16, TU16)
+SG_CPY(sg_cpy_f32_bf16, TF32, TBF16)
+SG_CPY(sg_cpy_bf16_f32, TBF16, TF32)
+SG_CPY(sg_cpy_f16_bf16, TF16, TBF16)
+SG_CPY(sg_cpy_bf16_f16, TBF16, TF16)
+SG_CPY(sg_cpy_bf16_bf16, TU16, TU16)
+SG_CPY(sg_cpy_i32_i32, TU32, TU32)
+SG_CPY(sg_cpy_i32_f32, TI32, TF32)
+SG_CPY(sg_cpy_f32_i32, TF32, TI32)
+
+// ---------------------------------------------------------------------------
+// cpy into / out of the 32-element block types (ggml-quants.c reference
+// quantizers, bit for bit on finite inputs), and same-type block copies
+// ---------------------------------------------------------------------------
+
+// Element k (logical row-major order of shape ne) of a strided tensor.
+__device__ __forceinline__ const char *sg_elem(const char *p, i64 k, i64 ne0, i64 ne1, i64 ne2,
+                                               i64 nb0, i64 nb1, i64 nb2, i64 nb3) {
+    const i64 a0 = k % ne0; k /= ne0;
+    const i64 a1 = k % ne1; k /= ne1;
+    const i64 a2 = k % ne2;
+    const i64 a3 = k / ne2;
+    return p + a0 * nb0 + a1 * nb1 + a2 * nb2 + a3 * nb3;
+}
+
+__device__ __forceinline__ void sg_st_h(unsigned char *p, float v) {
+    const unsigned short h = sg_f2h(v);
+    p[0] = (unsigned char) (h & 0xff);
+    p[1] = (unsigned char) (h >> 8);
+}
+__device__ __forceinline__ float sg_ld_h(const unsigned char *p) {
+    return sg_h2f((unsigned short) (p[0] | (p[1] << 8)));
+}
+
+// Largest |x| and the signed value attaining it (first one on ties).
+__device__ __forceinline__ float sg_abs_max_signed(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+        const float a = fabsf(x[j]);
+        if (amax < a) { amax = a; max = x[j]; }
+    }
+    return max;
+}
+
+struct QQ8_0 {
+    static constexpr int BYTES = 34;
+    __device__ static __forceinline__ void quant(const float *x, unsigned char *y) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            const float a = fabsf(x[j]);
+            amax = amax > a ? amax : a;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        sg_st_h(y, d);
+        for (int j = 0; j < 32; ++j) y[2 + j] = (unsigned char) (signed char) (int) roundf(__fmul_rn(x[j], id));
+    }
+    __device__ static __forceinline__ void dequant(const unsigned char *b, float *out) {
+        const float d = sg_ld_h(b);
+        for (int j = 0; j < 32; ++j) out[j] = __fmul_rn((float) (signed char) b[2 + j], d);
+    }
+};
+struct QQ4_0 {
+    static constexpr int BYTES = 18;
+    __device__ static __forceinline__ void quant(const float *x, unsigned char *y) {
+        const float d = sg_abs_max_signed(x) / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        sg_st_h(y, d);
+        for (int j = 0; j < 16; ++j) {
+            int q0 = (signed char) (int) __fadd_rn(__fmul_rn(x[j], id), 8.5f);
+            int q1 = (signed char) (int) __fadd_rn(__fmul_rn(x[j + 16], id), 8.5f);
+            q0 = q0 < 15 ? q0 : 15;
+            q1 = q1 < 15 ? q1 : 15;
+            y[2 + j] = (unsigned char) ((q0 & 0xff) | (q1 << 4));
+        }
+    }
+    __device__ static __forceinline__ void dequant(const unsigned char *b, float *out) {
+        const float d = sg_ld_h(b);
+        for (int j = 0; j < 16; ++j) {
+            out[j] = __fmul_rn((float) ((b[2 + j] & 15) - 8), d);
+            out[j + 16] = __fmul_rn((float) ((b[2 + j] >> 4) - 8), d);
+        }
+    }
+};
+struct QQ4_1 {
+    static constexpr int BYTES = 20;
+    __device__ static __forceinline__ void quant(const float *x, unsigned char *y) {
+        float min = 3.402823466e+38f, max = -3.402823466e+38f;   // +-FLT_MAX
+        for (int j = 0; j < 32; ++j) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 15.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        sg_st_h(y, d);
+        sg_st_h(y + 2, min);
+        for (int j = 0; j < 16; ++j) {
+            int q0 = (signed char) (int) __fadd_rn(__fmul_rn(__fsub_rn(x[j], min), id), 0.5f);
+            int q1 = (signed char) (int) __fadd_rn(__fmul_rn(__fsub_rn(x[j + 16], min), id), 0.5f);
+            q0 = q0 < 15 ? q0 : 15;
+            q1 = q1 < 15 ? q1 : 15;
+            y[4 + j] = (unsigned char) ((q0 & 0xff) | (q1 << 4));
+        }
+    }
+};
+struct QQ5_0 {
+    static constexpr int BYTES = 22;
+    __device__ static __forceinline__ void quant(const float *x, unsigned char *y) {
+        const float d = sg_abs_max_signed(x) / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        sg_st_h(y, d);
+        unsigned qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            int q0 = (signed char) (int) __fadd_rn(__fmul_rn(x[j], id), 16.5f);
+            int q1 = (signed char) (int) __fadd_rn(__fmul_rn(x[j + 16], id), 16.5f);
+            q0 = q0 < 31 ? q0 : 31;
+            q1 = q1 < 31 ? q1 : 31;
+            y[6 + j] = (unsigned char) ((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= ((unsigned) ((q0 & 0x10) >> 4)) << j;
+            qh |= ((unsigned) ((q1 & 0x10) >> 4)) << (j + 16);
+        }
+        for (int b = 0; b < 4; ++b) y[2 + b] = (unsigned char) (qh >> (8 * b));
+    }
+};
+
+// Quantize: element k of src (logical order) goes to element k of the
+// contiguous block-type dst. One thread per 32-element block.
+template <typename TS, typename Q>
+__device__ __forceinline__ void cpy_quant(
+        const char *src, char *dst,
+        i64 ne00, i64 ne01, i64 ne02, i64 ne03, i64 nb00, i64 nb01, i64 nb02, i64 nb03) {
+    const i64 nblk = ne00 * ne01 * ne02 * ne03 / 32;
+    for (i64 kb = (i64) blockIdx.x * blockDim.x + threadIdx.x; kb < nblk; kb += (i64) gridDim.x * blockDim.x) {
+        float x[32];
+        for (int j = 0; j < 32; ++j) {
+            x[j] = TS::load(sg_elem(src, kb * 32 + j, ne00, ne01, ne02, nb00, nb01, nb02, nb03));
+        }
+        Q::quant(x, (unsigned char *) dst + kb * Q::BYTES);
+    }
+}
+
+// Dequantize: element k of the contiguous block-type src goes to element k
+// (logical order) of dst. One thread per 32-element block.
+template <typename Q, typename TD>
+__device__ __forceinline__ void cpy_dequant(
+        const char *src, char *dst,
+        i64 ne0, i64 ne1, i64 ne2, i64 ne3, i64 nb0, i64 nb1, i64 nb2, i64 nb3) {
+    const i64 nblk = ne0 * ne1 * ne2 * ne3 / 32;
+    for (i64 kb = (i64) blockIdx.x * blockDim.x + threadIdx.x; kb < nblk; kb += (i64) gridDim.x * blockDim.x) {
+        float x[32];
+        Q::dequant((const unsigned char *) src + kb * Q::BYTES, x);
+        for (int j = 0; j < 32; ++j) {
+            TD::store((char *) sg_elem(dst, kb * 32 + j, ne0, ne1, ne2, nb0, nb1, nb2, nb3), x[j]);
+        }
+    }
+}
+
+#define SG_CPY_Q(NAME, TS, Q)                                                            \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src, char *dst,                                                  \
+            i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
+        cpy_quant<TS, Q>(src, dst, ne00, ne01, ne02, ne03, nb00, nb01, nb02, nb03);      \
+    }
+#define SG_CPY_DQ(NAME, Q, TD)                                                           \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src, char *dst,                                                  \
+            i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
+        cpy_dequant<Q, TD>(src, dst, ne0, ne1, ne2, ne3, nb0, nb1, nb2, nb3);            \
+    }
+
+#define SG_CPY_Q_FROM(QN, Q)                                                             \
+    SG_CPY_Q(sg_cpy_f32_##QN, TF32, Q)                                                   \
+    SG_CPY_Q(sg_cpy_f16_##QN, TF16, Q)                                                   \
+    SG_CPY_Q(sg_cpy_bf16_##QN, TBF16, Q)
+
+SG_CPY_Q_FROM(q8_0, QQ8_0)
+SG_CPY_Q_FROM(q4_0, QQ4_0)
+SG_CPY_Q_FROM(q4_1, QQ4_1)
+SG_CPY_Q_FROM(q5_0, QQ5_0)
+SG_CPY_DQ(sg_cpy_q8_0_f32, QQ8_0, TF32)
+SG_CPY_DQ(sg_cpy_q8_0_f16, QQ8_0, TF16)
+SG_CPY_DQ(sg_cpy_q4_0_f32, QQ4_0, TF32)
+SG_CPY_DQ(sg_cpy_q4_0_f16, QQ4_0, TF16)
+
+// Same-type copy of whole blocks (or elements) of `esize` bytes: src and dst
+// have the same shape counted in units (ne0 = units per row) and strides in
+// bytes; unit k of src goes to unit k of dst. Flat launch over the units.
+extern "C" __global__ void sg_cpy_units(
+        const char *src, char *dst, i64 esize,
+        i64 ne0, i64 ne1, i64 ne2, i64 ne3,
+        i64 nb00, i64 nb01, i64 nb02, i64 nb03,
+        i64 nb0, i64 nb1, i64 nb2, i64 nb3) {
+    const i64 n = ne0 * ne1 * ne2 * ne3;
+    for (i64 k = (i64) blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64) gridDim.x * blockDim.x) {
+        const char *s = sg_elem(src, k, ne0, ne1, ne2, nb00, nb01, nb02, nb03);
+        char *d = (char *) sg_elem(dst, k, ne0, ne1, ne2, nb0, nb1, nb2, nb3);
+        for (i64 b = 0; b < esize; ++b) d[b] = s[b];
+    }
+}
+
+// add with a Q8_0 / Q4_0 src0 and dst (ggml_add / ggml_add1 of a quantized
+// tensor and F32): each 32-element block of a src0 row is dequantized, src1
+// (F32, broadcast as the binary ops) added in f32, and the block quantized
+// into dst as ggml_quantize_row_*_ref.
+//   sg_add_q8_0_f32, sg_add_q4_0_f32: the binary ops' arguments; src0 and dst
+//   rows packed (nb00 = nb0 = block bytes), ne0 % 32 == 0. Row launch with x
+//   striding over the ne0/32 blocks of a row (one block per thread).
+//   In place (dst == src0) is allowed.
+template <typename Q>
+__device__ __forceinline__ void add_q(
+        const char *src0, const char *src1, char *dst,
+        i64 ne0, i64 ne1, i64 ne2, i64 ne3,
+        i64 nb00, i64 nb01, i64 nb02, i64 nb03,
+        i64 ne10, i64 ne11, i64 ne12, i64 ne13,
+        i64 nb10, i64 nb11, i64 nb12, i64 nb13,
+        i64 nb0, i64 nb1, i64 nb2, i64 nb3) {
+    const i64 nrows = ne1 * ne2 * ne3;
+    const i64 nblk = ne0 / 32;
+    for (i64 r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const i64 i1 = r % ne1;
+        const i64 i2 = (r / ne1) % ne2;
+        const i64 i3 = r / (ne1 * ne2);
+        const char *a = src0 + i1 * nb01 + i2 * nb02 + i3 * nb03;
+        const char *b = src1 + (i1 % ne11) * nb11 + (i2 % ne12) * nb12 + (i3 % ne13) * nb13;
+        char *d = dst + i1 * nb1 + i2 * nb2 + i3 * nb3;
+        for (i64 kb = (i64) blockIdx.x * blockDim.x + threadIdx.x; kb < nblk; kb += (i64) gridDim.x * blockDim.x) {
+            float x[32];
+            Q::dequant((const unsigned char *) a + kb * nb00, x);
+            for (int j = 0; j < 32; ++j) x[j] = x[j] + TF32::load(b + ((kb * 32 + j) % ne10) * nb10);
+            Q::quant(x, (unsigned char *) d + kb * nb0);
+        }
+    }
+}
+
+#define SG_ADD_Q(NAME, Q)                                                                \
+    extern "C" __global__ void NAME(                                                     \
+            const char *src0, const char *src1, char *dst,                               \
+            i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 ne10, i64 ne11, i64 ne12, i64 ne13,                                      \
+            i64 nb10, i64 nb11, i64 nb12, i64 nb13,                                      \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
+        add_q<Q>(src0, src1, dst, ne0, ne1, ne2, ne3, nb00, nb01, nb02, nb03,            \
+                 ne10, ne11, ne12, ne13, nb10, nb11, nb12, nb13, nb0, nb1, nb2, nb3);    \
+    }
+
+SG_ADD_Q(sg_add_q8_0_f32, QQ8_0)
+SG_ADD_Q(sg_add_q4_0_f32, QQ4_0)

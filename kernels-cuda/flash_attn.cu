@@ -10,7 +10,8 @@
 //
 // Kernels: sg_flash_attn_ext_<K type>_<V type>, each type one of
 // f32, f16, q8_0, q4_0 (16 kernels, e.g. sg_flash_attn_ext_f16_f16,
-// sg_flash_attn_ext_q8_0_q8_0). Q is F32, the mask F16, the result F32.
+// sg_flash_attn_ext_q8_0_q8_0), plus sg_flash_attn_ext_bf16_bf16 (BF16 K
+// and V; bf16 -> f32 is exact). Q is F32, the mask F16, the result F32.
 //   (const char *q,          // F32 [DK, n_q, H, ne3], rows packed
 //    const char *k,          // [DK, n_kv, Hk, nek3], rows packed (blocks for q8_0/q4_0)
 //    const char *v,          // [DV, n_kv, Hv, nev3], rows packed
@@ -46,7 +47,7 @@
 // (M' = max(M, sk)). A row whose keys are all skipped (and no sink) gives 0.
 //
 // Precision differences from ggml-cpu (same formulas, different rounding):
-// q is used in f32 (the CPU first rounds q to F16 for F16 K and to Q8_0
+// q is used in f32 (the CPU first rounds q to F16 / BF16 for F16 / BF16 K and to Q8_0
 // blocks for Q8_0/Q4_0 K, and accumulates V in F16 for F16 V); keys are
 // processed in tiles of 64 (one rescale per tile, not per key); dot products
 // are lane-strided partial sums reduced by warp shuffles. Expect agreement
@@ -86,6 +87,11 @@ struct LF32 {
 struct LF16 {
     __device__ static __forceinline__ float at(const char *row, i64 j) {
         return sg_h2f(((const unsigned short *) row)[j]);
+    }
+};
+struct LBF16 {
+    __device__ static __forceinline__ float at(const char *row, i64 j) {
+        return __uint_as_float(((unsigned) ((const unsigned short *) row)[j]) << 16);
     }
 };
 struct LQ8_0 {
@@ -251,3 +257,4 @@ SG_FA_V(f32, LF32)
 SG_FA_V(f16, LF16)
 SG_FA_V(q8_0, LQ8_0)
 SG_FA_V(q4_0, LQ4_0)
+SG_FA(sg_flash_attn_ext_bf16_bf16, LBF16, LBF16)

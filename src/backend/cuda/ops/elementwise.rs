@@ -1,10 +1,11 @@
-//! `kernels-cuda/elementwise.cu`: binary ops with broadcasting, unary ops,
-//! scale, clamp, fill, and copies between F32 and F16 (cpy, dup, cont).
+//! `kernels-cuda/elementwise.cu`: binary ops with broadcasting (F32, F16,
+//! BF16 and their F32-src1 mixes), add1, unary ops, scale, clamp, fill, and
+//! copies between F32, F16, BF16 and I32 (cpy, dup, cont).
 
-use super::{Cx, T};
+use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{Op, UnaryOp};
-use crate::tensor::GgmlType::{self, F16, F32};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q4_0, Q4_1, Q5_0, Q8_0};
 
 const B: u32 = 256;
 
@@ -21,37 +22,91 @@ fn suffix(ty: GgmlType) -> Option<&'static str> {
     }
 }
 
+/// Kernel-name suffix of a float or I32 copy operand.
+fn cpy_suffix(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        BF16 => Some("bf16"),
+        I32 => Some("i32"),
+        t => suffix(t),
+    }
+}
+
+/// Kernel-name suffix of a binary / add1 source pair (dst has src0's type).
+fn pair_suffix(a: GgmlType, b: GgmlType) -> Option<&'static str> {
+    match (a, b) {
+        (F32, F32) => Some("f32_f32"),
+        (F16, F16) => Some("f16_f16"),
+        (F16, F32) => Some("f16_f32"),
+        (BF16, BF16) => Some("bf16_bf16"),
+        (BF16, F32) => Some("bf16_f32"),
+        _ => None,
+    }
+}
+
+/// Unary ops with a BF16 kernel (`sg_<op>_bf16`).
+fn has_bf16(op: &Op) -> bool {
+    use UnaryOp::*;
+    match op {
+        Op::Sqr | Op::Sqrt => true,
+        Op::Unary(u) => matches!(u, Neg | Abs | Exp | Relu | Sigmoid | Tanh | Softplus),
+        _ => false,
+    }
+}
+
 pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
     match op {
+        Op::Add1 if src.first().is_some_and(|a| matches!(a.ty(), Q8_0 | Q4_0)) => add_quant(cx, dst, src),
+        Op::Add if src.first().is_some_and(|a| matches!(a.ty(), Q8_0 | Q4_0)) => add_quant(cx, dst, src),
         Op::Add | Op::Sub | Op::Mul | Op::Div => {
-            let (a, b) = (&src[0], &src[1]);
-            if a.ty() != F32 || b.ty() != F32 || dst.ty() != F32 {
+            let (Some(a), Some(b)) = (src.first(), src.get(1)) else { return Ok(false) };
+            let Some(pair) = pair_suffix(a.ty(), b.ty()) else { return Ok(false) };
+            if dst.ty() != a.ty() || a.t.ne != dst.t.ne {
                 return Ok(false);
             }
             if (0..4).any(|k| b.t.ne[k] <= 0 || a.t.ne[k] % b.t.ne[k] != 0) {
                 return Ok(false);
             }
-            let name = match op {
-                Op::Add => "sg_add_f32",
-                Op::Sub => "sg_sub_f32",
-                Op::Mul => "sg_mul_f32",
-                _ => "sg_div_f32",
+            let base = match op {
+                Op::Add => "add",
+                Op::Sub => "sub",
+                Op::Mul => "mul",
+                _ => "div",
             };
+            let name = if pair == "f32_f32" { format!("sg_{base}_f32") } else { format!("sg_{base}_{pair}") };
             let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
             args.extend(dst.ne());
             args.extend(a.nb());
             args.extend(b.ne());
             args.extend(b.nb());
             args.extend(dst.nb());
-            cx.launch(name, row_grid(cx, dst), [B, 1, 1], &args)?;
+            cx.launch(&name, row_grid(cx, dst), [B, 1, 1], &args)?;
+            Ok(true)
+        }
+        Op::Add1 => {
+            let (Some(a), Some(b)) = (src.first(), src.get(1)) else { return Ok(false) };
+            let Some(pair) = pair_suffix(a.ty(), b.ty()) else { return Ok(false) };
+            if dst.ty() != a.ty() || a.t.ne != dst.t.ne || b.nelements() != 1 {
+                return Ok(false);
+            }
+            let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
+            args.extend(dst.ne());
+            args.extend(a.nb());
+            args.extend(dst.nb());
+            cx.launch(&format!("sg_add1_{pair}"), row_grid(cx, dst), [B, 1, 1], &args)?;
             Ok(true)
         }
         Op::Unary(_) | Op::Sqr | Op::Sqrt | Op::Scale { .. } | Op::Clamp { .. } => {
-            let s = &src[0];
+            let Some(s) = src.first() else { return Ok(false) };
             if s.ty() != dst.ty() || s.t.ne != dst.t.ne {
                 return Ok(false);
             }
-            let Some(sfx) = suffix(dst.ty()) else { return Ok(false) };
+            let sfx = match dst.ty() {
+                BF16 if has_bf16(op) => "bf16",
+                t => match suffix(t) {
+                    Some(x) => x,
+                    None => return Ok(false),
+                },
+            };
             let (base, extra): (&str, Vec<super::KArg>) = match op {
                 Op::Unary(u) => (
                     match (u, dst.ty()) {
@@ -86,21 +141,117 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
             cx.launch(&format!("sg_fill_{sfx}"), row_grid(cx, dst), [B, 1, 1], &args)?;
             Ok(true)
         }
-        Op::Dup | Op::Cont | Op::Cpy => {
-            let s = &src[0];
-            let (Some(from), Some(to)) = (suffix(s.ty()), suffix(dst.ty())) else { return Ok(false) };
-            if s.nelements() != dst.nelements() {
-                return Ok(false);
-            }
-            let mut args = vec![s.ptr(), dst.ptr()];
-            args.extend(s.ne());
-            args.extend(s.nb());
-            args.extend(dst.ne());
-            args.extend(dst.nb());
-            let grid = [cx.blocks(s.nelements(), B as i64, 65535), 1, 1];
-            cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
-            Ok(true)
-        }
+        Op::Dup | Op::Cont | Op::Cpy => match src.first() {
+            Some(s) => cpy(cx, dst, s),
+            None => Ok(false),
+        },
         _ => Ok(false),
     }
+}
+
+/// Kernel-name suffix of a block type with a quantizing copy kernel.
+fn quant_suffix(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        Q8_0 => Some("q8_0"),
+        Q4_0 => Some("q4_0"),
+        Q4_1 => Some("q4_1"),
+        Q5_0 => Some("q5_0"),
+        _ => None,
+    }
+}
+
+/// cpy / dup / cont of `s` into `dst` (same element count, element k of
+/// `s` in logical order to element k of `dst`).
+fn cpy(cx: &Cx, dst: &T, s: &T) -> Result<bool> {
+    if s.nelements() != dst.nelements() {
+        return Ok(false);
+    }
+    let mut args = vec![s.ptr(), dst.ptr()];
+    args.extend(s.ne());
+    args.extend(s.nb());
+    args.extend(dst.ne());
+    args.extend(dst.nb());
+    let n = s.nelements();
+    match (cpy_suffix(s.ty()), cpy_suffix(dst.ty())) {
+        (Some(from), Some(to)) => {
+            // No I32 <-> F16/BF16 kernels.
+            if (from == "i32" || to == "i32") && !matches!((from, to), ("i32", "i32" | "f32") | ("f32", "i32")) {
+                return Ok(false);
+            }
+            let grid = [cx.blocks(n, B as i64, 65535), 1, 1];
+            cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
+            return Ok(true);
+        }
+        // Quantize into a contiguous block-type destination.
+        (Some(from), None) if from != "i32" => {
+            let Some(to) = quant_suffix(dst.ty()) else { return Ok(false) };
+            if !dst.t.is_contiguous() || n % 32 != 0 {
+                return Ok(false);
+            }
+            let grid = [cx.blocks(n / 32, B as i64, 65535), 1, 1];
+            cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
+            return Ok(true);
+        }
+        // Dequantize a contiguous Q8_0 / Q4_0 source.
+        (None, Some(to)) if matches!(to, "f32" | "f16") && matches!(s.ty(), Q8_0 | Q4_0) => {
+            if !s.t.is_contiguous() || n % 32 != 0 {
+                return Ok(false);
+            }
+            let from = if s.ty() == Q8_0 { "q8_0" } else { "q4_0" };
+            let grid = [cx.blocks(n / 32, B as i64, 65535), 1, 1];
+            cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
+            return Ok(true);
+        }
+        _ => {}
+    }
+    // Same block type, same shape: copy whole blocks.
+    let ty = s.ty();
+    let (blk, size) = (ty.block_size() as i64, ty.type_size());
+    if dst.ty() != ty
+        || !ty.is_quantized()
+        || s.t.ne != dst.t.ne
+        || s.t.ne[0] % blk != 0
+        || !s.t.is_contiguous_rows()
+        || !dst.t.is_contiguous_rows()
+    {
+        return Ok(false);
+    }
+    let units = [s.t.ne[0] / blk, s.t.ne[1], s.t.ne[2], s.t.ne[3]];
+    let mut args = vec![s.ptr(), dst.ptr(), KArg::I64(size as i64)];
+    args.extend(units.map(KArg::I64));
+    args.extend(s.nb());
+    args.extend(dst.nb());
+    let grid = [cx.blocks(units.iter().product(), B as i64, 65535), 1, 1];
+    cx.launch("sg_cpy_units", grid, [B, 1, 1], &args)?;
+    Ok(true)
+}
+
+/// `add` / `add1` of a Q8_0 / Q4_0 src0 (and dst) and an F32 src1: blocks
+/// dequantized, src1 added, requantized (`sg_add_<q>_f32`).
+fn add_quant(cx: &Cx, dst: &T, src: &[T]) -> Result<bool> {
+    let (Some(a), Some(b)) = (src.first(), src.get(1)) else { return Ok(false) };
+    let name = match a.ty() {
+        Q8_0 => "sg_add_q8_0_f32",
+        Q4_0 => "sg_add_q4_0_f32",
+        _ => return Ok(false),
+    };
+    if b.ty() != F32
+        || dst.ty() != a.ty()
+        || a.t.ne != dst.t.ne
+        || a.t.ne[0] % 32 != 0
+        || !a.t.is_contiguous_rows()
+        || !dst.t.is_contiguous_rows()
+        || (0..4).any(|k| b.t.ne[k] <= 0 || a.t.ne[k] % b.t.ne[k] != 0)
+    {
+        return Ok(false);
+    }
+    let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
+    args.extend(dst.ne());
+    args.extend(a.nb());
+    args.extend(b.ne());
+    args.extend(b.nb());
+    args.extend(dst.nb());
+    let grid = [cx.blocks(a.t.ne[0] / 32, B as i64, 1024), cx.blocks(dst.nrows(), 1, 65535), 1];
+    cx.launch(name, grid, [B, 1, 1], &args)?;
+    Ok(true)
 }
