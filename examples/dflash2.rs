@@ -118,7 +118,8 @@ fn main() {
     if let Err(e) = run() {
         eprintln!("error: {e}");
         let args: Vec<String> = std::env::args().collect();
-        if !args.iter().any(|a| a == "--model" || a == "--model-draft") {
+        let model_error = matches!(e, shardgraph::Error::Gguf { .. } | shardgraph::Error::Model { .. });
+        if model_error && !args.iter().any(|a| a == "--model" || a == "--model-draft") {
             eprintln!(
                 "(the generated example models are cached as {}/shardgraph-example-*.gguf; delete them to regenerate)",
                 std::env::temp_dir().display()

@@ -92,7 +92,8 @@ fn run() -> shardgraph::Result<()> {
         prompt.len()
     );
     let accelerated = spec::backends(&args, n)?.is_some();
-    let b = spec::Bench { ratios, prompt, n_gen, params: SpecParams { n_max, n_min }, verify, label: "mtp", accelerated };
+    let b =
+        spec::Bench { ratios, prompt, n_gen, params: SpecParams { n_max, n_min }, verify, label: "mtp", accelerated };
     spec::bench::<Qwen35Session>(
         &b,
         &|r| {

@@ -105,16 +105,16 @@ pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<
     if names.iter().all(|d| d == "CPU") {
         return Ok(None);
     }
-    let mut out: Vec<Arc<dyn Backend>> = Vec::new();
     #[cfg(feature = "cuda")]
     {
+        let mut out: Vec<Arc<dyn Backend>> = Vec::new();
         use shardgraph::backend::cuda::CudaBackend;
         let mut virtuals: std::collections::HashMap<usize, Vec<CudaBackend>> = std::collections::HashMap::new();
         for d in &names {
             if let Some(i) = d.strip_prefix("CUDA").and_then(|i| i.parse::<usize>().ok()) {
-                if !virtuals.contains_key(&i) {
+                if let std::collections::hash_map::Entry::Vacant(e) = virtuals.entry(i) {
                     let k = names.iter().filter(|x| *x == d).count();
-                    virtuals.insert(i, CudaBackend::virtual_devices(i, k)?.into_iter().rev().collect());
+                    e.insert(CudaBackend::virtual_devices(i, k)?.into_iter().rev().collect());
                 }
             }
         }
@@ -130,14 +130,13 @@ pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<
             };
             out.push(b);
         }
+        Ok(Some(out))
     }
     #[cfg(not(feature = "cuda"))]
     {
         eprintln!("--device {list}: this build has only CPU devices (build with --features cuda or cuda-emu)");
         std::process::exit(2);
     }
-    #[allow(unreachable_code)]
-    Ok(Some(out))
 }
 
 #[cfg(feature = "cuda")]
