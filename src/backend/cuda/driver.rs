@@ -125,8 +125,20 @@ impl DriverGpu {
             let load = || -> Result<Kernels> {
                 let arch = self.arch()?;
                 let mut ks = Kernels::default();
-                for &(fam, src) in super::nvrtc::KERNEL_SOURCES {
-                    let ptx = super::nvrtc::compile(fam, src, arch)?;
+                // NVRTC compiles the files in parallel (one thread each); loading is serial.
+                let ptxs: Vec<Result<String>> = std::thread::scope(|sc| {
+                    let hs: Vec<_> = super::nvrtc::KERNEL_SOURCES
+                        .iter()
+                        .map(|&(fam, src)| sc.spawn(move || super::nvrtc::compile(fam, src, arch)))
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| Err(Error::Cuda { detail: "NVRTC thread panicked".into() }))
+                        })
+                        .collect()
+                });
+                for (&(fam, _), ptx) in super::nvrtc::KERNEL_SOURCES.iter().zip(ptxs) {
+                    let ptx = ptx?;
                     let names = super::nvrtc::entries(&ptx);
                     let module = self
                         .ctx
@@ -236,17 +248,28 @@ impl Gpu for DriverGpu {
 
     unsafe fn write(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller's range guarantee; the synchronous copy reads
-        // `src` before returning.
-        unsafe { cu::stream::synchronize(self.stream.cu_stream()) }.map_err(|e| cuda_err("synchronize", e))?;
-        unsafe { cu::memcpy_htod_sync(dst, src) }.map_err(|e| cuda_err(format!("GPU {}: copy to device", self.ordinal), e))
+        let s = self.stream.cu_stream();
+        // On this device's stream, so the copy is ordered with its kernels
+        // (a synchronous copy would go to the legacy stream, which a
+        // non-blocking stream does not wait for); the stream is synchronised
+        // before returning, so `src` is no longer read afterwards.
+        // SAFETY: the caller's range guarantee; `src` outlives the synchronisation.
+        unsafe { cu::memcpy_htod_async(dst, src, s) }
+            .map_err(|e| cuda_err(format!("GPU {}: copy to device", self.ordinal), e))?;
+        // SAFETY: this device's live stream.
+        unsafe { cu::stream::synchronize(s) }.map_err(|e| cuda_err(format!("GPU {}: copy to device", self.ordinal), e))
     }
 
     unsafe fn read(&self, src: DevPtr, dst: &mut [u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller's range guarantee; all queued work finishes first.
-        unsafe { cu::stream::synchronize(self.stream.cu_stream()) }.map_err(|e| cuda_err("synchronize", e))?;
-        unsafe { cu::memcpy_dtoh_sync(dst, src) }.map_err(|e| cuda_err(format!("GPU {}: copy to host", self.ordinal), e))
+        let s = self.stream.cu_stream();
+        // SAFETY: the caller's range guarantee; queued after this stream's
+        // earlier work, and `dst` is written before the synchronisation returns.
+        unsafe { cu::memcpy_dtoh_async(dst, src, s) }
+            .map_err(|e| cuda_err(format!("GPU {}: copy to host", self.ordinal), e))?;
+        // SAFETY: this device's live stream.
+        unsafe { cu::stream::synchronize(s) }
+            .map_err(|e| cuda_err(format!("GPU {}: a kernel or copy failed", self.ordinal), e))
     }
 
     unsafe fn memset(&self, dst: DevPtr, value: u8, n: usize) -> Result<()> {
