@@ -73,8 +73,11 @@ fn emulator(out: &Path, dir: &Path, files: &[PathBuf]) {
     for p in files {
         let fam = p.file_stem().and_then(|s| s.to_str()).expect("file name").to_string();
         let probe = out.join(format!("emu_probe_{fam}.cpp"));
-        std::fs::write(&probe, format!("#include {:?}\n#include {:?}\n", header.display().to_string(), p.display().to_string()))
-            .expect("write probe");
+        std::fs::write(
+            &probe,
+            format!("#include {:?}\n#include {:?}\n", header.display().to_string(), p.display().to_string()),
+        )
+        .expect("write probe");
         let expanded = base().file(&probe).expand();
         let names = kernel_names(&String::from_utf8_lossy(&expanded));
         assert!(!names.is_empty(), "no kernels found in {}", p.display());

@@ -91,8 +91,14 @@ fn main() -> shardgraph::Result<()> {
             return Ok(());
         }
     };
-    let budget = Duration::from_secs_f64(std::env::var("SHARDGRAPH_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0));
-    let (k, m) = if emu { (256, 64) } else { (env_usize("SHARDGRAPH_BENCH_K", 4096) as i64, env_usize("SHARDGRAPH_BENCH_M", 4096) as i64) };
+    let budget = Duration::from_secs_f64(
+        std::env::var("SHARDGRAPH_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0),
+    );
+    let (k, m) = if emu {
+        (256, 64)
+    } else {
+        (env_usize("SHARDGRAPH_BENCH_K", 4096) as i64, env_usize("SHARDGRAPH_BENCH_M", 4096) as i64)
+    };
     let cpu = CpuBackend::with_threads(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))?;
     let peak = gpu.memory_bandwidth();
     println!(
@@ -123,9 +129,31 @@ fn main() -> shardgraph::Result<()> {
 
     // Decode tokens/s of a generated qwen3 (Q8_0).
     let hp = if emu {
-        Qwen3Hparams { n_layer: 2, n_embd: 256, n_ff: 256, n_head: 2, n_head_kv: 2, head_dim: 128, n_vocab: 96, rms_eps: 1e-6, rope_base: 1e6, n_ctx_train: 4096 }
+        Qwen3Hparams {
+            n_layer: 2,
+            n_embd: 256,
+            n_ff: 256,
+            n_head: 2,
+            n_head_kv: 2,
+            head_dim: 128,
+            n_vocab: 96,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+            n_ctx_train: 4096,
+        }
     } else {
-        Qwen3Hparams { n_layer: 16, n_embd: 2048, n_ff: 6144, n_head: 16, n_head_kv: 8, head_dim: 128, n_vocab: 32000, rms_eps: 1e-6, rope_base: 1e6, n_ctx_train: 4096 }
+        Qwen3Hparams {
+            n_layer: 16,
+            n_embd: 2048,
+            n_ff: 6144,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_vocab: 32000,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+            n_ctx_train: 4096,
+        }
     };
     let path = std::env::temp_dir().join(format!("shardgraph-bench-cuda-{}-{}.gguf", hp.n_embd, hp.n_layer));
     let types = Qwen3Types::all(GgmlType::Q8_0);
@@ -134,11 +162,22 @@ fn main() -> shardgraph::Result<()> {
     }
     let n_tok = if emu { 4 } else { 64 };
     let prompt: Vec<i32> = (0..8).map(|i| (i * 31 + 7) % hp.n_vocab as i32).collect();
-    println!("\ndecode, qwen3 {} layers, n_embd {}, Q8_0 ({:.0} MB): {n_tok} tokens after an 8-token prompt", hp.n_layer, hp.n_embd, std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / 1e6);
+    println!(
+        "\ndecode, qwen3 {} layers, n_embd {}, Q8_0 ({:.0} MB): {n_tok} tokens after an 8-token prompt",
+        hp.n_layer,
+        hp.n_embd,
+        std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / 1e6
+    );
     println!("| devices | tokens/s | tokens |");
     println!("|---|---|---|");
     let run = |label: &str, ratios: &[f32], devs: Option<Vec<Arc<dyn Backend>>>| -> shardgraph::Result<Vec<i32>> {
-        let mut s = Qwen3Session::from_gguf(&path, ratios, cpu.n_threads() / ratios.len().max(1), GgmlType::F16, (prompt.len() + n_tok + 1) as i64)?;
+        let mut s = Qwen3Session::from_gguf(
+            &path,
+            ratios,
+            cpu.n_threads() / ratios.len().max(1),
+            GgmlType::F16,
+            (prompt.len() + n_tok + 1) as i64,
+        )?;
         if let Some(d) = devs {
             s.runner.set_backends(d)?;
         }
@@ -149,16 +188,16 @@ fn main() -> shardgraph::Result<()> {
             tok = s.decode(&[tok], &[], false)?.argmax[0];
             out.push(tok);
         }
-        println!("| {label} | {:.1} | {:?}.. |", (n_tok - 1) as f64 / t.elapsed().as_secs_f64(), &out[..out.len().min(4)]);
+        println!(
+            "| {label} | {:.1} | {:?}.. |",
+            (n_tok - 1) as f64 / t.elapsed().as_secs_f64(),
+            &out[..out.len().min(4)]
+        );
         Ok(out)
     };
     let cpu_tokens = run("CPU x1", &[1.0], None)?;
     let t1 = run("CUDA x1", &[1.0], Some(devices(1, emu)?))?;
     let t2 = run("CUDA x2 (virtual, 1:1)", &[1.0, 1.0], Some(devices(2, emu)?))?;
-    println!(
-        "\ntokens equal the CPU run: 1 device {}, 2 virtual devices {}",
-        t1 == cpu_tokens,
-        t2 == cpu_tokens
-    );
+    println!("\ntokens equal the CPU run: 1 device {}, 2 virtual devices {}", t1 == cpu_tokens, t2 == cpu_tokens);
     Ok(())
 }

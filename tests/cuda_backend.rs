@@ -94,7 +94,11 @@ fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
             let (got, logits) = generate(&mut s, &prompt, 6);
             let worst = logits.iter().zip(&want_logits).map(|(a, b)| nmse(a, b)).fold(0.0, f64::max);
             let stats: Vec<_> = devs.iter().map(|d| d.stats()).collect();
-            println!("qwen3 {weights:?} {} on {} CUDA device(s): tokens {got:?}, logits NMSE {worst:.2e}, stats {stats:?}", types.attn, ratios.len());
+            println!(
+                "qwen3 {weights:?} {} on {} CUDA device(s): tokens {got:?}, logits NMSE {worst:.2e}, stats {stats:?}",
+                types.attn,
+                ratios.len()
+            );
             assert_eq!(got, want, "{weights:?} {types:?} on {ratios:?}");
             assert!(worst <= tol, "{weights:?} {types:?} on {ratios:?}: logits NMSE {worst:.3e} > {tol:e}");
             assert!(stats.iter().all(|s| s.device_nodes > 0), "kernels ran on every device: {stats:?}");

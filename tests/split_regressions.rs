@@ -188,9 +188,7 @@ fn c1_ties_break_as_on_one_device() {
         cpu.compute(&ctx, &g, &st).unwrap();
         let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
         let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let got = devices::executor(ratios.len())
-            .run(&ctx, &g, &plan, &|_| Some(bytes.clone()), &[am, tk])
-            .unwrap();
+        let got = devices::executor(ratios.len()).run(&ctx, &g, &plan, &|_| Some(bytes.clone()), &[am, tk]).unwrap();
         let i32s = |b: &[u8]| b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
         assert_eq!(i32s(&got[0]), st.get_i32(&ctx, am).unwrap(), "{ratios:?}");
         assert_eq!(i32s(&got[1]), st.get_i32(&ctx, tk).unwrap(), "{ratios:?}");

@@ -14,8 +14,7 @@ mod devices;
 
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
-    assemble, local_ne, slice_local, split_extents, AxisSplit, Planner, SplitPolicy, SplitSpec,
-    SplitState, SplitStore,
+    assemble, local_ne, slice_local, split_extents, AxisSplit, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore,
 };
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
 

@@ -98,7 +98,10 @@ fn cuda_diff() {
         Ok(g) => g,
         Err(why) => {
             println!("cuda_diff: SKIPPED: ggml oracle not available: {why}");
-            assert!(std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(), "SHARDGRAPH_REQUIRE_GGML is set but the oracle is missing");
+            assert!(
+                std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(),
+                "SHARDGRAPH_REQUIRE_GGML is set but the oracle is missing"
+            );
             return;
         }
     };
@@ -133,7 +136,12 @@ fn cuda_diff() {
         match outcome {
             Outcome::Pass(e) => {
                 if verbose {
-                    println!("  ok   {}({}) nmse={e:.2e}{}", c.op, c.vars, if on_host.is_empty() { "" } else { " [host]" });
+                    println!(
+                        "  ok   {}({}) nmse={e:.2e}{}",
+                        c.op,
+                        c.vars,
+                        if on_host.is_empty() { "" } else { " [host]" }
+                    );
                 }
             }
             Outcome::Fail(why) => {

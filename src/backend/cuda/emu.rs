@@ -75,10 +75,7 @@ impl Gpu for EmuGpu {
         let used: usize = live.values().map(|l| l.size()).sum();
         if bytes > self.memory.saturating_sub(used) {
             return Err(Error::Alloc {
-                detail: format!(
-                    "out of device memory: {bytes} bytes requested, {} of {} in use",
-                    used, self.memory
-                ),
+                detail: format!("out of device memory: {bytes} bytes requested, {} of {} in use", used, self.memory),
             });
         }
         let layout = Layout::from_size_align(bytes.max(1), 256)
