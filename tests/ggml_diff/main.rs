@@ -150,6 +150,20 @@ fn cuda_diff() {
             }
         }
     }
+    // The emulated GPU emulates cuBLAS; the mul_mat cases once more
+    // without it run the backend's own GEMM kernels (a GPU without libcublas).
+    #[cfg(feature = "cuda-emu")]
+    if backend.is_emulated() {
+        let no_blas = CudaBackend::emulated_with(8 << 30, false);
+        let mm: Vec<&Case> = cases.iter().filter(|c| c.op.starts_with("mul_mat")).collect();
+        for c in &mm {
+            if let Outcome::Fail(why) = run_case(g, c, &no_blas, 2) {
+                failures += 1;
+                println!("  FAIL {}({}) without cuBLAS: {why}", c.op, c.vars);
+            }
+        }
+        println!("cuda_diff: {} mul_mat cases again without cuBLAS", mm.len());
+    }
     let s = backend.stats();
     println!("cuda_diff: host nodes per op (cases): {host_ops:?}");
     println!(

@@ -5,7 +5,7 @@
 //! shuffles keep CUDA's meaning. It tests the CUDA backend's host side and
 //! kernels without a GPU; it is slow and never the default.
 
-use super::api::{DevPtr, Gpu, GpuInfo, KArg};
+use super::api::{DevPtr, Gemm, Gpu, GpuInfo, KArg};
 use crate::error::{Error, Result};
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -35,15 +35,18 @@ pub fn kernel_count() -> usize {
 pub(crate) struct EmuGpu {
     memory: usize,
     multiprocessors: u32,
+    /// Emulate cuBLAS's F32 GEMM (else the backend's own kernels run, as on
+    /// a GPU machine without libcublas).
+    blas: bool,
     /// Live allocations: address → layout.
     live: Mutex<HashMap<DevPtr, Layout>>,
 }
 
 impl EmuGpu {
     /// A device with `memory` bytes and `multiprocessors` SMs (which only
-    /// size launch grids).
-    pub(crate) fn new(memory: usize, multiprocessors: u32) -> Self {
-        EmuGpu { memory, multiprocessors: multiprocessors.max(1), live: Mutex::new(HashMap::new()) }
+    /// size launch grids), with an emulated cuBLAS when `blas`.
+    pub(crate) fn new(memory: usize, multiprocessors: u32, blas: bool) -> Self {
+        EmuGpu { memory, multiprocessors: multiprocessors.max(1), blas, live: Mutex::new(HashMap::new()) }
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<DevPtr, Layout>> {
@@ -135,5 +138,35 @@ impl Gpu for EmuGpu {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// cublasGemmEx(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, 1, A, lda, B, ldb, 0,
+    /// C, ldc) in F32, column-major, as cuBLAS defines it:
+    /// `C[i + j·ldc] = Σ_p A[p + i·lda] · B[p + j·ldb]`, so the backend's
+    /// mapping of `mul_mat` onto cuBLAS is checked by the emulator's tests.
+    /// Rejects what cuBLAS rejects (leading dimensions too small).
+    unsafe fn gemm(&self, g: &Gemm) -> Result<bool> {
+        if !self.blas || g.a_f16 {
+            return Ok(false);
+        }
+        let (m, n, k) = (g.m.max(0) as usize, g.n.max(0) as usize, g.k.max(0) as usize);
+        if (g.lda as usize) < k.max(1) || (g.ldb as usize) < k.max(1) || (g.ldc as usize) < m.max(1) {
+            return Err(Error::Cuda { detail: format!("cublasGemmEx: invalid leading dimensions in {g:?}") });
+        }
+        let (lda, ldb, ldc) = (g.lda as usize, g.ldb as usize, g.ldc as usize);
+        let (a, b, c) = (g.a as *const f32, g.b as *const f32, g.c as *mut f32);
+        for j in 0..n {
+            for i in 0..m {
+                let mut acc = 0f32;
+                for p in 0..k {
+                    // SAFETY: the caller guarantees the matrices, i.e. these
+                    // column-major extents, lie in live allocations.
+                    acc += unsafe { a.add(p + i * lda).read_unaligned() * b.add(p + j * ldb).read_unaligned() };
+                }
+                // SAFETY: as above.
+                unsafe { c.add(i + j * ldc).write_unaligned(acc) };
+            }
+        }
+        Ok(true)
     }
 }

@@ -105,14 +105,24 @@ impl CudaBackend {
     }
 
     /// An emulated GPU with `memory` bytes: the backend's kernels run as
-    /// host C++ (see `kernels-cuda/emu/`). Each call is a separate device.
-    /// For tests on machines without a GPU; slow.
+    /// host C++ (see `kernels-cuda/emu/`), and cuBLAS's F32 GEMM by a
+    /// reference loop with cuBLAS's argument semantics. Each call is a
+    /// separate device, named `EMU<i>`. For tests on machines without a
+    /// GPU; slow.
     #[cfg(feature = "cuda-emu")]
     pub fn emulated(memory: usize) -> Self {
+        Self::emulated_with(memory, true)
+    }
+
+    /// [`CudaBackend::emulated`], with (`blas`) or without an emulated
+    /// cuBLAS: without it the backend's own GEMM kernels run, as on a GPU
+    /// machine that has no `libcublas`.
+    #[cfg(feature = "cuda-emu")]
+    pub fn emulated_with(memory: usize, blas: bool) -> Self {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        Self::from_gpu(format!("EMU{i}"), Arc::new(emu::EmuGpu::new(memory, 2)))
+        Self::from_gpu(format!("EMU{i}"), Arc::new(emu::EmuGpu::new(memory, 2, blas)))
     }
 
     fn from_gpu(name: String, gpu: Arc<dyn Gpu>) -> Self {
