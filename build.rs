@@ -32,7 +32,8 @@ fn main() {
     emulator(&out, &dir, &files);
 }
 
-/// Kernel names in a preprocessed kernel file: `extern "C" void sg_…(`.
+/// Kernel names in a preprocessed kernel file: `extern "C" void sg_…(`
+/// (`__global__` expands to nothing in the emulator).
 #[cfg_attr(not(feature = "cuda-emu"), allow(dead_code))]
 fn kernel_names(expanded: &str) -> Vec<String> {
     let mut names = Vec::new();
@@ -43,7 +44,9 @@ fn kernel_names(expanded: &str) -> Vec<String> {
         let Some(after) = head.strip_prefix("void") else { continue };
         let after = after.trim_start();
         let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-        if name.starts_with("sg_") && after[name.len()..].trim_start().starts_with('(') && !names.contains(&name) {
+        // `sg_emu_*` are the emulator's own declarations (sg_emu.h), not kernels.
+        let kernel = name.starts_with("sg_") && !name.starts_with("sg_emu_");
+        if kernel && after[name.len()..].trim_start().starts_with('(') && !names.contains(&name) {
             names.push(name);
         }
     }
