@@ -3,7 +3,9 @@
 //! `kernels-cuda/*.cu` source as host C++ (`kernels-cuda/emu/`), block after
 //! block, a block's threads as cooperative fibers so barriers and warp
 //! shuffles keep CUDA's meaning. It tests the CUDA backend's host side and
-//! kernels without a GPU; it is slow and never the default.
+//! kernels without a GPU; it is slow and never the default. Every
+//! allocation has guard zones, checked after each launch, so a kernel that
+//! writes out of bounds is an error here (on a GPU: an illegal address).
 
 use super::api::{DevPtr, Gemm, Gpu, GpuInfo, KArg};
 use crate::error::{Error, Result};
@@ -24,6 +26,11 @@ extern "C" {
     fn sg_emu_kernel_count() -> usize;
 }
 
+/// Guard zone around every allocation, bytes (keeps 256-byte alignment).
+const GUARD: usize = 256;
+/// The guard zones' pattern; a launch that changes it wrote out of bounds.
+const GUARD_BYTE: u8 = 0xA5;
+
 /// Number of kernels compiled into the emulator.
 pub fn kernel_count() -> usize {
     // SAFETY: reads a static table; no preconditions.
@@ -38,8 +45,9 @@ pub(crate) struct EmuGpu {
     /// Emulate cuBLAS's F32 GEMM (else the backend's own kernels run, as on
     /// a GPU machine without libcublas).
     blas: bool,
-    /// Live allocations: address → layout.
-    live: Mutex<HashMap<DevPtr, Layout>>,
+    /// Live allocations: device address → (host layout including the
+    /// guard zones, bytes asked for).
+    live: Mutex<HashMap<DevPtr, (Layout, usize)>>,
 }
 
 impl EmuGpu {
@@ -49,16 +57,50 @@ impl EmuGpu {
         EmuGpu { memory, multiprocessors: multiprocessors.max(1), blas, live: Mutex::new(HashMap::new()) }
     }
 
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<DevPtr, Layout>> {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<DevPtr, (Layout, usize)>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After a launch: every allocation's guard zones still hold the
+    /// pattern, else `what` wrote outside an allocation (an error naming
+    /// the allocation's size and how far out; the guards are restored).
+    fn check_guards(&self, what: &str) -> Result<()> {
+        let live = self.live();
+        for (&p, &(_, bytes)) in live.iter() {
+            // SAFETY: each live allocation has GUARD bytes before `p` and
+            // GUARD bytes after `p + bytes` (allocated in `alloc`).
+            let (before, after) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut((p as usize - GUARD) as *mut u8, GUARD),
+                    std::slice::from_raw_parts_mut((p as usize + bytes) as *mut u8, GUARD),
+                )
+            };
+            let bad_before = before.iter().rposition(|&b| b != GUARD_BYTE);
+            let bad_after = after.iter().position(|&b| b != GUARD_BYTE);
+            if bad_before.is_some() || bad_after.is_some() {
+                before.fill(GUARD_BYTE);
+                after.fill(GUARD_BYTE);
+                let at = match (bad_before, bad_after) {
+                    (Some(i), _) => format!("{} bytes before its start", GUARD - i),
+                    (_, Some(i)) => format!("{} bytes past its end", i + 1),
+                    _ => unreachable!(),
+                };
+                return Err(Error::Cuda {
+                    detail: format!(
+                        "{what} wrote outside an allocation of {bytes} bytes ({at}): an out-of-bounds access"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
 impl Drop for EmuGpu {
     fn drop(&mut self) {
-        for (p, layout) in self.live().drain() {
-            // SAFETY: every entry was allocated in `alloc` with this layout.
-            unsafe { std::alloc::dealloc(p as *mut u8, layout) }
+        for (p, (layout, _)) in self.live().drain() {
+            // SAFETY: every entry was allocated in `alloc` with this layout, GUARD bytes before `p`.
+            unsafe { std::alloc::dealloc((p as usize - GUARD) as *mut u8, layout) }
         }
     }
 }
@@ -75,27 +117,34 @@ impl Gpu for EmuGpu {
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {
         let mut live = self.live();
-        let used: usize = live.values().map(|l| l.size()).sum();
+        let used: usize = live.values().map(|l| l.1).sum();
         if bytes > self.memory.saturating_sub(used) {
             return Err(Error::Alloc {
                 detail: format!("out of device memory: {bytes} bytes requested, {} of {} in use", used, self.memory),
             });
         }
-        let layout = Layout::from_size_align(bytes.max(1), 256)
+        let layout = Layout::from_size_align(bytes.max(1) + 2 * GUARD, 256)
             .map_err(|e| Error::Alloc { detail: format!("{bytes} bytes: {e}") })?;
         // SAFETY: the layout has a non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        if p.is_null() {
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        if base.is_null() {
             return Err(Error::Alloc { detail: format!("out of host memory for {bytes} emulated device bytes") });
         }
-        live.insert(p as DevPtr, layout);
+        // SAFETY: the guard zones lie inside the allocation just made.
+        unsafe {
+            std::ptr::write_bytes(base, GUARD_BYTE, GUARD);
+            std::ptr::write_bytes(base.add(GUARD + bytes), GUARD_BYTE, GUARD);
+        }
+        let p = base as usize + GUARD;
+        live.insert(p as DevPtr, (layout, bytes));
         Ok(p as DevPtr)
     }
 
     unsafe fn free(&self, ptr: DevPtr) {
-        if let Some(layout) = self.live().remove(&ptr) {
-            // SAFETY: allocated in `alloc` with this layout (the caller does not use it again).
-            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) }
+        if let Some((layout, _)) = self.live().remove(&ptr) {
+            // SAFETY: allocated in `alloc` with this layout, GUARD bytes
+            // before `ptr` (the caller does not use it again).
+            unsafe { std::alloc::dealloc((ptr as usize - GUARD) as *mut u8, layout) }
         }
     }
 
@@ -133,7 +182,7 @@ impl Gpu for EmuGpu {
             let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
             return Err(Error::Cuda { detail: format!("launch of {kernel}: {msg}") });
         }
-        Ok(())
+        self.check_guards(kernel)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -167,6 +216,36 @@ impl Gpu for EmuGpu {
                 unsafe { c.add(i + j * ldc).write_unaligned(acc) };
             }
         }
-        Ok(true)
+        self.check_guards("cublasGemmEx").map(|_| true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel told to fill more than its allocation is caught by the
+    /// guard zones (on a GPU: an illegal address); the device stays usable.
+    #[test]
+    fn an_out_of_bounds_write_is_an_error() {
+        let gpu = EmuGpu::new(1 << 20, 1, false);
+        let p = gpu.alloc(64).unwrap();
+        let fill = |n: i64| {
+            let mut args = vec![KArg::Ptr(p), KArg::I64(n), KArg::I64(1), KArg::I64(1), KArg::I64(1)];
+            args.extend([4, 4 * n, 4 * n, 4 * n].map(KArg::I64));
+            args.push(KArg::F32(2.0));
+            // SAFETY: deliberately wrong for n > 16; the guard zone (256
+            // bytes) absorbs the 32 bytes written past the end.
+            unsafe { gpu.launch("sg_fill_f32", [1, 1, 1], [32, 1, 1], &args) }
+        };
+        let e = fill(24).unwrap_err().to_string();
+        assert!(e.contains("sg_fill_f32") && e.contains("past its end"), "{e}");
+        fill(16).unwrap();
+        let mut back = [0u8; 64];
+        // SAFETY: the 64 bytes allocated above.
+        unsafe { gpu.read(p, &mut back).unwrap() };
+        assert!(back.chunks(4).all(|c| f32::from_le_bytes(c.try_into().unwrap()) == 2.0));
+        // SAFETY: allocated above, not used again.
+        unsafe { gpu.free(p) };
     }
 }
