@@ -3,7 +3,7 @@
 //! at first use, cached per architecture and source hash ([`nvrtc`]).
 //! cudarc loads the CUDA libraries at run time, so the crate builds and its
 //! tests run on a machine with no GPU and no toolkit: a missing library is
-//! an [`Error::Cuda`](crate::Error::Cuda), never a panic.
+//! an [`Error::Cuda`], never a panic.
 //!
 //! A [`CudaBackend`] drives one device through the internal `Gpu`
 //! interface: a real GPU ([`CudaBackend::new`], one stream and memory pool
