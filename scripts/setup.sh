@@ -35,3 +35,4 @@ fi
 .venv/bin/python -c "import ggml, os; print('setup: ggml oracle at', os.path.join(os.path.dirname(ggml.__file__), 'lib'))"
 .venv/bin/python -c "import gguf, importlib.metadata as m; print('setup: gguf', m.version('gguf'), 'at', gguf.__path__[0])"
 .venv/bin/python -c "import importlib.metadata as m; print('setup: llama-cpp-python', m.version('llama_cpp_python'))"
+.venv/bin/python -c "import importlib.metadata as m, glob, sys; d = glob.glob(sys.prefix + '/lib/python3*/site-packages/nvidia/cu13/lib'); print('setup: NVRTC', m.version('nvidia-cuda-nvrtc'), 'at', d[0] if d else '?')"

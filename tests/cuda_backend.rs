@@ -120,6 +120,15 @@ fn out_of_memory_is_an_error_and_other_buffers_survive() {
     let mut back = [0u8; 1024];
     keep.get(0, &mut back).unwrap();
     assert_eq!(back, [7u8; 1024]);
+    // Sizes past what any device has (also on a device claiming unlimited
+    // memory) are errors, not wrapped-around allocations.
+    #[cfg(feature = "cuda-emu")]
+    {
+        let unlimited = CudaBackend::emulated(usize::MAX);
+        for size in [usize::MAX - 300, usize::MAX / 2 + 1, usize::MAX] {
+            assert!(unlimited.alloc_buffer(size).is_err(), "{size} bytes");
+        }
+    }
     // Out-of-range copies are errors, not writes past the buffer.
     assert!(keep.set(1000, &[0u8; 100]).is_err());
     assert!(keep.get(usize::MAX, &mut back).is_err());

@@ -134,7 +134,9 @@ pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<
     }
     #[cfg(not(feature = "cuda"))]
     {
-        eprintln!("--device {list}: this build has only CPU devices (build with --features cuda or cuda-emu)");
+        eprintln!(
+            "--device {list}: this build has only CPU devices (CUDA<i> needs --features cuda, EMU --features cuda-emu)"
+        );
         std::process::exit(2);
     }
 }
@@ -289,6 +291,16 @@ pub fn check_counts(n_gen: usize, threads: usize, n_max: usize, n_min: usize, p_
     }
 }
 
+/// A rate with three significant digits at least (the emulated GPU decodes
+/// well under one token per second).
+fn rate(x: f64) -> String {
+    if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
 /// One measurement's setting.
 pub struct Bench<'a> {
     /// Tensor-split ratios of the devices.
@@ -336,10 +348,11 @@ pub fn bench<T: Target>(
     let spec_s = t.elapsed().as_secs_f64();
     let bytes = moved(&s) - before;
     let (plain_tps, spec_tps) = (b.n_gen as f64 / plain_s, b.n_gen as f64 / spec_s);
-    println!("plain greedy: {plain_tps:.1} tokens/s");
+    println!("plain greedy: {} tokens/s", rate(plain_tps));
     println!(
-        "{:<13} {spec_tps:.1} tokens/s; drafted {}, accepted {} ({:.0}%), {} target steps ({:.2} tokens per step), n_max {}",
+        "{:<13} {} tokens/s; drafted {}, accepted {} ({:.0}%), {} target steps ({:.2} tokens per step), n_max {}",
         format!("{}:", b.label),
+        rate(spec_tps),
         st.drafted,
         st.accepted,
         100.0 * st.accepted as f64 / st.drafted.max(1) as f64,

@@ -215,7 +215,7 @@ impl Gpu for DriverGpu {
             self.used.fetch_sub(bytes, Ordering::Relaxed);
             Error::Alloc { detail: format!("GPU {}: out of device memory: {bytes} bytes ({why})", self.ordinal) }
         };
-        if used + bytes > self.budget {
+        if used.checked_add(bytes).is_none_or(|end| end > self.budget) {
             return Err(oom(format!("{used} of this device's {} in use", self.budget)));
         }
         self.bind()?;

@@ -123,8 +123,13 @@ impl Gpu for EmuGpu {
                 detail: format!("out of device memory: {bytes} bytes requested, {} of {} in use", used, self.memory),
             });
         }
-        let layout = Layout::from_size_align(bytes.max(1) + 2 * GUARD, 256)
-            .map_err(|e| Error::Alloc { detail: format!("{bytes} bytes: {e}") })?;
+        let total = bytes
+            .max(1)
+            .checked_add(2 * GUARD)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(|| Error::Alloc { detail: format!("out of device memory: {bytes} bytes requested") })?;
+        let layout =
+            Layout::from_size_align(total, 256).map_err(|e| Error::Alloc { detail: format!("{bytes} bytes: {e}") })?;
         // SAFETY: the layout has a non-zero size.
         let base = unsafe { std::alloc::alloc_zeroed(layout) };
         if base.is_null() {

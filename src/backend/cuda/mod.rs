@@ -216,6 +216,12 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_buffer(&self, size: usize) -> Result<Arc<dyn Buffer>> {
+        let max = self.buffer_type().max_size;
+        if size > max {
+            return Err(Error::Alloc {
+                detail: format!("{}: {size} bytes exceeds the CUDA buffer maximum {max}", self.name),
+            });
+        }
         let ptr = self.gpu.alloc(size.max(1)).map_err(|e| match e {
             Error::Alloc { detail } => Error::Alloc { detail: format!("{}: {detail}", self.name) },
             other => other,
