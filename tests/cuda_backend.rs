@@ -1,5 +1,6 @@
 //! The CUDA backend as a device of the meta backend and as an embedder meets
-//! it: a model decoding tensor-parallel on CUDA devices equals the CPU run,
+//! it: a model decoding tensor-parallel on CUDA devices equals the CPU run
+//! (plain greedy, and speculative with MTP and DFlash2 drafters),
 //! and bad input (out of memory, foreign buffers, a missing GPU) is an
 //! `Err` that names the device while other buffers stay valid.
 //!
@@ -12,6 +13,9 @@ use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::{Backend, Context, GgmlType, TensorStorage};
 use std::sync::Arc;
+
+#[path = "common/qwen35_tiny.rs"]
+mod qwen35_tiny;
 
 /// `n` CUDA devices (virtual devices on GPU 0, or emulated ones), or `None` with a message.
 fn devices(n: usize) -> Option<Vec<CudaBackend>> {
@@ -206,4 +210,102 @@ fn out_of_range_rows_are_errors() {
     let want: Vec<f32> = [3, 0, 2].iter().flat_map(|&r| (0..8).map(move |i| (r * 8 + i) as f32)).collect();
     assert_eq!(got, want);
     assert!(d.stats().host_nodes.is_empty(), "get_rows F32 ran on the device: {:?}", d.stats());
+}
+
+/// Speculative decoding on the `qwen35` hybrid target with its gated
+/// delta-net layers on 2 CUDA devices (tensor split 1:1): MTP drafting with
+/// device-side recurrent snapshots (each draft's last token spoilt, so
+/// verification rejects it and the states roll back), and a DFlash2
+/// drafter whose graphs run on the same devices, both give the tokens of
+/// plain greedy decoding on one CPU device — what the examples check with
+/// `--device .. --verify`.
+#[test]
+fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
+    use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
+    use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+    use shardgraph::models::mtp::MtpDrafter;
+    use shardgraph::models::qwen35::{Qwen35Session, Qwen35Types};
+    use shardgraph::models::speculative::{generate, Drafter, SpecParams};
+
+    struct NoDraft;
+    impl Drafter<Qwen35Session> for NoDraft {
+        fn draft(&mut self, _: &mut Qwen35Session, _: i32, _: i64, _: usize) -> shardgraph::Result<Vec<i32>> {
+            Ok(Vec::new())
+        }
+    }
+    /// Wrong at the last token of every draft of two or more, so verify
+    /// rejects it and the recurrent states roll back (from snapshots).
+    struct Spoil<D>(D);
+    impl<D: Drafter<Qwen35Session>> Drafter<Qwen35Session> for Spoil<D> {
+        fn draft(&mut self, t: &mut Qwen35Session, last: i32, pos: i64, n: usize) -> shardgraph::Result<Vec<i32>> {
+            let mut d = self.0.draft(t, last, pos, n)?;
+            if d.len() >= 2 {
+                let k = d.len() - 1;
+                d[k] = (d[k] + 1) % 320;
+            }
+            Ok(d)
+        }
+        fn accept(
+            &mut self,
+            t: &mut Qwen35Session,
+            batch: &[i32],
+            start: i64,
+            out: &shardgraph::models::qwen3::StepOutput,
+            kept: usize,
+        ) -> shardgraph::Result<()> {
+            self.0.accept(t, batch, start, out, kept)
+        }
+        fn taps(&self) -> Vec<usize> {
+            self.0.taps()
+        }
+    }
+    let Some(_) = devices(1) else { return };
+    let dir = std::env::temp_dir().join(format!("shardgraph-cuda-spec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hp = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    let target = dir.join("qwen35.gguf");
+    write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
+    let dhp = DflashHparams {
+        n_layer: 1,
+        n_embd: 256,
+        n_ff: 384,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers: vec![1, hp.n_layer],
+        target_hidden: 256,
+        block_size: 4,
+        mask_token: (hp.n_vocab - 1) as i32,
+        conv: Some((2, 16)),
+        selector: Some((32, 8)),
+    };
+    let drafter = dir.join("dflash2.gguf");
+    write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, hp.n_vocab, 13, Weights::Permutation).unwrap();
+    let (prompt, n_gen, kv) = ([3, 14, 15, 92, 65, 35], 10, GgmlType::F16);
+    let plain = {
+        let mut s = Qwen35Session::from_gguf(&target, &[1.0], 1, kv, 40).unwrap();
+        generate(&mut s, &mut NoDraft, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
+    };
+    let on_cuda = || {
+        let devs = devices(2).unwrap();
+        let mut s = Qwen35Session::from_gguf(&target, &[1.0, 1.0], 1, kv, 40).unwrap();
+        s.runner.set_backends(devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect()).unwrap();
+        s
+    };
+    let mut s = on_cuda();
+    s.enable_snapshots(4).unwrap();
+    let mut d = Spoil(MtpDrafter::new(&s, 0.0).unwrap());
+    let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 3, n_min: 1 }).unwrap();
+    println!("mtp (last draft token spoilt) on 2 CUDA devices: {tokens:?}, {st:?}");
+    assert_eq!(tokens, plain, "MTP on CUDA devices: {st:?}");
+    assert!(st.drafted > st.accepted && st.accepted > 0, "drafts both accepted and rejected: {st:?}");
+    let mut s = on_cuda();
+    let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
+    let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 3, n_min: 1 }).unwrap();
+    println!("dflash2 on 2 CUDA devices: {tokens:?}, {st:?}");
+    assert_eq!(tokens, plain, "DFlash2 on CUDA devices: {st:?}");
+    assert!(st.drafted > 0);
+    let _ = std::fs::remove_dir_all(&dir);
 }
