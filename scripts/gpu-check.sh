@@ -41,6 +41,8 @@ for line in sys.stdin:
 ' "$pack/bin"
   strip "$pack"/bin/* 2>/dev/null || true
   cp .venv/lib/python3*/site-packages/ggml/lib/*.so* "$pack/ggml/" 2>/dev/null || echo "gpu-check: no ggml oracle in .venv (run scripts/setup.sh); cuda_diff will be skipped"
+  # The oracle's OpenMP runtime, in case the GPU machine's image lacks it.
+  for l in $(ldd "$pack"/ggml/libggml-cpu.so 2>/dev/null | awk '/libgomp/ {print $3}'); do cp "$l" "$pack/ggml/"; done
   du -sh "$pack"
 }
 
@@ -59,6 +61,7 @@ run_packed() {
   done
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs"
   export GGML_LIB_DIR="$PWD/$pack/ggml"
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$GGML_LIB_DIR"
   local log="$pack/log.txt" failed=0
   : >"$log"
   step() {  # step <label> <command...>
