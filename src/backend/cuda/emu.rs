@@ -75,16 +75,13 @@ impl EmuGpu {
                     std::slice::from_raw_parts_mut((p as usize + bytes) as *mut u8, GUARD),
                 )
             };
-            let bad_before = before.iter().rposition(|&b| b != GUARD_BYTE);
-            let bad_after = after.iter().position(|&b| b != GUARD_BYTE);
-            if bad_before.is_some() || bad_after.is_some() {
+            let bad_before =
+                before.iter().rposition(|&b| b != GUARD_BYTE).map(|i| format!("{} bytes before its start", GUARD - i));
+            let bad_after =
+                after.iter().position(|&b| b != GUARD_BYTE).map(|i| format!("{} bytes past its end", i + 1));
+            if let Some(at) = bad_before.or(bad_after) {
                 before.fill(GUARD_BYTE);
                 after.fill(GUARD_BYTE);
-                let at = match (bad_before, bad_after) {
-                    (Some(i), _) => format!("{} bytes before its start", GUARD - i),
-                    (_, Some(i)) => format!("{} bytes past its end", i + 1),
-                    _ => unreachable!(),
-                };
                 return Err(Error::Cuda {
                     detail: format!(
                         "{what} wrote outside an allocation of {bytes} bytes ({at}): an out-of-bounds access"

@@ -240,7 +240,7 @@ impl Backend for CudaBackend {
             return false;
         };
         let cx = ops::Cx::dry(&*self.gpu);
-        matches!(ops::run(&cx, &t.op, &dst, &src), Ok(true))
+        matches!(dispatch(&cx, t, &dst, &src), Ok(true))
     }
 
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
@@ -262,7 +262,7 @@ impl Backend for CudaBackend {
                 }
                 let dst = self.operand(ctx, storage, id)?;
                 let src: Vec<ops::T> = t.src.iter().map(|&s| self.operand(ctx, storage, s)).collect::<Result<_>>()?;
-                let on_device = ops::run(&cx, &t.op, &dst, &src).map_err(|e| node_error(&self.name, t, e))?;
+                let on_device = dispatch(&cx, t, &dst, &src).map_err(|e| node_error(&self.name, t, e))?;
                 if on_device {
                     device_nodes += 1;
                 } else {
@@ -284,6 +284,15 @@ impl Backend for CudaBackend {
         }
         r
     }
+}
+
+/// [`ops::run`] with a dispatcher panic (a bug, never expected: the op
+/// constructors guarantee each op's sources) contained as an error, as the
+/// CPU backend contains its kernels'.
+fn dispatch(cx: &ops::Cx, t: &Tensor, dst: &ops::T, src: &[ops::T]) -> Result<bool> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ops::run(cx, &t.op, dst, src))).map_err(|_| {
+        Error::Compute { detail: format!("CUDA dispatch for {} on {} panicked", t.op.name(), t.describe()) }
+    })?
 }
 
 /// The error of node `t` on device `dev`: the device, the op and the cause.
