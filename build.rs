@@ -20,16 +20,58 @@ fn main() {
         })
         .unwrap_or_default();
     files.sort();
+    // Each file with its `#include "x.cuh"` lines replaced by kernels-cuda/x.cuh
+    // (NVRTC compiles a file alone, with no include path).
+    let expanded_dir = out.join("kernels");
+    std::fs::create_dir_all(&expanded_dir).expect("create OUT_DIR/kernels");
+    let mut expanded = Vec::new();
+    for p in &files {
+        println!("cargo:rerun-if-changed={}", p.display());
+        let name = p.file_name().expect("file name");
+        let e = expanded_dir.join(name);
+        std::fs::write(&e, expand_includes(&dir, p)).expect("write expanded kernel file");
+        expanded.push(e);
+    }
     let mut f = std::fs::File::create(out.join("cuda_kernels.rs")).expect("create cuda_kernels.rs");
     writeln!(f, "&[").expect("write");
-    for p in &files {
+    for (p, e) in files.iter().zip(&expanded) {
         let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("?");
-        println!("cargo:rerun-if-changed={}", p.display());
-        writeln!(f, "    ({name:?}, include_str!({:?})),", p.display().to_string()).expect("write");
+        writeln!(f, "    ({name:?}, include_str!({:?})),", e.display().to_string()).expect("write");
     }
     writeln!(f, "]").expect("write");
     #[cfg(feature = "cuda-emu")]
-    emulator(&out, &dir, &files);
+    emulator(&out, &dir, &expanded);
+}
+
+/// `path`'s text with each `#include "x.cuh"` line replaced by the text of
+/// `dir/x.cuh` (once per file; later includes of the same header are
+/// dropped), then a `#line` directive so compiler messages keep the file's
+/// own line numbers.
+fn expand_includes(dir: &std::path::Path, path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).expect("read kernel file");
+    let file = path.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+    let mut out = String::new();
+    let mut seen = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let header = line.trim().strip_prefix("#include \"").and_then(|r| r.strip_suffix('"'));
+        match header {
+            Some(h) if h.ends_with(".cuh") => {
+                if !seen.iter().any(|s| s == h) {
+                    let hp = dir.join(h);
+                    println!("cargo:rerun-if-changed={}", hp.display());
+                    out += &format!("#line 1 \"{h}\"\n");
+                    out += &std::fs::read_to_string(&hp).unwrap_or_else(|e| panic!("{file}: {h}: {e}"));
+                    seen.push(h.to_string());
+                }
+                out += &format!("#line {} \"{file}\"\n", i + 2);
+            }
+            _ => {
+                out += line;
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// Kernel names in a preprocessed kernel file: `extern "C" void sg_…(`

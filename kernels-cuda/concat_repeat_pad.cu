@@ -58,7 +58,7 @@
 //    int circular)
 //   (ggml_pad(a, p0, p1, p2, p3) is lp = 0, rp_k = p_k.)
 
-typedef long long i64;
+#include "common.cuh"
 
 template <typename T>
 static __device__ __forceinline__ void concat_impl(

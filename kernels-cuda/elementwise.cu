@@ -117,31 +117,11 @@
 //   i64 nb00..nb03, i64 nb0..nb3); src and dst have this same shape; unit k
 //   is copied byte by byte. Flat launch over the units.
 
-typedef long long i64;
+#include "common.cuh"
 
 // ---------------------------------------------------------------------------
 // f16 helpers (bit patterns held in unsigned short)
 // ---------------------------------------------------------------------------
-
-__device__ __forceinline__ float sg_h2f(unsigned short h) {
-    float f;
-#ifdef SG_CUDA_EMU
-    f = sg_emu_h2f(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
-
-__device__ __forceinline__ unsigned short sg_f2h(float f) {
-    unsigned short h;
-#ifdef SG_CUDA_EMU
-    h = sg_emu_f2h(f);
-#else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#endif
-    return h;
-}
 
 // Loads / stores of one element of a given storage type as f32.
 struct TF32 {
@@ -152,13 +132,6 @@ struct TF16 {
     __device__ static __forceinline__ float load(const char *p) { return sg_h2f(*(const unsigned short *) p); }
     __device__ static __forceinline__ void store(char *p, float v) { *(unsigned short *) p = sg_f2h(v); }
 };
-// BF16: exact widening; narrowing as GGML_FP32_TO_BF16 (round to nearest
-// even, NaN kept quiet with its sign and high payload bits).
-__device__ __forceinline__ unsigned short sg_f2bf(float f) {
-    const unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short) ((u >> 16) | 64);
-    return (unsigned short) ((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
-}
 struct TBF16 {
     __device__ static __forceinline__ float load(const char *p) {
         return __uint_as_float(((unsigned) *(const unsigned short *) p) << 16);
@@ -515,15 +488,6 @@ __device__ __forceinline__ const char *sg_elem(const char *p, i64 k, i64 ne0, i6
     const i64 a2 = k % ne2;
     const i64 a3 = k / ne2;
     return p + a0 * nb0 + a1 * nb1 + a2 * nb2 + a3 * nb3;
-}
-
-__device__ __forceinline__ void sg_st_h(unsigned char *p, float v) {
-    const unsigned short h = sg_f2h(v);
-    p[0] = (unsigned char) (h & 0xff);
-    p[1] = (unsigned char) (h >> 8);
-}
-__device__ __forceinline__ float sg_ld_h(const unsigned char *p) {
-    return sg_h2f((unsigned short) (p[0] | (p[1] << 8)));
 }
 
 // Largest |x| and the signed value attaining it (first one on ties).

@@ -59,26 +59,10 @@
 // No dynamic shared memory (about 8.6 KB static). DK or DV above 1024: the
 // kernel writes nothing (ggml's largest head size is 576).
 
-typedef long long i64;
+#include "common.cuh"
 
 #define SG_FA_DMAX 1024
 #define SG_FA_TILE 64
-
-static __device__ __forceinline__ float sg_h2f(unsigned short h) {
-    float f;
-#ifdef SG_CUDA_EMU
-    f = sg_emu_h2f(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
-
-static __device__ __forceinline__ float sg_ld_h(const unsigned char *p) {
-    return sg_h2f((unsigned short) (p[0] | (p[1] << 8)));
-}
-
-static __device__ __forceinline__ float sg_neg_inf() { return __int_as_float(0xff800000); }
 
 // Element j of a packed row of each storage type, as f32.
 struct LF32 {

@@ -69,27 +69,7 @@
 // writes them; expf / tanhf / erff are CUDA's (within their documented ulp
 // bounds of the C library's).
 
-typedef long long i64;
-
-static __device__ __forceinline__ float sg_h2f(unsigned short h) {
-    float f;
-#ifdef SG_CUDA_EMU
-    f = sg_emu_h2f(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
-
-static __device__ __forceinline__ unsigned short sg_f2h(float f) {
-    unsigned short h;
-#ifdef SG_CUDA_EMU
-    h = sg_emu_f2h(f);
-#else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#endif
-    return h;
-}
+#include "common.cuh"
 
 #define SG_GELU_COEF_A 0.044715f
 #define SG_GELU_QUICK_COEF (-1.702f)

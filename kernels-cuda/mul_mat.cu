@@ -42,7 +42,7 @@
 //   y over the ne1*ne2*ne3 rows (gy = min(rows, 65535)); both grid-stride.
 //   dst may be a itself (in place).
 
-typedef long long i64;
+#include "common.cuh"
 
 #define SG_MM_T 32    // output tile edge (m and n)
 #define SG_MM_TK 16   // k slice per shared-memory stage

@@ -32,7 +32,7 @@
 //   const char *w, i64 ne10, ne11, ne12, ne13, i64 nb10, nb11, nb12, nb13
 //   (w is F32).
 
-typedef long long i64;
+#include "common.cuh"
 
 __device__ __forceinline__ double sg_warp_sum(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

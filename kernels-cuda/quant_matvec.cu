@@ -85,37 +85,14 @@
 //   Q3_K 110 B / 256 values: u8 hmask[32], u8 qs[64], u8 scales[12], f16 d;
 //        16 6-bit scales (minus 32), 2-bit q minus 4 where the hmask bit is clear
 
-typedef long long i64;
-
-__device__ __forceinline__ float sg_h2f(unsigned short h) {
-    float f;
-#ifdef SG_CUDA_EMU
-    f = sg_emu_h2f(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
-
-__device__ __forceinline__ float sg_ld_h(const unsigned char *p) {
-    return sg_h2f((unsigned short) (p[0] | (p[1] << 8)));
-}
+#include "common.cuh"
 
 __device__ __forceinline__ float sg_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
-// 6-bit scale and min number `j` (0..7) of a Q4_K / Q5_K block (get_scale_min_k4).
-__device__ __forceinline__ void sg_scale_min_k4(int j, const unsigned char *q, int &sc, int &m) {
-    if (j < 4) {
-        sc = q[j] & 63;
-        m = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
+#include "dequant.cuh"
 
 // Activation value k of the current column.
 #define XV(k) (*(const float *) (xc + (i64) (k) * nb10))
@@ -255,82 +232,16 @@ struct DotQ6_K {
     }
 };
 
-// Types without a vectorised dot: value j of a row dequantised on its own
-// (DQ::at), one value per lane per step.
-struct DqBF16 {
-    __device__ static __forceinline__ float at(const unsigned char *row, i64 j) {
-        return __uint_as_float((unsigned) ((const unsigned short *) row)[j] << 16);
-    }
-};
-struct DqQ4_1 {
-    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
-        const unsigned char *b = (const unsigned char *) row + (j / 32) * 20;
-        const int t = (int) (j % 32);
-        const float d = sg_ld_h(b), m = sg_ld_h(b + 2);
-        const unsigned char q = b[4 + (t & 15)];
-        const int v = t < 16 ? (q & 15) : (q >> 4);
-        return __fadd_rn(__fmul_rn((float) v, d), m);
-    }
-};
-struct DqQ5_0 {
-    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
-        const unsigned char *b = (const unsigned char *) row + (j / 32) * 22;
-        const int t = (int) (j % 32);
-        const float d = sg_ld_h(b);
-        const unsigned qh = (unsigned) b[2] | ((unsigned) b[3] << 8) | ((unsigned) b[4] << 16) | ((unsigned) b[5] << 24);
-        const unsigned char q = b[6 + (t & 15)];
-        const int v = ((t < 16 ? (q & 15) : (q >> 4)) | (((qh >> t) & 1) << 4)) - 16;
-        return __fmul_rn((float) v, d);
-    }
-};
-struct DqQ5_1 {
-    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
-        const unsigned char *b = (const unsigned char *) row + (j / 32) * 24;
-        const int t = (int) (j % 32);
-        const float d = sg_ld_h(b), m = sg_ld_h(b + 2);
-        const unsigned qh = (unsigned) b[4] | ((unsigned) b[5] << 8) | ((unsigned) b[6] << 16) | ((unsigned) b[7] << 24);
-        const unsigned char q = b[8 + (t & 15)];
-        const int v = (t < 16 ? (q & 15) : (q >> 4)) | (((qh >> t) & 1) << 4);
-        return __fadd_rn(__fmul_rn((float) v, d), m);
-    }
-};
-// Q2_K / Q3_K: value t of a super-block lies in 128-value half n = t/128, and
-// in it at r = t%128: shift 2*(r/32), sub-block of 16 is = 8n + r/16, quant
-// byte 32n + r%32.
-struct DqQ2_K {
-    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
-        const unsigned char *b = (const unsigned char *) row + (j / 256) * 84;
-        const int t = (int) (j % 256);
-        const int n = t / 128, r = t % 128;
-        const int is = 8 * n + r / 16;
-        const unsigned char sc = b[is];
-        const float d = sg_ld_h(b + 80), dmin = sg_ld_h(b + 82);
-        const int q = (b[16 + 32 * n + r % 32] >> (2 * (r / 32))) & 3;
-        const float dl = __fmul_rn(d, (float) (sc & 0xF)), ml = __fmul_rn(dmin, (float) (sc >> 4));
-        return __fsub_rn(__fmul_rn(dl, (float) q), ml);
-    }
-};
-struct DqQ3_K {
-    __device__ static __forceinline__ float at(const char *row, i64 j, i64) {
-        const unsigned char *b = (const unsigned char *) row + (j / 256) * 110;
-        const int t = (int) (j % 256);
-        const int n = t / 128, r = t % 128, sh = r / 32;
-        const int is = 8 * n + r / 16;
-        const unsigned char *scales = b + 96;
-        const int lo = is < 8 ? (scales[is] & 0xF) : (scales[is - 8] >> 4);
-        const int hi = (scales[8 + (is % 4)] >> (2 * (is / 4))) & 3;
-        const int sc = (lo | (hi << 4)) - 32;
-        const float d = sg_ld_h(b + 108);
-        const int q = ((b[32 + 32 * n + r % 32] >> (2 * sh)) & 3) - ((b[r % 32] & (1 << (4 * n + sh))) ? 0 : 4);
-        return __fmul_rn(__fmul_rn(d, (float) sc), (float) q);
-    }
+// Types without a vectorised dot: value j of a packed row dequantised on
+// its own (dequant.cuh's DQ::at with the element stride ES, ignored by
+// block types), one value per lane per step.
+template <typename DQ, int ES = 0>
+struct DqPacked {
+    __device__ static __forceinline__ float at(const unsigned char *row, i64 j) { return DQ::at((const char *) row, j, ES); }
 };
 
-// Adapts the (row, j, nb00) form above.
-template <typename DQ>
-struct DqPacked {
-    __device__ static __forceinline__ float at(const unsigned char *row, i64 j) { return DQ::at((const char *) row, j, 0); }
-};
+// BF16 rows: 2-byte elements.
+typedef DqPacked<DqBF16, 2> DqPackedBF16;
 
 template <typename DQ>
 struct DotDq {
@@ -391,7 +302,7 @@ SG_MMV(sg_mul_mat_vec_q4_0, DotQ4_0)
 SG_MMV(sg_mul_mat_vec_q4_K, DotQ45_K<false>)
 SG_MMV(sg_mul_mat_vec_q5_K, DotQ45_K<true>)
 SG_MMV(sg_mul_mat_vec_q6_K, DotQ6_K)
-SG_MMV(sg_mul_mat_vec_bf16, DotDq<DqBF16>)
+SG_MMV(sg_mul_mat_vec_bf16, DotDq<DqPackedBF16>)
 SG_MMV(sg_mul_mat_vec_q4_1, DotDq<DqPacked<DqQ4_1>>)
 SG_MMV(sg_mul_mat_vec_q5_0, DotDq<DqPacked<DqQ5_0>>)
 SG_MMV(sg_mul_mat_vec_q5_1, DotDq<DqPacked<DqQ5_1>>)
@@ -453,7 +364,7 @@ SG_MMV_ID(sg_mul_mat_id_vec_q4_0, DotQ4_0)
 SG_MMV_ID(sg_mul_mat_id_vec_q4_K, DotQ45_K<false>)
 SG_MMV_ID(sg_mul_mat_id_vec_q5_K, DotQ45_K<true>)
 SG_MMV_ID(sg_mul_mat_id_vec_q6_K, DotQ6_K)
-SG_MMV_ID(sg_mul_mat_id_vec_bf16, DotDq<DqBF16>)
+SG_MMV_ID(sg_mul_mat_id_vec_bf16, DotDq<DqPackedBF16>)
 SG_MMV_ID(sg_mul_mat_id_vec_q4_1, DotDq<DqPacked<DqQ4_1>>)
 SG_MMV_ID(sg_mul_mat_id_vec_q5_0, DotDq<DqPacked<DqQ5_0>>)
 SG_MMV_ID(sg_mul_mat_id_vec_q5_1, DotDq<DqPacked<DqQ5_1>>)

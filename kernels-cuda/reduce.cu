@@ -54,37 +54,7 @@
 //    i64 nb0, nb1, nb2, nb3,          // dst strides (bytes)
 //    int order)                       // 0 ascending, 1 descending
 
-typedef long long i64;
-typedef unsigned long long u64;
-
-__device__ __forceinline__ float sg_h2f(unsigned short h) {
-    float f;
-#ifdef SG_CUDA_EMU
-    f = sg_emu_h2f(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
-
-__device__ __forceinline__ unsigned short sg_f2h(float f) {
-    unsigned short h;
-#ifdef SG_CUDA_EMU
-    h = sg_emu_f2h(f);
-#else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#endif
-    return h;
-}
-
-__device__ __forceinline__ float sg_bf2f(unsigned short h) { return __uint_as_float((unsigned int) h << 16); }
-
-// ggml's GGML_FP32_TO_BF16: round to nearest even, NaN kept quiet.
-__device__ __forceinline__ unsigned short sg_f2bf(float f) {
-    const unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short) ((u >> 16) | 64u);
-    return (unsigned short) ((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
-}
+#include "common.cuh"
 
 // Sum over the whole block (blockDim.x a multiple of 32); every thread gets
 // the result. `sh` holds at least 33 doubles.

@@ -43,27 +43,7 @@
 //   direction (ggml_rope_back, sin sign flipped); n_dims > 1024 does nothing
 //   (the host must refuse it).
 
-typedef long long i64;
-
-__device__ __forceinline__ float sg_h2f(unsigned short h) {
-    float f;
-#ifdef SG_CUDA_EMU
-    f = sg_emu_h2f(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
-
-__device__ __forceinline__ unsigned short sg_f2h(float f) {
-    unsigned short h;
-#ifdef SG_CUDA_EMU
-    h = sg_emu_f2h(f);
-#else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#endif
-    return h;
-}
+#include "common.cuh"
 
 struct TF32 {
     __device__ static __forceinline__ float load(const char *p) { return *(const float *) p; }

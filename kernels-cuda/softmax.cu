@@ -54,20 +54,7 @@
 //   dst is I32 [k, ne01, ne02, ne03]; 0 <= k <= ne00. Cost: k block-wide
 //   selection passes over the row (O(k*ne00/B) per thread), meant for small k.
 
-typedef long long i64;
-typedef unsigned long long u64;
-
-__device__ __forceinline__ float sg_h2f(unsigned short h) {
-    float f;
-#ifdef SG_CUDA_EMU
-    f = sg_emu_h2f(h);
-#else
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-#endif
-    return f;
-}
-
-__device__ __forceinline__ float sg_neg_inf() { return __int_as_float(0xff800000); }
+#include "common.cuh"
 
 // ---------------------------------------------------------------------------
 // Block reductions (blockDim.x a multiple of 32; all threads get the result)

@@ -71,7 +71,7 @@
 //   The _s64/_s128 variants must not be launched with S above their bound
 //   (they then write nothing).
 
-typedef long long i64;
+#include "common.cuh"
 
 // ---------------------------------------------------------------------------
 // ssm_conv
