@@ -86,6 +86,7 @@
 #include "common.cuh"
 
 #include "dequant.cuh"
+#include "quant.cuh"
 
 template <typename DQ>
 __device__ __forceinline__ void get_rows_impl(
@@ -188,20 +189,17 @@ struct IdxI64 { __device__ static __forceinline__ i64 at(const char *p) { return
 
 // Element-wise destinations: one thread per element.
 struct StF32 {
-    static const int QK = 1;
     __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64 nb0, i64 ne00) {
         for (i64 j = threadIdx.x; j < ne00; j += blockDim.x) *(float *) (y + j * nb0) = *(const float *) (x + j * nb00);
     }
 };
 struct StF16 {
-    static const int QK = 1;
     __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64 nb0, i64 ne00) {
         for (i64 j = threadIdx.x; j < ne00; j += blockDim.x)
             *(unsigned short *) (y + j * nb0) = sg_f2h(*(const float *) (x + j * nb00));
     }
 };
 struct StBF16 {
-    static const int QK = 1;
     __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64 nb0, i64 ne00) {
         for (i64 j = threadIdx.x; j < ne00; j += blockDim.x) {
             const unsigned u = __float_as_uint(*(const float *) (x + j * nb00));
@@ -213,129 +211,15 @@ struct StBF16 {
     }
 };
 // Block destinations: one thread per 32-value block, ggml's reference quantizers.
-struct StQ8_0 {
+// Block types: each thread quantises whole 32-value blocks of the row
+// (quant.cuh's reference quantisers).
+template <typename Q>
+struct StBlock {
     __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
         for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
-            const char *xb = x + ib * 32 * nb00;
-            unsigned char *yb = (unsigned char *) y + ib * 34;
-            float amax = 0.0f;
-            for (int j = 0; j < 32; ++j) {
-                const float a = fabsf(*(const float *) (xb + j * nb00));
-                amax = amax > a ? amax : a;
-            }
-            const float d = amax / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            sg_st_h(yb, d);
-            for (int j = 0; j < 32; ++j) {
-                const float v = __fmul_rn(*(const float *) (xb + j * nb00), id);
-                yb[2 + j] = (unsigned char) (signed char) (int) roundf(v);
-            }
-        }
-    }
-};
-struct StQ4_0 {
-    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
-        for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
-            const char *xb = x + ib * 32 * nb00;
-            unsigned char *yb = (unsigned char *) y + ib * 18;
-            float amax = 0.0f, max = 0.0f;
-            for (int j = 0; j < 32; ++j) {
-                const float v = *(const float *) (xb + j * nb00);
-                if (amax < fabsf(v)) {
-                    amax = fabsf(v);
-                    max = v;
-                }
-            }
-            const float d = max / -8.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            sg_st_h(yb, d);
-            for (int j = 0; j < 16; ++j) {
-                const float x0 = *(const float *) (xb + j * nb00);
-                const float x1 = *(const float *) (xb + (j + 16) * nb00);
-                int q0 = (int) (signed char) __float2int_rz(__fadd_rn(__fmul_rn(x0, id), 8.5f));
-                int q1 = (int) (signed char) __float2int_rz(__fadd_rn(__fmul_rn(x1, id), 8.5f));
-                q0 = q0 < 15 ? q0 : 15;
-                q1 = q1 < 15 ? q1 : 15;
-                yb[2 + j] = (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
-            }
-        }
-    }
-};
-
-// Q4_1 and Q5_1 (BITS = 4 or 5): min/max affine quantisers.
-template <int BITS>
-struct StQx_1 {
-    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
-        const int bsize = BITS == 4 ? 20 : 24;
-        for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
-            const char *xb = x + ib * 32 * nb00;
-            unsigned char *yb = (unsigned char *) y + ib * bsize;
-            float min = 3.402823466e+38f, max = -3.402823466e+38f;   // FLT_MAX
-            for (int j = 0; j < 32; ++j) {
-                const float v = *(const float *) (xb + j * nb00);
-                if (v < min) min = v;
-                if (v > max) max = v;
-            }
-            const float d = __fdiv_rn(__fsub_rn(max, min), (float) ((1 << BITS) - 1));
-            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-            sg_st_h(yb, d);
-            sg_st_h(yb + 2, min);
-            unsigned qh = 0;
-            unsigned char *qs = yb + (BITS == 4 ? 4 : 8);
-            for (int j = 0; j < 16; ++j) {
-                const float x0 = __fmul_rn(__fsub_rn(*(const float *) (xb + j * nb00), min), id);
-                const float x1 = __fmul_rn(__fsub_rn(*(const float *) (xb + (j + 16) * nb00), min), id);
-                // Q4_1: MIN(15, (int8_t) v); Q5_1: (uint8_t) v.
-                int q0 = __float2int_rz(__fadd_rn(x0, 0.5f));
-                int q1 = __float2int_rz(__fadd_rn(x1, 0.5f));
-                if (BITS == 4) {
-                    q0 = (signed char) q0;
-                    q1 = (signed char) q1;
-                    q0 = (unsigned char) (q0 < 15 ? q0 : 15);
-                    q1 = (unsigned char) (q1 < 15 ? q1 : 15);
-                } else {
-                    q0 = (unsigned char) q0;
-                    q1 = (unsigned char) q1;
-                }
-                qs[j] = (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
-                qh |= (unsigned) ((q0 >> 4) & 1) << j;
-                qh |= (unsigned) ((q1 >> 4) & 1) << (j + 16);
-            }
-            if (BITS == 5) {
-                for (int t = 0; t < 4; ++t) yb[4 + t] = (unsigned char) (qh >> (8 * t));
-            }
-        }
-    }
-};
-struct StQ5_0 {
-    __device__ static __forceinline__ void row(const char *x, i64 nb00, char *y, i64, i64 ne00) {
-        for (i64 ib = threadIdx.x; ib < ne00 / 32; ib += blockDim.x) {
-            const char *xb = x + ib * 32 * nb00;
-            unsigned char *yb = (unsigned char *) y + ib * 22;
-            float amax = 0.0f, max = 0.0f;
-            for (int j = 0; j < 32; ++j) {
-                const float v = *(const float *) (xb + j * nb00);
-                if (amax < fabsf(v)) {
-                    amax = fabsf(v);
-                    max = v;
-                }
-            }
-            const float d = __fdiv_rn(max, -16.0f);
-            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-            sg_st_h(yb, d);
-            unsigned qh = 0;
-            for (int j = 0; j < 16; ++j) {
-                const float x0 = __fmul_rn(*(const float *) (xb + j * nb00), id);
-                const float x1 = __fmul_rn(*(const float *) (xb + (j + 16) * nb00), id);
-                int q0 = (int) (signed char) __float2int_rz(__fadd_rn(x0, 16.5f));
-                int q1 = (int) (signed char) __float2int_rz(__fadd_rn(x1, 16.5f));
-                q0 = (unsigned char) (q0 < 31 ? q0 : 31);
-                q1 = (unsigned char) (q1 < 31 ? q1 : 31);
-                yb[6 + j] = (unsigned char) ((q0 & 0xF) | ((q1 & 0xF) << 4));
-                qh |= (unsigned) ((q0 >> 4) & 1) << j;
-                qh |= (unsigned) ((q1 >> 4) & 1) << (j + 16);
-            }
-            for (int t = 0; t < 4; ++t) yb[2 + t] = (unsigned char) (qh >> (8 * t));
+            float v[32];
+            for (int j = 0; j < 32; ++j) v[j] = *(const float *) (x + (ib * 32 + j) * nb00);
+            Q::quant(v, (unsigned char *) y + ib * Q::BYTES);
         }
     }
 };
@@ -392,13 +276,13 @@ SG_SET_ROWS(sg_set_rows_f16_i32, StF16, IdxI32)
 SG_SET_ROWS(sg_set_rows_f16_i64, StF16, IdxI64)
 SG_SET_ROWS(sg_set_rows_bf16_i32, StBF16, IdxI32)
 SG_SET_ROWS(sg_set_rows_bf16_i64, StBF16, IdxI64)
-SG_SET_ROWS(sg_set_rows_q8_0_i32, StQ8_0, IdxI32)
-SG_SET_ROWS(sg_set_rows_q8_0_i64, StQ8_0, IdxI64)
-SG_SET_ROWS(sg_set_rows_q4_0_i32, StQ4_0, IdxI32)
-SG_SET_ROWS(sg_set_rows_q4_0_i64, StQ4_0, IdxI64)
-SG_SET_ROWS(sg_set_rows_q4_1_i32, StQx_1<4>, IdxI32)
-SG_SET_ROWS(sg_set_rows_q4_1_i64, StQx_1<4>, IdxI64)
-SG_SET_ROWS(sg_set_rows_q5_0_i32, StQ5_0, IdxI32)
-SG_SET_ROWS(sg_set_rows_q5_0_i64, StQ5_0, IdxI64)
-SG_SET_ROWS(sg_set_rows_q5_1_i32, StQx_1<5>, IdxI32)
-SG_SET_ROWS(sg_set_rows_q5_1_i64, StQx_1<5>, IdxI64)
+SG_SET_ROWS(sg_set_rows_q8_0_i32, StBlock<QQ8_0>, IdxI32)
+SG_SET_ROWS(sg_set_rows_q8_0_i64, StBlock<QQ8_0>, IdxI64)
+SG_SET_ROWS(sg_set_rows_q4_0_i32, StBlock<QQ4_0>, IdxI32)
+SG_SET_ROWS(sg_set_rows_q4_0_i64, StBlock<QQ4_0>, IdxI64)
+SG_SET_ROWS(sg_set_rows_q4_1_i32, StBlock<QQ4_1>, IdxI32)
+SG_SET_ROWS(sg_set_rows_q4_1_i64, StBlock<QQ4_1>, IdxI64)
+SG_SET_ROWS(sg_set_rows_q5_0_i32, StBlock<QQ5_0>, IdxI32)
+SG_SET_ROWS(sg_set_rows_q5_0_i64, StBlock<QQ5_0>, IdxI64)
+SG_SET_ROWS(sg_set_rows_q5_1_i32, StBlock<QQ5_1>, IdxI32)
+SG_SET_ROWS(sg_set_rows_q5_1_i64, StBlock<QQ5_1>, IdxI64)

@@ -233,7 +233,9 @@ fn get_rows_cases(v: &mut Vec<Case>) {
 }
 
 fn set_rows_cases(v: &mut Vec<Case>) {
-    for (dty, ne0) in [(F32, 16), (F16, 16), (BF16, 16), (Q8_0, 64), (Q4_0, 64), (Q5_1, 64), (Q4_K, 256)] {
+    for (dty, ne0) in
+        [(F32, 16), (F16, 16), (BF16, 16), (Q8_0, 64), (Q4_0, 64), (Q4_1, 64), (Q5_0, 64), (Q5_1, 64), (Q4_K, 256)]
+    {
         for ity in [I64, I32] {
             v.push(Case::new(
                 "set_rows",
