@@ -214,9 +214,7 @@ fn run() -> shardgraph::Result<()> {
             &b,
             &|r| {
                 let mut s = Qwen3Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
-                if let Some(d) = spec::backends(&args, r.len())? {
-                    s.runner.set_backends(d)?;
-                }
+                spec::use_devices(&args, &mut s.runner, r.len())?;
                 Ok(s)
             },
             &|| Qwen3Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),
@@ -228,9 +226,7 @@ fn run() -> shardgraph::Result<()> {
             &b,
             &|r| {
                 let mut s = Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
-                if let Some(d) = spec::backends(&args, r.len())? {
-                    s.runner.set_backends(d)?;
-                }
+                spec::use_devices(&args, &mut s.runner, r.len())?;
                 Ok(s)
             },
             &|| Qwen35Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),

@@ -7,6 +7,7 @@
 use shardgraph::models::dflash::DflashHparams;
 use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
 use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
+use shardgraph::models::runner::Runner;
 use shardgraph::models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
 use shardgraph::{Backend, GgmlType};
 use std::path::Path;
@@ -139,6 +140,19 @@ pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<
         );
         std::process::exit(2);
     }
+}
+
+/// Moves a session's runner onto the `--device` devices for `n` devices
+/// (nothing for CPU devices). Exits on a bad name, as [`backends`].
+///
+/// # Errors
+/// Opening the devices (no GPU, no driver); a device count the runner's
+/// policy does not have.
+pub fn use_devices(args: &[String], runner: &mut Runner, n: usize) -> shardgraph::Result<()> {
+    if let Some(d) = backends(args, n)? {
+        runner.set_backends(d)?;
+    }
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]
