@@ -313,6 +313,99 @@ fn qwen3_layers_move_exactly_the_megatron_minimum() {
         let mut store = SplitStore::new(ratios.len());
         let rep = exec.execute(&ctx, &g, &plan, &mut store, &[out]).unwrap();
         assert_eq!((rep.bytes_moved, rep.unplanned_bytes), (plan.total_bytes(), 0));
+        // On GPUs (and `cpu-data`) the conversions (both all-reduces of
+        // every layer, and the input's local mirrored-to-partial) run
+        // between device buffers.
+        if exec.device_data() {
+            assert!(rep.device_conversions >= 2 * n_layer as usize, "{}", rep.device_conversions);
+        } else {
+            assert_eq!(rep.device_conversions, 0);
+        }
+    }
+}
+
+/// The device-side collectives (activations kept in device buffers,
+/// conversions by local packing graphs and buffer-to-buffer copies) give
+/// the host path's bytes and move the same bytes, for every conversion a
+/// qwen3 layer stack plans (all-reduces) and for all-gathers, all-to-alls
+/// and reduce-scatters between split states, on 2 and 3 devices.
+#[test]
+fn device_side_collectives_equal_the_host_path() {
+    use shardgraph::split::MetaExecutor;
+    for n in [2usize, 3] {
+        let dm = Dims { e: 96, h: 6, hkv: 3, d: 16, f: 192, t: 3 };
+        let mut ctx = Context::new();
+        let out = qwen3_layers(&mut ctx, &dm, 1);
+        // Then: the hidden state split on rows, on tokens, and a partial sum
+        // reduce-scattered (x·W with W split on its inputs).
+        let w = ctx.new_tensor_2d(GgmlType::F32, dm.e, 40).unwrap();
+        ctx.set_name(w, "extra.w").unwrap();
+        let y = ctx.mul_mat(w, out).unwrap();
+        let z = ctx.soft_max(y).unwrap();
+        let zt = ctx.transpose(z).unwrap();
+        let tr = ctx.cont(zt).unwrap();
+        // Leafs split on different axes meet: all-to-all, reduce-scatter.
+        let leaf = |ctx: &mut Context, name: &str, ne0: i64, ne1: i64| {
+            let t = ctx.new_tensor_2d(GgmlType::F32, ne0, ne1).unwrap();
+            ctx.set_name(t, name).unwrap();
+            t
+        };
+        let (a, b) = (leaf(&mut ctx, "act.a", 24, 30), leaf(&mut ctx, "act.b", 24, 30));
+        let ab = ctx.add(a, b).unwrap();
+        let (w2, x2, c) =
+            (leaf(&mut ctx, "w2", 24, 30), leaf(&mut ctx, "act.x", 24, 6), leaf(&mut ctx, "act.c", 30, 6));
+        let p = ctx.mul_mat(w2, x2).unwrap();
+        let pc = ctx.add(p, c).unwrap();
+        let pcs = ctx.silu(pc).unwrap();
+        let outs = [out, y, z, tr, ab, pcs];
+        let g = ctx.build_forward(&outs).unwrap();
+        let ax = |axis| SplitSpec::Axis { axis, granule: 1, segments: vec![] };
+        let policy = qwen3_policy(&vec![1.0; n], dm.d, dm.h / dm.hkv)
+            .rule("extra.w", ax(0))
+            .rule("act.a", ax(1))
+            .rule("act.b", ax(0))
+            .rule("w2", ax(0))
+            .rule("act.x", ax(0))
+            .rule("act.c", ax(1));
+        let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+        let data = |id: TensorId| {
+            let t = ctx.tensor(id).unwrap();
+            let k = id.index() as f32;
+            (t.ty == GgmlType::F32).then(|| {
+                (0..t.nelements())
+                    .flat_map(|i| (((i as f32 * 0.37 + k).sin()) * 0.2).to_le_bytes())
+                    .collect::<Vec<u8>>()
+            })
+        };
+        let mut reports = Vec::new();
+        for on in [false, true] {
+            let mut exec = MetaExecutor::new(n, 1).unwrap();
+            exec.set_device_data(on);
+            let mut store = SplitStore::new(n);
+            store.place_leafs(&ctx, &g, &plan).unwrap();
+            for &l in g.leafs() {
+                if let Some(b) = data(l) {
+                    store.set_tensor(&ctx, l, 0, &b).unwrap();
+                }
+            }
+            reports.push(exec.execute(&ctx, &g, &plan, &mut store, &outs).unwrap());
+        }
+        if std::env::var("SHOW_PLAN").is_ok() {
+            eprintln!("{}", plan.report(&ctx));
+        }
+        let (host, dev) = (&reports[0], &reports[1]);
+        let f32s =
+            |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+        assert_eq!(host.device_conversions, 0);
+        assert!(dev.device_conversions >= 5, "{n} devices: {} device conversions", dev.device_conversions);
+        assert_eq!(dev.bytes_moved, host.bytes_moved, "{n} devices");
+        for (k, (a, b)) in host.outputs.iter().zip(&dev.outputs).enumerate() {
+            let (a, b) = (f32s(a), f32s(b));
+            let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            // Partial sums of 3 devices add in another order on the device path.
+            assert!(err <= if n == 2 { 0.0 } else { 1e-5 }, "{n} devices, output {k}: max error {err}");
+            assert!(a.iter().any(|&x| x != 0.0), "output {k} is all zeros");
+        }
     }
 }
 

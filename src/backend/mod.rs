@@ -66,6 +66,31 @@ pub trait Buffer: Send + Sync + std::fmt::Debug {
     fn get(&self, offset: usize, out: &mut [u8]) -> Result<()>;
     /// Fills the whole buffer with `value`.
     fn clear(&self, value: u8);
+    /// Copies `n` bytes at byte `src_offset` of `src` (a buffer of any
+    /// backend) to byte `dst_offset` of this one. Buffers of devices that can
+    /// copy directly (two CUDA devices of one process: a device-to-device or
+    /// peer copy, ordered after the work the source's device has queued and
+    /// before later work on either device) do so; any other pair goes through
+    /// host memory, which this provided method does.
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfBounds`] if either range exceeds its buffer; the
+    /// devices' copy errors.
+    fn copy_from(&self, dst_offset: usize, src: &dyn Buffer, src_offset: usize, n: usize) -> Result<()> {
+        let in_range = |off: usize, size: usize| off.checked_add(n).is_some_and(|e| e <= size);
+        if !in_range(src_offset, src.size()) || !in_range(dst_offset, self.size()) {
+            return Err(crate::Error::OutOfBounds {
+                detail: format!(
+                    "copy of {n} bytes from {src_offset} of a {}-byte buffer to {dst_offset} of a {}-byte buffer",
+                    src.size(),
+                    self.size()
+                ),
+            });
+        }
+        let mut tmp = vec![0u8; n];
+        src.get(src_offset, &mut tmp)?;
+        self.set(dst_offset, &tmp)
+    }
     /// For downcasting to the backend's concrete type.
     fn as_any(&self) -> &dyn Any;
 }
@@ -92,6 +117,11 @@ pub trait Backend: Send + Sync {
     /// [`crate::Error::NoStorage`], [`crate::Error::UnsupportedOp`],
     /// [`crate::Error::Compute`].
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()>;
+    /// The concrete backend, for backend-specific extensions (the meta
+    /// backend finds CUDA devices for NCCL through it); `None` by default.
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
 }
 
 /// Copies tensor `id`'s bytes from one storage (any backend) to another

@@ -18,10 +18,31 @@
 
 use super::layout::{add_into, box_bytes, boxes, copy_region, intersect, pack, Boxes};
 use super::state::SplitState;
+use crate::backend::Buffer;
 use crate::error::{Error, Result};
 use crate::tensor::GgmlType;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// `len` bytes at byte `offset` of a device buffer: a message of the
+/// device-side collectives, or a tensor's local part kept on its device.
+#[derive(Clone, Debug)]
+pub struct BufSlice {
+    /// The buffer (of any backend).
+    pub buf: Arc<dyn Buffer>,
+    /// Start, bytes.
+    pub offset: usize,
+    /// Length, bytes.
+    pub len: usize,
+}
+
+impl BufSlice {
+    /// The whole of `buf`.
+    pub fn whole(buf: Arc<dyn Buffer>) -> Self {
+        let len = buf.size();
+        BufSlice { buf, offset: 0, len }
+    }
+}
 
 /// Collectives among the `n_ranks()` devices of one executor. Each method is
 /// called by every rank (with its own `rank`) in the same order; it returns
@@ -53,8 +74,38 @@ pub trait Comm: Send + Sync {
     /// will not come.
     fn abort(&self);
 
+    /// True once [`Comm::abort`] was called (every later collective fails).
+    fn is_aborted(&self) -> bool {
+        false
+    }
+
     /// Bytes received by each rank so far (for checking plans against what moved).
     fn bytes_received(&self) -> Vec<u64>;
+
+    /// True if [`Comm::exchange_buffers`] moves device buffers (the same
+    /// answer on every rank). The executor then keeps activations on the
+    /// devices and runs the collectives' packing and sums there.
+    fn moves_buffers(&self) -> bool {
+        false
+    }
+
+    /// All-to-all of device buffers: `send[i]`, if any, goes to rank `i`
+    /// (the entry for `rank` itself is ignored); returns what each rank sent
+    /// to this one, in buffers this rank's `alloc(bytes)` gives (its own
+    /// device's). The bytes count as received, as [`Comm::exchange`]'s.
+    ///
+    /// # Errors
+    /// [`Error::Split`] if `send.len() != n_ranks()`, this communicator does
+    /// not move buffers, or another rank failed; copy and allocation errors.
+    fn exchange_buffers(
+        &self,
+        rank: usize,
+        send: Vec<Option<BufSlice>>,
+        alloc: &dyn Fn(usize) -> Result<Arc<dyn Buffer>>,
+    ) -> Result<Vec<Option<BufSlice>>> {
+        let _ = (rank, send, alloc);
+        Err(Error::Split { detail: "this communicator does not move device buffers".into() })
+    }
 
     /// All-gather of one small message per rank: returns every rank's
     /// `mine`, indexed by rank. Each rank receives `(N−1)·len` bytes.
@@ -220,7 +271,7 @@ pub trait Comm: Send + Sync {
 
 /// The elements rank `dst` needs under `to` that rank `src` holds under
 /// `from` (and `dst` does not).
-fn owed(ne: [i64; 4], from: &SplitState, to: &SplitState, src: usize, dst: usize) -> Boxes {
+pub(crate) fn owed(ne: [i64; 4], from: &SplitState, to: &SplitState, src: usize, dst: usize) -> Boxes {
     intersect(&boxes(ne, from, src), &boxes(ne, to, dst))
 }
 
@@ -263,17 +314,28 @@ impl Barrier {
         }
         self.cv.notify_all();
     }
+
+    fn is_aborted(&self) -> bool {
+        self.state.lock().map_or(true, |g| g.2)
+    }
 }
 
-/// The generic fallback communicator for devices whose memory the host can
-/// copy (CPU devices; any backend through its get/set copies): messages are
-/// host buffers handed over between barrier phases.
+/// The generic communicator, for any devices: host messages are host
+/// buffers handed over between barrier phases; device messages
+/// ([`Comm::exchange_buffers`]) are copied by the receiver straight from the
+/// sender's buffer with [`Buffer::copy_from`] (a device-to-device or peer
+/// copy between CUDA devices, stream-ordered by events; through host memory
+/// for any other pair). It is the fallback where NCCL is missing, and the
+/// only choice for virtual devices on one GPU (NCCL refuses two ranks on
+/// one GPU).
 #[derive(Debug)]
 pub struct HostComm {
     n: usize,
     barrier: Barrier,
     /// Per sender, per receiver: the message in flight.
     slots: Vec<Mutex<Vec<Vec<u8>>>>,
+    /// Per sender, per receiver: the device message in flight.
+    buf_slots: Vec<Mutex<Vec<Option<BufSlice>>>>,
     received: Vec<AtomicU64>,
 }
 
@@ -285,6 +347,7 @@ impl HostComm {
             n,
             barrier: Barrier { n, state: Mutex::new((0, 0, false)), cv: Condvar::new() },
             slots: (0..n).map(|_| Mutex::new(vec![Vec::new(); n])).collect(),
+            buf_slots: (0..n).map(|_| Mutex::new(vec![None; n])).collect(),
             received: (0..n).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -333,6 +396,48 @@ impl Comm for HostComm {
 
     fn abort(&self) {
         self.barrier.abort();
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.barrier.is_aborted()
+    }
+
+    fn moves_buffers(&self) -> bool {
+        true
+    }
+
+    fn exchange_buffers(
+        &self,
+        rank: usize,
+        mut send: Vec<Option<BufSlice>>,
+        alloc: &dyn Fn(usize) -> Result<Arc<dyn Buffer>>,
+    ) -> Result<Vec<Option<BufSlice>>> {
+        let poisoned = || Error::Split { detail: "communicator poisoned".into() };
+        if send.len() != self.n || rank >= self.n {
+            self.abort();
+            return Err(Error::Split { detail: format!("exchange from rank {rank} with {} messages", send.len()) });
+        }
+        send[rank] = None;
+        *self.buf_slots[rank].lock().map_err(|_| poisoned())? = send;
+        self.barrier.wait()?;
+        let mut out = vec![None; self.n];
+        let mut bytes = 0u64;
+        for (src, slot) in out.iter_mut().enumerate() {
+            if src == rank {
+                continue;
+            }
+            let m = self.buf_slots[src].lock().map_err(|_| poisoned())?[rank].take();
+            if let Some(m) = m {
+                let buf = alloc(m.len)?;
+                buf.copy_from(0, &*m.buf, m.offset, m.len)?;
+                bytes += m.len as u64;
+                *slot = Some(BufSlice { buf, offset: 0, len: m.len });
+            }
+        }
+        self.received[rank].fetch_add(bytes, Ordering::Relaxed);
+        // The senders' buffers are not reused before every copy is queued.
+        self.barrier.wait()?;
+        Ok(out)
     }
 
     fn bytes_received(&self) -> Vec<u64> {

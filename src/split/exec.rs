@@ -10,7 +10,7 @@
 //! Local data is kept contiguous in each tensor's logical order; views are
 //! materialised where a subgraph hands them on.
 
-use super::comm::{Comm, HostComm};
+use super::comm::{BufSlice, Comm, HostComm};
 use super::layout::{assemble, local_ne, slice_local};
 use super::lower::{covers_owner, lower, Lowered, Step};
 use super::planner::Plan;
@@ -32,6 +32,11 @@ pub struct MetaExecutor {
     /// Per device: leaf parts kept in device buffers between runs (weights),
     /// keyed by tensor and state, valid for one stored version.
     resident: Vec<std::sync::Mutex<Resident>>,
+    /// Keep activations in device buffers between steps.
+    device_data: bool,
+    /// The communicator every run uses (NCCL across GPUs); `None`: a fresh
+    /// [`HostComm`] per run. Locked for the length of a run.
+    comm: std::sync::Mutex<Option<Arc<dyn Comm>>>,
 }
 
 /// Device-resident leaf parts: (tensor, state) → (stored version, buffer).
@@ -51,6 +56,9 @@ pub struct RunReport {
     pub unplanned_bytes: u64,
     /// Number of per-device subgraphs run (per device).
     pub subgraphs: usize,
+    /// Conversions (collectives) run between device buffers, without host
+    /// copies (per device; see [`MetaExecutor::set_device_data`]).
+    pub device_conversions: usize,
 }
 
 impl std::fmt::Debug for MetaExecutor {
@@ -86,8 +94,8 @@ impl MetaExecutor {
     /// An executor over the given devices, one per rank, in plan order
     /// (device `j` runs rank `j`'s part): CUDA devices, virtual devices on
     /// one GPU, CPU instances, or a mix. Leaf parts stay resident in each
-    /// device's buffers between runs; activations between steps go through
-    /// host memory and the [`Comm`].
+    /// device's buffers between runs; activations stay in device buffers
+    /// when every device is a GPU (see [`MetaExecutor::set_device_data`]).
     ///
     /// # Errors
     /// [`Error::Split`] for no devices or more than 64.
@@ -97,7 +105,67 @@ impl MetaExecutor {
             return Err(Error::Split { detail: format!("{n} devices: need 1..=64") });
         }
         let resident = (0..n).map(|_| std::sync::Mutex::new(HashMap::new())).collect();
-        Ok(MetaExecutor { devices, resident })
+        let device_data = devices.iter().all(|d| d.device().kind == crate::backend::DeviceKind::Gpu);
+        let comm = std::sync::Mutex::new(Self::native_comm(&devices));
+        Ok(MetaExecutor { devices, resident, device_data, comm })
+    }
+
+    /// NCCL for CUDA devices on distinct GPUs, when it loads; else `None`
+    /// (the runs use [`HostComm`]: device-to-device copies).
+    fn native_comm(devices: &[Arc<dyn Backend>]) -> Option<Arc<dyn Comm>> {
+        #[cfg(feature = "cuda")]
+        if devices.len() > 1 && devices.iter().all(|d| d.device().kind == crate::backend::DeviceKind::Gpu) {
+            match crate::backend::cuda::nccl::NcclComm::for_backends(devices) {
+                Ok(c) => return Some(Arc::new(c)),
+                Err(e) => log::info!("meta backend: no NCCL, device-to-device copies instead: {e}"),
+            }
+        }
+        let _ = devices;
+        None
+    }
+
+    /// Makes every run use `comm` (one with [`MetaExecutor::n_devices`]
+    /// ranks, e.g. an NCCL communicator), or, with `None`, a fresh
+    /// [`HostComm`] per run. Runs are serialised on a set communicator.
+    /// After a run fails in a collective, its communicator is dropped (an
+    /// aborted communicator fails every later call) and later runs use
+    /// [`HostComm`]s.
+    ///
+    /// # Errors
+    /// [`Error::Split`] if `comm` has another number of ranks.
+    pub fn set_comm(&mut self, comm: Option<Arc<dyn Comm>>) -> Result<()> {
+        if let Some(c) = &comm {
+            if c.n_ranks() != self.devices.len() {
+                return Err(Error::Split {
+                    detail: format!("a communicator of {} ranks for {} devices", c.n_ranks(), self.devices.len()),
+                });
+            }
+        }
+        *self.comm.get_mut().unwrap_or_else(|p| p.into_inner()) = comm;
+        Ok(())
+    }
+
+    /// True if runs use a communicator set by [`MetaExecutor::set_comm`] or
+    /// found at creation (NCCL).
+    pub fn has_comm(&self) -> bool {
+        self.comm.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Whether activations stay in device buffers between steps and
+    /// conversions move them buffer to buffer ([`Comm::exchange_buffers`]:
+    /// device-to-device copies, or NCCL) instead of through host memory.
+    /// On by default when every device is a GPU; off for CPU devices, whose
+    /// buffers are host memory anyway (turning it on there runs the same
+    /// device-side code, which tests use). Per-row combines (distributed
+    /// `rms_norm`, `soft_max`, `argmax`, …), vocabulary-parallel `get_rows`
+    /// and writes into stored tensors still read their inputs to the host.
+    pub fn set_device_data(&mut self, on: bool) {
+        self.device_data = on;
+    }
+
+    /// See [`MetaExecutor::set_device_data`].
+    pub fn device_data(&self) -> bool {
+        self.device_data
     }
 
     /// The devices, in rank order.
@@ -153,6 +221,16 @@ impl MetaExecutor {
         store: &mut SplitStore,
         outputs: &[TensorId],
     ) -> Result<RunReport> {
+        let mut set = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(comm) = set.clone() {
+            let r = self.execute_with(ctx, graph, plan, store, outputs, &*comm);
+            if let (Err(e), true) = (&r, comm.is_aborted()) {
+                log::warn!("meta backend: a run failed in a collective ({e}); later runs use a fresh HostComm each");
+                *set = None;
+            }
+            return r;
+        }
+        drop(set);
         let comm = HostComm::new(self.devices.len());
         self.execute_with(ctx, graph, plan, store, outputs, &comm)
     }
@@ -212,6 +290,7 @@ impl MetaExecutor {
             .collect();
         let versions: HashMap<usize, u64> =
             leafs.iter().filter(|(l, _)| !written.contains(&l.index())).map(|(l, s)| (l.index(), s.version)).collect();
+        let resident_data = self.device_data;
         let before = comm.bytes_received().iter().sum::<u64>();
         let results: Vec<Result<DeviceResult>> = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..n)
@@ -231,9 +310,11 @@ impl MetaExecutor {
                             fetching: false,
                             resident,
                             versions,
+                            resident_data,
+                            device_conversions: 0,
                         };
                         for (l, s) in leafs {
-                            d.put(*l, s.state.clone(), s.locals[j].clone());
+                            d.put(*l, s.state.clone(), Part::host(s.locals[j].clone()));
                         }
                         // A panic (a bug, or a foreign Comm) must not leave the
                         // other devices waiting in a collective: it aborts them.
@@ -279,6 +360,7 @@ impl MetaExecutor {
             bytes_moved: moved,
             unplanned_bytes: devs.iter().map(|d| d.unplanned).sum(),
             subgraphs: lowered.n_subgraphs(),
+            device_conversions: devs[0].device_conversions,
         };
         for (k, &o) in outputs.iter().enumerate() {
             let t = ctx.t(o);
@@ -348,19 +430,57 @@ struct DeviceResult {
     outputs: Vec<(SplitState, Arc<Vec<u8>>)>,
     written: Vec<(TensorId, SplitState, Arc<Vec<u8>>)>,
     unplanned: u64,
+    device_conversions: usize,
 }
 
 /// A tensor's local part in one state.
-type Held = (SplitState, Arc<Vec<u8>>);
+type Held = (SplitState, Arc<Part>);
+
+/// A tensor's local part on one device: host bytes, or a slice of one of
+/// the device's buffers (device-resident activations), read to the host the
+/// first time a host-side step needs it.
+#[derive(Debug)]
+pub(crate) struct Part {
+    host: std::sync::OnceLock<Arc<Vec<u8>>>,
+    dev: Option<BufSlice>,
+}
+
+impl Part {
+    /// A part held in host memory.
+    pub(crate) fn host(bytes: Arc<Vec<u8>>) -> Arc<Part> {
+        Arc::new(Part { host: std::sync::OnceLock::from(bytes), dev: None })
+    }
+
+    /// A part held in a device buffer.
+    pub(crate) fn device(slice: BufSlice) -> Arc<Part> {
+        Arc::new(Part { host: std::sync::OnceLock::new(), dev: Some(slice) })
+    }
+
+    /// The device slice, if the part lives on the device.
+    pub(crate) fn slice(&self) -> Option<&BufSlice> {
+        self.dev.as_ref()
+    }
+
+    /// The part's bytes in host memory (copied from the device once).
+    pub(crate) fn bytes(&self) -> Result<Arc<Vec<u8>>> {
+        if let Some(b) = self.host.get() {
+            return Ok(b.clone());
+        }
+        let s = self.dev.as_ref().ok_or_else(|| Error::Split { detail: "a part with no data".into() })?;
+        let mut v = vec![0u8; s.len];
+        s.buf.get(s.offset, &mut v)?;
+        Ok(self.host.get_or_init(|| Arc::new(v)).clone())
+    }
+}
 
 /// One device's thread: its data and its side of every step.
-struct Device<'a> {
-    j: usize,
-    n: usize,
+pub(crate) struct Device<'a> {
+    pub(crate) j: usize,
+    pub(crate) n: usize,
     ctx: &'a Context,
     plan: &'a Plan,
-    backend: &'a dyn Backend,
-    comm: &'a dyn Comm,
+    pub(crate) backend: &'a dyn Backend,
+    pub(crate) comm: &'a dyn Comm,
     /// Per tensor: the states it is available in, the first being current.
     data: HashMap<usize, Vec<Held>>,
     unplanned: u64,
@@ -370,26 +490,48 @@ struct Device<'a> {
     resident: &'a std::sync::Mutex<Resident>,
     /// Stored versions of the leafs the graph only reads.
     versions: &'a HashMap<usize, u64>,
+    /// Keep activations in device buffers between steps (GPU devices).
+    resident_data: bool,
+    /// Conversions run between device buffers so far.
+    device_conversions: usize,
 }
 
-/// A local graph's leaf input: bytes to copy in, or a resident device buffer.
-enum Input {
+/// What [`Device::run_local_parts`] returns of a local graph's results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Results {
+    /// Read to host memory.
+    Host,
+    /// Left in device buffers of their own (device-resident activations).
+    Device,
+    /// Nothing: the graph wrote into its input buffers (`cpy` into views).
+    None,
+}
+
+/// A local graph's leaf input: bytes to copy in, or data already in a
+/// buffer of the device (a resident leaf, a device-resident activation).
+pub(crate) enum Input {
     Bytes(Arc<Vec<u8>>),
-    Buffer(Arc<dyn crate::backend::Buffer>),
+    Buffer(BufSlice),
 }
 
 impl Device<'_> {
-    fn put(&mut self, id: TensorId, state: SplitState, bytes: Arc<Vec<u8>>) {
+    /// Adds `part` as `id`'s data in `state` (keeping its other states).
+    fn put(&mut self, id: TensorId, state: SplitState, part: Arc<Part>) {
         let list = self.data.entry(id.index()).or_default();
         list.retain(|(s, _)| *s != state);
-        list.push((state, bytes));
+        list.push((state, part));
     }
 
-    fn get(&self, id: TensorId, state: &SplitState) -> Option<Arc<Vec<u8>>> {
+    /// Makes `part` `id`'s only data (a new value).
+    fn set(&mut self, id: TensorId, state: SplitState, part: Arc<Part>) {
+        self.data.insert(id.index(), vec![(state, part)]);
+    }
+
+    fn get(&self, id: TensorId, state: &SplitState) -> Option<Arc<Part>> {
         self.data.get(&id.index())?.iter().find(|(s, _)| s == state).map(|(_, b)| b.clone())
     }
 
-    fn current(&self, id: TensorId) -> Result<(SplitState, Arc<Vec<u8>>)> {
+    fn current(&self, id: TensorId) -> Result<(SplitState, Arc<Part>)> {
         self.data.get(&id.index()).and_then(|v| v.first().cloned()).ok_or_else(|| Error::Split {
             detail: format!("tensor #{} is not computed on device {}", id.index(), self.j),
         })
@@ -404,6 +546,11 @@ impl Device<'_> {
     /// A view whose owner was written since it was computed is read again
     /// from the owner, as one device reads its memory.
     fn fetch(&mut self, id: TensorId, state: &SplitState) -> Result<Arc<Vec<u8>>> {
+        self.fetch_part(id, state)?.bytes()
+    }
+
+    /// [`Device::fetch`] without reading a device part to the host.
+    fn fetch_part(&mut self, id: TensorId, state: &SplitState) -> Result<Arc<Part>> {
         if let Some(b) = self.get(id, state) {
             return Ok(b);
         }
@@ -419,7 +566,7 @@ impl Device<'_> {
         r
     }
 
-    fn fetch_inner(&mut self, id: TensorId, state: &SplitState) -> Result<Arc<Vec<u8>>> {
+    fn fetch_inner(&mut self, id: TensorId, state: &SplitState) -> Result<Arc<Part>> {
         if !self.data.contains_key(&id.index()) {
             if let Some(owner) = self.ctx.t(id).view_src {
                 self.reread_view(id, owner)?;
@@ -443,7 +590,7 @@ impl Device<'_> {
         let v = l.push_view(o, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[o])?;
         let c = l.push_op(t.ty, t.ne, Op::Cont, &[v])?;
         let bytes = self.run_local(&l, &[c], &[(o, ob)])?.remove(0);
-        self.put(id, SplitState::Mirrored, Arc::new(bytes));
+        self.put(id, SplitState::Mirrored, Part::host(Arc::new(bytes)));
         Ok(())
     }
 
@@ -466,14 +613,23 @@ impl Device<'_> {
         }
     }
 
-    /// Converts `id` from `from` to `to` through the communicator.
+    /// Converts `id` from `from` to `to` through the communicator: between
+    /// device buffers when the devices keep activations resident and the
+    /// communicator moves buffers, else through host memory.
     fn convert(&mut self, id: TensorId, from: &SplitState, to: &SplitState) -> Result<()> {
         let t = self.ctx.t(id);
         let (ty, ne, j) = (t.ty, t.ne, self.j);
-        let src = match self.get(id, from) {
+        let part = match self.get(id, from) {
             Some(b) => b,
-            None => self.fetch(id, from)?,
+            None => self.fetch_part(id, from)?,
         };
+        if self.resident_data && self.comm.moves_buffers() && super::devcomm::movable(ty, from) {
+            let out = self.convert_on_device(ty, ne, from, to, &part)?;
+            self.device_conversions += 1;
+            self.put(id, to.clone(), out);
+            return Ok(());
+        }
+        let src = part.bytes()?;
         let out = match (from, to) {
             (SplitState::Partial(_), SplitState::Mirrored) => self.comm.all_reduce(j, ty, ne, &src)?,
             (SplitState::Partial(_), SplitState::Split(_)) => self.comm.reduce_scatter(j, ty, ne, to, &src)?,
@@ -496,7 +652,7 @@ impl Device<'_> {
             (a, b) if a == b => src.to_vec(),
             _ => self.comm.redistribute(j, ty, ne, from, to, &src)?,
         };
-        self.put(id, to.clone(), Arc::new(out));
+        self.put(id, to.clone(), Part::host(Arc::new(out)));
         Ok(())
     }
 
@@ -538,7 +694,8 @@ impl Device<'_> {
                 let st = self.state_of(o);
                 self.fetch(o, &st)?;
             }
-            outs.push(self.current(o)?);
+            let (st, part) = self.current(o)?;
+            outs.push((st, part.bytes()?));
         }
         // Written leafs return to the store in their planned state.
         let mut w = Vec::new();
@@ -549,7 +706,12 @@ impl Device<'_> {
                 w.push((o, st, b));
             }
         }
-        Ok(DeviceResult { outputs: outs, written: w, unplanned: self.unplanned })
+        Ok(DeviceResult {
+            outputs: outs,
+            written: w,
+            unplanned: self.unplanned,
+            device_conversions: self.device_conversions,
+        })
     }
 
     /// Runs `nodes` as one local graph over this device's parts.
@@ -561,20 +723,27 @@ impl Device<'_> {
         }
         let mut inputs = Vec::with_capacity(sg.inputs.len());
         for (g, st, lid) in &sg.inputs {
-            let bytes = self.fetch(*g, st)?;
-            let input = match self.resident_buffer(*g, st, &bytes)? {
-                Some(buf) => Input::Buffer(buf),
-                None => Input::Bytes(bytes),
+            let part = self.fetch_part(*g, st)?;
+            let input = match part.slice() {
+                Some(s) => Input::Buffer(s.clone()),
+                None => {
+                    let bytes = part.bytes()?;
+                    match self.resident_buffer(*g, st, &bytes)? {
+                        Some(buf) => Input::Buffer(BufSlice::whole(buf)),
+                        None => Input::Bytes(bytes),
+                    }
+                }
             };
             inputs.push((*lid, input));
         }
         let out_ids: Vec<TensorId> = sg.outs.iter().map(|o| o.1).collect();
-        let results = self.run_local_with(&sg.l, &out_ids, &inputs).map_err(|e| {
+        let keep = if self.resident_data { Results::Device } else { Results::Host };
+        let results = self.run_local_parts(&sg.l, &out_ids, &inputs, keep).map_err(|e| {
             let t = ctx.t(nodes[0]);
             Error::Split { detail: format!("device {}: subgraph from {} {}: {e}", self.j, t.op.name(), t.describe()) }
         })?;
-        for ((node, _, state), bytes) in sg.outs.into_iter().zip(results) {
-            self.data.insert(node.index(), vec![(state, Arc::new(bytes))]);
+        for ((node, _, state), part) in sg.outs.into_iter().zip(results) {
+            self.set(node, state, part);
         }
         Ok(())
     }
@@ -613,8 +782,20 @@ impl Device<'_> {
         self.run_local_with(l, outs, &inputs)
     }
 
-    /// [`Device::run_local`] with inputs that may be resident buffers.
+    /// [`Device::run_local`] with inputs that may be device buffers.
     fn run_local_with(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Input)]) -> Result<Vec<Vec<u8>>> {
+        self.run_local_parts(l, outs, inputs, Results::Host)?.iter().map(|p| p.bytes().map(|b| b.to_vec())).collect()
+    }
+
+    /// Runs local graph `l` and returns `outs` as parts, as `results` says.
+    pub(crate) fn run_local_parts(
+        &self,
+        l: &Context,
+        outs: &[TensorId],
+        inputs: &[(TensorId, Input)],
+        results: Results,
+    ) -> Result<Vec<Arc<Part>>> {
+        let keep = matches!(results, Results::Device);
         let g = l.build_forward(outs)?;
         let mut st = TensorStorage::new();
         let copied: Vec<TensorId> = inputs.iter().filter(|(_, i)| matches!(i, Input::Bytes(_))).map(|i| i.0).collect();
@@ -623,22 +804,72 @@ impl Device<'_> {
         for (lid, input) in inputs {
             match input {
                 Input::Bytes(b) => st.set_bytes(l, *lid, 0, b)?,
-                Input::Buffer(buf) => {
-                    if buf.size() < l.t(*lid).nbytes() {
-                        return Err(Error::Split { detail: "resident buffer smaller than its tensor".into() });
+                Input::Buffer(s) => {
+                    if s.len < l.t(*lid).nbytes() || s.offset.checked_add(s.len).is_none_or(|e| e > s.buf.size()) {
+                        return Err(Error::Split { detail: "device buffer smaller than its tensor".into() });
                     }
-                    let k = st.add_buffer(buf.clone());
-                    st.place(*lid, k, 0);
+                    let k = st.add_buffer(s.buf.clone());
+                    st.place(*lid, k, s.offset);
+                }
+            }
+        }
+        // Kept results get a buffer of their own (the allocator's memory is
+        // reused by the next graph); results that are views of other
+        // tensors are copied into it afterwards.
+        let mut kept: Vec<Option<BufSlice>> = vec![None; outs.len()];
+        let mut copied = Vec::new();
+        if keep {
+            let align = self.backend.buffer_type().alignment.max(1);
+            let mut spans = Vec::new();
+            let mut total = 0usize;
+            for (k, &o) in outs.iter().enumerate() {
+                let n = l.t(o).nbytes();
+                if let Some(first) = outs[..k].iter().position(|&p| p == o) {
+                    spans.push((k, first, n, usize::MAX));
+                    continue;
+                }
+                let own = l.t(o).view_src.is_none() && !st.has_storage(l, o);
+                spans.push((k, k, n, total));
+                total = total
+                    .checked_add(n.div_ceil(align) * align)
+                    .ok_or_else(|| Error::Alloc { detail: "results too large".into() })?;
+                if !own {
+                    copied.push(k);
+                }
+            }
+            let buf = self.backend.alloc_buffer(total.max(1))?;
+            let bi = st.add_buffer(buf.clone());
+            for &(k, first, n, off) in &spans {
+                if first == k {
+                    if !copied.contains(&k) {
+                        st.place(outs[k], bi, off);
+                    }
+                    kept[k] = Some(BufSlice { buf: buf.clone(), offset: off, len: n });
+                } else {
+                    kept[k] = kept[first].clone();
                 }
             }
         }
         GraphAllocator::new(self.backend.buffer_type()).alloc_graph(self.backend, l, &g, &mut st)?;
         self.backend.compute(l, &g, &st)?;
+        if matches!(results, Results::None) {
+            return Ok(Vec::new());
+        }
+        for &k in &copied {
+            if let Some(s) = &kept[k] {
+                let (b, off) = st.locate(l, outs[k])?;
+                s.buf.copy_from(s.offset, &**b, off, s.len)?;
+            }
+        }
         outs.iter()
-            .map(|&o| {
-                let mut bytes = vec![0u8; l.t(o).nbytes()];
-                st.get_bytes(l, o, 0, &mut bytes)?;
-                Ok(bytes)
+            .zip(kept)
+            .map(|(&o, kept)| match kept {
+                Some(s) => Ok(Part::device(s)),
+                None => {
+                    let mut bytes = vec![0u8; l.t(o).nbytes()];
+                    st.get_bytes(l, o, 0, &mut bytes)?;
+                    Ok(Part::host(Arc::new(bytes)))
+                }
             })
             .collect()
     }
@@ -670,7 +901,7 @@ impl Device<'_> {
     fn fallback(&mut self, node: TensorId) -> Result<()> {
         let r = self.full_node(node)?;
         let st = self.state_of(node);
-        self.data.insert(node.index(), vec![(st, r)]);
+        self.set(node, st, Part::host(r));
         Ok(())
     }
 
@@ -695,7 +926,7 @@ impl Device<'_> {
             local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
         let bytes = self.run_local(&l, &[out], &inputs).map_err(|e| node_err(t, &out_state, e))?.remove(0);
         let res = Arc::new(bytes);
-        self.data.insert(node.index(), vec![(out_state.clone(), res.clone())]);
+        self.set(node, out_state.clone(), Part::host(res.clone()));
         let Some(owner) = t.view_src else { return Ok(None) };
         self.invalidate_views_of(owner, node);
         let after = super::lower::owner_state_after_write(ctx, t, &out_state);
@@ -705,13 +936,13 @@ impl Device<'_> {
                 || after == SplitState::Mirrored && out_state == SplitState::Mirrored)
         {
             // The same bytes in the owner's shape.
-            self.data.insert(owner.index(), vec![(after, res)]);
+            self.set(owner, after, Part::host(res));
         } else {
             // A write into part of the owner: both mirrored, then scattered.
             let full_res = self.fetch(node, &SplitState::Mirrored)?;
             let mut full = self.fetch(owner, &SplitState::Mirrored)?.to_vec();
             scatter(&mut full, &full_res, t).map_err(|e| node_err(t, &out_state, e))?;
-            self.data.insert(owner.index(), vec![(SplitState::Mirrored, Arc::new(full))]);
+            self.set(owner, SplitState::Mirrored, Part::host(Arc::new(full)));
         }
         Ok(Some(owner))
     }
@@ -766,7 +997,7 @@ impl Device<'_> {
             }
         }
         let out = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.data.insert(node.index(), vec![(self.state_of(node), Arc::new(out))]);
+        self.set(node, self.state_of(node), Part::host(Arc::new(out)));
         Ok(())
     }
 
@@ -795,7 +1026,7 @@ impl Device<'_> {
                 GgmlType::BF16 => half::bf16::from_f32(total as f32).to_le_bytes().to_vec(),
                 _ => (total as f32).to_le_bytes().to_vec(),
             };
-            self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(bytes))]);
+            self.set(node, out_state.clone(), Part::host(Arc::new(bytes)));
             return Ok(());
         }
         let nrows = ctx.t(t.src[0]).nrows().max(0) as usize;
@@ -844,7 +1075,7 @@ impl Device<'_> {
                     };
                     out.extend(row(r).iter().map(|&v| v * scale));
                 }
-                self.data.insert(node.index(), vec![(out_state.clone(), to_bytes(out))]);
+                self.set(node, out_state.clone(), Part::host(to_bytes(out)));
             }
             Op::Norm { eps } => {
                 // Chan's parallel variance: per device (sum, M2 about its own mean).
@@ -879,7 +1110,7 @@ impl Device<'_> {
                     let mean = mean as f32;
                     out.extend(row(r).iter().map(|&v| (v - mean) * scale));
                 }
-                self.data.insert(node.index(), vec![(out_state.clone(), to_bytes(out))]);
+                self.set(node, out_state.clone(), Part::host(to_bytes(out)));
             }
             Op::SoftMax { scale, max_bias } => {
                 if *max_bias > 0.0 || t.src.len() > 2 {
@@ -942,7 +1173,7 @@ impl Device<'_> {
                     let inv = (1.0 / sum) as f32;
                     out.extend(v.iter().map(|&x| (x - gmax).exp() * inv));
                 }
-                self.data.insert(node.index(), vec![(out_state.clone(), to_bytes(out))]);
+                self.set(node, out_state.clone(), Part::host(to_bytes(out)));
             }
             Op::Argmax => {
                 // Per device and row: the local maximum and its global index
@@ -979,7 +1210,7 @@ impl Device<'_> {
                     // An empty row gives index 0, as on one device.
                     res.extend(best.1.max(0).to_le_bytes());
                 }
-                self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(res))]);
+                self.set(node, out_state.clone(), Part::host(Arc::new(res)));
             }
             Op::TopK { k } => {
                 let k = (*k).max(0) as usize;
@@ -1010,7 +1241,7 @@ impl Device<'_> {
                     c.sort_by_key(|&(v, i)| crate::backend::cpu::kernels::reduce::desc_key(v, i as usize));
                     res.extend(c.iter().take(k).flat_map(|c| c.1.to_le_bytes()));
                 }
-                self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(res))]);
+                self.set(node, out_state.clone(), Part::host(Arc::new(res)));
             }
             Op::SumRows | Op::Mean => {
                 let mut mine: Vec<u8> =
@@ -1026,7 +1257,7 @@ impl Device<'_> {
                     let v = if matches!(t.op, Op::Mean) { sum / n_global as f64 } else { sum };
                     res.extend((v as f32).to_le_bytes());
                 }
-                self.data.insert(node.index(), vec![(out_state.clone(), Arc::new(res))]);
+                self.set(node, out_state.clone(), Part::host(Arc::new(res)));
             }
             op => return Err(Error::Split { detail: format!("{} has no distributed row combine", op.name()) }),
         }

@@ -180,8 +180,13 @@ pub(crate) fn box_bytes(ty: GgmlType, b: &Boxes) -> usize {
     (n0.max(0) as usize / ty.block_size()) * ty.type_size() * rows.max(0) as usize
 }
 
+/// Per axis, the number of elements a buffer laid out as `b` holds.
+pub(crate) fn lens(b: &Boxes) -> [i64; 4] {
+    std::array::from_fn(|k| b[k].iter().map(|&(s, e)| e - s).sum())
+}
+
 /// Local position of logical index `x` in a buffer holding `ranges`.
-fn local_pos(ranges: &[(i64, i64)], x: i64) -> Option<i64> {
+pub(crate) fn local_pos(ranges: &[(i64, i64)], x: i64) -> Option<i64> {
     let mut base = 0;
     for &(s, e) in ranges {
         if x >= s && x < e {
@@ -213,7 +218,6 @@ pub(crate) fn copy_region(
     let bs = ty.block_size() as i64;
     let ts = ty.type_size();
     let bad = || Error::Split { detail: format!("collective region outside its {ty} buffer") };
-    let lens = |b: &Boxes| -> [i64; 4] { std::array::from_fn(|k| b[k].iter().map(|&(s, e)| e - s).sum()) };
     let (sl, dl) = (lens(src_boxes), lens(dst_boxes));
     // Byte strides of the two local buffers (axis 0 in blocks).
     let stride = |l: [i64; 4]| -> [usize; 4] {

@@ -27,6 +27,7 @@
 
 mod comm;
 mod cost;
+mod devcomm;
 mod exec;
 mod layout;
 mod lower;
@@ -37,7 +38,7 @@ mod rules;
 mod state;
 mod store;
 
-pub use comm::{Comm, HostComm};
+pub use comm::{BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
 pub use exec::{MetaExecutor, RunReport};
 pub use layout::{assemble, local_ne, slice_local};

@@ -1,6 +1,9 @@
 //! The devices the meta backend's tests run on, chosen by the environment
 //! variable `SHARDGRAPH_TEST_DEVICES`:
 //! - unset or `cpu`: CPU backend instances (one worker thread each);
+//! - `cpu-data`: the same, with activations kept in device buffers and
+//!   conversions run by the device-side collectives
+//!   ([`MetaExecutor::set_device_data`], on by default for GPUs);
 //! - `cuda`: virtual devices on GPU 0 (needs `--features cuda` and a GPU;
 //!   with `--features cuda-emu` and no GPU, emulated GPUs instead).
 //!
@@ -23,6 +26,11 @@ pub fn kind() -> String {
 pub fn executor(n: usize) -> MetaExecutor {
     match kind().as_str() {
         "cpu" => MetaExecutor::new(n, 1).expect("CPU devices"),
+        "cpu-data" => {
+            let mut e = MetaExecutor::new(n, 1).expect("CPU devices");
+            e.set_device_data(true);
+            e
+        }
         #[cfg(feature = "cuda")]
         "cuda" => {
             use shardgraph::backend::cuda::CudaBackend;
@@ -37,7 +45,9 @@ pub fn executor(n: usize) -> MetaExecutor {
             };
             MetaExecutor::with_backends(devs).expect("CUDA devices")
         }
-        other => panic!("SHARDGRAPH_TEST_DEVICES={other:?}: expected cpu or cuda (cuda needs --features cuda)"),
+        other => {
+            panic!("SHARDGRAPH_TEST_DEVICES={other:?}: expected cpu, cpu-data or cuda (cuda needs --features cuda)")
+        }
     }
 }
 
@@ -47,7 +57,7 @@ pub fn executor(n: usize) -> MetaExecutor {
 /// devices results agree to the tolerance ggml's `test-backend-ops` allows
 /// between backends ([`tolerance`]), not bit for bit.
 pub fn exact() -> bool {
-    kind() == "cpu"
+    kind().starts_with("cpu")
 }
 
 /// `tol` for CPU devices; on CUDA devices at least 2e-3: ggml's

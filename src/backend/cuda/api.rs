@@ -121,6 +121,23 @@ pub(crate) trait Gpu: Send + Sync + std::fmt::Debug {
     unsafe fn launch(&self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: &[KArg]) -> Result<()>;
     /// Waits for all work queued on this device.
     fn synchronize(&self) -> Result<()>;
+    /// Copies `n` bytes from `src`, an allocation of device `from` (this
+    /// device or another of the process), to `dst` on this device: ordered
+    /// after the work queued on `from` so far and before this device's later
+    /// work, and `from`'s later work (a kernel overwriting the source, its
+    /// free) waits for the copy, so neither side blocks the host. `Ok(false)`
+    /// when the two devices cannot copy directly (the caller goes through
+    /// host memory).
+    ///
+    /// # Safety
+    /// `[dst, dst + n)` lies in a live allocation of this device and
+    /// `[src, src + n)` in a live allocation of `from`.
+    unsafe fn copy_from(&self, dst: DevPtr, from: &dyn Gpu, src: DevPtr, n: usize) -> Result<bool> {
+        let _ = (dst, from, src, n);
+        Ok(false)
+    }
+    /// For [`Gpu::copy_from`]: the concrete device behind `from`.
+    fn as_any(&self) -> &dyn std::any::Any;
     /// Runs a GEMM with a vendor library; `Ok(false)` when there is none (the
     /// backend then uses its own kernels).
     ///

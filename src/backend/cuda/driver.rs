@@ -102,7 +102,18 @@ impl DriverGpu {
             .collect()
     }
 
-    fn bind(&self) -> Result<()> {
+    /// The GPU's CUDA ordinal.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// This device's stream, for libraries that queue work on it (NCCL).
+    pub(crate) fn raw_stream(&self) -> *mut std::ffi::c_void {
+        self.stream.cu_stream() as *mut std::ffi::c_void
+    }
+
+    /// Makes the GPU's context current on this thread.
+    pub(crate) fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| cuda_err(format!("GPU {}: binding the context", self.ordinal), e))
     }
 
@@ -304,6 +315,56 @@ impl Gpu for DriverGpu {
         // SAFETY: this device's live stream.
         unsafe { cu::stream::synchronize(self.stream.cu_stream()) }
             .map_err(|e| cuda_err(format!("GPU {}: a kernel failed", self.ordinal), e))
+    }
+
+    /// Stream-ordered on both sides with two events: this stream waits for
+    /// what `from` has queued (`ready`), copies (device-to-device within one
+    /// context, a peer copy between GPUs), and `from`'s stream waits for the
+    /// copy (`done`) before its later work — a kernel overwriting the source
+    /// or the source's `free_async`. Neither stream blocks the host.
+    unsafe fn copy_from(&self, dst: DevPtr, from: &dyn Gpu, src: DevPtr, n: usize) -> Result<bool> {
+        let Some(f) = from.as_any().downcast_ref::<DriverGpu>() else { return Ok(false) };
+        if n == 0 {
+            return Ok(true);
+        }
+        let what = |step: &str| format!("GPU {} <- GPU {}: {step} ({n} bytes)", self.ordinal, f.ordinal);
+        let (mine, theirs) = (self.stream.cu_stream(), f.stream.cu_stream());
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+        // `ready` belongs to the source's context (an event is recorded on a
+        // stream of its own context), `done` to this one.
+        f.bind()?;
+        let ready = cu::event::create(flags).map_err(|e| cuda_err(what("creating an event"), e))?;
+        // SAFETY: a fresh event and the source device's live stream.
+        let r = unsafe { cu::event::record(ready, theirs) }.map_err(|e| cuda_err(what("recording"), e));
+        let r = r.and_then(|_| {
+            self.bind()?;
+            // SAFETY: this device's live stream and the event just recorded.
+            unsafe { cu::stream::wait_event(mine, ready, wait) }.map_err(|e| cuda_err(what("waiting"), e))?;
+            // SAFETY: the caller's range guarantees; both operations are
+            // queued on this device's stream.
+            if Arc::ptr_eq(&self.ctx, &f.ctx) {
+                unsafe { cu::memcpy_dtod_async(dst, src, n, mine) }
+            } else {
+                unsafe { cu::memcpy_peer_async(self.ctx.cu_ctx(), dst, f.ctx.cu_ctx(), src, n, mine) }
+            }
+            .map_err(|e| cuda_err(what("copying"), e))?;
+            let done = cu::event::create(flags).map_err(|e| cuda_err(what("creating an event"), e))?;
+            // SAFETY: a fresh event of this context; both live streams.
+            let r = unsafe { cu::event::record(done, mine) }
+                .and_then(|_| unsafe { cu::stream::wait_event(theirs, done, wait) })
+                .map_err(|e| cuda_err(what("ordering the source after the copy"), e));
+            // SAFETY: destroying a recorded event releases it once it completes.
+            let _ = unsafe { cu::event::destroy(done) };
+            r
+        });
+        // SAFETY: as above.
+        let _ = unsafe { cu::event::destroy(ready) };
+        r.map(|_| true)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     unsafe fn gemm(&self, g: &Gemm) -> Result<bool> {

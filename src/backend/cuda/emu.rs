@@ -191,6 +191,23 @@ impl Gpu for EmuGpu {
         Ok(())
     }
 
+    /// Every emulated device's memory is host memory of this process, and
+    /// work is done when queued, so a direct copy between any two is a
+    /// `memmove`.
+    unsafe fn copy_from(&self, dst: DevPtr, from: &dyn Gpu, src: DevPtr, n: usize) -> Result<bool> {
+        if from.as_any().downcast_ref::<EmuGpu>().is_none() {
+            return Ok(false);
+        }
+        // SAFETY: the caller guarantees both ranges lie in live allocations
+        // (host memory); `copy` allows them to overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+        Ok(true)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     /// cublasGemmEx(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, 1, A, lda, B, ldb, 0,
     /// C, ldc) in F32, column-major, as cuBLAS defines it:
     /// `C[i + j·ldc] = Σ_p A[p + i·lda] · B[p + j·ldb]`, so the backend's

@@ -22,15 +22,17 @@
 //!
 //! Status: the emulator runs every op through this code in the tests; the
 //! GPU path (`driver.rs`: cudarc, cuBLAS) has been compiled but not yet run
-//! on a GPU (`scripts/gpu-check.sh`). Not written: NCCL collectives (the
-//! meta backend moves activations through host memory between steps) and
-//! CUDA graphs.
+//! on a GPU (`scripts/gpu-check.sh`). The meta backend keeps activations
+//! on the devices and moves them with stream-ordered device-to-device
+//! copies, or NCCL across GPUs ([`nccl`], compiled but not yet run). Not
+//! written: CUDA graphs.
 
 mod api;
 pub mod device;
 mod driver;
 #[cfg(feature = "cuda-emu")]
 pub mod emu;
+pub mod nccl;
 pub mod nvrtc;
 mod ops;
 
@@ -243,6 +245,10 @@ impl Backend for CudaBackend {
         matches!(dispatch(&cx, t, &dst, &src), Ok(true))
     }
 
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
+    }
+
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
         if !graph.built_from(ctx) {
             return Err(Error::ForeignTensor {
@@ -350,6 +356,25 @@ impl Buffer for CudaBuffer {
         self.check(offset, out.len())?;
         // SAFETY: as in `set`.
         unsafe { self.gpu.read(self.ptr + offset as DevPtr, out) }
+    }
+    /// Between two CUDA buffers a direct, stream-ordered copy (the `Gpu`
+    /// interface's `copy_from`); else through host memory.
+    fn copy_from(&self, dst_offset: usize, src: &dyn Buffer, src_offset: usize, n: usize) -> Result<()> {
+        if let Some(s) = src.as_any().downcast_ref::<CudaBuffer>() {
+            self.check(dst_offset, n)?;
+            s.check(src_offset, n)?;
+            let (d, p) = (self.ptr + dst_offset as DevPtr, s.ptr + src_offset as DevPtr);
+            // SAFETY: both ranges were just checked against live allocations
+            // (each buffer keeps its allocation alive while borrowed here).
+            if unsafe { self.gpu.copy_from(d, &*s.gpu, p, n) }
+                .map_err(|e| Error::Cuda { detail: format!("{} <- {}: {e}", self.device, s.device) })?
+            {
+                return Ok(());
+            }
+        }
+        let mut tmp = vec![0u8; n];
+        src.get(src_offset, &mut tmp)?;
+        self.set(dst_offset, &tmp)
     }
     fn clear(&self, value: u8) {
         // SAFETY: the whole allocation.

@@ -1,0 +1,293 @@
+//! NCCL as the meta backend's communicator for CUDA devices on distinct
+//! GPUs: device messages ([`Comm::exchange_buffers`]) move by grouped
+//! `ncclSend`/`ncclRecv` on each device's stream, so a collective is queued
+//! behind the kernels that produced its input and before the ones that
+//! read its output, with no host synchronisation. The collectives
+//! themselves (all-reduce, reduce-scatter, all-gather, all-to-all) are the
+//! meta backend's device-side algorithms over these messages, so the bytes
+//! a run moves stay the bytes its plan charges. Host messages (a few values
+//! per row for distributed row ops) go through a [`HostComm`].
+//!
+//! NCCL (`libnccl.so.2`) is loaded at run time through the handful of
+//! entry points used here; without it, or for virtual devices on one GPU
+//! (NCCL refuses two ranks on one GPU), [`NcclComm::new`] is an error and
+//! the meta backend keeps [`HostComm`]'s stream-ordered device-to-device
+//! copies.
+//!
+//! Status: compiled, not yet run (the machines this was written on have no
+//! GPU and no NCCL).
+
+use super::driver::DriverGpu;
+use super::{CudaBackend, CudaBuffer};
+use crate::backend::Buffer;
+use crate::error::{Error, Result};
+use crate::split::{BufSlice, Comm, HostComm};
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+type RawComm = *mut c_void;
+/// `ncclUint8`: messages are bytes.
+const NCCL_UINT8: c_int = 1;
+
+/// The NCCL entry points used, resolved once per process.
+struct Lib {
+    init_all: unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> c_int,
+    destroy: unsafe extern "C" fn(RawComm) -> c_int,
+    group_start: unsafe extern "C" fn() -> c_int,
+    group_end: unsafe extern "C" fn() -> c_int,
+    send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, *mut c_void) -> c_int,
+    recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, *mut c_void) -> c_int,
+    error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    _lib: libloading::Library,
+}
+
+/// NCCL, loaded on first use.
+fn lib() -> Result<&'static Lib> {
+    static LIB: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let mut last = String::new();
+        for name in ["libnccl.so.2", "libnccl.so"] {
+            // SAFETY: loading NCCL runs its initialisers (no preconditions).
+            match unsafe { libloading::Library::new(name) } {
+                Ok(lib) => {
+                    // SAFETY: each symbol is declared with NCCL's C signature
+                    // (nccl.h, NCCL 2.x); the library stays loaded in `_lib`.
+                    return unsafe {
+                        Ok(Lib {
+                            init_all: *lib.get(b"ncclCommInitAll\0").map_err(|e| e.to_string())?,
+                            destroy: *lib.get(b"ncclCommDestroy\0").map_err(|e| e.to_string())?,
+                            group_start: *lib.get(b"ncclGroupStart\0").map_err(|e| e.to_string())?,
+                            group_end: *lib.get(b"ncclGroupEnd\0").map_err(|e| e.to_string())?,
+                            send: *lib.get(b"ncclSend\0").map_err(|e| e.to_string())?,
+                            recv: *lib.get(b"ncclRecv\0").map_err(|e| e.to_string())?,
+                            error_string: *lib.get(b"ncclGetErrorString\0").map_err(|e| e.to_string())?,
+                            _lib: lib,
+                        })
+                    };
+                }
+                Err(e) => last = format!("{name}: {e}"),
+            }
+        }
+        Err(format!("NCCL is not installed ({last})"))
+    })
+    .as_ref()
+    .map_err(|e| Error::Cuda { detail: e.clone() })
+}
+
+/// An NCCL result as our error.
+fn check(lib: &Lib, what: &str, rc: c_int) -> Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: NCCL returns a static NUL-terminated string for any code.
+    let msg = unsafe { std::ffi::CStr::from_ptr((lib.error_string)(rc)) }.to_string_lossy().into_owned();
+    Err(Error::Cuda { detail: format!("{what}: NCCL error {rc} ({msg})") })
+}
+
+/// An NCCL communicator handle, used by one rank's thread at a time.
+struct Rank(RawComm);
+// SAFETY: NCCL communicators may be used from any thread, one at a time;
+// each rank's handle is only used by that rank's calls.
+unsafe impl Send for Rank {}
+
+/// One NCCL communicator per device (ranks in device order).
+pub struct NcclComm {
+    lib: &'static Lib,
+    ranks: Vec<Mutex<Rank>>,
+    gpus: Vec<Arc<dyn super::api::Gpu>>,
+    names: Vec<String>,
+    /// Host messages (counted), and the size handshake of device messages (not counted).
+    host: HostComm,
+    sizes: HostComm,
+    received: Vec<AtomicU64>,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm").field("devices", &self.names).finish()
+    }
+}
+
+impl NcclComm {
+    /// A communicator over `devices` (rank `i` is `devices[i]`), each on its
+    /// own physical GPU.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if a device is emulated, two devices share a GPU
+    /// (virtual devices), NCCL is not installed, or `ncclCommInitAll` fails.
+    pub fn new(devices: &[&CudaBackend]) -> Result<Self> {
+        let mut ordinals = Vec::with_capacity(devices.len());
+        for d in devices {
+            let g = d
+                .gpu
+                .as_any()
+                .downcast_ref::<DriverGpu>()
+                .ok_or_else(|| Error::Cuda { detail: format!("{}: NCCL needs a real GPU", d.name) })?;
+            if ordinals.contains(&g.ordinal()) {
+                return Err(Error::Cuda {
+                    detail: format!(
+                        "{}: NCCL needs one rank per GPU (virtual devices share GPU {})",
+                        d.name,
+                        g.ordinal()
+                    ),
+                });
+            }
+            ordinals.push(g.ordinal());
+        }
+        let lib = lib()?;
+        let n = devices.len();
+        let devlist: Vec<c_int> = ordinals.iter().map(|&o| o as c_int).collect();
+        let mut raw: Vec<RawComm> = vec![std::ptr::null_mut(); n];
+        // SAFETY: `raw` and `devlist` hold `n` entries each.
+        check(lib, "ncclCommInitAll", unsafe { (lib.init_all)(raw.as_mut_ptr(), n as c_int, devlist.as_ptr()) })?;
+        Ok(NcclComm {
+            lib,
+            ranks: raw.into_iter().map(|c| Mutex::new(Rank(c))).collect(),
+            gpus: devices.iter().map(|d| d.gpu.clone()).collect(),
+            names: devices.iter().map(|d| d.name.clone()).collect(),
+            host: HostComm::new(n),
+            sizes: HostComm::new(n),
+            received: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// [`NcclComm::new`] over the meta backend's devices.
+    ///
+    /// # Errors
+    /// As [`NcclComm::new`]; [`Error::Cuda`] if a device is not a [`CudaBackend`].
+    pub fn for_backends(devices: &[Arc<dyn crate::backend::Backend>]) -> Result<Self> {
+        let cuda = devices
+            .iter()
+            .map(|d| {
+                d.as_any()
+                    .and_then(|a| a.downcast_ref::<CudaBackend>())
+                    .ok_or_else(|| Error::Cuda { detail: format!("{}: NCCL needs CUDA devices", d.device().name) })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Self::new(&cuda)
+    }
+
+    /// Rank `rank`'s device pointer for `s` (a buffer of that rank's device).
+    fn ptr(&self, rank: usize, s: &BufSlice) -> Result<u64> {
+        let b = s.buf.as_any().downcast_ref::<CudaBuffer>().filter(|b| Arc::ptr_eq(&b.gpu, &self.gpus[rank]));
+        let b = b.ok_or_else(|| Error::Split {
+            detail: format!("rank {rank}: an NCCL message must live in a buffer of {}", self.names[rank]),
+        })?;
+        b.check(s.offset, s.len)?;
+        Ok(b.ptr + s.offset as u64)
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        for r in &self.ranks {
+            let r = r.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: created by ncclCommInitAll, destroyed once.
+            let _ = unsafe { (self.lib.destroy)(r.0) };
+        }
+    }
+}
+
+impl Comm for NcclComm {
+    fn n_ranks(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn ring_shift(&self, rank: usize, data: Vec<u8>) -> Result<Vec<u8>> {
+        self.host.ring_shift(rank, data)
+    }
+
+    fn exchange(&self, rank: usize, send: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+        self.host.exchange(rank, send)
+    }
+
+    fn abort(&self) {
+        self.host.abort();
+        self.sizes.abort();
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.host.is_aborted() || self.sizes.is_aborted()
+    }
+
+    fn bytes_received(&self) -> Vec<u64> {
+        self.host.bytes_received().iter().zip(&self.received).map(|(h, d)| h + d.load(Ordering::Relaxed)).collect()
+    }
+
+    fn moves_buffers(&self) -> bool {
+        true
+    }
+
+    /// Sizes first (a host handshake, not counted), then one NCCL group of
+    /// every send and receive of this rank, queued on its device's stream.
+    fn exchange_buffers(
+        &self,
+        rank: usize,
+        send: Vec<Option<BufSlice>>,
+        alloc: &dyn Fn(usize) -> Result<Arc<dyn Buffer>>,
+    ) -> Result<Vec<Option<BufSlice>>> {
+        let n = self.n_ranks();
+        if send.len() != n || rank >= n {
+            self.abort();
+            return Err(Error::Split { detail: format!("exchange from rank {rank} with {} messages", send.len()) });
+        }
+        let sizes: Vec<Vec<u8>> = send
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let len = if i == rank { 0 } else { m.as_ref().map_or(0, |m| m.len) };
+                (len as u64).to_le_bytes().to_vec()
+            })
+            .collect();
+        let incoming = self.sizes.exchange(rank, sizes)?;
+        let mut out: Vec<Option<BufSlice>> = vec![None; n];
+        let mut posts = Vec::new();
+        for (src, b) in incoming.iter().enumerate() {
+            let len = b.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes) as usize;
+            if src != rank && len > 0 {
+                let s = BufSlice { buf: alloc(len)?, offset: 0, len };
+                posts.push((false, src, self.ptr(rank, &s)?, len));
+                out[src] = Some(s);
+            }
+        }
+        for (dst, m) in send.iter().enumerate() {
+            if let (Some(m), true) = (m, dst != rank) {
+                if m.len > 0 {
+                    posts.push((true, dst, self.ptr(rank, m)?, m.len));
+                }
+            }
+        }
+        let gpu = self.gpus[rank]
+            .as_any()
+            .downcast_ref::<DriverGpu>()
+            .ok_or_else(|| Error::Cuda { detail: format!("{}: not a GPU", self.names[rank]) })?;
+        gpu.bind()?;
+        let stream = gpu.raw_stream();
+        let comm = self.ranks[rank].lock().map_err(|_| Error::Split { detail: "NCCL rank poisoned".into() })?;
+        let what = format!("{}: NCCL send/recv", self.names[rank]);
+        // SAFETY: a group of point-to-point calls; every pointer lies in a
+        // live buffer of this rank's device (checked by `ptr`) kept alive
+        // by `send` and `out` until the calls are queued, and freed later
+        // on the same stream.
+        let r = (|| unsafe {
+            check(self.lib, &what, (self.lib.group_start)())?;
+            for &(is_send, peer, p, len) in &posts {
+                let rc = if is_send {
+                    (self.lib.send)(p as *const c_void, len, NCCL_UINT8, peer as c_int, comm.0, stream)
+                } else {
+                    (self.lib.recv)(p as *mut c_void, len, NCCL_UINT8, peer as c_int, comm.0, stream)
+                };
+                check(self.lib, &what, rc)?;
+            }
+            check(self.lib, &what, (self.lib.group_end)())
+        })();
+        if r.is_err() {
+            self.abort();
+        }
+        r?;
+        let got: u64 = out.iter().flatten().map(|s| s.len as u64).sum();
+        self.received[rank].fetch_add(got, Ordering::Relaxed);
+        Ok(out)
+    }
+}
