@@ -64,7 +64,9 @@
 //   x <= -10 and x for x >= 10 as ggml_vec_gelu_f32 does):
 //     sg_gelu_lut_f32, sg_gelu_quick_lut_f32   (same arguments as sg_gelu_f32)
 //   The F16 variants (sg_gelu_f16, sg_gelu_quick_f16) already equal ggml's
-//   table lookup (f16 in, formula in f32, f16 out).
+//   table lookup (f16 in, formula in f32, f16 out). (gelu, gelu_quick and
+//   silu have no BF16 kernels: ggml, and shardgraph's graph constructors
+//   after it, take them on F32 / F16 only.)
 //
 // sg_scale_f32 (ggml_scale / ggml_scale_bias): dst = src*s + b, computed as
 //   two separately rounded operations (no fused multiply-add), as ggml's CPU.
@@ -106,11 +108,15 @@
 //     blocks encoded as ggml's quantize_row_*_ref (bit for bit on finite
 //     inputs; NaN/out-of-range conversions saturate on the device where x86
 //     gives INT_MIN).
-//   sg_cpy_<q8_0|q4_0>_<f32|f16>   dequantize: src contiguous; element k of
-//     src -> element k of dst (logical order, any strides); as ggml's
-//     dequantize_row_*.
 //   Launch: blockDim = (B, 1, 1), gridDim = (gx, 1, 1), a grid-stride loop
 //   over the n/32 blocks (one block per thread), gx = min(ceil(n/32 / B), 65535).
+//   sg_cpy_<q>_<f32|f16> for q in q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K,
+//     q4_K, q5_K, q6_K   dequantize: src rows of packed blocks (ne00 a
+//     multiple of the block size; nb00 unused, nb01..nb03 any); element k of
+//     src -> element k of dst (logical order, any strides); values as ggml's
+//     dequantize_row_* (dequant.cuh), rounded once to f16 for the F16
+//     destination (ggml's CPU, and so the graph, dequantizes only to F32).
+//     Flat launch over the n elements.
 // sg_cpy_units (same-type copy of any block type, e.g. cont of a permuted
 //   Q8_0 tensor): (const char *src, char *dst, i64 esize,
 //   i64 ne0..ne3 (ne0 in units of esize bytes, e.g. blocks per row),
@@ -490,6 +496,7 @@ __device__ __forceinline__ const char *sg_elem(const char *p, i64 k, i64 ne0, i6
     return p + a0 * nb0 + a1 * nb1 + a2 * nb2 + a3 * nb3;
 }
 
+#include "dequant.cuh"
 #include "quant.cuh"
 
 // Quantize: element k of src (logical order) goes to element k of the
@@ -508,19 +515,24 @@ __device__ __forceinline__ void cpy_quant(
     }
 }
 
-// Dequantize: element k of the contiguous block-type src goes to element k
-// (logical order) of dst. One thread per 32-element block.
-template <typename Q, typename TD>
+// Dequantize: element k of the block-type src (logical order; rows of blocks
+// packed, rows themselves at any strides) goes to element k (logical order)
+// of dst, through dequant.cuh's per-value dequantiser DQ. One thread per
+// element.
+template <typename DQ, typename TD>
 __device__ __forceinline__ void cpy_dequant(
         const char *src, char *dst,
-        i64 ne0, i64 ne1, i64 ne2, i64 ne3, i64 nb0, i64 nb1, i64 nb2, i64 nb3) {
-    const i64 nblk = ne0 * ne1 * ne2 * ne3 / 32;
-    for (i64 kb = (i64) blockIdx.x * blockDim.x + threadIdx.x; kb < nblk; kb += (i64) gridDim.x * blockDim.x) {
-        float x[32];
-        Q::dequant((const unsigned char *) src + kb * Q::BYTES, x);
-        for (int j = 0; j < 32; ++j) {
-            TD::store((char *) sg_elem(dst, kb * 32 + j, ne0, ne1, ne2, nb0, nb1, nb2, nb3), x[j]);
-        }
+        i64 ne00, i64 ne01, i64 ne02, i64 ne03, i64 nb01, i64 nb02, i64 nb03,
+        i64 ne0, i64 ne1, i64 ne2, i64 nb0, i64 nb1, i64 nb2, i64 nb3) {
+    const i64 n = ne00 * ne01 * ne02 * ne03;
+    for (i64 k = (i64) blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (i64) gridDim.x * blockDim.x) {
+        i64 t = k;
+        const i64 j = t % ne00; t /= ne00;
+        const i64 a1 = t % ne01; t /= ne01;
+        const i64 a2 = t % ne02;
+        const i64 a3 = t / ne02;
+        const float v = DQ::at(src + a1 * nb01 + a2 * nb02 + a3 * nb03, j, 0);
+        TD::store((char *) sg_elem(dst, k, ne0, ne1, ne2, nb0, nb1, nb2, nb3), v);
     }
 }
 
@@ -533,15 +545,19 @@ __device__ __forceinline__ void cpy_dequant(
             i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
         cpy_quant<TS, Q>(src, dst, ne00, ne01, ne02, ne03, nb00, nb01, nb02, nb03);      \
     }
-#define SG_CPY_DQ(NAME, Q, TD)                                                           \
+#define SG_CPY_DQ(NAME, DQ, TD)                                                          \
     extern "C" __global__ void NAME(                                                     \
             const char *src, char *dst,                                                  \
             i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
             i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
             i64 ne0, i64 ne1, i64 ne2, i64 ne3,                                          \
             i64 nb0, i64 nb1, i64 nb2, i64 nb3) {                                        \
-        cpy_dequant<Q, TD>(src, dst, ne0, ne1, ne2, ne3, nb0, nb1, nb2, nb3);            \
+        cpy_dequant<DQ, TD>(src, dst, ne00, ne01, ne02, ne03, nb01, nb02, nb03,          \
+                            ne0, ne1, ne2, nb0, nb1, nb2, nb3);                          \
     }
+#define SG_CPY_DQ_TO(QN, DQ)                                                             \
+    SG_CPY_DQ(sg_cpy_##QN##_f32, DQ, TF32)                                               \
+    SG_CPY_DQ(sg_cpy_##QN##_f16, DQ, TF16)
 
 #define SG_CPY_Q_FROM(QN, Q)                                                             \
     SG_CPY_Q(sg_cpy_f32_##QN, TF32, Q)                                                   \
@@ -552,10 +568,16 @@ SG_CPY_Q_FROM(q8_0, QQ8_0)
 SG_CPY_Q_FROM(q4_0, QQ4_0)
 SG_CPY_Q_FROM(q4_1, QQ4_1)
 SG_CPY_Q_FROM(q5_0, QQ5_0)
-SG_CPY_DQ(sg_cpy_q8_0_f32, QQ8_0, TF32)
-SG_CPY_DQ(sg_cpy_q8_0_f16, QQ8_0, TF16)
-SG_CPY_DQ(sg_cpy_q4_0_f32, QQ4_0, TF32)
-SG_CPY_DQ(sg_cpy_q4_0_f16, QQ4_0, TF16)
+SG_CPY_DQ_TO(q8_0, DqQ8_0)
+SG_CPY_DQ_TO(q4_0, DqQ4_0)
+SG_CPY_DQ_TO(q4_1, DqQ4_1)
+SG_CPY_DQ_TO(q5_0, DqQ5_0)
+SG_CPY_DQ_TO(q5_1, DqQ5_1)
+SG_CPY_DQ_TO(q2_K, DqQ2_K)
+SG_CPY_DQ_TO(q3_K, DqQ3_K)
+SG_CPY_DQ_TO(q4_K, DqQ4_K)
+SG_CPY_DQ_TO(q5_K, DqQ5_K)
+SG_CPY_DQ_TO(q6_K, DqQ6_K)
 
 // Same-type copy of whole blocks (or elements) of `esize` bytes: src and dst
 // have the same shape counted in units (ne0 = units per row) and strides in

@@ -3,17 +3,17 @@
 // Semantics follow ggml (ggml.c ggml_flash_attn_ext, ggml-cpu ops.cpp
 // ggml_compute_forward_flash_attn_ext_f16_one_chunk): per query row,
 // softmax(scale * K q (softcapped) + slope * mask) applied to V, with an
-// online (streaming) softmax in f32. Self-contained: no headers are included;
-// f16 -> f32 via the PTX `cvt` instruction. Block layouts as ggml-common.h
-// (Q8_0: f16 d + int8 qs[32], 34 B; Q4_0: f16 d + u8 qs[16], 18 B, value j
-// = d*((qs[j] & 15) - 8), value j+16 = d*((qs[j] >> 4) - 8)).
+// online (streaming) softmax in f32. K and V values come from dequant.cuh
+// (ggml's dequantize_row_* value by value; block layouts of ggml-common.h),
+// pasted in by build.rs with common.cuh (f16 -> f32 via the PTX `cvt`).
 //
 // Kernels: sg_flash_attn_ext_<K type>_<V type>, each type one of
-// f32, f16, q8_0, q4_0 (16 kernels, e.g. sg_flash_attn_ext_f16_f16,
-// sg_flash_attn_ext_q8_0_q8_0), plus sg_flash_attn_ext_bf16_bf16 (BF16 K
-// and V; bf16 -> f32 is exact). Q is F32, the mask F16, the result F32.
+// f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1 (49 kernels, e.g.
+// sg_flash_attn_ext_f16_f16, sg_flash_attn_ext_q8_0_q5_1), plus
+// sg_flash_attn_ext_bf16_bf16 (BF16 K and V; bf16 -> f32 is exact).
+// Q is F32, the mask F16, the result F32.
 //   (const char *q,          // F32 [DK, n_q, H, ne3], rows packed
-//    const char *k,          // [DK, n_kv, Hk, nek3], rows packed (blocks for q8_0/q4_0)
+//    const char *k,          // [DK, n_kv, Hk, nek3], rows packed (blocks for block types)
 //    const char *v,          // [DV, n_kv, Hv, nev3], rows packed
 //    const char *mask,       // nullptr, or F16 [>= n_kv, >= n_q, nem2, nem3], rows packed
 //    const char *sinks,      // nullptr, or F32 [H] (ggml_flash_attn_ext_add_sinks)
@@ -47,10 +47,11 @@
 // (M' = max(M, sk)). A row whose keys are all skipped (and no sink) gives 0.
 //
 // Precision differences from ggml-cpu (same formulas, different rounding):
-// q is used in f32 (the CPU first rounds q to F16 / BF16 for F16 / BF16 K and to Q8_0
-// blocks for Q8_0/Q4_0 K, and accumulates V in F16 for F16 V); keys are
-// processed in tiles of 64 (one rescale per tile, not per key); dot products
-// are lane-strided partial sums reduced by warp shuffles. Expect agreement
+// q is used in f32 (the CPU first rounds q to F16 / BF16 for F16 / BF16 K,
+// to Q8_0 blocks for Q8_0/Q4_0/Q5_0 K and to Q8_1 blocks for Q4_1/Q5_1 K,
+// and accumulates V in F16 for F16 V); keys are processed in tiles of 64
+// (one rescale per tile, not per key); dot products are lane-strided partial
+// sums reduced by warp shuffles. Expect agreement
 // to ~1e-6 relative of f32 math, not bit equality.
 //
 // Launch: one block per query row and head: blockDim = (B, 1, 1), B a
@@ -61,38 +62,26 @@
 
 #include "common.cuh"
 
+#include "dequant.cuh"
+
 #define SG_FA_DMAX 1024
 #define SG_FA_TILE 64
 
-// Element j of a packed row of each storage type, as f32.
-struct LF32 {
-    __device__ static __forceinline__ float at(const char *row, i64 j) { return ((const float *) row)[j]; }
+// Element j of a packed row of each storage type, as f32: dequant.cuh's
+// per-value dequantisers (ggml's dequantize_row_* value by value), with the
+// element stride of the unquantised types.
+template <typename DQ, int ESIZE>
+struct LDq {
+    __device__ static __forceinline__ float at(const char *row, i64 j) { return DQ::at(row, j, ESIZE); }
 };
-struct LF16 {
-    __device__ static __forceinline__ float at(const char *row, i64 j) {
-        return sg_h2f(((const unsigned short *) row)[j]);
-    }
-};
-struct LBF16 {
-    __device__ static __forceinline__ float at(const char *row, i64 j) {
-        return __uint_as_float(((unsigned) ((const unsigned short *) row)[j]) << 16);
-    }
-};
-struct LQ8_0 {
-    __device__ static __forceinline__ float at(const char *row, i64 j) {
-        const unsigned char *b = (const unsigned char *) row + (j / 32) * 34;
-        return sg_ld_h(b) * (float) (signed char) b[2 + (j % 32)];
-    }
-};
-struct LQ4_0 {
-    __device__ static __forceinline__ float at(const char *row, i64 j) {
-        const unsigned char *b = (const unsigned char *) row + (j / 32) * 18;
-        const int t = (int) (j % 32);
-        const unsigned char q = b[2 + (t & 15)];
-        const int v = (t < 16 ? (q & 15) : (q >> 4)) - 8;
-        return (float) v * sg_ld_h(b);
-    }
-};
+typedef LDq<DqF32, 4> LF32;
+typedef LDq<DqF16, 2> LF16;
+typedef LDq<DqBF16, 2> LBF16;
+typedef LDq<DqQ8_0, 0> LQ8_0;
+typedef LDq<DqQ4_0, 0> LQ4_0;
+typedef LDq<DqQ4_1, 0> LQ4_1;
+typedef LDq<DqQ5_0, 0> LQ5_0;
+typedef LDq<DqQ5_1, 0> LQ5_1;
 
 static __device__ __forceinline__ float sg_warp_sum(float v) {
 #pragma unroll
@@ -235,10 +224,16 @@ static __device__ __forceinline__ void flash_attn_impl(
     SG_FA(sg_flash_attn_ext_##KN##_f32, KT, LF32)                                        \
     SG_FA(sg_flash_attn_ext_##KN##_f16, KT, LF16)                                        \
     SG_FA(sg_flash_attn_ext_##KN##_q8_0, KT, LQ8_0)                                      \
-    SG_FA(sg_flash_attn_ext_##KN##_q4_0, KT, LQ4_0)
+    SG_FA(sg_flash_attn_ext_##KN##_q4_0, KT, LQ4_0)                                      \
+    SG_FA(sg_flash_attn_ext_##KN##_q4_1, KT, LQ4_1)                                      \
+    SG_FA(sg_flash_attn_ext_##KN##_q5_0, KT, LQ5_0)                                      \
+    SG_FA(sg_flash_attn_ext_##KN##_q5_1, KT, LQ5_1)
 
 SG_FA_V(f32, LF32)
 SG_FA_V(f16, LF16)
 SG_FA_V(q8_0, LQ8_0)
 SG_FA_V(q4_0, LQ4_0)
+SG_FA_V(q4_1, LQ4_1)
+SG_FA_V(q5_0, LQ5_0)
+SG_FA_V(q5_1, LQ5_1)
 SG_FA(sg_flash_attn_ext_bf16_bf16, LBF16, LBF16)

@@ -176,6 +176,17 @@ pub fn cases() -> Vec<Case> {
     v.push(case(Fa { tk: Q4_0, tv: F16, cache: true, ..Fa::new(64, 7, 256, 8, 2, F16) }));
     v.push(case(Fa { dv: 64, ..Fa::new(128, 7, 256, 8, 2, F16) }));
     v.push(case(Fa::new(64, 7, 256, 8, 2, BF16)));
+    // The other 32-value block types (llama.cpp's --cache-type-k/v q4_1, q5_0,
+    // q5_1): decode and a short batch, a cache view, and mixed pairs.
+    for &t in &[Q4_1, Q5_0, Q5_1] {
+        v.push(case(Fa::new(64, 1, 256, 8, 2, t)));
+        v.push(case(Fa::new(128, 7, 512, 8, 2, t)));
+        v.push(case(Fa { cache: true, ..Fa::new(64, 7, 256, 8, 2, t) }));
+    }
+    v.push(case(Fa { tk: Q5_1, tv: Q4_1, ..Fa::new(64, 7, 256, 8, 2, Q5_1) }));
+    v.push(case(Fa { tk: Q8_0, tv: Q5_0, cache: true, ..Fa::new(128, 1, 512, 8, 2, Q8_0) }));
+    v.push(case(Fa { tk: F16, tv: Q5_1, softcap: 30.0, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(case(Fa { tk: Q4_1, tv: F16, max_bias: 8.0, ..Fa::new(64, 7, 256, 8, 2, F16) }));
     // Long decode (keys split into chunks), a sliding window that masks whole chunks.
     v.push(case(Fa { cache: true, ..Fa::new(128, 1, 4096, 8, 2, F16) }));
     v.push(case(Fa { cache: true, window: 300, ..Fa::new(128, 1, 4096, 8, 2, Q8_0) }));

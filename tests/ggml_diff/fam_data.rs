@@ -137,6 +137,29 @@ fn cpy_cases(v: &mut Vec<Case>) {
             Ok(Built::out(&[ctx.cpy(a, b)?]))
         }));
     }
+    // Out of every other block type (ggml's CPU dequantizes to F32 only).
+    for (src, ne0) in [(Q4_1, 64), (Q5_0, 64), (Q5_1, 64), (Q2_K, 256), (Q3_K, 256), (Q4_K, 256), (Q5_K, 256)] {
+        v.push(Case::new("cpy", format!("src={src},dst=f32,ne=[{ne0},6,2]"), Compare::Exact, move |ctx| {
+            let a = leaf(ctx, src, &[ne0, 6, 2])?;
+            let b = leaf(ctx, F32, &[ne0, 6, 2])?;
+            Ok(Built::out(&[ctx.cpy(a, b)?]))
+        }));
+    }
+    // A permuted block-type source (rows of blocks packed, rows strided), and
+    // a different destination shape.
+    for (src, ne0) in [(Q6_K, 256), (Q5_1, 64)] {
+        v.push(Case::new("cpy", format!("src={src} permuted,dst=f32,ne=[{ne0},4,3]"), Compare::Exact, move |ctx| {
+            let a = leaf(ctx, src, &[ne0, 3, 4])?;
+            let p = ctx.permute(a, [0, 2, 1, 3])?;
+            let b = leaf(ctx, F32, &[ne0, 4, 3])?;
+            Ok(Built::out(&[ctx.cpy(p, b)?]))
+        }));
+    }
+    v.push(Case::new("cpy", "src=q4_K [256,3],dst=f32 [128,6]", Compare::Exact, |ctx| {
+        let a = leaf(ctx, Q4_K, &[256, 3])?;
+        let b = leaf(ctx, F32, &[128, 6])?;
+        Ok(Built::out(&[ctx.cpy(a, b)?]))
+    }));
     // Non-contiguous source into quantized/float destinations.
     for dst in [F32, F16, Q8_0, Q4_0] {
         v.push(Case::new("cpy", format!("src=f32 permuted,dst={dst},ne=[64,4,3]"), Compare::Exact, move |ctx| {
@@ -202,7 +225,21 @@ fn cpy_cases(v: &mut Vec<Case>) {
 
 fn get_rows_cases(v: &mut Vec<Case>) {
     let idx = [3i64, 0, 7, 3, 19, 1, 0];
-    for (ty, ne0) in [(F32, 10), (F16, 10), (BF16, 10), (Q8_0, 64), (Q4_0, 64), (Q4_1, 64), (Q4_K, 256), (Q6_K, 256)] {
+    for (ty, ne0) in [
+        (F32, 10),
+        (F16, 10),
+        (BF16, 10),
+        (Q8_0, 64),
+        (Q4_0, 64),
+        (Q4_1, 64),
+        (Q5_0, 64),
+        (Q5_1, 64),
+        (Q2_K, 256),
+        (Q3_K, 256),
+        (Q4_K, 256),
+        (Q5_K, 256),
+        (Q6_K, 256),
+    ] {
         v.push(Case::new("get_rows", format!("type={ty},ne=[{ne0},20],idx={idx:?}"), Compare::Exact, move |ctx| {
             let a = leaf(ctx, ty, &[ne0, 20])?;
             let b = leaf(ctx, I32, &[idx.len() as i64])?;

@@ -39,6 +39,27 @@ fn plain(v: &mut Vec<Case>, ty: GgmlType, k: i64, m: i64, n: i64) {
     }));
 }
 
+/// [K, M] × [K, N] with F16 / BF16 weights and activations of the same type
+/// (ggml's CPU takes a 16-bit src1 only as the weights' dot type), plain,
+/// broadcast over dims 2/3, or permuted (`perm`: b a permute of [K, B2, N, B3]).
+fn act16(v: &mut Vec<Case>, ty: GgmlType, (k, m, n): (i64, i64, i64), a23: [i64; 2], b23: [i64; 2], perm: bool) {
+    v.push(Case::new(
+        "mul_mat",
+        format!("type_a={ty},type_b={ty},k={k},m={m},n={n},bcast_a={a23:?},b={b23:?},permuted_b={perm}"),
+        tol(ty),
+        move |ctx| {
+            let a = leaf(ctx, ty, &[k, m, a23[0], a23[1]])?;
+            let b = if perm {
+                let x = leaf(ctx, ty, &[k, b23[0], n, b23[1]])?;
+                ctx.permute(x, [0, 2, 1, 3])?
+            } else {
+                leaf(ctx, ty, &[k, n, b23[0], b23[1]])?
+            };
+            Ok(Built::out(&[ctx.mul_mat(a, b)?]))
+        },
+    ));
+}
+
 /// Broadcast of a over b's dims 2 and 3.
 fn broadcast(v: &mut Vec<Case>, ty: GgmlType, k: i64, m: i64, n: i64, a23: [i64; 2], b23: [i64; 2]) {
     v.push(Case::new(
@@ -132,6 +153,16 @@ fn mul_mat_cases(v: &mut Vec<Case>) {
         let k = if ty.block_size() == 256 { 256 } else { 64 };
         permuted_b(v, ty, k, 7, 5, 3);
     }
+    // F16 / BF16 activations: few columns (matrix-vector), many (GEMM),
+    // broadcast and permuted.
+    for ty in [F16, BF16] {
+        for kmn in [(33, 7, 1), (256, 33, 7), (256, 7, 64), (64, 33, 2)] {
+            act16(v, ty, kmn, [1, 1], [1, 1], false);
+        }
+        act16(v, ty, (64, 7, 3), [2, 1], [6, 1], false);
+        act16(v, ty, (64, 9, 33), [2, 3], [4, 6], false);
+        act16(v, ty, (64, 7, 5), [3, 1], [3, 1], true);
+    }
     // Attention: permuted weights with GQA broadcast.
     for ty in [F32, F16, Q8_0, Q4_0] {
         attention(v, ty, 64, 33, 2, 2, 5);
@@ -163,6 +194,22 @@ fn mul_mat_id_cases(v: &mut Vec<Case>) {
                 },
             ));
         }
+    }
+    // F16 / BF16 activations with weights of the same type.
+    for ty in [F16, BF16] {
+        let (k, m, n_expert, n_used, n_b, n_tok) = (64, 9, 4, 2, 2, 5);
+        v.push(Case::new(
+            "mul_mat_id",
+            format!("type_a={ty},type_b={ty},k={k},m={m},n_expert={n_expert},n_used={n_used},n_b={n_b},n_tok={n_tok}"),
+            tol(ty),
+            move |ctx| {
+                let a = leaf(ctx, ty, &[k, m, n_expert])?;
+                let b = leaf(ctx, ty, &[k, n_b, n_tok])?;
+                let i = leaf(ctx, I32, &[n_used, n_tok])?;
+                let out = ctx.mul_mat_id(a, b, i)?;
+                Ok(Built::out(&[out]).init(i, ids(n_expert, n_used, n_tok)))
+            },
+        ));
     }
 }
 

@@ -1,11 +1,13 @@
 //! `kernels-cuda/elementwise.cu`: binary ops with broadcasting (F32, F16,
-//! BF16 and their F32-src1 mixes), add1, unary ops, scale, clamp, fill, and
-//! copies between F32, F16, BF16 and I32 (cpy, dup, cont).
+//! BF16 and their F32-src1 mixes), add1, unary ops (F32, F16, BF16), scale,
+//! clamp, fill, and copies (cpy, dup, cont) between F32, F16, BF16 and I32,
+//! into Q8_0/Q4_0/Q4_1/Q5_0 blocks, out of every block type dequant.cuh
+//! knows (Q4_0..Q8_0, Q2_K..Q6_K) into F32 / F16, and same-type block copies.
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{Op, UnaryOp};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q4_0, Q4_1, Q5_0, Q8_0};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
 
 const B: u32 = 256;
 
@@ -43,7 +45,8 @@ fn pair_suffix(a: GgmlType, b: GgmlType) -> Option<&'static str> {
     }
 }
 
-/// Unary ops with a BF16 kernel (`sg_<op>_bf16`).
+/// Unary ops with a BF16 kernel (`sg_<op>_bf16`): every one the graph
+/// takes on BF16 (gelu, gelu_quick and silu are F32/F16 only, as in ggml).
 fn has_bf16(op: &Op) -> bool {
     use UnaryOp::*;
     match op {
@@ -160,6 +163,24 @@ fn quant_suffix(ty: GgmlType) -> Option<&'static str> {
     }
 }
 
+/// Kernel-name suffix of a block type with dequantizing copy kernels
+/// (`sg_cpy_<q>_<f32|f16>`, dequant.cuh's types).
+fn dequant_suffix(ty: GgmlType) -> Option<&'static str> {
+    Some(match ty {
+        Q8_0 => "q8_0",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q2_K => "q2_K",
+        Q3_K => "q3_K",
+        Q4_K => "q4_K",
+        Q5_K => "q5_K",
+        Q6_K => "q6_K",
+        _ => return None,
+    })
+}
+
 /// cpy / dup / cont of `s` into `dst` (same element count, element k of
 /// `s` in logical order to element k of `dst`).
 fn cpy(cx: &Cx, dst: &T, s: &T) -> Result<bool> {
@@ -192,13 +213,15 @@ fn cpy(cx: &Cx, dst: &T, s: &T) -> Result<bool> {
             cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
             return Ok(true);
         }
-        // Dequantize a contiguous Q8_0 / Q4_0 source.
-        (None, Some(to)) if matches!(to, "f32" | "f16") && matches!(s.ty(), Q8_0 | Q4_0) => {
-            if !s.t.is_contiguous() || n % 32 != 0 {
+        // Dequantize a block-type source (rows of packed blocks) to F32 / F16.
+        (None, Some(to)) if matches!(to, "f32" | "f16") => {
+            let Some(from) = dequant_suffix(s.ty()) else { return Ok(false) };
+            let ty = s.ty();
+            let packed = s.t.ne[0] <= ty.block_size() as i64 || s.t.nb[0] == ty.type_size();
+            if !packed || s.t.ne[0] % ty.block_size() as i64 != 0 {
                 return Ok(false);
             }
-            let from = if s.ty() == Q8_0 { "q8_0" } else { "q4_0" };
-            let grid = [cx.blocks(n / 32, B as i64, 65535), 1, 1];
+            let grid = [cx.blocks(n, B as i64, 65535), 1, 1];
             cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
             return Ok(true);
         }

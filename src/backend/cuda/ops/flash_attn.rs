@@ -1,6 +1,6 @@
 //! `kernels-cuda/flash_attn.cu`: `flash_attn_ext` (F32 Q; K/V F32, F16,
-//! Q8_0, Q4_0 in any pairing, or BF16 K and V; F16 mask; soft-capping;
-//! ALiBi; sinks; GQA/MQA head and batch broadcast).
+//! Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in any pairing, or BF16 K and V; F16 mask;
+//! soft-capping; ALiBi; sinks; GQA/MQA head and batch broadcast).
 //!
 //! The result is ggml's permuted layout `[D_v, H, n_q, B]`: query row
 //! `(i, h, b)` is stored at `dst[:, h, i, b]`.
@@ -8,7 +8,7 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::Op;
-use crate::tensor::GgmlType::{self, BF16, F16, F32, Q4_0, Q8_0};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Threads per block (one block per query row).
 const B: u32 = 128;
@@ -21,6 +21,9 @@ fn suffix(ty: GgmlType) -> Option<&'static str> {
         F16 => Some("f16"),
         Q8_0 => Some("q8_0"),
         Q4_0 => Some("q4_0"),
+        Q4_1 => Some("q4_1"),
+        Q5_0 => Some("q5_0"),
+        Q5_1 => Some("q5_1"),
         _ => None,
     }
 }

@@ -11,6 +11,10 @@
 //! - many columns, F16 or quantised weights: the weights dequantised into an
 //!   F32 scratch buffer, then as F32.
 //!
+//! F16 / BF16 activations (`src1`) of `mul_mat` and `mul_mat_id` are first
+//! converted into a packed F32 scratch copy (`sg_cpy_<f16|bf16>_f32` of
+//! `kernels-cuda/elementwise.cu`), then computed as F32 activations.
+//!
 //! `mul_mat_id` runs the matrix-vector kernels once per (slot, token)
 //! column, each reading its expert id on the device; `add_id` has its own
 //! kernel. An expert id out of range is an error (as ggml's assert), read
@@ -57,11 +61,59 @@ fn rows_packed(t: &T) -> bool {
 
 pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
     match (op, src) {
+        (Op::MulMat, [a, b, ..]) if matches!(b.ty(), F16 | BF16) => {
+            with_f32_activations(cx, b, |cx, b| mul_mat(cx, dst, a, b))
+        }
         (Op::MulMat, [a, b, ..]) => mul_mat(cx, dst, a, b),
+        (Op::MulMatId, [a, b, ids, ..]) if matches!(b.ty(), F16 | BF16) => {
+            with_f32_activations(cx, b, |cx, b| mul_mat_id(cx, dst, a, b, ids))
+        }
         (Op::MulMatId, [a, b, ids, ..]) => mul_mat_id(cx, dst, a, b, ids),
         (Op::AddId, [a, b, ids, ..]) => add_id(cx, dst, a, b, ids),
         _ => Ok(false),
     }
+}
+
+/// Runs `f` (a product with F32 activations) on F16 / BF16 activations `b`
+/// converted into a packed F32 scratch copy (exact: every f16 and bf16 value
+/// is an f32), as ggml's CUDA backend converts src1. Whether `f` takes the
+/// converted operand is asked first in a dry run, so nothing is converted for
+/// a node that then runs on the host.
+fn with_f32_activations(cx: &Cx, b: &T, f: impl Fn(&Cx, &T) -> Result<bool>) -> Result<bool> {
+    let from = match b.ty() {
+        F16 => "f16",
+        BF16 => "bf16",
+        _ => return Ok(false),
+    };
+    let n = b.nelements();
+    let Some(bytes) = usize::try_from(n).ok().and_then(|n| n.checked_mul(4)) else { return Ok(false) };
+    let mut t = b.t.clone();
+    t.ty = F32;
+    let [ne0, ne1, ne2, _] = t.ne.map(|d| d.max(0) as usize);
+    t.nb = [4, 4 * ne0, 4 * ne0 * ne1, 4 * ne0 * ne1 * ne2];
+    if !f(&Cx::dry(cx.gpu()), &T { t: &t, p: 0 })? {
+        return Ok(false);
+    }
+    if cx.is_dry() {
+        return Ok(true);
+    }
+    let scratch = match cx.scratch(bytes) {
+        Ok(s) => s,
+        // Too big for the device now: the host computes this node.
+        Err(Error::Alloc { .. }) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let b32 = T { t: &t, p: scratch.p() };
+    let mut args = vec![b.ptr(), b32.ptr()];
+    args.extend(b.ne());
+    args.extend(b.nb());
+    args.extend(b32.ne());
+    args.extend(b32.nb());
+    cx.launch(&format!("sg_cpy_{from}_f32"), [cx.blocks(n, B as i64, 65535), 1, 1], [B, 1, 1], &args)?;
+    let r = f(cx, &b32);
+    // Freed after the product's launches (stream-ordered).
+    drop(scratch);
+    r
 }
 
 /// An F32 weight operand of the F32 product: address, shape, byte strides.
