@@ -106,6 +106,9 @@ fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
             assert_eq!(got, want, "{weights:?} {types:?} on {ratios:?}");
             assert!(worst <= tol, "{weights:?} {types:?} on {ratios:?}: logits NMSE {worst:.3e} > {tol:e}");
             assert!(stats.iter().all(|s| s.device_nodes > 0), "kernels ran on every device: {stats:?}");
+            // The KV caches stay in device memory between steps.
+            let kept = s.runner.store.device_bytes();
+            assert!(kept.iter().all(|&b| b > 0), "device-resident cache bytes {kept:?}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -308,4 +311,28 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     assert_eq!(tokens, plain, "DFlash2 on CUDA devices: {st:?}");
     assert!(st.drafted > 0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// NCCL is only chosen for CUDA devices on distinct GPUs: for virtual
+/// devices on one GPU (NCCL refuses two ranks on one GPU) and emulated ones
+/// `NcclComm` is an error saying why, and the meta backend keeps its
+/// device-to-device copies (no communicator set, activations on the devices).
+#[test]
+fn nccl_is_refused_for_virtual_and_emulated_devices() {
+    use shardgraph::backend::cuda::nccl::NcclComm;
+    use shardgraph::split::MetaExecutor;
+    let Some(devs) = devices(2) else { return };
+    let devs: Vec<Arc<dyn Backend>> = devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect();
+    let e = NcclComm::for_backends(&devs).unwrap_err().to_string();
+    assert!(e.contains("one rank per GPU") || e.contains("needs a real GPU"), "{e}");
+    let exec = MetaExecutor::with_backends(devs).unwrap();
+    assert!(!exec.has_comm());
+    assert!(exec.device_data());
+    // CPU devices are not CUDA devices.
+    let cpu: Vec<Arc<dyn Backend>> = (0..2)
+        .map(|_| Arc::new(shardgraph::CpuBackend::new(Default::default()).unwrap()) as Arc<dyn Backend>)
+        .collect();
+    let e = NcclComm::for_backends(&cpu).unwrap_err().to_string();
+    assert!(e.contains("needs CUDA devices"), "{e}");
+    assert!(!MetaExecutor::with_backends(cpu).unwrap().device_data());
 }

@@ -317,7 +317,7 @@ fn qwen3_layers_move_exactly_the_megatron_minimum() {
         // every layer, and the input's local mirrored-to-partial) run
         // between device buffers.
         if exec.device_data() {
-            assert!(rep.device_conversions >= 2 * n_layer as usize, "{}", rep.device_conversions);
+            assert!(rep.device_conversions >= 2 * n_layer, "{}", rep.device_conversions);
         } else {
             assert_eq!(rep.device_conversions, 0);
         }
@@ -967,4 +967,48 @@ fn sec5_concat_along_the_split_axis() {
         }
     }
     gaps.assert_none();
+}
+
+/// A communicator set on the executor serves every run; a run that fails
+/// (a token id out of range) aborts it, so it is dropped and the next runs
+/// use fresh ones and give the first run's result; a communicator with
+/// another number of ranks is refused.
+#[test]
+fn a_failed_run_drops_its_communicator_and_later_runs_work() {
+    use shardgraph::split::{HostComm, MetaExecutor};
+    use std::sync::Arc;
+    let mut ctx = Context::new();
+    let emb = named(&mut ctx, GgmlType::F32, &[16, 10], "token_embd.weight");
+    let ids = input(&mut ctx, GgmlType::I32, &[3], "tokens");
+    let e = ctx.get_rows(emb, ids).unwrap();
+    let w = named(&mut ctx, GgmlType::F32, &[16, 8], "w");
+    let y = ctx.mul_mat(w, e).unwrap();
+    let z = ctx.soft_max(y).unwrap();
+    let g = ctx.build_forward(&[z]).unwrap();
+    let policy = SplitPolicy::new(&[1.0, 1.0])
+        .unwrap()
+        .rule("w", SplitSpec::Axis { axis: 0, granule: 1, segments: vec![] })
+        .rule("token_embd.weight", SplitSpec::Mirrored);
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+    let mut exec = MetaExecutor::new(2, 1).unwrap();
+    assert!(!exec.has_comm());
+    assert!(exec.set_comm(Some(Arc::new(HostComm::new(3)))).is_err());
+    exec.set_comm(Some(Arc::new(HostComm::new(2)))).unwrap();
+    let run = |exec: &MetaExecutor, tokens: [i32; 3]| {
+        let mut store = SplitStore::new(2);
+        store.place_leafs(&ctx, &g, &plan).unwrap();
+        let f: Vec<u8> = (0..160).flat_map(|i| ((i as f32 * 0.1).sin()).to_le_bytes()).collect();
+        store.set_tensor(&ctx, emb, 0, &f).unwrap();
+        store.set_tensor(&ctx, w, 0, &f[..16 * 8 * 4]).unwrap();
+        store.set_tensor(&ctx, ids, 0, &tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        exec.execute(&ctx, &g, &plan, &mut store, &[z])
+    };
+    let first = run(&exec, [1, 2, 3]).unwrap();
+    assert!(first.bytes_moved > 0, "the partial product is all-reduced");
+    assert!(exec.has_comm(), "a good run keeps the communicator");
+    let e = run(&exec, [1, 99, 2]).unwrap_err().to_string();
+    assert!(e.contains("99") || e.contains("range"), "{e}");
+    assert!(!exec.has_comm(), "the aborted communicator is dropped");
+    let again = run(&exec, [1, 2, 3]).unwrap();
+    assert_eq!(again.outputs, first.outputs);
 }

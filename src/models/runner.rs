@@ -79,7 +79,11 @@ impl Runner {
 
     /// Plans (or reuses the plan of) `graph`, places leafs that are not
     /// placed yet, writes `inputs` (full single-device bytes per tensor) and
-    /// runs it; returns the outputs' single-device bytes.
+    /// runs it; returns the outputs' single-device bytes. Outputs that are
+    /// writes into stored tensors (`cpy`/`set_rows` into a cache, listed so
+    /// the graph orders them) are not read back: their entries are empty,
+    /// and the caches stay where the devices keep them (read them with
+    /// `store.get_tensor`).
     ///
     /// # Errors
     /// Planning, placement and execution errors.
@@ -97,7 +101,17 @@ impl Runner {
         for (id, bytes) in inputs {
             store.set_tensor(ctx, *id, 0, bytes)?;
         }
-        let rep = exec.execute(ctx, graph, plan, store, outputs)?;
+        let is_write = |o: &TensorId| {
+            ctx.tensor(*o).is_ok_and(|t| {
+                matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows)
+                    && t.view_src.is_some_and(|v| graph.leafs().contains(&v))
+            })
+        };
+        let wanted: Vec<TensorId> = outputs.iter().filter(|o| !is_write(o)).copied().collect();
+        let mut rep = exec.execute(ctx, graph, plan, store, &wanted)?;
+        let mut got = std::mem::take(&mut rep.outputs).into_iter();
+        rep.outputs =
+            outputs.iter().map(|o| if is_write(o) { Vec::new() } else { got.next().unwrap_or_default() }).collect();
         self.bytes_moved += rep.bytes_moved;
         self.runs += 1;
         Ok(rep)

@@ -74,9 +74,10 @@ impl Device<'_> {
         Ok(BufSlice { buf: self.backend.alloc_buffer(len.max(1))?, offset: 0, len })
     }
 
-    /// `part` in a buffer of this device (copied there if it is in host memory).
+    /// `part` in a buffer of this device (copied there if it is in host
+    /// memory or another device's).
     fn on_device(&self, part: &Part) -> Result<BufSlice> {
-        if let Some(s) = part.slice() {
+        if let Some(s) = part.slice_on(self.id) {
             return Ok(s.clone());
         }
         let bytes = part.bytes()?;
@@ -85,12 +86,54 @@ impl Device<'_> {
         Ok(s)
     }
 
+    /// A copy of `part` in a new buffer of this device (for a kernel to write into).
+    pub(crate) fn copy_on_device(&self, part: &Part) -> Result<BufSlice> {
+        match part.slice_on(self.id) {
+            Some(s) => {
+                let c = self.zeros(s.len)?;
+                c.buf.copy_from(0, &*s.buf, s.offset, s.len)?;
+                Ok(c)
+            }
+            None => self.on_device(part),
+        }
+    }
+
     /// Runs local graph `l` for its writes into its input buffers.
     fn run_in_place(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Input)]) -> Result<()> {
         if !outs.is_empty() {
             self.run_local_parts(l, outs, inputs, Results::None)?;
         }
         Ok(())
+    }
+
+    /// Adds to local graph `l` (already holding `outs` over `inputs`) the
+    /// packing of `region(i)` of `src` (a tensor laid out as the given
+    /// boxes) into a message for every other rank `i`, runs it, and
+    /// exchanges the messages; returns what each rank sent this one.
+    fn pack_and_exchange(
+        &self,
+        mut l: Context,
+        mut inputs: Vec<(TensorId, Input)>,
+        mut outs: Vec<TensorId>,
+        src: (TensorId, &Boxes),
+        region: &dyn Fn(usize) -> Boxes,
+    ) -> Result<Vec<Option<BufSlice>>> {
+        let ty = l.t(src.0).ty;
+        let mut send = vec![None; self.n];
+        for (i, slot) in send.iter_mut().enumerate() {
+            let r = region(i);
+            let bytes = box_bytes(ty, &r);
+            if i == self.j || bytes == 0 {
+                continue;
+            }
+            let m = l.new_tensor(ty, &lens(&r))?;
+            let msg = self.zeros(bytes)?;
+            inputs.push((m, Input::Buffer(msg.clone())));
+            outs.extend(region_copies(&mut l, &r, src.0, src.1, m, &r)?);
+            *slot = Some(msg);
+        }
+        self.run_in_place(&l, &outs, &inputs)?;
+        self.comm.exchange_buffers(self.j, send, &|b| self.backend.alloc_buffer(b.max(1)))
     }
 
     /// The device-side [`Device::convert`]: `id`'s part `part` (a `ty`
@@ -106,7 +149,7 @@ impl Device<'_> {
         let j = self.j;
         let local = self.on_device(part)?;
         let held_by_first = |d: &Self, full: BufSlice| -> Result<Arc<Part>> {
-            Ok(Part::device(if j == 0 { full } else { d.zeros(full.len)? }))
+            Ok(d.dev_part(if j == 0 { full } else { d.zeros(full.len)? }))
         };
         match (from, to) {
             (a, b) if a == b => Ok(part.clone()),
@@ -149,22 +192,8 @@ impl Device<'_> {
             // Pack every other rank's message.
             let mut l = Context::new();
             let p = l.new_tensor(ty, &lens(&have))?;
-            let mut inputs = vec![(p, Input::Buffer(local.clone()))];
-            let (mut outs, mut send) = (Vec::new(), vec![None; n]);
-            for (i, slot) in send.iter_mut().enumerate() {
-                let region = owed(ne, from, to, j, i);
-                let bytes = box_bytes(ty, &region);
-                if i == j || bytes == 0 {
-                    continue;
-                }
-                let m = l.new_tensor(ty, &lens(&region))?;
-                let msg = self.zeros(bytes)?;
-                inputs.push((m, Input::Buffer(msg.clone())));
-                outs.extend(region_copies(&mut l, &region, p, &have, m, &region)?);
-                *slot = Some(msg);
-            }
-            self.run_in_place(&l, &outs, &inputs)?;
-            got = self.comm.exchange_buffers(j, send, &|b| self.backend.alloc_buffer(b.max(1)))?;
+            let inputs = vec![(p, Input::Buffer(local.clone()))];
+            got = self.pack_and_exchange(l, inputs, Vec::new(), (p, &have), &|i| owed(ne, from, to, j, i))?;
         }
         // Assemble: what this rank holds of its new part, then the messages.
         let out = self.zeros(box_bytes(ty, &need))?;
@@ -185,14 +214,14 @@ impl Device<'_> {
             }
         }
         self.run_in_place(&l, &outs, &inputs)?;
-        Ok(Part::device(out))
+        Ok(self.dev_part(out))
     }
 
     /// [`Comm::reduce_scatter`](super::Comm::reduce_scatter) between device buffers: each rank sends
     /// every other rank that rank's part of its addend (`(N−1)·B` bytes in
     /// all, as the ring) and sums what it receives with its own.
     fn reduce_scatter_dev(&self, ty: GgmlType, ne: [i64; 4], to: &SplitState, addend: &BufSlice) -> Result<Arc<Part>> {
-        let (j, n) = (self.j, self.n);
+        let j = self.j;
         let full = boxes(ne, &SplitState::Mirrored, 0);
         if addend.len != box_bytes(ty, &full) {
             return Err(Error::Split { detail: format!("rank {j}: addend of {} bytes", addend.len) });
@@ -203,26 +232,12 @@ impl Device<'_> {
         let mut l = Context::new();
         let a = l.new_tensor(ty, &ne)?;
         let o = l.new_tensor(ty, &lens(&mine))?;
-        let mut inputs = vec![(a, Input::Buffer(addend.clone())), (o, Input::Buffer(own.clone()))];
-        let mut outs = region_copies(&mut l, &mine, a, &full, o, &mine)?;
-        let mut send = vec![None; n];
-        for (i, slot) in send.iter_mut().enumerate() {
-            let region = boxes(ne, to, i);
-            let bytes = box_bytes(ty, &region);
-            if i == j || bytes == 0 {
-                continue;
-            }
-            let m = l.new_tensor(ty, &lens(&region))?;
-            let msg = self.zeros(bytes)?;
-            inputs.push((m, Input::Buffer(msg.clone())));
-            outs.extend(region_copies(&mut l, &region, a, &full, m, &region)?);
-            *slot = Some(msg);
-        }
-        self.run_in_place(&l, &outs, &inputs)?;
-        let got = self.comm.exchange_buffers(j, send, &|b| self.backend.alloc_buffer(b.max(1)))?;
+        let inputs = vec![(a, Input::Buffer(addend.clone())), (o, Input::Buffer(own.clone()))];
+        let outs = region_copies(&mut l, &mine, a, &full, o, &mine)?;
+        let got = self.pack_and_exchange(l, inputs, outs, (a, &full), &|i| boxes(ne, to, i))?;
         let msgs: Vec<BufSlice> = got.into_iter().flatten().collect();
         if msgs.is_empty() {
-            return Ok(Part::device(own));
+            return Ok(self.dev_part(own));
         }
         // The sum, in rank order after this rank's own addend.
         let mut l = Context::new();
@@ -247,7 +262,7 @@ impl Device<'_> {
         let n = self.n;
         let total: i64 = ne.iter().product();
         if n == 1 || total == 0 {
-            return Ok(Part::device(addend.clone()));
+            return Ok(self.dev_part(addend.clone()));
         }
         let flat = [total, 1, 1, 1];
         let ext: Vec<i64> = (0..n as i64).map(|j| total * (j + 1) / n as i64 - total * j / n as i64).collect();

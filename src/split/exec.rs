@@ -15,6 +15,7 @@ use super::layout::{assemble, local_ne, slice_local};
 use super::lower::{covers_owner, lower, Lowered, Step};
 use super::planner::Plan;
 use super::state::SplitState;
+pub(crate) use super::store::Part;
 use super::store::{SplitStore, Stored};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::{Backend, TensorStorage};
@@ -37,6 +38,9 @@ pub struct MetaExecutor {
     /// The communicator every run uses (NCCL across GPUs); `None`: a fresh
     /// [`HostComm`] per run. Locked for the length of a run.
     comm: std::sync::Mutex<Option<Arc<dyn Comm>>>,
+    /// Per device: a process-unique id (device parts in a store are only
+    /// used in place by the device that made them).
+    ids: Vec<u64>,
 }
 
 /// Device-resident leaf parts: (tensor, state) → (stored version, buffer).
@@ -107,7 +111,9 @@ impl MetaExecutor {
         let resident = (0..n).map(|_| std::sync::Mutex::new(HashMap::new())).collect();
         let device_data = devices.iter().all(|d| d.device().kind == crate::backend::DeviceKind::Gpu);
         let comm = std::sync::Mutex::new(Self::native_comm(&devices));
-        Ok(MetaExecutor { devices, resident, device_data, comm })
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let ids = (0..n).map(|_| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).collect();
+        Ok(MetaExecutor { devices, resident, device_data, comm, ids })
     }
 
     /// NCCL for CUDA devices on distinct GPUs, when it loads; else `None`
@@ -272,10 +278,12 @@ impl MetaExecutor {
             let s = if s.state == want {
                 s.clone()
             } else {
-                let parts: Vec<Vec<u8>> = s.locals.iter().map(|x| x.to_vec()).collect();
+                let parts: Vec<Vec<u8>> =
+                    s.locals.iter().map(|x| x.bytes().map(|b| b.to_vec())).collect::<Result<_>>()?;
                 let full = assemble(t.ty, t.ne, &parts, &s.state)?;
-                let locals =
-                    (0..n).map(|j| slice_local(t.ty, t.ne, &full, &want, j).map(Arc::new)).collect::<Result<_>>()?;
+                let locals = (0..n)
+                    .map(|j| slice_local(t.ty, t.ne, &full, &want, j).map(|b| Part::host(Arc::new(b))))
+                    .collect::<Result<_>>()?;
                 Stored { state: want, locals, layout: Some((t.ty, t.ne)), version: s.version }
             };
             leafs.push((l, s));
@@ -296,7 +304,7 @@ impl MetaExecutor {
             let handles: Vec<_> = (0..n)
                 .map(|j| {
                     let (lowered, exports, leafs, versions) = (&lowered, &exports, &leafs, &versions);
-                    let (dev, resident) = (&self.devices[j], &self.resident[j]);
+                    let (dev, resident, id) = (&self.devices[j], &self.resident[j], self.ids[j]);
                     sc.spawn(move || {
                         let mut d = Device {
                             j,
@@ -312,13 +320,20 @@ impl MetaExecutor {
                             versions,
                             resident_data,
                             device_conversions: 0,
+                            id,
                         };
-                        for (l, s) in leafs {
-                            d.put(*l, s.state.clone(), Part::host(s.locals[j].clone()));
-                        }
                         // A panic (a bug, or a foreign Comm) must not leave the
                         // other devices waiting in a collective: it aborts them.
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                            for (l, s) in leafs {
+                                // Parts another executor's devices keep are read through the host.
+                                let p = &s.locals[j];
+                                let p = match p.device_id() {
+                                    Some(x) if x != id => Part::host(p.bytes()?),
+                                    _ => p.clone(),
+                                };
+                                d.put(*l, s.state.clone(), p);
+                            }
                             d.run(lowered, exports, outputs, graph)
                         }))
                         .unwrap_or_else(|p| {
@@ -428,50 +443,13 @@ pub(crate) fn exports(ctx: &Context, lowered: &Lowered, outputs: &[TensorId]) ->
 /// What a device thread hands back.
 struct DeviceResult {
     outputs: Vec<(SplitState, Arc<Vec<u8>>)>,
-    written: Vec<(TensorId, SplitState, Arc<Vec<u8>>)>,
+    written: Vec<(TensorId, SplitState, Arc<Part>)>,
     unplanned: u64,
     device_conversions: usize,
 }
 
 /// A tensor's local part in one state.
 type Held = (SplitState, Arc<Part>);
-
-/// A tensor's local part on one device: host bytes, or a slice of one of
-/// the device's buffers (device-resident activations), read to the host the
-/// first time a host-side step needs it.
-#[derive(Debug)]
-pub(crate) struct Part {
-    host: std::sync::OnceLock<Arc<Vec<u8>>>,
-    dev: Option<BufSlice>,
-}
-
-impl Part {
-    /// A part held in host memory.
-    pub(crate) fn host(bytes: Arc<Vec<u8>>) -> Arc<Part> {
-        Arc::new(Part { host: std::sync::OnceLock::from(bytes), dev: None })
-    }
-
-    /// A part held in a device buffer.
-    pub(crate) fn device(slice: BufSlice) -> Arc<Part> {
-        Arc::new(Part { host: std::sync::OnceLock::new(), dev: Some(slice) })
-    }
-
-    /// The device slice, if the part lives on the device.
-    pub(crate) fn slice(&self) -> Option<&BufSlice> {
-        self.dev.as_ref()
-    }
-
-    /// The part's bytes in host memory (copied from the device once).
-    pub(crate) fn bytes(&self) -> Result<Arc<Vec<u8>>> {
-        if let Some(b) = self.host.get() {
-            return Ok(b.clone());
-        }
-        let s = self.dev.as_ref().ok_or_else(|| Error::Split { detail: "a part with no data".into() })?;
-        let mut v = vec![0u8; s.len];
-        s.buf.get(s.offset, &mut v)?;
-        Ok(self.host.get_or_init(|| Arc::new(v)).clone())
-    }
-}
 
 /// One device's thread: its data and its side of every step.
 pub(crate) struct Device<'a> {
@@ -494,6 +472,8 @@ pub(crate) struct Device<'a> {
     resident_data: bool,
     /// Conversions run between device buffers so far.
     device_conversions: usize,
+    /// This device's process-unique id (tags the parts in its buffers).
+    pub(crate) id: u64,
 }
 
 /// What [`Device::run_local_parts`] returns of a local graph's results.
@@ -520,6 +500,30 @@ impl Device<'_> {
         let list = self.data.entry(id.index()).or_default();
         list.retain(|(s, _)| *s != state);
         list.push((state, part));
+    }
+
+    /// A local graph's input for `part`: its buffer if it lives on this
+    /// device, else its bytes.
+    fn input_of(&self, part: &Part) -> Result<Input> {
+        Ok(match part.slice_on(self.id) {
+            Some(s) => Input::Buffer(s.clone()),
+            None => Input::Bytes(part.bytes()?),
+        })
+    }
+
+    /// Where local graphs leave their results: device buffers when this
+    /// device keeps activations, else host memory.
+    fn results(&self) -> Results {
+        if self.resident_data {
+            Results::Device
+        } else {
+            Results::Host
+        }
+    }
+
+    /// A part in a buffer of this device.
+    pub(crate) fn dev_part(&self, s: BufSlice) -> Arc<Part> {
+        Part::device(self.id, s)
     }
 
     /// Makes `part` `id`'s only data (a new value).
@@ -584,13 +588,13 @@ impl Device<'_> {
     fn reread_view(&mut self, id: TensorId, owner: TensorId) -> Result<()> {
         let ctx = self.ctx;
         let (t, ot) = (ctx.t(id), ctx.t(owner));
-        let ob = self.fetch(owner, &SplitState::Mirrored)?;
+        let ob = self.fetch_part(owner, &SplitState::Mirrored)?;
         let mut l = Context::new();
         let o = l.new_tensor(ot.ty, &ot.ne)?;
         let v = l.push_view(o, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[o])?;
         let c = l.push_op(t.ty, t.ne, Op::Cont, &[v])?;
-        let bytes = self.run_local(&l, &[c], &[(o, ob)])?.remove(0);
-        self.put(id, SplitState::Mirrored, Part::host(Arc::new(bytes)));
+        let part = self.run_local_parts(&l, &[c], &[(o, self.input_of(&ob)?)], self.results())?.remove(0);
+        self.put(id, SplitState::Mirrored, part);
         Ok(())
     }
 
@@ -702,7 +706,7 @@ impl Device<'_> {
         for o in written {
             if graph.leafs().contains(&o) {
                 let st = self.state_of(o);
-                let b = self.fetch(o, &st)?;
+                let b = self.fetch_part(o, &st)?;
                 w.push((o, st, b));
             }
         }
@@ -724,7 +728,7 @@ impl Device<'_> {
         let mut inputs = Vec::with_capacity(sg.inputs.len());
         for (g, st, lid) in &sg.inputs {
             let part = self.fetch_part(*g, st)?;
-            let input = match part.slice() {
+            let input = match part.slice_on(self.id) {
                 Some(s) => Input::Buffer(s.clone()),
                 None => {
                     let bytes = part.bytes()?;
@@ -737,8 +741,7 @@ impl Device<'_> {
             inputs.push((*lid, input));
         }
         let out_ids: Vec<TensorId> = sg.outs.iter().map(|o| o.1).collect();
-        let keep = if self.resident_data { Results::Device } else { Results::Host };
-        let results = self.run_local_parts(&sg.l, &out_ids, &inputs, keep).map_err(|e| {
+        let results = self.run_local_parts(&sg.l, &out_ids, &inputs, self.results()).map_err(|e| {
             let t = ctx.t(nodes[0]);
             Error::Split { detail: format!("device {}: subgraph from {} {}: {e}", self.j, t.op.name(), t.describe()) }
         })?;
@@ -864,7 +867,7 @@ impl Device<'_> {
         outs.iter()
             .zip(kept)
             .map(|(&o, kept)| match kept {
-                Some(s) => Ok(Part::device(s)),
+                Some(s) => Ok(self.dev_part(s)),
                 None => {
                     let mut bytes = vec![0u8; l.t(o).nbytes()];
                     st.get_bytes(l, o, 0, &mut bytes)?;
@@ -914,19 +917,45 @@ impl Device<'_> {
         let mut l = Context::new();
         let mut srcs = Vec::new();
         let mut inputs = Vec::new();
+        // On the device, the destination's part is copied to a new buffer
+        // the kernel writes into (parts are never changed in place), which
+        // is then the result: a cache stays in device memory between runs.
+        let dst_src = match t.op {
+            Op::Cpy => 1,
+            Op::SetRows => 2,
+            _ => usize::MAX,
+        };
+        let mut written = None;
         for (k, &s) in t.src.iter().enumerate() {
             let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
-            let bytes = self.fetch(s, &need)?;
+            let part = self.fetch_part(s, &need)?;
             let st = ctx.t(s);
             let lid = l.new_tensor(st.ty, &local_ne(st.ne, &need, self.j))?;
-            inputs.push((lid, bytes));
+            let input = if k == dst_src && self.resident_data {
+                let copy = self.copy_on_device(&part)?;
+                written = Some(copy.clone());
+                Input::Buffer(copy)
+            } else if k == dst_src {
+                Input::Bytes(part.bytes()?)
+            } else {
+                self.input_of(&part)?
+            };
+            inputs.push((lid, input));
             srcs.push(lid);
         }
         let out =
             local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
-        let bytes = self.run_local(&l, &[out], &inputs).map_err(|e| node_err(t, &out_state, e))?.remove(0);
-        let res = Arc::new(bytes);
-        self.set(node, out_state.clone(), Part::host(res.clone()));
+        let res = match written {
+            Some(w) if w.len == l.t(out).nbytes() => {
+                self.run_local_parts(&l, &[out], &inputs, Results::None).map_err(|e| node_err(t, &out_state, e))?;
+                self.dev_part(w)
+            }
+            _ => self
+                .run_local_parts(&l, &[out], &inputs, Results::Host)
+                .map_err(|e| node_err(t, &out_state, e))?
+                .remove(0),
+        };
+        self.set(node, out_state.clone(), res.clone());
         let Some(owner) = t.view_src else { return Ok(None) };
         self.invalidate_views_of(owner, node);
         let after = super::lower::owner_state_after_write(ctx, t, &out_state);
@@ -936,7 +965,7 @@ impl Device<'_> {
                 || after == SplitState::Mirrored && out_state == SplitState::Mirrored)
         {
             // The same bytes in the owner's shape.
-            self.set(owner, after, Part::host(res));
+            self.set(owner, after, res);
         } else {
             // A write into part of the owner: both mirrored, then scattered.
             let full_res = self.fetch(node, &SplitState::Mirrored)?;

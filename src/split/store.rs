@@ -6,6 +6,7 @@
 //! `ggml_backend_tensor_set`/`get` semantics: a byte range of the tensor's
 //! memory, which for a view is a range of its owner's memory).
 
+use super::comm::BufSlice;
 use super::layout::{box_bytes, boxes, local_ne, sum_addends};
 use super::planner::Plan;
 use super::state::SplitState;
@@ -15,11 +16,94 @@ use crate::tensor::{contiguous_strides, TensorId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// A device's local part of a tensor: host bytes, or a slice of a buffer of
+/// device `device` (an executor device's process-unique id) read to the
+/// host the first time host code needs it. Parts are never changed in place
+/// (a write makes a new part), so stores and executors share them freely.
+#[derive(Debug)]
+pub(crate) struct Part {
+    host: std::sync::OnceLock<Arc<Vec<u8>>>,
+    dev: Option<(u64, BufSlice)>,
+}
+
+impl Part {
+    /// A part held in host memory.
+    pub(crate) fn host(bytes: Arc<Vec<u8>>) -> Arc<Part> {
+        Arc::new(Part { host: std::sync::OnceLock::from(bytes), dev: None })
+    }
+
+    /// A part held in a buffer of device `device`.
+    pub(crate) fn device(device: u64, slice: BufSlice) -> Arc<Part> {
+        Arc::new(Part { host: std::sync::OnceLock::new(), dev: Some((device, slice)) })
+    }
+
+    /// The device slice, if the part lives on device `device`.
+    pub(crate) fn slice_on(&self, device: u64) -> Option<&BufSlice> {
+        self.dev.as_ref().filter(|d| d.0 == device).map(|d| &d.1)
+    }
+
+    /// True if the bytes are in host memory (a host part, or read already).
+    pub(crate) fn is_on_host(&self) -> bool {
+        self.host.get().is_some()
+    }
+
+    /// The device holding the part, if any.
+    pub(crate) fn device_id(&self) -> Option<u64> {
+        self.dev.as_ref().map(|d| d.0)
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        match (&self.dev, self.host.get()) {
+            (Some((_, s)), _) => s.len,
+            (None, Some(b)) => b.len(),
+            (None, None) => 0,
+        }
+    }
+
+    /// The part's bytes in host memory (copied from the device once).
+    ///
+    /// # Errors
+    /// The device's copy error.
+    pub(crate) fn bytes(&self) -> Result<Arc<Vec<u8>>> {
+        self.host_slice()?;
+        self.host.get().cloned().ok_or_else(|| Error::Split { detail: "a part with no data".into() })
+    }
+
+    /// [`Part::bytes`], borrowed.
+    ///
+    /// # Errors
+    /// As [`Part::bytes`].
+    pub(crate) fn host_slice(&self) -> Result<&[u8]> {
+        if self.host.get().is_none() {
+            let (_, s) = self.dev.as_ref().ok_or_else(|| Error::Split { detail: "a part with no data".into() })?;
+            let mut v = vec![0u8; s.len];
+            s.buf.get(s.offset, &mut v)?;
+            let _ = self.host.set(Arc::new(v));
+        }
+        self.host.get().map(|b| b.as_slice()).ok_or_else(|| Error::Split { detail: "a part with no data".into() })
+    }
+
+    /// The bytes of `*part` to change in host memory: the part becomes a
+    /// host part of its own (the device copy, and any sharer, keep the old bytes).
+    ///
+    /// # Errors
+    /// As [`Part::bytes`].
+    pub(crate) fn host_mut(part: &mut Arc<Part>) -> Result<&mut Vec<u8>> {
+        if part.dev.is_some() || Arc::get_mut(part).is_none() {
+            *part = Part::host(part.bytes()?);
+        }
+        let p = Arc::get_mut(part).ok_or_else(|| Error::Split { detail: "a shared part".into() })?;
+        let b = p.host.get_mut().ok_or_else(|| Error::Split { detail: "a part with no data".into() })?;
+        Ok(Arc::make_mut(b))
+    }
+}
+
 /// One stored tensor: its state and every device's contiguous local part.
 #[derive(Clone, Debug)]
 pub(crate) struct Stored {
     pub state: SplitState,
-    pub locals: Vec<Arc<Vec<u8>>>,
+    pub locals: Vec<Arc<Part>>,
     /// Type and shape placed (a tensor id reused after `Context::truncate`
     /// with another shape is placed again).
     pub layout: Option<(crate::tensor::GgmlType, [i64; 4])>,
@@ -90,7 +174,7 @@ impl SplitStore {
                     return Err(bad(format!("{} rows split off {}-element blocks", t.ty, t.ty.block_size())));
                 }
             }
-            locals.push(Arc::new(vec![0u8; box_bytes(t.ty, &b)]));
+            locals.push(Part::host(Arc::new(vec![0u8; box_bytes(t.ty, &b)])));
         }
         self.map
             .insert(id, Stored { state: state.clone(), locals, layout: Some((t.ty, t.ne)), version: next_version() });
@@ -151,15 +235,24 @@ impl SplitStore {
             });
         }
         if let Some(e) = self.map.get_mut(&id) {
-            e.locals = locals.into_iter().map(Arc::new).collect();
+            e.locals = locals.into_iter().map(|l| Part::host(Arc::new(l))).collect();
             e.version = next_version();
         }
         Ok(())
     }
 
-    /// Tensor `id`'s state and device parts, if placed.
+    /// Tensor `id`'s state and device parts, if placed (parts the devices
+    /// keep, such as caches written by a run, are read from them first).
+    /// `None` if not placed, or if a device cannot be read (logged).
     pub fn locals(&self, id: TensorId) -> Option<(&SplitState, Vec<&[u8]>)> {
-        self.map.get(&id).map(|e| (&e.state, e.locals.iter().map(|l| l.as_slice()).collect()))
+        let e = self.map.get(&id)?;
+        match e.locals.iter().map(|l| l.host_slice()).collect::<Result<Vec<_>>>() {
+            Ok(parts) => Some((&e.state, parts)),
+            Err(err) => {
+                log::error!("reading the device parts of tensor #{}: {err}", id.index());
+                None
+            }
+        }
     }
 
     /// Bytes stored on each device.
@@ -168,6 +261,21 @@ impl SplitStore {
         for e in self.map.values() {
             for (o, l) in out.iter_mut().zip(&e.locals) {
                 *o += l.len() as u64;
+            }
+        }
+        out
+    }
+
+    /// Bytes each device keeps in its own memory only: parts a run wrote
+    /// there (KV and recurrent caches on GPUs) that the host has not read
+    /// since. They are used in place by the next run on the same devices.
+    pub fn device_bytes(&self) -> Vec<u64> {
+        let mut out = vec![0u64; self.n];
+        for e in self.map.values() {
+            for (o, l) in out.iter_mut().zip(&e.locals) {
+                if l.device_id().is_some() && !l.is_on_host() {
+                    *o += l.len() as u64;
+                }
             }
         }
         out
@@ -199,7 +307,7 @@ impl SplitStore {
         }
         let state = e.state.clone();
         e.version = next_version();
-        let mut parts: Vec<&mut Vec<u8>> = e.locals.iter_mut().map(Arc::make_mut).collect();
+        let mut parts: Vec<&mut Vec<u8>> = e.locals.iter_mut().map(Part::host_mut).collect::<Result<_>>()?;
         for_each_run(&t, &state, parts.len(), start, data.len(), &mut |j, local, src| {
             let d = parts[j].get_mut(local..local + src.len()).ok_or_else(|| oob(&t.name))?;
             if partial && j > 0 {
@@ -225,12 +333,16 @@ impl SplitStore {
             if start % t.ty.type_size() != 0 || out.len() % t.ty.type_size() != 0 {
                 return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
             }
-            let parts: Vec<&[u8]> = e.locals.iter().map(|l| &l[start..start + out.len()]).collect();
+            let parts: Vec<&[u8]> = e
+                .locals
+                .iter()
+                .map(|l| l.host_slice()?.get(start..start + out.len()).ok_or_else(|| oob(&t.name)))
+                .collect::<Result<_>>()?;
             out.copy_from_slice(&sum_addends(t.ty, &parts)?);
             return Ok(());
         }
         for_each_run(t, &e.state, e.locals.len(), start, out.len(), &mut |j, local, dst| {
-            let s = e.locals[j].get(local..local + dst.len()).ok_or_else(|| oob(&t.name))?;
+            let s = e.locals[j].host_slice()?.get(local..local + dst.len()).ok_or_else(|| oob(&t.name))?;
             // Mirrored: device 0's copy; split: the one owner.
             if j == 0 || !matches!(e.state, SplitState::Mirrored) {
                 out[dst].copy_from_slice(s);
