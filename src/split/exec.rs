@@ -8,7 +8,12 @@
 //! can be checked against its plan.
 //!
 //! Local data is kept contiguous in each tensor's logical order; views are
-//! materialised where a subgraph hands them on.
+//! materialised where a subgraph hands them on. On GPUs (see
+//! [`MetaExecutor::set_device_data`]) a device's parts stay in its buffers:
+//! subgraph results, conversions (packed, moved and summed by
+//! `devcomm`), and writes into stored tensors (a cache stays on the device
+//! for the next run); host code reads a part only where it needs the values
+//! (per-row combines, vocabulary-parallel `get_rows`, outputs).
 
 use super::comm::{BufSlice, Comm, HostComm};
 use super::layout::{assemble, local_ne, slice_local};
