@@ -6,8 +6,11 @@
 //!
 //! A message holds a region of a tensor in the layout [`super::layout`]
 //! defines for boxes (per axis the region's ranges, concatenated; ggml's
-//! contiguous order), as the host collectives' `pack` does. Block-quantized
-//! types keep the host path (see [`movable`]).
+//! contiguous order), as the host collectives' `pack` does. A region that is
+//! one contiguous run of its buffer needs no graph: it is sent as a slice of
+//! that buffer, or copied into place buffer to buffer — so an all-reduce is
+//! one `add` graph and copies. Block-quantized types keep the host path
+//! (see [`movable`]).
 
 use super::comm::{owed, BufSlice};
 use super::exec::{Device, Input, Part, Results};
@@ -15,7 +18,7 @@ use super::layout::{box_bytes, boxes, intersect, lens, local_pos, Boxes};
 use super::state::SplitState;
 use crate::error::{Error, Result};
 use crate::graph::Context;
-use crate::tensor::{GgmlType, TensorId};
+use crate::tensor::{contiguous_strides, GgmlType, TensorId};
 use std::sync::Arc;
 
 /// True if a conversion of a `ty` tensor from state `from` runs on the
@@ -68,6 +71,67 @@ fn region_copies(
     Ok(out)
 }
 
+/// The byte range `(offset, len)` of `region` in a `ty` buffer laid out as
+/// `layout`, when the region is one contiguous run there.
+fn contiguous_span(ty: GgmlType, region: &Boxes, layout: &Boxes) -> Option<(usize, usize)> {
+    if ty.is_quantized() || region.iter().any(|r| r.len() != 1) {
+        return None;
+    }
+    let l = lens(layout);
+    let nb = contiguous_strides(ty, &l);
+    let e: [i64; 4] = std::array::from_fn(|k| region[k][0].1 - region[k][0].0);
+    // Contiguous: below the outermost axis with more than one element, every axis is whole.
+    let top = (0..4).rev().find(|&k| e[k] > 1).unwrap_or(0);
+    if (0..top).any(|k| e[k] != l[k]) {
+        return None;
+    }
+    let mut offset = 0usize;
+    for k in 0..4 {
+        offset += local_pos(&layout[k], region[k][0].0)? as usize * nb[k];
+    }
+    Some((offset, box_bytes(ty, region)))
+}
+
+/// A local graph being built over device buffers: its context, the buffers
+/// bound to its leafs, and the copies it makes.
+struct Local {
+    l: Context,
+    inputs: Vec<(TensorId, Input)>,
+    outs: Vec<TensorId>,
+}
+
+impl Local {
+    fn new() -> Self {
+        Local { l: Context::new(), inputs: Vec::new(), outs: Vec::new() }
+    }
+
+    /// A leaf of type `ty` laid out as `layout`, bound to `buf`.
+    fn leaf(&mut self, ty: GgmlType, layout: &Boxes, buf: &BufSlice) -> Result<TensorId> {
+        let t = self.l.new_tensor(ty, &lens(layout))?;
+        self.inputs.push((t, Input::Buffer(buf.clone())));
+        Ok(t)
+    }
+
+    /// Copies `region` from `src` (laid out as `src_boxes`) into `dst` (laid
+    /// out as `dst_boxes`), both `ty`: a buffer copy now when the region is
+    /// contiguous in both, else `cpy` nodes of this graph.
+    fn copy(&mut self, ty: GgmlType, region: &Boxes, src: (&BufSlice, &Boxes), dst: (&BufSlice, &Boxes)) -> Result<()> {
+        if box_bytes(ty, region) == 0 {
+            return Ok(());
+        }
+        if let (Some((so, n)), Some((d_o, _))) =
+            (contiguous_span(ty, region, src.1), contiguous_span(ty, region, dst.1))
+        {
+            return dst.0.buf.copy_from(dst.0.offset + d_o, &*src.0.buf, src.0.offset + so, n);
+        }
+        let s = self.leaf(ty, src.1, src.0)?;
+        let d = self.leaf(ty, dst.1, dst.0)?;
+        let c = region_copies(&mut self.l, region, s, src.1, d, dst.1)?;
+        self.outs.extend(c);
+        Ok(())
+    }
+}
+
 impl Device<'_> {
     /// A zero-filled buffer of `len` bytes on this device.
     fn zeros(&self, len: usize) -> Result<BufSlice> {
@@ -98,27 +162,25 @@ impl Device<'_> {
         }
     }
 
-    /// Runs local graph `l` for its writes into its input buffers.
-    fn run_in_place(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Input)]) -> Result<()> {
-        if !outs.is_empty() {
-            self.run_local_parts(l, outs, inputs, Results::None)?;
+    /// Runs the copies local graph `g` holds (if any).
+    fn run_copies(&self, g: Local) -> Result<()> {
+        if !g.outs.is_empty() {
+            self.run_local_parts(&g.l, &g.outs, &g.inputs, Results::None)?;
         }
         Ok(())
     }
 
-    /// Adds to local graph `l` (already holding `outs` over `inputs`) the
-    /// packing of `region(i)` of `src` (a tensor laid out as the given
-    /// boxes) into a message for every other rank `i`, runs it, and
-    /// exchanges the messages; returns what each rank sent this one.
+    /// Sends every other rank `i` `region(i)` of `src` (a `ty` buffer laid
+    /// out as `layout`): as a slice of `src` where the region is contiguous
+    /// in it, else packed by the copies of `g` (run with whatever `g`
+    /// already holds). Returns what each rank sent this one.
     fn pack_and_exchange(
         &self,
-        mut l: Context,
-        mut inputs: Vec<(TensorId, Input)>,
-        mut outs: Vec<TensorId>,
-        src: (TensorId, &Boxes),
+        mut g: Local,
+        ty: GgmlType,
+        src: (&BufSlice, &Boxes),
         region: &dyn Fn(usize) -> Boxes,
     ) -> Result<Vec<Option<BufSlice>>> {
-        let ty = l.t(src.0).ty;
         let mut send = vec![None; self.n];
         for (i, slot) in send.iter_mut().enumerate() {
             let r = region(i);
@@ -126,13 +188,16 @@ impl Device<'_> {
             if i == self.j || bytes == 0 {
                 continue;
             }
-            let m = l.new_tensor(ty, &lens(&r))?;
-            let msg = self.zeros(bytes)?;
-            inputs.push((m, Input::Buffer(msg.clone())));
-            outs.extend(region_copies(&mut l, &r, src.0, src.1, m, &r)?);
-            *slot = Some(msg);
+            *slot = Some(match contiguous_span(ty, &r, src.1) {
+                Some((off, len)) => BufSlice { buf: src.0.buf.clone(), offset: src.0.offset + off, len },
+                None => {
+                    let msg = self.zeros(bytes)?;
+                    g.copy(ty, &r, src, (&msg, &r))?;
+                    msg
+                }
+            });
         }
-        self.run_in_place(&l, &outs, &inputs)?;
+        self.run_copies(g)?;
         self.comm.exchange_buffers(self.j, send, &|b| self.backend.alloc_buffer(b.max(1)))
     }
 
@@ -165,9 +230,10 @@ impl Device<'_> {
         }
     }
 
-    /// [`Comm::redistribute`](super::Comm::redistribute) between device buffers: this device packs what
-    /// each other one lacks of its new part, the messages move, and it
-    /// assembles its new part from what it holds and what it received.
+    /// [`Comm::redistribute`](super::Comm::redistribute) between device
+    /// buffers: this device sends what each other one lacks of its new
+    /// part, and assembles its new part from what it holds and what it
+    /// received.
     fn redistribute_dev(
         &self,
         ty: GgmlType,
@@ -187,39 +253,32 @@ impl Device<'_> {
             return Err(Error::Split { detail: format!("rank {j}: part of {} bytes for {}", local.len, from.label()) });
         }
         let need = boxes(ne, to, j);
-        let mut got = vec![None; n];
-        if *from != SplitState::Mirrored {
-            // Pack every other rank's message.
-            let mut l = Context::new();
-            let p = l.new_tensor(ty, &lens(&have))?;
-            let inputs = vec![(p, Input::Buffer(local.clone()))];
-            got = self.pack_and_exchange(l, inputs, Vec::new(), (p, &have), &|i| owed(ne, from, to, j, i))?;
-        }
+        let got = if *from == SplitState::Mirrored {
+            vec![None; n]
+        } else {
+            self.pack_and_exchange(Local::new(), ty, (local, &have), &|i| owed(ne, from, to, j, i))?
+        };
         // Assemble: what this rank holds of its new part, then the messages.
         let out = self.zeros(box_bytes(ty, &need))?;
-        let mut l = Context::new();
-        let o = l.new_tensor(ty, &lens(&need))?;
-        let p = l.new_tensor(ty, &lens(&have))?;
-        let mut inputs = vec![(o, Input::Buffer(out.clone())), (p, Input::Buffer(local.clone()))];
-        let mut outs = region_copies(&mut l, &intersect(&have, &need), p, &have, o, &need)?;
+        let mut g = Local::new();
+        g.copy(ty, &intersect(&have, &need), (local, &have), (&out, &need))?;
         for (src, msg) in got.into_iter().enumerate() {
             if let Some(msg) = msg {
                 let region = owed(ne, from, to, src, j);
                 if msg.len != box_bytes(ty, &region) {
                     return Err(Error::Split { detail: format!("redistribute: message of {} bytes", msg.len) });
                 }
-                let m = l.new_tensor(ty, &lens(&region))?;
-                inputs.push((m, Input::Buffer(msg)));
-                outs.extend(region_copies(&mut l, &region, m, &region, o, &need)?);
+                g.copy(ty, &region, (&msg, &region), (&out, &need))?;
             }
         }
-        self.run_in_place(&l, &outs, &inputs)?;
+        self.run_copies(g)?;
         Ok(self.dev_part(out))
     }
 
-    /// [`Comm::reduce_scatter`](super::Comm::reduce_scatter) between device buffers: each rank sends
-    /// every other rank that rank's part of its addend (`(N−1)·B` bytes in
-    /// all, as the ring) and sums what it receives with its own.
+    /// [`Comm::reduce_scatter`](super::Comm::reduce_scatter) between device
+    /// buffers: each rank sends every other rank that rank's part of its
+    /// addend (`(N−1)·B` bytes in all, as the ring) and sums what it
+    /// receives with its own.
     fn reduce_scatter_dev(&self, ty: GgmlType, ne: [i64; 4], to: &SplitState, addend: &BufSlice) -> Result<Arc<Part>> {
         let j = self.j;
         let full = boxes(ne, &SplitState::Mirrored, 0);
@@ -227,37 +286,37 @@ impl Device<'_> {
             return Err(Error::Split { detail: format!("rank {j}: addend of {} bytes", addend.len) });
         }
         let mine = boxes(ne, to, j);
-        let own = self.zeros(box_bytes(ty, &mine))?;
-        // Pack this rank's own part and every other rank's message.
-        let mut l = Context::new();
-        let a = l.new_tensor(ty, &ne)?;
-        let o = l.new_tensor(ty, &lens(&mine))?;
-        let inputs = vec![(a, Input::Buffer(addend.clone())), (o, Input::Buffer(own.clone()))];
-        let outs = region_copies(&mut l, &mine, a, &full, o, &mine)?;
-        let got = self.pack_and_exchange(l, inputs, outs, (a, &full), &|i| boxes(ne, to, i))?;
+        // This rank's own part of its addend: a slice of it, or packed with the messages.
+        let mut g = Local::new();
+        let own = match contiguous_span(ty, &mine, &full) {
+            Some((off, len)) => BufSlice { buf: addend.buf.clone(), offset: addend.offset + off, len },
+            None => {
+                let own = self.zeros(box_bytes(ty, &mine))?;
+                g.copy(ty, &mine, (addend, &full), (&own, &mine))?;
+                own
+            }
+        };
+        let got = self.pack_and_exchange(g, ty, (addend, &full), &|i| boxes(ne, to, i))?;
         let msgs: Vec<BufSlice> = got.into_iter().flatten().collect();
         if msgs.is_empty() {
             return Ok(self.dev_part(own));
         }
         // The sum, in rank order after this rank's own addend.
-        let mut l = Context::new();
-        let shape = lens(&mine);
-        let o = l.new_tensor(ty, &shape)?;
-        let mut inputs = vec![(o, Input::Buffer(own))];
-        let mut sum = o;
+        let mut g = Local::new();
+        let mut sum = g.leaf(ty, &mine, &own)?;
         for msg in msgs {
             if msg.len != box_bytes(ty, &mine) {
                 return Err(Error::Split { detail: format!("reduce-scatter: message of {} bytes", msg.len) });
             }
-            let m = l.new_tensor(ty, &shape)?;
-            inputs.push((m, Input::Buffer(msg)));
-            sum = l.add(sum, m)?;
+            let m = g.leaf(ty, &mine, &msg)?;
+            sum = g.l.add(sum, m)?;
         }
-        Ok(self.run_local_parts(&l, &[sum], &inputs, Results::Device)?.remove(0))
+        Ok(self.run_local_parts(&g.l, &[sum], &g.inputs, Results::Device)?.remove(0))
     }
 
-    /// [`Comm::all_reduce`](super::Comm::all_reduce) between device buffers: a reduce-scatter over N
-    /// near-equal element ranges, then an all-gather (`2 (N−1) B` bytes).
+    /// [`Comm::all_reduce`](super::Comm::all_reduce) between device buffers:
+    /// a reduce-scatter over N near-equal element ranges, then an all-gather
+    /// (`2 (N−1) B` bytes): contiguous ranges, so one `add` graph and copies.
     fn all_reduce_dev(&self, ty: GgmlType, ne: [i64; 4], addend: &BufSlice) -> Result<Arc<Part>> {
         let n = self.n;
         let total: i64 = ne.iter().product();
