@@ -950,3 +950,51 @@ fn new_weights_reach_the_next_run_of_the_same_executor() {
         assert_eq!(got, want, "scale {scale}");
     }
 }
+
+/// A run's scratch `cpy` into a stored cache that nothing else reads (the
+/// cache is not written back) must not change the stored part in place,
+/// also when the part lives in a device buffer (found by a newcomer's
+/// review): the stored cache, a clone of the store taken before, and a later
+/// run all keep the cache's bytes, with device data on and off.
+#[test]
+fn a_scratch_cpy_into_a_stored_cache_leaves_the_store_alone() {
+    use shardgraph::split::MetaExecutor;
+    let mut ctx = Context::new();
+    let leaf = |ctx: &mut Context, name: &str, ne: &[i64]| {
+        let t = ctx.new_tensor(GgmlType::F32, ne).unwrap();
+        ctx.set_name(t, name).unwrap();
+        t
+    };
+    let (cache, rows, x) = (leaf(&mut ctx, "cache", &[4]), leaf(&mut ctx, "rows", &[4, 1]), leaf(&mut ctx, "x", &[4]));
+    let v = ctx.view_1d(cache, 4, 0).unwrap();
+    let w = ctx.cpy(x, v).unwrap();
+    let rf = ctx.reshape_1d(rows, 4).unwrap();
+    let c = ctx.cpy(rf, cache).unwrap();
+    let y = ctx.scale(c, 2.0).unwrap();
+    let r = ctx.scale(cache, 1.0).unwrap();
+    let (g1, g2, g3) =
+        (ctx.build_forward(&[w]).unwrap(), ctx.build_forward(&[y]).unwrap(), ctx.build_forward(&[r]).unwrap());
+    let pol = SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("*", SplitSpec::Mirrored);
+    let plan = |g| Planner::default().plan(&ctx, g, &pol, &[]).unwrap();
+    let (p1, p2, p3) = (plan(&g1), plan(&g2), plan(&g3));
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    for data in [false, true] {
+        let mut exec = MetaExecutor::new(2, 1).unwrap();
+        exec.set_device_data(data);
+        let mut store = SplitStore::new(2);
+        store.place_leafs(&ctx, &g1, &p1).unwrap();
+        store.place_leafs(&ctx, &g2, &p2).unwrap();
+        store.set_tensor(&ctx, x, 0, &f32s(&[1.0, 2.0, 3.0, 4.0])).unwrap();
+        store.set_tensor(&ctx, rows, 0, &f32s(&[9.0; 4])).unwrap();
+        exec.execute(&ctx, &g1, &p1, &mut store, &[w]).unwrap();
+        let snapshot = store.clone();
+        let got = exec.execute(&ctx, &g2, &p2, &mut store, &[y]).unwrap();
+        assert_eq!(got.outputs[0], f32s(&[18.0; 4]), "device data {data}");
+        let later = exec.execute(&ctx, &g3, &p3, &mut store, &[r]).unwrap();
+        let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
+        store.get_tensor(&ctx, cache, 0, &mut a).unwrap();
+        snapshot.get_tensor(&ctx, cache, 0, &mut b).unwrap();
+        let want = f32s(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!((later.outputs[0].clone(), a, b), (want.clone(), want.clone(), want), "device data {data}");
+    }
+}

@@ -730,11 +730,21 @@ impl Device<'_> {
         if sg.outs.is_empty() {
             return Ok(());
         }
+        // Leafs a `cpy`/`set_rows` of the step writes into (a scratch copy
+        // into a cache nothing else reads) get a private copy: parts are
+        // never changed in place.
+        let targets: HashSet<usize> = (0..sg.l.len())
+            .map(|i| sg.l.t(TensorId { ctx: sg.l.id(), idx: i as u32 }))
+            .filter(|t| matches!(t.op, Op::Cpy | Op::SetRows))
+            .filter_map(|t| t.view_src.map(|o| o.index()))
+            .collect();
         let mut inputs = Vec::with_capacity(sg.inputs.len());
         for (g, st, lid) in &sg.inputs {
             let part = self.fetch_part(*g, st)?;
             let input = match part.slice_on(self.id) {
+                Some(_) if targets.contains(&lid.index()) => Input::Buffer(self.copy_on_device(&part)?),
                 Some(s) => Input::Buffer(s.clone()),
+                None if targets.contains(&lid.index()) => Input::Bytes(part.bytes()?),
                 None => {
                     let bytes = part.bytes()?;
                     match self.resident_buffer(*g, st, &bytes)? {

@@ -42,11 +42,6 @@ impl Part {
         self.dev.as_ref().filter(|d| d.0 == device).map(|d| &d.1)
     }
 
-    /// True if the bytes are in host memory (a host part, or read already).
-    pub(crate) fn is_on_host(&self) -> bool {
-        self.host.get().is_some()
-    }
-
     /// The device holding the part, if any.
     pub(crate) fn device_id(&self) -> Option<u64> {
         self.dev.as_ref().map(|d| d.0)
@@ -266,14 +261,15 @@ impl SplitStore {
         out
     }
 
-    /// Bytes each device keeps in its own memory only: parts a run wrote
-    /// there (KV and recurrent caches on GPUs) that the host has not read
-    /// since. They are used in place by the next run on the same devices.
+    /// Bytes of each device's stored parts that live in device buffers:
+    /// parts a run wrote there (KV and recurrent caches on GPUs), used in
+    /// place by the next run on the same devices. (A part the host has read
+    /// also keeps a host copy until it is written again.)
     pub fn device_bytes(&self) -> Vec<u64> {
         let mut out = vec![0u64; self.n];
         for e in self.map.values() {
             for (o, l) in out.iter_mut().zip(&e.locals) {
-                if l.device_id().is_some() && !l.is_on_host() {
+                if l.device_id().is_some() {
                     *o += l.len() as u64;
                 }
             }
