@@ -38,6 +38,10 @@ pub struct MetaExecutor {
     /// Per device: leaf parts kept in device buffers between runs (weights),
     /// keyed by tensor and state, valid for one stored version.
     resident: Vec<std::sync::Mutex<Resident>>,
+    /// Per device: the allocator of its local graphs' intermediates, kept
+    /// between graphs and runs so its buffers (grown to the largest graph)
+    /// are reused instead of allocated and zero-filled for every graph.
+    allocators: Vec<std::sync::Mutex<GraphAllocator>>,
     /// Keep activations in device buffers between steps.
     device_data: bool,
     /// The communicator every run uses (NCCL across GPUs); `None`: a fresh
@@ -114,11 +118,12 @@ impl MetaExecutor {
             return Err(Error::Split { detail: format!("{n} devices: need 1..=64") });
         }
         let resident = (0..n).map(|_| std::sync::Mutex::new(HashMap::new())).collect();
+        let allocators = devices.iter().map(|d| std::sync::Mutex::new(GraphAllocator::new(d.buffer_type()))).collect();
         let device_data = devices.iter().all(|d| d.device().kind == crate::backend::DeviceKind::Gpu);
         let comm = std::sync::Mutex::new(Self::native_comm(&devices));
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let ids = (0..n).map(|_| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).collect();
-        Ok(MetaExecutor { devices, resident, device_data, comm, ids })
+        Ok(MetaExecutor { devices, resident, allocators, device_data, comm, ids })
     }
 
     /// NCCL for CUDA devices on distinct GPUs, when it loads; else `None`
@@ -310,6 +315,7 @@ impl MetaExecutor {
                 .map(|j| {
                     let (lowered, exports, leafs, versions) = (&lowered, &exports, &leafs, &versions);
                     let (dev, resident, id) = (&self.devices[j], &self.resident[j], self.ids[j]);
+                    let allocator = &self.allocators[j];
                     sc.spawn(move || {
                         let mut d = Device {
                             j,
@@ -322,6 +328,7 @@ impl MetaExecutor {
                             unplanned: 0,
                             fetching: false,
                             resident,
+                            allocator,
                             versions,
                             resident_data,
                             device_conversions: 0,
@@ -471,6 +478,8 @@ pub(crate) struct Device<'a> {
     fetching: bool,
     /// This device's resident leaf buffers.
     resident: &'a std::sync::Mutex<Resident>,
+    /// This device's allocator for local graphs (locked while one runs).
+    allocator: &'a std::sync::Mutex<GraphAllocator>,
     /// Stored versions of the leafs the graph only reads.
     versions: &'a HashMap<usize, u64>,
     /// Keep activations in device buffers between steps (GPU devices).
@@ -868,7 +877,14 @@ impl Device<'_> {
                 }
             }
         }
-        GraphAllocator::new(self.backend.buffer_type()).alloc_graph(self.backend, l, &g, &mut st)?;
+        // Held until the results are copied out: the next graph reuses the buffers.
+        let mut alloc = self.allocator.lock().unwrap_or_else(|p| {
+            // A panic mid-graph left it in an unknown state: start afresh.
+            let mut a = p.into_inner();
+            *a = GraphAllocator::new(self.backend.buffer_type());
+            a
+        });
+        alloc.alloc_graph(self.backend, l, &g, &mut st)?;
         self.backend.compute(l, &g, &st)?;
         if matches!(results, Results::None) {
             return Ok(Vec::new());
