@@ -14,6 +14,10 @@ use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::{Backend, Context, GgmlType, TensorStorage};
 use std::sync::Arc;
 
+#[path = "common/decode.rs"]
+mod decode;
+use decode::{generate, nmse};
+
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
 
@@ -49,24 +53,6 @@ fn hp() -> Qwen3Hparams {
         rope_base: 1e6,
         n_ctx_train: 4096,
     }
-}
-
-fn generate(s: &mut Qwen3Session, prompt: &[i32], steps: usize) -> (Vec<i32>, Vec<Vec<f32>>) {
-    let out = s.decode(prompt, &[], true).unwrap();
-    let mut tokens = vec![*out.argmax.last().unwrap()];
-    let mut logits = vec![out.logits.unwrap()];
-    for _ in 1..steps {
-        let o = s.decode(&[*tokens.last().unwrap()], &[], true).unwrap();
-        tokens.push(o.argmax[0]);
-        logits.push(o.logits.unwrap());
-    }
-    (tokens, logits)
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den.max(1e-30)
 }
 
 /// A qwen3 model decodes on 1 and on 2 CUDA devices (tensor split 1:1) to

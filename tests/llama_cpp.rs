@@ -16,6 +16,10 @@ use shardgraph::GgmlType;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "common/decode.rs"]
+mod decode;
+use decode::nmse;
+
 /// `.venv/bin/python` with `llama_cpp` importable, or why not.
 fn python() -> Result<PathBuf, String> {
     let py = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv").join("bin").join("python");
@@ -95,12 +99,6 @@ print(json.dumps({"logits": rows, "gen": gen}))
         .collect();
     let gen = v["gen"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap() as i32).collect();
     (logits, gen)
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den.max(1e-30)
 }
 
 #[test]

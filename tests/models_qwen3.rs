@@ -11,6 +11,10 @@ use shardgraph::split::{Collective, Planner};
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 
+#[path = "common/decode.rs"]
+mod decode;
+use decode::{generate, nmse};
+
 fn hp() -> Qwen3Hparams {
     Qwen3Hparams {
         n_layer: 2,
@@ -67,25 +71,6 @@ fn session(ratios: &[f32], types: Qwen3Types, kv: GgmlType) -> Qwen3Session {
         s.set_weight(name, &bytes).unwrap();
     }
     s
-}
-
-/// Prompt, then greedy decoding of `steps` tokens; returns tokens and the logits of every step.
-fn generate(s: &mut Qwen3Session, prompt: &[i32], steps: usize) -> (Vec<i32>, Vec<Vec<f32>>) {
-    let out = s.decode(prompt, &[], true).unwrap();
-    let mut tokens = vec![*out.argmax.last().unwrap()];
-    let mut logits = vec![out.logits.unwrap()];
-    for _ in 1..steps {
-        let o = s.decode(&[*tokens.last().unwrap()], &[], true).unwrap();
-        tokens.push(o.argmax[0]);
-        logits.push(o.logits.unwrap());
-    }
-    (tokens, logits)
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den.max(1e-30)
 }
 
 #[test]

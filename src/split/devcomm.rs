@@ -150,18 +150,6 @@ impl Device<'_> {
         Ok(s)
     }
 
-    /// A copy of `part` in a new buffer of this device (for a kernel to write into).
-    pub(crate) fn copy_on_device(&self, part: &Part) -> Result<BufSlice> {
-        match part.slice_on(self.id) {
-            Some(s) => {
-                let c = self.zeros(s.len)?;
-                c.buf.copy_from(0, &*s.buf, s.offset, s.len)?;
-                Ok(c)
-            }
-            None => self.on_device(part),
-        }
-    }
-
     /// Runs the copies local graph `g` holds (if any).
     fn run_copies(&self, g: Local) -> Result<()> {
         if !g.outs.is_empty() {

@@ -739,21 +739,11 @@ impl Device<'_> {
         if sg.outs.is_empty() {
             return Ok(());
         }
-        // Leafs a `cpy`/`set_rows` of the step writes into (a scratch copy
-        // into a cache nothing else reads) get a private copy: parts are
-        // never changed in place.
-        let targets: HashSet<usize> = (0..sg.l.len())
-            .map(|i| sg.l.t(TensorId { ctx: sg.l.id(), idx: i as u32 }))
-            .filter(|t| matches!(t.op, Op::Cpy | Op::SetRows))
-            .filter_map(|t| t.view_src.map(|o| o.index()))
-            .collect();
         let mut inputs = Vec::with_capacity(sg.inputs.len());
         for (g, st, lid) in &sg.inputs {
             let part = self.fetch_part(*g, st)?;
             let input = match part.slice_on(self.id) {
-                Some(_) if targets.contains(&lid.index()) => Input::Buffer(self.copy_on_device(&part)?),
                 Some(s) => Input::Buffer(s.clone()),
-                None if targets.contains(&lid.index()) => Input::Bytes(part.bytes()?),
                 None => {
                     let bytes = part.bytes()?;
                     match self.resident_buffer(*g, st, &bytes)? {
@@ -806,15 +796,14 @@ impl Device<'_> {
     /// returns the bytes of `outs` (each contiguous).
     fn run_local(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Arc<Vec<u8>>)]) -> Result<Vec<Vec<u8>>> {
         let inputs: Vec<(TensorId, Input)> = inputs.iter().map(|(id, b)| (*id, Input::Bytes(b.clone()))).collect();
-        self.run_local_with(l, outs, &inputs)
-    }
-
-    /// [`Device::run_local`] with inputs that may be device buffers.
-    fn run_local_with(&self, l: &Context, outs: &[TensorId], inputs: &[(TensorId, Input)]) -> Result<Vec<Vec<u8>>> {
-        self.run_local_parts(l, outs, inputs, Results::Host)?.iter().map(|p| p.bytes().map(|b| b.to_vec())).collect()
+        self.run_local_parts(l, outs, &inputs, Results::Host)?.iter().map(|p| p.bytes().map(|b| b.to_vec())).collect()
     }
 
     /// Runs local graph `l` and returns `outs` as parts, as `results` says.
+    /// Unless `results` is [`Results::None`], a buffer input that a `cpy` or
+    /// `set_rows` of the graph writes into (a write into a cache) is copied
+    /// first, so parts never change in place; a result that is that whole
+    /// copy (the write's view of its destination) is the copy itself.
     pub(crate) fn run_local_parts(
         &self,
         l: &Context,
@@ -828,6 +817,16 @@ impl Device<'_> {
         let copied: Vec<TensorId> = inputs.iter().filter(|(_, i)| matches!(i, Input::Bytes(_))).map(|i| i.0).collect();
         st.alloc_tensors(self.backend, l, &copied)?;
         st.bind_ctx(l)?;
+        let targets: HashSet<usize> = if matches!(results, Results::None) {
+            HashSet::new()
+        } else {
+            (0..l.len())
+                .map(|i| l.t(TensorId { ctx: l.id(), idx: i as u32 }))
+                .filter(|t| matches!(t.op, Op::Cpy | Op::SetRows))
+                .filter_map(|t| t.view_src.map(|o| o.index()))
+                .collect()
+        };
+        let mut private: HashMap<usize, BufSlice> = HashMap::new();
         for (lid, input) in inputs {
             match input {
                 Input::Bytes(b) => st.set_bytes(l, *lid, 0, b)?,
@@ -835,6 +834,14 @@ impl Device<'_> {
                     if s.len < l.t(*lid).nbytes() || s.offset.checked_add(s.len).is_none_or(|e| e > s.buf.size()) {
                         return Err(Error::Split { detail: "device buffer smaller than its tensor".into() });
                     }
+                    let s = if targets.contains(&lid.index()) {
+                        let c = BufSlice { buf: self.backend.alloc_buffer(s.len.max(1))?, offset: 0, len: s.len };
+                        c.buf.copy_from(0, &*s.buf, s.offset, s.len)?;
+                        private.insert(lid.index(), c.clone());
+                        c
+                    } else {
+                        s.clone()
+                    };
                     let k = st.add_buffer(s.buf.clone());
                     st.place(*lid, k, s.offset);
                 }
@@ -850,7 +857,13 @@ impl Device<'_> {
             let mut spans = Vec::new();
             let mut total = 0usize;
             for (k, &o) in outs.iter().enumerate() {
-                let n = l.t(o).nbytes();
+                let t = l.t(o);
+                let n = t.nbytes();
+                let whole = t.view_src.and_then(|v| private.get(&v.index())).filter(|p| t.view_offs == 0 && p.len == n);
+                if let Some(p) = whole {
+                    kept[k] = Some(p.clone());
+                    continue;
+                }
                 if let Some(first) = outs[..k].iter().position(|&p| p == o) {
                     spans.push((k, first, n, usize::MAX));
                     continue;
@@ -948,44 +961,23 @@ impl Device<'_> {
         let mut l = Context::new();
         let mut srcs = Vec::new();
         let mut inputs = Vec::new();
-        // On the device, the destination's part is copied to a new buffer
-        // the kernel writes into (parts are never changed in place), which
-        // is then the result: a cache stays in device memory between runs.
-        let dst_src = match t.op {
-            Op::Cpy => 1,
-            Op::SetRows => 2,
-            _ => usize::MAX,
-        };
-        let mut written = None;
+        // The kernel writes into a copy of the destination's part
+        // (`run_local_parts`), which on the device is the result: a cache
+        // stays in device memory between runs.
         for (k, &s) in t.src.iter().enumerate() {
             let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
             let part = self.fetch_part(s, &need)?;
             let st = ctx.t(s);
             let lid = l.new_tensor(st.ty, &local_ne(st.ne, &need, self.j))?;
-            let input = if k == dst_src && self.resident_data {
-                let copy = self.copy_on_device(&part)?;
-                written = Some(copy.clone());
-                Input::Buffer(copy)
-            } else if k == dst_src {
-                Input::Bytes(part.bytes()?)
-            } else {
-                self.input_of(&part)?
-            };
-            inputs.push((lid, input));
+            inputs.push((lid, self.input_of(&part)?));
             srcs.push(lid);
         }
         let out =
             local_op(&mut l, ctx, t, &srcs, &needs, &out_state, self.j).map_err(|e| node_err(t, &out_state, e))?;
-        let res = match written {
-            Some(w) if w.len == l.t(out).nbytes() => {
-                self.run_local_parts(&l, &[out], &inputs, Results::None).map_err(|e| node_err(t, &out_state, e))?;
-                self.dev_part(w)
-            }
-            _ => self
-                .run_local_parts(&l, &[out], &inputs, Results::Host)
-                .map_err(|e| node_err(t, &out_state, e))?
-                .remove(0),
-        };
+        let res = self
+            .run_local_parts(&l, &[out], &inputs, self.results())
+            .map_err(|e| node_err(t, &out_state, e))?
+            .remove(0);
         self.set(node, out_state.clone(), res.clone());
         let Some(owner) = t.view_src else { return Ok(None) };
         self.invalidate_views_of(owner, node);

@@ -61,10 +61,7 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
                 return Ok(false);
             }
             args.extend([a.ptr(), dst.ptr()]);
-            args.extend(dst.ne());
-            args.extend(a.ne());
-            args.extend(a.nb());
-            args.extend(dst.nb());
+            args.extend(dst.ne().into_iter().chain(a.ne()).chain(a.nb()).chain(dst.nb()));
             format!("sg_repeat_{sfx}")
         }
         Op::Pad { lp, rp } => {
@@ -72,10 +69,7 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
                 return Ok(false);
             }
             args.extend([a.ptr(), dst.ptr()]);
-            args.extend(dst.ne());
-            args.extend(a.ne());
-            args.extend(a.nb());
-            args.extend(dst.nb());
+            args.extend(dst.ne().into_iter().chain(a.ne()).chain(a.nb()).chain(dst.nb()));
             for k in 0..4 {
                 args.push(KArg::I32(lp[k]));
                 args.push(KArg::I32(rp[k]));

@@ -16,6 +16,19 @@ fn row_grid(cx: &Cx, t: &T) -> [u32; 3] {
     [cx.blocks(t.t.ne[0], B as i64, 1024), cx.blocks(t.nrows(), 1, 65535), 1]
 }
 
+/// The arguments of the binary kernels (broadcasting src1, as ggml's
+/// binary ops): the three pointers, dst's ne, src0's nb, src1's ne and nb,
+/// dst's nb — the order of `binary_t` in `elementwise.cu`.
+fn binary_args(a: &T, b: &T, dst: &T) -> Vec<KArg> {
+    let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
+    args.extend(dst.ne());
+    args.extend(a.nb());
+    args.extend(b.ne());
+    args.extend(b.nb());
+    args.extend(dst.nb());
+    args
+}
+
 fn suffix(ty: GgmlType) -> Option<&'static str> {
     match ty {
         F32 => Some("f32"),
@@ -76,12 +89,7 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
                 _ => "div",
             };
             let name = if pair == "f32_f32" { format!("sg_{base}_f32") } else { format!("sg_{base}_{pair}") };
-            let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
-            args.extend(dst.ne());
-            args.extend(a.nb());
-            args.extend(b.ne());
-            args.extend(b.nb());
-            args.extend(dst.nb());
+            let args = binary_args(a, b, dst);
             cx.launch(&name, row_grid(cx, dst), [B, 1, 1], &args)?;
             Ok(true)
         }
@@ -268,12 +276,7 @@ fn add_quant(cx: &Cx, dst: &T, src: &[T]) -> Result<bool> {
     {
         return Ok(false);
     }
-    let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
-    args.extend(dst.ne());
-    args.extend(a.nb());
-    args.extend(b.ne());
-    args.extend(b.nb());
-    args.extend(dst.nb());
+    let args = binary_args(a, b, dst);
     let grid = [cx.blocks(a.t.ne[0] / 32, B as i64, 1024), cx.blocks(dst.nrows(), 1, 65535), 1];
     cx.launch(name, grid, [B, 1, 1], &args)?;
     Ok(true)
