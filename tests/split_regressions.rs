@@ -324,13 +324,14 @@ fn qwen3_layers_move_exactly_the_megatron_minimum() {
     }
 }
 
-/// The device-side collectives (activations kept in device buffers,
-/// conversions by local packing graphs and buffer-to-buffer copies) give
-/// the host path's bytes and move the same bytes, for every conversion a
-/// qwen3 layer stack plans (all-reduces) and for all-gathers, all-to-alls
-/// and reduce-scatters between split states, on 2 and 3 devices.
+/// The collectives (exchanges between device buffers, packing and sums as
+/// device graph nodes) give one device's bytes and move exactly the plan's
+/// bytes, for every conversion a qwen3 layer stack plans (all-reduces) and
+/// for all-gathers, all-to-alls and reduce-scatters between split states,
+/// on 2 and 3 devices. (Before the compiled runtime this compared a host
+/// path with a device path; there is one data path now.)
 #[test]
-fn device_side_collectives_equal_the_host_path() {
+fn device_side_collectives_equal_one_device() {
     use shardgraph::split::MetaExecutor;
     for n in [2usize, 3] {
         let dm = Dims { e: 96, h: 6, hkv: 3, d: 16, f: 192, t: 3 };
@@ -378,10 +379,14 @@ fn device_side_collectives_equal_the_host_path() {
             })
         };
         let mut reports = Vec::new();
-        for on in [false, true] {
-            let mut exec = MetaExecutor::new(n, 1).unwrap();
-            exec.set_device_data(on);
-            let mut store = SplitStore::new(n);
+        for devices in [1, n] {
+            let plan = if devices == 1 {
+                Planner::default().plan(&ctx, &g, &SplitPolicy::new(&[1.0]).unwrap().rule("*", SplitSpec::Mirrored), &[]).unwrap()
+            } else {
+                plan.clone()
+            };
+            let exec = MetaExecutor::new(devices, 1).unwrap();
+            let mut store = SplitStore::new(devices);
             store.place_leafs(&ctx, &g, &plan).unwrap();
             for &l in g.leafs() {
                 if let Some(b) = data(l) {
@@ -393,17 +398,16 @@ fn device_side_collectives_equal_the_host_path() {
         if std::env::var("SHOW_PLAN").is_ok() {
             eprintln!("{}", plan.report(&ctx));
         }
-        let (host, dev) = (&reports[0], &reports[1]);
+        let (one, dev) = (&reports[0], &reports[1]);
         let f32s =
             |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
-        assert_eq!(host.device_conversions, 0);
         assert!(dev.device_conversions >= 5, "{n} devices: {} device conversions", dev.device_conversions);
-        assert_eq!(dev.bytes_moved, host.bytes_moved, "{n} devices");
-        for (k, (a, b)) in host.outputs.iter().zip(&dev.outputs).enumerate() {
+        assert_eq!((dev.bytes_moved, dev.unplanned_bytes), (plan.total_bytes(), 0), "{n} devices");
+        for (k, (a, b)) in one.outputs.iter().zip(&dev.outputs).enumerate() {
             let (a, b) = (f32s(a), f32s(b));
             let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            // Partial sums of 3 devices add in another order on the device path.
-            assert!(err <= if n == 2 { 0.0 } else { 1e-5 }, "{n} devices, output {k}: max error {err}");
+            // Partial sums add in another order than one device's dot products.
+            assert!(err <= 1e-5, "{n} devices, output {k}: max error {err}");
             assert!(a.iter().any(|&x| x != 0.0), "output {k} is all zeros");
         }
     }

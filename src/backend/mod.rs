@@ -117,6 +117,15 @@ pub trait Backend: Send + Sync {
     /// [`crate::Error::NoStorage`], [`crate::Error::UnsupportedOp`],
     /// [`crate::Error::Compute`].
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()>;
+    /// Runs `f` on this device's own worker, so that the computes `f`
+    /// issues start without a hand-over between threads (the CPU backend
+    /// runs it inside its thread pool); by default on the calling thread.
+    ///
+    /// # Errors
+    /// `f`'s error.
+    fn run_on_device(&self, f: &mut (dyn FnMut() -> Result<()> + Send)) -> Result<()> {
+        f()
+    }
     /// The concrete backend, for backend-specific extensions (the meta
     /// backend finds CUDA devices for NCCL through it); `None` by default.
     fn as_any(&self) -> Option<&dyn Any> {

@@ -145,6 +145,34 @@ impl Context {
         })
     }
 
+    /// A graph over `nodes` in the given order (the caller guarantees every
+    /// source of a node is a leaf or an earlier node): leafs are the
+    /// no-op sources and view owners the nodes reach, `outputs` are kept
+    /// alive by an allocator. For graphs the crate builds itself (the meta
+    /// backend's per-device programs), which are not hashed (hash 0).
+    pub(crate) fn graph_of(&self, nodes: Vec<TensorId>, outputs: Vec<TensorId>) -> Graph {
+        let n = self.len();
+        let mut use_counts = vec![0u32; n];
+        let mut seen = vec![false; n];
+        let mut leafs = Vec::new();
+        for &id in &nodes {
+            let t = self.t(id);
+            for &s in t.src.iter().chain(t.view_src.iter()) {
+                if matches!(self.t(s).op, Op::None) && !seen[s.index()] {
+                    seen[s.index()] = true;
+                    leafs.push(s);
+                }
+            }
+            for s in t.src.iter() {
+                use_counts[s.index()] += 1;
+            }
+        }
+        for &o in &outputs {
+            use_counts[o.index()] += 1;
+        }
+        Graph { ctx_id: self.id(), ctx_generation: self.generation(), nodes, leafs, outputs, use_counts, hash: 0 }
+    }
+
     fn structural_hash(&self, nodes: &[TensorId], leafs: &[TensorId]) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let hash_tensor = |id: TensorId, h: &mut std::collections::hash_map::DefaultHasher| {

@@ -7,12 +7,15 @@
 
 mod attn;
 mod data;
+mod distributed;
 mod elementwise;
 mod matmul;
 mod norm;
 mod reduce;
 mod rope;
 mod ssm;
+
+pub use distributed::RowReduce;
 
 /// Unary element-wise functions (`enum ggml_unary_op`, subset).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -291,6 +294,39 @@ pub enum Op {
         /// Fill value.
         c: f32,
     },
+    /// Meta backend only (`distributed.rs`): the tensor a collective fills
+    /// between two local graphs; its sources are what the collective reads.
+    /// No kernel computes it.
+    Exchange,
+    /// Meta backend only: per-row statistics of this device's part of rows
+    /// split across devices (src0 x, src1 an optional soft_max mask).
+    RowStats {
+        /// The row op.
+        reduce: RowReduce,
+        /// Global positions along the row the part holds, in its order.
+        ranges: Vec<(i64, i64)>,
+    },
+    /// Meta backend only: a distributed row op finished from the gathered
+    /// statistics (src0 stats `[words, rows, N]`, src1 x and src2 mask for
+    /// norms and soft_max).
+    RowFinish {
+        /// The row op.
+        reduce: RowReduce,
+        /// Each device's part length along the row.
+        lens: Vec<i64>,
+    },
+    /// Meta backend only: the element-wise sum of its sources (the addends
+    /// of a partial sum; one type and shape; integers exactly, floats
+    /// accumulated in f32 and rounded once).
+    AddN,
+    /// Meta backend only: `get_rows` from a table holding the global rows
+    /// `ranges` of `n_rows` (others give zero rows).
+    GetRowsPart {
+        /// Global rows the local table holds, in order.
+        ranges: Vec<(i64, i64)>,
+        /// Rows of the whole table (ids must lie below).
+        n_rows: i64,
+    },
 }
 
 impl Op {
@@ -339,6 +375,11 @@ impl Op {
             Op::Repeat => "repeat",
             Op::Pad { .. } => "pad",
             Op::Fill { .. } => "fill",
+            Op::Exchange => "exchange",
+            Op::RowStats { .. } => "row_stats",
+            Op::RowFinish { .. } => "row_finish",
+            Op::GetRowsPart { .. } => "get_rows_part",
+            Op::AddN => "add_n",
         }
     }
 

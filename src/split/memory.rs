@@ -2,15 +2,12 @@
 //! llama.cpp cannot tell for `--split-mode tensor`: "llama_params_fit is not
 //! implemented for SPLIT_MODE_TENSOR").
 
+use super::compile::Program;
 use super::cost::part;
-use super::exec::{build_subgraph, exports};
-use super::lower::{lower, Step};
 use super::planner::Plan;
 use super::state::SplitState;
 use crate::backend::BufferType;
-use crate::backend::TensorStorage;
 use crate::error::Result;
-use crate::graph::alloc::GraphAllocator;
 use crate::graph::{Context, Graph};
 use crate::ops::Op;
 
@@ -24,11 +21,11 @@ pub struct DeviceMemory {
     pub caches: u64,
     /// Graph inputs (`set_input` leafs: tokens, positions, masks), bytes.
     pub inputs: u64,
-    /// The largest per-device subgraph's allocator peak (its intermediates,
-    /// results and inputs from earlier steps, as [`GraphAllocator::measure`]
-    /// plans them with 64-byte alignment; leafs read in place are counted
-    /// above), plus scratch leafs only a copy writes and reads (`cast`
-    /// destinations), bytes.
+    /// The compiled program's intermediates (every local tensor that is not
+    /// a stored part: activations, exchange buffers, row statistics), as the
+    /// graph allocator ([`crate::graph::alloc::GraphAllocator::measure`])
+    /// places them with 64-byte alignment, plus scratch leafs only a copy
+    /// writes and reads (`cast` destinations), bytes.
     pub compute: u64,
 }
 
@@ -41,8 +38,8 @@ impl DeviceMemory {
 
 impl Plan {
     /// Per-device memory of this plan for `graph` of `ctx`: weights, caches
-    /// and inputs from the leafs' states, and the compute peak from the
-    /// lowered per-device subgraphs.
+    /// and inputs from the leafs' states, and the compute peak of the
+    /// compiled per-device program (what an executor's arena holds).
     ///
     /// # Errors
     /// [`crate::Error::Split`] if the plan is for another graph; allocator
@@ -85,30 +82,10 @@ impl Plan {
                 }
             }
         }
-        let lowered = lower(ctx, graph, self)?;
-        let ex = exports(ctx, &lowered, graph.outputs());
         let bt = BufferType { name: "plan".into(), alignment: 64, max_size: usize::MAX };
-        for (j, m) in out.iter_mut().enumerate() {
-            let mut peak = 0u64;
-            for step in &lowered.steps {
-                let Step::Compute(nodes) = step else { continue };
-                let sg = build_subgraph(ctx, self, nodes, &ex, j)?;
-                if sg.outs.is_empty() {
-                    continue;
-                }
-                let ids: Vec<_> = sg.outs.iter().map(|o| o.1).collect();
-                let g = sg.l.build_forward(&ids)?;
-                let stats = GraphAllocator::new(bt.clone()).measure(&sg.l, &g, &TensorStorage::new())?;
-                // Leafs read in place (weights, caches, inputs) are counted above.
-                let held: u64 = sg
-                    .inputs
-                    .iter()
-                    .filter(|(gid, st, _)| graph.leafs().contains(gid) && self.state(*gid) == Some(st))
-                    .map(|(_, _, lid)| (sg.l.t(*lid).nbytes() as u64).div_ceil(64) * 64)
-                    .sum();
-                peak = peak.max((stats.peak_bytes as u64).saturating_sub(held));
-            }
-            m.compute += peak;
+        let program = Program::compile(ctx, graph, self, graph.outputs(), &vec![bt; n])?;
+        for (m, c) in out.iter_mut().zip(program.compute_bytes()) {
+            m.compute += c;
         }
         Ok(out)
     }

@@ -19,15 +19,19 @@
 //!   plain copies, and host access to split tensors).
 //!
 //! * [`lower`] turns a plan into [`Step`]s: per-device subgraphs separated
-//!   by collectives; [`MetaExecutor`] runs them on N CPU devices, a thread
-//!   per device, with collectives through a [`Comm`] ([`HostComm`], the
-//!   generic fallback over copies), and counts the bytes moved.
+//!   by collectives; `compile` turns the steps into a program, one local
+//!   graph per device in which collectives are exchanges between stages and
+//!   row combines, packing and sums are device nodes; [`MetaExecutor`]
+//!   keeps the program and replays it on N devices of any backend, a
+//!   thread per device, with exchanges through a [`Comm`] ([`HostComm`]:
+//!   copies between device buffers; NCCL across GPUs), writing caches in
+//!   place, and counts the bytes moved, allocated and read ([`ExecCounters`]).
 //! * [`SplitStore`] keeps split tensors on the devices between runs, with
 //!   host `set_tensor`/`get_tensor` in single-device bytes.
 
 mod comm;
+mod compile;
 mod cost;
-mod devcomm;
 mod exec;
 mod layout;
 mod lower;
@@ -40,7 +44,7 @@ mod store;
 
 pub use comm::{BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
-pub use exec::{MetaExecutor, RunReport};
+pub use exec::{ExecCounters, MetaExecutor, RunReport};
 pub use layout::{assemble, local_ne, slice_local};
 pub use lower::{lower, Lowered, Step};
 pub use memory::DeviceMemory;

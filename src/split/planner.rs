@@ -46,7 +46,12 @@ pub struct Plan {
     pub input_states: Vec<Option<Vec<SplitState>>>,
     /// The graph's structural hash.
     pub graph_hash: u64,
+    /// Process-unique: what executors key the program compiled from this
+    /// plan by (a plan is not changed after planning; a clone keeps it).
+    pub(crate) id: u64,
 }
+
+static NEXT_PLAN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Plan {
     /// The states `node` reads its sources in (aligned with its `src` list).
@@ -395,7 +400,8 @@ impl Planner {
         if let Some(i) = states.iter().position(|s| *s == Some(SplitState::Unknown)) {
             return Err(Error::Split { detail: format!("tensor #{i} has no state after planning") });
         }
-        Ok(Plan { n_devices: n, states, repartitions, input_states, graph_hash: graph.hash() })
+        let id = NEXT_PLAN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Plan { n_devices: n, states, repartitions, input_states, graph_hash: graph.hash(), id })
     }
 }
 

@@ -16,12 +16,15 @@ use crate::tensor::{contiguous_strides, TensorId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// A device's local part of a tensor: host bytes, or a slice of a buffer of
-/// device `device` (an executor device's process-unique id) read to the
-/// host the first time host code needs it. Parts are never changed in place
-/// (a write makes a new part), so stores and executors share them freely.
+/// A device's local part of a tensor: host bytes, zeros not yet allocated,
+/// or a slice of a buffer of device `device` (an executor device's
+/// process-unique id). A device part is read to the host the first time
+/// host code needs it and the copy kept until the part changes: runs write
+/// into device parts in place, and the store then replaces the part's
+/// handle (same buffer, no copy), so readers never see a stale copy.
 #[derive(Debug)]
 pub(crate) struct Part {
+    len: usize,
     host: std::sync::OnceLock<Arc<Vec<u8>>>,
     dev: Option<(u64, BufSlice)>,
 }
@@ -29,12 +32,26 @@ pub(crate) struct Part {
 impl Part {
     /// A part held in host memory.
     pub(crate) fn host(bytes: Arc<Vec<u8>>) -> Arc<Part> {
-        Arc::new(Part { host: std::sync::OnceLock::from(bytes), dev: None })
+        Arc::new(Part { len: bytes.len(), host: std::sync::OnceLock::from(bytes), dev: None })
+    }
+
+    /// A zero-filled part of `len` bytes, allocated where it is first used
+    /// (a device buffer starts zero-filled; the host allocates on a read).
+    pub(crate) fn zeros(len: usize) -> Arc<Part> {
+        Arc::new(Part { len, host: std::sync::OnceLock::new(), dev: None })
     }
 
     /// A part held in a buffer of device `device`.
     pub(crate) fn device(device: u64, slice: BufSlice) -> Arc<Part> {
-        Arc::new(Part { host: std::sync::OnceLock::new(), dev: Some((device, slice)) })
+        Arc::new(Part { len: slice.len, host: std::sync::OnceLock::new(), dev: Some((device, slice)) })
+    }
+
+    /// The same device slice with no host copy (after the device wrote it).
+    pub(crate) fn refreshed(&self) -> Arc<Part> {
+        match &self.dev {
+            Some((d, s)) => Part::device(*d, s.clone()),
+            None => Arc::new(Part { len: self.len, host: self.host.clone(), dev: None }),
+        }
     }
 
     /// The device slice, if the part lives on device `device`.
@@ -47,13 +64,14 @@ impl Part {
         self.dev.as_ref().map(|d| d.0)
     }
 
+    /// True for a zero-filled part not allocated anywhere yet.
+    pub(crate) fn is_lazy_zeros(&self) -> bool {
+        self.dev.is_none() && self.host.get().is_none()
+    }
+
     /// Length in bytes.
     pub(crate) fn len(&self) -> usize {
-        match (&self.dev, self.host.get()) {
-            (Some((_, s)), _) => s.len,
-            (None, Some(b)) => b.len(),
-            (None, None) => 0,
-        }
+        self.len
     }
 
     /// The part's bytes in host memory (copied from the device once).
@@ -71,21 +89,23 @@ impl Part {
     /// As [`Part::bytes`].
     pub(crate) fn host_slice(&self) -> Result<&[u8]> {
         if self.host.get().is_none() {
-            let (_, s) = self.dev.as_ref().ok_or_else(|| Error::Split { detail: "a part with no data".into() })?;
-            let mut v = vec![0u8; s.len];
-            s.buf.get(s.offset, &mut v)?;
+            let mut v = vec![0u8; self.len];
+            if let Some((_, s)) = &self.dev {
+                s.buf.get(s.offset, &mut v)?;
+            }
             let _ = self.host.set(Arc::new(v));
         }
         self.host.get().map(|b| b.as_slice()).ok_or_else(|| Error::Split { detail: "a part with no data".into() })
     }
 
-    /// The bytes of `*part` to change in host memory: the part becomes a
-    /// host part of its own (the device copy, and any sharer, keep the old bytes).
+    /// The bytes of `*part` to change in host memory: a host part of its
+    /// own (shared bytes are copied first). Device parts are written with
+    /// [`Part::write`] instead.
     ///
     /// # Errors
     /// As [`Part::bytes`].
     pub(crate) fn host_mut(part: &mut Arc<Part>) -> Result<&mut Vec<u8>> {
-        if part.dev.is_some() || Arc::get_mut(part).is_none() {
+        if part.dev.is_some() || Arc::get_mut(part).is_none() || part.host.get().is_none() {
             *part = Part::host(part.bytes()?);
         }
         let p = Arc::get_mut(part).ok_or_else(|| Error::Split { detail: "a shared part".into() })?;
@@ -102,33 +122,74 @@ pub(crate) struct Stored {
     /// Type and shape placed (a tensor id reused after `Context::truncate`
     /// with another shape is placed again).
     pub layout: Option<(crate::tensor::GgmlType, [i64; 4])>,
-    /// Changes with every write: device-resident copies are keyed by it.
-    pub version: u64,
 }
 
-static NEXT_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// A fresh version number for stored data.
-pub(crate) fn next_version() -> u64 {
-    NEXT_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
+static NEXT_STORE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Per-device storage of non-view tensors over `n` devices.
-#[derive(Clone, Debug, Default)]
+///
+/// Parts start in host memory (zero-filled ones are not allocated until
+/// used); the first run of an executor moves every part it reads into its
+/// devices' buffers, where later runs read and write them in place (a KV
+/// cache written by `set_rows` is written where it lives, cell by cell).
+/// [`SplitStore::set_tensor`] and [`SplitStore::get_tensor`] reach the parts
+/// wherever they are. A clone is a snapshot: it copies device parts to host
+/// memory (and they move to a device again when a run uses the clone).
+#[derive(Debug, Default)]
 pub struct SplitStore {
     n: usize,
     map: HashMap<TensorId, Stored>,
+    /// Process-unique (a clone gets its own).
+    id: u64,
+    /// Changes whenever a part is replaced by other memory (placement,
+    /// `set_locals`, a move to a device), never for writes in place: what
+    /// an executor bound to the parts stays valid while it is unchanged.
+    generation: u64,
+}
+
+impl Clone for SplitStore {
+    fn clone(&self) -> Self {
+        let snapshot = |p: &Arc<Part>| -> Arc<Part> {
+            if p.device_id().is_none() {
+                return p.clone();
+            }
+            match p.bytes() {
+                Ok(b) => Part::host(b),
+                Err(e) => {
+                    log::error!("copying a device part for a store snapshot: {e}");
+                    Part::zeros(p.len())
+                }
+            }
+        };
+        let map = self
+            .map
+            .iter()
+            .map(|(k, v)| (*k, Stored { locals: v.locals.iter().map(snapshot).collect(), ..v.clone() }))
+            .collect();
+        SplitStore { n: self.n, map, id: NEXT_STORE.fetch_add(1, std::sync::atomic::Ordering::Relaxed), generation: 0 }
+    }
 }
 
 impl SplitStore {
     /// Empty storage for `n_devices` devices.
     pub fn new(n_devices: usize) -> Self {
-        SplitStore { n: n_devices, map: HashMap::new() }
+        SplitStore {
+            n: n_devices,
+            map: HashMap::new(),
+            id: NEXT_STORE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            generation: 0,
+        }
     }
 
     /// Number of devices.
     pub fn n_devices(&self) -> usize {
         self.n
+    }
+
+    /// (process-unique id, generation): equal as long as no part was
+    /// replaced by other memory.
+    pub(crate) fn binding_key(&self) -> (u64, u64) {
+        (self.id, self.generation)
     }
 
     /// Allocates tensor `id` (not a view) in `state`, zero-filled: device
@@ -169,10 +230,10 @@ impl SplitStore {
                     return Err(bad(format!("{} rows split off {}-element blocks", t.ty, t.ty.block_size())));
                 }
             }
-            locals.push(Part::host(Arc::new(vec![0u8; box_bytes(t.ty, &b)])));
+            locals.push(Part::zeros(box_bytes(t.ty, &b)));
         }
-        self.map
-            .insert(id, Stored { state: state.clone(), locals, layout: Some((t.ty, t.ne)), version: next_version() });
+        self.map.insert(id, Stored { state: state.clone(), locals, layout: Some((t.ty, t.ne)) });
+        self.generation += 1;
         Ok(())
     }
 
@@ -231,7 +292,6 @@ impl SplitStore {
         }
         if let Some(e) = self.map.get_mut(&id) {
             e.locals = locals.into_iter().map(|l| Part::host(Arc::new(l))).collect();
-            e.version = next_version();
         }
         Ok(())
     }
@@ -262,9 +322,8 @@ impl SplitStore {
     }
 
     /// Bytes of each device's stored parts that live in device buffers:
-    /// parts a run wrote there (KV and recurrent caches on GPUs), used in
-    /// place by the next run on the same devices. (A part the host has read
-    /// also keeps a host copy until it is written again.)
+    /// parts a run moved there (weights, KV and recurrent caches), used in
+    /// place by the next run on the same devices.
     pub fn device_bytes(&self) -> Vec<u64> {
         let mut out = vec![0u64; self.n];
         for e in self.map.values() {
@@ -281,18 +340,42 @@ impl SplitStore {
         self.map.get(&id)
     }
 
+    /// Replaces tensor `id`'s state and parts (other memory: the generation changes).
     pub(crate) fn put_stored(&mut self, id: TensorId, s: Stored) {
         self.map.insert(id, s);
+        self.generation += 1;
+    }
+
+    /// Replaces device `j`'s part of `id` (other memory: the generation changes).
+    pub(crate) fn put_part(&mut self, id: TensorId, j: usize, part: Arc<Part>) {
+        if let Some(p) = self.map.get_mut(&id).and_then(|e| e.locals.get_mut(j)) {
+            *p = part;
+            self.generation += 1;
+        }
+    }
+
+    /// Forgets the host copies of `ids`' device parts (a run wrote them in place).
+    pub(crate) fn device_wrote(&mut self, ids: &[TensorId]) {
+        for id in ids {
+            if let Some(e) = self.map.get_mut(id) {
+                for p in &mut e.locals {
+                    if p.device_id().is_some() {
+                        *p = p.refreshed();
+                    }
+                }
+            }
+        }
     }
 
     /// Writes `data` at byte `offset` of tensor `id`'s single-device memory
     /// (for a view: of its owner's memory, from the view's offset), into
-    /// every device part that holds those bytes. For a partial tensor device
-    /// 0 receives the values and the others zeros, so the sum is `data`.
+    /// every device part that holds those bytes, where the part lives (a
+    /// device buffer is written in place). For a partial tensor device 0
+    /// receives the values and the others zeros, so the sum is `data`.
     ///
     /// # Errors
     /// [`Error::Split`] if the owner is not placed, the range leaves the
-    /// tensor, or a partial range is not element-aligned.
+    /// tensor, or a partial range is not element-aligned; device copy errors.
     pub fn set_tensor(&mut self, ctx: &Context, id: TensorId, offset: usize, data: &[u8]) -> Result<()> {
         let (owner, start) = self.resolve(ctx, id, offset, data.len())?;
         let t = ctx.t(owner).clone();
@@ -302,17 +385,59 @@ impl SplitStore {
             return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
         }
         let state = e.state.clone();
-        e.version = next_version();
-        let mut parts: Vec<&mut Vec<u8>> = e.locals.iter_mut().map(Part::host_mut).collect::<Result<_>>()?;
-        for_each_run(&t, &state, parts.len(), start, data.len(), &mut |j, local, src| {
-            let d = parts[j].get_mut(local..local + src.len()).ok_or_else(|| oob(&t.name))?;
+        if start == 0 && data.len() == t.nbytes() && data.len() == t.data_bytes() {
+            // The whole tensor: each part is written whole, where it lives.
+            for (j, p) in e.locals.iter_mut().enumerate() {
+                let bytes = super::layout::slice_local(t.ty, t.ne, data, &state, j)?;
+                *p = match &p.dev {
+                    Some((d, s)) => {
+                        s.buf.set(s.offset, &bytes)?;
+                        Arc::new(Part { len: s.len, host: std::sync::OnceLock::from(Arc::new(bytes)), dev: Some((*d, s.clone())) })
+                    }
+                    None => Part::host(Arc::new(bytes)),
+                };
+            }
+            return Ok(());
+        }
+        // A byte range: device parts are patched in a host copy and the
+        // changed span written back; host parts in place.
+        let n = e.locals.len();
+        let mut copies: Vec<Option<Vec<u8>>> = vec![None; n];
+        let mut spans: Vec<Option<(usize, usize)>> = vec![None; n];
+        let locals = &mut e.locals;
+        for_each_run(&t, &state, n, start, data.len(), &mut |j, local, src| {
+            if locals[j].dev.is_some() {
+                if copies[j].is_none() {
+                    copies[j] = Some(locals[j].bytes()?.to_vec());
+                }
+            } else if copies[j].is_none() {
+                copies[j] = Some(std::mem::take(Part::host_mut(&mut locals[j])?));
+            }
+            let c = copies[j].as_mut().ok_or_else(|| oob(&t.name))?;
+            let d = c.get_mut(local..local + src.len()).ok_or_else(|| oob(&t.name))?;
             if partial && j > 0 {
                 d.fill(0);
             } else {
-                d.copy_from_slice(&data[src]);
+                d.copy_from_slice(&data[src.clone()]);
             }
+            let s = spans[j].get_or_insert((local, local + src.len()));
+            *s = (s.0.min(local), s.1.max(local + src.len()));
             Ok(())
-        })
+        })?;
+        for (j, c) in copies.into_iter().enumerate() {
+            let Some(c) = c else { continue };
+            let p = &mut locals[j];
+            *p = match &p.dev {
+                Some((d, s)) => {
+                    if let Some((lo, hi)) = spans[j] {
+                        s.buf.set(s.offset + lo, &c[lo..hi])?;
+                    }
+                    Arc::new(Part { len: s.len, host: std::sync::OnceLock::from(Arc::new(c)), dev: Some((*d, s.clone())) })
+                }
+                None => Part::host(Arc::new(c)),
+            };
+        }
+        Ok(())
     }
 
     /// Reads `out.len()` bytes at byte `offset` of tensor `id`'s

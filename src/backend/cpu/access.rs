@@ -168,6 +168,16 @@ impl TView {
         }
     }
 
+    /// Writes an I64 element (exact; other types take it as [`Self::set_i32`] does).
+    #[inline]
+    pub fn set_i64(&self, i0: usize, i1: usize, i2: usize, i3: usize, v: i64) {
+        let o = self.offset(i0, i1, i2, i3);
+        match self.ty {
+            GgmlType::I64 => self.write(o, v),
+            _ => self.write(o, v as i32),
+        }
+    }
+
     /// Writes an I32 element (argmax/top_k/argsort results).
     #[inline]
     pub fn set_i32(&self, i0: usize, i1: usize, i2: usize, i3: usize, v: i32) {

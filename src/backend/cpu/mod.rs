@@ -144,6 +144,10 @@ impl Backend for CpuBackend {
         ctx.tensor(id).map(|t| kernels::supports(ctx, t)).unwrap_or(false)
     }
 
+    fn run_on_device(&self, f: &mut (dyn FnMut() -> Result<()> + Send)) -> Result<()> {
+        self.pool.install(f)
+    }
+
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
         if !graph.built_from(ctx) {
             return Err(Error::ForeignTensor {

@@ -1,17 +1,17 @@
 //! NCCL as the meta backend's communicator for CUDA devices on distinct
-//! GPUs: device messages ([`Comm::exchange_buffers`]) move by grouped
+//! GPUs: an exchange ([`Comm::exchange`]) is one group of
 //! `ncclSend`/`ncclRecv` on each device's stream, so a collective is queued
 //! behind the kernels that produced its input and before the ones that
 //! read its output, with no host synchronisation. The collectives
-//! themselves (all-reduce, reduce-scatter, all-gather, all-to-all) are the
-//! meta backend's device-side algorithms over these messages, so the bytes
-//! a run moves stay the bytes its plan charges. Host messages (a few values
-//! per row for distributed row ops) go through a [`HostComm`].
+//! themselves (all-reduce, reduce-scatter, all-gather, all-to-all, the
+//! statistics of distributed row ops) are compiled into exchanges and
+//! device graph nodes by the meta backend, so the bytes a run moves stay
+//! the bytes its plan charges.
 //!
 //! NCCL (`libnccl.so.2`) is loaded at run time through the handful of
 //! entry points used here; without it, or for virtual devices on one GPU
 //! (NCCL refuses two ranks on one GPU), [`NcclComm::new`] is an error and
-//! the meta backend keeps [`HostComm`]'s stream-ordered device-to-device
+//! the meta backend keeps [`crate::split::HostComm`]'s stream-ordered device-to-device
 //! copies.
 //!
 //! Status: compiled, not yet run (the machines this was written on have no
@@ -19,11 +19,10 @@
 
 use super::driver::DriverGpu;
 use super::{CudaBackend, CudaBuffer};
-use crate::backend::Buffer;
 use crate::error::{Error, Result};
-use crate::split::{BufSlice, Comm, HostComm};
+use crate::split::{BufSlice, Comm};
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 type RawComm = *mut c_void;
@@ -97,9 +96,8 @@ pub struct NcclComm {
     ranks: Vec<Mutex<Rank>>,
     gpus: Vec<Arc<dyn super::api::Gpu>>,
     names: Vec<String>,
-    /// Host messages (counted), and the size handshake of device messages (not counted).
-    host: HostComm,
-    sizes: HostComm,
+    /// Set by a failed exchange (every later one fails).
+    aborted: AtomicBool,
     received: Vec<AtomicU64>,
 }
 
@@ -146,8 +144,7 @@ impl NcclComm {
             ranks: raw.into_iter().map(|c| Mutex::new(Rank(c))).collect(),
             gpus: devices.iter().map(|d| d.gpu.clone()).collect(),
             names: devices.iter().map(|d| d.name.clone()).collect(),
-            host: HostComm::new(n),
-            sizes: HostComm::new(n),
+            aborted: AtomicBool::new(false),
             received: (0..n).map(|_| AtomicU64::new(0)).collect(),
         })
     }
@@ -194,68 +191,39 @@ impl Comm for NcclComm {
         self.ranks.len()
     }
 
-    fn ring_shift(&self, rank: usize, data: Vec<u8>) -> Result<Vec<u8>> {
-        self.host.ring_shift(rank, data)
-    }
-
-    fn exchange(&self, rank: usize, send: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
-        self.host.exchange(rank, send)
-    }
-
     fn abort(&self) {
-        self.host.abort();
-        self.sizes.abort();
+        self.aborted.store(true, Ordering::Release);
     }
 
     fn is_aborted(&self) -> bool {
-        self.host.is_aborted() || self.sizes.is_aborted()
+        self.aborted.load(Ordering::Acquire)
     }
 
     fn bytes_received(&self) -> Vec<u64> {
-        self.host.bytes_received().iter().zip(&self.received).map(|(h, d)| h + d.load(Ordering::Relaxed)).collect()
+        self.received.iter().map(|d| d.load(Ordering::Relaxed)).collect()
     }
 
-    fn moves_buffers(&self) -> bool {
-        true
-    }
-
-    /// Sizes first (a host handshake, not counted), then one NCCL group of
-    /// every send and receive of this rank, queued on its device's stream.
-    fn exchange_buffers(
-        &self,
-        rank: usize,
-        send: Vec<Option<BufSlice>>,
-        alloc: &dyn Fn(usize) -> Result<Arc<dyn Buffer>>,
-    ) -> Result<Vec<Option<BufSlice>>> {
+    /// One NCCL group of every send and receive of this rank, queued on
+    /// its device's stream (sizes are known on both sides: no handshake).
+    fn exchange(&self, rank: usize, send: &[Option<BufSlice>], recv: &[Option<BufSlice>]) -> Result<()> {
         let n = self.n_ranks();
-        if send.len() != n || rank >= n {
+        if send.len() != n || recv.len() != n || rank >= n {
             self.abort();
             return Err(Error::Split { detail: format!("exchange from rank {rank} with {} messages", send.len()) });
         }
-        let sizes: Vec<Vec<u8>> = send
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let len = if i == rank { 0 } else { m.as_ref().map_or(0, |m| m.len) };
-                (len as u64).to_le_bytes().to_vec()
-            })
-            .collect();
-        let incoming = self.sizes.exchange(rank, sizes)?;
-        let mut out: Vec<Option<BufSlice>> = vec![None; n];
-        let mut posts = Vec::new();
-        for (src, b) in incoming.iter().enumerate() {
-            let len = b.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes) as usize;
-            if src != rank && len > 0 {
-                let s = BufSlice { buf: alloc(len)?, offset: 0, len };
-                posts.push((false, src, self.ptr(rank, &s)?, len));
-                out[src] = Some(s);
-            }
+        if self.is_aborted() {
+            return Err(Error::Split { detail: "another device failed during a collective".into() });
         }
-        for (dst, m) in send.iter().enumerate() {
-            if let (Some(m), true) = (m, dst != rank) {
-                if m.len > 0 {
-                    posts.push((true, dst, self.ptr(rank, m)?, m.len));
-                }
+        let mut posts = Vec::new();
+        for (peer, (s, r)) in send.iter().zip(recv).enumerate() {
+            if peer == rank {
+                continue;
+            }
+            if let Some(r) = r.as_ref().filter(|r| r.len > 0) {
+                posts.push((false, peer, self.ptr(rank, r)?, r.len));
+            }
+            if let Some(s) = s.as_ref().filter(|s| s.len > 0) {
+                posts.push((true, peer, self.ptr(rank, s)?, s.len));
             }
         }
         let gpu = self.gpus[rank]
@@ -267,9 +235,8 @@ impl Comm for NcclComm {
         let comm = self.ranks[rank].lock().map_err(|_| Error::Split { detail: "NCCL rank poisoned".into() })?;
         let what = format!("{}: NCCL send/recv", self.names[rank]);
         // SAFETY: a group of point-to-point calls; every pointer lies in a
-        // live buffer of this rank's device (checked by `ptr`) kept alive
-        // by `send` and `out` until the calls are queued, and freed later
-        // on the same stream.
+        // live buffer of this rank's device (checked by `ptr`), kept alive by
+        // the compiled program that owns the slices until its run ends.
         let r = (|| unsafe {
             check(self.lib, &what, (self.lib.group_start)())?;
             for &(is_send, peer, p, len) in &posts {
@@ -286,8 +253,8 @@ impl Comm for NcclComm {
             self.abort();
         }
         r?;
-        let got: u64 = out.iter().flatten().map(|s| s.len as u64).sum();
+        let got: u64 = recv.iter().enumerate().filter(|(i, _)| *i != rank).filter_map(|(_, s)| s.as_ref()).map(|s| s.len as u64).sum();
         self.received[rank].fetch_add(got, Ordering::Relaxed);
-        Ok(out)
+        Ok(())
     }
 }

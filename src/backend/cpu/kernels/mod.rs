@@ -5,6 +5,7 @@
 
 pub(crate) mod attn;
 pub(crate) mod data;
+pub(crate) mod distributed;
 pub(crate) mod elementwise;
 pub(crate) mod matmul;
 pub(crate) mod norm;
@@ -45,6 +46,11 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
             data::compute(op, dst, src)
         }
         Op::SsmConv | Op::GatedDeltaNet { .. } => ssm::compute(op, dst, src),
+        Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => {
+            distributed::compute(op, dst, src)
+        }
+        // The executor fills it between local graphs; a backend never runs it.
+        Op::Exchange => Err(unsupported(op, dst, src)),
     }
 }
 
