@@ -231,16 +231,17 @@ impl MetaExecutor {
         self.comm.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
-    /// Kept for compatibility: every device now keeps its parts and
-    /// activations in its own buffers and exchanges move them buffer to
-    /// buffer, whatever this is set to.
+    /// Kept for compatibility: every device keeps its parts and activations
+    /// in its own buffers and exchanges move them buffer to buffer, whatever
+    /// this is set to (there is one data path).
     pub fn set_device_data(&mut self, on: bool) {
         let _ = on;
     }
 
-    /// Always true (see [`MetaExecutor::set_device_data`]).
+    /// True when every device is a GPU, so parts and activations live in
+    /// device memory (CPU devices' buffers are host memory).
     pub fn device_data(&self) -> bool {
-        true
+        self.devices.iter().all(|d| d.device().kind == crate::backend::DeviceKind::Gpu)
     }
 
     /// The devices, in rank order.

@@ -417,6 +417,11 @@ impl GgmlCtx<'_> {
                     c, s[0], lp[0], rp[0], lp[1], rp[1], lp[2], rp[2], lp[3], rp[3],
                 ),
                 Op::Fill { c: v } => g.sym::<unsafe extern "C" fn(P, P, f32) -> P>("ggml_fill")(c, s[0], *v),
+                // The meta backend's own ops have no ggml counterpart (no public
+                // constructor makes them, so no case reaches here).
+                Op::Exchange | Op::RowStats { .. } | Op::RowFinish { .. } | Op::AddN | Op::GetRowsPart { .. } => {
+                    panic!("{} has no ggml counterpart", t.op.name())
+                }
             }
         }
     }
