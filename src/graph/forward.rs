@@ -59,8 +59,8 @@ impl Graph {
     }
 
     /// Structural hash: ops, parameters, types, shapes, strides, view
-    /// offsets and wiring; equal for two graphs built the same way (the key
-    /// for cached plans and allocations).
+    /// offsets, wiring and leaf names; equal for two graphs built the same
+    /// way (the key for cached plans and allocations).
     pub fn hash(&self) -> u64 {
         self.hash
     }
@@ -181,13 +181,18 @@ impl Context {
             t.ty.hash(h);
             t.ne.hash(h);
             t.nb.hash(h);
-            format!("{:?}", t.op).hash(h);
-            t.src.iter().map(|s| s.index()).collect::<Vec<_>>().hash(h);
+            t.op.hash_into(h);
+            t.src.len().hash(h);
+            for s in &t.src {
+                s.index().hash(h);
+            }
             t.view_src.map(|s| s.index()).hash(h);
             t.view_offs.hash(h);
         };
         for &l in leafs {
             hash_tensor(l, &mut h);
+            // Split policies pick leaf states by name.
+            self.t(l).name.hash(&mut h);
         }
         for &n in nodes {
             hash_tensor(n, &mut h);

@@ -281,7 +281,8 @@ impl DflashHparams {
         Ok(())
     }
 
-    fn shape(&self, kv_type: GgmlType, kv_size: i64) -> LayerShape {
+    /// The layers' shape with a cache of `kv_size` cells, attention over the first `n_kv`.
+    fn shape(&self, kv_type: GgmlType, kv_size: i64, n_kv: i64) -> LayerShape {
         LayerShape {
             head_dim: self.head_dim,
             n_head: self.n_head,
@@ -295,6 +296,7 @@ impl DflashHparams {
             },
             kv_type,
             kv_size,
+            n_kv,
         }
     }
 }
@@ -347,7 +349,7 @@ pub struct BlockStep {
     pub tokens: TensorId,
     /// `inp_pos` I32 `[B]`.
     pub pos: TensorId,
-    /// `kq_mask` F16 `[kv_size, B]`.
+    /// `kq_mask` F16 `[n_kv, B]`.
     pub mask: TensorId,
     /// `k_idxs` I64 `[B]`.
     pub kv_idxs: TensorId,
@@ -430,7 +432,7 @@ impl Dflash {
         let fc = named(ctx, w, &[x, e], "dft.fc.weight")?;
         let enc_norm = named(ctx, GgmlType::F32, &[e], "dft.enc.output_norm.weight")?;
         let output_norm = named(ctx, GgmlType::F32, &[e], "dft.output_norm.weight")?;
-        let shape = hp.shape(kv_type, kv_size);
+        let shape = hp.shape(kv_type, kv_size, kv_size);
         let layers = (0..hp.n_layer)
             .map(|il| new_layer(ctx, "dft.", il, (e, f), &shape, (w, w, w, w)))
             .collect::<Result<Vec<_>>>()?;
@@ -496,7 +498,7 @@ impl Dflash {
         let g = ctx.mul(g, self.enc_norm)?;
         let mut writes = Vec::new();
         for w in &self.layers {
-            let (wk, wv) = write_kv(ctx, w, g, pos, kv_idxs, n_tokens, &self.hp.shape(self.kv_type, self.kv_size))?;
+            let (wk, wv) = write_kv(ctx, w, g, pos, kv_idxs, n_tokens, &self.hp.shape(self.kv_type, self.kv_size, self.kv_size))?;
             writes.push(wk);
             writes.push(wv);
         }
@@ -511,17 +513,31 @@ impl Dflash {
     /// # Errors
     /// [`Error::Model`] for `block < 1`; constructor errors.
     pub fn build_block(&self, ctx: &mut Context, block: i64) -> Result<BlockStep> {
+        self.build_block_window(ctx, block, self.kv_size)
+    }
+
+    /// [`Dflash::build_block`] with attention over the first `n_kv` cells of
+    /// the drafter's cache (the used window, [`super::kv_window`]) and a
+    /// mask `[n_kv, B]`.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for `block < 1` or `n_kv` outside `1..=kv_size`;
+    /// constructor errors.
+    pub fn build_block_window(&self, ctx: &mut Context, block: i64, n_kv: i64) -> Result<BlockStep> {
         let hp = &self.hp;
         if block < 1 {
             return Err(Error::Model { detail: "dflash: a block needs ≥ 1 row".into() });
         }
+        if n_kv < 1 || n_kv > self.kv_size {
+            return Err(Error::Model { detail: format!("dflash: a window of {n_kv} cells in a cache of {}", self.kv_size) });
+        }
         let tokens = input(ctx, GgmlType::I32, &[block], "dft.tokens")?;
         let pos = input(ctx, GgmlType::I32, &[block], "dft.block_pos")?;
-        let mask = input(ctx, GgmlType::F16, &[self.kv_size, block], "dft.kq_mask")?;
+        let mask = input(ctx, GgmlType::F16, &[n_kv, block], "dft.kq_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[block], "dft.block_idxs")?;
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
-        let shape = hp.shape(self.kv_type, self.kv_size);
+        let shape = hp.shape(self.kv_type, self.kv_size, n_kv);
         for (il, w) in self.layers.iter().enumerate() {
             let conv = self.convs.get(il).copied().flatten();
             let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, block, &shape, conv.as_ref())?;
@@ -773,7 +789,8 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
         }
         let (ctx, runner, base_len) = target.parts();
         ctx.truncate(*base_len);
-        let b = self.model.build_block(ctx, rows)?;
+        let n_kv = super::kv_window(self.model.kv_size, pos + rows);
+        let b = self.model.build_block_window(ctx, rows, n_kv)?;
         // The greedy rows and their probabilities (v1) or the selector's
         // lattice (DFlash2) are computed where the vocabulary slices live;
         // the logits never leave the devices.
@@ -792,7 +809,7 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
         toks.extend(std::iter::repeat_n(hp.mask_token, n));
         let positions: Vec<i32> = (0..rows).map(|i| (pos + i) as i32).collect();
         // Non-causal: every row sees the context and the whole block.
-        let mask = super::mask_bytes(self.model.kv_size, std::iter::repeat_n(pos + rows - 1, rows as usize));
+        let mask = super::mask_bytes(n_kv, std::iter::repeat_n(pos + rows - 1, rows as usize));
         let inputs = vec![
             (b.tokens, super::i32_bytes(&toks)),
             (b.pos, super::i32_bytes(&positions)),

@@ -12,6 +12,8 @@
 //!   (cached) and executed on N CPU devices.
 //! * [`speculative`]: draft, verify in one target batch, accept, roll back.
 
+use crate::tensor::TensorId;
+
 pub mod dflash;
 pub mod generate;
 pub mod mtp;
@@ -38,6 +40,57 @@ pub(crate) fn arch_keys<'a>(
     Ok(move |k: &str| f.get_uint(&format!("{arch}.{k}")))
 }
 
+/// The KV cells a step attends over when `used` cells are in use (the
+/// highest cell written so far plus one, this step's included): `used`
+/// rounded up to a multiple of 256, at least 256, at most `kv_size`
+/// (llama.cpp's `n_kv` with its padding of 256). A step's cost then follows
+/// the cells in use, not the allocated context, and the padding keeps the
+/// number of distinct step graphs (and compiled programs) small.
+pub fn kv_window(kv_size: i64, used: i64) -> i64 {
+    const PAD: i64 = 256;
+    let padded = used.max(1).saturating_add(PAD - 1) / PAD * PAD;
+    padded.max(PAD).min(kv_size).max(1)
+}
+
+/// A step graph kept for the next step (llama.cpp's graph reuse): while the
+/// steps keep its key (tokens per step, KV window, taps) and nothing else
+/// was built in the context, a step only writes its inputs and runs.
+#[derive(Debug)]
+pub(crate) struct StepGraph<K, S> {
+    key: K,
+    /// The step's tensors.
+    pub step: S,
+    /// Its outputs, in build order.
+    pub outputs: Vec<TensorId>,
+    /// The graph.
+    pub graph: crate::graph::Graph,
+}
+
+impl<K: PartialEq, S> StepGraph<K, S> {
+    /// The kept graph if its key is `key` and the context still holds it;
+    /// else the graph `build` makes on top of the first `base_len` tensors.
+    ///
+    /// # Errors
+    /// `build`'s errors; [`crate::Error::Graph`] for no outputs.
+    pub(crate) fn reuse_or_build<'a>(
+        slot: &'a mut Option<Self>,
+        ctx: &mut crate::graph::Context,
+        base_len: usize,
+        key: K,
+        build: impl FnOnce(&mut crate::graph::Context) -> crate::Result<(S, Vec<TensorId>)>,
+    ) -> crate::Result<&'a Self> {
+        let keep = slot.as_ref().is_some_and(|sg| sg.key == key && sg.graph.built_from(ctx) && ctx.len() > base_len);
+        if !keep {
+            *slot = None;
+            ctx.truncate(base_len);
+            let (step, outputs) = build(ctx)?;
+            let graph = ctx.build_forward(&outputs)?;
+            *slot = Some(StepGraph { key, step, outputs, graph });
+        }
+        slot.as_ref().ok_or_else(|| crate::Error::Graph { detail: "step graph".into() })
+    }
+}
+
 /// Little-endian bytes of I32 values (a graph input).
 pub(crate) fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -54,12 +107,12 @@ pub(crate) fn cell_bytes(positions: &[i32]) -> Vec<u8> {
     positions.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect()
 }
 
-/// An F16 attention mask `[kv_size, rows]`: row `r` sees the cells
+/// An F16 attention mask `[n_kv, rows]`: row `r` sees the cells
 /// `0..=last[r]` (0) and not the others (−inf).
-pub(crate) fn mask_bytes(kv_size: i64, last: impl IntoIterator<Item = i64>) -> Vec<u8> {
+pub(crate) fn mask_bytes(n_kv: i64, last: impl IntoIterator<Item = i64>) -> Vec<u8> {
     let mut mask = Vec::new();
     for l in last {
-        for c in 0..kv_size {
+        for c in 0..n_kv {
             let v = if c <= l { half::f16::ZERO } else { half::f16::NEG_INFINITY };
             mask.extend(v.to_le_bytes());
         }

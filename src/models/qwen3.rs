@@ -332,6 +332,7 @@ impl Qwen3 {
             rope: hp.rope(),
             kv_type,
             kv_size,
+            n_kv: kv_size,
         };
         let wt = (types.attn, types.attn_v, types.ffn, types.ffn_down);
         let layers =
@@ -339,19 +340,32 @@ impl Qwen3 {
         Ok(Qwen3 { hp, tok_embd, output_norm, output, layers, kv_size, kv_type, base_len: ctx.len() })
     }
 
-    /// Builds one step's graph for `n_tokens` tokens on top of the model's
-    /// tensors: embedding lookup, every layer (the step's K/V written to the
-    /// cache cells given by `k_idxs`, attention over all `kv_size` cells
-    /// under `kq_mask`), final norm and logits for every token. `taps` lists
-    /// the layers whose input hidden state is exported (for a drafter).
+    /// [`Qwen3::build_window`] attending over all `kv_size` cells.
     ///
     /// # Errors
-    /// [`Error::Model`] for `n_tokens < 1` or a tap beyond `n_layer`;
-    /// constructor errors.
+    /// As [`Qwen3::build_window`].
     pub fn build(&self, ctx: &mut Context, n_tokens: i64, taps: &[usize]) -> Result<Qwen3Step> {
+        self.build_window(ctx, n_tokens, self.kv_size, taps)
+    }
+
+    /// Builds one step's graph for `n_tokens` tokens on top of the model's
+    /// tensors: embedding lookup, every layer (the step's K/V written to the
+    /// cache cells given by `k_idxs`, attention over the first `n_kv` cells
+    /// under `kq_mask` `[n_kv, T]`), final norm and logits for every token.
+    /// `taps` lists the layers whose input hidden state is exported (for a
+    /// drafter). `n_kv` is the window of used cells ([`super::kv_window`]):
+    /// a step's cost follows the cells in use, not the cache's size.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for `n_tokens < 1`, a tap beyond `n_layer`, or
+    /// `n_kv` outside `1..=kv_size`; constructor errors.
+    pub fn build_window(&self, ctx: &mut Context, n_tokens: i64, n_kv: i64, taps: &[usize]) -> Result<Qwen3Step> {
         let hp = &self.hp;
         if n_tokens < 1 {
             return Err(Error::Model { detail: format!("qwen3: a step needs ≥ 1 token, got {n_tokens}") });
+        }
+        if n_kv < 1 || n_kv > self.kv_size {
+            return Err(Error::Model { detail: format!("qwen3: a window of {n_kv} cells in a cache of {}", self.kv_size) });
         }
         if let Some(&t) = taps.iter().find(|&&t| t > hp.n_layer) {
             return Err(Error::Model { detail: format!("qwen3: tap of layer {t} beyond {} layers", hp.n_layer) });
@@ -365,7 +379,7 @@ impl Qwen3 {
         };
         let tokens = input(ctx, GgmlType::I32, &[t], "tokens")?;
         let pos = input(ctx, GgmlType::I32, &[t], "inp_pos")?;
-        let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "kq_mask")?;
+        let mask = input(ctx, GgmlType::F16, &[n_kv, t], "kq_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
         let shape = LayerShape {
             head_dim: d,
@@ -375,6 +389,7 @@ impl Qwen3 {
             rope: hp.rope(),
             kv_type: self.kv_type,
             kv_size: self.kv_size,
+            n_kv,
         };
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
@@ -410,6 +425,8 @@ pub(crate) struct LayerShape {
     pub rope: RopeParams,
     pub kv_type: GgmlType,
     pub kv_size: i64,
+    /// Cells attention reads (the used window, `≤ kv_size`).
+    pub n_kv: i64,
 }
 
 /// Creates one layer's weights (`{prefix}blk.{il}.*`) and caches
@@ -466,11 +483,12 @@ pub(crate) fn write_kv(
     Ok((ctx.set_rows(w.cache_k, k2, kv_idxs)?, ctx.set_rows(w.cache_v, v2, kv_idxs)?))
 }
 
-/// The cache as written by `write`, viewed `[D, kv_size, Hkv]` for
-/// attention (heads on axis 2, as `flash_attn_ext` takes K/V).
+/// The first `n_kv` cells of the cache as written by `write`, viewed
+/// `[D, n_kv, Hkv]` for attention (heads on axis 2, as `flash_attn_ext`
+/// takes K/V).
 fn cache_view(ctx: &mut Context, write: TensorId, s: &LayerShape) -> Result<TensorId> {
     let (d, hkv) = (s.head_dim, s.n_head_kv);
-    let v = ctx.view_3d(write, d, hkv, s.kv_size, s.kv_type.row_size(d)?, s.kv_type.row_size(hkv * d)?, 0)?;
+    let v = ctx.view_3d(write, d, hkv, s.n_kv, s.kv_type.row_size(d)?, s.kv_type.row_size(hkv * d)?, 0)?;
     ctx.permute(v, [0, 2, 1, 3])
 }
 
@@ -585,6 +603,9 @@ pub struct Qwen3Session {
     /// Length of the context with only long-lived tensors (the target's,
     /// and a drafter's once added); step graphs are built after it.
     pub base_len: usize,
+    /// The last step graph: reused while steps keep its shape and nothing
+    /// was built in the context since (llama.cpp's graph reuse).
+    step: Option<super::StepGraph<(i64, i64, Vec<usize>, bool), Qwen3Step>>,
 }
 
 /// Little-endian F32 bytes as values.
@@ -605,7 +626,7 @@ impl Qwen3Session {
             runner.place(&ctx, id)?;
         }
         let base_len = model.base_len;
-        Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len })
+        Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len, step: None })
     }
 
     /// Opens a `qwen3` GGUF, builds the model with a KV cache of `kv_size`
@@ -697,13 +718,23 @@ impl Qwen3Session {
                 ),
             });
         }
-        self.ctx.truncate(self.base_len);
-        let step = self.model.build(&mut self.ctx, t, taps)?;
-        let outputs = step.outputs();
-        let graph = self.ctx.build_forward(&outputs)?;
+        let n_kv = super::kv_window(self.model.kv_size, self.n_past + t);
+        let key = (t, n_kv, taps.to_vec(), want_logits);
+        let (model, base) = (&self.model, self.base_len);
+        let sg = super::StepGraph::reuse_or_build(&mut self.step, &mut self.ctx, base, key, |ctx| {
+            let step = model.build_window(ctx, t, n_kv, taps)?;
+            // Only what the caller reads is read back (the logits stay on the
+            // devices unless asked for).
+            let mut outputs = step.outputs();
+            if !want_logits {
+                outputs.retain(|&o| o != step.logits);
+            }
+            Ok((step, outputs))
+        })?;
+        let (step, outputs, graph) = (&sg.step, &sg.outputs, &sg.graph);
         use super::{cell_bytes, i32_bytes, mask_bytes};
         let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
-        let mask = mask_bytes(self.model.kv_size, pos.iter().map(|&p| p as i64));
+        let mask = mask_bytes(n_kv, pos.iter().map(|&p| p as i64));
         let inputs = vec![
             (step.tokens, i32_bytes(tokens)),
             (step.pos, i32_bytes(&pos)),
@@ -711,7 +742,7 @@ impl Qwen3Session {
             (step.kv_idxs, cell_bytes(&pos)),
         ];
         let start = std::time::Instant::now();
-        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        let rep = self.runner.run(&self.ctx, graph, &inputs, outputs)?;
         log::debug!(
             "qwen3 step: {t} token(s) at position {}, {} devices, {} bytes moved, {:.2} ms",
             self.n_past,
@@ -720,14 +751,13 @@ impl Qwen3Session {
             start.elapsed().as_secs_f64() * 1e3
         );
         self.n_past += t;
-        let k_logits = outputs.len() - 2;
-        let argmax = rep.outputs[outputs.len() - 1]
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        let first_tap = step.writes.len();
-        let taps = step.taps.iter().enumerate().map(|(k, (l, _))| (*l, f32s(&rep.outputs[first_tap + k]))).collect();
-        Ok(StepOutput { argmax, logits: want_logits.then(|| f32s(&rep.outputs[k_logits])), taps })
+        let at = |id: TensorId| outputs.iter().position(|&o| o == id).and_then(|k| rep.outputs.get(k));
+        let argmax = at(step.argmax)
+            .map(|b| b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            .unwrap_or_default();
+        let taps = step.taps.iter().map(|&(l, id)| (l, at(id).map(|b| f32s(b)).unwrap_or_default())).collect();
+        let logits = if want_logits { at(step.logits).map(|b| f32s(b)) } else { None };
+        Ok(StepOutput { argmax, logits, taps })
     }
 
     /// Forgets every position from `n_past` on (llama.cpp's

@@ -340,7 +340,7 @@ pub struct MtpStep {
     pub h: TensorId,
     /// `mtp_pos` I32 `[4·T]`.
     pub pos: TensorId,
-    /// `mtp_mask` F16 `[kv_size, T]`.
+    /// `mtp_mask` F16 `[n_kv, T]`.
     pub mask: TensorId,
     /// `mtp_idxs` I64 `[T]`.
     pub kv_idxs: TensorId,
@@ -359,7 +359,7 @@ pub struct MtpStep {
 pub struct MtpChainStep {
     /// `mtp_pos_i` I32 `[4]`.
     pub pos: TensorId,
-    /// `mtp_mask_i` F16 `[kv_size, 1]`.
+    /// `mtp_mask_i` F16 `[n_kv, 1]`.
     pub mask: TensorId,
     /// `mtp_idx_i` I64 `[1]`.
     pub kv_idxs: TensorId,
@@ -424,7 +424,7 @@ pub struct Qwen35Step {
     pub tokens: TensorId,
     /// `inp_pos` I32 `[4·T]`: IMROPE's four position streams (text: p, p, p, 0).
     pub pos: TensorId,
-    /// `kq_mask` F16 `[kv_size, T]`.
+    /// `kq_mask` F16 `[n_kv, T]`.
     pub mask: TensorId,
     /// `k_idxs` I64 `[T]`.
     pub kv_idxs: TensorId,
@@ -666,10 +666,20 @@ impl Qwen35 {
     /// [`Error::Model`] for `n_tokens < 1` or a tap beyond `n_layer`;
     /// constructor errors.
     pub fn build(&self, ctx: &mut Context, n_tokens: i64, taps: &[usize]) -> Result<Qwen35Step> {
+        self.build_window(ctx, n_tokens, self.kv_size, taps)
+    }
+
+    /// [`Qwen35::build`] with attention over the first `n_kv` cells (the
+    /// used window, [`super::kv_window`]) under a mask `[n_kv, T]`.
+    ///
+    /// # Errors
+    /// As [`Qwen35::build`]; [`Error::Model`] for `n_kv` outside `1..=kv_size`.
+    pub fn build_window(&self, ctx: &mut Context, n_tokens: i64, n_kv: i64, taps: &[usize]) -> Result<Qwen35Step> {
         let hp = &self.hp;
         if n_tokens < 1 {
             return Err(Error::Model { detail: format!("qwen35: a step needs ≥ 1 token, got {n_tokens}") });
         }
+        self.check_window(n_kv)?;
         if let Some(&l) = taps.iter().find(|&&l| l > hp.n_layer) {
             return Err(Error::Model { detail: format!("qwen35: tap of layer {l} beyond {} layers", hp.n_layer) });
         }
@@ -681,7 +691,7 @@ impl Qwen35 {
         };
         let tokens = input(ctx, GgmlType::I32, &[t], "tokens")?;
         let pos = input(ctx, GgmlType::I32, &[4 * t], "inp_pos")?;
-        let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "kq_mask")?;
+        let mask = input(ctx, GgmlType::F16, &[n_kv, t], "kq_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
@@ -724,6 +734,13 @@ impl Qwen35 {
         let logits = ctx.mul_mat(self.output, h_nextn)?;
         let argmax = ctx.argmax(logits)?;
         Ok(Qwen35Step { tokens, pos, mask, kv_idxs, snap_row, writes, taps: tap_ids, h_nextn, logits, argmax })
+    }
+
+    fn check_window(&self, n_kv: i64) -> Result<()> {
+        if n_kv < 1 || n_kv > self.kv_size {
+            return Err(Error::Model { detail: format!("qwen35: a window of {n_kv} cells in a cache of {}", self.kv_size) });
+        }
+        Ok(())
     }
 
     /// Creates the rollback snapshot buffers (F32, `slots` columns per
@@ -775,6 +792,16 @@ impl Qwen35 {
     /// # Errors
     /// [`Error::Model`] if the model has no NextN block or `n_tokens < 1`.
     pub fn build_mtp(&self, ctx: &mut Context, n_tokens: i64) -> Result<MtpStep> {
+        self.build_mtp_window(ctx, n_tokens, self.kv_size)
+    }
+
+    /// [`Qwen35::build_mtp`] with attention over the first `n_kv` cells of
+    /// the MTP cache under a mask `[n_kv, T]`.
+    ///
+    /// # Errors
+    /// As [`Qwen35::build_mtp`]; [`Error::Model`] for `n_kv` outside `1..=kv_size`.
+    pub fn build_mtp_window(&self, ctx: &mut Context, n_tokens: i64, n_kv: i64) -> Result<MtpStep> {
+        self.check_window(n_kv)?;
         let hp = &self.hp;
         if self.nextn.is_none() {
             return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
@@ -791,7 +818,7 @@ impl Qwen35 {
         let tokens = input(ctx, GgmlType::I32, &[t], "mtp_tokens")?;
         let h = input(ctx, GgmlType::F32, &[hp.n_embd, t], "mtp_h")?;
         let pos = input(ctx, GgmlType::I32, &[4 * t], "mtp_pos")?;
-        let mask = input(ctx, GgmlType::F16, &[self.kv_size, t], "mtp_mask")?;
+        let mask = input(ctx, GgmlType::F16, &[n_kv, t], "mtp_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "mtp_idxs")?;
         let mut writes = Vec::new();
         let (h_out, argmax, top_prob) = self.mtp_rows(ctx, tokens, h, pos, mask, kv_idxs, t, &mut writes)?;
@@ -856,6 +883,16 @@ impl Qwen35 {
     /// # Errors
     /// [`Error::Model`] without a NextN block or for `n < 1`.
     pub fn build_mtp_chain(&self, ctx: &mut Context, n: usize) -> Result<MtpChain> {
+        self.build_mtp_chain_window(ctx, n, self.kv_size)
+    }
+
+    /// [`Qwen35::build_mtp_chain`] with attention over the first `n_kv`
+    /// cells of the MTP cache (masks `[n_kv, 1]`).
+    ///
+    /// # Errors
+    /// As [`Qwen35::build_mtp_chain`]; [`Error::Model`] for `n_kv` outside `1..=kv_size`.
+    pub fn build_mtp_chain_window(&self, ctx: &mut Context, n: usize, n_kv: i64) -> Result<MtpChain> {
+        self.check_window(n_kv)?;
         if self.nextn.is_none() {
             return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
         }
@@ -874,7 +911,7 @@ impl Qwen35 {
         let mut writes = Vec::new();
         for i in 0..n {
             let pos = input(ctx, GgmlType::I32, &[4], &format!("mtp_pos_{i}"))?;
-            let mask = input(ctx, GgmlType::F16, &[self.kv_size, 1], &format!("mtp_mask_{i}"))?;
+            let mask = input(ctx, GgmlType::F16, &[n_kv, 1], &format!("mtp_mask_{i}"))?;
             let idx = input(ctx, GgmlType::I64, &[1], &format!("mtp_idx_{i}"))?;
             let (h_out, argmax, top_prob) = self.mtp_rows(ctx, tok, h, pos, mask, idx, 1, &mut writes)?;
             steps.push(MtpChainStep { pos, mask, kv_idxs: idx, argmax, top_prob });
@@ -923,9 +960,11 @@ impl Qwen35 {
         let wv_ = ctx.set_rows(cache_v, v, kv_idxs)?;
         writes.push(wk_);
         writes.push(wv_);
+        // The cells the mask covers: the step's window.
+        let n_kv = ctx.tensor(mask)?.ne[0];
         let view = |ctx: &mut Context, w: TensorId| -> Result<TensorId> {
             let ty = self.kv_type;
-            let v = ctx.view_3d(w, d, hkv, self.kv_size, ty.row_size(d)?, ty.row_size(hkv * d)?, 0)?;
+            let v = ctx.view_3d(w, d, hkv, n_kv, ty.row_size(d)?, ty.row_size(hkv * d)?, 0)?;
             ctx.permute(v, [0, 2, 1, 3])
         };
         let kc = view(ctx, wk_)?;
@@ -1047,6 +1086,8 @@ pub struct Qwen35Session {
     /// The last multi-token batch whose per-token states are in the
     /// snapshot buffers: `(start, tokens)`.
     snap_batch: Option<(i64, i64)>,
+    /// The last decode step's graph, reused while steps keep its shape.
+    step: Option<super::StepGraph<(i64, i64, Vec<usize>, bool), Qwen35Step>>,
 }
 
 /// The recurrent states before a multi-token batch: `(start position,
@@ -1120,7 +1161,7 @@ impl Qwen35Session {
             });
         }
         let base_len = model.base_len;
-        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None })
+        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None, step: None })
     }
 
     /// The recurrent caches (conv and delta-net states) of every layer.
@@ -1170,25 +1211,32 @@ impl Qwen35Session {
             }
             self.checkpoint = Some((self.n_past, tokens.to_vec(), saved));
         }
-        self.ctx.truncate(self.base_len);
-        let step = self.model.build(&mut self.ctx, t, taps)?;
-        let mut outputs = step.writes.clone();
-        outputs.extend(step.taps.iter().map(|x| x.1));
-        outputs.push(step.logits);
-        outputs.push(step.argmax);
-        let graph = self.ctx.build_forward(&outputs)?;
+        let n_kv = super::kv_window(self.model.kv_size, self.n_past + t);
+        let key = (t, n_kv, taps.to_vec(), want_logits);
+        let (model, base) = (&self.model, self.base_len);
+        let sg = super::StepGraph::reuse_or_build(&mut self.step, &mut self.ctx, base, key, |ctx| {
+            let step = model.build_window(ctx, t, n_kv, taps)?;
+            let mut outputs = step.writes.clone();
+            outputs.extend(step.taps.iter().map(|x| x.1));
+            if want_logits {
+                outputs.push(step.logits);
+            }
+            outputs.push(step.argmax);
+            Ok((step, outputs))
+        })?;
+        let (step, outputs, graph) = (&sg.step, &sg.outputs, &sg.graph);
         let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
         let mut inputs = vec![
             (step.tokens, i32_bytes(tokens)),
             (step.pos, i32_bytes(&imrope_positions(&pos))),
-            (step.mask, mask_bytes(self.model.kv_size, pos.iter().map(|&p| p as i64))),
+            (step.mask, mask_bytes(n_kv, pos.iter().map(|&p| p as i64))),
             (step.kv_idxs, cell_bytes(&pos)),
         ];
         if let Some(r) = step.snap_row {
             inputs.push((r, 0i64.to_le_bytes().to_vec()));
         }
         let start = std::time::Instant::now();
-        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        let rep = self.runner.run(&self.ctx, graph, &inputs, outputs)?;
         log::debug!(
             "qwen35 step: {t} token(s) at position {}, {} bytes moved, {:.2} ms",
             self.n_past,
@@ -1196,11 +1244,13 @@ impl Qwen35Session {
             start.elapsed().as_secs_f64() * 1e3
         );
         self.n_past += t;
-        let n = outputs.len();
-        let argmax = rep.outputs[n - 1].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let first_tap = step.writes.len();
-        let taps = step.taps.iter().enumerate().map(|(k, (l, _))| (*l, f32s(&rep.outputs[first_tap + k]))).collect();
-        Ok(StepOutput { argmax, logits: want_logits.then(|| f32s(&rep.outputs[n - 2])), taps })
+        let at = |id: TensorId| outputs.iter().position(|&o| o == id).and_then(|k| rep.outputs.get(k));
+        let argmax = at(step.argmax)
+            .map(|b| b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            .unwrap_or_default();
+        let taps = step.taps.iter().map(|&(l, id)| (l, at(id).map(|b| f32s(b)).unwrap_or_default())).collect();
+        let logits = if want_logits { at(step.logits).map(|b| f32s(b)) } else { None };
+        Ok(StepOutput { argmax, logits, taps })
     }
 
     /// Keeps the conv and recurrent state after every token of batches of
@@ -1337,7 +1387,8 @@ impl Qwen35Session {
             });
         }
         self.ctx.truncate(self.base_len);
-        let step = self.model.build_mtp(&mut self.ctx, t)?;
+        let n_kv = super::kv_window(self.model.kv_size, start + t);
+        let step = self.model.build_mtp_window(&mut self.ctx, t, n_kv)?;
         let mut outputs = step.writes.clone();
         outputs.extend([step.h_out, step.argmax, step.top_prob]);
         let graph = self.ctx.build_forward(&outputs)?;
@@ -1346,7 +1397,7 @@ impl Qwen35Session {
             (step.tokens, i32_bytes(tokens)),
             (step.h, f32_bytes(h)),
             (step.pos, i32_bytes(&imrope_positions(&pos))),
-            (step.mask, mask_bytes(self.model.kv_size, pos.iter().map(|&p| p as i64))),
+            (step.mask, mask_bytes(n_kv, pos.iter().map(|&p| p as i64))),
             (step.kv_idxs, cell_bytes(&pos)),
         ];
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
@@ -1383,7 +1434,8 @@ impl Qwen35Session {
             });
         }
         self.ctx.truncate(self.base_len);
-        let chain = self.model.build_mtp_chain(&mut self.ctx, n)?;
+        let n_kv = super::kv_window(self.model.kv_size, start + n as i64);
+        let chain = self.model.build_mtp_chain_window(&mut self.ctx, n, n_kv)?;
         let mut outputs = chain.writes.clone();
         for st in &chain.steps {
             outputs.push(st.argmax);
@@ -1394,7 +1446,7 @@ impl Qwen35Session {
         for (i, st) in chain.steps.iter().enumerate() {
             let p = [(start + i as i64) as i32];
             inputs.push((st.pos, i32_bytes(&imrope_positions(&p))));
-            inputs.push((st.mask, mask_bytes(self.model.kv_size, [p[0] as i64])));
+            inputs.push((st.mask, mask_bytes(n_kv, [p[0] as i64])));
             inputs.push((st.kv_idxs, cell_bytes(&p)));
         }
         let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;

@@ -23,6 +23,8 @@ pub struct Runner {
     pub bytes_moved: u64,
     /// Graph runs so far.
     pub runs: u64,
+    /// The last graph run and the store it ran on (its leafs are placed).
+    placed: Option<(u64, u32, u64, (u64, u64))>,
 }
 
 impl Runner {
@@ -40,6 +42,7 @@ impl Runner {
             store: SplitStore::new(n),
             bytes_moved: 0,
             runs: 0,
+            placed: None,
         })
     }
 
@@ -95,20 +98,26 @@ impl Runner {
         outputs: &[TensorId],
     ) -> Result<RunReport> {
         // Disjoint borrows: the cached plan is used in place, not copied per step.
-        let Runner { exec, planner, policy, store, .. } = self;
-        let plan = planner.plan_cached(ctx, graph, policy, &[])?;
-        store.place_leafs(ctx, graph, plan)?;
+        let Runner { exec, planner, policy, store, placed, .. } = self;
+        let plan = planner.plan_for(ctx, graph, policy)?;
+        // New leafs (a step's inputs) are placed before they are written;
+        // a graph placed before in an unchanged store needs no check.
+        let now = (graph.hash(), ctx.id(), ctx.generation(), store.binding_key());
+        if *placed != Some(now) {
+            store.place_leafs(ctx, graph, plan)?;
+        }
         for (id, bytes) in inputs {
             store.set_tensor(ctx, *id, 0, bytes)?;
         }
         let is_write = |o: &TensorId| {
             ctx.tensor(*o).is_ok_and(|t| {
                 matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows)
-                    && t.view_src.is_some_and(|v| graph.leafs().contains(&v))
+                    && t.view_src.is_some_and(|v| matches!(ctx.t(v).op, crate::ops::Op::None))
             })
         };
         let wanted: Vec<TensorId> = outputs.iter().filter(|o| !is_write(o)).copied().collect();
         let mut rep = exec.execute(ctx, graph, plan, store, &wanted)?;
+        *placed = Some((graph.hash(), ctx.id(), ctx.generation(), store.binding_key()));
         let mut got = std::mem::take(&mut rep.outputs).into_iter();
         rep.outputs =
             outputs.iter().map(|o| if is_write(o) { Vec::new() } else { got.next().unwrap_or_default() }).collect();

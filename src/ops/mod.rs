@@ -383,6 +383,70 @@ impl Op {
         }
     }
 
+    /// Feeds the op and its parameters to `h` (floats by their bits): the
+    /// graph's structural hash, without formatting.
+    pub(crate) fn hash_into<H: std::hash::Hasher>(&self, h: &mut H) {
+        use std::hash::Hash;
+        std::mem::discriminant(self).hash(h);
+        let f = |h: &mut H, v: &[f32]| v.iter().for_each(|x| x.to_bits().hash(h));
+        match self {
+            Op::Permute { axes } => axes.hash(h),
+            Op::Concat { dim } => dim.hash(h),
+            Op::Scale { s, b } => f(h, &[*s, *b]),
+            Op::Clamp { min, max } => f(h, &[*min, *max]),
+            Op::RmsNorm { eps } | Op::Norm { eps } | Op::L2Norm { eps } => f(h, &[*eps]),
+            Op::Rope(p) => {
+                (p.n_dims, p.mode, p.n_ctx_orig, p.sections).hash(h);
+                f(h, &[p.freq_base, p.freq_scale, p.ext_factor, p.attn_factor, p.beta_fast, p.beta_slow]);
+            }
+            Op::SoftMax { scale, max_bias } => f(h, &[*scale, *max_bias]),
+            Op::FlashAttnExt { scale, max_bias, logit_softcap } => f(h, &[*scale, *max_bias, *logit_softcap]),
+            Op::Glu { op, swapped } => (op, swapped).hash(h),
+            Op::Unary(u) => u.hash(h),
+            Op::TopK { k } => k.hash(h),
+            Op::Argsort { order } => order.hash(h),
+            Op::GatedDeltaNet { k_snapshots } => k_snapshots.hash(h),
+            Op::Pad { lp, rp } => (lp, rp).hash(h),
+            Op::Fill { c } => f(h, &[*c]),
+            Op::RowStats { reduce, ranges } => {
+                format!("{reduce:?}").hash(h);
+                ranges.hash(h);
+            }
+            Op::RowFinish { reduce, lens } => {
+                format!("{reduce:?}").hash(h);
+                lens.hash(h);
+            }
+            Op::GetRowsPart { ranges, n_rows } => (ranges, n_rows).hash(h),
+            Op::None
+            | Op::Dup
+            | Op::Cpy
+            | Op::Cont
+            | Op::Reshape
+            | Op::View
+            | Op::Transpose
+            | Op::GetRows
+            | Op::SetRows
+            | Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Div
+            | Op::Add1
+            | Op::AddId
+            | Op::Sqr
+            | Op::Sqrt
+            | Op::Sum
+            | Op::SumRows
+            | Op::Mean
+            | Op::MulMat
+            | Op::MulMatId
+            | Op::Argmax
+            | Op::SsmConv
+            | Op::Repeat
+            | Op::Exchange
+            | Op::AddN => {}
+        }
+    }
+
     /// True for ops whose result is a view of a source's storage (no kernel
     /// runs, or the kernel writes into the source: `cpy`, `set_rows`).
     pub fn is_view_op(&self) -> bool {

@@ -301,6 +301,8 @@ impl<'a> Compiler<'a> {
                     }
                 }
                 Step::Convert { tensor, from, to, .. } => self.convert(*tensor, from, to)?,
+                // One device holds whole rows and the whole table: the plain op.
+                Step::RowCombine(node) | Step::VocabGetRows(node) if self.n == 1 => self.node(*node)?,
                 Step::RowCombine(node) => self.row_combine(*node)?,
                 Step::VocabGetRows(node) => self.vocab_get_rows(*node)?,
                 Step::Write(node) => {
@@ -405,6 +407,9 @@ impl<'a> Compiler<'a> {
             None => self.fetch(id, from)?,
         };
         let y = match (from, to) {
+            // On one device every state holds the whole tensor in one layout
+            // (a split of one extent, a sum of one addend): nothing to do.
+            _ if self.n == 1 && !matches!((from, to), (SplitState::Unknown, _) | (_, SplitState::Unknown)) => x,
             (a, b) if a == b => x,
             (SplitState::Mirrored, SplitState::Split(_)) => local_convert(&mut self.l, x, to, self.j)?,
             (SplitState::Mirrored, SplitState::Partial(_)) if folds(from, to, t.ty) => {
@@ -530,12 +535,18 @@ impl<'a> Compiler<'a> {
         }
         let have = boxes(ne, from, j);
         let need = boxes(ne, to, j);
+        // Nothing moves between any two devices (a device with a zero
+        // extent in both states): every device decides the same, no exchange.
+        let quiet = (0..n).all(|a| (0..n).all(|b| a == b || box_bytes(ty, &owed(ne, from, to, a, b)) == 0));
+        if (quiet || *from == SplitState::Mirrored) && have == need {
+            return Ok(x);
+        }
         let x = self.contiguous(x)?;
         if self.l.t(x).nbytes() != box_bytes(ty, &have) {
             return Err(Error::Split { detail: format!("device {j}: a part of {} bytes for {}", self.l.t(x).nbytes(), from.label()) });
         }
         let own = intersect(&have, &need);
-        if *from == SplitState::Mirrored {
+        if *from == SplitState::Mirrored || quiet {
             // A local slice.
             let y = self.fresh(ty, lens(&need))?;
             self.copy_region(&own, x, &have, y, &need)?;
@@ -936,6 +947,10 @@ fn local_convert(l: &mut Context, lid: TensorId, to: &SplitState, j: usize) -> R
         SplitState::Partial(_) => l.push_op(t.ty, t.ne, Op::Fill { c: 0.0 }, &[lid]),
         SplitState::Split(s) => {
             let a = s.axis;
+            if s.ranges(j) == [(0, t.ne[a])] {
+                // This device holds the whole axis: its part is the tensor.
+                return Ok(lid);
+            }
             let bs = if a == 0 { t.ty.block_size() as i64 } else { 1 };
             let mut parts = Vec::new();
             for (x, y) in s.ranges(j) {

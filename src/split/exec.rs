@@ -354,7 +354,6 @@ impl MetaExecutor {
         for &o in outputs {
             ctx.tensor(o)?;
         }
-        store.place_leafs(ctx, graph, plan)?;
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let st = &mut *guard;
         let before = st.counters;
@@ -371,6 +370,15 @@ impl MetaExecutor {
             None => {
                 let bts: Vec<_> = self.devices.iter().map(|d| d.buffer_type()).collect();
                 let program = Program::compile(ctx, graph, plan, outputs, &bts)?;
+                if log::log_enabled!(log::Level::Trace) {
+                    for (j, d) in program.devices.iter().enumerate() {
+                        for id in d.graph.nodes() {
+                            let t = d.ctx.t(*id);
+                            let srcs: Vec<String> = t.src.iter().map(|s| format!("#{}", s.index())).collect();
+                            log::trace!("device {j}: #{} {} {} <- {}", id.index(), t.op.name(), t.describe(), srcs.join(" "));
+                        }
+                    }
+                }
                 st.counters.compiles += 1;
                 if st.programs.len() >= MAX_PROGRAMS {
                     st.programs.remove(0);
@@ -385,8 +393,10 @@ impl MetaExecutor {
         let State { programs, arenas, counters, .. } = st;
         let Some(entry) = programs.last_mut() else { return Err(Error::Split { detail: "program cache".into() }) };
         let program = entry.program.clone();
-        let store_key = store.binding_key();
-        if entry.bound.as_ref().is_none_or(|b| b.0 != store_key) {
+        // A program bound to the store as it is has every leaf placed and on
+        // the devices: nothing to check per step.
+        if entry.bound.as_ref().is_none_or(|b| b.0 != store.binding_key()) {
+            store.place_leafs(ctx, graph, plan)?;
             self.prepare_store(ctx, &program, store, counters)?;
         }
         self.grow_arenas(&program, arenas, counters)?;

@@ -143,9 +143,6 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
 /// block boundaries.
 pub(crate) type Boxes = [Vec<(i64, i64)>; 4];
 
-/// What [`copy_region`] does with each pair of runs: `f(dst_run, src_run)`.
-pub(crate) type RunFn<'a> = dyn FnMut(&mut [u8], &[u8]) -> Result<()> + 'a;
-
 /// The ranges device `j` holds of a tensor of shape `ne` in `state`
 /// (everything for mirrored and partial).
 pub(crate) fn boxes(ne: [i64; 4], state: &SplitState, j: usize) -> Boxes {
@@ -197,78 +194,6 @@ pub(crate) fn local_pos(ranges: &[(i64, i64)], x: i64) -> Option<i64> {
     None
 }
 
-/// Applies `f(dst_run, src_run)` to every contiguous run of the elements of
-/// `region` between buffer `src` (laid out as `src_boxes`) and `dst` (laid
-/// out as `dst_boxes`). `region` must lie in both layouts; each of its ranges
-/// must lie in one range of each. Used for packing, unpacking and
-/// accumulating the messages of collectives.
-///
-/// # Errors
-/// [`Error::Split`] if the region leaves a layout or a buffer is too short,
-/// or an axis-0 range is off the type's block boundary.
-pub(crate) fn copy_region(
-    ty: GgmlType,
-    region: &Boxes,
-    src_boxes: &Boxes,
-    src: &[u8],
-    dst_boxes: &Boxes,
-    dst: &mut [u8],
-    f: &mut RunFn<'_>,
-) -> Result<()> {
-    let bs = ty.block_size() as i64;
-    let ts = ty.type_size();
-    let bad = || Error::Split { detail: format!("collective region outside its {ty} buffer") };
-    let (sl, dl) = (lens(src_boxes), lens(dst_boxes));
-    // Byte strides of the two local buffers (axis 0 in blocks).
-    let stride = |l: [i64; 4]| -> [usize; 4] {
-        let row = (l[0].max(0) / bs) as usize * ts;
-        [ts, row, row * l[1].max(0) as usize, row * (l[1] * l[2]).max(0) as usize]
-    };
-    let (ss, ds) = (stride(sl), stride(dl));
-    let pos = |k: usize, x: i64, b: &Boxes| local_pos(&b[k], x).ok_or_else(bad);
-    for &(a3, b3) in &region[3] {
-        for i3 in a3..b3 {
-            let (s3, d3) = (pos(3, i3, src_boxes)? as usize * ss[3], pos(3, i3, dst_boxes)? as usize * ds[3]);
-            for &(a2, b2) in &region[2] {
-                for i2 in a2..b2 {
-                    let (s2, d2) =
-                        (s3 + pos(2, i2, src_boxes)? as usize * ss[2], d3 + pos(2, i2, dst_boxes)? as usize * ds[2]);
-                    for &(a1, b1) in &region[1] {
-                        for i1 in a1..b1 {
-                            let (s1, d1) = (
-                                s2 + pos(1, i1, src_boxes)? as usize * ss[1],
-                                d2 + pos(1, i1, dst_boxes)? as usize * ds[1],
-                            );
-                            for &(a0, b0) in &region[0] {
-                                if a0 % bs != 0 || b0 % bs != 0 {
-                                    return Err(bad());
-                                }
-                                let len = ((b0 - a0) / bs) as usize * ts;
-                                let so = s1 + (pos(0, a0, src_boxes)? / bs) as usize * ts;
-                                let dof = d1 + (pos(0, a0, dst_boxes)? / bs) as usize * ts;
-                                let sr = src.get(so..so + len).ok_or_else(bad)?;
-                                let dr = dst.get_mut(dof..dof + len).ok_or_else(bad)?;
-                                f(dr, sr)?;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Packs `region` of a buffer laid out as `layout` into a new contiguous buffer.
-pub(crate) fn pack(ty: GgmlType, region: &Boxes, layout: &Boxes, src: &[u8]) -> Result<Vec<u8>> {
-    let mut out = vec![0u8; box_bytes(ty, region)];
-    copy_region(ty, region, layout, src, region, &mut out, &mut |d, s| {
-        d.copy_from_slice(s);
-        Ok(())
-    })?;
-    Ok(out)
-}
-
 /// The element-wise sum of partial addends of type `ty` (equal lengths):
 /// floats summed in f32 and rounded once, integers exactly (wrapping).
 /// Addends that are exactly +0 are skipped, so a single non-zero addend
@@ -315,40 +240,6 @@ pub(crate) fn sum_addends(ty: GgmlType, parts: &[&[u8]]) -> Result<Vec<u8>> {
         o.copy_from_slice(&bytes);
     }
     Ok(out)
-}
-
-/// Adds the elements of `src` into `dst` (both of type `ty`, same length):
-/// F32, F16 and BF16 in f32; I32 and I64 wrapping.
-///
-/// # Errors
-/// [`Error::UnsupportedType`] for other types.
-pub(crate) fn add_into(ty: GgmlType, dst: &mut [u8], src: &[u8]) -> Result<()> {
-    match ty {
-        GgmlType::F32 => dst.chunks_exact_mut(4).zip(src.chunks_exact(4)).for_each(|(d, s)| {
-            let v = f32::from_le_bytes([d[0], d[1], d[2], d[3]]) + f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-            d.copy_from_slice(&v.to_le_bytes());
-        }),
-        GgmlType::F16 => dst.chunks_exact_mut(2).zip(src.chunks_exact(2)).for_each(|(d, s)| {
-            let v = f16::from_le_bytes([d[0], d[1]]).to_f32() + f16::from_le_bytes([s[0], s[1]]).to_f32();
-            d.copy_from_slice(&f16::from_f32(v).to_le_bytes());
-        }),
-        GgmlType::BF16 => dst.chunks_exact_mut(2).zip(src.chunks_exact(2)).for_each(|(d, s)| {
-            let v = bf16::from_le_bytes([d[0], d[1]]).to_f32() + bf16::from_le_bytes([s[0], s[1]]).to_f32();
-            d.copy_from_slice(&bf16::from_f32(v).to_le_bytes());
-        }),
-        GgmlType::I32 => dst.chunks_exact_mut(4).zip(src.chunks_exact(4)).for_each(|(d, s)| {
-            let v =
-                i32::from_le_bytes([d[0], d[1], d[2], d[3]]).wrapping_add(i32::from_le_bytes([s[0], s[1], s[2], s[3]]));
-            d.copy_from_slice(&v.to_le_bytes());
-        }),
-        GgmlType::I64 => dst.chunks_exact_mut(8).zip(src.chunks_exact(8)).for_each(|(d, s)| {
-            let a = i64::from_le_bytes(d[..8].try_into().unwrap_or([0; 8]));
-            let b = i64::from_le_bytes(s[..8].try_into().unwrap_or([0; 8]));
-            d.copy_from_slice(&a.wrapping_add(b).to_le_bytes());
-        }),
-        t => return Err(Error::unsupported_type(t, "a partial sum needs F32, F16, BF16, I32 or I64")),
-    }
-    Ok(())
 }
 
 #[cfg(test)]

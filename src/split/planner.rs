@@ -186,12 +186,19 @@ pub struct Planner {
     /// Communication cost model.
     pub link: LinkModel,
     cache: HashMap<(u64, u64), Plan>,
+    /// (graph hash, policy id) → key in `cache`: a graph's hash covers its
+    /// leafs' names, types and shapes, which is all a policy reads, so a
+    /// step graph seen before finds its plan without asking the policy.
+    known: HashMap<(u64, u64), (u64, u64)>,
 }
+
+/// Plans kept per planner; beyond it the cache starts afresh.
+const MAX_PLANS: usize = 512;
 
 impl Planner {
     /// A planner with link model `link` and an empty cache.
     pub fn new(link: LinkModel) -> Self {
-        Planner { link, cache: HashMap::new() }
+        Planner { link, cache: HashMap::new(), known: HashMap::new() }
     }
 
     /// Number of cached plans.
@@ -211,6 +218,38 @@ impl Planner {
         policy: &SplitPolicy,
         explicit: &[(TensorId, SplitState)],
     ) -> Result<&Plan> {
+        let key = self.cached_key(ctx, graph, policy, explicit)?;
+        self.cache.get(&key).ok_or_else(|| Error::Split { detail: "plan cache".into() })
+    }
+
+    /// [`Planner::plan_cached`] for a graph whose leafs all get their states
+    /// from `policy`, found without resolving the policy again when the
+    /// same graph (same structure, leaf names and shapes) was planned with
+    /// the same policy before: the per-step lookup of a decode loop.
+    ///
+    /// # Errors
+    /// As [`Planner::plan`].
+    pub fn plan_for(&mut self, ctx: &Context, graph: &Graph, policy: &SplitPolicy) -> Result<&Plan> {
+        let fast = (graph.hash(), policy.id() ^ (self.link.latency_s.to_bits().rotate_left(17) ^ self.link.bandwidth.to_bits()));
+        let key = match self.known.get(&fast) {
+            Some(k) if self.cache.get(k).is_some_and(|p| p.check_graph(ctx, graph).is_ok()) => *k,
+            _ => {
+                let k = self.cached_key(ctx, graph, policy, &[])?;
+                self.known.insert(fast, k);
+                k
+            }
+        };
+        self.cache.get(&key).ok_or_else(|| Error::Split { detail: "plan cache".into() })
+    }
+
+    /// Plans `graph` unless a plan with its key is cached; returns the key.
+    fn cached_key(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        policy: &SplitPolicy,
+        explicit: &[(TensorId, SplitState)],
+    ) -> Result<(u64, u64)> {
         let leaf_states = leaf_states(ctx, graph, policy, explicit)?;
         let mut h = std::collections::hash_map::DefaultHasher::new();
         std::hash::Hash::hash(&leaf_states, &mut h);
@@ -219,9 +258,13 @@ impl Planner {
         let key = (graph.hash(), std::hash::Hasher::finish(&h));
         if !self.cache.contains_key(&key) {
             let plan = self.plan_with_leafs(ctx, graph, policy.n_devices(), leaf_states)?;
+            if self.cache.len() >= MAX_PLANS {
+                self.cache.clear();
+                self.known.clear();
+            }
             self.cache.insert(key, plan);
         }
-        self.cache.get(&key).ok_or_else(|| Error::Split { detail: "plan cache".into() })
+        Ok(key)
     }
 }
 

@@ -64,6 +64,15 @@ pub struct SplitPolicy {
     ratios: Vec<f32>,
     rules: Vec<SplitRule>,
     callback: Option<Callback>,
+    /// Process-unique, renewed by every change: what plan caches key the
+    /// leaf states this policy gives by.
+    id: u64,
+}
+
+static NEXT_POLICY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_policy_id() -> u64 {
+    NEXT_POLICY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for SplitPolicy {
@@ -91,7 +100,7 @@ impl SplitPolicy {
         {
             return Err(Error::Split { detail: format!("invalid tensor split ratios {ratios:?} (1 to 64 devices)") });
         }
-        Ok(SplitPolicy { ratios: ratios.to_vec(), rules: Vec::new(), callback: None })
+        Ok(SplitPolicy { ratios: ratios.to_vec(), rules: Vec::new(), callback: None, id: next_policy_id() })
     }
 
     /// Number of devices.
@@ -107,13 +116,20 @@ impl SplitPolicy {
     /// Adds a name rule (checked after the callback and earlier rules).
     pub fn rule(mut self, pattern: &str, spec: SplitSpec) -> Self {
         self.rules.push(SplitRule { pattern: pattern.to_string(), spec });
+        self.id = next_policy_id();
         self
     }
 
     /// Sets the callback, asked before the rules; `None` from it falls through to the rules.
     pub fn with_callback(mut self, f: impl Fn(&LeafInfo) -> Option<SplitSpec> + Send + Sync + 'static) -> Self {
         self.callback = Some(Box::new(f));
+        self.id = next_policy_id();
         self
+    }
+
+    /// Process-unique, renewed by every change to the policy.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// The spec that covers `leaf` and where it came from (`"callback"` or the rule's pattern).
