@@ -2,33 +2,44 @@
 //! (tensor split): writes the model once (`--model PATH`, default in the
 //! system temp folder), then prints prompt and decode tokens/s.
 //!
-//! `cargo run --release --example decode -- --devices 2 --tensor-split 1,1 --tokens 32`
-//! (`RUST_LOG=debug` logs every decode step: tokens, position, bytes moved, time).
+//! `cargo run --release --example decode -- --devices 2 --tensor-split 1,1 --ctx-size 65536`
+//!
+//! Options (llama.cpp's names): `--devices N` (default 1), `--tensor-split
+//! r0,r1,..` (default equal), `--threads N` (per device, default 1),
+//! `--ctx-size N` (KV cells, default 4096), `--n-prompt N` (prompt tokens,
+//! default 16; processed in batches of `--ubatch-size`, default 512),
+//! `--n-predict N` (tokens decoded, default 32; `--tokens` is the same),
+//! `--model PATH`. The result line reads `… ctx-size N: prompt N tokens X
+//! tokens/s; decode N tokens Y tokens/s; …`. `RUST_LOG=debug` logs every
+//! decode step: tokens, position, bytes moved, time.
 
 use shardgraph::models::generate::{write_qwen3_gguf_progress, Weights};
 use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::GgmlType;
 use std::time::Instant;
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
+#[path = "common/spec.rs"]
+#[allow(dead_code)]
+mod spec;
+use spec::{arg, check_options, parsed};
 
-fn main() -> shardgraph::Result<()> {
-    env_logger::init();
-    let args: Vec<String> = std::env::args().collect();
-    let n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(1);
-    let ratios: Vec<f32> = match arg(&args, "--tensor-split") {
-        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
-        None => vec![1.0; n],
-    };
-    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
-        eprintln!("--tensor-split needs {n} non-negative numbers, got {ratios:?}");
-        std::process::exit(2);
-    }
-    let n_tokens: usize = arg(&args, "--tokens").and_then(|v| v.parse().ok()).unwrap_or(32);
-    let threads: usize = arg(&args, "--threads").and_then(|v| v.parse().ok()).unwrap_or(1);
-    let hp = Qwen3Hparams {
+/// The options this example takes (each followed by a value).
+const OPTIONS: &[&str] = &[
+    "--devices",
+    "--tensor-split",
+    "--threads",
+    "--ctx-size",
+    "--n-prompt",
+    "--ubatch-size",
+    "--n-predict",
+    "--tokens",
+    "--model",
+];
+
+/// The example model: 8 layers, n_embd 1024, 16 heads / 8 KV heads of 64,
+/// n_ff 2816, vocabulary 32000, Q8_0 (170 MB).
+fn hparams() -> Qwen3Hparams {
+    Qwen3Hparams {
         n_layer: 8,
         n_embd: 1024,
         n_ff: 2816,
@@ -39,35 +50,68 @@ fn main() -> shardgraph::Result<()> {
         rms_eps: 1e-6,
         rope_base: 1e6,
         n_ctx_train: 4096,
+    }
+}
+
+fn main() {
+    env_logger::init();
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> shardgraph::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    check_options(&args, "decode", OPTIONS);
+    let (ratios, _) = spec::devices(&args, 1);
+    let n = ratios.len();
+    let n_tokens: usize = parsed(&args, "--n-predict", parsed(&args, "--tokens", 32usize));
+    let threads: usize = parsed(&args, "--threads", 1);
+    let ctx_size: i64 = parsed(&args, "--ctx-size", 4096);
+    let n_prompt: usize = parsed(&args, "--n-prompt", 16);
+    let ubatch: usize = parsed(&args, "--ubatch-size", 512);
+    let bad = |m: String| -> ! {
+        eprintln!("{m}");
+        std::process::exit(2)
     };
+    if threads == 0 || n_prompt == 0 || ubatch == 0 {
+        bad("--threads, --n-prompt and --ubatch-size must be at least 1".into());
+    }
+    if ctx_size < 1 || (n_prompt + n_tokens) as i64 > ctx_size {
+        bad(format!("--ctx-size {ctx_size} cannot hold {n_prompt} prompt and {n_tokens} generated tokens"));
+    }
+    let hp = hparams();
     let types = Qwen3Types::all(GgmlType::Q8_0);
-    let path = arg(&args, "--model")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf"));
+    let path = match arg(&args, "--model") {
+        Some(p) => {
+            let p = std::path::PathBuf::from(p);
+            if !p.is_file() {
+                bad(format!("--model {}: not a file", p.display()));
+            }
+            p
+        }
+        None => std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf"),
+    };
     if !path.exists() {
         let t = Instant::now();
-        let mut shown = 0;
-        let bytes = write_qwen3_gguf_progress(&path, &hp, &types, 1, Weights::Permutation, &mut |done, total| {
-            let pct = done * 100 / total.max(1);
-            if pct >= shown + 5 || done == total {
-                shown = pct;
-                eprint!(
-                    "\rgenerating {}: {pct:3}% ({:.0}/{:.0} MB)",
-                    path.display(),
-                    done as f64 / 1e6,
-                    total as f64 / 1e6
-                );
-            }
-        })?;
-        eprintln!();
+        let what = format!("generating {}", path.display());
+        let bytes = write_qwen3_gguf_progress(&path, &hp, &types, 1, Weights::Permutation, &mut spec::progress(&what))?;
         println!("wrote {} ({:.0} MB) in {:.1} s", path.display(), bytes as f64 / 1e6, t.elapsed().as_secs_f64());
     }
-    let mut s = Qwen3Session::from_gguf(&path, &ratios, threads, GgmlType::F16, 512)?;
-    let prompt: Vec<i32> = (0..16).map(|i| (i * 97 + 5) % 32000).collect();
+    let mut s = Qwen3Session::from_gguf(&path, &ratios, threads, GgmlType::F16, ctx_size)?;
+    let prompt: Vec<i32> = (0..n_prompt).map(|i| ((i * 97 + 5) % hp.n_vocab as usize) as i32).collect();
+    // Warm-up, as llama.cpp's context creation: the weights move onto the
+    // devices and the first programs compile; then the cache is forgotten.
+    let first = s.decode(&prompt[..prompt.len().min(ubatch)], &[], false)?;
+    s.decode(&first.argmax[first.argmax.len() - 1..], &[], false)?;
+    s.rollback(0)?;
     let t = Instant::now();
-    let out = s.decode(&prompt, &[], false)?;
+    let mut last = 0;
+    for chunk in prompt.chunks(ubatch) {
+        last = *s.decode(chunk, &[], false)?.argmax.last().unwrap_or(&0);
+    }
     let prompt_s = t.elapsed().as_secs_f64();
-    let mut last = *out.argmax.last().unwrap_or(&0);
     let moved_before = s.runner.bytes_moved;
     let t = Instant::now();
     for _ in 0..n_tokens {
@@ -75,7 +119,7 @@ fn main() -> shardgraph::Result<()> {
     }
     let dec = t.elapsed().as_secs_f64();
     println!(
-        "{n} device(s) {ratios:?}, {threads} thread(s) each: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
+        "{n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
         prompt.len(),
         prompt.len() as f64 / prompt_s,
         n_tokens as f64 / dec,

@@ -29,7 +29,8 @@
 //! `--spec-draft-n-max` (default: the drafter's block size − 1),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
 //! `--cache-type-k f16|q8_0|q4_0` (KV caches of both models, default f16),
-//! `--n-predict` (tokens to generate, default 96), `--threads` (per device,
+//! `--n-predict` (tokens to generate, default 96), `--ctx-size` (KV cells
+//! of the target and the drafter, default the fewest the run needs), `--threads` (per device,
 //! default 1), `--model PATH`, `--model-draft PATH`, `--verify`.
 //! `RUST_LOG=debug` logs every speculative step.
 
@@ -57,6 +58,7 @@ const OPTIONS: &[&str] = &[
     "--spec-draft-p-min",
     "--cache-type-k",
     "--n-predict",
+    "--ctx-size",
     "--threads",
     "--model",
     "--model-draft",
@@ -198,7 +200,7 @@ fn run() -> shardgraph::Result<()> {
     }
     spec::check_counts(n_gen, threads, n_max, n_min, p_min);
     // Cache cells for the prompt, the generated tokens and one block beyond them.
-    let kv_size = (prompt.len() + n_gen + dhp.block_size + 1) as i64;
+    let kv_size = spec::ctx_size(&args, (prompt.len() + n_gen + dhp.block_size + 1) as i64);
     let b = Bench {
         ratios: ratios.clone(),
         prompt: prompt.clone(),

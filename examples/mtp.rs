@@ -37,6 +37,7 @@ const OPTIONS: &[&str] = &[
     "--spec-draft-p-min",
     "--cache-type-k",
     "--n-predict",
+    "--ctx-size",
     "--threads",
     "--model",
 ];
@@ -79,7 +80,7 @@ fn run() -> shardgraph::Result<()> {
     };
     let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
     // Cache cells for the prompt, the generated tokens and one draft beyond them.
-    let kv_size = (prompt.len() + n_gen + n_max + 1) as i64;
+    let kv_size = spec::ctx_size(&args, (prompt.len() + n_gen + n_max + 1) as i64);
     // The model's metadata before anything is printed about it.
     shardgraph::models::qwen35::Qwen35Hparams::from_gguf(&shardgraph::gguf::GgufFile::open(&target)?)?;
     println!(

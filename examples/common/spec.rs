@@ -161,6 +161,18 @@ fn bad_device(name: &str) -> ! {
     std::process::exit(2)
 }
 
+/// `--ctx-size` (llama.cpp's: KV cells per cache), at least `need` (the
+/// prompt, the generated tokens and a draft beyond them); `need` when not
+/// given. Exits with a message when it is too small.
+pub fn ctx_size(args: &[String], need: i64) -> i64 {
+    let n: i64 = parsed(args, "--ctx-size", need);
+    if n < need {
+        eprintln!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens and one draft)");
+        std::process::exit(2);
+    }
+    n
+}
+
 /// `--cache-type-k f16|q8_0|q4_0` (default f16); exits on another value.
 pub fn cache_type(args: &[String]) -> GgmlType {
     match arg(args, "--cache-type-k").as_deref() {
