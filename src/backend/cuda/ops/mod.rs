@@ -15,6 +15,7 @@
 //! contract in its `.cu` file.
 
 mod concat;
+mod distributed;
 mod elementwise;
 mod flash_attn;
 mod getrows;
@@ -272,7 +273,7 @@ pub(crate) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
         Op::FlashAttnExt { .. } => flash_attn::run(cx, op, dst, src),
         Op::SsmConv | Op::GatedDeltaNet { .. } => ssm::run(cx, op, dst, src),
         Op::None | Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose => Ok(true),
-        Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => Ok(false),
+        Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => distributed::run(cx, op, dst, src),
         // The executor fills it between local graphs; a backend never runs it.
         Op::Exchange => Ok(false),
     }
