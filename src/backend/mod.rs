@@ -117,6 +117,24 @@ pub trait Backend: Send + Sync {
     /// [`crate::Error::NoStorage`], [`crate::Error::UnsupportedOp`],
     /// [`crate::Error::Compute`].
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()>;
+    /// Computes `graph` like [`Backend::compute`], but may return before the
+    /// device has finished (its work queued in order behind earlier work);
+    /// errors found by the device are reported by the next
+    /// [`Backend::synchronize`]. By default the same as `compute`.
+    ///
+    /// # Errors
+    /// As [`Backend::compute`].
+    fn compute_async(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
+        self.compute(ctx, graph, storage)
+    }
+    /// Waits for the work [`Backend::compute_async`] queued and reports its
+    /// errors; by default nothing to wait for.
+    ///
+    /// # Errors
+    /// The first error of the queued work.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
     /// Runs `f` on this device's own worker, so that the computes `f`
     /// issues start without a hand-over between threads (the CPU backend
     /// runs it inside its thread pool); by default on the calling thread.

@@ -582,7 +582,7 @@ impl MetaExecutor {
             let mut k = 0;
             for stage in &d.stages {
                 match stage {
-                    Stage::Compute(g) => backend.compute(&d.ctx, g, &bound.storage).map_err(|e| {
+                    Stage::Compute(g) => backend.compute_async(&d.ctx, g, &bound.storage).map_err(|e| {
                         let first = g.nodes().first().map(|&id| d.ctx.t(id));
                         let what = first.map(|t| format!("{} {}", t.op.name(), t.describe())).unwrap_or_default();
                         Error::Split { detail: format!("device {j}: local graph from {what}: {e}") }
@@ -602,7 +602,8 @@ impl MetaExecutor {
                     }
                 }
             }
-            Ok(())
+            // One wait per run: the device's queued work and its error flags.
+            backend.synchronize().map_err(|e| Error::Split { detail: format!("device {j}: {e}") })
         };
         // A panic (a bug, or a foreign Comm) must not leave the other devices
         // waiting in an exchange: it aborts them.
@@ -617,6 +618,8 @@ impl MetaExecutor {
             });
         if let Err(e) = r {
             comm.abort();
+            // Queued work of a failed run is waited for (its errors are moot).
+            let _ = backend.synchronize();
             return Err(e);
         }
         let mut outputs = Vec::with_capacity(program.outputs.len());

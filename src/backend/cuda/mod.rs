@@ -67,6 +67,24 @@ pub struct CudaBackend {
     name: String,
     gpu: Arc<dyn Gpu>,
     stats: Mutex<CudaStats>,
+    /// Error-flag buffers of queued computes, read at the next
+    /// [`Backend::synchronize`]: (buffer, what each flag means).
+    pending: Mutex<Vec<(DevPtr, Vec<String>)>>,
+    /// Error-flag buffers for reuse (zeroed), so a compute allocates none.
+    flag_pool: Mutex<Vec<DevPtr>>,
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let pending = std::mem::take(self.pending.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let pool = std::mem::take(self.flag_pool.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let _ = self.gpu.synchronize();
+        for p in pending.into_iter().map(|x| x.0).chain(pool) {
+            // SAFETY: allocated by this device's `alloc` for error flags, owned
+            // by this backend alone, and its work has finished (synchronized).
+            unsafe { self.gpu.free(p) };
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -128,7 +146,13 @@ impl CudaBackend {
     }
 
     fn from_gpu(name: String, gpu: Arc<dyn Gpu>) -> Self {
-        CudaBackend { name, gpu, stats: Mutex::new(CudaStats::default()) }
+        CudaBackend {
+            name,
+            gpu,
+            stats: Mutex::new(CudaStats::default()),
+            pending: Mutex::new(Vec::new()),
+            flag_pool: Mutex::new(Vec::new()),
+        }
     }
 
     /// The GPU's peak memory bandwidth in bytes/s (memory clock × bus width
@@ -250,6 +274,15 @@ impl Backend for CudaBackend {
     }
 
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
+        self.compute_async(ctx, graph, storage)?;
+        Backend::synchronize(self)
+    }
+
+    /// Queues the graph's kernels on the device's stream and returns; their
+    /// error flags (indices out of range) are read by the next
+    /// [`Backend::synchronize`], which the meta backend calls once per run.
+    /// A node without a kernel (computed on the host) waits for the device.
+    fn compute_async(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
         if !graph.built_from(ctx) {
             return Err(Error::ForeignTensor {
                 id: 0,
@@ -257,7 +290,7 @@ impl Backend for CudaBackend {
                 detail: format!("graph was built from context {}", graph.context_id()),
             });
         }
-        let cx = ops::Cx::live(&*self.gpu);
+        let cx = ops::Cx::pooled(&*self.gpu, &self.flag_pool);
         let mut host: Vec<&'static str> = Vec::new();
         let mut device_nodes = 0u64;
         let r = (|| {
@@ -276,12 +309,11 @@ impl Backend for CudaBackend {
                     host.push(t.op.name());
                 }
             }
-            self.gpu.synchronize().map_err(|e| Error::Cuda { detail: format!("{}: {e}", self.name) })?;
-            cx.check_flags().map_err(|e| match e {
-                Error::Compute { detail } => Error::Compute { detail: format!("{}: {detail}", self.name) },
-                other => other,
-            })
+            Ok(())
         })();
+        if let Some(f) = cx.take_flags() {
+            self.pending.lock().unwrap_or_else(|p| p.into_inner()).push(f);
+        }
         let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         s.launches += cx.launches();
         s.device_nodes += device_nodes;
@@ -289,6 +321,34 @@ impl Backend for CudaBackend {
             *s.host_nodes.entry(op.to_string()).or_default() += 1;
         }
         r
+    }
+
+    /// Waits for the queued work and reads the queued computes' error flags
+    /// (one read each), failing with the first set one's message.
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.synchronize().map_err(|e| Error::Cuda { detail: format!("{}: {e}", self.name) })?;
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut first = Ok(());
+        for (p, what) in pending {
+            let mut b = vec![0u8; 4 * what.len()];
+            // SAFETY: the first 4·len bytes of a live flag buffer (len ≤ its slots).
+            let read = unsafe { self.gpu.read(p, &mut b) };
+            let set = b.chunks_exact(4).position(|c| c != [0; 4]);
+            if first.is_ok() {
+                first = match (read, set) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), Some(i)) => Err(Error::Compute { detail: format!("{}: {}", self.name, what[i]) }),
+                    (Ok(()), None) => Ok(()),
+                };
+            }
+            // SAFETY: the whole flag buffer; reused only after this clears it.
+            match unsafe { self.gpu.memset(p, 0, 4 * ops::FLAG_SLOTS) } {
+                Ok(()) => self.flag_pool.lock().unwrap_or_else(|p| p.into_inner()).push(p),
+                // SAFETY: our allocation, no longer referenced.
+                Err(_) => unsafe { self.gpu.free(p) },
+            }
+        }
+        first
     }
 }
 

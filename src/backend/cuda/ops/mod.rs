@@ -78,10 +78,12 @@ pub(crate) struct Cx<'a> {
     /// Error flags of this compute ([`Cx::error_flag`]) and what each means.
     flags: RefCell<Option<Scratch<'a>>>,
     flag_what: RefCell<Vec<String>>,
+    /// Zeroed flag buffers to take instead of allocating (queued computes).
+    pool: Option<&'a std::sync::Mutex<Vec<DevPtr>>>,
 }
 
 /// Error flags per flag buffer (checked early when it fills).
-const FLAG_SLOTS: usize = 1024;
+pub(crate) const FLAG_SLOTS: usize = 1024;
 
 impl<'a> Cx<'a> {
     /// A context that launches on `gpu`.
@@ -93,7 +95,21 @@ impl<'a> Cx<'a> {
             launches: Cell::new(0),
             flags: RefCell::new(None),
             flag_what: RefCell::new(Vec::new()),
+            pool: None,
         }
+    }
+    /// A context that launches on `gpu` and takes its error-flag buffer
+    /// from `pool` (zeroed buffers of [`FLAG_SLOTS`] flags), handing it
+    /// back with [`Cx::take_flags`] instead of freeing it.
+    pub fn pooled(gpu: &'a dyn Gpu, pool: &'a std::sync::Mutex<Vec<DevPtr>>) -> Self {
+        Cx { pool: Some(pool), ..Self::live(gpu) }
+    }
+    /// The flag buffer in use and what each flag handed out means, for a
+    /// check after the queued work (the buffer is then the caller's).
+    pub fn take_flags(&self) -> Option<(DevPtr, Vec<String>)> {
+        let mut s = self.flags.borrow_mut().take()?;
+        let p = std::mem::replace(&mut s.p, 0);
+        Some((p, std::mem::take(&mut *self.flag_what.borrow_mut())))
     }
     /// A context that only answers whether a node has a kernel.
     pub fn dry(gpu: &'a dyn Gpu) -> Self {
@@ -104,6 +120,7 @@ impl<'a> Cx<'a> {
             launches: Cell::new(0),
             flags: RefCell::new(None),
             flag_what: RefCell::new(Vec::new()),
+            pool: None,
         }
     }
     /// Launches issued so far.
@@ -173,7 +190,12 @@ impl<'a> Cx<'a> {
             self.flag_what.borrow_mut().clear();
         }
         if self.flags.borrow().is_none() {
-            *self.flags.borrow_mut() = Some(self.scratch(4 * FLAG_SLOTS)?);
+            let pooled = self.pool.and_then(|p| p.lock().ok()?.pop());
+            let s = match pooled {
+                Some(p) => Scratch { gpu: self.gpu, p, bytes: 4 * FLAG_SLOTS },
+                None => self.scratch(4 * FLAG_SLOTS)?,
+            };
+            *self.flags.borrow_mut() = Some(s);
         }
         let base = self.flags.borrow().as_ref().map_or(0, |f| f.p);
         let mut w = self.flag_what.borrow_mut();
