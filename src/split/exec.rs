@@ -111,12 +111,14 @@ struct BoundExchange {
     unplanned: bool,
 }
 
+/// What a program is compiled for. A context's generation is not part of
+/// it: a step graph rebuilt after a truncation has the same structure
+/// (hash) and tensor ids, so its program still fits (llama.cpp's graph reuse).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Key {
     plan: u64,
     graph_hash: u64,
     ctx: u32,
-    generation: u64,
     outputs: Vec<TensorId>,
 }
 
@@ -362,7 +364,6 @@ impl MetaExecutor {
             plan: plan.id,
             graph_hash: graph.hash(),
             ctx: ctx.id(),
-            generation: ctx.generation(),
             outputs: outputs.to_vec(),
         };
         let at = match st.programs.iter().position(|e| e.key == key) {
@@ -625,6 +626,11 @@ impl MetaExecutor {
         let mut outputs = Vec::with_capacity(program.outputs.len());
         let mut read = 0u64;
         for o in &program.outputs {
+            // A mirrored output is read from device 0 only (the others hold copies).
+            if j > 0 && o.state == super::state::SplitState::Mirrored {
+                outputs.push(Vec::new());
+                continue;
+            }
             let lid = o.local[j];
             let mut v = vec![0u8; d.ctx.t(lid).nbytes()];
             bound.storage.get_bytes(&d.ctx, lid, 0, &mut v)?;

@@ -1,0 +1,143 @@
+//! The compiled runtime, checked through the executor's deterministic
+//! counters (never timed): after the first decode step of a shape a step
+//! allocates nothing, copies nothing into the caches, reads to the host
+//! only the output it asks for, and moves exactly its plan's bytes; and a
+//! step's work follows the KV cells in use, not the allocated context — a
+//! decode in a 65536-cell cache gives the tokens and logits of a 512-cell one.
+
+use shardgraph::models::policy::qwen3_policy;
+use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph::models::runner::Runner;
+use shardgraph::models::kv_window;
+use shardgraph::split::Planner;
+use shardgraph::tensor::quant::quantize_chunk;
+use shardgraph::{Context, GgmlType};
+
+#[path = "common/decode.rs"]
+mod decode;
+use decode::nmse;
+
+fn hp() -> Qwen3Hparams {
+    Qwen3Hparams {
+        n_layer: 2,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 8,
+        n_head_kv: 4,
+        head_dim: 32,
+        n_vocab: 96,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        n_ctx_train: 4096,
+    }
+}
+
+/// A session on `ratios` with a KV cache of `kv_size` cells and seeded weights.
+fn session(ratios: &[f32], kv_size: i64) -> Qwen3Session {
+    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let mut ctx = Context::new();
+    let model = Qwen3::new(&mut ctx, hp(), types, GgmlType::F16, kv_size).unwrap();
+    let policy = qwen3_policy(&model.hp, &types, ratios).unwrap();
+    let mut s = Qwen3Session::new(model, ctx, Runner::new(policy, 1).unwrap()).unwrap();
+    let weights: Vec<(String, GgmlType, [i64; 4])> = s
+        .ctx
+        .ids()
+        .take(s.model.base_len)
+        .map(|id| s.ctx.tensor(id).unwrap())
+        .filter(|t| !t.name.starts_with("cache_"))
+        .map(|t| (t.name.clone(), t.ty, t.ne))
+        .collect();
+    for (k, (name, ty, ne)) in weights.iter().enumerate() {
+        let n = ne.iter().product::<i64>() as usize;
+        let mut r = (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let scale = if name.ends_with("norm.weight") { 0.1 } else { 1.5 / (ne[0] as f32).sqrt() };
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                let u = ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                if name.ends_with("norm.weight") {
+                    1.0 + u * scale
+                } else {
+                    u * scale
+                }
+            })
+            .collect();
+        let rows = n / ne[0] as usize;
+        let mut bytes = vec![0u8; ty.row_size(ne[0]).unwrap() * rows];
+        quantize_chunk(*ty, &v, &mut bytes, rows, ne[0] as usize).unwrap();
+        s.set_weight(name, &bytes).unwrap();
+    }
+    s
+}
+
+#[test]
+fn a_decode_step_allocates_copies_and_reads_nothing_but_its_output() {
+    for ratios in [vec![1.0], vec![1.0, 1.0], vec![2.0, 1.0, 1.0]] {
+        let n = ratios.len();
+        let mut s = session(&ratios, 1024);
+        let mut last = *s.decode(&[3, 17, 42, 5, 88, 1], &[], false).unwrap().argmax.last().unwrap();
+        // The first decode step of its shape compiles and sizes the arenas.
+        last = s.decode(&[last], &[], false).unwrap().argmax[0];
+        // The plan of a decode step (a graph like the session's next one).
+        let plan_bytes = {
+            let base = s.model.base_len;
+            s.ctx.truncate(base);
+            let n_kv = kv_window(s.model.kv_size, s.n_past + 1);
+            let step = s.model.build_window(&mut s.ctx, 1, n_kv, &[]).unwrap();
+            let g = s.ctx.build_forward(&step.outputs()).unwrap();
+            Planner::default().plan(&s.ctx, &g, &s.runner.policy, &[]).unwrap().total_bytes()
+        };
+        for step in 0..12 {
+            let (before, moved) = (s.runner.exec.counters(), s.runner.bytes_moved);
+            last = s.decode(&[last], &[], false).unwrap().argmax[0];
+            let c = s.runner.exec.counters();
+            let what = format!("{ratios:?}, step {step}");
+            // The first step after the rebuild above is the program's again:
+            // nothing new either way.
+            assert_eq!(c.compiles - before.compiles, 0, "{what}: compiled");
+            assert_eq!(c.bytes_allocated - before.bytes_allocated, 0, "{what}: bytes allocated");
+            assert_eq!(c.store_bytes_copied - before.store_bytes_copied, 0, "{what}: bytes copied into the caches");
+            // The greedy token (one I32), read from one device.
+            assert_eq!(c.host_bytes_read - before.host_bytes_read, 4, "{what}: bytes read to the host");
+            assert_eq!(s.runner.bytes_moved - moved, plan_bytes, "{what}: bytes moved vs the plan");
+            if n > 1 {
+                assert!(plan_bytes > 0, "{what}: a split decode step exchanges");
+            }
+        }
+    }
+}
+
+/// The steps' window: 256 cells while fewer are used, then 512 — the same
+/// tokens and logits as with a small cache, on 1 and 2 devices.
+#[test]
+fn decoding_in_a_65536_cell_cache_gives_the_tokens_of_a_512_cell_cache() {
+    assert_eq!(kv_window(65536, 1), 256);
+    assert_eq!(kv_window(65536, 256), 256);
+    assert_eq!(kv_window(65536, 257), 512);
+    assert_eq!(kv_window(100, 7), 100);
+    let prompt: Vec<i32> = (0..250).map(|i| (i * 37 + 11) % 96).collect();
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        let mut runs = Vec::new();
+        for kv in [512, 65536] {
+            let mut s = session(&ratios, kv);
+            let out = s.decode(&prompt, &[], true).unwrap();
+            let mut logits = vec![out.logits.unwrap()];
+            let mut tokens = vec![*out.argmax.last().unwrap()];
+            // Across the window's edge at 256 cells.
+            for _ in 0..12 {
+                let o = s.decode(&[*tokens.last().unwrap()], &[], true).unwrap();
+                tokens.push(o.argmax[0]);
+                logits.push(o.logits.unwrap());
+            }
+            assert_eq!(s.n_past, 262);
+            runs.push((tokens, logits));
+        }
+        assert_eq!(runs[0].0, runs[1].0, "{ratios:?}: tokens with 512 and 65536 cells");
+        for (a, b) in runs[0].1.iter().zip(&runs[1].1) {
+            let e = nmse(a, b);
+            assert!(e <= 1e-12, "{ratios:?}: logits NMSE {e:.3e} between 512 and 65536 cells");
+        }
+    }
+}
