@@ -124,6 +124,20 @@ pub enum Error {
         /// The device, kernel or library involved and why.
         detail: String,
     },
+    /// Memory a device does not have, found before anything is allocated:
+    /// `device` names it (CPU devices share the host's memory), `detail`
+    /// says what needs the memory (weights, KV caches of N cells).
+    #[error("device {device}: {detail} need {needed} bytes, {available} bytes are available")]
+    OutOfMemory {
+        /// The device (or `CPU0+CPU1 (host memory)` for CPU devices).
+        device: String,
+        /// What needs the memory.
+        detail: String,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes available.
+        available: u64,
+    },
     /// A backend failure during compute (including a kernel that panicked;
     /// the panic is contained and reported here).
     #[error("compute failed: {detail}")]

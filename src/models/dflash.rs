@@ -713,9 +713,7 @@ impl DflashDrafter {
         let model = Dflash::new(ctx, info, hp, weight_type, kv_type, kv_size)?;
         runner.policy = policy;
         let ids: Vec<TensorId> = ctx.ids().skip(start).collect();
-        for id in ids {
-            runner.place(ctx, id)?;
-        }
+        runner.place_all(ctx, &ids, &format!("the drafter's weights and KV caches of {kv_size} cells"))?;
         *base_len = ctx.len();
         Ok(DflashDrafter { model, p_min })
     }

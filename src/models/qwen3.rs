@@ -619,12 +619,13 @@ impl Qwen3Session {
     /// [`Qwen3Session::set_weight`]).
     ///
     /// # Errors
-    /// Placement errors (a policy that cannot split a tensor names it).
+    /// [`Error::OutOfMemory`] when a device cannot hold the weights and
+    /// caches (checked before anything is allocated); placement errors (a
+    /// policy that cannot split a tensor names it).
     pub fn new(model: Qwen3, ctx: Context, mut runner: super::runner::Runner) -> Result<Self> {
         let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
-        for id in ids {
-            runner.place(&ctx, id)?;
-        }
+        let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
+        runner.place_all(&ctx, &ids, &what)?;
         let base_len = model.base_len;
         Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len, step: None })
     }

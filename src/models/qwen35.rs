@@ -1130,9 +1130,8 @@ impl Qwen35Session {
         let policy = super::policy::qwen35_policy(&model.hp, &types, ratios)?;
         let mut runner = super::runner::Runner::new(policy, threads)?;
         let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
-        for id in ids {
-            runner.place(&ctx, id)?;
-        }
+        let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
+        runner.place_all(&ctx, &ids, &what)?;
         let report = crate::gguf::load_into_split_store(&file, &ctx, &mut runner.store)?;
         let loaded: std::collections::HashSet<&str> = report.loaded.iter().map(|(l, _)| l.as_str()).collect();
         let missing: Vec<String> = ctx
@@ -1267,9 +1266,7 @@ impl Qwen35Session {
         let start = self.ctx.len();
         self.model.add_snapshots(&mut self.ctx, slots)?;
         let ids: Vec<TensorId> = self.ctx.ids().skip(start).collect();
-        for id in ids {
-            self.runner.place(&self.ctx, id)?;
-        }
+        self.runner.place_all(&self.ctx, &ids, &format!("qwen35 recurrent-state snapshots of {slots} slots"))?;
         self.base_len = self.ctx.len();
         Ok(())
     }

@@ -80,6 +80,39 @@ impl Runner {
         self.store.place(ctx, id, &st)
     }
 
+    /// Places the long-lived tensors `ids` (weights and caches) as
+    /// [`Runner::place`] does, after checking that every device can hold
+    /// them with what it holds already — before anything is allocated.
+    /// `what` names them in the error ("qwen3 weights and KV caches of 65536
+    /// cells").
+    ///
+    /// # Errors
+    /// [`crate::Error::OutOfMemory`] naming the device and the bytes needed
+    /// and available; policy and placement errors as [`Runner::place`].
+    pub fn place_all(&mut self, ctx: &Context, ids: &[TensorId], what: &str) -> Result<()> {
+        let n = self.n_devices();
+        let mut need = self.store.bytes_per_device();
+        let mut states = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let t = ctx.tensor(id)?;
+            let st = self
+                .policy
+                .state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })?
+                .unwrap_or(SplitState::Mirrored);
+            for (j, b) in need.iter_mut().enumerate().take(n) {
+                let ne = crate::split::local_ne(t.ne, &st, j);
+                let rows = (ne[1] * ne[2] * ne[3]).max(0) as u64;
+                *b = b.saturating_add((t.ty.row_size(ne[0])? as u64).saturating_mul(rows));
+            }
+            states.push(st);
+        }
+        self.exec.check_memory(&need, what)?;
+        for (&id, st) in ids.iter().zip(&states) {
+            self.store.place(ctx, id, st)?;
+        }
+        Ok(())
+    }
+
     /// Plans (or reuses the plan of) `graph`, places leafs that are not
     /// placed yet, writes `inputs` (full single-device bytes per tensor) and
     /// runs it; returns the outputs' single-device bytes. Outputs that are

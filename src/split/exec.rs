@@ -256,6 +256,48 @@ impl MetaExecutor {
         self.devices.len()
     }
 
+    /// Checks that device `j` can hold `need[j]` more bytes (weights and
+    /// caches about to be placed), before anything is allocated: a GPU
+    /// against its memory (a virtual device's share), CPU devices together
+    /// against the host's available memory. `what` says what needs it.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] naming the device, the bytes needed and the
+    /// bytes available; [`Error::Split`] for a list of another length.
+    pub fn check_memory(&self, need: &[u64], what: &str) -> Result<()> {
+        if need.len() != self.devices.len() {
+            return Err(Error::Split { detail: format!("{} sizes for {} devices", need.len(), self.devices.len()) });
+        }
+        let (mut host, mut names) = (0u64, Vec::new());
+        for (d, &b) in self.devices.iter().zip(need) {
+            let info = d.device();
+            if info.kind == crate::backend::DeviceKind::Gpu && info.memory_total > 0 {
+                if b > info.memory_total as u64 {
+                    return Err(Error::OutOfMemory {
+                        device: info.name,
+                        detail: what.to_string(),
+                        needed: b,
+                        available: info.memory_total as u64,
+                    });
+                }
+            } else if info.kind == crate::backend::DeviceKind::Cpu {
+                host = host.saturating_add(b);
+                names.push(info.name);
+            }
+        }
+        if let Some(avail) = crate::backend::cpu::host_memory_available() {
+            if host > avail {
+                return Err(Error::OutOfMemory {
+                    device: format!("{} (host memory)", names.join("+")),
+                    detail: what.to_string(),
+                    needed: host,
+                    available: avail,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// What the executor allocated, copied into stored tensors and read to
     /// the host so far (see [`ExecCounters`]).
     pub fn counters(&self) -> ExecCounters {

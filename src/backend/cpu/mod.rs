@@ -28,6 +28,15 @@ pub const MAX_THREADS: usize = 1024;
 
 static NEXT_CPU: AtomicU32 = AtomicU32::new(0);
 
+/// Host memory available for new allocations (Linux's `MemAvailable`), in
+/// bytes; `None` where the system does not say.
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Configuration of a CPU backend instance.
 #[derive(Clone, Debug)]
 pub struct CpuConfig {
