@@ -786,23 +786,26 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
             return Ok(Vec::new());
         }
         let (ctx, runner, base_len) = target.parts();
-        ctx.truncate(*base_len);
         let n_kv = super::kv_window(self.model.kv_size, pos + rows);
-        let b = self.model.build_block_window(ctx, rows, n_kv)?;
-        // The greedy rows and their probabilities (v1) or the selector's
-        // lattice (DFlash2) are computed where the vocabulary slices live;
-        // the logits never leave the devices.
-        let mut outs = b.writes.clone();
-        match b.lattice {
-            Some(l) => outs.push(l),
-            None => {
-                outs.push(b.argmax);
-                if self.p_min > 0.0 {
-                    outs.push(b.top_prob);
+        let (model, with_prob) = (&self.model, self.p_min > 0.0);
+        let sg = runner.graphs.get_or_build(ctx, *base_len, ("dflash block", rows, n_kv, with_prob), |ctx| {
+            let b = model.build_block_window(ctx, rows, n_kv)?;
+            // The greedy rows and their probabilities (v1) or the selector's
+            // lattice (DFlash2) are computed where the vocabulary slices live;
+            // the logits never leave the devices.
+            let mut outs = b.writes.clone();
+            match b.lattice {
+                Some(l) => outs.push(l),
+                None => {
+                    outs.push(b.argmax);
+                    if with_prob {
+                        outs.push(b.top_prob);
+                    }
                 }
             }
-        }
-        let g = ctx.build_forward(&outs)?;
+            Ok((b, outs))
+        })?;
+        let (b, outs, g) = (&sg.step, &sg.outputs, &sg.graph);
         let mut toks = vec![last];
         toks.extend(std::iter::repeat_n(hp.mask_token, n));
         let positions: Vec<i32> = (0..rows).map(|i| (pos + i) as i32).collect();
@@ -814,7 +817,7 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
             (b.mask, mask),
             (b.kv_idxs, super::cell_bytes(&positions)),
         ];
-        let rep = runner.run(ctx, &g, &inputs, &outs)?;
+        let rep = runner.run(ctx, g, &inputs, outs)?;
         let k = b.writes.len();
         if b.lattice.is_some() {
             let lattice = f32s(&rep.outputs[k]);
@@ -863,13 +866,17 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
             }
         }
         let (ctx, runner, base_len) = target.parts();
-        ctx.truncate(*base_len);
-        let inj = self.model.build_inject(ctx, kept as i64)?;
-        let g = ctx.build_forward(&inj.writes)?;
+        let model = &self.model;
+        let sg = runner.graphs.get_or_build(ctx, *base_len, ("dflash inject", kept), |ctx| {
+            let inj = model.build_inject(ctx, kept as i64)?;
+            let outs = inj.writes.clone();
+            Ok((inj, outs))
+        })?;
+        let (inj, g) = (&sg.step, &sg.graph);
         let pos: Vec<u8> = (0..kept as i64).flat_map(|i| ((start + i) as i32).to_le_bytes()).collect();
         let idx: Vec<u8> = (0..kept as i64).flat_map(|i| (start + i).to_le_bytes()).collect();
         let inputs = vec![(inj.features, feats), (inj.pos, pos), (inj.kv_idxs, idx)];
-        runner.run(ctx, &g, &inputs, &inj.writes)?;
+        runner.run(ctx, g, &inputs, &inj.writes)?;
         Ok(())
     }
 }

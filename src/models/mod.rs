@@ -52,42 +52,80 @@ pub fn kv_window(kv_size: i64, used: i64) -> i64 {
     padded.max(PAD).min(kv_size).max(1)
 }
 
-/// A step graph kept for the next step (llama.cpp's graph reuse): while the
-/// steps keep its key (tokens per step, KV window, taps) and nothing else
-/// was built in the context, a step only writes its inputs and runs.
+/// A step graph kept for later steps (llama.cpp's graph reuse): its key
+/// (what shapes it: tokens per step, KV window, taps…), the step's tensors,
+/// the outputs to read, and the graph.
 #[derive(Debug)]
 pub(crate) struct StepGraph<K, S> {
     key: K,
     /// The step's tensors.
     pub step: S,
-    /// Its outputs, in build order.
+    /// What the caller reads back, in its order.
     pub outputs: Vec<TensorId>,
     /// The graph.
     pub graph: crate::graph::Graph,
 }
 
-impl<K: PartialEq, S> StepGraph<K, S> {
-    /// The kept graph if its key is `key` and the context still holds it;
-    /// else the graph `build` makes on top of the first `base_len` tensors.
+/// The step graphs built on top of a session's long-lived tensors, kept
+/// while the context holds them: a step whose key was seen (a decode step
+/// in the same KV window, a drafter's block, a verification batch of the
+/// same length) reuses its graph — and so its plan and compiled program —
+/// and only writes its inputs. Graphs are appended to the context; when it
+/// has grown by [`GraphCache::MAX_TENSORS`] tensors or holds
+/// [`GraphCache::MAX_GRAPHS`] graphs, it is cut back to the long-lived
+/// tensors and the cache starts afresh, so their number stays bounded.
+#[derive(Debug, Default)]
+pub(crate) struct GraphCache {
+    /// (context id, generation, base length) the entries were built in.
+    built_in: Option<(u32, u64, usize)>,
+    entries: Vec<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl GraphCache {
+    /// Most graphs kept.
+    pub const MAX_GRAPHS: usize = 32;
+    /// Most tensors the kept graphs may add to the context.
+    pub const MAX_TENSORS: usize = 1 << 18;
+
+    /// The kept graph of `key`, or the one `build` makes (appended to the
+    /// context, above its first `base_len` tensors).
     ///
     /// # Errors
     /// `build`'s errors; [`crate::Error::Graph`] for no outputs.
-    pub(crate) fn reuse_or_build<'a>(
-        slot: &'a mut Option<Self>,
+    pub(crate) fn get_or_build<K, S>(
+        &mut self,
         ctx: &mut crate::graph::Context,
         base_len: usize,
         key: K,
         build: impl FnOnce(&mut crate::graph::Context) -> crate::Result<(S, Vec<TensorId>)>,
-    ) -> crate::Result<&'a Self> {
-        let keep = slot.as_ref().is_some_and(|sg| sg.key == key && sg.graph.built_from(ctx) && ctx.len() > base_len);
-        if !keep {
-            *slot = None;
-            ctx.truncate(base_len);
-            let (step, outputs) = build(ctx)?;
-            let graph = ctx.build_forward(&outputs)?;
-            *slot = Some(StepGraph { key, step, outputs, graph });
+    ) -> crate::Result<std::sync::Arc<StepGraph<K, S>>>
+    where
+        K: PartialEq + Send + Sync + 'static,
+        S: Send + Sync + 'static,
+    {
+        let here = (ctx.id(), ctx.generation(), base_len);
+        if self.built_in != Some(here) || ctx.len() < base_len {
+            self.entries.clear();
         }
-        slot.as_ref().ok_or_else(|| crate::Error::Graph { detail: "step graph".into() })
+        for e in &self.entries {
+            if let Ok(sg) = e.clone().downcast::<StepGraph<K, S>>() {
+                if sg.key == key && sg.graph.built_from(ctx) {
+                    return Ok(sg);
+                }
+            }
+        }
+        if self.entries.len() >= Self::MAX_GRAPHS || ctx.len().saturating_sub(base_len) > Self::MAX_TENSORS {
+            self.entries.clear();
+        }
+        if self.entries.is_empty() {
+            ctx.truncate(base_len);
+        }
+        let (step, outputs) = build(ctx)?;
+        let graph = ctx.build_forward(&outputs)?;
+        let sg = std::sync::Arc::new(StepGraph { key, step, outputs, graph });
+        self.entries.push(sg.clone());
+        self.built_in = Some((ctx.id(), ctx.generation(), base_len));
+        Ok(sg)
     }
 }
 

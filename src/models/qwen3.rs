@@ -603,9 +603,6 @@ pub struct Qwen3Session {
     /// Length of the context with only long-lived tensors (the target's,
     /// and a drafter's once added); step graphs are built after it.
     pub base_len: usize,
-    /// The last step graph: reused while steps keep its shape and nothing
-    /// was built in the context since (llama.cpp's graph reuse).
-    step: Option<super::StepGraph<(i64, i64, Vec<usize>, bool), Qwen3Step>>,
 }
 
 /// Little-endian F32 bytes as values.
@@ -627,7 +624,7 @@ impl Qwen3Session {
         let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
         runner.place_all(&ctx, &ids, &what)?;
         let base_len = model.base_len;
-        Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len, step: None })
+        Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len })
     }
 
     /// Opens a `qwen3` GGUF, builds the model with a KV cache of `kv_size`
@@ -722,7 +719,7 @@ impl Qwen3Session {
         let n_kv = super::kv_window(self.model.kv_size, self.n_past + t);
         let key = (t, n_kv, taps.to_vec(), want_logits);
         let (model, base) = (&self.model, self.base_len);
-        let sg = super::StepGraph::reuse_or_build(&mut self.step, &mut self.ctx, base, key, |ctx| {
+        let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, key, |ctx| {
             let step = model.build_window(ctx, t, n_kv, taps)?;
             // Only what the caller reads is read back (the logits stay on the
             // devices unless asked for).

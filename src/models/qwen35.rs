@@ -1086,8 +1086,6 @@ pub struct Qwen35Session {
     /// The last multi-token batch whose per-token states are in the
     /// snapshot buffers: `(start, tokens)`.
     snap_batch: Option<(i64, i64)>,
-    /// The last decode step's graph, reused while steps keep its shape.
-    step: Option<super::StepGraph<(i64, i64, Vec<usize>, bool), Qwen35Step>>,
 }
 
 /// The recurrent states before a multi-token batch: `(start position,
@@ -1160,7 +1158,7 @@ impl Qwen35Session {
             });
         }
         let base_len = model.base_len;
-        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None, step: None })
+        Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None })
     }
 
     /// The recurrent caches (conv and delta-net states) of every layer.
@@ -1213,7 +1211,7 @@ impl Qwen35Session {
         let n_kv = super::kv_window(self.model.kv_size, self.n_past + t);
         let key = (t, n_kv, taps.to_vec(), want_logits);
         let (model, base) = (&self.model, self.base_len);
-        let sg = super::StepGraph::reuse_or_build(&mut self.step, &mut self.ctx, base, key, |ctx| {
+        let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, key, |ctx| {
             let step = model.build_window(ctx, t, n_kv, taps)?;
             let mut outputs = step.writes.clone();
             outputs.extend(step.taps.iter().map(|x| x.1));
@@ -1383,12 +1381,15 @@ impl Qwen35Session {
                 ),
             });
         }
-        self.ctx.truncate(self.base_len);
         let n_kv = super::kv_window(self.model.kv_size, start + t);
-        let step = self.model.build_mtp_window(&mut self.ctx, t, n_kv)?;
-        let mut outputs = step.writes.clone();
-        outputs.extend([step.h_out, step.argmax, step.top_prob]);
-        let graph = self.ctx.build_forward(&outputs)?;
+        let (model, base) = (&self.model, self.base_len);
+        let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, ("mtp step", t, n_kv), |ctx| {
+            let step = model.build_mtp_window(ctx, t, n_kv)?;
+            let mut outputs = step.writes.clone();
+            outputs.extend([step.h_out, step.argmax, step.top_prob]);
+            Ok((step, outputs))
+        })?;
+        let (step, outputs, graph) = (&sg.step, &sg.outputs, &sg.graph);
         let pos: Vec<i32> = (0..t).map(|i| (start + i) as i32).collect();
         let inputs = vec![
             (step.tokens, i32_bytes(tokens)),
@@ -1397,7 +1398,7 @@ impl Qwen35Session {
             (step.mask, mask_bytes(n_kv, pos.iter().map(|&p| p as i64))),
             (step.kv_idxs, cell_bytes(&pos)),
         ];
-        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        let rep = self.runner.run(&self.ctx, graph, &inputs, outputs)?;
         let n = outputs.len();
         Ok(MtpOutput {
             h: f32s(&rep.outputs[n - 3]),
@@ -1430,15 +1431,18 @@ impl Qwen35Session {
                 ),
             });
         }
-        self.ctx.truncate(self.base_len);
         let n_kv = super::kv_window(self.model.kv_size, start + n as i64);
-        let chain = self.model.build_mtp_chain_window(&mut self.ctx, n, n_kv)?;
-        let mut outputs = chain.writes.clone();
-        for st in &chain.steps {
-            outputs.push(st.argmax);
-            outputs.push(st.top_prob);
-        }
-        let graph = self.ctx.build_forward(&outputs)?;
+        let (model, base) = (&self.model, self.base_len);
+        let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, ("mtp chain", n, n_kv), |ctx| {
+            let chain = model.build_mtp_chain_window(ctx, n, n_kv)?;
+            let mut outputs = chain.writes.clone();
+            for st in &chain.steps {
+                outputs.push(st.argmax);
+                outputs.push(st.top_prob);
+            }
+            Ok((chain, outputs))
+        })?;
+        let (chain, outputs, graph) = (&sg.step, &sg.outputs, &sg.graph);
         let mut inputs = vec![(chain.token, i32_bytes(&[last])), (chain.h, f32_bytes(h))];
         for (i, st) in chain.steps.iter().enumerate() {
             let p = [(start + i as i64) as i32];
@@ -1446,7 +1450,7 @@ impl Qwen35Session {
             inputs.push((st.mask, mask_bytes(n_kv, [p[0] as i64])));
             inputs.push((st.kv_idxs, cell_bytes(&p)));
         }
-        let rep = self.runner.run(&self.ctx, &graph, &inputs, &outputs)?;
+        let rep = self.runner.run(&self.ctx, graph, &inputs, outputs)?;
         let k = chain.writes.len();
         let mut toks = Vec::with_capacity(n);
         let mut probs = Vec::with_capacity(n);

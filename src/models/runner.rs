@@ -25,6 +25,8 @@ pub struct Runner {
     pub runs: u64,
     /// The last graph run and the store it ran on (its leafs are placed).
     placed: Option<(u64, u32, u64, (u64, u64))>,
+    /// Step graphs kept for reuse (the models' decode, draft and verify steps).
+    pub(crate) graphs: super::GraphCache,
 }
 
 impl Runner {
@@ -43,6 +45,7 @@ impl Runner {
             bytes_moved: 0,
             runs: 0,
             placed: None,
+            graphs: super::GraphCache::default(),
         })
     }
 

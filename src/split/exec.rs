@@ -88,6 +88,17 @@ pub struct RunReport {
     pub counters: ExecCounters,
 }
 
+/// What a compiled program does per run ([`MetaExecutor::prepare`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramSummary {
+    /// Local graphs (compute stages) per device.
+    pub subgraphs: usize,
+    /// Exchanges per device.
+    pub exchanges: usize,
+    /// Per device: bytes of intermediates (its share of the compute arena).
+    pub compute_bytes: Vec<u64>,
+}
+
 /// A device's compute arena: the buffers every program's intermediates live
 /// in (a device runs one program at a time).
 #[derive(Default)]
@@ -506,6 +517,39 @@ impl MetaExecutor {
             runs: 1,
         };
         Ok(report)
+    }
+
+    /// Compiles `plan` for `graph` with `outputs` requested (or finds the
+    /// program compiled before, as [`MetaExecutor::execute`] does first) and
+    /// describes it, without touching any data: what a run of it will do.
+    ///
+    /// # Errors
+    /// As [`MetaExecutor::execute`]'s planning and compiling.
+    pub fn prepare(&self, ctx: &Context, graph: &Graph, plan: &Plan, outputs: &[TensorId]) -> Result<ProgramSummary> {
+        if plan.n_devices != self.devices.len() {
+            return Err(Error::Split { detail: format!("a plan for {} devices", plan.n_devices) });
+        }
+        plan.check_graph(ctx, graph)?;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let key = Key { plan: plan.id, graph_hash: graph.hash(), ctx: ctx.id(), outputs: outputs.to_vec() };
+        let program = match st.programs.iter().find(|e| e.key == key) {
+            Some(e) => e.program.clone(),
+            None => {
+                let bts: Vec<_> = self.devices.iter().map(|d| d.buffer_type()).collect();
+                let program = Arc::new(Program::compile(ctx, graph, plan, outputs, &bts)?);
+                st.counters.compiles += 1;
+                if st.programs.len() >= MAX_PROGRAMS {
+                    st.programs.remove(0);
+                }
+                st.programs.push(Entry { key, program: program.clone(), bound: None });
+                program
+            }
+        };
+        Ok(ProgramSummary {
+            subgraphs: program.n_subgraphs,
+            exchanges: program.n_exchanges,
+            compute_bytes: program.compute_bytes(),
+        })
     }
 
     /// A buffer of `len` bytes on device `j`, counted.

@@ -44,7 +44,7 @@ mod store;
 
 pub use comm::{BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
-pub use exec::{ExecCounters, MetaExecutor, RunReport};
+pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunReport};
 pub use layout::{assemble, local_ne, slice_local};
 pub use lower::{lower, Lowered, Step};
 pub use memory::DeviceMemory;
