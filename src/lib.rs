@@ -53,6 +53,14 @@
 //! # Ok::<(), shardgraph::Error>(())
 //! ```
 //!
+//! ## Tensor parallelism
+//! [`split`] plans a graph for N devices (split states, repartitions chosen
+//! by cost where states disagree), compiles the plan into one local graph
+//! per device with the collectives as exchanges between its stages, and
+//! [`split::MetaExecutor`] replays that program on N devices of any backend
+//! with weights and caches in a [`split::SplitStore`] (written in place);
+//! the result equals one device's.
+//!
 //! ## Model files
 //! [`gguf`] reads GGUF v2/v3 files (memory-mapped, validated, zero-copy
 //! tensor data), writes v3 files streaming, and loads tensors into a

@@ -135,6 +135,12 @@ pub trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    /// Host threads this device keeps busy while it computes (the CPU
+    /// backend's workers; one for a GPU's driving thread). The meta backend
+    /// compares their sum with the machine's cores.
+    fn worker_threads(&self) -> usize {
+        1
+    }
     /// Runs `f` on this device's own worker, so that the computes `f`
     /// issues start without a hand-over between threads (the CPU backend
     /// runs it inside its thread pool); by default on the calling thread.

@@ -761,6 +761,7 @@ impl DflashDrafter {
             crate::gguf::load_tensor_into_split_store(&file, &name, ctx, id, &mut runner.store)
                 .map_err(|e| Error::Model { detail: format!("dflash drafter: {e}") })?;
         }
+        runner.upload()?;
         Ok(d)
     }
 }

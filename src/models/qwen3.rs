@@ -666,6 +666,7 @@ impl Qwen3Session {
                 detail: format!("qwen3: the file gave {} of the model's {weights} weights", report.loaded.len()),
             });
         }
+        s.runner.upload()?;
         Ok(s)
     }
 

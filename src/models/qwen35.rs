@@ -1157,6 +1157,7 @@ impl Qwen35Session {
                 ),
             });
         }
+        runner.upload()?;
         let base_len = model.base_len;
         Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None })
     }

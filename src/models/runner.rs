@@ -50,9 +50,8 @@ impl Runner {
     }
 
     /// Runs on `devices` from now on (CUDA devices, virtual devices on one
-    /// GPU, CPU instances), one per rank of the policy. Weights already
-    /// placed stay in the store and are copied to the new devices at their
-    /// first use.
+    /// GPU, CPU instances), one per rank of the policy. Weights and caches
+    /// already placed are copied onto the new devices now.
     ///
     /// # Errors
     /// [`crate::Error::Split`] if the number of devices is not the policy's.
@@ -63,7 +62,8 @@ impl Runner {
             });
         }
         self.exec = MetaExecutor::with_backends(devices)?;
-        Ok(())
+        // What the store held on the old devices moves now, not at the first step.
+        self.upload()
     }
 
     /// Number of devices.
@@ -81,6 +81,16 @@ impl Runner {
         let st =
             self.policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })?.unwrap_or(SplitState::Mirrored);
         self.store.place(ctx, id, &st)
+    }
+
+    /// Moves everything the store holds onto the devices now (weights
+    /// copied once, caches allocated zero-filled), as a model load does, so
+    /// the first step does not pay for it.
+    ///
+    /// # Errors
+    /// Allocation and copy errors.
+    pub fn upload(&mut self) -> Result<()> {
+        self.exec.upload(&mut self.store)
     }
 
     /// Places the long-lived tensors `ids` (weights and caches) as

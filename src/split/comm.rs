@@ -82,12 +82,25 @@ pub trait Comm: Send + Sync {
     fn bytes_received(&self) -> Vec<u64>;
 }
 
+/// How long a barrier waiter spins and then yields before it sleeps, as
+/// `SHARDGRAPH_SPIN=spins,yields` overrides it (for tuning); `None` if unset.
+fn spin_override() -> Option<(u32, u32)> {
+    static B: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        let v = std::env::var("SHARDGRAPH_SPIN").ok()?;
+        let (a, b) = v.split_once(',')?;
+        Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+    })
+}
+
 /// A reusable barrier for the ranks of one communicator: waiters spin
 /// briefly (an exchange on idle devices completes in microseconds), then
 /// sleep; [`Barrier::abort`] releases everyone with an error.
 #[derive(Debug)]
 struct Barrier {
     n: usize,
+    /// Spins, then yields, before sleeping.
+    spin: (u32, u32),
     arrived: AtomicUsize,
     generation: AtomicU64,
     aborted: AtomicBool,
@@ -96,9 +109,10 @@ struct Barrier {
 }
 
 impl Barrier {
-    fn new(n: usize) -> Self {
+    fn new(n: usize, spin: (u32, u32)) -> Self {
         Barrier {
             n,
+            spin: spin_override().unwrap_or(spin),
             arrived: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
@@ -124,14 +138,15 @@ impl Barrier {
             return Ok(());
         }
         let released = || self.generation.load(Ordering::Acquire) != gen;
-        for i in 0..20_000u32 {
+        let (spins, yields) = self.spin;
+        for i in 0..spins + yields {
             if released() {
                 return Ok(());
             }
             if self.aborted.load(Ordering::Acquire) {
                 return Err(Self::failed());
             }
-            if i < 2_000 {
+            if i < spins {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -176,12 +191,25 @@ pub struct HostComm {
 }
 
 impl HostComm {
-    /// A communicator for `n` ranks (`n ≥ 1`).
+    /// A communicator for `n` ranks (`n ≥ 1`) whose threads each have a core:
+    /// a rank waiting for the others spins a few microseconds before it
+    /// sleeps (an exchange between busy devices completes in microseconds).
     pub fn new(n: usize) -> Self {
+        Self::with_spin(n, (4000, 100))
+    }
+
+    /// A communicator for `n` ranks whose threads share cores with others
+    /// (more device threads than cores): a waiting rank sleeps almost at
+    /// once, so the rank it waits for gets the core.
+    pub fn oversubscribed(n: usize) -> Self {
+        Self::with_spin(n, (50, 20))
+    }
+
+    fn with_spin(n: usize, spin: (u32, u32)) -> Self {
         let n = n.max(1);
         HostComm {
             n,
-            barrier: Barrier::new(n),
+            barrier: Barrier::new(n, spin),
             posted: (0..n).map(|_| Mutex::new(Vec::with_capacity(n))).collect(),
             received: (0..n).map(|_| AtomicU64::new(0)).collect(),
         }

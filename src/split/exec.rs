@@ -372,7 +372,12 @@ impl MetaExecutor {
         let comm = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if st.host_comm.as_ref().is_none_or(|c| c.is_aborted()) {
-                st.host_comm = Some(Arc::new(HostComm::new(self.devices.len())));
+                // More device threads than cores: waiting ranks give way at once.
+                let threads: usize = self.devices.iter().map(|d| d.worker_threads()).sum();
+                let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+                let n = self.devices.len();
+                st.host_comm =
+                    Some(Arc::new(if threads > cores { HostComm::oversubscribed(n) } else { HostComm::new(n) }));
             }
             st.host_comm.clone()
         };
@@ -577,22 +582,46 @@ impl MetaExecutor {
                 store.put_stored(b.tensor, Stored { state: b.state.clone(), locals, layout: Some((t.ty, t.ne)) });
             }
             for j in 0..n {
-                let part = match store.get_stored(b.tensor) {
-                    Some(s) => s.locals[j].clone(),
-                    None => continue,
-                };
-                if part.slice_on(self.ids[j]).is_some() {
-                    continue;
-                }
-                let len = part.len();
-                let buf = self.alloc(j, len, counters)?;
-                if !part.is_lazy_zeros() {
-                    buf.set(0, &part.bytes()?)?;
-                    counters.store_bytes_copied += len as u64;
-                }
-                store.put_part(b.tensor, j, Part::device(self.ids[j], BufSlice { buf, offset: 0, len }));
+                self.move_part(store, b.tensor, j, counters)?;
             }
         }
+        Ok(())
+    }
+
+    /// Moves every part `store` holds onto its device now (as the first run
+    /// would): weights are copied once, zero-filled caches only allocated,
+    /// so a model's first step does not pay for loading it.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for a store of another device count; allocation and
+    /// copy errors.
+    pub fn upload(&self, store: &mut SplitStore) -> Result<()> {
+        if store.n_devices() != self.devices.len() {
+            return Err(Error::Split { detail: format!("a store for {} devices", store.n_devices()) });
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for id in store.ids() {
+            for j in 0..self.devices.len() {
+                self.move_part(store, id, j, &mut st.counters)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves device `j`'s part of stored tensor `id` into that device's
+    /// memory unless it is there (counted; zeros are allocated, not copied).
+    fn move_part(&self, store: &mut SplitStore, id: TensorId, j: usize, counters: &mut ExecCounters) -> Result<()> {
+        let Some(part) = store.get_stored(id).map(|s| s.locals[j].clone()) else { return Ok(()) };
+        if part.slice_on(self.ids[j]).is_some() {
+            return Ok(());
+        }
+        let len = part.len();
+        let buf = self.alloc(j, len, counters)?;
+        if !part.is_lazy_zeros() {
+            buf.set(0, &part.bytes()?)?;
+            counters.store_bytes_copied += len as u64;
+        }
+        store.put_part(id, j, Part::device(self.ids[j], BufSlice { buf, offset: 0, len }));
         Ok(())
     }
 

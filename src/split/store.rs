@@ -336,6 +336,11 @@ impl SplitStore {
         out
     }
 
+    /// The stored tensors.
+    pub(crate) fn ids(&self) -> Vec<TensorId> {
+        self.map.keys().copied().collect()
+    }
+
     pub(crate) fn get_stored(&self, id: TensorId) -> Option<&Stored> {
         self.map.get(&id)
     }

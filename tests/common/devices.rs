@@ -1,9 +1,8 @@
 //! The devices the meta backend's tests run on, chosen by the environment
 //! variable `SHARDGRAPH_TEST_DEVICES`:
 //! - unset or `cpu`: CPU backend instances (one worker thread each);
-//! - `cpu-data`: the same, with activations kept in device buffers and
-//!   conversions run by the device-side collectives
-//!   ([`MetaExecutor::set_device_data`], on by default for GPUs);
+//! - `cpu-data`: the same (kept for old scripts: since the compiled runtime
+//!   every device keeps its data in its buffers; there is one data path);
 //! - `cuda`: virtual devices on GPU 0 (needs `--features cuda` and a GPU;
 //!   with `--features cuda-emu` and no GPU, emulated GPUs instead).
 //!
@@ -26,11 +25,7 @@ pub fn kind() -> String {
 pub fn executor(n: usize) -> MetaExecutor {
     match kind().as_str() {
         "cpu" => MetaExecutor::new(n, 1).expect("CPU devices"),
-        "cpu-data" => {
-            let mut e = MetaExecutor::new(n, 1).expect("CPU devices");
-            e.set_device_data(true);
-            e
-        }
+        "cpu-data" => MetaExecutor::new(n, 1).expect("CPU devices"),
         #[cfg(feature = "cuda")]
         "cuda" => {
             use shardgraph::backend::cuda::CudaBackend;

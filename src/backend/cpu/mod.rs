@@ -157,6 +157,10 @@ impl Backend for CpuBackend {
         self.pool.install(f)
     }
 
+    fn worker_threads(&self) -> usize {
+        self.config.n_threads
+    }
+
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
         if !graph.built_from(ctx) {
             return Err(Error::ForeignTensor {
@@ -165,11 +169,29 @@ impl Backend for CpuBackend {
                 detail: format!("graph was built from context {}", graph.context_id()),
             });
         }
-        // Hold every CPU buffer of the storage for the whole run (in address
-        // order, so concurrent runs over shared buffers cannot deadlock):
-        // another thread's compute or set/get on the same memory waits.
-        let mut cpu_bufs: Vec<&CpuBuffer> =
-            storage.buffers().iter().filter_map(|b| b.as_any().downcast_ref::<CpuBuffer>()).collect();
+        // Hold every CPU buffer the graph touches for the whole run (in
+        // address order, so concurrent runs over shared buffers cannot
+        // deadlock): another thread's compute or set/get on the same memory
+        // waits. (A storage may hold many more buffers than one graph uses:
+        // every stored part of a model.)
+        let mut used = vec![false; storage.buffers().len()];
+        for &id in &graph.nodes {
+            for &x in ctx.t(id).src.iter().chain(std::iter::once(&id)) {
+                let owner = ctx.t(x).view_src.unwrap_or(x);
+                if let Some((b, _)) = storage.slots.get(owner.index()).copied().flatten() {
+                    if let Some(u) = used.get_mut(b) {
+                        *u = true;
+                    }
+                }
+            }
+        }
+        let mut cpu_bufs: Vec<&CpuBuffer> = storage
+            .buffers()
+            .iter()
+            .zip(&used)
+            .filter(|(_, &u)| u)
+            .filter_map(|(b, _)| b.as_any().downcast_ref::<CpuBuffer>())
+            .collect();
         cpu_bufs.sort_by_key(|b| b.ptr as usize);
         cpu_bufs.dedup_by_key(|b| b.ptr as usize);
         let _guards: Vec<_> = cpu_bufs.iter().map(|b| b.lock()).collect();
@@ -196,14 +218,25 @@ impl Backend for CpuBackend {
     }
 }
 
-/// A zero-initialised, [`CPU_ALIGNMENT`]-aligned host allocation.
+/// A zero-initialised, [`CPU_ALIGNMENT`]-aligned host allocation. Large
+/// ones ([`CpuBuffer::MAPPED_FROM`] bytes and up: weights, KV caches) are
+/// anonymous memory maps, zero-filled by the kernel page by page when first
+/// touched, so a 65536-cell cache costs nothing until cells are written.
 pub struct CpuBuffer {
     ptr: *mut u8,
     size: usize,
-    layout: Layout,
+    mem: Mem,
     /// Held by a running compute and by each `set`/`get`, so no two threads
     /// touch the memory at once.
     busy: Mutex<()>,
+}
+
+/// Where a [`CpuBuffer`]'s memory comes from.
+enum Mem {
+    /// The global allocator, with this layout.
+    Heap(Layout),
+    /// An anonymous map (kept alive here; unmapped on drop).
+    Map(#[allow(dead_code)] memmap2::MmapMut),
 }
 
 // SAFETY: the buffer is plain memory; concurrent access follows the kernel
@@ -219,7 +252,17 @@ impl std::fmt::Debug for CpuBuffer {
 }
 
 impl CpuBuffer {
+    /// Size from which buffers are anonymous maps (1 MiB).
+    pub const MAPPED_FROM: usize = 1 << 20;
+
     fn new(size: usize) -> Result<Self> {
+        if size >= Self::MAPPED_FROM {
+            let mut map = memmap2::MmapMut::map_anon(size)
+                .map_err(|e| Error::Alloc { detail: format!("out of memory mapping {size} bytes: {e}") })?;
+            let ptr = map.as_mut_ptr();
+            // A map is page-aligned, which is at least CPU_ALIGNMENT.
+            return Ok(CpuBuffer { ptr, size, mem: Mem::Map(map), busy: Mutex::new(()) });
+        }
         let layout = Layout::from_size_align(size.max(1), CPU_ALIGNMENT)
             .map_err(|e| Error::Alloc { detail: format!("{size} bytes: {e}") })?;
         // SAFETY: layout has non-zero size.
@@ -227,7 +270,7 @@ impl CpuBuffer {
         if ptr.is_null() {
             return Err(Error::Alloc { detail: format!("out of memory allocating {size} bytes") });
         }
-        Ok(CpuBuffer { ptr, size, layout, busy: Mutex::new(()) })
+        Ok(CpuBuffer { ptr, size, mem: Mem::Heap(layout), busy: Mutex::new(()) })
     }
 
     /// Exclusive access to the memory (poisoning is ignored: the memory is plain bytes).
@@ -247,8 +290,10 @@ impl CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        if let Mem::Heap(layout) = self.mem {
+            // SAFETY: allocated in `new` with this layout (a map unmaps itself).
+            unsafe { std::alloc::dealloc(self.ptr, layout) }
+        }
     }
 }
 
