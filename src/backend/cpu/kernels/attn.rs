@@ -6,12 +6,15 @@
 //! Q4_0/Q5_0/Q8_0 K, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, F32 for F32
 //! K). Block-quantized K rows are dotted in place with
 //! [`quant::vec_dot_fn`] (ggml's integer dot products); float K rows are
-//! converted to f32 once per tile and dotted with the rounded query. Keys are
-//! then visited in order with an online softmax (running maximum `M`,
-//! running sum `S`, accumulator rescaled by `exp(M_old − M_new)` whenever the
-//! maximum grows). Scores are `scale·q·k`, soft-capped as `c·tanh(s/c)` when
-//! a cap is set, plus `slope_h·mask`; keys whose biased mask value is `-inf`
-//! are skipped, and a row with no visible key is 0.
+//! converted to f32 once per tile and dotted with the rounded query; F16 K
+//! and V rows are read as they are (converted in the dot and in the
+//! accumulation). Keys are visited in blocks of [`KV_BLOCK`] with an online
+//! softmax (running maximum `M`, running sum `S`): per block its maximum,
+//! one rescale of the accumulator by `exp(M_old − M_new)` if the maximum
+//! grew, the block's weights by the vector exponential, then the weighted V
+//! rows. Scores are `scale·q·k`, soft-capped as `c·tanh(s/c)` when a cap is
+//! set, plus `slope_h·mask`; keys whose biased mask value is `-inf` are
+//! skipped, and a row with no visible key is 0.
 //!
 //! The V accumulator is f32 for every V type. (ggml accumulates F16 V in F16
 //! on its row-at-a-time path and in f32 on its tiled path for ≥ 64 queries;
@@ -20,7 +23,11 @@
 //!
 //! Parallelism: query rows that share one K head and one V head (a GQA
 //! group, several positions) form tiles of up to [`TILE_ROWS`], so every K/V
-//! row is loaded and converted once per tile. When there are few tiles and
+//! row is loaded and converted once per tile. With F16 K and V (a KV cache)
+//! a tile holds the rows of every head instead and reads each cell's row of
+//! all heads in one stream (a cache row holds every head of its cell, so
+//! one head's rows are 1/H of the memory they pull into the cache): long
+//! contexts decode at the memory's bandwidth, not its latency. When there are few tiles and
 //! many keys (decoding), the keys are also split into chunks whose partial
 //! `(M, S, acc)` are merged afterwards, as ggml does; the chunking depends on
 //! the shapes only, never on the thread count, so results are reproducible.
@@ -35,7 +42,7 @@ use crate::tensor::quant::{self, VecDotFn};
 use crate::tensor::GgmlType;
 use half::{bf16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
-use vec::VecOps;
+use vec::{BlockF16, VecOps};
 
 /// Query rows per tile.
 const TILE_ROWS: usize = 32;
@@ -112,6 +119,18 @@ impl<'a> Rows<'a> {
         })
     }
 
+    /// Rows `i1 .. i1 + n` of heads `0 ..= last_head` of batch `i3` as one
+    /// slice from the first row's start to the last row's end (head `h` of
+    /// row `j` at byte `j·nb[1] + h·nb[2]`), with the stride between rows.
+    fn block(&self, i1: usize, n: usize, last_head: usize, i3: usize) -> Result<(&'a [u8], usize)> {
+        let o = i1 * self.nb[1] + i3 * self.nb[3];
+        let len = if n > 0 { (n - 1) * self.nb[1] + last_head * self.nb[2] + self.rb } else { 0 };
+        let bytes = self.bytes.get(o..o + len).ok_or_else(|| Error::OutOfBounds {
+            detail: format!("flash_attn_ext: rows {i1}..{} of heads 0..={last_head}, batch {i3}, outside the source span", i1 + n),
+        })?;
+        Ok((bytes, self.nb[1]))
+    }
+
     /// Prefetch hint for rows `i1s` of head (i2, i3).
     fn prefetch(&self, i1s: std::ops::Range<usize>, i2: usize, i3: usize) {
         for i1 in i1s {
@@ -172,6 +191,8 @@ impl Task {
 /// Per-thread buffers.
 struct Scratch {
     kf: Vec<f32>,
+    koff: [usize; TILE_ROWS],
+    voff: [usize; TILE_ROWS],
     qbytes: Vec<u8>,
     qf: Vec<f32>,
     acc: Vec<f32>,
@@ -201,7 +222,11 @@ struct Job<'a> {
     v: Rows<'a>,
     mask: Option<&'a TView>,
     kdot: KDot,
+    /// F16 K and V with packed rows: tiles span heads of several K/V heads
+    /// and read whole cell rows (`BlockF16`).
+    f16: bool,
     ops: VecOps,
+    norm: super::norm::simd::NormOps,
     d: usize,
     dv: usize,
     rk2: usize,
@@ -239,6 +264,16 @@ impl Job<'_> {
         let iq3 = task.iq3;
         let (ik2, ik3) = (task.h0 / self.rk2, iq3 / self.rk3);
         let (iv2, iv3) = (task.h0 / self.rv2, iq3 / self.rv3);
+        // The F16 path reads every head of a cell in one stream: per row the
+        // byte offset of its K and V head within a cell's row.
+        let (mut kmax, mut vmax) = (0, 0);
+        for t in 0..nt {
+            let (_, iq2) = task.row(t);
+            let (kh, vh) = (iq2 / self.rk2, iq2 / self.rv2);
+            sc.koff[t] = kh * self.k.nb[2];
+            sc.voff[t] = vh * self.v.nb[2];
+            (kmax, vmax) = (kmax.max(kh), vmax.max(vh));
+        }
         for t in 0..nt {
             let (iq1, iq2) = task.row(t);
             sc.rows[t] = (iq1, iq2);
@@ -290,12 +325,39 @@ impl Job<'_> {
             }
             // K rows (one stream of equally strided reads) and scores; the
             // next block's K rows are fetched meanwhile (cache rows are far
-            // apart, so the hardware prefetchers do not see a stream).
+            // apart, so the hardware prefetchers do not see a stream). F16
+            // rows are dotted as they are (converted in the dot).
             let next = blk1..(blk1 + KV_BLOCK).min(task.ic1);
-            self.k.prefetch(next.clone(), ik2, ik3);
-            for j in (0..nb).filter(|&j| sc.active[j]) {
+            let k_f16 = self.f16;
+            if k_f16 {
+                // The block's F16 rows (every head of each cell, one stream)
+                // dotted with every query row at once.
+                let (rows, stride) = self.k.block(blk0, nb, kmax, ik3)?;
+                let blk = BlockF16 {
+                    rows,
+                    offs: &sc.koff[..nt],
+                    max_off: kmax * self.k.nb[2],
+                    stride,
+                    n: nb,
+                    d,
+                    nt,
+                    live: &sc.active[..nb],
+                    p_stride: KV_BLOCK,
+                };
+                (self.ops.scores_f16)(&blk, &sc.qf[..nt * d], &mut sc.sblk);
+            } else {
+                self.k.prefetch(next.clone(), ik2, ik3);
+            }
+            for j in 0..nb {
+                if !sc.active[j] {
+                    for t in 0..nt {
+                        sc.sblk[t * KV_BLOCK + j] = f32::NEG_INFINITY;
+                    }
+                    continue;
+                }
                 let ic = blk0 + j;
                 let krow = match self.kdot {
+                    KDot::Float { .. } if k_f16 => &[][..],
                     KDot::Float { .. } => {
                         self.k.row_f32(ic, ik2, ik3, &mut sc.kf)?;
                         &[][..]
@@ -305,9 +367,11 @@ impl Job<'_> {
                 for t in 0..nt {
                     let mv = sc.mblk[t * KV_BLOCK + j];
                     if mv == f32::NEG_INFINITY {
+                        sc.sblk[t * KV_BLOCK + j] = f32::NEG_INFINITY;
                         continue;
                     }
                     let dot = match self.kdot {
+                        KDot::Float { .. } if k_f16 => sc.sblk[t * KV_BLOCK + j],
                         KDot::Float { .. } => (self.ops.dot)(&sc.qf[t * d..(t + 1) * d], &sc.kf),
                         KDot::Block { qrb, dot, .. } => dot(d, krow, &sc.qbytes[t * qrb..(t + 1) * qrb]),
                     };
@@ -318,34 +382,59 @@ impl Job<'_> {
                     sc.sblk[t * KV_BLOCK + j] = s + mv;
                 }
             }
-            // V rows (and a prefetch of the next block's).
-            self.v.prefetch(next, iv2, iv3);
-            for j in (0..nb).filter(|&j| sc.active[j]) {
-                self.v.row_f32(blk0 + j, iv2, iv3, &mut sc.vblk[j * dv..(j + 1) * dv])?;
-            }
-            // Online softmax, key by key (ggml's order of updates).
-            for t in 0..nt {
-                let acc = &mut sc.acc[t * dv..(t + 1) * dv];
-                let (mut m, mut sum) = (sc.mx[t], sc.sum[t]);
+            // V rows (and a prefetch of the next block's): F16 rows are
+            // accumulated as they are, others converted once for all rows.
+            let v_f16 = self.f16;
+            if !v_f16 {
+                self.v.prefetch(next, iv2, iv3);
                 for j in (0..nb).filter(|&j| sc.active[j]) {
-                    let s = sc.sblk[t * KV_BLOCK + j];
-                    if sc.mblk[t * KV_BLOCK + j] == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    let mut ms = 1.0f32;
-                    let mut vs = 1.0f32;
-                    if s > m {
-                        ms = (m - s).exp();
-                        m = s;
-                        (self.ops.scale)(acc, ms);
-                    } else {
-                        vs = (s - m).exp();
-                    }
-                    (self.ops.axpy)(acc, &sc.vblk[j * dv..(j + 1) * dv], vs);
-                    sum = sum * ms + vs;
+                    self.v.row_f32(blk0 + j, iv2, iv3, &mut sc.vblk[j * dv..(j + 1) * dv])?;
                 }
+            }
+            // Online softmax, a block at a time: the block's maximum, one
+            // rescale of the accumulator if it grew, the block's weights by
+            // the vector exponential, then the weighted V rows.
+            for t in 0..nt {
+                let srow = &mut sc.sblk[t * KV_BLOCK..t * KV_BLOCK + nb];
+                let bmax = (self.norm.max)(srow);
+                if bmax == f32::NEG_INFINITY {
+                    srow.iter_mut().for_each(|x| *x = 0.0);
+                    continue;
+                }
+                let acc = &mut sc.acc[t * dv..(t + 1) * dv];
+                let mut m = sc.mx[t];
+                if bmax > m || m.is_nan() {
+                    let ms = if m == f32::NEG_INFINITY { 0.0 } else { (m - bmax).exp() };
+                    (self.ops.scale)(acc, ms);
+                    sc.sum[t] *= ms;
+                    m = bmax;
+                }
+                let bsum = (self.norm.exp_sub_sum)(srow, m);
+                sc.sum[t] += bsum as f32;
                 sc.mx[t] = m;
-                sc.sum[t] = sum;
+                if !v_f16 {
+                    for (j, &p) in srow.iter().enumerate() {
+                        if p != 0.0 {
+                            (self.ops.axpy)(acc, &sc.vblk[j * dv..(j + 1) * dv], p);
+                        }
+                    }
+                }
+            }
+            if v_f16 {
+                // Every query row's weighted V rows (every head of each cell, one stream).
+                let (rows, stride) = self.v.block(blk0, nb, vmax, iv3)?;
+                let blk = BlockF16 {
+                    rows,
+                    offs: &sc.voff[..nt],
+                    max_off: vmax * self.v.nb[2],
+                    stride,
+                    n: nb,
+                    d: dv,
+                    nt,
+                    live: &sc.active[..nb],
+                    p_stride: KV_BLOCK,
+                };
+                (self.ops.accum_f16)(&blk, &sc.sblk, &mut sc.acc[..nt * dv]);
             }
             blk0 = blk1;
         }
@@ -411,7 +500,13 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
         v: Rows { ty: v.ty, nb: v.nb, rb: v.ty.row_size(dv as i64)?, bytes: v_bytes, f16_to_f32: cvt },
         mask,
         kdot,
+        f16: matches!(kdot, KDot::Float { fmt: GgmlType::F16 })
+            && k.ty == GgmlType::F16
+            && v.ty == GgmlType::F16
+            && k.nb[0] == 2
+            && v.nb[0] == 2,
         ops,
+        norm: super::norm::simd::NormOps::detect(),
         d,
         dv,
         rk2: n_head / k.ne[2],
@@ -431,7 +526,12 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
     for iq3 in 0..n_batch {
         let mut h0 = 0;
         while h0 < n_head {
-            let h1 = ((h0 / job.rk2 + 1) * job.rk2).min((h0 / job.rv2 + 1) * job.rv2).min(n_head);
+            // One K and one V head per tile, or (F16) as many heads as fit.
+            let h1 = if job.f16 {
+                n_head
+            } else {
+                ((h0 / job.rk2 + 1) * job.rk2).min((h0 / job.rv2 + 1) * job.rv2).min(n_head)
+            };
             let nh = h1 - h0;
             let rows = nh * n_q;
             let mut r0 = 0;
@@ -451,6 +551,8 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
     };
     let new_scratch = || Scratch {
         kf: vec![0f32; d],
+        koff: [0; TILE_ROWS],
+        voff: [0; TILE_ROWS],
         qbytes: vec![0u8; qb_len],
         qf: vec![0f32; TILE_ROWS * d],
         acc: vec![0f32; TILE_ROWS * dv],

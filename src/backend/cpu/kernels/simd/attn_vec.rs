@@ -18,6 +18,53 @@ pub(crate) struct VecOps {
     /// Little-endian F16 bytes (2 per value) to f32, over `out.len()` values
     /// (or fewer if the bytes run out).
     pub f16_to_f32: fn(&[u8], &mut [f32]),
+    /// The scores of a block of F16 keys: see [`BlockF16`].
+    pub scores_f16: fn(&BlockF16, &[f32], &mut [f32]),
+    /// The weighted sum of a block of F16 values: see [`BlockF16`].
+    pub accum_f16: fn(&BlockF16, &[f32], &mut [f32]),
+}
+
+/// A block of `n` F16 rows of `d` values read for `nt` query rows: query
+/// row `t` reads row `j` at byte `j·stride + offs[t]` of `rows` (which holds
+/// them all), with `live[j]` false for rows no query row reads.
+///
+/// `scores_f16(b, q, out)`: `out[t·KV_BLOCK_STRIDE + j] = Σ_i q[t·d + i]·row_j[i]`
+/// for live rows. `accum_f16(b, p, acc)`: `acc[t·d + i] += Σ_j p[t·stride_p + j]·row_j[i]`
+/// over live rows, `stride_p` = [`BlockF16::p_stride`].
+pub(crate) struct BlockF16<'a> {
+    pub rows: &'a [u8],
+    /// Per query row: where its row starts within each block row (bytes;
+    /// GQA heads of one cell row), at most `max_off`.
+    pub offs: &'a [usize],
+    pub max_off: usize,
+    pub stride: usize,
+    pub n: usize,
+    pub d: usize,
+    pub nt: usize,
+    pub live: &'a [bool],
+    /// Stride of a query row's scores / weights.
+    pub p_stride: usize,
+}
+
+fn scores_f16_portable(b: &BlockF16, q: &[f32], out: &mut [f32]) {
+    for j in (0..b.n).filter(|&j| b.live[j]) {
+        for t in 0..b.nt {
+            let o = j * b.stride + b.offs[t];
+            out[t * b.p_stride + j] = dot_f16_portable(&q[t * b.d..(t + 1) * b.d], &b.rows[o..o + 2 * b.d]);
+        }
+    }
+}
+
+fn accum_f16_portable(b: &BlockF16, p: &[f32], acc: &mut [f32]) {
+    for j in (0..b.n).filter(|&j| b.live[j]) {
+        for t in 0..b.nt {
+            let w = p[t * b.p_stride + j];
+            if w != 0.0 {
+                let o = j * b.stride + b.offs[t];
+                axpy_f16_portable(&mut acc[t * b.d..(t + 1) * b.d], &b.rows[o..o + 2 * b.d], w);
+            }
+        }
+    }
 }
 
 impl VecOps {
@@ -29,10 +76,38 @@ impl VecOps {
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
-                return VecOps { dot: x86::dot, axpy: x86::axpy, scale: x86::scale, f16_to_f32: x86::f16_to_f32 };
+                return VecOps {
+                    dot: x86::dot,
+                    axpy: x86::axpy,
+                    scale: x86::scale,
+                    f16_to_f32: x86::f16_to_f32,
+                    scores_f16: x86::scores_f16,
+                    accum_f16: x86::accum_f16,
+                };
             }
         }
-        VecOps { dot: dot_lanes, axpy: axpy_lanes, scale: scale_lanes, f16_to_f32: f16_to_f32_portable }
+        VecOps {
+            dot: dot_lanes,
+            axpy: axpy_lanes,
+            scale: scale_lanes,
+            f16_to_f32: f16_to_f32_portable,
+            scores_f16: scores_f16_portable,
+            accum_f16: accum_f16_portable,
+        }
+    }
+}
+
+fn dot_f16_portable(a: &[f32], x: &[u8]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (i, (&ai, b)) in a.iter().zip(x.chunks_exact(2)).enumerate() {
+        acc[i % LANES] += ai * half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    }
+    acc.iter().sum()
+}
+
+fn axpy_f16_portable(y: &mut [f32], x: &[u8], a: f32) {
+    for (yi, b) in y.iter_mut().zip(x.chunks_exact(2)) {
+        *yi += half::f16::from_le_bytes([b[0], b[1]]).to_f32() * a;
     }
 }
 
@@ -194,6 +269,89 @@ mod x86 {
         }
     }
 
+    /// [`super::BlockF16`] scores: each live row converted once (in 8-value
+    /// pieces) and dotted with every query row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_f16_avx2(b: &super::BlockF16, q: &[f32], out: &mut [f32]) {
+        let d8 = b.d / 8 * 8;
+        for j in (0..b.n).filter(|&j| b.live[j]) {
+            for t in 0..b.nt {
+                let row = b.rows.as_ptr().add(j * b.stride + *b.offs.get_unchecked(t));
+                let qt = q.as_ptr().add(t * b.d);
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut i = 0;
+                // SAFETY: 16 bytes of the row at 2·i and 8 floats of q at i
+                // lie inside their slices while i + 8 ≤ d (checked by the callers).
+                while i + 16 <= d8 {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qt.add(i)), _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)), a0);
+                    a1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(qt.add(i + 8)),
+                        _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i + 16) as *const __m128i)),
+                        a1,
+                    );
+                    i += 16;
+                }
+                while i + 8 <= d8 {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qt.add(i)), _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)), a0);
+                    i += 8;
+                }
+                let mut sum = hsum(_mm256_add_ps(a0, a1));
+                while i < b.d {
+                    sum += *qt.add(i) * half::f16::from_le_bytes([*row.add(2 * i), *row.add(2 * i + 1)]).to_f32();
+                    i += 1;
+                }
+                *out.get_unchecked_mut(t * b.p_stride + j) = sum;
+            }
+        }
+    }
+
+    /// [`super::BlockF16`] accumulation: each query row's weighted rows,
+    /// converted in 8-value pieces.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn accum_f16_avx2(b: &super::BlockF16, p: &[f32], acc: &mut [f32]) {
+        let d8 = b.d / 8 * 8;
+        for t in 0..b.nt {
+            let at = acc.as_mut_ptr().add(t * b.d);
+            for j in (0..b.n).filter(|&j| b.live[j]) {
+                let w = *p.get_unchecked(t * b.p_stride + j);
+                if w == 0.0 {
+                    continue;
+                }
+                let row = b.rows.as_ptr().add(j * b.stride + *b.offs.get_unchecked(t));
+                let vw = _mm256_set1_ps(w);
+                let mut i = 0;
+                // SAFETY: as in `scores_f16_avx2`; acc holds nt·d floats.
+                while i + 8 <= d8 {
+                    let v = _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i));
+                    _mm256_storeu_ps(at.add(i), _mm256_fmadd_ps(v, vw, _mm256_loadu_ps(at.add(i))));
+                    i += 8;
+                }
+                while i < b.d {
+                    let v = half::f16::from_le_bytes([*row.add(2 * i), *row.add(2 * i + 1)]).to_f32();
+                    *at.add(i) = v.mul_add(w, *at.add(i));
+                    i += 1;
+                }
+            }
+        }
+    }
+
+    pub(super) fn scores_f16(b: &super::BlockF16, q: &[f32], out: &mut [f32]) {
+        assert!(b.live.len() >= b.n && q.len() >= b.nt * b.d && out.len() >= (b.nt - 1) * b.p_stride + b.n.max(1));
+        assert!(b.offs.len() >= b.nt && b.offs.iter().take(b.nt).all(|&o| o <= b.max_off));
+        assert!(b.n == 0 || b.rows.len() >= (b.n - 1) * b.stride + b.max_off + 2 * b.d);
+        // SAFETY: AVX2, FMA and F16C were detected (`VecOps::detect`); the
+        // asserts above keep every read and write inside the slices.
+        unsafe { scores_f16_avx2(b, q, out) }
+    }
+
+    pub(super) fn accum_f16(b: &super::BlockF16, p: &[f32], acc: &mut [f32]) {
+        assert!(b.live.len() >= b.n && acc.len() >= b.nt * b.d && p.len() >= (b.nt - 1) * b.p_stride + b.n.max(1));
+        assert!(b.offs.len() >= b.nt && b.offs.iter().take(b.nt).all(|&o| o <= b.max_off));
+        assert!(b.n == 0 || b.rows.len() >= (b.n - 1) * b.stride + b.max_off + 2 * b.d);
+        // SAFETY: as above.
+        unsafe { accum_f16_avx2(b, p, acc) }
+    }
+
     pub(super) fn f16_to_f32(src: &[u8], out: &mut [f32]) {
         // SAFETY: only selected by `VecOps::detect` after AVX2 and F16C were
         // detected; the function stays inside both slices.
@@ -239,6 +397,39 @@ mod tests {
             (ops.f16_to_f32)(&h, &mut f);
             for i in 0..n {
                 assert_eq!(f[i], half::f16::from_f32(a[i]).to_f32());
+            }
+            // The fused F16 forms equal convert-then-f32.
+            let dot32 = |x: &[f32]| x.iter().zip(&f).map(|(x, y)| *x as f64 * *y as f64).sum::<f64>() as f32;
+            assert!((dot_f16_portable(&b, &h) - dot32(&b)).abs() < 1e-4, "n={n}");
+            // Blocks of rows: the vector and portable forms agree with the row forms.
+            if n >= 1 {
+                let rows: Vec<u8> = h.iter().chain(h.iter()).chain(h.iter()).copied().collect();
+                let live = [true, false, true];
+                let blk =
+                    BlockF16 { rows: &rows, offs: &[0, 0], max_off: 0, stride: 2 * n, n: 3, d: n, nt: 2, live: &live, p_stride: 4 };
+                let q: Vec<f32> = b.iter().chain(a.iter()).copied().collect();
+                for scores in [ops.scores_f16, scores_f16_portable] {
+                    let mut out = vec![7f32; 8];
+                    scores(&blk, &q, &mut out);
+                    let (w0, w1) = (dot32(&b), dot32(&a));
+                    for (k, want) in [(0, w0), (2, w0), (4, w1), (6, w1)] {
+                        assert!((out[k] - want).abs() < 1e-4, "n={n} score {k}");
+                    }
+                    assert_eq!((out[1], out[5]), (7.0, 7.0), "dead rows untouched");
+                }
+                for accum in [ops.accum_f16, accum_f16_portable] {
+                    let p = [0.5f32, 9.0, 0.25, 0.0, 1.0, 9.0, 0.0, 0.0];
+                    let mut acc = vec![0f32; 2 * n];
+                    accum(&blk, &p, &mut acc);
+                    for i in 0..n {
+                        assert!((acc[i] - 0.75 * f[i]).abs() < 1e-5 && (acc[n + i] - f[i]).abs() < 1e-5, "n={n}");
+                    }
+                }
+            }
+            let mut y1 = b.clone();
+            axpy_f16_portable(&mut y1, &h, 0.25);
+            for i in 0..n {
+                assert!((y1[i] - (b[i] + 0.25 * f[i])).abs() < 1e-6, "n={n}");
             }
         }
     }
