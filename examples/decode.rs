@@ -19,7 +19,6 @@ use shardgraph::GgmlType;
 use std::time::Instant;
 
 #[path = "common/spec.rs"]
-#[allow(dead_code)]
 mod spec;
 use spec::{arg, check_options, parsed};
 

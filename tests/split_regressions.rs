@@ -376,7 +376,9 @@ fn device_side_collectives_equal_one_device() {
         let mut reports = Vec::new();
         for devices in [1, n] {
             let plan = if devices == 1 {
-                Planner::default().plan(&ctx, &g, &SplitPolicy::new(&[1.0]).unwrap().rule("*", SplitSpec::Mirrored), &[]).unwrap()
+                Planner::default()
+                    .plan(&ctx, &g, &SplitPolicy::new(&[1.0]).unwrap().rule("*", SplitSpec::Mirrored), &[])
+                    .unwrap()
             } else {
                 plan.clone()
             };

@@ -498,7 +498,8 @@ impl Dflash {
         let g = ctx.mul(g, self.enc_norm)?;
         let mut writes = Vec::new();
         for w in &self.layers {
-            let (wk, wv) = write_kv(ctx, w, g, pos, kv_idxs, n_tokens, &self.hp.shape(self.kv_type, self.kv_size, self.kv_size))?;
+            let (wk, wv) =
+                write_kv(ctx, w, g, pos, kv_idxs, n_tokens, &self.hp.shape(self.kv_type, self.kv_size, self.kv_size))?;
             writes.push(wk);
             writes.push(wv);
         }
@@ -529,7 +530,9 @@ impl Dflash {
             return Err(Error::Model { detail: "dflash: a block needs ≥ 1 row".into() });
         }
         if n_kv < 1 || n_kv > self.kv_size {
-            return Err(Error::Model { detail: format!("dflash: a window of {n_kv} cells in a cache of {}", self.kv_size) });
+            return Err(Error::Model {
+                detail: format!("dflash: a window of {n_kv} cells in a cache of {}", self.kv_size),
+            });
         }
         let tokens = input(ctx, GgmlType::I32, &[block], "dft.tokens")?;
         let pos = input(ctx, GgmlType::I32, &[block], "dft.block_pos")?;

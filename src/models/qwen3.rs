@@ -365,7 +365,9 @@ impl Qwen3 {
             return Err(Error::Model { detail: format!("qwen3: a step needs ≥ 1 token, got {n_tokens}") });
         }
         if n_kv < 1 || n_kv > self.kv_size {
-            return Err(Error::Model { detail: format!("qwen3: a window of {n_kv} cells in a cache of {}", self.kv_size) });
+            return Err(Error::Model {
+                detail: format!("qwen3: a window of {n_kv} cells in a cache of {}", self.kv_size),
+            });
         }
         if let Some(&t) = taps.iter().find(|&&t| t > hp.n_layer) {
             return Err(Error::Model { detail: format!("qwen3: tap of layer {t} beyond {} layers", hp.n_layer) });

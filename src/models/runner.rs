@@ -108,10 +108,8 @@ impl Runner {
         let mut states = Vec::with_capacity(ids.len());
         for &id in ids {
             let t = ctx.tensor(id)?;
-            let st = self
-                .policy
-                .state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })?
-                .unwrap_or(SplitState::Mirrored);
+            let st =
+                self.policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })?.unwrap_or(SplitState::Mirrored);
             for (j, b) in need.iter_mut().enumerate().take(n) {
                 let ne = crate::split::local_ne(t.ne, &st, j);
                 let rows = (ne[1] * ne[2] * ne[3]).max(0) as u64;

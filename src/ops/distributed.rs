@@ -117,7 +117,10 @@ impl RowReduce {
     /// True if the finish reads the local part of the row again (norms,
     /// soft_max); the others finish from the statistics alone.
     pub fn finishes_from_x(&self) -> bool {
-        matches!(self, RowReduce::RmsNorm { .. } | RowReduce::L2Norm { .. } | RowReduce::Norm { .. } | RowReduce::SoftMax { .. })
+        matches!(
+            self,
+            RowReduce::RmsNorm { .. } | RowReduce::L2Norm { .. } | RowReduce::Norm { .. } | RowReduce::SoftMax { .. }
+        )
     }
 }
 
@@ -206,7 +209,11 @@ impl Context {
         let name = "row_finish";
         let ts = self.operand(stats, name, "stats")?.clone();
         if ts.ty != GgmlType::F32 || ts.ne[0] != reduce.words() as i64 || ts.ne[2] != lens.len() as i64 {
-            return Err(Error::operand(name, "stats", format!("{} for {} over {} devices", ts.describe(), reduce.name(), lens.len())));
+            return Err(Error::operand(
+                name,
+                "stats",
+                format!("{} for {} over {} devices", ts.describe(), reduce.name(), lens.len()),
+            ));
         }
         let mut srcs = vec![stats];
         match (reduce.finishes_from_x(), x) {
@@ -218,7 +225,13 @@ impl Context {
                 srcs.push(x);
             }
             (false, None) => {}
-            _ => return Err(Error::operand(name, "src1", format!("{} needs its input iff it rescales it", reduce.name()))),
+            _ => {
+                return Err(Error::operand(
+                    name,
+                    "src1",
+                    format!("{} needs its input iff it rescales it", reduce.name()),
+                ))
+            }
         }
         if let Some(m) = mask {
             if !matches!(reduce, RowReduce::SoftMax { .. }) {
@@ -242,7 +255,9 @@ impl Context {
     /// non-contiguous source, or another type.
     pub(crate) fn add_n(&mut self, srcs: &[TensorId]) -> Result<TensorId> {
         let name = "add_n";
-        let first = self.operand(*srcs.first().ok_or_else(|| Error::operand(name, "src", "no addends"))?, name, "src0")?.clone();
+        let first = self
+            .operand(*srcs.first().ok_or_else(|| Error::operand(name, "src", "no addends"))?, name, "src0")?
+            .clone();
         if !matches!(first.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::I32 | GgmlType::I64) {
             return Err(Error::operand(name, "src0", format!("{} cannot be summed", first.describe())));
         }
@@ -277,7 +292,11 @@ impl Context {
         if held != ta.ne[1] || ranges.iter().any(|&(a, b)| a < 0 || b < a || b > n_rows) {
             return Err(Error::operand(name, "ranges", format!("{ranges:?} of {n_rows} rows for {}", ta.describe())));
         }
-        if !matches!(tb.ty, GgmlType::I32 | GgmlType::I64) || ta.ne[2] != tb.ne[1] || ta.ne[3] != tb.ne[2] || tb.ne[3] != 1 {
+        if !matches!(tb.ty, GgmlType::I32 | GgmlType::I64)
+            || ta.ne[2] != tb.ne[1]
+            || ta.ne[3] != tb.ne[2]
+            || tb.ne[3] != 1
+        {
             return Err(Error::operand(name, "src1", format!("{} for table {}", tb.describe(), ta.describe())));
         }
         let loadable = matches!(ta.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -303,7 +322,8 @@ mod tests {
         assert_eq!(ctx.tensor(s).unwrap().ne, [4, 3, 1, 1]);
         err_names(ctx.row_stats(x, None, RowReduce::Argmax, vec![(0, 5)]), "row_stats", "ranges");
         let g = ctx.new_tensor_3d(GgmlType::F32, 4, 3, 2).unwrap();
-        let f = ctx.row_finish(g, None, None, RowReduce::TopK { k: 2 }, vec![6, 4], GgmlType::I32, [2, 3, 1, 1]).unwrap();
+        let f =
+            ctx.row_finish(g, None, None, RowReduce::TopK { k: 2 }, vec![6, 4], GgmlType::I32, [2, 3, 1, 1]).unwrap();
         assert_eq!(ctx.tensor(f).unwrap().ty, GgmlType::I32);
         err_names(
             ctx.row_finish(g, None, None, RowReduce::TopK { k: 2 }, vec![6], GgmlType::I32, [2, 3, 1, 1]),

@@ -175,7 +175,11 @@ impl Program {
             let out_locals = c.finish_outputs(outputs)?;
             let writeback_bytes = c.write_back()?;
             if j == 0 {
-                bindings = c.leafs.iter().map(|(g, st, _)| Binding { tensor: *g, state: st.clone(), local: Vec::new() }).collect();
+                bindings = c
+                    .leafs
+                    .iter()
+                    .map(|(g, st, _)| Binding { tensor: *g, state: st.clone(), local: Vec::new() })
+                    .collect();
                 outs = out_locals
                     .iter()
                     .map(|(g, st, _)| Output { tensor: *g, state: st.clone(), local: Vec::new() })
@@ -386,7 +390,13 @@ impl<'a> Compiler<'a> {
     /// An exchange node of type `ty` and shape `ne` receiving `recv` and
     /// sending `send` (messages of local tensors), read after the tensors in
     /// `srcs` exist.
-    fn exchange(&mut self, ty: GgmlType, ne: [i64; 4], msgs: Vec<Msg>, recv: Vec<Option<(usize, usize)>>) -> Result<TensorId> {
+    fn exchange(
+        &mut self,
+        ty: GgmlType,
+        ne: [i64; 4],
+        msgs: Vec<Msg>,
+        recv: Vec<Option<(usize, usize)>>,
+    ) -> Result<TensorId> {
         let srcs: Vec<TensorId> = msgs.iter().filter_map(|m| m.as_ref().map(|m| m.0)).collect();
         let mut uniq = Vec::new();
         for s in srcs {
@@ -395,7 +405,8 @@ impl<'a> Compiler<'a> {
             }
         }
         let id = self.l.exchange(ty, ne, &uniq)?;
-        self.exchanges.insert(id.index(), Exchange { node: None, send: msgs, recv, zero: false, unplanned: self.fetching });
+        self.exchanges
+            .insert(id.index(), Exchange { node: None, send: msgs, recv, zero: false, unplanned: self.fetching });
         Ok(id)
     }
 
@@ -492,7 +503,14 @@ impl<'a> Compiler<'a> {
 
     /// Copies `region` from `src` (laid out as `src_layout`) into `dst` (laid
     /// out as `dst_layout`) with `cpy` nodes, piece by piece.
-    fn copy_region(&mut self, region: &Boxes, src: TensorId, src_layout: &Boxes, dst: TensorId, dst_layout: &Boxes) -> Result<()> {
+    fn copy_region(
+        &mut self,
+        region: &Boxes,
+        src: TensorId,
+        src_layout: &Boxes,
+        dst: TensorId,
+        dst_layout: &Boxes,
+    ) -> Result<()> {
         let bad = || Error::Split { detail: "a collective's region lies outside its tensor".into() };
         let sp = Self::pieces(region, src_layout).ok_or_else(bad)?;
         let dp = Self::pieces(region, dst_layout).ok_or_else(bad)?;
@@ -510,7 +528,13 @@ impl<'a> Compiler<'a> {
 
     /// A message holding `region` of `x` (laid out as `layout`): a slice of
     /// `x` where the region is one run of its bytes, else a packed copy.
-    fn message(&mut self, ty: GgmlType, region: &Boxes, x: TensorId, layout: &Boxes) -> Result<Option<(TensorId, usize, usize)>> {
+    fn message(
+        &mut self,
+        ty: GgmlType,
+        region: &Boxes,
+        x: TensorId,
+        layout: &Boxes,
+    ) -> Result<Option<(TensorId, usize, usize)>> {
         let bytes = box_bytes(ty, region);
         if bytes == 0 {
             return Ok(None);
@@ -526,7 +550,14 @@ impl<'a> Compiler<'a> {
     /// [`Comm`](super::Comm)-level redistribution of a split or mirrored
     /// tensor: this device sends each other device what it lacks of its new
     /// part and assembles its own new part from what it holds and receives.
-    fn redistribute(&mut self, ty: GgmlType, ne: [i64; 4], from: &SplitState, to: &SplitState, x: TensorId) -> Result<TensorId> {
+    fn redistribute(
+        &mut self,
+        ty: GgmlType,
+        ne: [i64; 4],
+        from: &SplitState,
+        to: &SplitState,
+        x: TensorId,
+    ) -> Result<TensorId> {
         let (j, n) = (self.j, self.n);
         for s in [from, to] {
             if matches!(s, SplitState::Partial(_) | SplitState::Unknown) {
@@ -543,7 +574,9 @@ impl<'a> Compiler<'a> {
         }
         let x = self.contiguous(x)?;
         if self.l.t(x).nbytes() != box_bytes(ty, &have) {
-            return Err(Error::Split { detail: format!("device {j}: a part of {} bytes for {}", self.l.t(x).nbytes(), from.label()) });
+            return Err(Error::Split {
+                detail: format!("device {j}: a part of {} bytes for {}", self.l.t(x).nbytes(), from.label()),
+            });
         }
         let own = intersect(&have, &need);
         if *from == SplitState::Mirrored || quiet {
@@ -561,7 +594,8 @@ impl<'a> Compiler<'a> {
         // Messages land in the new part directly where their region is one
         // run of it, else in a receive area unpacked by copies.
         let regions: Vec<Boxes> = (0..n).map(|i| owed(ne, from, to, i, j)).collect();
-        let direct = (0..n).all(|i| i == j || box_bytes(ty, &regions[i]) == 0 || contiguous_span(ty, &regions[i], &need).is_some());
+        let direct = (0..n)
+            .all(|i| i == j || box_bytes(ty, &regions[i]) == 0 || contiguous_span(ty, &regions[i], &need).is_some());
         if direct {
             let recv = (0..n)
                 .map(|i| if i == j { None } else { contiguous_span(ty, &regions[i], &need).filter(|s| s.1 > 0) })
@@ -610,7 +644,9 @@ impl<'a> Compiler<'a> {
         }
         let b = box_bytes(ty, &mine);
         let own = match contiguous_span(ty, &mine, &full) {
-            Some((off, _)) => self.l.push_view(x, ty, lens(&mine), contiguous_strides(ty, &lens(&mine)), off, Op::View, &[x])?,
+            Some((off, _)) => {
+                self.l.push_view(x, ty, lens(&mine), contiguous_strides(ty, &lens(&mine)), off, Op::View, &[x])?
+            }
             None => {
                 let o = self.fresh(ty, lens(&mine))?;
                 self.copy_region(&mine, x, &full, o, &mine)?;
@@ -704,7 +740,11 @@ impl<'a> Compiler<'a> {
         // transposed tensor, transposed back) may come out strided where one
         // device's is packed; kernels that need packed rows get packed rows.
         let lt = self.l.t(lid).clone();
-        let lid = if t.is_contiguous() && !lt.is_contiguous() { self.l.push_op(lt.ty, lt.ne, Op::Cont, &[lid])? } else { lid };
+        let lid = if t.is_contiguous() && !lt.is_contiguous() {
+            self.l.push_op(lt.ty, lt.ne, Op::Cont, &[lid])?
+        } else {
+            lid
+        };
         self.set(node, out_state, lid);
         Ok(())
     }
@@ -734,7 +774,9 @@ impl<'a> Compiler<'a> {
         let after = owner_state_after_write(ctx, t, &out_state);
         let ot = ctx.t(owner).clone();
         if covers_owner(ctx, t)
-            && (after == out_state || ot.ne == t.ne || after == SplitState::Mirrored && out_state == SplitState::Mirrored)
+            && (after == out_state
+                || ot.ne == t.ne
+                || after == SplitState::Mirrored && out_state == SplitState::Mirrored)
         {
             // The same bytes in the owner's shape.
             let w = self.contiguous(w)?;
@@ -751,7 +793,10 @@ impl<'a> Compiler<'a> {
             let wm = self.fetch(node, &SplitState::Mirrored)?;
             let om = self.fetch(owner, &SplitState::Mirrored)?;
             let om = self.contiguous(om)?;
-            let v = self.l.push_view(om, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[om]).map_err(|e| node_err(t, &out_state, e))?;
+            let v = self
+                .l
+                .push_view(om, t.ty, t.ne, t.nb, t.view_offs, Op::View, &[om])
+                .map_err(|e| node_err(t, &out_state, e))?;
             self.l.cpy(wm, v).map_err(|e| node_err(t, &out_state, e))?;
             self.set(owner, SplitState::Mirrored, om);
         }
@@ -770,11 +815,16 @@ impl<'a> Compiler<'a> {
         };
         let Some(reduce) = RowReduce::of(&t.op) else {
             return Err(Error::Split {
-                detail: format!("{} has no distributed row combine (soft_max: a 2-D mask without ALiBi or sinks)", t.op.name()),
+                detail: format!(
+                    "{} has no distributed row combine (soft_max: a 2-D mask without ALiBi or sinks)",
+                    t.op.name()
+                ),
             });
         };
         if matches!(reduce, RowReduce::SoftMax { .. }) && t.src.len() > 2 {
-            return Err(Error::Split { detail: "distributed soft_max supports a 2-D mask without ALiBi or sinks".into() });
+            return Err(Error::Split {
+                detail: "distributed soft_max supports a 2-D mask without ALiBi or sinks".into(),
+            });
         }
         if !reduce.finishes_from_x() && out_state != SplitState::Mirrored {
             return Err(Error::Split { detail: format!("{} combine must give a mirrored result", t.op.name()) });
@@ -868,12 +918,21 @@ impl<'a> Compiler<'a> {
     fn is_binding(&self, lid: TensorId, leaf: TensorId) -> bool {
         let (t, lt) = (self.l.t(lid), self.l.t(leaf));
         lid == leaf
-            || (t.view_src == Some(leaf) && t.view_offs == 0 && t.is_contiguous() && t.nbytes() == lt.nbytes() && t.ty == lt.ty)
+            || (t.view_src == Some(leaf)
+                && t.view_offs == 0
+                && t.is_contiguous()
+                && t.nbytes() == lt.nbytes()
+                && t.ty == lt.ty)
     }
 
     /// The device's program: stages split at exchanges, intermediates
     /// planned by the graph allocator for buffers of type `bt`.
-    fn into_device(self, pinned: Vec<TensorId>, bt: &crate::backend::BufferType, writeback_bytes: u64) -> Result<DeviceProgram> {
+    fn into_device(
+        self,
+        pinned: Vec<TensorId>,
+        bt: &crate::backend::BufferType,
+        writeback_bytes: u64,
+    ) -> Result<DeviceProgram> {
         let Compiler { l, mut exchanges, .. } = self;
         let nodes: Vec<TensorId> = l.ids().filter(|&id| !matches!(l.t(id).op, Op::None)).collect();
         let mut stages = Vec::new();

@@ -133,11 +133,14 @@ struct Key {
     outputs: Vec<TensorId>,
 }
 
+/// A program's per-device bindings and what they were made for: the
+/// store's binding key and each device's arena generation.
+type Bindings = ((u64, u64), Vec<u64>, Vec<Bound>);
+
 struct Entry {
     key: Key,
     program: Arc<Program>,
-    /// Bound to (store key, arena generations).
-    bound: Option<((u64, u64), Vec<u64>, Vec<Bound>)>,
+    bound: Option<Bindings>,
 }
 
 #[derive(Default)]
@@ -418,12 +421,7 @@ impl MetaExecutor {
         let st = &mut *guard;
         let before = st.counters;
         st.counters.runs += 1;
-        let key = Key {
-            plan: plan.id,
-            graph_hash: graph.hash(),
-            ctx: ctx.id(),
-            outputs: outputs.to_vec(),
-        };
+        let key = Key { plan: plan.id, graph_hash: graph.hash(), ctx: ctx.id(), outputs: outputs.to_vec() };
         let at = match st.programs.iter().position(|e| e.key == key) {
             Some(i) => i,
             None => {
@@ -434,7 +432,13 @@ impl MetaExecutor {
                         for id in d.graph.nodes() {
                             let t = d.ctx.t(*id);
                             let srcs: Vec<String> = t.src.iter().map(|s| format!("#{}", s.index())).collect();
-                            log::trace!("device {j}: #{} {} {} <- {}", id.index(), t.op.name(), t.describe(), srcs.join(" "));
+                            log::trace!(
+                                "device {j}: #{} {} {} <- {}",
+                                id.index(),
+                                t.op.name(),
+                                t.describe(),
+                                srcs.join(" ")
+                            );
                         }
                     }
                 }
@@ -479,7 +483,9 @@ impl MetaExecutor {
                     .collect();
                 handles
                     .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err(Error::Split { detail: "a device thread panicked".into() })))
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| Err(Error::Split { detail: "a device thread panicked".into() }))
+                    })
                     .collect()
             })
         };
@@ -567,14 +573,23 @@ impl MetaExecutor {
     /// Puts every stored tensor `program` binds into its planned state (on
     /// the host, once, if the store holds it otherwise) and into each
     /// device's buffers (moved there once; zeros are allocated, not copied).
-    fn prepare_store(&self, ctx: &Context, program: &Program, store: &mut SplitStore, counters: &mut ExecCounters) -> Result<()> {
+    fn prepare_store(
+        &self,
+        ctx: &Context,
+        program: &Program,
+        store: &mut SplitStore,
+        counters: &mut ExecCounters,
+    ) -> Result<()> {
         let n = self.devices.len();
         for b in &program.bindings {
             let t = ctx.t(b.tensor);
-            let s = store.get_stored(b.tensor).ok_or_else(|| Error::Split { detail: format!("{:?} is not placed", t.name) })?;
+            let s = store
+                .get_stored(b.tensor)
+                .ok_or_else(|| Error::Split { detail: format!("{:?} is not placed", t.name) })?;
             if s.state != b.state {
                 // Kept in another state than planned: laid out anew (host memory, once).
-                let parts: Vec<Vec<u8>> = s.locals.iter().map(|x| x.bytes().map(|b| b.to_vec())).collect::<Result<_>>()?;
+                let parts: Vec<Vec<u8>> =
+                    s.locals.iter().map(|x| x.bytes().map(|b| b.to_vec())).collect::<Result<_>>()?;
                 let full = assemble(t.ty, t.ne, &parts, &s.state)?;
                 let locals = (0..n)
                     .map(|j| slice_local(t.ty, t.ne, &full, &b.state, j).map(|v| Part::host(Arc::new(v))))
@@ -676,8 +691,13 @@ impl MetaExecutor {
         for stage in &d.stages {
             let Stage::Exchange(x) = stage else { continue };
             let node = x.node.ok_or_else(|| Error::Split { detail: "an exchange without its node".into() })?;
-            let send = x.send.iter().map(|m| m.map(|(id, off, len)| slice(id, off, len)).transpose()).collect::<Result<_>>()?;
-            let recv = x.recv.iter().map(|r| r.map(|(off, len)| slice(node, off, len)).transpose()).collect::<Result<_>>()?;
+            let send = x
+                .send
+                .iter()
+                .map(|m| m.map(|(id, off, len)| slice(id, off, len)).transpose())
+                .collect::<Result<_>>()?;
+            let recv =
+                x.recv.iter().map(|r| r.map(|(off, len)| slice(node, off, len)).transpose()).collect::<Result<_>>()?;
             let zero = if x.zero {
                 let len = l.t(node).nbytes();
                 Some((slice(node, 0, len)?, vec![0u8; len]))

@@ -230,7 +230,10 @@ impl Planner {
     /// # Errors
     /// As [`Planner::plan`].
     pub fn plan_for(&mut self, ctx: &Context, graph: &Graph, policy: &SplitPolicy) -> Result<&Plan> {
-        let fast = (graph.hash(), policy.id() ^ (self.link.latency_s.to_bits().rotate_left(17) ^ self.link.bandwidth.to_bits()));
+        let fast = (
+            graph.hash(),
+            policy.id() ^ (self.link.latency_s.to_bits().rotate_left(17) ^ self.link.bandwidth.to_bits()),
+        );
         let key = match self.known.get(&fast) {
             Some(k) if self.cache.get(k).is_some_and(|p| p.check_graph(ctx, graph).is_ok()) => *k,
             _ => {

@@ -397,7 +397,11 @@ impl SplitStore {
                 *p = match &p.dev {
                     Some((d, s)) => {
                         s.buf.set(s.offset, &bytes)?;
-                        Arc::new(Part { len: s.len, host: std::sync::OnceLock::from(Arc::new(bytes)), dev: Some((*d, s.clone())) })
+                        Arc::new(Part {
+                            len: s.len,
+                            host: std::sync::OnceLock::from(Arc::new(bytes)),
+                            dev: Some((*d, s.clone())),
+                        })
                     }
                     None => Part::host(Arc::new(bytes)),
                 };
@@ -437,7 +441,11 @@ impl SplitStore {
                     if let Some((lo, hi)) = spans[j] {
                         s.buf.set(s.offset + lo, &c[lo..hi])?;
                     }
-                    Arc::new(Part { len: s.len, host: std::sync::OnceLock::from(Arc::new(c)), dev: Some((*d, s.clone())) })
+                    Arc::new(Part {
+                        len: s.len,
+                        host: std::sync::OnceLock::from(Arc::new(c)),
+                        dev: Some((*d, s.clone())),
+                    })
                 }
                 None => Part::host(Arc::new(c)),
             };

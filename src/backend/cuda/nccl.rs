@@ -253,7 +253,13 @@ impl Comm for NcclComm {
             self.abort();
         }
         r?;
-        let got: u64 = recv.iter().enumerate().filter(|(i, _)| *i != rank).filter_map(|(_, s)| s.as_ref()).map(|s| s.len as u64).sum();
+        let got: u64 = recv
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != rank)
+            .filter_map(|(_, s)| s.as_ref())
+            .map(|s| s.len as u64)
+            .sum();
         self.received[rank].fetch_add(got, Ordering::Relaxed);
         Ok(())
     }

@@ -126,7 +126,10 @@ impl<'a> Rows<'a> {
         let o = i1 * self.nb[1] + i3 * self.nb[3];
         let len = if n > 0 { (n - 1) * self.nb[1] + last_head * self.nb[2] + self.rb } else { 0 };
         let bytes = self.bytes.get(o..o + len).ok_or_else(|| Error::OutOfBounds {
-            detail: format!("flash_attn_ext: rows {i1}..{} of heads 0..={last_head}, batch {i3}, outside the source span", i1 + n),
+            detail: format!(
+                "flash_attn_ext: rows {i1}..{} of heads 0..={last_head}, batch {i3}, outside the source span",
+                i1 + n
+            ),
         })?;
         Ok((bytes, self.nb[1]))
     }

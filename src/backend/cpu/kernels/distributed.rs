@@ -354,18 +354,23 @@ fn add_n(op: &Op, d: &TView, src: &[TView]) -> Result<()> {
     }
     let n0 = d.ne[0];
     match d.ty {
-        GgmlType::I32 | GgmlType::I64 => par_rows(d.nrows(), n0, || (), |_, r| {
-            let (i1, i2, i3) = d.row_index(r);
-            for i0 in 0..n0 {
-                let v = src.iter().fold(0i64, |a, s| a.wrapping_add(s.get_i64(i0, i1, i2, i3)));
-                if d.ty == GgmlType::I64 {
-                    d.set_i64(i0, i1, i2, i3, v);
-                } else {
-                    d.set_i32(i0, i1, i2, i3, v as i32);
+        GgmlType::I32 | GgmlType::I64 => par_rows(
+            d.nrows(),
+            n0,
+            || (),
+            |_, r| {
+                let (i1, i2, i3) = d.row_index(r);
+                for i0 in 0..n0 {
+                    let v = src.iter().fold(0i64, |a, s| a.wrapping_add(s.get_i64(i0, i1, i2, i3)));
+                    if d.ty == GgmlType::I64 {
+                        d.set_i64(i0, i1, i2, i3, v);
+                    } else {
+                        d.set_i32(i0, i1, i2, i3, v as i32);
+                    }
                 }
-            }
-            Ok(())
-        }),
+                Ok(())
+            },
+        ),
         _ => par_rows(
             d.nrows(),
             n0,

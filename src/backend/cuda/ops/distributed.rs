@@ -8,7 +8,9 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{Op, RowReduce};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use crate::tensor::GgmlType::{
+    self, BF16, F16, F32, I32, I64, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+};
 
 const B: u32 = 256;
 

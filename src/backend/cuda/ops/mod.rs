@@ -295,7 +295,9 @@ pub(crate) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
         Op::FlashAttnExt { .. } => flash_attn::run(cx, op, dst, src),
         Op::SsmConv | Op::GatedDeltaNet { .. } => ssm::run(cx, op, dst, src),
         Op::None | Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose => Ok(true),
-        Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => distributed::run(cx, op, dst, src),
+        Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => {
+            distributed::run(cx, op, dst, src)
+        }
         // The executor fills it between local graphs; a backend never runs it.
         Op::Exchange => Ok(false),
     }

@@ -283,7 +283,11 @@ mod x86 {
                 // SAFETY: 16 bytes of the row at 2·i and 8 floats of q at i
                 // lie inside their slices while i + 8 ≤ d (checked by the callers).
                 while i + 16 <= d8 {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qt.add(i)), _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)), a0);
+                    a0 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(qt.add(i)),
+                        _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
+                        a0,
+                    );
                     a1 = _mm256_fmadd_ps(
                         _mm256_loadu_ps(qt.add(i + 8)),
                         _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i + 16) as *const __m128i)),
@@ -292,7 +296,11 @@ mod x86 {
                     i += 16;
                 }
                 while i + 8 <= d8 {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qt.add(i)), _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)), a0);
+                    a0 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(qt.add(i)),
+                        _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
+                        a0,
+                    );
                     i += 8;
                 }
                 let mut sum = hsum(_mm256_add_ps(a0, a1));
@@ -405,8 +413,17 @@ mod tests {
             if n >= 1 {
                 let rows: Vec<u8> = h.iter().chain(h.iter()).chain(h.iter()).copied().collect();
                 let live = [true, false, true];
-                let blk =
-                    BlockF16 { rows: &rows, offs: &[0, 0], max_off: 0, stride: 2 * n, n: 3, d: n, nt: 2, live: &live, p_stride: 4 };
+                let blk = BlockF16 {
+                    rows: &rows,
+                    offs: &[0, 0],
+                    max_off: 0,
+                    stride: 2 * n,
+                    n: 3,
+                    d: n,
+                    nt: 2,
+                    live: &live,
+                    p_stride: 4,
+                };
                 let q: Vec<f32> = b.iter().chain(a.iter()).copied().collect();
                 for scores in [ops.scores_f16, scores_f16_portable] {
                     let mut out = vec![7f32; 8];
