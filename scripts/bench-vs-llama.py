@@ -26,6 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "target", "release", "examples")
+NOTES = "<!-- notes: kept when the tables above are rewritten -->"
 MODEL = os.path.join(os.environ.get("TMPDIR", "/tmp"), "shardgraph-decode-qwen3-q8_0.gguf")
 
 
@@ -183,6 +184,15 @@ def main():
                 cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
         except (OSError, StopIteration):
             pass
+        # Hand-written notes below the marker survive a rewrite.
+        notes = ""
+        try:
+            with open(a.write) as f:
+                text = f.read()
+            if NOTES in text:
+                notes = text[text.index(NOTES):]
+        except OSError:
+            pass
         with open(a.write, "w") as f:
             f.write("# Benchmarks\n\n")
             f.write(f"Machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}.\n")
@@ -198,6 +208,8 @@ def main():
                 f.write("| example | --ctx-size | plain tokens/s | speculative tokens/s | speed-up |\n| --- | --- | --- | --- | --- |\n")
                 for ex, ctx, p, s, r in spec_rows:
                     f.write(f"| {ex} | {ctx} | {p} | {s} | {r} |\n")
+            if notes:
+                f.write("\n" + notes)
         print(f"wrote {a.write}")
 
 
