@@ -58,37 +58,9 @@
 
 #include "common.cuh"
 
+#include "block_reduce.cuh"
+
 #include "dequant.cuh"
-
-struct RSum2 { template <typename T> __device__ static __forceinline__ T f(T a, T b) { return a + b; } };
-struct RMaxF2 { __device__ static __forceinline__ float f(float a, float b) { return a > b ? a : b; } };
-struct RMaxI2 { __device__ static __forceinline__ i64 f(i64 a, i64 b) { return a > b ? a : b; } };
-struct RMinU2 { __device__ static __forceinline__ u64 f(u64 a, u64 b) { return a < b ? a : b; } };
-
-template <typename R, typename T>
-__device__ __forceinline__ T dist_warp_reduce(T v) {
-    for (int o = 16; o > 0; o >>= 1) v = R::f(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// `sh` holds at least 33 elements of T; `ident` is the identity of R.
-template <typename R, typename T>
-__device__ __forceinline__ T dist_block_reduce(T v, T *sh, T ident) {
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    v = dist_warp_reduce<R>(v);
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        T t = lane < nwarps ? sh[lane] : ident;
-        t = dist_warp_reduce<R>(t);
-        if (lane == 0) sh[32] = t;
-    }
-    __syncthreads();
-    return sh[32];
-}
 
 // Global position of local position i of a part holding up to 4 ranges.
 struct Ranges {
@@ -116,16 +88,6 @@ __device__ __forceinline__ float dist_mask(const char *mrow, int f16, i64 i) {
     return f16 ? sg_h2f(*(const unsigned short *) (mrow + i * 2)) : *(const float *) (mrow + i * 4);
 }
 
-__device__ __forceinline__ unsigned int dist_ord_key(float v) {
-    const unsigned int bits = (v == 0.0f) ? 0u : __float_as_uint(v);
-    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-// Smaller key = earlier: descending value, then lower index.
-__device__ __forceinline__ u64 dist_desc_key(float v, i64 i) {
-    return ((u64) (~dist_ord_key(v)) << 32) | (u64) (unsigned int) i;
-}
-
 #define NONE_IDX 1073741823ll
 
 // The NaN-free scan of x[a, b): its maximum and last position (local), or (-inf, -1).
@@ -138,13 +100,13 @@ __device__ __forceinline__ void dist_plain(const char *x, i64 nb00, i64 a, i64 b
         m = m > v ? m : v;
         any = true;
     }
-    const float best = dist_block_reduce<RMaxF2>(m, shf, sg_neg_inf());
+    const float best = sg_block_reduce<RMaxF>(m, shf, sg_neg_inf());
     i64 idx = -1;
     for (i64 i = a + threadIdx.x; i < b; i += blockDim.x) {
         if (*(const float *) (x + i * nb00) == best) idx = i;
     }
     (void) any;
-    *at = dist_block_reduce<RMaxI2>(idx, shi, (i64) -1);
+    *at = sg_block_reduce<RMaxI>(idx, shi, (i64) -1);
     *mx = best;
 }
 
@@ -174,7 +136,7 @@ extern "C" __global__ void sg_row_stats_f32(
                 const double v = (double) *(const float *) (xr + i * nb00);
                 s += kind == 0 ? v * v : v;
             }
-            s = dist_block_reduce<RSum2>(s, shd, 0.0);
+            s = sg_block_reduce<RSum>(s, shd, 0.0);
             if (kind == 2) {
                 const double mean = ne00 > 0 ? s / (double) ne00 : 0.0;
                 double m2 = 0.0;
@@ -182,7 +144,7 @@ extern "C" __global__ void sg_row_stats_f32(
                     const double d = (double) *(const float *) (xr + i * nb00) - mean;
                     m2 += d * d;
                 }
-                m2 = dist_block_reduce<RSum2>(m2, shd, 0.0);
+                m2 = sg_block_reduce<RSum>(m2, shd, 0.0);
                 if (threadIdx.x == 0) {
                     out[0] = (float) s;
                     out[1] = (float) m2;
@@ -200,7 +162,7 @@ extern "C" __global__ void sg_row_stats_f32(
                 if (mrow) v = __fadd_rn(v, dist_mask(mrow, mask_f16, i));
                 m = m > v ? m : v;
             }
-            const float mx = dist_block_reduce<RMaxF2>(m, shf, sg_neg_inf());
+            const float mx = sg_block_reduce<RMaxF>(m, shf, sg_neg_inf());
             double s = 0.0;
             if (mx != sg_neg_inf()) {
                 for (i64 i = threadIdx.x; i < ne00; i += blockDim.x) {
@@ -209,7 +171,7 @@ extern "C" __global__ void sg_row_stats_f32(
                     s += (double) expf(v - mx);
                 }
             }
-            s = dist_block_reduce<RSum2>(s, shd, 0.0);
+            s = sg_block_reduce<RSum>(s, shd, 0.0);
             if (threadIdx.x == 0) {
                 out[0] = mx;
                 out[1] = (float) s;
@@ -220,8 +182,8 @@ extern "C" __global__ void sg_row_stats_f32(
             for (i64 i = threadIdx.x; i < ne00; i += blockDim.x) {
                 if (isnan(*(const float *) (xr + i * nb00))) ln = i; else lv = i;
             }
-            const i64 last_nan = dist_block_reduce<RMaxI2>(ln, shi, (i64) -1);
-            const i64 end = dist_block_reduce<RMaxI2>(lv, shi, (i64) -1) + 1;
+            const i64 last_nan = sg_block_reduce<RMaxI>(ln, shi, (i64) -1);
+            const i64 end = sg_block_reduce<RMaxI>(lv, shi, (i64) -1) + 1;
             float mx;
             i64 at;
             unsigned int code_kind;
@@ -236,7 +198,7 @@ extern "C" __global__ void sg_row_stats_f32(
                 for (i64 i = threadIdx.x; i < end; i += blockDim.x) {
                     if (isnan(*(const float *) (xr + i * nb00))) p = i;
                 }
-                const i64 inner = dist_block_reduce<RMaxI2>(p, shi, (i64) -1);
+                const i64 inner = sg_block_reduce<RMaxI>(p, shi, (i64) -1);
                 if (inner >= 0) {
                     dist_plain(xr, nb00, inner + 1, end, shf, shi, &mx, &at);
                     mx = __int_as_float(0x7fc00000);
@@ -258,10 +220,10 @@ extern "C" __global__ void sg_row_stats_f32(
             for (i64 j = 0; j < k; ++j) {
                 u64 best = NONE;
                 for (i64 i = threadIdx.x; i < ne00; i += blockDim.x) {
-                    const u64 key = dist_desc_key(*(const float *) (xr + i * nb00), i);
+                    const u64 key = sg_desc_key(*(const float *) (xr + i * nb00), i);
                     if ((first || key > prev) && key < best) best = key;
                 }
-                const u64 sel = dist_block_reduce<RMinU2>(best, shu, NONE);
+                const u64 sel = sg_block_reduce<RMinU>(best, shu, NONE);
                 if (threadIdx.x == 0) {
                     if (sel == NONE) {
                         out[2 * j] = sg_neg_inf();
@@ -296,7 +258,7 @@ extern "C" __global__ void sg_sum_all(
                       : ty == 1 ? sg_h2f(*(const unsigned short *) p) : sg_bf2f(*(const unsigned short *) p);
         s += (double) v;
     }
-    s = dist_block_reduce<RSum2>(s, shd, 0.0);
+    s = sg_block_reduce<RSum>(s, shd, 0.0);
     if (threadIdx.x == 0) *(float *) st = (float) s;
 }
 
@@ -381,10 +343,10 @@ extern "C" __global__ void sg_row_finish_f32(
                     const i64 d = c / k, q = c % k;
                     const int gi = __float_as_int(W(2 * q + 1, r, d));
                     if (gi < 0) continue;
-                    const u64 key = dist_desc_key(W(2 * q, r, d), gi);
+                    const u64 key = sg_desc_key(W(2 * q, r, d), gi);
                     if ((first || key > prev) && key < best) best = key;
                 }
-                const u64 sel = dist_block_reduce<RMinU2>(best, shu, NONE);
+                const u64 sel = sg_block_reduce<RMinU>(best, shu, NONE);
                 if (threadIdx.x == 0) *(int *) (y + j * nb0) = (int) (unsigned int) (sel & 0xffffffffull);
                 prev = sel;
                 first = false;

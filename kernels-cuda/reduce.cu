@@ -56,6 +56,8 @@
 
 #include "common.cuh"
 
+#include "block_reduce.cuh"
+
 // Sum over the whole block (blockDim.x a multiple of 32); every thread gets
 // the result. `sh` holds at least 33 doubles.
 __device__ __forceinline__ double sg_block_sum(double v, double *sh) {
@@ -176,12 +178,6 @@ extern "C" __global__ void sg_mean_f32(
 // ---------------------------------------------------------------------------
 // argsort
 // ---------------------------------------------------------------------------
-
-// u32 whose unsigned order is the IEEE total order of v, with -0 == +0.
-__device__ __forceinline__ unsigned int sg_ord_key(float v) {
-    const unsigned int bits = (v == 0.0f) ? 0u : __float_as_uint(v);
-    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
 
 // Sort key of element i: the value's order (inverted for descending) above
 // the index, so keys are unique and ascending keys give the wanted order.

@@ -129,6 +129,25 @@ impl GraphCache {
     }
 }
 
+/// A decode step's result from its run: `read` lists the outputs read back
+/// (`rep.outputs` in that order); the greedy tokens of `argmax`, the hidden
+/// states of `taps`, and the logits if `logits` was read.
+pub(crate) fn step_output(
+    read: &[TensorId],
+    rep: &crate::split::RunReport,
+    argmax: TensorId,
+    taps: &[(usize, TensorId)],
+    logits: Option<TensorId>,
+) -> qwen3::StepOutput {
+    let at = |id: TensorId| read.iter().position(|&o| o == id).and_then(|k| rep.outputs.get(k));
+    let argmax = at(argmax)
+        .map(|b| b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        .unwrap_or_default();
+    let taps = taps.iter().map(|&(l, id)| (l, at(id).map(|b| qwen3::f32s(b)).unwrap_or_default())).collect();
+    let logits = logits.and_then(|id| at(id).map(|b| qwen3::f32s(b)));
+    qwen3::StepOutput { argmax, logits, taps }
+}
+
 /// Little-endian bytes of I32 values (a graph input).
 pub(crate) fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -1244,13 +1244,7 @@ impl Qwen35Session {
             start.elapsed().as_secs_f64() * 1e3
         );
         self.n_past += t;
-        let at = |id: TensorId| outputs.iter().position(|&o| o == id).and_then(|k| rep.outputs.get(k));
-        let argmax = at(step.argmax)
-            .map(|b| b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-            .unwrap_or_default();
-        let taps = step.taps.iter().map(|&(l, id)| (l, at(id).map(|b| f32s(b)).unwrap_or_default())).collect();
-        let logits = if want_logits { at(step.logits).map(|b| f32s(b)) } else { None };
-        Ok(StepOutput { argmax, logits, taps })
+        Ok(super::step_output(outputs, &rep, step.argmax, &step.taps, want_logits.then_some(step.logits)))
     }
 
     /// Keeps the conv and recurrent state after every token of batches of

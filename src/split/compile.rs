@@ -710,17 +710,24 @@ impl<'a> Compiler<'a> {
         self.l.push_view(y, ty, ne, contiguous_strides(ty, &ne), 0, Op::Reshape, &[y])
     }
 
+    /// `node`'s sources, each in the state the plan reads it in (`needs`).
+    fn fetch_sources(&mut self, node: TensorId, needs: &[SplitState]) -> Result<Vec<TensorId>> {
+        let ctx = self.ctx;
+        ctx.t(node)
+            .src
+            .iter()
+            .enumerate()
+            .map(|(k, &s)| self.fetch(s, needs.get(k).unwrap_or(&SplitState::Mirrored)))
+            .collect()
+    }
+
     /// One node of a `Compute` step, over this device's parts.
     fn node(&mut self, node: TensorId) -> Result<()> {
         let ctx = self.ctx;
         let t = ctx.t(node);
         let out_state = self.state_of(node);
         let needs = self.needs(node);
-        let mut srcs = Vec::with_capacity(t.src.len());
-        for (k, &s) in t.src.iter().enumerate() {
-            let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
-            srcs.push(self.fetch(s, &need)?);
-        }
+        let mut srcs = self.fetch_sources(node, &needs)?;
         // A copy into a stored tensor nothing else reads (what `cast` makes)
         // is scratch: it writes a fresh tensor, not the store.
         if matches!(t.op, Op::Cpy) && scratch_copy(ctx, self.graph, node) {
@@ -757,11 +764,7 @@ impl<'a> Compiler<'a> {
         let t = ctx.t(node);
         let out_state = self.state_of(node);
         let needs = self.needs(node);
-        let mut srcs = Vec::with_capacity(t.src.len());
-        for (k, &s) in t.src.iter().enumerate() {
-            let need = needs.get(k).cloned().unwrap_or(SplitState::Mirrored);
-            srcs.push(self.fetch(s, &need)?);
-        }
+        let srcs = self.fetch_sources(node, &needs)?;
         let w = match t.op {
             Op::Cpy => self.l.cpy(srcs[0], srcs[1]),
             Op::SetRows => self.l.set_rows(srcs[2], srcs[0], srcs[1]),

@@ -8,9 +8,7 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{Op, RowReduce};
-use crate::tensor::GgmlType::{
-    self, BF16, F16, F32, I32, I64, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64};
 
 const B: u32 = 256;
 
@@ -145,24 +143,9 @@ fn row_finish(cx: &Cx, reduce: RowReduce, lens: &[i64], dst: &T, src: &[T]) -> R
     Ok(true)
 }
 
-/// Kernel-name part of a table type.
+/// Kernel-name part of a table type (every type with a dequantizer).
 fn table(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        F32 => "f32",
-        F16 => "f16",
-        BF16 => "bf16",
-        Q8_0 => "q8_0",
-        Q4_0 => "q4_0",
-        Q4_1 => "q4_1",
-        Q5_0 => "q5_0",
-        Q5_1 => "q5_1",
-        Q2_K => "q2_K",
-        Q3_K => "q3_K",
-        Q4_K => "q4_K",
-        Q5_K => "q5_K",
-        Q6_K => "q6_K",
-        _ => return None,
-    })
+    super::type_suffix(ty).filter(|_| !matches!(ty, I32 | I64))
 }
 
 fn get_rows_part(cx: &Cx, ranges: &[(i64, i64)], n_rows: i64, dst: &T, src: &[T]) -> Result<bool> {

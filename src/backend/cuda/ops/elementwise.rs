@@ -7,7 +7,7 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{Op, UnaryOp};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q4_0, Q4_1, Q5_0, Q8_0};
 
 const B: u32 = 256;
 
@@ -174,19 +174,7 @@ fn quant_suffix(ty: GgmlType) -> Option<&'static str> {
 /// Kernel-name suffix of a block type with dequantizing copy kernels
 /// (`sg_cpy_<q>_<f32|f16>`, dequant.cuh's types).
 fn dequant_suffix(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        Q8_0 => "q8_0",
-        Q4_0 => "q4_0",
-        Q4_1 => "q4_1",
-        Q5_0 => "q5_0",
-        Q5_1 => "q5_1",
-        Q2_K => "q2_K",
-        Q3_K => "q3_K",
-        Q4_K => "q4_K",
-        Q5_K => "q5_K",
-        Q6_K => "q6_K",
-        _ => return None,
-    })
+    super::type_suffix(ty).filter(|_| ty.is_quantized())
 }
 
 /// cpy / dup / cont of `s` into `dst` (same element count, element k of

@@ -10,9 +10,7 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::Op;
-use crate::tensor::GgmlType::{
-    self, BF16, F16, F32, I32, I64, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
-};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Threads per block of the get_rows launch.
 const B_GET: u32 = 256;
@@ -27,25 +25,14 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
     }
 }
 
-/// Kernel-name suffix of a get_rows table type with the destination type it gives.
+/// Kernel-name suffix of a get_rows table type with the destination type it
+/// gives (I32 tables give I32 rows, every other table F32).
 fn table(ty: GgmlType) -> Option<(&'static str, GgmlType)> {
-    Some(match ty {
-        F32 => ("f32", F32),
-        F16 => ("f16", F32),
-        BF16 => ("bf16", F32),
-        Q8_0 => ("q8_0", F32),
-        Q4_0 => ("q4_0", F32),
-        Q4_1 => ("q4_1", F32),
-        Q5_0 => ("q5_0", F32),
-        Q5_1 => ("q5_1", F32),
-        Q2_K => ("q2_K", F32),
-        Q3_K => ("q3_K", F32),
-        Q4_K => ("q4_K", F32),
-        Q5_K => ("q5_K", F32),
-        Q6_K => ("q6_K", F32),
-        I32 => ("i32", I32),
-        _ => return None,
-    })
+    match ty {
+        I64 => None,
+        I32 => Some(("i32", I32)),
+        _ => super::type_suffix(ty).map(|s| (s, F32)),
+    }
 }
 
 fn get_rows(cx: &Cx, dst: &T, a: &T, idx: &T) -> Result<bool> {

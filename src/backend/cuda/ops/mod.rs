@@ -266,6 +266,30 @@ impl Drop for Scratch<'_> {
     }
 }
 
+/// The kernel-name part of a storage type the kernels read (`f32`, `q4_K`,
+/// …): one table for every kernel family that names kernels by type.
+pub(crate) fn type_suffix(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        I32 => "i32",
+        I64 => "i64",
+        Q8_0 => "q8_0",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q2_K => "q2_K",
+        Q3_K => "q3_K",
+        Q4_K => "q4_K",
+        Q5_K => "q5_K",
+        Q6_K => "q6_K",
+        _ => return None,
+    })
+}
+
 /// Launches the kernels for `op` computing `dst` from `src`; `Ok(false)` if
 /// no kernel covers this node's types and layout.
 pub(crate) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
