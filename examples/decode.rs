@@ -4,8 +4,9 @@
 //!
 //! `cargo run --release --example decode -- --devices 2 --tensor-split 1,1 --ctx-size 65536`
 //!
-//! Options (llama.cpp's names): `--devices N` (default 1), `--tensor-split
-//! r0,r1,..` (default equal), `--threads N` (per device, default 1),
+//! Options (llama.cpp's names): `--devices N` (default 1, or as many as
+//! `--tensor-split` gives), `--tensor-split r0,r1,..` (default equal),
+//! `--split-mode none|tensor` (none: one device), `--threads N` (per device, default 1),
 //! `--ctx-size N` (KV cells, default 4096), `--n-prompt N` (prompt tokens,
 //! default 16; processed in batches of `--ubatch-size`, default 512),
 //! `--n-predict N` (tokens decoded, default 32; `--tokens` is the same),
@@ -26,6 +27,7 @@ use spec::{arg, check_options, parsed};
 const OPTIONS: &[&str] = &[
     "--devices",
     "--tensor-split",
+    "--split-mode",
     "--threads",
     "--ctx-size",
     "--n-prompt",
@@ -77,7 +79,8 @@ fn run() -> shardgraph::Result<()> {
     if threads == 0 || n_prompt == 0 || ubatch == 0 {
         bad("--threads, --n-prompt and --ubatch-size must be at least 1".into());
     }
-    if ctx_size < 1 || (n_prompt + n_tokens) as i64 > ctx_size {
+    let needed = n_prompt.checked_add(n_tokens).and_then(|v| i64::try_from(v).ok());
+    if ctx_size < 1 || needed.is_none_or(|v| v > ctx_size) {
         bad(format!("--ctx-size {ctx_size} cannot hold {n_prompt} prompt and {n_tokens} generated tokens"));
     }
     let hp = hparams();

@@ -28,9 +28,9 @@ use shardgraph::models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
 use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
+#[path = "common/spec.rs"]
+mod spec;
+use spec::{arg, check_options, parsed};
 
 fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
@@ -41,19 +41,7 @@ const OPTIONS: &[&str] =
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < args.len() {
-        if args[i] == "--help" || args[i] == "-h" {
-            println!("usage: plan {}", OPTIONS.iter().map(|o| format!("[{o} V]")).collect::<Vec<_>>().join(" "));
-            println!("(see the doc comment of examples/plan.rs for what each does)");
-            return;
-        }
-        if !OPTIONS.contains(&args[i].as_str()) || i + 1 >= args.len() {
-            eprintln!("unknown option or missing value: {} (try --help)", args[i]);
-            std::process::exit(2);
-        }
-        i += 2;
-    }
+    check_options(&args, "plan", OPTIONS);
     if let Err(e) = run(&args) {
         eprintln!("error: {e}");
         std::process::exit(1);
@@ -61,51 +49,20 @@ fn main() {
 }
 
 fn run(args: &[String]) -> shardgraph::Result<()> {
-    let args = args.to_vec();
-    let model = arg(&args, "--model").unwrap_or_else(|| "qwen3-8b".into());
-    let mut n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(2);
-    let mut ratios: Vec<f32> = match arg(&args, "--tensor-split") {
-        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
-        None => vec![1.0; n],
-    };
-    if n == 0 {
-        eprintln!("--devices must be at least 1");
+    let model = arg(args, "--model").unwrap_or_else(|| "qwen3-8b".into());
+    let (ratios, _) = spec::devices(args, 2);
+    let n = ratios.len();
+    let qwen35 = model == "qwen35-27b";
+    let kv_size: i64 = parsed(args, "--ctx-size", if qwen35 { 65536 } else { 4096 });
+    let tokens: i64 = parsed(args, "--tokens", 1);
+    if kv_size < 1 || tokens < 1 {
+        eprintln!("--ctx-size and --tokens must be at least 1");
         std::process::exit(2);
     }
-    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
-        eprintln!("--tensor-split needs {n} non-negative numbers, got {ratios:?}");
-        std::process::exit(2);
-    }
-    match arg(&args, "--split-mode").as_deref() {
-        None | Some("tensor") => {}
-        Some("none") => {
-            n = 1;
-            ratios = vec![1.0];
-        }
-        Some(other) => {
-            eprintln!("--split-mode {other}: use none or tensor");
-            std::process::exit(2);
-        }
-    }
-    let kv_size: i64 = arg(&args, "--ctx-size").and_then(|v| v.parse().ok()).unwrap_or(4096);
-    let tokens: i64 = arg(&args, "--tokens").and_then(|v| v.parse().ok()).unwrap_or(1);
-    let kv_type = match arg(&args, "--cache-type-k").as_deref() {
-        None | Some("f16") => GgmlType::F16,
-        Some("q8_0") => GgmlType::Q8_0,
-        Some("q4_0") => GgmlType::Q4_0,
-        Some(other) => {
-            eprintln!("--cache-type-k {other}: use f16, q8_0 or q4_0");
-            std::process::exit(2);
-        }
-    };
-    if model == "qwen35-27b" {
-        let kv_size: i64 = arg(&args, "--ctx-size").and_then(|v| v.parse().ok()).unwrap_or(65536);
-        let kv_type = match arg(&args, "--cache-type-k").as_deref() {
-            None | Some("q4_0") => GgmlType::Q4_0,
-            Some("q8_0") => GgmlType::Q8_0,
-            _ => GgmlType::F16,
-        };
-        let draft = arg(&args, "--draft").unwrap_or_else(|| "dflash2".into());
+    // The 27B plan defaults to a q4_0 cache, as the field runs it.
+    let kv_type = if qwen35 && arg(args, "--cache-type-k").is_none() { GgmlType::Q4_0 } else { spec::cache_type(args) };
+    if qwen35 {
+        let draft = arg(args, "--draft").unwrap_or_else(|| "dflash2".into());
         return plan_qwen35(&ratios, kv_size, kv_type, tokens, &draft);
     }
     // MODELS.md section 2.4; a Q4_K_M-like file keeps attn_v and ffn_down at Q6_K.
@@ -141,7 +98,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     };
     let types = Qwen3Types { output: GgmlType::Q6_K, ..Qwen3Types::q4_k_m() };
     let draft =
-        arg(&args, "--draft").unwrap_or_else(|| if model == "qwen3-8b" { "dflash".into() } else { "dflash2".into() });
+        arg(args, "--draft").unwrap_or_else(|| if model == "qwen3-8b" { "dflash".into() } else { "dflash2".into() });
     // The z-lab Qwen3-8B-DFlash-b16 drafter (MODELS.md 3.5).
     let v1 = DflashHparams {
         n_layer: 5,

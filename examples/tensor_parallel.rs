@@ -11,25 +11,26 @@ use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitStore};
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
+#[path = "common/spec.rs"]
+mod spec;
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 1000.0 - 1.0).collect()
 }
 
-fn main() -> shardgraph::Result<()> {
+fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let n: usize = arg(&args, "--devices").and_then(|v| v.parse().ok()).unwrap_or(2);
-    let ratios: Vec<f32> = match arg(&args, "--tensor-split") {
-        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
-        None => vec![1.0; n],
-    };
-    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
-        eprintln!("--tensor-split needs {n} non-negative numbers separated by commas, got {ratios:?}");
-        std::process::exit(2);
+    spec::check_options(&args, "tensor_parallel", &["--devices", "--tensor-split", "--split-mode"]);
+    let (ratios, _) = spec::devices(&args, 2);
+    if let Err(e) = run(&ratios) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
     }
+}
+
+/// Plans, runs and checks the example graph on `ratios.len()` CPU devices.
+fn run(ratios: &[f32]) -> shardgraph::Result<()> {
+    let n = ratios.len();
     let (e, f, vocab, t) = (256i64, 1024i64, 4096i64, 4i64);
 
     // The graph: x → rms_norm → SwiGLU FFN → residual → output head → soft_max, argmax, top_k.
@@ -60,7 +61,7 @@ fn main() -> shardgraph::Result<()> {
 
     // llama.cpp's tensor-split policy for these tensors.
     let rows = |granule| SplitSpec::Axis { axis: 1, granule, segments: vec![] };
-    let policy = SplitPolicy::new(&ratios)?
+    let policy = SplitPolicy::new(ratios)?
         .rule("blk.*.ffn_gate.weight", rows(32))
         .rule("blk.*.ffn_up.weight", rows(32))
         .rule("blk.*.ffn_down.weight", SplitSpec::Axis { axis: 0, granule: 32, segments: vec![] })

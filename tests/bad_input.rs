@@ -208,3 +208,88 @@ fn model_functions_refuse_degenerate_parameters() {
     let e = generate(&mut Liar(0), &mut Two, &[1, 2], 8, SpecParams { n_max: 2, n_min: 0 }).unwrap_err();
     assert!(e.to_string().contains("greedy tokens"), "{e}");
 }
+
+#[test]
+fn corrupt_counts_and_overflowing_splits_are_errors() {
+    use shardgraph::gguf::{GgufFile, GgufWriter};
+    use shardgraph::models::dflash::best_path;
+    use shardgraph::models::qwen3::Qwen3Hparams;
+    use shardgraph::split::{slice_local, AxisSplit, Planner, SplitPolicy, SplitSpec, SplitState};
+    // A file's block_count is checked before any layer is created.
+    let hp = Qwen3Hparams {
+        n_layer: 10_000_000,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 16,
+        n_vocab: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e4,
+        n_ctx_train: 64,
+    };
+    let mut w = GgufWriter::new();
+    hp.add_to_gguf(&mut w, "corrupt").unwrap();
+    let bytes = w.write_to(Vec::new(), |_, _| Ok(())).unwrap();
+    let f = GgufFile::from_bytes(bytes, "corrupt.gguf").unwrap();
+    let e = Qwen3Hparams::from_gguf(&f).unwrap_err();
+    assert!(e.to_string().contains("block_count 10000000 is over 512"), "{e}");
+
+    // Split extents that overflow i64: errors, not arithmetic panics.
+    let s = AxisSplit { axis: 1, segments: vec![vec![i64::MAX; 4]], repeat: i64::MAX };
+    assert!(s.validate(i64::MAX, 4).is_err());
+    assert_eq!(s.ranges(1), vec![]);
+    let s = AxisSplit { axis: 1, segments: vec![vec![i64::MAX, 1]], repeat: 1 };
+    assert!(s.validate(i64::MAX, 2).is_err());
+    assert_eq!(s.ranges(1), vec![]);
+    assert!(slice_local(GgmlType::F32, [1, 1 << 40, 1 << 40, 1 << 40], &[], &SplitState::Mirrored, 0).is_err());
+    assert!(slice_local(GgmlType::F32, [4, -2, 1, 1], &[], &SplitState::Mirrored, 0).is_err());
+
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
+    ctx.set_name(a, "a").unwrap();
+    ctx.set_input(a).unwrap();
+    let b = ctx.scale(a, 2.0).unwrap();
+    let g = ctx.build_forward(&[b]).unwrap();
+    let policy = SplitPolicy::new(&[1.0, 1.0])
+        .unwrap()
+        .rule("a", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![i64::MAX, i64::MAX] });
+    let e = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap_err();
+    assert!(e.to_string().contains("do not sum to the axis length"), "{e}");
+
+    // Every link value is checked (a NaN local bandwidth included).
+    let mut planner = Planner::default();
+    planner.link.local_bandwidth = f64::NAN;
+    let plain = SplitPolicy::new(&[1.0, 1.0]).unwrap();
+    let e = planner.plan(&ctx, &g, &plain, &[]).unwrap_err();
+    assert!(e.to_string().contains("link model"), "{e}");
+
+    // Sizes that overflow a slice index end the path instead of panicking.
+    assert_eq!(best_path(&[0.0; 16], usize::MAX, 2, 3, 0.0), Vec::<i32>::new());
+    assert_eq!(best_path(&[0.0; 16], 4, usize::MAX, 3, 0.0), Vec::<i32>::new());
+}
+
+#[test]
+fn executor_misuse_is_an_error() {
+    use shardgraph::split::{MetaExecutor, Planner, SplitPolicy};
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
+    let other = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
+    ctx.set_input(a).unwrap();
+    let b = ctx.scale(a, 2.0).unwrap();
+    let g = ctx.build_forward(&[b]).unwrap();
+    let plan = Planner::default().plan(&ctx, &g, &SplitPolicy::new(&[1.0, 1.0]).unwrap(), &[]).unwrap();
+    let exec = MetaExecutor::new(2, 1).unwrap();
+    let full: Vec<u8> = (0..48).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    // Leaf data shorter than the leaf.
+    let e = exec.run(&ctx, &g, &plan, &|_| Some(full[..3].to_vec()), &[b]).unwrap_err();
+    assert!(e.to_string().contains("data is 3 bytes"), "{e}");
+    // An output the graph does not compute.
+    let e = exec.run(&ctx, &g, &plan, &|_| Some(full.clone()), &[other]).unwrap_err();
+    assert!(e.to_string().contains("not in the graph"), "{e}");
+    // The right input still runs, with real values.
+    let out = exec.run(&ctx, &g, &plan, &|_| Some(full.clone()), &[b]).unwrap();
+    let got: Vec<f32> = out[0].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(got[..3], [0.0, 2.0, 4.0]);
+    assert_eq!(got[47], 94.0);
+}

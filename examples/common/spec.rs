@@ -52,38 +52,44 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
     }
 }
 
+/// The most devices a tensor split takes (the library's limit).
+pub const MAX_DEVICES: usize = 64;
+
 /// `--devices`, `--tensor-split` and `--split-mode` (llama.cpp's: `none` is
-/// one device): the tensor-split ratios, one per device, and the mode.
-/// Exits with a message on bad values.
+/// one device, and the other two are then ignored): the tensor-split
+/// ratios, one per device, and the mode. The device count is `--devices`,
+/// else the number of `--device` names, else the number of `--tensor-split`
+/// ratios, else `default_n`. Exits with a message on bad values.
 pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
-    let listed = arg(args, "--device").map(|l| l.split(',').count());
-    let n: usize = parsed(args, "--devices", listed.unwrap_or(default_n));
-    if listed.is_some_and(|k| k != n) && arg(args, "--split-mode").as_deref() != Some("none") {
-        eprintln!("--device names {} device(s) but --devices is {n}", listed.unwrap_or(0));
-        std::process::exit(2);
-    }
-    if n == 0 {
-        eprintln!("--devices must be at least 1");
-        std::process::exit(2);
-    }
-    let ratios: Vec<f32> = match arg(args, "--tensor-split") {
-        Some(s) => s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect(),
-        None => vec![1.0; n],
+    let fail = |m: String| -> ! {
+        eprintln!("{m}");
+        std::process::exit(2)
     };
-    if ratios.len() != n || ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
-        eprintln!("--tensor-split needs {n} non-negative numbers (one per device), got {ratios:?}");
-        std::process::exit(2);
-    }
     let mode = arg(args, "--split-mode").unwrap_or_else(|| "tensor".into());
     match mode.as_str() {
-        "tensor" => (ratios, mode),
+        "tensor" => {}
         // The whole model on the main device.
-        "none" => (vec![1.0], mode),
-        other => {
-            eprintln!("--split-mode {other}: use none or tensor");
-            std::process::exit(2);
-        }
+        "none" => return (vec![1.0], mode),
+        other => fail(format!("--split-mode {other}: use none or tensor")),
     }
+    let listed = arg(args, "--device").map(|l| l.split(',').count());
+    let split: Option<Vec<f32>> =
+        arg(args, "--tensor-split").map(|s| s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect());
+    let n: usize = parsed(args, "--devices", listed.or(split.as_ref().map(Vec::len)).unwrap_or(default_n));
+    if !(1..=MAX_DEVICES).contains(&n) {
+        fail(format!("--devices {n}: 1 to {MAX_DEVICES}"));
+    }
+    if listed.is_some_and(|k| k != n) {
+        fail(format!("--device names {} device(s) but --devices is {n}", listed.unwrap_or(0)));
+    }
+    let ratios = split.unwrap_or_else(|| vec![1.0; n]);
+    if ratios.len() != n {
+        fail(format!("--tensor-split gives {} ratio(s) for {n} device(s)", ratios.len()));
+    }
+    if ratios.iter().any(|r| !r.is_finite() || *r < 0.0) || ratios.iter().all(|r| *r == 0.0) {
+        fail(format!("--tensor-split needs non-negative numbers, not all zero, got {ratios:?}"));
+    }
+    (ratios, mode)
 }
 
 /// `--device` (llama.cpp's option): comma-separated device names, one per
@@ -300,14 +306,14 @@ pub fn check_counts(n_gen: usize, threads: usize, n_max: usize, n_min: usize, p_
         eprintln!("{m}");
         std::process::exit(2)
     };
-    if n_gen == 0 {
-        bad("--n-predict must be at least 1");
+    if n_gen == 0 || n_gen > i32::MAX as usize {
+        bad("--n-predict must be within 1..=2147483647");
     }
     if threads == 0 {
         bad("--threads must be at least 1");
     }
-    if n_max == 0 {
-        bad("--spec-draft-n-max must be at least 1");
+    if n_max == 0 || n_max > i32::MAX as usize {
+        bad("--spec-draft-n-max must be within 1..=2147483647");
     }
     if n_min > n_max {
         bad(&format!("--spec-draft-n-min {n_min} exceeds --spec-draft-n-max {n_max}: nothing would be drafted"));

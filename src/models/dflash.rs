@@ -156,6 +156,9 @@ impl DflashHparams {
         if self.n_layer == 0 || self.n_ff <= 0 || self.head_dim <= 0 || self.head_dim % 2 != 0 {
             return bad("block_count, feed_forward_length and an even key_length must be positive".into());
         }
+        if self.n_layer > super::MAX_LAYERS {
+            return bad(format!("block_count {} is over {}", self.n_layer, super::MAX_LAYERS));
+        }
         if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 {
             return bad(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
         }
@@ -655,8 +658,9 @@ pub fn best_path(lattice: &[f32], n_embd: usize, k: usize, n_max: usize, p_min: 
     let mut out = Vec::new();
     let mut pred = 0usize;
     for i in 1..=n_max {
-        let Some(row) = lattice.get(i * n_embd..(i + 1) * n_embd) else { break };
-        let Some(scores) = row.get(k + pred * k..k + (pred + 1) * k) else { break };
+        let span = |a: usize, b: usize, w: usize| Some(a.checked_mul(w)?..b.checked_mul(w)?);
+        let Some(row) = span(i, i + 1, n_embd).and_then(|r| lattice.get(r)) else { break };
+        let Some(scores) = span(pred + 1, pred + 2, k).and_then(|r| row.get(r)) else { break };
         let (best, &top) = match scores.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0))) {
             Some(x) => x,
             None => break,

@@ -40,6 +40,11 @@ pub(crate) fn arch_keys<'a>(
     Ok(move |k: &str| f.get_uint(&format!("{arch}.{k}")))
 }
 
+/// The most layers a model may have (llama.cpp's `LLAMA_MAX_LAYERS`): a
+/// `block_count` read from a file is checked against it before any layer's
+/// tensors are created, so a corrupt count cannot allocate without bound.
+pub const MAX_LAYERS: usize = 512;
+
 /// The KV cells a step attends over when `used` cells are in use (the
 /// highest cell written so far plus one, this step's included): `used`
 /// rounded up to a multiple of 256, at least 256, at most `kv_size`

@@ -44,6 +44,9 @@ impl Qwen3Hparams {
         if self.n_layer == 0 || self.n_embd <= 0 || self.n_ff <= 0 || self.n_vocab <= 0 {
             return bad("block_count, embedding_length, feed_forward_length and vocab_size must be positive");
         }
+        if self.n_layer > super::MAX_LAYERS {
+            return bad(&format!("block_count {} is over {}", self.n_layer, super::MAX_LAYERS));
+        }
         if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 {
             return bad(&format!(
                 "head_count {} must be a positive multiple of head_count_kv {}",
@@ -689,9 +692,13 @@ impl Qwen3Session {
     /// Writes a weight's full single-device bytes (ggml layout of its type).
     ///
     /// # Errors
-    /// [`Error::Model`] for an unknown name; size errors.
+    /// [`Error::Model`] for an unknown name or bytes not of the weight's size.
     pub fn set_weight(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
         let id = self.ctx.find(name).ok_or_else(|| Error::Model { detail: format!("qwen3: no tensor {name:?}") })?;
+        let want = self.ctx.tensor(id)?.nbytes();
+        if bytes.len() != want {
+            return Err(Error::Model { detail: format!("qwen3: {name} takes {want} bytes, given {}", bytes.len()) });
+        }
         self.runner.store.set_tensor(&self.ctx, id, 0, bytes)
     }
 

@@ -91,6 +91,9 @@ impl Qwen35Hparams {
         if self.n_layer == 0 || self.n_embd <= 0 || self.n_ff <= 0 || self.n_vocab <= 0 {
             return bad("block_count, embedding_length, feed_forward_length and the vocabulary must be positive".into());
         }
+        if self.n_layer + self.n_nextn > super::MAX_LAYERS {
+            return bad(format!("block_count {} is over {}", self.n_layer + self.n_nextn, super::MAX_LAYERS));
+        }
         if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 || self.head_dim <= 0 {
             return bad(format!(
                 "head_count {} / head_count_kv {} / key_length {}",

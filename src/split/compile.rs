@@ -161,6 +161,9 @@ impl Program {
         }
         for &o in outputs {
             ctx.tensor(o)?;
+            if !graph.contains(o) {
+                return Err(Error::Split { detail: format!("output #{} is not in the graph", o.index()) });
+            }
         }
         let lowered = lower(ctx, graph, plan)?;
         let mut devices = Vec::with_capacity(n);

@@ -60,6 +60,30 @@ pub struct LinkModel {
     pub local_bandwidth: f64,
 }
 
+impl LinkModel {
+    /// Checks the model: latency ≥ 0, both bandwidths > 0, all finite.
+    ///
+    /// # Errors
+    /// [`crate::Error::Split`] naming the values.
+    pub fn validate(&self) -> crate::Result<()> {
+        let ok = |x: f64, min_ok: bool| x.is_finite() && (x > 0.0 || (min_ok && x == 0.0));
+        if ok(self.latency_s, true) && ok(self.bandwidth, false) && ok(self.local_bandwidth, false) {
+            return Ok(());
+        }
+        Err(crate::Error::Split {
+            detail: format!(
+                "link model needs latency ≥ 0 and bandwidths > 0 (finite), got {} s, {} B/s and {} B/s local",
+                self.latency_s, self.bandwidth, self.local_bandwidth
+            ),
+        })
+    }
+
+    /// The model's values as bits, for plan cache keys.
+    pub(crate) fn key_bits(&self) -> [u64; 3] {
+        [self.latency_s.to_bits(), self.bandwidth.to_bits(), self.local_bandwidth.to_bits()]
+    }
+}
+
 impl Default for LinkModel {
     fn default() -> Self {
         LinkModel { latency_s: 10e-6, bandwidth: 20e9, local_bandwidth: 10e9 }

@@ -337,6 +337,12 @@ impl MetaExecutor {
         store.place_leafs(ctx, graph, plan)?;
         for &l in graph.leafs() {
             if let Some(b) = leaf_data(l) {
+                let want = ctx.tensor(l)?.nbytes();
+                if b.len() != want {
+                    return Err(Error::Split {
+                        detail: format!("leaf #{} data is {} bytes, the tensor {want}", l.index(), b.len()),
+                    });
+                }
                 store.set_tensor(ctx, l, 0, &b)?;
             }
         }

@@ -28,16 +28,28 @@ fn axis_geometry(ty: GgmlType, ne: [i64; 4], axis: usize) -> Result<(usize, usiz
     let (unit, steps, div) = if axis == 0 {
         (ty.type_size(), ne[0].max(0) as usize / bs, bs)
     } else {
-        let inner: i64 = ne[1..axis].iter().product();
-        (ty.row_size(ne[0])? * inner.max(0) as usize, ne[axis].max(0) as usize, 1)
+        (checked_bytes(ty, ne[0], &ne[1..axis])?, ne[axis].max(0) as usize, 1)
     };
-    let outer: i64 = ne[axis + 1..].iter().product();
-    Ok((unit, steps, outer.max(0) as usize, div))
+    Ok((unit, steps, count(&ne[axis + 1..])?, div))
+}
+
+/// The product of `dims` (negative dimensions rejected), or an error where
+/// it overflows.
+fn count(dims: &[i64]) -> Result<usize> {
+    let overflow = || Error::Split { detail: format!("shape {dims:?} is negative or overflows") };
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(usize::try_from(d).map_err(|_| overflow())?).ok_or_else(overflow))
+}
+
+/// Bytes of `rows` rows (the product of the given dimensions) of `ne0` elements.
+fn checked_bytes(ty: GgmlType, ne0: i64, rows: &[i64]) -> Result<usize> {
+    ty.row_size(ne0)?
+        .checked_mul(count(rows)?)
+        .ok_or_else(|| Error::Split { detail: format!("{ty} tensor of {ne0} x {rows:?} overflows") })
 }
 
 fn full_bytes(ty: GgmlType, ne: [i64; 4]) -> Result<usize> {
-    let rows: i64 = ne[1..].iter().product();
-    Ok(ty.row_size(ne[0])? * rows.max(0) as usize)
+    checked_bytes(ty, ne[0], &ne[1..])
 }
 
 /// Device `j`'s contiguous local bytes of the contiguous tensor `full` (type
@@ -95,6 +107,9 @@ pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, 
 pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitState) -> Result<Vec<u8>> {
     let n = full_bytes(ty, ne)?;
     let bad = |d: String| Error::DataMismatch { name: String::new(), detail: d };
+    if locals.is_empty() {
+        return Err(bad("no device parts".into()));
+    }
     match state {
         SplitState::Mirrored => {
             let first = locals.first().ok_or_else(|| bad("no device parts".into()))?;

@@ -230,10 +230,10 @@ impl Planner {
     /// # Errors
     /// As [`Planner::plan`].
     pub fn plan_for(&mut self, ctx: &Context, graph: &Graph, policy: &SplitPolicy) -> Result<&Plan> {
-        let fast = (
-            graph.hash(),
-            policy.id() ^ (self.link.latency_s.to_bits().rotate_left(17) ^ self.link.bandwidth.to_bits()),
-        );
+        let fast = (graph.hash(), {
+            let [a, b, c] = self.link.key_bits();
+            policy.id() ^ a.rotate_left(17) ^ b ^ c.rotate_left(41)
+        });
         let key = match self.known.get(&fast) {
             Some(k) if self.cache.get(k).is_some_and(|p| p.check_graph(ctx, graph).is_ok()) => *k,
             _ => {
@@ -257,7 +257,7 @@ impl Planner {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         std::hash::Hash::hash(&leaf_states, &mut h);
         std::hash::Hash::hash(&policy.n_devices(), &mut h);
-        std::hash::Hash::hash(&(self.link.latency_s.to_bits(), self.link.bandwidth.to_bits()), &mut h);
+        std::hash::Hash::hash(&self.link.key_bits(), &mut h);
         let key = (graph.hash(), std::hash::Hasher::finish(&h));
         if !self.cache.contains_key(&key) {
             let plan = self.plan_with_leafs(ctx, graph, policy.n_devices(), leaf_states)?;
@@ -292,15 +292,7 @@ impl Planner {
     }
 
     fn plan_with_leafs(&self, ctx: &Context, graph: &Graph, n: usize, leafs: Vec<SplitState>) -> Result<Plan> {
-        let l = &self.link;
-        if !(l.latency_s.is_finite() && l.latency_s >= 0.0 && l.bandwidth.is_finite() && l.bandwidth > 0.0) {
-            return Err(Error::Split {
-                detail: format!(
-                    "link model needs latency ≥ 0 and bandwidth > 0 (finite), got {} s and {} B/s",
-                    l.latency_s, l.bandwidth
-                ),
-            });
-        }
+        self.link.validate()?;
         let mut states: Vec<Option<SplitState>> = vec![None; ctx.len()];
         for (&l, st) in graph.leafs().iter().zip(leafs) {
             states[l.index()] = Some(st);

@@ -177,7 +177,7 @@ impl SplitPolicy {
         }
         let len = leaf.ne[axis];
         let parts: Vec<i64> = if segments.is_empty() { vec![len] } else { segments.clone() };
-        if parts.iter().sum::<i64>() != len || parts.iter().any(|&p| p < 0) {
+        if parts.iter().map(|&p| p as i128).sum::<i128>() != len as i128 || parts.iter().any(|&p| p < 0) {
             return Err(format!("segments {parts:?} do not sum to the axis length {len}"));
         }
         let mut segs = Vec::with_capacity(parts.len());

@@ -54,23 +54,32 @@ impl AxisSplit {
     }
 
     /// For device `j`: the logical ranges `[start, end)` along the axis it
-    /// holds, in the order it stores them (empty ranges omitted).
+    /// holds, in the order it stores them (empty ranges omitted). Meant for
+    /// a split that [`AxisSplit::validate`] accepts; on another one the
+    /// arithmetic saturates rather than overflows, and an empty list is
+    /// returned for one whose extents overflow `i64`.
     pub fn ranges(&self, j: usize) -> Vec<(i64, i64)> {
-        let seg_total: i64 = self.segments.iter().flatten().sum();
+        fn sum<'a>(it: impl IntoIterator<Item = &'a i64>) -> Option<i64> {
+            it.into_iter().try_fold(0i64, |a, &e| a.checked_add(e))
+        }
+        let Some(seg_total) = sum(self.segments.iter().flatten()) else { return Vec::new() };
+        if seg_total.checked_mul(self.repeat).is_none() {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         for r in 0..self.repeat {
             let mut base = r * seg_total;
             for seg in &self.segments {
-                let before: i64 = seg.iter().take(j).sum();
+                let before = sum(seg.iter().take(j)).unwrap_or(0);
                 let n = seg.get(j).copied().unwrap_or(0);
                 if n > 0 {
-                    let start = base + before;
+                    let start = base.saturating_add(before);
                     match out.last_mut() {
-                        Some((_, e)) if *e == start => *e = start + n,
-                        _ => out.push((start, start + n)),
+                        Some((_, e)) if *e == start => *e = start.saturating_add(n),
+                        _ => out.push((start, start.saturating_add(n))),
                     }
                 }
-                base += seg.iter().sum::<i64>();
+                base = base.saturating_add(sum(seg).unwrap_or(0));
             }
         }
         out
@@ -96,8 +105,8 @@ impl AxisSplit {
             return bad(format!("split on axis {} has a negative extent", self.axis));
         }
         // Exact sums: extents that overflow i64 are never a valid split.
-        let total: i128 = self.segments.iter().flatten().map(|&e| e as i128).sum::<i128>() * self.repeat as i128;
-        if total > i64::MAX as i128 {
+        let sum: i128 = self.segments.iter().flatten().map(|&e| e as i128).sum();
+        if sum.checked_mul(self.repeat as i128).is_none_or(|t| t > i64::MAX as i128) {
             return bad(format!("split on axis {}: extents {:?} × {} overflow", self.axis, self.segments, self.repeat));
         }
         if self.repeat > 1 && self.repeat > axis_len {
