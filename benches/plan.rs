@@ -67,18 +67,7 @@ fn mean_us(iters: u32, mut f: impl FnMut()) -> f64 {
 /// program (`MetaExecutor::prepare`, the executor's lookup), its inputs
 /// (`SplitStore::set_tensor`). Printed, not asserted (a timing).
 fn step_overhead_qwen3_32b(_: &mut Criterion) {
-    let hp = Qwen3Hparams {
-        n_layer: 64,
-        n_embd: 5120,
-        n_ff: 25600,
-        n_head: 64,
-        n_head_kv: 8,
-        head_dim: 128,
-        n_vocab: 151936,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
-        n_ctx_train: 40960,
-    };
+    let hp = Qwen3Hparams::qwen3_32b();
     let types = Qwen3Types::q4_k_m();
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp.clone(), types, GgmlType::F16, 65536).expect("model");

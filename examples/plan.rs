@@ -67,30 +67,8 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     }
     // MODELS.md section 2.4; a Q4_K_M-like file keeps attn_v and ffn_down at Q6_K.
     let hp = match model.as_str() {
-        "qwen3-8b" => Qwen3Hparams {
-            n_layer: 36,
-            n_embd: 4096,
-            n_ff: 12288,
-            n_head: 32,
-            n_head_kv: 8,
-            head_dim: 128,
-            n_vocab: 151936,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-            n_ctx_train: 40960,
-        },
-        "qwen3-32b" => Qwen3Hparams {
-            n_layer: 64,
-            n_embd: 5120,
-            n_ff: 25600,
-            n_head: 64,
-            n_head_kv: 8,
-            head_dim: 128,
-            n_vocab: 151936,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-            n_ctx_train: 40960,
-        },
+        "qwen3-8b" => Qwen3Hparams::qwen3_8b(),
+        "qwen3-32b" => Qwen3Hparams::qwen3_32b(),
         other => {
             eprintln!("--model {other}: use qwen3-8b, qwen3-32b or qwen35-27b");
             std::process::exit(2);

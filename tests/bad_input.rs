@@ -216,18 +216,7 @@ fn corrupt_counts_and_overflowing_splits_are_errors() {
     use shardgraph::models::qwen3::Qwen3Hparams;
     use shardgraph::split::{slice_local, AxisSplit, Planner, SplitPolicy, SplitSpec, SplitState};
     // A file's block_count is checked before any layer is created.
-    let hp = Qwen3Hparams {
-        n_layer: 10_000_000,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 16,
-        n_vocab: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e4,
-        n_ctx_train: 64,
-    };
+    let hp = Qwen3Hparams { n_layer: 10_000_000, ..Qwen3Hparams::qwen3_8b() };
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "corrupt").unwrap();
     let bytes = w.write_to(Vec::new(), |_, _| Ok(())).unwrap();

@@ -6,9 +6,7 @@
 
 use shardgraph::models::policy::qwen3_policy;
 use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph::models::runner::Runner;
 use shardgraph::split::{Collective, Planner};
-use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 
 #[path = "common/decode.rs"]
@@ -30,47 +28,8 @@ fn hp() -> Qwen3Hparams {
     }
 }
 
-/// Deterministic weights in [-scale, scale] (norm weights around 1).
-fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            around + (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
 fn session(ratios: &[f32], types: Qwen3Types, kv: GgmlType) -> Qwen3Session {
-    let mut ctx = Context::new();
-    let model = Qwen3::new(&mut ctx, hp(), types, kv, 32).unwrap();
-    let policy = qwen3_policy(&model.hp, &types, ratios).unwrap();
-    let runner = Runner::new(policy, 1).unwrap();
-    let mut s = Qwen3Session::new(model, ctx, runner).unwrap();
-    let names: Vec<(String, GgmlType, [i64; 4])> = s
-        .ctx
-        .ids()
-        .take(s.model.base_len)
-        .map(|id| {
-            let t = s.ctx.tensor(id).unwrap();
-            (t.name.clone(), t.ty, t.ne)
-        })
-        .filter(|(n, _, _)| !n.starts_with("cache_"))
-        .collect();
-    for (k, (name, ty, ne)) in names.iter().enumerate() {
-        let n: i64 = ne.iter().product();
-        let v = if name.ends_with("norm.weight") {
-            values(n as usize, k as u64 + 1, 0.1, 1.0)
-        } else {
-            values(n as usize, k as u64 + 1, 0.5 / (ne[0] as f32).sqrt() * 3.0, 0.0)
-        };
-        let mut bytes = vec![0u8; ty.row_size(ne[0]).unwrap() * (n / ne[0]) as usize];
-        quantize_chunk(*ty, &v, &mut bytes, (n / ne[0]) as usize, ne[0] as usize).unwrap();
-        s.set_weight(name, &bytes).unwrap();
-    }
-    s
+    decode::seeded_session(hp(), ratios, types, kv, 32)
 }
 
 #[test]

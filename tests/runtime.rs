@@ -10,7 +10,6 @@ use shardgraph::models::policy::qwen3_policy;
 use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::models::runner::Runner;
 use shardgraph::split::Planner;
-use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 
 #[path = "common/decode.rs"]
@@ -34,42 +33,7 @@ fn hp() -> Qwen3Hparams {
 
 /// A session on `ratios` with a KV cache of `kv_size` cells and seeded weights.
 fn session(ratios: &[f32], kv_size: i64) -> Qwen3Session {
-    let types = Qwen3Types::all(GgmlType::Q8_0);
-    let mut ctx = Context::new();
-    let model = Qwen3::new(&mut ctx, hp(), types, GgmlType::F16, kv_size).unwrap();
-    let policy = qwen3_policy(&model.hp, &types, ratios).unwrap();
-    let mut s = Qwen3Session::new(model, ctx, Runner::new(policy, 1).unwrap()).unwrap();
-    let weights: Vec<(String, GgmlType, [i64; 4])> = s
-        .ctx
-        .ids()
-        .take(s.model.base_len)
-        .map(|id| s.ctx.tensor(id).unwrap())
-        .filter(|t| !t.name.starts_with("cache_"))
-        .map(|t| (t.name.clone(), t.ty, t.ne))
-        .collect();
-    for (k, (name, ty, ne)) in weights.iter().enumerate() {
-        let n = ne.iter().product::<i64>() as usize;
-        let mut r = (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let scale = if name.ends_with("norm.weight") { 0.1 } else { 1.5 / (ne[0] as f32).sqrt() };
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                r ^= r << 13;
-                r ^= r >> 7;
-                r ^= r << 17;
-                let u = ((r >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-                if name.ends_with("norm.weight") {
-                    1.0 + u * scale
-                } else {
-                    u * scale
-                }
-            })
-            .collect();
-        let rows = n / ne[0] as usize;
-        let mut bytes = vec![0u8; ty.row_size(ne[0]).unwrap() * rows];
-        quantize_chunk(*ty, &v, &mut bytes, rows, ne[0] as usize).unwrap();
-        s.set_weight(name, &bytes).unwrap();
-    }
-    s
+    decode::seeded_session(hp(), ratios, Qwen3Types::all(GgmlType::Q8_0), GgmlType::F16, kv_size)
 }
 
 #[test]

@@ -149,11 +149,10 @@ impl Context {
     /// source of a node is a leaf or an earlier node): leafs are the
     /// no-op sources and view owners the nodes reach, `outputs` are kept
     /// alive by an allocator. For graphs the crate builds itself (the meta
-    /// backend's per-device programs), which are not hashed (hash 0).
+    /// backend's per-device programs, one per stage, many kept): not hashed
+    /// (hash 0) and without use counts (empty; nothing reads them there).
     pub(crate) fn graph_of(&self, nodes: Vec<TensorId>, outputs: Vec<TensorId>) -> Graph {
-        let n = self.len();
-        let mut use_counts = vec![0u32; n];
-        let mut seen = vec![false; n];
+        let mut seen = vec![false; self.len()];
         let mut leafs = Vec::new();
         for &id in &nodes {
             let t = self.t(id);
@@ -163,14 +162,16 @@ impl Context {
                     leafs.push(s);
                 }
             }
-            for s in t.src.iter() {
-                use_counts[s.index()] += 1;
-            }
         }
-        for &o in &outputs {
-            use_counts[o.index()] += 1;
+        Graph {
+            ctx_id: self.id(),
+            ctx_generation: self.generation(),
+            nodes,
+            leafs,
+            outputs,
+            use_counts: Vec::new(),
+            hash: 0,
         }
-        Graph { ctx_id: self.id(), ctx_generation: self.generation(), nodes, leafs, outputs, use_counts, hash: 0 }
     }
 
     fn structural_hash(&self, nodes: &[TensorId], leafs: &[TensorId]) -> u64 {

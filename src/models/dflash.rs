@@ -532,11 +532,7 @@ impl Dflash {
         if block < 1 {
             return Err(Error::Model { detail: "dflash: a block needs ≥ 1 row".into() });
         }
-        if n_kv < 1 || n_kv > self.kv_size {
-            return Err(Error::Model {
-                detail: format!("dflash: a window of {n_kv} cells in a cache of {}", self.kv_size),
-            });
-        }
+        super::check_window("dflash", n_kv, self.kv_size)?;
         let tokens = input(ctx, GgmlType::I32, &[block], "dft.tokens")?;
         let pos = input(ctx, GgmlType::I32, &[block], "dft.block_pos")?;
         let mask = input(ctx, GgmlType::F16, &[n_kv, block], "dft.kq_mask")?;

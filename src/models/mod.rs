@@ -57,6 +57,19 @@ pub fn kv_window(kv_size: i64, used: i64) -> i64 {
     padded.max(PAD).min(kv_size).max(1)
 }
 
+/// Checks a step's KV window: `n_kv` within `1..=kv_size`.
+///
+/// # Errors
+/// [`crate::Error::Model`] naming `model` otherwise.
+pub(crate) fn check_window(model: &str, n_kv: i64, kv_size: i64) -> crate::Result<()> {
+    if n_kv < 1 || n_kv > kv_size {
+        return Err(crate::Error::Model {
+            detail: format!("{model}: a window of {n_kv} cells in a cache of {kv_size}"),
+        });
+    }
+    Ok(())
+}
+
 /// A step graph kept for later steps (llama.cpp's graph reuse): its key
 /// (what shapes it: tokens per step, KV window, taps…), the step's tensors,
 /// the outputs to read, and the graph.
@@ -113,8 +126,9 @@ impl GraphCache {
             self.entries.clear();
         }
         for e in &self.entries {
-            if let Ok(sg) = e.clone().downcast::<StepGraph<K, S>>() {
-                if sg.key == key && sg.graph.built_from(ctx) {
+            let hit = e.downcast_ref::<StepGraph<K, S>>().is_some_and(|sg| sg.key == key && sg.graph.built_from(ctx));
+            if hit {
+                if let Ok(sg) = e.clone().downcast::<StepGraph<K, S>>() {
                     return Ok(sg);
                 }
             }

@@ -35,6 +35,30 @@ pub struct Qwen3Hparams {
 }
 
 impl Qwen3Hparams {
+    /// Qwen3-8B's dimensions (its published configuration): 36 layers,
+    /// n_embd 4096, 32 heads and 8 KV heads of 128, n_ff 12288, vocabulary
+    /// 151936. For planning and benchmarks at real size.
+    pub fn qwen3_8b() -> Self {
+        Qwen3Hparams {
+            n_layer: 36,
+            n_embd: 4096,
+            n_ff: 12288,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_vocab: 151936,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+            n_ctx_train: 40960,
+        }
+    }
+
+    /// Qwen3-32B's dimensions: 64 layers, n_embd 5120, 64 heads and 8 KV
+    /// heads of 128, n_ff 25600, the rest as [`Qwen3Hparams::qwen3_8b`].
+    pub fn qwen3_32b() -> Self {
+        Qwen3Hparams { n_layer: 64, n_embd: 5120, n_ff: 25600, n_head: 64, ..Self::qwen3_8b() }
+    }
+
     /// Checks that the shapes fit together (heads divide, sizes positive).
     ///
     /// # Errors
@@ -367,11 +391,7 @@ impl Qwen3 {
         if n_tokens < 1 {
             return Err(Error::Model { detail: format!("qwen3: a step needs ≥ 1 token, got {n_tokens}") });
         }
-        if n_kv < 1 || n_kv > self.kv_size {
-            return Err(Error::Model {
-                detail: format!("qwen3: a window of {n_kv} cells in a cache of {}", self.kv_size),
-            });
-        }
+        super::check_window("qwen3", n_kv, self.kv_size)?;
         if let Some(&t) = taps.iter().find(|&&t| t > hp.n_layer) {
             return Err(Error::Model { detail: format!("qwen3: tap of layer {t} beyond {} layers", hp.n_layer) });
         }

@@ -740,12 +740,7 @@ impl Qwen35 {
     }
 
     fn check_window(&self, n_kv: i64) -> Result<()> {
-        if n_kv < 1 || n_kv > self.kv_size {
-            return Err(Error::Model {
-                detail: format!("qwen35: a window of {n_kv} cells in a cache of {}", self.kv_size),
-            });
-        }
-        Ok(())
+        super::check_window("qwen35", n_kv, self.kv_size)
     }
 
     /// Creates the rollback snapshot buffers (F32, `slots` columns per

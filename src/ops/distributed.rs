@@ -309,6 +309,33 @@ impl Context {
     }
 }
 
+/// Local position of global index `x` in a part holding `ranges` (the
+/// `[start, end)` ranges of a split axis, in the order the part stores
+/// them), or `None` where the part does not hold it.
+pub(crate) fn local_pos(ranges: &[(i64, i64)], x: i64) -> Option<i64> {
+    let mut base = 0;
+    for &(s, e) in ranges {
+        if x >= s && x < e {
+            return Some(base + x - s);
+        }
+        base += e - s;
+    }
+    None
+}
+
+/// Global index of local position `i` of a part holding `ranges` (the
+/// inverse of [`local_pos`]), or −1 past the part's end.
+pub(crate) fn global_pos(ranges: &[(i64, i64)], mut i: usize) -> i64 {
+    for &(a, b) in ranges {
+        let n = (b - a) as usize;
+        if i < n {
+            return a + i as i64;
+        }
+        i -= n;
+    }
+    -1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

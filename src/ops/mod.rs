@@ -7,7 +7,7 @@
 
 mod attn;
 mod data;
-mod distributed;
+pub(crate) mod distributed;
 mod elementwise;
 mod matmul;
 mod norm;

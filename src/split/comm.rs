@@ -48,6 +48,20 @@ impl BufSlice {
     }
 }
 
+const PEER_FAILED: &str = "another device failed during a collective";
+
+/// The error a rank's exchange returns when another rank failed (the
+/// communicator was aborted): what every [`Comm`] returns then, so that the
+/// executor reports the first rank's own error instead.
+pub fn peer_failed() -> Error {
+    Error::Split { detail: PEER_FAILED.into() }
+}
+
+/// True for [`peer_failed`]'s error.
+pub fn is_peer_failure(e: &Error) -> bool {
+    matches!(e, Error::Split { detail } if detail == PEER_FAILED)
+}
+
 /// Exchanges among the `n_ranks()` devices of one executor. Each rank calls
 /// every method with its own `rank`, in the same order on every rank.
 pub trait Comm: Send + Sync {
@@ -121,13 +135,9 @@ impl Barrier {
         }
     }
 
-    fn failed() -> Error {
-        Error::Split { detail: "another device failed during a collective".into() }
-    }
-
     fn wait(&self) -> Result<()> {
         if self.aborted.load(Ordering::Acquire) {
-            return Err(Self::failed());
+            return Err(peer_failed());
         }
         let gen = self.generation.load(Ordering::Acquire);
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
@@ -144,7 +154,7 @@ impl Barrier {
                 return Ok(());
             }
             if self.aborted.load(Ordering::Acquire) {
-                return Err(Self::failed());
+                return Err(peer_failed());
             }
             if i < spins {
                 std::hint::spin_loop();
@@ -159,7 +169,7 @@ impl Barrier {
         if released() {
             Ok(())
         } else {
-            Err(Self::failed())
+            Err(peer_failed())
         }
     }
 

@@ -18,12 +18,13 @@
 //! written, a written cache returning to its planned state) are compiled
 //! the same way and marked unplanned, so their bytes are reported apart.
 
-use super::layout::{box_bytes, boxes, intersect, lens, local_ne, local_pos, Boxes};
+use super::layout::{box_bytes, boxes, intersect, lens, local_ne, Boxes};
 use super::lower::{covers_owner, folds, lower, owner_state_after_write, scratch_copy, Step};
 use super::planner::Plan;
-use super::state::SplitState;
+use super::state::{AxisSplit, SplitState};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
+use crate::ops::distributed::local_pos;
 use crate::ops::{Op, RowReduce};
 use crate::tensor::{contiguous_strides, GgmlType, Tensor, TensorId};
 use std::collections::HashMap;
@@ -56,7 +57,7 @@ pub(crate) type Msg = Option<(TensorId, usize, usize)>;
 #[derive(Clone, Debug)]
 pub(crate) struct Exchange {
     /// The exchange node (the receiving tensor).
-    pub node: Option<TensorId>,
+    pub node: TensorId,
     /// Per device: what this device sends it.
     pub send: Vec<Msg>,
     /// Per device: where its message lands, `(byte offset, len)` in the node.
@@ -331,8 +332,7 @@ impl<'a> Compiler<'a> {
         if let Some(l) = self.get(id, state) {
             return Ok(l);
         }
-        let outer = !self.fetching;
-        self.fetching = true;
+        let outer = std::mem::replace(&mut self.fetching, true);
         let r = (|| {
             if !self.data.contains_key(&id.index()) {
                 if let Some(owner) = self.ctx.t(id).view_src {
@@ -346,9 +346,7 @@ impl<'a> Compiler<'a> {
             self.convert(id, &from, state)?;
             self.get(id, state).ok_or_else(|| Error::Split { detail: "conversion".into() })
         })();
-        if outer {
-            self.fetching = false;
-        }
+        self.fetching = outer;
         r
     }
 
@@ -376,12 +374,7 @@ impl<'a> Compiler<'a> {
 
     /// `lid`, or a contiguous copy of it.
     fn contiguous(&mut self, lid: TensorId) -> Result<TensorId> {
-        let t = self.l.t(lid).clone();
-        if t.is_contiguous() {
-            Ok(lid)
-        } else {
-            self.l.push_op(t.ty, t.ne, Op::Cont, &[lid])
-        }
+        contiguous(&mut self.l, lid)
     }
 
     /// A new local tensor written by the nodes that follow (no data moves).
@@ -409,33 +402,27 @@ impl<'a> Compiler<'a> {
         }
         let id = self.l.exchange(ty, ne, &uniq)?;
         self.exchanges
-            .insert(id.index(), Exchange { node: None, send: msgs, recv, zero: false, unplanned: self.fetching });
+            .insert(id.index(), Exchange { node: id, send: msgs, recv, zero: false, unplanned: self.fetching });
         Ok(id)
     }
 
     /// Converts `id` from `from` to `to`.
     fn convert(&mut self, id: TensorId, from: &SplitState, to: &SplitState) -> Result<()> {
         let t = self.ctx.t(id).clone();
-        let x = match self.get(id, from) {
-            Some(l) => l,
-            None => self.fetch(id, from)?,
-        };
+        let x = self.fetch(id, from)?;
         let y = match (from, to) {
             // On one device every state holds the whole tensor in one layout
             // (a split of one extent, a sum of one addend): nothing to do.
             _ if self.n == 1 && !matches!((from, to), (SplitState::Unknown, _) | (_, SplitState::Unknown)) => x,
             (a, b) if a == b => x,
-            (SplitState::Mirrored, SplitState::Split(_)) => local_convert(&mut self.l, x, to, self.j)?,
-            (SplitState::Mirrored, SplitState::Partial(_)) if folds(from, to, t.ty) => {
-                local_convert(&mut self.l, x, to, self.j)?
-            }
-            (SplitState::Mirrored, SplitState::Partial(_)) => self.held_by_first(x)?,
+            (SplitState::Mirrored, SplitState::Split(s)) => local_slice(&mut self.l, x, s, self.j)?,
+            (SplitState::Mirrored, SplitState::Partial(_)) => self.held_by_first(x, to)?,
             (SplitState::Partial(_), SplitState::Mirrored) => self.all_reduce(t.ty, t.ne, x)?,
             (SplitState::Partial(_), SplitState::Split(_)) => self.reduce_scatter(t.ty, t.ne, to, x)?,
             (SplitState::Split(_), SplitState::Partial(_)) => {
                 // Gathered, then held by device 0 (the cost model's all-gather).
                 let m = self.redistribute(t.ty, t.ne, from, &SplitState::Mirrored, x)?;
-                self.held_by_first(m)?
+                self.held_by_first(m, to)?
             }
             (SplitState::Unknown, _) | (_, SplitState::Unknown) => {
                 return Err(Error::Split { detail: format!("conversion of #{} with an Unknown state", id.index()) })
@@ -446,15 +433,20 @@ impl<'a> Compiler<'a> {
         Ok(())
     }
 
-    /// A mirrored tensor as a partial sum: device 0 keeps it, the others hold zeros.
-    fn held_by_first(&mut self, x: TensorId) -> Result<TensorId> {
+    /// A mirrored tensor as a partial sum: device 0 keeps it, the others hold
+    /// zeros (a local fill where the type has one, F32 and F16 as
+    /// [`folds`] says; otherwise a zero-filled exchange node with no messages).
+    fn held_by_first(&mut self, x: TensorId, to: &SplitState) -> Result<TensorId> {
         if self.j == 0 {
             return Ok(x);
         }
         let t = self.l.t(x).clone();
+        if folds(&SplitState::Mirrored, to, t.ty) {
+            return self.l.push_op(t.ty, t.ne, Op::Fill { c: 0.0 }, &[x]);
+        }
         let z = self.l.exchange(t.ty, t.ne, &[])?;
         let (send, recv) = (vec![None; self.n], vec![None; self.n]);
-        self.exchanges.insert(z.index(), Exchange { node: None, send, recv, zero: true, unplanned: false });
+        self.exchanges.insert(z.index(), Exchange { node: z, send, recv, zero: true, unplanned: false });
         Ok(z)
     }
 
@@ -607,15 +599,7 @@ impl<'a> Compiler<'a> {
             self.copy_region(&own, x, &have, y, &need)?;
             return Ok(y);
         }
-        let mut recv = vec![None; n];
-        let mut at = 0usize;
-        for i in 0..n {
-            let b = box_bytes(ty, &regions[i]);
-            if i != j && b > 0 {
-                recv[i] = Some((at, b));
-                at += b;
-            }
-        }
+        let (recv, at) = packed_recv(n, j, |i| box_bytes(ty, &regions[i]));
         let area = self.exchange(GgmlType::I8, [at as i64, 1, 1, 1], msgs, recv.clone())?;
         let y = self.fresh(ty, lens(&need))?;
         self.copy_region(&own, x, &have, y, &need)?;
@@ -656,18 +640,8 @@ impl<'a> Compiler<'a> {
                 o
             }
         };
-        if n == 1 {
-            return self.contiguous(own);
-        }
         // Every device takes part in the exchange, also one whose part is empty.
-        let mut recv = vec![None; n];
-        let mut at = 0usize;
-        for (i, r) in recv.iter_mut().enumerate() {
-            if i != j && b > 0 {
-                *r = Some((at, b));
-                at += b;
-            }
-        }
+        let (recv, at) = packed_recv(n, j, |_| b);
         let area = self.exchange(GgmlType::I8, [at as i64, 1, 1, 1], msgs, recv.clone())?;
         let mn = lens(&mine);
         // This device's own addend first, then the others in device order.
@@ -683,7 +657,7 @@ impl<'a> Compiler<'a> {
     fn all_reduce(&mut self, ty: GgmlType, ne: [i64; 4], x: TensorId) -> Result<TensorId> {
         let (j, n) = (self.j, self.n);
         let total: i64 = ne.iter().product();
-        if n == 1 || total == 0 {
+        if total == 0 {
             return Ok(x);
         }
         let x = self.contiguous(x)?;
@@ -704,10 +678,9 @@ impl<'a> Compiler<'a> {
         }
         let recv = (0..n).map(|d| if d == j { None } else { span(d).filter(|s| s.1 > 0) }).collect();
         let y = self.exchange(ty, flat, msgs, recv)?;
-        if let Some((off, len)) = span(j).filter(|s| s.1 > 0) {
+        if let Some((off, _)) = span(j).filter(|s| s.1 > 0) {
             let pn = lens(&part(j));
             let v = self.l.push_view(y, ty, pn, contiguous_strides(ty, &pn), off, Op::View, &[y])?;
-            let _ = len;
             self.l.cpy(mine, v)?;
         }
         self.l.push_view(y, ty, ne, contiguous_strides(ty, &ne), 0, Op::Reshape, &[y])
@@ -949,7 +922,7 @@ impl<'a> Compiler<'a> {
                     if !seg.is_empty() {
                         stages.push(Stage::Compute(l.graph_of(std::mem::take(&mut seg), Vec::new())));
                     }
-                    stages.push(Stage::Exchange(Exchange { node: Some(id), ..x }));
+                    stages.push(Stage::Exchange(x));
                 }
                 continue;
             }
@@ -1002,44 +975,63 @@ fn contiguous_span(ty: GgmlType, region: &Boxes, layout: &Boxes) -> Option<(usiz
     Some((offset, box_bytes(ty, region)))
 }
 
-/// Device `j`'s part in state `to` of local mirrored tensor `lid`, by local
-/// ops (see `lower::folds`): views of its ranges (concatenated, made
-/// contiguous), or for a partial sum the tensor on device 0 and zeros elsewhere.
-fn local_convert(l: &mut Context, lid: TensorId, to: &SplitState, j: usize) -> Result<TensorId> {
+/// Device `j`'s part of local mirrored tensor `lid` split as `s`, by local
+/// ops (see `lower::folds`): views of its ranges, concatenated, made
+/// contiguous.
+fn local_slice(l: &mut Context, lid: TensorId, s: &AxisSplit, j: usize) -> Result<TensorId> {
     let t = l.t(lid).clone();
-    match to {
-        SplitState::Partial(_) if j == 0 => Ok(lid),
-        SplitState::Partial(_) => l.push_op(t.ty, t.ne, Op::Fill { c: 0.0 }, &[lid]),
-        SplitState::Split(s) => {
-            let a = s.axis;
-            if s.ranges(j) == [(0, t.ne[a])] {
-                // This device holds the whole axis: its part is the tensor.
-                return Ok(lid);
-            }
-            let bs = if a == 0 { t.ty.block_size() as i64 } else { 1 };
-            let mut parts = Vec::new();
-            for (x, y) in s.ranges(j) {
-                let mut ne = t.ne;
-                ne[a] = y - x;
-                // An empty tensor has no bytes to offset into.
-                let offs = if t.ne.contains(&0) { 0 } else { (x / bs) as usize * t.nb[a] };
-                let v = l.push_view(lid, t.ty, ne, t.nb, offs, Op::View, &[lid])?;
-                parts.push(l.push_op(t.ty, ne, Op::Cont, &[v])?);
-            }
-            let Some(mut acc) = parts.first().copied() else {
-                let mut ne = t.ne;
-                ne[a] = 0;
-                return l.push_view(lid, t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::View, &[lid]);
-            };
-            for &p in &parts[1..] {
-                let mut ne = l.t(acc).ne;
-                ne[a] += l.t(p).ne[a];
-                acc = l.push_op(t.ty, ne, Op::Concat { dim: a }, &[acc, p])?;
-            }
-            Ok(acc)
-        }
-        _ => Err(Error::Split { detail: format!("no local conversion to {}", to.label()) }),
+    let a = s.axis;
+    if s.ranges(j) == [(0, t.ne[a])] {
+        // This device holds the whole axis: its part is the tensor.
+        return Ok(lid);
     }
+    let bs = if a == 0 { t.ty.block_size() as i64 } else { 1 };
+    let mut parts = Vec::new();
+    for (x, y) in s.ranges(j) {
+        let mut ne = t.ne;
+        ne[a] = y - x;
+        // An empty tensor has no bytes to offset into.
+        let offs = if t.ne.contains(&0) { 0 } else { (x / bs) as usize * t.nb[a] };
+        let v = l.push_view(lid, t.ty, ne, t.nb, offs, Op::View, &[lid])?;
+        parts.push(l.push_op(t.ty, ne, Op::Cont, &[v])?);
+    }
+    let Some(mut acc) = parts.first().copied() else {
+        let mut ne = t.ne;
+        ne[a] = 0;
+        return l.push_view(lid, t.ty, ne, contiguous_strides(t.ty, &ne), 0, Op::View, &[lid]);
+    };
+    for &p in &parts[1..] {
+        let mut ne = l.t(acc).ne;
+        ne[a] += l.t(p).ne[a];
+        acc = l.push_op(t.ty, ne, Op::Concat { dim: a }, &[acc, p])?;
+    }
+    Ok(acc)
+}
+
+/// Local tensor `id`, or a contiguous copy of it.
+fn contiguous(l: &mut Context, id: TensorId) -> Result<TensorId> {
+    let t = l.t(id);
+    if t.is_contiguous() {
+        Ok(id)
+    } else {
+        let (ty, ne) = (t.ty, t.ne);
+        l.push_op(ty, ne, Op::Cont, &[id])
+    }
+}
+
+/// Receive areas packed one after another: for each device `i` but `j`
+/// with `bytes(i) > 0`, `(offset, bytes)` in the area; and the area's size.
+fn packed_recv(n: usize, j: usize, bytes: impl Fn(usize) -> usize) -> (Vec<Option<(usize, usize)>>, usize) {
+    let mut recv = vec![None; n];
+    let mut at = 0usize;
+    for (i, r) in recv.iter_mut().enumerate() {
+        let b = bytes(i);
+        if i != j && b > 0 {
+            *r = Some((at, b));
+            at += b;
+        }
+    }
+    (recv, at)
 }
 
 /// For a mirrored/partial `view` whose parent is held here in another
@@ -1080,14 +1072,6 @@ fn local_op(
 ) -> Result<TensorId> {
     let ne = local_ne(t.ne, out_state, j);
     // A local view chain may hold a contiguous parent in a strided layout.
-    let contiguous = |l: &mut Context, id: TensorId| -> Result<TensorId> {
-        let s = l.t(id).clone();
-        if s.is_contiguous() {
-            Ok(id)
-        } else {
-            l.push_op(s.ty, s.ne, Op::Cont, &[id])
-        }
-    };
     match &t.op {
         Op::Reshape => {
             let base = contiguous(l, srcs[0])?;

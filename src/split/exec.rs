@@ -427,38 +427,7 @@ impl MetaExecutor {
         let st = &mut *guard;
         let before = st.counters;
         st.counters.runs += 1;
-        let key = Key { plan: plan.id, graph_hash: graph.hash(), ctx: ctx.id(), outputs: outputs.to_vec() };
-        let at = match st.programs.iter().position(|e| e.key == key) {
-            Some(i) => i,
-            None => {
-                let bts: Vec<_> = self.devices.iter().map(|d| d.buffer_type()).collect();
-                let program = Program::compile(ctx, graph, plan, outputs, &bts)?;
-                if log::log_enabled!(log::Level::Trace) {
-                    for (j, d) in program.devices.iter().enumerate() {
-                        for id in d.graph.nodes() {
-                            let t = d.ctx.t(*id);
-                            let srcs: Vec<String> = t.src.iter().map(|s| format!("#{}", s.index())).collect();
-                            log::trace!(
-                                "device {j}: #{} {} {} <- {}",
-                                id.index(),
-                                t.op.name(),
-                                t.describe(),
-                                srcs.join(" ")
-                            );
-                        }
-                    }
-                }
-                st.counters.compiles += 1;
-                if st.programs.len() >= MAX_PROGRAMS {
-                    st.programs.remove(0);
-                }
-                st.programs.push(Entry { key, program: Arc::new(program), bound: None });
-                st.programs.len() - 1
-            }
-        };
-        // Most recently used last.
-        let entry = st.programs.remove(at);
-        st.programs.push(entry);
+        self.find_or_compile(st, ctx, graph, plan, outputs)?;
         let State { programs, arenas, counters, .. } = st;
         let Some(entry) = programs.last_mut() else { return Err(Error::Split { detail: "program cache".into() }) };
         let program = entry.program.clone();
@@ -470,31 +439,28 @@ impl MetaExecutor {
         }
         self.grow_arenas(&program, arenas, counters)?;
         let store_key = store.binding_key();
-        let arena_gens: Vec<u64> = arenas.iter().map(|a| a.generation).collect();
-        if entry.bound.as_ref().is_none_or(|b| b.0 != store_key || b.1 != arena_gens) {
+        let same_arenas = |gens: &[u64]| gens.iter().copied().eq(arenas.iter().map(|a| a.generation));
+        if entry.bound.as_ref().is_none_or(|b| b.0 != store_key || !same_arenas(&b.1)) {
             let bound = (0..n).map(|j| self.bind(&program, j, store, &arenas[j])).collect::<Result<Vec<_>>>()?;
-            entry.bound = Some((store_key, arena_gens, bound));
+            entry.bound = Some((store_key, arenas.iter().map(|a| a.generation).collect(), bound));
         }
         let Some((_, _, bound)) = entry.bound.as_ref() else { return Err(Error::Split { detail: "binding".into() }) };
         let moved_before = comm.bytes_received().iter().sum::<u64>();
-        let results: Vec<Result<DeviceOut>> = if n == 1 {
-            vec![self.run_device(&program, 0, &bound[0], comm)]
-        } else {
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = (0..n)
-                    .map(|j| {
-                        let (program, b) = (&program, &bound[j]);
-                        sc.spawn(move || self.run_device(program, j, b, comm))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| Err(Error::Split { detail: "a device thread panicked".into() }))
-                    })
-                    .collect()
-            })
-        };
+        // Device 0 runs on the calling thread, the others on threads of their own.
+        let results: Vec<Result<DeviceOut>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (1..n)
+                .map(|j| {
+                    let (program, b) = (&program, &bound[j]);
+                    sc.spawn(move || self.run_device(program, j, b, comm))
+                })
+                .collect();
+            let first = self.run_device(&program, 0, &bound[0], comm);
+            std::iter::once(first)
+                .chain(handles.into_iter().map(|h| {
+                    h.join().unwrap_or_else(|_| Err(Error::Split { detail: "a device thread panicked".into() }))
+                }))
+                .collect()
+        });
         store.device_wrote(&program.written);
         let mut devs = Vec::with_capacity(n);
         let mut errs = Vec::new();
@@ -505,8 +471,8 @@ impl MetaExecutor {
             }
         }
         if !errs.is_empty() {
-            // The first real error (not "another device failed").
-            let pick = errs.iter().position(|e| !e.to_string().contains("another device failed")).unwrap_or(0);
+            // The first real error (not another device's failure).
+            let pick = errs.iter().position(|e| !super::comm::is_peer_failure(e)).unwrap_or(0);
             return Err(errs.swap_remove(pick));
         }
         let moved = comm.bytes_received().iter().sum::<u64>() - moved_before;
@@ -548,25 +514,57 @@ impl MetaExecutor {
         }
         plan.check_graph(ctx, graph)?;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let key = Key { plan: plan.id, graph_hash: graph.hash(), ctx: ctx.id(), outputs: outputs.to_vec() };
-        let program = match st.programs.iter().find(|e| e.key == key) {
-            Some(e) => e.program.clone(),
-            None => {
-                let bts: Vec<_> = self.devices.iter().map(|d| d.buffer_type()).collect();
-                let program = Arc::new(Program::compile(ctx, graph, plan, outputs, &bts)?);
-                st.counters.compiles += 1;
-                if st.programs.len() >= MAX_PROGRAMS {
-                    st.programs.remove(0);
-                }
-                st.programs.push(Entry { key, program: program.clone(), bound: None });
-                program
-            }
+        self.find_or_compile(&mut st, ctx, graph, plan, outputs)?;
+        let Some(program) = st.programs.last().map(|e| e.program.clone()) else {
+            return Err(Error::Split { detail: "program cache".into() });
         };
         Ok(ProgramSummary {
             subgraphs: program.n_subgraphs,
             exchanges: program.n_exchanges,
             compute_bytes: program.compute_bytes(),
         })
+    }
+
+    /// Moves the program for (`plan`, `graph`, `outputs`) to the end of the
+    /// cache (most recently used last), compiling it first if it is not
+    /// there; the least recently used program leaves a full cache.
+    fn find_or_compile(
+        &self,
+        st: &mut State,
+        ctx: &Context,
+        graph: &Graph,
+        plan: &Plan,
+        outputs: &[TensorId],
+    ) -> Result<()> {
+        let found = st.programs.iter().position(|e| {
+            let k = &e.key;
+            k.plan == plan.id && k.graph_hash == graph.hash() && k.ctx == ctx.id() && k.outputs == outputs
+        });
+        if let Some(i) = found {
+            if i + 1 != st.programs.len() {
+                let entry = st.programs.remove(i);
+                st.programs.push(entry);
+            }
+            return Ok(());
+        }
+        let key = Key { plan: plan.id, graph_hash: graph.hash(), ctx: ctx.id(), outputs: outputs.to_vec() };
+        let bts: Vec<_> = self.devices.iter().map(|d| d.buffer_type()).collect();
+        let program = Program::compile(ctx, graph, plan, outputs, &bts)?;
+        if log::log_enabled!(log::Level::Trace) {
+            for (j, d) in program.devices.iter().enumerate() {
+                for id in d.graph.nodes() {
+                    let t = d.ctx.t(*id);
+                    let srcs: Vec<String> = t.src.iter().map(|s| format!("#{}", s.index())).collect();
+                    log::trace!("device {j}: #{} {} {} <- {}", id.index(), t.op.name(), t.describe(), srcs.join(" "));
+                }
+            }
+        }
+        st.counters.compiles += 1;
+        if st.programs.len() >= MAX_PROGRAMS {
+            st.programs.remove(0);
+        }
+        st.programs.push(Entry { key, program: Arc::new(program), bound: None });
+        Ok(())
     }
 
     /// A buffer of `len` bytes on device `j`, counted.
@@ -696,7 +694,7 @@ impl MetaExecutor {
         let mut exchanges = Vec::new();
         for stage in &d.stages {
             let Stage::Exchange(x) = stage else { continue };
-            let node = x.node.ok_or_else(|| Error::Split { detail: "an exchange without its node".into() })?;
+            let node = x.node;
             let send = x
                 .send
                 .iter()

@@ -197,18 +197,6 @@ pub(crate) fn lens(b: &Boxes) -> [i64; 4] {
     std::array::from_fn(|k| b[k].iter().map(|&(s, e)| e - s).sum())
 }
 
-/// Local position of logical index `x` in a buffer holding `ranges`.
-pub(crate) fn local_pos(ranges: &[(i64, i64)], x: i64) -> Option<i64> {
-    let mut base = 0;
-    for &(s, e) in ranges {
-        if x >= s && x < e {
-            return Some(base + x - s);
-        }
-        base += e - s;
-    }
-    None
-}
-
 /// The element-wise sum of partial addends of type `ty` (equal lengths):
 /// floats summed in f32 and rounded once, integers exactly (wrapping).
 /// Addends that are exactly +0 are skipped, so a single non-zero addend

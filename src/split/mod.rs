@@ -42,7 +42,7 @@ mod rules;
 mod state;
 mod store;
 
-pub use comm::{BufSlice, Comm, HostComm};
+pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
 pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunReport};
 pub use layout::{assemble, local_ne, slice_local};

@@ -31,7 +31,10 @@ pub struct Repartition {
 }
 
 /// A finished plan: a state per tensor of the graph and the repartitions
-/// between them.
+/// between them. Its fields are public to read; a plan is not to be changed
+/// after planning: [`super::MetaExecutor`] keeps the program it compiles
+/// for a plan under the plan's identity (kept by clones), so a changed plan
+/// (or a changed clone) would run the program of the plan it was.
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// Number of devices.

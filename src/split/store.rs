@@ -364,7 +364,8 @@ impl SplitStore {
         for id in ids {
             if let Some(e) = self.map.get_mut(id) {
                 for p in &mut e.locals {
-                    if p.device_id().is_some() {
+                    // Only a host copy can be stale.
+                    if p.device_id().is_some() && p.host.get().is_some() {
                         *p = p.refreshed();
                     }
                 }
@@ -544,17 +545,8 @@ fn for_each_run(
     let lnb: Vec<[usize; 4]> = locals.iter().map(|l| contiguous_strides(t.ty, l)).collect();
     let ranges: Vec<Vec<(i64, i64)>> = (0..n).map(|j| s.ranges(j)).collect();
     // Device and local index of logical index x along the split axis.
-    let owner_of = |x: i64| -> Option<(usize, i64)> {
-        for (j, rr) in ranges.iter().enumerate() {
-            let mut base = 0;
-            for &(a, b) in rr {
-                if x >= a && x < b {
-                    return Some((j, base + x - a));
-                }
-                base += b - a;
-            }
-        }
-        None
+    let owner_of = |x: i64| {
+        ranges.iter().enumerate().find_map(|(j, rr)| crate::ops::distributed::local_pos(rr, x).map(|p| (j, p)))
     };
     let mut row = start / rs;
     while row * rs < end {

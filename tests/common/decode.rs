@@ -1,7 +1,56 @@
-//! Greedy decoding and the logits error measure shared by the model tests.
+//! Greedy decoding, seeded sessions and the logits error measure shared by
+//! the model tests.
 #![allow(dead_code)]
 
-use shardgraph::models::qwen3::Qwen3Session;
+use shardgraph::models::policy::qwen3_policy;
+use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph::models::runner::Runner;
+use shardgraph::tensor::quant::quantize_chunk;
+use shardgraph::{Context, GgmlType};
+
+/// Deterministic values in `around ± scale` (xorshift from `seed`).
+pub fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            around + (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// A `qwen3` session for `hp` on `ratios` (one thread per device), KV cache
+/// `kv` × `kv_size` cells, with seeded weights: norm weights around 1 (±0.1),
+/// the others within ±1.5/√ne0, quantized to `types`.
+pub fn seeded_session(hp: Qwen3Hparams, ratios: &[f32], types: Qwen3Types, kv: GgmlType, kv_size: i64) -> Qwen3Session {
+    let mut ctx = Context::new();
+    let model = Qwen3::new(&mut ctx, hp, types, kv, kv_size).unwrap();
+    let policy = qwen3_policy(&model.hp, &types, ratios).unwrap();
+    let mut s = Qwen3Session::new(model, ctx, Runner::new(policy, 1).unwrap()).unwrap();
+    let weights: Vec<(String, GgmlType, [i64; 4])> = s
+        .ctx
+        .ids()
+        .take(s.model.base_len)
+        .map(|id| s.ctx.tensor(id).unwrap())
+        .filter(|t| !t.name.starts_with("cache_"))
+        .map(|t| (t.name.clone(), t.ty, t.ne))
+        .collect();
+    for (k, (name, ty, ne)) in weights.iter().enumerate() {
+        let n = ne.iter().product::<i64>() as usize;
+        let v = if name.ends_with("norm.weight") {
+            values(n, k as u64 + 1, 0.1, 1.0)
+        } else {
+            values(n, k as u64 + 1, 1.5 / (ne[0] as f32).sqrt(), 0.0)
+        };
+        let rows = n / ne[0] as usize;
+        let mut bytes = vec![0u8; ty.row_size(ne[0]).unwrap() * rows];
+        quantize_chunk(*ty, &v, &mut bytes, rows, ne[0] as usize).unwrap();
+        s.set_weight(name, &bytes).unwrap();
+    }
+    s
+}
 
 /// Prompt, then greedy decoding of `steps` tokens; returns tokens and the logits of every step.
 pub fn generate(s: &mut Qwen3Session, prompt: &[i32], steps: usize) -> (Vec<i32>, Vec<Vec<f32>>) {

@@ -212,7 +212,7 @@ impl Comm for NcclComm {
             return Err(Error::Split { detail: format!("exchange from rank {rank} with {} messages", send.len()) });
         }
         if self.is_aborted() {
-            return Err(Error::Split { detail: "another device failed during a collective".into() });
+            return Err(crate::split::peer_failed());
         }
         let mut posts = Vec::new();
         for (peer, (s, r)) in send.iter().zip(recv).enumerate() {

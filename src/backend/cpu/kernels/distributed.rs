@@ -14,6 +14,7 @@ use super::norm::simd::NormOps;
 use super::reduce::{desc_key, top_k_row};
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
+use crate::ops::distributed::{global_pos, local_pos};
 use crate::ops::{Op, RowReduce};
 use crate::tensor::GgmlType;
 
@@ -118,18 +119,6 @@ pub(crate) mod scan {
     }
 }
 
-/// Global position along the row of local position `i` of a part holding `ranges`.
-fn global_of(ranges: &[(i64, i64)], mut i: usize) -> i64 {
-    for &(a, b) in ranges {
-        let n = (b - a) as usize;
-        if i < n {
-            return a + i as i64;
-        }
-        i -= n;
-    }
-    -1
-}
-
 fn row_stats(op: &Op, reduce: RowReduce, ranges: &[(i64, i64)], dst: &TView, src: &[TView]) -> Result<()> {
     let Some(x) = src.first() else { return Err(unsupported(op, dst, src)) };
     let mask = src.get(1);
@@ -190,7 +179,7 @@ fn row_stats(op: &Op, reduce: RowReduce, ranges: &[(i64, i64)], dst: &TView, src
                     put(1, s as f32);
                 }
                 RowReduce::Argmax => {
-                    let (v, c) = scan::summary(row, |i| global_of(ranges, i) as u32);
+                    let (v, c) = scan::summary(row, |i| global_pos(ranges, i) as u32);
                     put(0, v);
                     put_bits(1, c);
                 }
@@ -199,7 +188,7 @@ fn row_stats(op: &Op, reduce: RowReduce, ranges: &[(i64, i64)], dst: &TView, src
                     top_k_row(row, k, keys, idx);
                     for q in 0..k {
                         let (v, g) = match idx.get(q) {
-                            Some(&i) => (row[i as usize], global_of(ranges, i as usize) as i32),
+                            Some(&i) => (row[i as usize], global_pos(ranges, i as usize) as i32),
                             None => (f32::NEG_INFINITY, -1),
                         };
                         put(2 * q, v);
@@ -405,13 +394,7 @@ fn get_rows_part(op: &Op, ranges: &[(i64, i64)], n_rows: i64, d: &TView, src: &[
                     detail: format!("get_rows: index {id} at [{i10}, {i11}, {i12}] outside the table's {n_rows} rows"),
                 });
             }
-            let mut base = 0i64;
-            let local = ranges.iter().find_map(|&(s, e)| {
-                let hit = (id >= s && id < e).then_some(base + id - s);
-                base += e - s;
-                hit
-            });
-            match local {
+            match local_pos(ranges, id) {
                 Some(l) => load_f32(a, l as usize, i11, i12, row, hs)?,
                 None => row.fill(0.0),
             }

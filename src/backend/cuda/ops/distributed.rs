@@ -156,33 +156,13 @@ fn get_rows_part(cx: &Cx, ranges: &[(i64, i64)], n_rows: i64, dst: &T, src: &[T]
         I64 => "i64",
         _ => return Ok(false),
     };
-    let [ne00, _, ne02, ne03] = a.t.ne;
-    let [ne10, ne11, ne12, ne13] = idx.t.ne;
-    let bs = a.ty().block_size() as i64;
-    let packed = bs == 1 || ne00 <= 1 || a.t.nb[0] == a.ty().type_size();
-    let ok = dst.ty() == F32
-        && ne00 % bs == 0
-        && packed
-        && ne13 == 1
-        && ne02 == ne11
-        && ne03 == ne12
-        && dst.t.ne == [ne00, ne10, ne11, ne12];
-    if !ok {
+    if dst.ty() != F32 {
         return Ok(false);
     }
-    let flag = cx.error_flag(format!(
-        "get_rows: an index in {:?} is outside the table's {n_rows} rows (src0 part {})",
-        idx.t.ne,
-        a.t.describe()
-    ))?;
-    let mut args = vec![a.ptr(), idx.ptr(), dst.ptr(), KArg::I64(ne00), KArg::I64(n_rows)];
-    args.extend(a.nb());
-    args.extend(idx.ne()[..3].iter().copied());
-    args.extend(idx.nb()[..3].iter().copied());
-    args.extend(dst.nb());
-    args.push(flag);
+    let Some((mut args, grid)) = super::getrows::launch_args(cx, dst, a, idx, n_rows, "src0 part")? else {
+        return Ok(false);
+    };
     args.extend(rg);
-    let grid = [cx.blocks(ne00, B as i64, 1024), cx.blocks(ne10 * ne11 * ne12, 1, 65535), 1];
     cx.launch(&format!("sg_get_rows_part_{t}_{ix}"), grid, [B, 1, 1], &args)?;
     Ok(true)
 }

@@ -37,36 +37,51 @@ fn table(ty: GgmlType) -> Option<(&'static str, GgmlType)> {
 
 fn get_rows(cx: &Cx, dst: &T, a: &T, idx: &T) -> Result<bool> {
     let Some((sfx, dty)) = table(a.ty()) else { return Ok(false) };
-    let [ne00, ne01, ne02, ne03] = a.t.ne;
+    if idx.ty() != I32 || dst.ty() != dty {
+        return Ok(false);
+    }
+    let Some((args, grid)) = launch_args(cx, dst, a, idx, a.t.ne[1], "src0")? else { return Ok(false) };
+    cx.launch(&format!("sg_get_rows_{sfx}"), grid, [B_GET, 1, 1], &args)?;
+    Ok(true)
+}
+
+/// The arguments and grid of a get_rows kernel (`sg_get_rows_*` here,
+/// `sg_get_rows_part_*` in `distributed.cu`, which append their ranges)
+/// for table `a` `[ne00, .., ne02, ne03]` of `n_rows` global rows, indices
+/// `idx` `[ne10, ne11, ne12, 1]` and `dst` `[ne00, ne10, ne11, ne12]`; the
+/// error flag names `what` the table is. `None` where the shapes or the
+/// table's layout do not fit (the caller's types are checked there).
+pub(super) fn launch_args(
+    cx: &Cx,
+    dst: &T,
+    a: &T,
+    idx: &T,
+    n_rows: i64,
+    what: &str,
+) -> Result<Option<(Vec<KArg>, [u32; 3])>> {
+    let [ne00, _, ne02, ne03] = a.t.ne;
     let [ne10, ne11, ne12, ne13] = idx.t.ne;
     let bs = a.ty().block_size() as i64;
     // Block types are read block by block from the row start: rows must be packed.
     let packed = bs == 1 || ne00 <= 1 || a.t.nb[0] == a.ty().type_size();
-    let ok = idx.ty() == I32
-        && dst.ty() == dty
-        && ne00 % bs == 0
-        && packed
-        && ne13 == 1
-        && ne02 == ne11
-        && ne03 == ne12
-        && dst.t.ne == [ne00, ne10, ne11, ne12];
+    let ok =
+        ne00 % bs == 0 && packed && ne13 == 1 && ne02 == ne11 && ne03 == ne12 && dst.t.ne == [ne00, ne10, ne11, ne12];
     if !ok {
-        return Ok(false);
+        return Ok(None);
     }
     let flag = cx.error_flag(format!(
-        "get_rows: an index in {:?} is outside the table's {ne01} rows (src0 {})",
+        "get_rows: an index in {:?} is outside the table's {n_rows} rows ({what} {})",
         idx.t.ne,
         a.t.describe()
     ))?;
-    let mut args = vec![a.ptr(), idx.ptr(), dst.ptr(), KArg::I64(ne00), KArg::I64(ne01)];
+    let mut args = vec![a.ptr(), idx.ptr(), dst.ptr(), KArg::I64(ne00), KArg::I64(n_rows)];
     args.extend(a.nb());
     args.extend(idx.ne()[..3].iter().copied());
     args.extend(idx.nb()[..3].iter().copied());
     args.extend(dst.nb());
     args.push(flag);
     let grid = [cx.blocks(ne00, B_GET as i64, 1024), cx.blocks(ne10 * ne11 * ne12, 1, 65535), 1];
-    cx.launch(&format!("sg_get_rows_{sfx}"), grid, [B_GET, 1, 1], &args)?;
-    Ok(true)
+    Ok(Some((args, grid)))
 }
 
 fn set_rows(cx: &Cx, dst: &T, rows: &T, idx: &T) -> Result<bool> {

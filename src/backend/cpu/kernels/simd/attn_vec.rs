@@ -344,7 +344,11 @@ mod x86 {
     }
 
     pub(super) fn scores_f16(b: &super::BlockF16, q: &[f32], out: &mut [f32]) {
-        assert!(b.live.len() >= b.n && q.len() >= b.nt * b.d && out.len() >= (b.nt - 1) * b.p_stride + b.n.max(1));
+        assert!(
+            b.live.len() >= b.n
+                && q.len() >= b.nt * b.d
+                && out.len() >= b.nt.saturating_sub(1) * b.p_stride + b.n.max(1)
+        );
         assert!(b.offs.len() >= b.nt && b.offs.iter().take(b.nt).all(|&o| o <= b.max_off));
         assert!(b.n == 0 || b.rows.len() >= (b.n - 1) * b.stride + b.max_off + 2 * b.d);
         // SAFETY: AVX2, FMA and F16C were detected (`VecOps::detect`); the
@@ -353,7 +357,11 @@ mod x86 {
     }
 
     pub(super) fn accum_f16(b: &super::BlockF16, p: &[f32], acc: &mut [f32]) {
-        assert!(b.live.len() >= b.n && acc.len() >= b.nt * b.d && p.len() >= (b.nt - 1) * b.p_stride + b.n.max(1));
+        assert!(
+            b.live.len() >= b.n
+                && acc.len() >= b.nt * b.d
+                && p.len() >= b.nt.saturating_sub(1) * b.p_stride + b.n.max(1)
+        );
         assert!(b.offs.len() >= b.nt && b.offs.iter().take(b.nt).all(|&o| o <= b.max_off));
         assert!(b.n == 0 || b.rows.len() >= (b.n - 1) * b.stride + b.max_off + 2 * b.d);
         // SAFETY: as above.
