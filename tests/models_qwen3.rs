@@ -14,18 +14,7 @@ mod decode;
 use decode::{generate, nmse};
 
 fn hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        n_layer: 2,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        n_vocab: 96,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
-        n_ctx_train: 4096,
-    }
+    decode::tiny_hp()
 }
 
 fn session(ratios: &[f32], types: Qwen3Types, kv: GgmlType) -> Qwen3Session {

@@ -17,18 +17,7 @@ mod decode;
 use decode::nmse;
 
 fn hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        n_layer: 2,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 8,
-        n_head_kv: 4,
-        head_dim: 32,
-        n_vocab: 96,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
-        n_ctx_train: 4096,
-    }
+    decode::tiny_hp()
 }
 
 /// A session on `ratios` with a KV cache of `kv_size` cells and seeded weights.

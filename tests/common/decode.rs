@@ -21,6 +21,23 @@ pub fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
         .collect()
 }
 
+/// A small `qwen3` (2 layers, n_embd 64, 6 heads / 3 KV heads of 32,
+/// n_ff 128, vocabulary 96): its heads split over 1, 2 and 3 devices.
+pub fn tiny_hp() -> Qwen3Hparams {
+    Qwen3Hparams {
+        n_layer: 2,
+        n_embd: 64,
+        n_ff: 128,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        n_vocab: 96,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        n_ctx_train: 4096,
+    }
+}
+
 /// A `qwen3` session for `hp` on `ratios` (one thread per device), KV cache
 /// `kv` × `kv_size` cells, with seeded weights: norm weights around 1 (±0.1),
 /// the others within ±1.5/√ne0, quantized to `types`.
