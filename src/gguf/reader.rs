@@ -126,7 +126,8 @@ impl Backing {
 /// (`u32`, a power of two; 32 if absent), and each tensor info (unique name
 /// of at most 64 bytes, at most 4 dims, a type this crate implements, `ne[0]`
 /// a whole number of blocks, an offset that is a multiple of the alignment,
-/// and data that lies inside the file). Afterwards accessors only decode.
+/// and data that lies inside the file and shares no byte with another
+/// tensor's). Afterwards accessors only decode.
 ///
 /// Nothing in a file can make the reader panic, and what it allocates is
 /// bounded by the file's size: every count and length is checked against the
@@ -491,6 +492,25 @@ fn parse(data: &[u8]) -> Result<Parsed, String> {
                     ti.offset
                 ))
             }
+        }
+    }
+    // No two tensors share bytes (ggml's loader lays them out one after
+    // another; a retyped or hand-edited info that overlaps another is corrupt).
+    let mut by_offset: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].nbytes > 0).collect();
+    by_offset.sort_by_key(|&i| tensors[i].offset);
+    for w in by_offset.windows(2) {
+        let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
+        // Both ends are within the file (checked above), so this cannot overflow.
+        if a.offset + a.nbytes as u64 > b.offset {
+            return Err(format!(
+                "tensors {:?} ({}, {} bytes at data offset {}) and {:?} (at data offset {}) overlap",
+                a.name,
+                a.describe(),
+                a.nbytes,
+                a.offset,
+                b.name,
+                b.offset
+            ));
         }
     }
     Ok(Parsed {

@@ -105,6 +105,11 @@ impl DraftHost for super::qwen35::Qwen35Session {
     }
 }
 
+/// The largest DFlash block (`dflash.block_size`) accepted: a block is one
+/// anchor and up to `MAX_BLOCK − 1` drafted tokens verified in one target
+/// batch (published drafters use 16).
+pub const MAX_BLOCK: usize = 256;
+
 /// Hyper-parameters of a DFlash drafter (GGUF keys `dflash.*`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DflashHparams {
@@ -177,8 +182,11 @@ impl DflashHparams {
                 self.target_layers, target.n_layer
             ));
         }
-        if self.block_size < 2 {
-            return bad(format!("block_size {} must be ≥ 2", self.block_size));
+        if !(2..=MAX_BLOCK).contains(&self.block_size) {
+            return bad(format!("block_size {} must be 2..={MAX_BLOCK}", self.block_size));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_base.is_finite() && self.rope_base > 0.0) {
+            return bad("layer_norm_rms_epsilon and rope.freq_base must be finite and positive".into());
         }
         if let Some((k, g)) = self.conv {
             if k < 1 || g < 1 || self.n_embd % g != 0 {
@@ -214,39 +222,49 @@ impl DflashHparams {
     /// [`Error::Model`] for another architecture; [`Error::Gguf`] naming a
     /// missing or mistyped key.
     pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
-        let u = super::arch_keys(f, "dflash")?;
-        let n_embd = u("embedding_length")? as i64;
-        let n_head = u("attention.head_count")? as i64;
-        let layers: Vec<usize> =
-            f.get_arr_u32("dflash.target_layers").map(|v| v.into_iter().map(|x| x as usize).collect()).or_else(
-                |_| f.get_arr_i32("dflash.target_layers").map(|v| v.into_iter().map(|x| x.max(0) as usize).collect()),
-            )?;
-        Ok(DflashHparams {
-            n_layer: u("block_count")? as usize,
+        use super::DIM;
+        let k = super::ArchKeys::new(f, "dflash")?;
+        let n_embd = k.int("embedding_length", DIM)?;
+        let n_head = k.int("attention.head_count", DIM)?;
+        let key = "dflash.target_layers";
+        let layers: Vec<i64> = match f.get_arr_u32(key) {
+            Ok(v) => v.into_iter().map(i64::from).collect(),
+            Err(_) => f.get_arr_i32(key)?.into_iter().map(i64::from).collect(),
+        };
+        let max = super::MAX_LAYERS as i64;
+        if layers.is_empty() || layers.len() > super::MAX_LAYERS || layers.iter().any(|l| !(0..=max).contains(l)) {
+            return Err(Error::Model {
+                detail: format!("dflash: {key} needs 1 to {max} layer numbers of 0..={max}, got {} value(s)", layers.len()),
+            });
+        }
+        let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
+        k.expect("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
+        k.expect("rope.dimension_count", head_dim, "the rope turns whole heads")?;
+        let pair = |a: &str, b: &str| -> Result<Option<(i64, i64)>> {
+            match (k.opt_int(a, DIM)?, k.opt_int(b, DIM)?) {
+                (Some(x), Some(y)) => Ok(Some((x, y))),
+                (None, None) => Ok(None),
+                _ => Err(Error::Model { detail: format!("dflash: dflash.{a} and dflash.{b} come together") }),
+            }
+        };
+        let hp = DflashHparams {
+            n_layer: k.int("block_count", 1..=max)? as usize,
             n_embd,
-            n_ff: u("feed_forward_length")? as i64,
+            n_ff: k.int("feed_forward_length", DIM)?,
             n_head,
-            n_head_kv: u("attention.head_count_kv").map(|v| v as i64).unwrap_or(n_head),
-            head_dim: u("attention.key_length").map(|v| v as i64).unwrap_or(if n_head > 0 {
-                n_embd / n_head
-            } else {
-                0
-            }),
-            rms_eps: f.get_f32("dflash.attention.layer_norm_rms_epsilon")?,
-            rope_base: f.get_f32("dflash.rope.freq_base").unwrap_or(10000.0),
-            target_layers: layers,
-            target_hidden: u("target_hidden_size").map(|v| v as i64).unwrap_or(n_embd),
-            block_size: u("block_size").map(|v| v as usize).unwrap_or(16),
-            mask_token: f.get_uint("tokenizer.ggml.mask_token_id")? as i32,
-            conv: match (u("conv_kernel_size"), u("conv_group_size")) {
-                (Ok(k), Ok(g)) => Some((k as i64, g as i64)),
-                _ => None,
-            },
-            selector: match (u("selector_rank"), u("selector_top_k")) {
-                (Ok(r), Ok(k)) if k > 0 => Some((r as i64, k as i64)),
-                _ => None,
-            },
-        })
+            n_head_kv: k.int_or("attention.head_count_kv", n_head, DIM)?,
+            head_dim,
+            rms_eps: k.positive("attention.layer_norm_rms_epsilon", None)?,
+            rope_base: k.positive("rope.freq_base", Some(10000.0))?,
+            target_layers: layers.into_iter().map(|l| l as usize).collect(),
+            target_hidden: k.int_or("target_hidden_size", n_embd, DIM)?,
+            block_size: k.int_or("block_size", 16, 2..=MAX_BLOCK as i64)? as usize,
+            mask_token: k.other_int("tokenizer.ggml.mask_token_id", 0..=i32::MAX as i64)? as i32,
+            conv: pair("conv_kernel_size", "conv_group_size")?,
+            selector: pair("selector_rank", "selector_top_k")?,
+        };
+        k.opt_int("context_length", DIM)?;
+        Ok(hp)
     }
 
     /// Writes llama.cpp's `dflash` metadata for these hyper-parameters.
@@ -707,15 +725,40 @@ impl DflashDrafter {
         kv_type: GgmlType,
         p_min: f32,
     ) -> Result<Self> {
+        Self::attach_checked(target, hp, weight_type, kv_type, p_min, None)
+    }
+
+    /// [`DflashDrafter::attach`], checking the drafter's tensors against
+    /// `file` (if given) after they are created and before they are placed.
+    fn attach_checked<T: DraftHost>(
+        target: &mut T,
+        hp: DflashHparams,
+        weight_type: GgmlType,
+        kv_type: GgmlType,
+        p_min: f32,
+        file: Option<&crate::gguf::GgufFile>,
+    ) -> Result<Self> {
         let info = target.info();
         let kv_size = target.kv_size();
         let policy = target.policy_with(&hp, weight_type)?;
         let (ctx, runner, base_len) = target.parts();
         ctx.truncate(*base_len);
         let start = ctx.len();
-        let model = Dflash::new(ctx, info, hp, weight_type, kv_type, kv_size)?;
-        runner.policy = policy;
+        let model = Dflash::new(ctx, info, hp, weight_type, kv_type, kv_size);
         let ids: Vec<TensorId> = ctx.ids().skip(start).collect();
+        let checked = model.and_then(|m| match file {
+            Some(f) => super::check_file_tensors(f, ctx, &ids, "dft.", "dflash drafter").map(|()| m),
+            None => Ok(m),
+        });
+        let model = match checked {
+            Ok(m) => m,
+            Err(e) => {
+                // The target stays as it was.
+                ctx.truncate(start);
+                return Err(e);
+            }
+        };
+        runner.policy = policy;
         runner.place_all(ctx, &ids, &format!("the drafter's weights and KV caches of {kv_size} cells"))?;
         *base_len = ctx.len();
         Ok(DflashDrafter { model, p_min })
@@ -723,25 +766,40 @@ impl DflashDrafter {
 }
 
 impl DflashDrafter {
-    /// [`DflashDrafter::attach`] from a `dflash` GGUF: hyper-parameters from
-    /// its metadata (checked against the target), weights copied straight
-    /// from the mapped file (GGUF names, `dft.` in the context).
+    /// [`DflashDrafter::attach_file`] from a path.
     ///
     /// # Errors
-    /// GGUF errors naming the file or tensor; as [`DflashDrafter::attach`];
-    /// [`Error::Model`] if the file lacks one of the drafter's tensors or
-    /// they are of mixed types.
+    /// GGUF errors naming the file; as [`DflashDrafter::attach_file`].
     pub fn attach_gguf<T: DraftHost>(
         target: &mut T,
         path: impl AsRef<std::path::Path>,
         kv_type: GgmlType,
         p_min: f32,
     ) -> Result<Self> {
-        let file = crate::gguf::GgufFile::open(path)?;
-        let hp = DflashHparams::from_gguf(&file)?;
+        Self::attach_file(target, &crate::gguf::GgufFile::open(path)?, kv_type, p_min)
+    }
+
+    /// [`DflashDrafter::attach`] from a parsed `dflash` GGUF:
+    /// hyper-parameters from its metadata (ranges checked, then checked
+    /// against the target), every tensor checked against them (presence,
+    /// type, shape, nothing unused) before anything is placed, then the
+    /// weights copied straight from the file (GGUF names, `dft.` in the
+    /// context).
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] naming a missing or mistyped key; [`Error::Model`]
+    /// for a value out of range, a drafter built for another target, a
+    /// tensor missing, mismatched or unused; as [`DflashDrafter::attach`].
+    pub fn attach_file<T: DraftHost>(
+        target: &mut T,
+        file: &crate::gguf::GgufFile,
+        kv_type: GgmlType,
+        p_min: f32,
+    ) -> Result<Self> {
+        let hp = DflashHparams::from_gguf(file)?;
         let n_vocab = target.info().n_vocab;
-        if let Ok(v) = file.get_uint("dflash.vocab_size") {
-            if v as i64 != n_vocab {
+        if let Some(v) = super::ArchKeys::new(file, "dflash")?.opt_int("vocab_size", super::DIM)? {
+            if v != n_vocab {
                 return Err(Error::Model {
                     detail: format!(
                         "dflash drafter: vocab_size {v} differs from the target's {n_vocab}: built for another target"
@@ -750,7 +808,7 @@ impl DflashDrafter {
             }
         }
         let weight_type = file.tensor("blk.0.attn_q.weight")?.info.ty;
-        let d = DflashDrafter::attach(target, hp, weight_type, kv_type, p_min)?;
+        let d = DflashDrafter::attach_checked(target, hp, weight_type, kv_type, p_min, Some(file))?;
         let (ctx, runner, base_len) = target.parts();
         let names: Vec<(String, TensorId)> = ctx
             .ids()
@@ -761,7 +819,7 @@ impl DflashDrafter {
             })
             .collect();
         for (name, id) in names {
-            crate::gguf::load_tensor_into_split_store(&file, &name, ctx, id, &mut runner.store)
+            crate::gguf::load_tensor_into_split_store(file, &name, ctx, id, &mut runner.store)
                 .map_err(|e| Error::Model { detail: format!("dflash drafter: {e}") })?;
         }
         runner.upload()?;

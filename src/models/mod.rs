@@ -23,21 +23,178 @@ pub mod qwen35;
 pub mod runner;
 pub mod speculative;
 
-/// Checks a GGUF's `general.architecture` and returns a reader of its
-/// unsigned `{arch}.{key}` values (llama.cpp's per-architecture keys).
+/// A GGUF's `{arch}.*` metadata (llama.cpp's per-architecture keys), read
+/// with range checks: every value that sizes something is checked before
+/// it is used, and an error names the key, the value found and the range
+/// allowed.
+pub(crate) struct ArchKeys<'a> {
+    f: &'a crate::gguf::GgufFile,
+    arch: &'static str,
+}
+
+/// Dimensions and counts a model file may give (llama.cpp reads them as
+/// `uint32_t`/`int32_t`): 1 to 2³¹ − 1.
+pub(crate) const DIM: std::ops::RangeInclusive<i64> = 1..=i32::MAX as i64;
+
+impl<'a> ArchKeys<'a> {
+    /// The reader of `f`'s `{arch}.*` keys.
+    ///
+    /// # Errors
+    /// [`crate::Error::Model`] if `general.architecture` is another;
+    /// [`crate::Error::Gguf`] if it is missing.
+    pub(crate) fn new(f: &'a crate::gguf::GgufFile, arch: &'static str) -> crate::Result<Self> {
+        let found = f.get_str("general.architecture")?;
+        if found != arch {
+            return Err(crate::Error::Model { detail: format!("general.architecture is {found:?}, not {arch:?}") });
+        }
+        Ok(ArchKeys { f, arch })
+    }
+
+    fn full(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn out_of(&self, key: &str, v: impl std::fmt::Display, allowed: impl std::fmt::Display) -> crate::Error {
+        crate::Error::Model { detail: format!("{}: {key} = {v} is outside {allowed}", self.arch) }
+    }
+
+    /// Integer key `key` (full name) in `range`, `None` if the file has none.
+    fn int_key(&self, key: &str, range: &std::ops::RangeInclusive<i64>) -> crate::Result<Option<i64>> {
+        if !self.f.contains_key(key) {
+            return Ok(None);
+        }
+        let v = self.f.get_uint(key)?;
+        match i64::try_from(v) {
+            Ok(x) if range.contains(&x) => Ok(Some(x)),
+            _ => Err(self.out_of(key, v, format!("{}..={}", range.start(), range.end()))),
+        }
+    }
+
+    /// The integer `{arch}.{k}` in `range`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Gguf`] if missing or not a non-negative integer;
+    /// [`crate::Error::Model`] outside `range`.
+    pub(crate) fn int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
+        let key = self.full(k);
+        self.int_key(&key, &range)?.map_or_else(|| self.f.get_uint(&key).map(|v| v as i64), Ok)
+    }
+
+    /// The integer `{arch}.{k}` in `range`, or `default` if the file has none.
+    ///
+    /// # Errors
+    /// As [`ArchKeys::int`] for a present key.
+    pub(crate) fn int_or(&self, k: &str, default: i64, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
+        Ok(self.int_key(&self.full(k), &range)?.unwrap_or(default))
+    }
+
+    /// The integer `{arch}.{k}` in `range`, if the file has it.
+    ///
+    /// # Errors
+    /// As [`ArchKeys::int`] for a present key.
+    pub(crate) fn opt_int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<Option<i64>> {
+        self.int_key(&self.full(k), &range)
+    }
+
+    /// An integer key outside the architecture (`tokenizer.ggml.*`) in `range`.
+    ///
+    /// # Errors
+    /// As [`ArchKeys::int`].
+    pub(crate) fn other_int(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
+        self.int_key(key, &range)?.map_or_else(|| self.f.get_uint(key).map(|v| v as i64), Ok)
+    }
+
+    /// The `f32` `{arch}.{k}`, finite and positive (an epsilon, a rope
+    /// base), or `default` if the file has none and a default is given.
+    ///
+    /// # Errors
+    /// [`crate::Error::Gguf`] if missing without a default or not an `f32`;
+    /// [`crate::Error::Model`] if not finite and positive.
+    pub(crate) fn positive(&self, k: &str, default: Option<f32>) -> crate::Result<f32> {
+        let key = self.full(k);
+        let v = match default {
+            Some(d) if !self.f.contains_key(&key) => d,
+            _ => self.f.get_f32(&key)?,
+        };
+        if !(v.is_finite() && v > 0.0) {
+            return Err(self.out_of(&key, v, "finite positive numbers"));
+        }
+        Ok(v)
+    }
+
+    /// Checks that the optional `{arch}.{k}` equals `want` (a value this
+    /// crate derives otherwise, e.g. `value_length` = `key_length`).
+    ///
+    /// # Errors
+    /// [`crate::Error::Model`] naming both if it differs.
+    pub(crate) fn expect(&self, k: &str, want: i64, why: &str) -> crate::Result<()> {
+        match self.opt_int(k, 0..=i64::MAX)? {
+            Some(v) if v != want => Err(crate::Error::Model {
+                detail: format!("{}: {} = {v}, but {why} ({want})", self.arch, self.full(k)),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checks, before anything is placed, that `file` holds exactly the weights
+/// of the context tensors `ids` (caches, named `{prefix}cache_*`, excepted),
+/// each with the same type and shape (ggml order), and no other tensor
+/// (llama.cpp's loader refuses a file with tensors the model does not use:
+/// a `block_count` below the file's `blk.N` count). The context's names
+/// carry `prefix` (a drafter's `dft.`), the file's do not. So every
+/// hyper-parameter that shapes a weight (layer count, vocabulary, heads,
+/// head and block sizes) is checked against the file before a byte is
+/// allocated.
 ///
 /// # Errors
-/// [`crate::Error::Model`] for another architecture; [`crate::Error::Gguf`]
-/// if the key is missing.
-pub(crate) fn arch_keys<'a>(
-    f: &'a crate::gguf::GgufFile,
-    arch: &'a str,
-) -> crate::Result<impl Fn(&str) -> crate::Result<u64> + 'a> {
-    let found = f.get_str("general.architecture")?;
-    if found != arch {
-        return Err(crate::Error::Model { detail: format!("general.architecture is {found:?}, not {arch:?}") });
+/// [`crate::Error::Model`] naming `model`, the first missing, mismatched
+/// or unused tensors and their counts.
+pub(crate) fn check_file_tensors(
+    file: &crate::gguf::GgufFile,
+    ctx: &crate::graph::Context,
+    ids: &[TensorId],
+    prefix: &str,
+    model: &str,
+) -> crate::Result<()> {
+    let list = |v: &[String]| {
+        let more = if v.len() > 3 { format!(", … ({} in all)", v.len()) } else { String::new() };
+        format!("{}{more}", v.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
+    };
+    let mut wanted = std::collections::HashSet::new();
+    let (mut missing, mut wrong) = (Vec::new(), Vec::new());
+    for &id in ids {
+        let t = ctx.tensor(id)?;
+        let Some(name) = t.name.strip_prefix(prefix) else { continue };
+        if name.starts_with("cache_") || t.view_src.is_some() {
+            continue;
+        }
+        wanted.insert(name);
+        match file.tensor_info(name) {
+            None => missing.push(name.to_string()),
+            Some(i) if i.ty != t.ty || i.ne != t.ne => {
+                wrong.push(format!("{name} is {} in the file, the model needs {}", i.describe(), t.describe()))
+            }
+            Some(_) => {}
+        }
     }
-    Ok(move |k: &str| f.get_uint(&format!("{arch}.{k}")))
+    let unused: Vec<String> =
+        file.tensors().iter().filter(|i| !wanted.contains(i.name.as_str())).map(|i| i.name.clone()).collect();
+    let err = |d: String| Err(crate::Error::Model { detail: format!("{model} ({}): {d}", file.name()) });
+    if !wrong.is_empty() {
+        return err(format!("{} tensor(s) of the wrong type or shape: {}", wrong.len(), list(&wrong)));
+    }
+    if !missing.is_empty() {
+        return err(format!("the file lacks {} tensor(s): {}", missing.len(), list(&missing)));
+    }
+    if !unused.is_empty() {
+        return err(format!(
+            "the file has {} tensor(s) the model does not use (does block_count match the file?): {}",
+            unused.len(),
+            list(&unused)
+        ));
+    }
+    Ok(())
 }
 
 /// The most layers a model may have (llama.cpp's `LLAMA_MAX_LAYERS`): a

@@ -80,8 +80,11 @@ impl Qwen3Hparams {
         if self.head_dim <= 0 || self.head_dim % 2 != 0 {
             return bad(&format!("key_length {} must be positive and even (NEOX rope)", self.head_dim));
         }
-        if self.rms_eps.is_nan() || self.rms_eps <= 0.0 || self.rope_base.is_nan() || self.rope_base <= 0.0 {
-            return bad("layer_norm_rms_epsilon and rope.freq_base must be positive");
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_base.is_finite() && self.rope_base > 0.0) {
+            return bad("layer_norm_rms_epsilon and rope.freq_base must be finite and positive");
+        }
+        if self.n_ctx_train <= 0 {
+            return bad("context_length must be positive");
         }
         Ok(())
     }
@@ -94,29 +97,29 @@ impl Qwen3Hparams {
     /// [`Error::Model`] for another architecture or inconsistent values;
     /// [`Error::Gguf`] naming a missing or mistyped key.
     pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
-        let u = super::arch_keys(f, "qwen3")?;
-        let n_embd = u("embedding_length")? as i64;
-        let n_head = u("attention.head_count")? as i64;
-        let n_vocab = match u("vocab_size") {
-            Ok(v) => v as i64,
-            Err(_) => f.tensor("token_embd.weight")?.info.ne[1],
+        use super::DIM;
+        let k = super::ArchKeys::new(f, "qwen3")?;
+        let n_embd = k.int("embedding_length", DIM)?;
+        let n_head = k.int("attention.head_count", DIM)?;
+        let n_vocab = match k.opt_int("vocab_size", DIM)? {
+            Some(v) => v,
+            None => f.tensor("token_embd.weight")?.info.ne[1],
         };
+        let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
         let hp = Qwen3Hparams {
-            n_layer: u("block_count")? as usize,
+            n_layer: k.int("block_count", 1..=super::MAX_LAYERS as i64)? as usize,
             n_embd,
-            n_ff: u("feed_forward_length")? as i64,
+            n_ff: k.int("feed_forward_length", DIM)?,
             n_head,
-            n_head_kv: u("attention.head_count_kv").map(|v| v as i64).unwrap_or(n_head),
-            head_dim: u("attention.key_length").map(|v| v as i64).unwrap_or(if n_head > 0 {
-                n_embd / n_head
-            } else {
-                0
-            }),
+            n_head_kv: k.int_or("attention.head_count_kv", n_head, DIM)?,
+            head_dim,
             n_vocab,
-            rms_eps: f.get_f32("qwen3.attention.layer_norm_rms_epsilon")?,
-            rope_base: f.get_f32("qwen3.rope.freq_base").unwrap_or(10000.0),
-            n_ctx_train: u("context_length")? as i64,
+            rms_eps: k.positive("attention.layer_norm_rms_epsilon", None)?,
+            rope_base: k.positive("rope.freq_base", Some(10000.0))?,
+            n_ctx_train: k.int("context_length", DIM)?,
         };
+        k.expect("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
+        k.expect("rope.dimension_count", head_dim, "the rope turns whole heads")?;
         hp.validate()?;
         Ok(hp)
     }
@@ -139,6 +142,7 @@ impl Qwen3Hparams {
         w.add_kv("qwen3.attention.key_length", self.head_dim as u32)?;
         w.add_kv("qwen3.attention.value_length", self.head_dim as u32)?;
         w.add_kv("qwen3.rope.freq_base", self.rope_base)?;
+        w.add_kv("qwen3.rope.dimension_count", self.head_dim as u32)?;
         w.add_kv("qwen3.attention.layer_norm_rms_epsilon", self.rms_eps)?;
         w.add_kv("qwen3.vocab_size", self.n_vocab as u32)?;
         w.add_kv("tokenizer.ggml.model", "no_vocab")?;
@@ -652,15 +656,11 @@ impl Qwen3Session {
         Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len })
     }
 
-    /// Opens a `qwen3` GGUF, builds the model with a KV cache of `kv_size`
-    /// cells of `kv_type`, splits it over `ratios.len()` CPU devices with
-    /// llama.cpp's policy, and loads every weight straight from the
-    /// memory-mapped file into the devices' parts.
+    /// Opens a `qwen3` GGUF and loads it as [`Qwen3Session::from_file`] does.
     ///
     /// # Errors
-    /// GGUF errors naming the file; [`Error::Model`] for another
-    /// architecture, a tensor split that leaves a device without a KV head,
-    /// or tensors the model lacks.
+    /// GGUF errors naming the file (missing, unreadable, malformed); as
+    /// [`Qwen3Session::from_file`].
     pub fn from_gguf(
         path: impl AsRef<std::path::Path>,
         ratios: &[f32],
@@ -668,16 +668,40 @@ impl Qwen3Session {
         kv_type: GgmlType,
         kv_size: i64,
     ) -> Result<Self> {
-        let file = crate::gguf::GgufFile::open(path)?;
-        let hp = Qwen3Hparams::from_gguf(&file)?;
-        let types = Qwen3Types::from_gguf(&file)?;
+        Self::from_file(&crate::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
+    }
+
+    /// Builds the model of a parsed `qwen3` GGUF with a KV cache of
+    /// `kv_size` cells of `kv_type`, splits it over `ratios.len()` CPU
+    /// devices with llama.cpp's policy, and loads every weight straight from
+    /// the file into the devices' parts. Everything the file says is
+    /// checked before anything is allocated: the hyper-parameters' ranges,
+    /// every weight's presence, type and shape against them, no tensor the
+    /// model does not use, and each device's memory for weights and caches.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] naming a missing or mistyped key; [`Error::Model`]
+    /// for another architecture, a value out of range, a tensor missing,
+    /// mismatched or unused, or a tensor split that leaves a device without
+    /// a KV head; [`Error::OutOfMemory`] naming the device and bytes.
+    pub fn from_file(
+        file: &crate::gguf::GgufFile,
+        ratios: &[f32],
+        threads: usize,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        let hp = Qwen3Hparams::from_gguf(file)?;
+        let types = Qwen3Types::from_gguf(file)?;
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
+        let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
+        super::check_file_tensors(file, &ctx, &ids, "", "qwen3")?;
         let policy = super::policy::qwen3_policy(&hp, &types, ratios)?;
         let runner = super::runner::Runner::new(policy, threads)?;
         let mut s = Qwen3Session::new(model, ctx, runner)?;
         let start = std::time::Instant::now();
-        let report = crate::gguf::load_into_split_store(&file, &s.ctx, &mut s.runner.store)?;
+        let report = crate::gguf::load_into_split_store(file, &s.ctx, &mut s.runner.store)?;
         log::info!(
             "qwen3: loaded {} tensors ({:.1} MB) onto {} device(s) in {:.2} s",
             report.loaded.len(),
@@ -685,12 +709,6 @@ impl Qwen3Session {
             ratios.len(),
             start.elapsed().as_secs_f64()
         );
-        let weights = s.ctx.ids().take(s.model.base_len).filter(|&id| !s.ctx.t(id).name.starts_with("cache_")).count();
-        if report.loaded.len() != weights {
-            return Err(Error::Model {
-                detail: format!("qwen3: the file gave {} of the model's {weights} weights", report.loaded.len()),
-            });
-        }
         s.runner.upload()?;
         Ok(s)
     }

@@ -88,8 +88,14 @@ impl Qwen35Hparams {
     /// [`Error::Model`] naming the inconsistent value.
     pub fn validate(&self) -> Result<()> {
         let bad = |d: String| Err(Error::Model { detail: format!("qwen35: {d}") });
-        if self.n_layer == 0 || self.n_embd <= 0 || self.n_ff <= 0 || self.n_vocab <= 0 {
-            return bad("block_count, embedding_length, feed_forward_length and the vocabulary must be positive".into());
+        if self.n_layer == 0 || self.n_embd <= 0 || self.n_ff <= 0 || self.n_vocab <= 0 || self.n_ctx_train == 0 {
+            return bad(
+                "block_count, embedding_length, feed_forward_length, the vocabulary and context_length must be positive"
+                    .into(),
+            );
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_base.is_finite() && self.rope_base > 0.0) {
+            return bad("layer_norm_rms_epsilon and rope.freq_base must be finite and positive".into());
         }
         if self.n_layer + self.n_nextn > super::MAX_LAYERS {
             return bad(format!("block_count {} is over {}", self.n_layer + self.n_nextn, super::MAX_LAYERS));
@@ -152,45 +158,59 @@ impl Qwen35Hparams {
     /// [`Error::Model`] for another architecture or inconsistent values;
     /// [`Error::Gguf`] naming a missing or mistyped key.
     pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
-        let u = super::arch_keys(f, "qwen35")?;
-        let n_nextn = u("nextn_predict_layers").unwrap_or(0) as usize;
-        let blocks = u("block_count")? as usize;
-        let sections: Vec<i32> = f.get_arr_i32("qwen35.rope.dimension_sections").or_else(|_| {
-            f.get_arr_u32("qwen35.rope.dimension_sections").map(|v| v.into_iter().map(|x| x as i32).collect())
-        })?;
+        use super::DIM;
+        let k = super::ArchKeys::new(f, "qwen35")?;
+        let n_nextn = k.int_or("nextn_predict_layers", 0, 0..=1)? as usize;
+        let blocks = k.int("block_count", 1..=super::MAX_LAYERS as i64)? as usize;
+        let key = "qwen35.rope.dimension_sections";
+        let sections: Vec<i64> = match f.get_arr_i32(key) {
+            Ok(v) => v.into_iter().map(i64::from).collect(),
+            Err(_) => f.get_arr_u32(key)?.into_iter().map(i64::from).collect(),
+        };
+        if sections.is_empty() || sections.len() > 4 || sections.iter().any(|&s| !(0..=1 << 16).contains(&s)) {
+            return Err(Error::Model { detail: format!("qwen35: {key} = {sections:?}: 1 to 4 values of 0..=65536") });
+        }
         let mut rope_sections = [0i32; 4];
         for (d, s) in rope_sections.iter_mut().zip(&sections) {
-            *d = *s;
+            *d = *s as i32;
         }
-        let n_head = u("attention.head_count")? as i64;
-        let n_embd = u("embedding_length")? as i64;
-        let head_dim = u("attention.key_length").map(|v| v as i64).unwrap_or(n_embd / n_head.max(1));
+        let n_head = k.int("attention.head_count", DIM)?;
+        let n_embd = k.int("embedding_length", DIM)?;
+        let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
+        k.expect("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
         let hp = Qwen35Hparams {
-            n_layer: blocks.checked_sub(n_nextn).ok_or_else(|| Error::Model {
-                detail: format!("qwen35: block_count {blocks} < nextn_predict_layers {n_nextn}"),
+            n_layer: blocks.checked_sub(n_nextn).filter(|&l| l > 0).ok_or_else(|| Error::Model {
+                detail: format!("qwen35: block_count {blocks} leaves no trunk layer after {n_nextn} NextN layer(s)"),
             })?,
             n_embd,
-            n_ff: u("feed_forward_length")? as i64,
+            n_ff: k.int("feed_forward_length", DIM)?,
             n_head,
-            n_head_kv: u("attention.head_count_kv")? as i64,
+            n_head_kv: k.int("attention.head_count_kv", DIM)?,
             head_dim,
             n_vocab: 0,
-            rms_eps: f.get_f32("qwen35.attention.layer_norm_rms_epsilon")?,
-            rope_base: f.get_f32("qwen35.rope.freq_base").unwrap_or(10000.0),
-            n_rot: u("rope.dimension_count").map(|v| v as i64).unwrap_or(head_dim),
+            rms_eps: k.positive("attention.layer_norm_rms_epsilon", None)?,
+            rope_base: k.positive("rope.freq_base", Some(10000.0))?,
+            n_rot: k.int_or("rope.dimension_count", head_dim, DIM)?,
             rope_sections,
-            full_attention_interval: u("full_attention_interval").unwrap_or(4) as usize,
-            d_conv: u("ssm.conv_kernel")? as i64,
-            d_state: u("ssm.state_size")? as i64,
-            n_k_heads: u("ssm.group_count")? as i64,
-            n_v_heads: u("ssm.time_step_rank")? as i64,
+            full_attention_interval: k.int_or("full_attention_interval", 4, 1..=super::MAX_LAYERS as i64)? as usize,
+            d_conv: k.int("ssm.conv_kernel", 2..=1 << 10)?,
+            d_state: k.int("ssm.state_size", DIM)?,
+            n_k_heads: k.int("ssm.group_count", DIM)?,
+            n_v_heads: k.int("ssm.time_step_rank", DIM)?,
             n_nextn,
-            n_ctx_train: u("context_length").unwrap_or(4096) as u32,
+            n_ctx_train: k.int_or("context_length", 4096, DIM)? as u32,
         };
         let n_vocab = f.tensor("token_embd.weight")?.info.ne[1];
         let hp = Qwen35Hparams { n_vocab, ..hp };
+        if let Some(v) = k.opt_int("vocab_size", DIM)? {
+            if v != n_vocab {
+                return Err(Error::Model {
+                    detail: format!("qwen35: vocab_size {v}, but token_embd.weight has {n_vocab} rows"),
+                });
+            }
+        }
         hp.validate()?;
-        let inner = u("ssm.inner_size")? as i64;
+        let inner = k.int("ssm.inner_size", DIM)?;
         if inner != hp.d_inner() {
             return Err(Error::Model {
                 detail: format!("qwen35: ssm.inner_size {inner} ≠ time_step_rank × state_size {}", hp.d_inner()),
@@ -1093,15 +1113,10 @@ pub struct Qwen35Session {
 type Checkpoint = (i64, Vec<i32>, Vec<(TensorId, Vec<u8>)>);
 
 impl Qwen35Session {
-    /// Opens a `qwen35` GGUF, builds the model (KV cache of `kv_size` cells
-    /// of `kv_type`), splits it over `ratios.len()` CPU devices with
-    /// llama.cpp's policy ([`super::policy::qwen35_policy`]), and loads
-    /// every weight from the mapped file.
+    /// Opens a `qwen35` GGUF and loads it as [`Qwen35Session::from_file`] does.
     ///
     /// # Errors
-    /// GGUF errors naming the file; [`Error::Model`] for another
-    /// architecture, tensors the file lacks, or a tensor split that leaves
-    /// a device without a KV head or a delta-net key head.
+    /// GGUF errors naming the file; as [`Qwen35Session::from_file`].
     pub fn from_gguf(
         path: impl AsRef<std::path::Path>,
         ratios: &[f32],
@@ -1109,8 +1124,31 @@ impl Qwen35Session {
         kv_type: GgmlType,
         kv_size: i64,
     ) -> Result<Self> {
-        let file = crate::gguf::GgufFile::open(path)?;
-        let hp = Qwen35Hparams::from_gguf(&file)?;
+        Self::from_file(&crate::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
+    }
+
+    /// Builds the model of a parsed `qwen35` GGUF (KV cache of `kv_size`
+    /// cells of `kv_type`), splits it over `ratios.len()` CPU devices with
+    /// llama.cpp's policy ([`super::policy::qwen35_policy`]), and loads
+    /// every weight from the file. As for `qwen3`
+    /// ([`super::qwen3::Qwen3Session::from_file`]), the hyper-parameters'
+    /// ranges, every weight against them, unused tensors and each device's
+    /// memory are checked before anything is allocated.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] naming a missing or mistyped key; [`Error::Model`]
+    /// for another architecture, a value out of range, a tensor missing,
+    /// mismatched or unused (a NextN count that does not match the file
+    /// among them), or a tensor split that leaves a device without a KV
+    /// head or a delta-net key head; [`Error::OutOfMemory`].
+    pub fn from_file(
+        file: &crate::gguf::GgufFile,
+        ratios: &[f32],
+        threads: usize,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        let hp = Qwen35Hparams::from_gguf(file)?;
         let ty = |n: &str| file.tensor(n).map(|t| t.info.ty);
         let first_attn = (0..hp.n_layer).find(|&il| !hp.is_recurrent(il));
         let attn = match first_attn {
@@ -1125,38 +1163,23 @@ impl Qwen35Session {
         };
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
+        let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
+        super::check_file_tensors(file, &ctx, &ids, "", "qwen35").map_err(|e| match e {
+            Error::Model { detail } if model.hp.n_nextn > 0 && detail.contains(&format!("blk.{}.", model.hp.n_layer)) => {
+                Error::Model {
+                    detail: format!(
+                        "{detail} (qwen35.nextn_predict_layers = {} puts an MTP layer at block {})",
+                        model.hp.n_nextn, model.hp.n_layer
+                    ),
+                }
+            }
+            e => e,
+        })?;
         let policy = super::policy::qwen35_policy(&model.hp, &types, ratios)?;
         let mut runner = super::runner::Runner::new(policy, threads)?;
-        let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
         let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
         runner.place_all(&ctx, &ids, &what)?;
-        let report = crate::gguf::load_into_split_store(&file, &ctx, &mut runner.store)?;
-        let loaded: std::collections::HashSet<&str> = report.loaded.iter().map(|(l, _)| l.as_str()).collect();
-        let missing: Vec<String> = ctx
-            .ids()
-            .take(model.base_len)
-            .map(|id| ctx.t(id).name.clone())
-            .filter(|n| !n.starts_with("cache_") && !loaded.contains(n.as_str()))
-            .collect();
-        if !missing.is_empty() {
-            let nextn = missing.iter().any(|n| n.starts_with(&format!("blk.{}.", model.hp.n_layer)));
-            return Err(Error::Model {
-                detail: format!(
-                    "qwen35: the file lacks {} tensor(s): {}{}{}",
-                    missing.len(),
-                    missing.iter().take(4).cloned().collect::<Vec<_>>().join(", "),
-                    if missing.len() > 4 { ", …" } else { "" },
-                    if nextn {
-                        format!(
-                            " (it claims {} NextN/MTP layer(s) in qwen35.nextn_predict_layers, but block {} is missing)",
-                            model.hp.n_nextn, model.hp.n_layer
-                        )
-                    } else {
-                        String::new()
-                    }
-                ),
-            });
-        }
+        crate::gguf::load_into_split_store(file, &ctx, &mut runner.store)?;
         runner.upload()?;
         let base_len = model.base_len;
         Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None })

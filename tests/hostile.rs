@@ -1,0 +1,137 @@
+//! The hostile-input suite: every case of the corpus (`tests/common/hostile.rs`:
+//! edited copies of the generated models) is loaded as the examples load a
+//! model, and must end in an `Err` with a message (or, for edits that may
+//! leave a valid file, either outcome) — never a panic, an abort, a hang or
+//! an allocation beyond a cap. The global allocator here counts live bytes
+//! and refuses any request that would take them past [`CAP`], so a
+//! metadata-sized allocation fails the test at once instead of exhausting
+//! the machine; each case runs on a worker thread with a time bound.
+
+#[path = "common/hostile.rs"]
+mod hostile;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Live heap bytes the process may hold (tiny models need a few MB; the
+/// rest is the corpus and the test harness).
+const CAP: usize = 1 << 30;
+/// Peak heap bytes one case may add over what was live before it.
+const CASE_PEAK: usize = 256 << 20;
+/// Time one case may take.
+const CASE_TIME: Duration = Duration::from_secs(30);
+
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts, and
+// returns null (an allocation failure the caller handles) past the cap.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+        if now > CAP {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            return std::ptr::null_mut();
+        }
+        PEAK.fetch_max(now, Ordering::Relaxed);
+        // SAFETY: the caller's layout contract is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+#[test]
+fn every_hostile_model_file_is_an_error_not_a_crash() {
+    let bases = hostile::bases();
+    let target = bases[0].bytes.clone();
+    // The bases themselves load and decode.
+    for b in &bases {
+        hostile::load(&b.bytes, &target).unwrap_or_else(|e| panic!("base {} does not load: {e}", b.arch));
+    }
+    let (mut n, mut failures, mut loaded) = (0, Vec::new(), 0);
+    let mut slowest = (Duration::ZERO, String::new());
+    let mut peak = (0usize, String::new());
+    // The cases of the field report, with what their error must name.
+    let mut reported: Vec<(&str, &str, Option<String>)> = vec![
+        ("dflash: dflash.block_count = 2^31-1", "dflash.block_count", None),
+        ("dflash: dflash.block_count = 2^32-1", "dflash.block_count", None),
+        ("qwen3: qwen3.block_count = 2^31-1", "qwen3.block_count", None),
+        ("dflash: dflash.block_size = 2^31-1", "dflash.block_size", None),
+        ("dflash: dflash.conv_kernel_size = 2^31-1", "conv_base", None),
+        ("qwen3: qwen3.vocab_size = 2^31-1", "token_embd.weight", None),
+        ("qwen3: qwen3.attention.value_length = 0", "value_length", None),
+        ("qwen3: qwen3.context_length = 0", "context_length", None),
+        ("qwen3: qwen3.rope.dimension_count = 0", "dimension_count", None),
+        ("qwen3: qwen3.attention.layer_norm_rms_epsilon = inf", "layer_norm_rms_epsilon", None),
+        ("qwen3: tensor output.weight at the previous tensor's offset", "overlap", None),
+        ("qwen3: tensor token_embd.weight retyped q4_k", "token_embd.weight", None),
+    ];
+    for b in &bases {
+        hostile::cases(b, &mut |case| {
+            n += 1;
+            if std::env::var_os("HOSTILE_TRACE").is_some() {
+                eprintln!("case {n}: {}", case.name);
+            }
+            let before = LIVE.load(Ordering::Relaxed);
+            PEAK.store(before, Ordering::Relaxed);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (bytes, tgt) = (case.bytes, target.clone());
+            let start = Instant::now();
+            std::thread::spawn(move || {
+                let r = std::panic::catch_unwind(|| hostile::load(&bytes, &tgt).map_err(|e| e.to_string()));
+                let _ = tx.send(r);
+            });
+            let result = rx.recv_timeout(CASE_TIME);
+            let took = start.elapsed();
+            if took > slowest.0 {
+                slowest = (took, case.name.clone());
+            }
+            let grew = PEAK.load(Ordering::Relaxed).saturating_sub(before);
+            if grew > peak.0 {
+                peak = (grew, case.name.clone());
+            }
+            if let (Some(r), Ok(Ok(res))) = (reported.iter_mut().find(|r| r.0 == case.name), &result) {
+                r.2 = Some(res.as_ref().err().cloned().unwrap_or_else(|| "loaded".into()));
+            }
+            let verdict = match result {
+                Err(_) => Some(format!("no result within {CASE_TIME:?}")),
+                Ok(Err(_)) => Some("panicked".to_string()),
+                Ok(Ok(Ok(()))) if case.expect == hostile::Expect::Err => Some("loaded".to_string()),
+                Ok(Ok(Ok(()))) => {
+                    loaded += 1;
+                    None
+                }
+                Ok(Ok(Err(m))) if m.trim().is_empty() => Some("an error without a message".to_string()),
+                Ok(Ok(Err(_))) => None,
+            };
+            let verdict = verdict.or_else(|| (grew > CASE_PEAK).then(|| format!("took {grew} bytes of heap")));
+            if let Some(v) = verdict {
+                failures.push(format!("{}: {v}", case.name));
+            }
+        });
+    }
+    println!(
+        "hostile: {n} cases, {} failures ({loaded} loaded where allowed); slowest {:.1} ms ({}); largest heap growth \
+         {:.1} MB ({})",
+        failures.len(),
+        slowest.0.as_secs_f64() * 1e3,
+        slowest.1,
+        peak.0 as f64 / 1e6,
+        peak.1
+    );
+    for (case, names, error) in &reported {
+        let error = error.as_deref().unwrap_or_else(|| panic!("the corpus lacks {case:?}"));
+        println!("  {case}: {error}");
+        assert!(error.contains(names), "{case}: the error should name {names:?}: {error}");
+    }
+    assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
+}
