@@ -21,7 +21,7 @@ use std::time::Instant;
 
 #[path = "common/spec.rs"]
 mod spec;
-use spec::{arg, check_options, parsed};
+use spec::{check_options, parsed};
 
 /// The options this example takes (each followed by a value).
 const OPTIONS: &[&str] = &[
@@ -76,8 +76,11 @@ fn run() -> shardgraph::Result<()> {
         eprintln!("{m}");
         std::process::exit(2)
     };
-    if threads == 0 || n_prompt == 0 || ubatch == 0 {
-        bad("--threads, --n-prompt and --ubatch-size must be at least 1".into());
+    if threads == 0 || threads > spec::MAX_THREADS || n_prompt == 0 || ubatch == 0 {
+        bad(format!(
+            "--threads {threads} (1..={}), --n-prompt {n_prompt} and --ubatch-size {ubatch} (at least 1)",
+            spec::MAX_THREADS
+        ));
     }
     let needed = n_prompt.checked_add(n_tokens).and_then(|v| i64::try_from(v).ok());
     if ctx_size < 1 || needed.is_none_or(|v| v > ctx_size) {
@@ -85,22 +88,18 @@ fn run() -> shardgraph::Result<()> {
     }
     let hp = hparams();
     let types = Qwen3Types::all(GgmlType::Q8_0);
-    let path = match arg(&args, "--model") {
-        Some(p) => {
-            let p = std::path::PathBuf::from(p);
-            if !p.is_file() {
-                bad(format!("--model {}: not a file", p.display()));
-            }
+    let path = match spec::given_file(&args, "--model") {
+        Some(p) => p,
+        None => {
+            let p = std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf");
+            let what = format!("generating {}", p.display());
+            let current = |f: &shardgraph::gguf::GgufFile| Qwen3Hparams::from_gguf(f).is_ok_and(|h| h == hp);
+            spec::ensure(&p, current, |tmp| {
+                write_qwen3_gguf_progress(tmp, &hp, &types, 1, Weights::Permutation, &mut spec::progress(&what))
+            })?;
             p
         }
-        None => std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf"),
     };
-    if !path.exists() {
-        let t = Instant::now();
-        let what = format!("generating {}", path.display());
-        let bytes = write_qwen3_gguf_progress(&path, &hp, &types, 1, Weights::Permutation, &mut spec::progress(&what))?;
-        println!("wrote {} ({:.0} MB) in {:.1} s", path.display(), bytes as f64 / 1e6, t.elapsed().as_secs_f64());
-    }
     let mut s = Qwen3Session::from_gguf(&path, &ratios, threads, GgmlType::F16, ctx_size)?;
     let prompt: Vec<i32> = (0..n_prompt).map(|i| ((i * 97 + 5) % hp.n_vocab as usize) as i32).collect();
     // Warm-up, as llama.cpp's context creation: the weights move onto the

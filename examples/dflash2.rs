@@ -103,14 +103,22 @@ fn drafter_hp(t: &Qwen3Hparams) -> DflashHparams {
     }
 }
 
-fn ensure_models(target: &Path, drafter: &Path) -> shardgraph::Result<()> {
+/// Writes the example target unless it is cached.
+fn ensure_target(path: &Path) -> shardgraph::Result<()> {
     let hp = target_hp();
-    let what = format!("generating {}", target.display());
-    spec::ensure(target, |tmp| {
+    let what = format!("generating {}", path.display());
+    let current = |f: &shardgraph::gguf::GgufFile| Qwen3Hparams::from_gguf(f).is_ok_and(|h| h == target_hp());
+    spec::ensure(path, current, |tmp| {
         let kind = Weights::PermutationWithAttention { attention: 6.0 };
         write_qwen3_gguf_progress(tmp, &hp, &Qwen3Types::q4_k_m(), 1, kind, &mut progress(&what))
-    })?;
-    spec::ensure(drafter, |tmp| {
+    })
+}
+
+/// Writes the example drafter unless it is cached.
+fn ensure_drafter(path: &Path) -> shardgraph::Result<()> {
+    let hp = target_hp();
+    let current = |f: &shardgraph::gguf::GgufFile| DflashHparams::from_gguf(f).is_ok_and(|h| h == drafter_hp(&hp));
+    spec::ensure(path, current, |tmp| {
         write_dflash_gguf_with(tmp, &drafter_hp(&hp), GgmlType::Q8_0, hp.n_vocab, 1, Weights::Permutation)
     })
 }
@@ -119,14 +127,6 @@ fn main() {
     env_logger::init();
     if let Err(e) = run() {
         eprintln!("error: {e}");
-        let args: Vec<String> = std::env::args().collect();
-        let model_error = matches!(e, shardgraph::Error::Gguf { .. } | shardgraph::Error::Model { .. });
-        if model_error && !args.iter().any(|a| a == "--model" || a == "--model-draft") {
-            eprintln!(
-                "(the generated example models are cached as {}/shardgraph-example-*.gguf; delete them to regenerate)",
-                std::env::temp_dir().display()
-            );
-        }
         std::process::exit(1);
     }
 }
@@ -145,14 +145,7 @@ fn run() -> shardgraph::Result<()> {
     let verify = args.iter().any(|a| a == "--verify");
     // The example models are generated when absent; paths given by the user must exist.
     let dir = std::env::temp_dir();
-    let given = |name: &str| -> Option<PathBuf> {
-        let p = PathBuf::from(arg(&args, name)?);
-        if !p.is_file() {
-            eprintln!("{name} {}: not a file", p.display());
-            std::process::exit(2);
-        }
-        Some(p)
-    };
+    let given = |name: &str| spec::given_file(&args, name);
     let target_kind = arg(&args, "--target").unwrap_or_else(|| "qwen3".into());
     let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
     let describe = |target: &PathBuf, draft: &PathBuf| {
@@ -169,17 +162,41 @@ fn run() -> shardgraph::Result<()> {
     };
     let (target, draft_path) = match target_kind.as_str() {
         "qwen3" => {
-            let target = given("--model").unwrap_or_else(|| dir.join("shardgraph-example-qwen3-q4_k_m.gguf"));
-            let draft = given("--model-draft").unwrap_or_else(|| dir.join("shardgraph-example-dflash2-q8_0.gguf"));
-            ensure_models(&target, &draft)?;
+            let target = match given("--model") {
+                Some(p) => p,
+                None => {
+                    let p = dir.join("shardgraph-example-qwen3-q4_k_m.gguf");
+                    ensure_target(&p)?;
+                    p
+                }
+            };
+            let draft = match given("--model-draft") {
+                Some(p) => p,
+                None => {
+                    let p = dir.join("shardgraph-example-dflash2-q8_0.gguf");
+                    ensure_drafter(&p)?;
+                    p
+                }
+            };
             (target, draft)
         }
         "qwen35" => {
-            let target = given("--model").unwrap_or_else(|| dir.join("shardgraph-example-qwen35-q8_0.gguf"));
-            let draft =
-                given("--model-draft").unwrap_or_else(|| dir.join("shardgraph-example-dflash2-qwen35-q8_0.gguf"));
-            spec::ensure_qwen35(&target)?;
-            spec::ensure_qwen35_drafter(&draft)?;
+            let target = match given("--model") {
+                Some(p) => p,
+                None => {
+                    let p = dir.join("shardgraph-example-qwen35-q8_0.gguf");
+                    spec::ensure_qwen35(&p)?;
+                    p
+                }
+            };
+            let draft = match given("--model-draft") {
+                Some(p) => p,
+                None => {
+                    let p = dir.join("shardgraph-example-dflash2-qwen35-q8_0.gguf");
+                    spec::ensure_qwen35_drafter(&p)?;
+                    p
+                }
+            };
             (target, draft)
         }
         other => {

@@ -25,7 +25,7 @@ use shardgraph::models::speculative::SpecParams;
 
 #[path = "common/spec.rs"]
 mod spec;
-use spec::{arg, check_options, parsed};
+use spec::{check_options, parsed};
 
 const OPTIONS: &[&str] = &[
     "--devices",
@@ -63,15 +63,8 @@ fn run() -> shardgraph::Result<()> {
     let n_max: usize = parsed(&args, "--spec-draft-n-max", 3);
     spec::check_counts(n_gen, threads, n_max, n_min, p_min);
     let verify = args.iter().any(|a| a == "--verify");
-    let target = match arg(&args, "--model") {
-        Some(p) => {
-            let p = std::path::PathBuf::from(p);
-            if !p.is_file() {
-                eprintln!("--model {}: not a file", p.display());
-                std::process::exit(2);
-            }
-            p
-        }
+    let target = match spec::given_file(&args, "--model") {
+        Some(p) => p,
         None => {
             let p = std::env::temp_dir().join("shardgraph-example-qwen35-q8_0.gguf");
             spec::ensure_qwen35(&p)?;

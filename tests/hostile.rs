@@ -135,3 +135,49 @@ fn every_hostile_model_file_is_an_error_not_a_crash() {
     }
     assert!(failures.is_empty(), "{} of {n} cases failed:\n{}", failures.len(), failures.join("\n"));
 }
+
+#[test]
+fn sizes_from_callers_are_bounded() {
+    use shardgraph::gguf::GgufFile;
+    use shardgraph::models::qwen3::Qwen3Session;
+    use shardgraph::models::speculative::{generate, SpecParams, MAX_DRAFT};
+    use shardgraph::GgmlType;
+    let target = hostile::bases().swap_remove(0).bytes;
+    let f = GgufFile::from_bytes(target, "qwen3.gguf").unwrap();
+    // A cache no device can hold is refused before anything is allocated,
+    // naming the device and the bytes (the example's --n-predict 100000000).
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    for kv in [100_000_025i64, 1 << 40, i32::MAX as i64] {
+        match Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, kv) {
+            Err(shardgraph::Error::OutOfMemory { needed, available, .. }) => assert!(needed > available, "{kv}"),
+            other => panic!("kv_size {kv}: {:?}", other.map(|_| ())),
+        }
+    }
+    assert!(PEAK.load(Ordering::Relaxed) - before < CASE_PEAK, "refusing took heap");
+    for kv in [0, -1, i64::MAX] {
+        assert!(Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, kv).is_err(), "kv_size {kv}");
+    }
+    // Ratios: negative, NaN, all zero, too many devices, a device without a head.
+    for ratios in [vec![0.0, 0.0], vec![-1.0, 1.0], vec![f32::NAN, 1.0], vec![f32::INFINITY, 1.0], vec![1e-45, 1.0]] {
+        let e = Qwen3Session::from_file(&f, &ratios, 1, GgmlType::F16, 256).map(|_| ()).unwrap_err();
+        assert!(!e.to_string().is_empty(), "{ratios:?}");
+    }
+    assert!(Qwen3Session::from_file(&f, &[1.0; 65], 1, GgmlType::F16, 256).is_err());
+    assert!(Qwen3Session::from_file(&f, &[1.0], 0, GgmlType::F16, 256).is_err());
+    assert!(Qwen3Session::from_file(&f, &[1.0], 100_000, GgmlType::F16, 256).is_err());
+    // Drafts per step are bounded, and a generation longer than the cache
+    // stops with an error at the step that would overflow it.
+    let mut s = Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, 256).unwrap();
+    let mut d = shardgraph::models::dflash::DflashDrafter::attach_file(
+        &mut s,
+        &GgufFile::from_bytes(hostile::bases().swap_remove(2).bytes, "dflash.gguf").unwrap(),
+        GgmlType::F16,
+        0.0,
+    )
+    .unwrap();
+    let e = generate(&mut s, &mut d, &[1, 2], 8, SpecParams { n_max: MAX_DRAFT + 1, n_min: 0 }).unwrap_err();
+    assert!(e.to_string().contains("n_max 257"), "{e}");
+    let e = generate(&mut s, &mut d, &[1, 2], usize::MAX, SpecParams { n_max: 3, n_min: 0 }).unwrap_err();
+    assert!(e.to_string().contains("too small"), "{e}");
+}

@@ -216,11 +216,23 @@ pub fn progress(what: &str) -> impl FnMut(u64, u64) + '_ {
     }
 }
 
-/// Writes `path` with `write` (through a `.partial` file, renamed when
-/// complete) unless it exists.
-pub fn ensure(path: &Path, write: impl FnOnce(&Path) -> shardgraph::Result<u64>) -> shardgraph::Result<()> {
+/// Writes the generated example model `path` with `write` (through a
+/// `.partial` file, renamed when complete) unless it exists and `current`
+/// accepts it; a cached file that does not parse or is not the model this
+/// build generates (an older version, a damaged copy) is written again.
+/// Only for the examples' own files in the temp folder: a `--model` path is
+/// the user's and is never written.
+pub fn ensure(
+    path: &Path,
+    current: impl Fn(&shardgraph::gguf::GgufFile) -> bool,
+    write: impl FnOnce(&Path) -> shardgraph::Result<u64>,
+) -> shardgraph::Result<()> {
     if path.exists() {
-        return Ok(());
+        match shardgraph::gguf::GgufFile::open(path) {
+            Ok(f) if current(&f) => return Ok(()),
+            Ok(_) => eprintln!("{}: not the model this build generates; writing it again", path.display()),
+            Err(e) => eprintln!("{}: {e}; writing it again", path.display()),
+        }
     }
     let t = Instant::now();
     let tmp = path.with_extension("partial");
@@ -230,6 +242,17 @@ pub fn ensure(path: &Path, write: impl FnOnce(&Path) -> shardgraph::Result<u64>)
     })?;
     println!("wrote {} ({:.0} MB) in {:.1} s", path.display(), bytes as f64 / 1e6, t.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The path option `name` if given (it must be an existing file: exits
+/// otherwise), else `None`.
+pub fn given_file(args: &[String], name: &str) -> Option<std::path::PathBuf> {
+    let p = std::path::PathBuf::from(arg(args, name)?);
+    if !p.is_file() {
+        eprintln!("{name} {}: not a file", p.display());
+        std::process::exit(2);
+    }
+    Some(p)
 }
 
 /// The example `qwen35`: 8 layers (6 Gated-DeltaNet + 2 gated attention),
@@ -284,7 +307,8 @@ pub fn qwen35_drafter_hp() -> DflashHparams {
 
 /// Writes the example `qwen35` (with its MTP layer) unless it exists.
 pub fn ensure_qwen35(path: &Path) -> shardgraph::Result<()> {
-    ensure(path, |tmp| {
+    let current = |f: &shardgraph::gguf::GgufFile| Qwen35Hparams::from_gguf(f).is_ok_and(|h| h == qwen35_hp());
+    ensure(path, current, |tmp| {
         eprintln!("generating {} ...", path.display());
         write_qwen35_gguf_with(tmp, &qwen35_hp(), &Qwen35Types::all(GgmlType::Q8_0), 1, Weights::Permutation)
     })
@@ -292,7 +316,8 @@ pub fn ensure_qwen35(path: &Path) -> shardgraph::Result<()> {
 
 /// Writes the DFlash2 drafter for the example `qwen35` unless it exists.
 pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
-    ensure(path, |tmp| {
+    let current = |f: &shardgraph::gguf::GgufFile| DflashHparams::from_gguf(f).is_ok_and(|h| h == qwen35_drafter_hp());
+    ensure(path, current, |tmp| {
         write_dflash_gguf_with(tmp, &qwen35_drafter_hp(), GgmlType::Q8_0, qwen35_hp().n_vocab, 1, Weights::Permutation)
     })
 }
@@ -300,28 +325,33 @@ pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
 /// Creates a drafter in a target session.
 pub type Attach<'a, T> = dyn Fn(&mut T) -> shardgraph::Result<Box<dyn Drafter<T>>> + 'a;
 
-/// Exits with a message naming the first out-of-range count.
+/// Exits with a message naming the first out-of-range count and its value.
 pub fn check_counts(n_gen: usize, threads: usize, n_max: usize, n_min: usize, p_min: f32) {
+    use shardgraph::models::speculative::MAX_DRAFT;
     let bad = |m: &str| -> ! {
         eprintln!("{m}");
         std::process::exit(2)
     };
     if n_gen == 0 || n_gen > i32::MAX as usize {
-        bad("--n-predict must be within 1..=2147483647");
+        bad(&format!("--n-predict {n_gen}: must be within 1..=2147483647"));
     }
-    if threads == 0 {
-        bad("--threads must be at least 1");
+    if threads == 0 || threads > MAX_THREADS {
+        bad(&format!("--threads {threads}: must be within 1..={MAX_THREADS}"));
     }
-    if n_max == 0 || n_max > i32::MAX as usize {
-        bad("--spec-draft-n-max must be within 1..=2147483647");
+    if n_max == 0 || n_max > MAX_DRAFT {
+        bad(&format!("--spec-draft-n-max {n_max}: must be within 1..={MAX_DRAFT}"));
     }
     if n_min > n_max {
         bad(&format!("--spec-draft-n-min {n_min} exceeds --spec-draft-n-max {n_max}: nothing would be drafted"));
     }
     if !(0.0..=1.0).contains(&p_min) {
-        bad(&format!("--spec-draft-p-min {p_min} must be within 0..=1"));
+        bad(&format!("--spec-draft-p-min {p_min}: must be within 0..=1"));
     }
 }
+
+/// The most threads per device the examples take (more than any machine
+/// has cores; a typo like `--threads 100000` is refused, not spawned).
+pub const MAX_THREADS: usize = 1024;
 
 /// A rate with three significant digits at least (the emulated GPU decodes
 /// well under one token per second).

@@ -73,11 +73,17 @@ pub trait Drafter<T = Qwen3Session> {
     }
 }
 
+/// The most tokens one speculative step may draft ([`SpecParams::n_max`]):
+/// a draft is verified in one target batch, so this bounds the batch (and
+/// an MTP chain's graph) whatever a caller asks for.
+pub const MAX_DRAFT: usize = 256;
+
 /// llama.cpp's `--spec-draft-n-max`, `--spec-draft-n-min` (and the drafter
 /// applies `--spec-draft-p-min` itself).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SpecParams {
-    /// Most drafts per step.
+    /// Most drafts per step (0 drafts nothing: plain decoding), at most
+    /// [`MAX_DRAFT`].
     pub n_max: usize,
     /// Drafts shorter than this are discarded (plain decoding that step).
     pub n_min: usize,
@@ -99,7 +105,9 @@ pub struct SpecStats {
 /// must be empty or hold exactly what the caller wants kept before the prompt.
 ///
 /// # Errors
-/// [`Error::Model`] for an empty prompt or `n_max == 0`; decode errors.
+/// [`Error::Model`] for an empty prompt or an `n_max` over [`MAX_DRAFT`];
+/// decode errors (a KV cache too small for the prompt and `n_gen` tokens
+/// among them, before the step that would overflow it).
 pub fn generate<T: Target>(
     target: &mut T,
     drafter: &mut dyn Drafter<T>,
@@ -109,6 +117,9 @@ pub fn generate<T: Target>(
 ) -> Result<(Vec<i32>, SpecStats)> {
     if prompt.is_empty() {
         return Err(Error::Model { detail: "speculative decoding needs a prompt".into() });
+    }
+    if params.n_max > MAX_DRAFT {
+        return Err(Error::Model { detail: format!("n_max {} is over {MAX_DRAFT} drafts per step", params.n_max) });
     }
     let taps = drafter.taps();
     let start = target.n_past();

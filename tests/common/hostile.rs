@@ -211,8 +211,14 @@ pub fn cases(base: &Base, sink: &mut dyn FnMut(Case)) {
         };
         let original = f.get(key).unwrap();
         match original.value_type() {
-            ValueType::U8 | ValueType::I8 | ValueType::U16 | ValueType::I16 | ValueType::U32 | ValueType::I32
-            | ValueType::U64 | ValueType::I64 => {
+            ValueType::U8
+            | ValueType::I8
+            | ValueType::U16
+            | ValueType::I16
+            | ValueType::U32
+            | ValueType::I32
+            | ValueType::U64
+            | ValueType::I64 => {
                 let was = original.as_uint();
                 for (v, label) in INTS {
                     if Some(v) == was {
@@ -306,7 +312,11 @@ pub fn cases(base: &Base, sink: &mut dyn FnMut(Case)) {
         push(format!("tensor {} n_dims 5", t.name), patch(at, &5u32.to_le_bytes()), Expect::Err);
         if nd >= 2 {
             // One fewer dim: the shape differs, the data stays.
-            push(format!("tensor {} n_dims {}", t.name, nd - 1), patch(at, &(nd as u32 - 1).to_le_bytes()), Expect::Err);
+            push(
+                format!("tensor {} n_dims {}", t.name, nd - 1),
+                patch(at, &(nd as u32 - 1).to_le_bytes()),
+                Expect::Err,
+            );
         }
         let off_at = ty_at + 4;
         let off = t.offset;
@@ -315,7 +325,11 @@ pub fn cases(base: &Base, sink: &mut dyn FnMut(Case)) {
         }
         if i > 0 {
             let prev = f.tensors()[i - 1].offset;
-            push(format!("tensor {} at the previous tensor's offset", t.name), patch(off_at, &prev.to_le_bytes()), Expect::Err);
+            push(
+                format!("tensor {} at the previous tensor's offset", t.name),
+                patch(off_at, &prev.to_le_bytes()),
+                Expect::Err,
+            );
             // Renamed to its neighbour's name when as long (a duplicate), else an unknown name.
             let prev = &f.tensors()[i - 1].name;
             let mut v = base.bytes.clone();

@@ -1,0 +1,60 @@
+//! The examples' option parser against bad values: each case must exit
+//! with status 2 and a message that echoes the option and its value, before
+//! any model is generated or loaded (`cargo test` builds the examples next
+//! to the test binaries; run alone with `--test examples_cli` they may be
+//! missing, and the test says so and fails).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The built example `name` (`target/<profile>/examples/<name>`).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap().join("examples");
+    let p = dir.join(name);
+    assert!(
+        p.is_file(),
+        "{} is not built: run `cargo test` (which builds the examples) or `cargo build --examples`",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn bad_options_exit_with_the_value_in_the_message() {
+    let nope = std::env::temp_dir().join(format!("shardgraph-nope-{}.gguf", std::process::id()));
+    let nope_s = nope.to_str().unwrap().to_string();
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        ("dflash2", vec!["--tensor-split", "0,0"], "--tensor-split needs non-negative numbers, not all zero"),
+        ("dflash2", vec!["--tensor-split", "1,nan"], "--tensor-split"),
+        ("dflash2", vec!["--devices", "65"], "--devices 65: 1 to 64"),
+        ("dflash2", vec!["--devices", "1000"], "--devices 1000: 1 to 64"),
+        ("dflash2", vec!["--devices", "2", "--tensor-split", "1,1,1"], "3 ratio(s) for 2 device(s)"),
+        ("dflash2", vec!["--n-predict", "0"], "--n-predict 0"),
+        ("dflash2", vec!["--threads", "0"], "--threads 0"),
+        ("dflash2", vec!["--target", "llama"], "--target llama"),
+        ("mtp", vec!["--spec-draft-n-max", "1000000"], "--spec-draft-n-max 1000000: must be within 1..=256"),
+        ("mtp", vec!["--spec-draft-n-max", "100000000"], "--spec-draft-n-max 100000000"),
+        ("mtp", vec!["--n-predict", "18446744073709551615"], "--n-predict 18446744073709551615"),
+        ("mtp", vec!["--n-predict", "18446744073709551616"], "--n-predict 18446744073709551616: not a valid value"),
+        ("mtp", vec!["--spec-draft-p-min", "2"], "--spec-draft-p-min 2"),
+        ("decode", vec!["--devices", "abc"], "--devices abc: not a valid value"),
+        ("decode", vec!["--bogus", "1"], "unknown option or missing value: --bogus"),
+        ("decode", vec!["--threads"], "unknown option or missing value: --threads"),
+        ("decode", vec!["--model", &nope_s], "not a file"),
+        ("decode", vec!["--ctx-size", "-5"], "--ctx-size -5"),
+        ("decode", vec!["--n-prompt", "18446744073709551615", "--n-predict", "2"], "cannot hold"),
+        ("decode", vec!["--split-mode", "row"], "--split-mode row"),
+    ];
+    for (ex, args, want) in cases {
+        let out = Command::new(example(ex)).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let what = format!("{ex} {}", args.join(" "));
+        assert_eq!(out.status.code(), Some(2), "{what}: exit status {:?}, stderr {err}", out.status);
+        assert!(err.contains(want), "{what}: stderr should contain {want:?}: {err}");
+        assert!(err.len() < 400, "{what}: a long message ({} bytes): {err}", err.len());
+        assert!(!err.contains("regenerate") && !err.contains("panicked"), "{what}: {err}");
+        assert!(out.stdout.is_empty(), "{what}: printed before refusing: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    assert!(!nope.exists(), "--model wrote {}", nope.display());
+}
