@@ -234,7 +234,10 @@ impl DflashHparams {
         let max = super::MAX_LAYERS as i64;
         if layers.is_empty() || layers.len() > super::MAX_LAYERS || layers.iter().any(|l| !(0..=max).contains(l)) {
             return Err(Error::Model {
-                detail: format!("dflash: {key} needs 1 to {max} layer numbers of 0..={max}, got {} value(s)", layers.len()),
+                detail: format!(
+                    "dflash: {key} needs 1 to {max} layer numbers of 0..={max}, got {} value(s)",
+                    layers.len()
+                ),
             });
         }
         let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;

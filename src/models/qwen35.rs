@@ -1165,7 +1165,9 @@ impl Qwen35Session {
         let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
         let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
         super::check_file_tensors(file, &ctx, &ids, "", "qwen35").map_err(|e| match e {
-            Error::Model { detail } if model.hp.n_nextn > 0 && detail.contains(&format!("blk.{}.", model.hp.n_layer)) => {
+            Error::Model { detail }
+                if model.hp.n_nextn > 0 && detail.contains(&format!("blk.{}.", model.hp.n_layer)) =>
+            {
                 Error::Model {
                     detail: format!(
                         "{detail} (qwen35.nextn_predict_layers = {} puts an MTP layer at block {})",
