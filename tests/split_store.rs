@@ -951,13 +951,14 @@ fn new_weights_reach_the_next_run_of_the_same_executor() {
     }
 }
 
-/// A run's scratch `cpy` into a stored cache that nothing else reads (the
-/// cache is not written back) must not change the stored part in place,
-/// also when the part lives in a device buffer (found by a newcomer's
-/// review): the stored cache, a clone of the store taken before, and a later
-/// run all keep the cache's bytes, with device data on and off.
+/// A `cpy` into a stored cache that nothing else in its graph reads is a
+/// write like any other (only `cast`'s destinations are scratch; issue 14):
+/// the store holds the copied values afterwards, in the part on the device,
+/// and a later run reads them; a clone of the store taken before keeps the
+/// old bytes (a snapshot, also when the part lives in a device buffer —
+/// found by a newcomer's review), with device data on and off.
 #[test]
-fn a_scratch_cpy_into_a_stored_cache_leaves_the_store_alone() {
+fn a_cpy_into_a_stored_cache_nothing_else_reads_is_written_and_clones_keep_theirs() {
     use shardgraph::split::MetaExecutor;
     let mut ctx = Context::new();
     let leaf = |ctx: &mut Context, name: &str, ne: &[i64]| {
@@ -994,7 +995,7 @@ fn a_scratch_cpy_into_a_stored_cache_leaves_the_store_alone() {
         let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
         store.get_tensor(&ctx, cache, 0, &mut a).unwrap();
         snapshot.get_tensor(&ctx, cache, 0, &mut b).unwrap();
-        let want = f32s(&[1.0, 2.0, 3.0, 4.0]);
-        assert_eq!((later.outputs[0].clone(), a, b), (want.clone(), want.clone(), want), "device data {data}");
+        let (old, new) = (f32s(&[1.0, 2.0, 3.0, 4.0]), f32s(&[9.0; 4]));
+        assert_eq!((later.outputs[0].clone(), a, b), (new.clone(), new, old), "device data {data}");
     }
 }

@@ -173,6 +173,13 @@ impl Context {
         Ok(())
     }
 
+    /// Marks leaf `id` as a scratch destination ([`crate::tensor::TensorFlags::scratch`]).
+    pub(crate) fn set_scratch(&mut self, id: TensorId) -> Result<()> {
+        self.tensor(id)?;
+        self.tensors[id.idx as usize].flags.scratch = true;
+        Ok(())
+    }
+
     /// Adds a tensor with contiguous strides produced by `op` from `src`.
     /// Sources must already be validated by the caller.
     pub(crate) fn push_op(&mut self, ty: GgmlType, ne: [i64; MAX_DIMS], op: Op, src: &[TensorId]) -> Result<TensorId> {

@@ -11,10 +11,13 @@
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
 //!   (cached) and executed on N CPU devices.
 //! * [`speculative`]: draft, verify in one target batch, accept, roll back.
+//! * [`fit`]: a session's memory per device from plans and shapes, and the
+//!   largest context that fits the devices (before anything is allocated).
 
 use crate::tensor::TensorId;
 
 pub mod dflash;
+pub mod fit;
 pub mod generate;
 pub mod mtp;
 pub mod policy;

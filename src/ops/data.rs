@@ -361,14 +361,18 @@ impl Context {
 
     /// `a` converted to type `ty` in a new contiguous tensor of `a`'s shape
     /// (`ggml_cast`). ggml marks the result as its own destination; here a
-    /// fresh destination leaf of type `ty` is created and `cpy(a, leaf)` is
-    /// returned (the leaf needs storage like any other leaf).
+    /// fresh destination leaf of type `ty` is created, flagged
+    /// [`crate::tensor::TensorFlags::scratch`], and `cpy(a, leaf)` is
+    /// returned. On one device the leaf needs storage like any other leaf
+    /// (the graph allocator places it); the meta backend treats it as an
+    /// intermediate of the copy, not as stored state.
     ///
     /// # Errors
     /// As [`Context::cpy`]; for block types `a`'s ne0 must be whole blocks.
     pub fn cast(&mut self, a: TensorId, ty: GgmlType) -> Result<TensorId> {
         let ne = self.operand(a, "cpy", "src0")?.ne;
         let dst = self.push_op(ty, ne, Op::None, &[]).map_err(|e| Error::operand("cpy", "type", e.to_string()))?;
+        self.set_scratch(dst)?;
         self.cpy(a, dst)
     }
 

@@ -272,7 +272,12 @@ impl Comm for HostComm {
         }
         self.received[rank].fetch_add(bytes, Ordering::Relaxed);
         // The senders' slices stay untouched until every copy is done (or queued).
-        self.barrier.wait()
+        self.barrier.wait()?;
+        // Every rank has read them: drop this rank's posted slices, so the
+        // communicator does not keep a buffer alive after its owner (an
+        // arena replaced by a larger one) lets it go.
+        self.posted[rank].lock().map_err(|_| poisoned())?.clear();
+        Ok(())
     }
 
     fn abort(&self) {

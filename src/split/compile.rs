@@ -290,7 +290,9 @@ impl<'a> Compiler<'a> {
         // Every stored tensor starts as a local leaf bound in its planned state.
         for &g in self.graph.leafs() {
             let t = ctx.t(g);
-            if t.view_src.is_some() {
+            // Views share their owner's part; a scratch destination is not
+            // stored (its copy writes a fresh intermediate).
+            if t.view_src.is_some() || t.flags.scratch {
                 continue;
             }
             let st = self.state_of(g);
@@ -703,13 +705,16 @@ impl<'a> Compiler<'a> {
         let t = ctx.t(node);
         let out_state = self.state_of(node);
         let needs = self.needs(node);
-        let mut srcs = self.fetch_sources(node, &needs)?;
-        // A copy into a stored tensor nothing else reads (what `cast` makes)
-        // is scratch: it writes a fresh tensor, not the store.
-        if matches!(t.op, Op::Cpy) && scratch_copy(ctx, self.graph, node) {
-            let d = self.l.t(srcs[1]).clone();
-            srcs[1] = self.fresh(d.ty, d.ne)?;
-        }
+        // A copy into a scratch destination (what `cast` makes) writes a
+        // fresh intermediate, not the store.
+        let srcs = if scratch_copy(ctx, node) {
+            let d = ctx.t(t.src[1]);
+            let need = needs.get(1).unwrap_or(&out_state);
+            let x = self.fetch(t.src[0], needs.first().unwrap_or(&out_state))?;
+            vec![x, self.fresh(d.ty, local_ne(d.ne, need, self.j))?]
+        } else {
+            self.fetch_sources(node, &needs)?
+        };
         let lid = if let Some(owner) = view_owner(&self.l, ctx, t, &srcs, &out_state) {
             // A view the parent's local copy cannot express: view the owner's memory.
             let olid = self.fetch(owner, &out_state)?;

@@ -21,6 +21,7 @@ use super::comm::{BufSlice, Comm, HostComm};
 use super::compile::{Program, Stage};
 use super::layout::{assemble, slice_local};
 use super::lower::{lower, Lowered};
+use super::memory::DeviceMemory;
 use super::planner::Plan;
 use super::store::{Part, SplitStore, Stored};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
@@ -312,6 +313,21 @@ impl MetaExecutor {
         Ok(())
     }
 
+    /// Checks, before anything is allocated, that every device can hold
+    /// what `memory` says it needs ([`Plan::memory`], or a session's
+    /// [`crate::models::fit::session_memory`]): each device's
+    /// [`DeviceMemory::total`] as [`MetaExecutor::check_memory`] checks it
+    /// (a GPU against its memory, CPU devices together against the host's
+    /// available memory). `what` says what needs it.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] naming the device, the bytes needed and the
+    /// bytes available; [`Error::Split`] for a list of another length.
+    pub fn check_fit(&self, memory: &[DeviceMemory], what: &str) -> Result<()> {
+        let need: Vec<u64> = memory.iter().map(DeviceMemory::total).collect();
+        self.check_memory(&need, what)
+    }
+
     /// What the executor allocated, copied into stored tensors and read to
     /// the host so far (see [`ExecCounters`]).
     pub fn counters(&self) -> ExecCounters {
@@ -336,6 +352,10 @@ impl MetaExecutor {
         let mut store = SplitStore::new(self.devices.len());
         store.place_leafs(ctx, graph, plan)?;
         for &l in graph.leafs() {
+            // A scratch destination (`cast`) is written before it is read: not stored.
+            if ctx.tensor(l)?.flags.scratch {
+                continue;
+            }
             if let Some(b) = leaf_data(l) {
                 let want = ctx.tensor(l)?.nbytes();
                 if b.len() != want {
@@ -429,8 +449,18 @@ impl MetaExecutor {
         st.counters.runs += 1;
         self.find_or_compile(st, ctx, graph, plan, outputs)?;
         let State { programs, arenas, counters, .. } = st;
+        let Some(program) = programs.last().map(|e| e.program.clone()) else {
+            return Err(Error::Split { detail: "program cache".into() });
+        };
+        if Self::arenas_short(&program, arenas) {
+            // Bindings hold the arenas' buffers: let go of them before a
+            // chunk grows, so the grown chunk replaces the old one instead
+            // of adding to it (programs are bound again at their next run).
+            for e in programs.iter_mut() {
+                e.bound = None;
+            }
+        }
         let Some(entry) = programs.last_mut() else { return Err(Error::Split { detail: "program cache".into() }) };
-        let program = entry.program.clone();
         // A program bound to the store as it is has every leaf placed and on
         // the devices: nothing to check per step.
         if entry.bound.as_ref().is_none_or(|b| b.0 != store.binding_key()) {
@@ -644,18 +674,27 @@ impl MetaExecutor {
         Ok(())
     }
 
-    /// Makes each device's arena hold `program`'s intermediates.
+    /// True if some device's arena is too small for `program`.
+    fn arenas_short(program: &Program, arenas: &[Arena]) -> bool {
+        program.devices.iter().zip(arenas).any(|(d, a)| {
+            d.chunk_sizes.iter().enumerate().any(|(c, &need)| a.chunks.get(c).map_or(0, |b| b.size()) < need.max(1))
+        })
+    }
+
+    /// Makes each device's arena hold `program`'s intermediates. A chunk
+    /// that grows is freed before its replacement is allocated (with the
+    /// chunks after it, which are allocated again at least as large), so a
+    /// device never holds two generations of its arena.
     fn grow_arenas(&self, program: &Program, arenas: &mut [Arena], counters: &mut ExecCounters) -> Result<()> {
         for (j, (d, a)) in program.devices.iter().zip(arenas.iter_mut()).enumerate() {
+            let old: Vec<usize> = a.chunks.iter().map(|b| b.size()).collect();
             for (c, &need) in d.chunk_sizes.iter().enumerate() {
                 let have = a.chunks.get(c).map_or(0, |b| b.size());
                 if have < need.max(1) {
-                    let buf = self.alloc(j, need.max(have), counters)?;
-                    if c < a.chunks.len() {
-                        a.chunks[c] = buf;
-                    } else {
-                        a.chunks.push(buf);
-                    }
+                    a.chunks.truncate(c);
+                    let size = need.max(old.get(c).copied().unwrap_or(0));
+                    let buf = self.alloc(j, size, counters)?;
+                    a.chunks.push(buf);
                     a.generation += 1;
                 }
             }

@@ -118,20 +118,14 @@ pub(crate) fn folds(from: &SplitState, to: &SplitState, ty: crate::tensor::GgmlT
     }
 }
 
-/// True if `cpy` node `node` writes a destination nothing else reads (what
-/// `cast` makes): an ordinary node, not a write into storage.
-pub(crate) fn scratch_copy(ctx: &Context, graph: &Graph, node: TensorId) -> bool {
+/// True if `cpy` node `node` writes a scratch destination (the leaf
+/// [`Context::cast`] makes, flagged [`crate::tensor::TensorFlags::scratch`]):
+/// an ordinary node into a fresh intermediate, not a write into storage.
+/// The one place the planner, lowering, compiler, store and memory report
+/// ask; every other `cpy` into a leaf is a [`Step::Write`].
+pub(crate) fn scratch_copy(ctx: &Context, node: TensorId) -> bool {
     let t = ctx.t(node);
-    let Some(owner) = t.view_src else { return false };
-    if !matches!(t.op, Op::Cpy) || t.src.get(1) != Some(&owner) || ctx.t(owner).flags.input {
-        return false;
-    }
-    // Nothing else reads the destination, not even through a view of it.
-    graph.nodes().iter().all(|&n| {
-        let nt = ctx.t(n);
-        nt.src.iter().enumerate().all(|(k, &s)| s != owner || (n == node && k == 1))
-            && (n == node || nt.view_src != Some(owner))
-    })
+    matches!(t.op, Op::Cpy) && t.view_src.is_some_and(|o| t.src.get(1) == Some(&o) && ctx.t(o).flags.scratch)
 }
 
 /// Lowers `plan` for `graph` of `ctx` to steps.
@@ -198,8 +192,13 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             Some(v) if v.len() == t.src.len() => v.to_vec(),
             _ => return Err(Error::Split { detail: format!("node #{} has no planned input states", node.index()) }),
         };
+        let scratch = scratch_copy(ctx, node);
         for (k, need) in needs.iter().enumerate() {
             let s = t.src[k];
+            if scratch && k == 1 {
+                // A scratch destination holds no data to convert.
+                continue;
+            }
             let list = avail.entry(s.index()).or_default();
             if list.contains(need) {
                 continue;
@@ -226,7 +225,7 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             && matches!(out, SplitState::Partial(_))
         {
             Some(Step::VocabGetRows(node))
-        } else if matches!(t.op, Op::Cpy | Op::SetRows) && !scratch_copy(ctx, graph, node) {
+        } else if matches!(t.op, Op::Cpy | Op::SetRows) && !scratch {
             Some(Step::Write(node))
         } else {
             None

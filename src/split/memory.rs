@@ -3,7 +3,7 @@
 //! implemented for SPLIT_MODE_TENSOR").
 
 use super::compile::Program;
-use super::cost::part;
+use super::layout::{box_bytes, boxes};
 use super::planner::Plan;
 use super::state::SplitState;
 use crate::backend::BufferType;
@@ -11,21 +11,27 @@ use crate::error::Result;
 use crate::graph::{Context, Graph};
 use crate::ops::Op;
 
-/// Bytes one device needs for a plan.
+/// Bytes one device needs for a plan: what the executor allocates on it
+/// (the store's parts of the graph's leafs and the compute arena), to
+/// the byte but for the executor's 1-byte minimum per empty part.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceMemory {
-    /// Leafs that are neither inputs nor written by the graph (weights), bytes.
+    /// Leafs that are neither inputs nor written by the graph (weights):
+    /// this device's parts, bytes.
     pub weights: u64,
-    /// Leafs the graph writes through views (`cpy`, `set_rows`) and reads
-    /// (KV and recurrent caches), bytes.
+    /// Leafs the graph writes through views (`cpy`, `set_rows`: KV and
+    /// recurrent caches, any stored tensor a copy writes): this device's
+    /// parts, bytes (counted once, however many steps read them).
     pub caches: u64,
-    /// Graph inputs (`set_input` leafs: tokens, positions, masks), bytes.
+    /// Graph inputs (`set_input` leafs: tokens, positions, masks): this
+    /// device's parts, bytes.
     pub inputs: u64,
     /// The compiled program's intermediates (every local tensor that is not
-    /// a stored part: activations, exchange buffers, row statistics), as the
-    /// graph allocator ([`crate::graph::alloc::GraphAllocator::measure`])
-    /// places them with 64-byte alignment, plus scratch leafs only a copy
-    /// writes and reads (`cast` destinations), bytes.
+    /// a stored part: activations, exchange and collective buffers, row
+    /// statistics, the fresh destinations of `cast`'s scratch copies), as
+    /// the graph allocator ([`crate::graph::alloc::GraphAllocator::measure`])
+    /// places them with 64-byte alignment, bytes: the executor's compute
+    /// arena for this graph.
     pub compute: u64,
 }
 
@@ -53,30 +59,21 @@ impl Plan {
             .filter(|&&id| matches!(ctx.t(id).op, Op::Cpy | Op::SetRows))
             .filter_map(|&id| ctx.t(id).view_src.map(|o| o.index()))
             .collect();
-        // A destination only its copy reads (what `cast` makes) is scratch, not a cache.
-        let read_otherwise: std::collections::HashSet<usize> = graph
-            .nodes()
-            .iter()
-            .flat_map(|&id| {
-                let t = ctx.t(id);
-                let skip = if matches!(t.op, Op::Cpy) { 1 } else { usize::MAX };
-                t.src.iter().enumerate().filter(move |(k, _)| *k != skip).map(|(_, s)| s.index()).collect::<Vec<_>>()
-            })
-            .collect();
         for &l in graph.leafs() {
             let t = ctx.tensor(l)?;
-            if t.view_src.is_some() {
+            // Views share their owner's bytes; a scratch destination (`cast`)
+            // is an intermediate of the program, counted with compute.
+            if t.view_src.is_some() || t.flags.scratch {
                 continue;
             }
             let st = self.state(l).cloned().unwrap_or(SplitState::Mirrored);
             for (j, m) in out.iter_mut().enumerate() {
-                let b = part(t.data_bytes() as u64, &st, j);
+                // Exactly the part the store places (granules, blocks, segments).
+                let b = box_bytes(t.ty, &boxes(t.ne, &st, j)) as u64;
                 if t.flags.input {
                     m.inputs += b;
-                } else if written.contains(&l.index()) && read_otherwise.contains(&l.index()) {
-                    m.caches += b;
                 } else if written.contains(&l.index()) {
-                    m.compute += b;
+                    m.caches += b;
                 } else {
                     m.weights += b;
                 }

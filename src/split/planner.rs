@@ -344,12 +344,27 @@ impl Planner {
                     _ => true,
                 });
             }
+            // A scratch destination (what `cast` makes) holds no data: it is
+            // never converted, whatever state it has.
+            let scratch = super::lower::scratch_copy(ctx, node);
+            // A write into stored state does not turn its destination into a
+            // partial sum (every device would write an addend into its own
+            // copy of the stored tensor): the sum is reduced first.
+            if matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows) && !scratch {
+                let d = usize::from(matches!(t.op, crate::ops::Op::Cpy));
+                if !matches!(cur.get(d), Some(SplitState::Partial(_) | SplitState::Unknown)) {
+                    cands.retain(|c| !matches!(c.inputs.get(d), Some(SplitState::Partial(_))));
+                }
+            }
             let mut best: Option<(f64, usize)> = None;
             for (ci, c) in cands.iter().enumerate() {
                 let mut cost = 0.0;
                 for (k, need) in c.inputs.iter().enumerate() {
                     let s = t.src[k];
-                    if have.get(&s.index()).is_some_and(|v| v.contains(need)) || cur[k] == SplitState::Unknown {
+                    if have.get(&s.index()).is_some_and(|v| v.contains(need))
+                        || cur[k] == SplitState::Unknown
+                        || (scratch && k == 1)
+                    {
                         continue;
                     }
                     // A head-split Gated-DeltaNet result is held in a device-local
@@ -397,6 +412,9 @@ impl Planner {
             let c = &cands[ci];
             for (k, need) in c.inputs.iter().enumerate() {
                 let s = t.src[k];
+                if scratch && k == 1 && cur[k] != SplitState::Unknown {
+                    continue;
+                }
                 if cur[k] == SplitState::Unknown {
                     // Deferred destination: it simply is laid out as needed.
                     states[s.index()] = Some(need.clone());
@@ -475,8 +493,9 @@ fn only_cpy_destination(ctx: &Context, graph: &Graph, l: TensorId) -> bool {
 }
 
 /// The state of every leaf of `graph` (in `graph.leafs()` order): explicit,
-/// else from the policy, else mirrored for inputs, else deferred for `cpy`
-/// destinations; anything else is an error.
+/// else deferred for scratch destinations (`cast`), else from the policy,
+/// else mirrored for inputs, else deferred for `cpy` destinations; anything
+/// else is an error.
 fn leaf_states(
     ctx: &Context,
     graph: &Graph,
@@ -511,9 +530,16 @@ fn leaf_states(
             }
             s.clone()
         } else {
-            match policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })? {
+            let from_policy = if t.flags.scratch {
+                None
+            } else {
+                policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })?
+            };
+            match from_policy {
                     Some(s) => s,
                     None if t.flags.input => SplitState::Mirrored,
+                    // A scratch destination takes whatever layout its copy needs.
+                    None if t.flags.scratch => SplitState::Unknown,
                     // A destination that only `cpy` writes (e.g. made by `cast`)
                     // takes whatever layout its copy needs.
                     None if only_cpy_destination(ctx, graph, l) => SplitState::Unknown,

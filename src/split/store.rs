@@ -239,7 +239,12 @@ impl SplitStore {
 
     /// Places every leaf of `graph` that is not placed yet (or was placed
     /// with another type or shape, as an input of an earlier step) in its
-    /// planned state, zero-filled (so memory is allocated as the plan sizes it).
+    /// planned state, zero-filled (so memory is allocated as the plan sizes
+    /// it). A scratch destination ([`crate::tensor::TensorFlags::scratch`],
+    /// what `cast` makes) is placed too, so host access to it works, but no
+    /// program binds it: its part never moves onto a device, and its copy
+    /// writes a fresh intermediate instead (the part keeps what the host
+    /// gave it, zeros by default).
     ///
     /// # Errors
     /// As [`SplitStore::place`]; [`Error::Split`] if the plan is for another

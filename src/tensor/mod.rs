@@ -45,6 +45,15 @@ pub struct TensorFlags {
     pub input: bool,
     /// Read by the caller after compute; its memory is never reused (`ggml_set_output`).
     pub output: bool,
+    /// A scratch destination: the leaf [`crate::Context::cast`] creates for
+    /// its `cpy`, which nothing but that copy touches. It is not stored
+    /// state: the meta backend gives the copy a fresh intermediate instead
+    /// (in the compute arena), never places the leaf in a
+    /// [`crate::split::SplitStore`] and never writes the copy back there.
+    /// Every other `cpy` into a leaf is a write into stored state. Set only
+    /// by `cast` (ggml has no such flag: its `ggml_cast` result is its own
+    /// destination).
+    pub scratch: bool,
 }
 
 /// A tensor descriptor: type, shape, strides, the op that produces it and its

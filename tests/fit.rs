@@ -1,0 +1,164 @@
+//! Fitting a session to the devices before anything is allocated: the
+//! largest context (in 256-cell steps) whose weights, caches and worst
+//! steps fit every device — for the `qwen3` target alone and `qwen3` /
+//! `qwen35` targets with DFlash, DFlash2 and MTP drafters — checked
+//! against devices that report small, made-up memory sizes: the chosen
+//! context fits and 256 cells more do not; a device too small for 256
+//! cells is an error naming it; nothing is allocated on the devices.
+
+use shardgraph::models::dflash::DflashHparams;
+use shardgraph::models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
+use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Types};
+use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
+use shardgraph::split::MetaExecutor;
+use shardgraph::GgmlType;
+
+#[path = "common/counting.rs"]
+mod counting;
+#[path = "common/qwen35_tiny.rs"]
+mod qwen35_tiny;
+
+fn qwen3_target() -> FitTarget {
+    let hp = Qwen3Hparams {
+        n_layer: 3,
+        n_embd: 128,
+        n_ff: 256,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        n_vocab: 160,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        n_ctx_train: 8192,
+    };
+    FitTarget::Qwen3 { hp, types: Qwen3Types::all(GgmlType::Q8_0) }
+}
+
+fn qwen35_target() -> FitTarget {
+    let hp = Qwen35Hparams { n_nextn: 1, n_ctx_train: 8192, ..qwen35_tiny::tiny() };
+    FitTarget::Qwen35 { hp, types: Qwen35Types::all(GgmlType::Q8_0) }
+}
+
+fn dflash(n_embd: i64, target_layers: Vec<usize>, n_vocab: i64, v2: bool) -> FitDraft {
+    let hp = DflashHparams {
+        n_layer: 2,
+        n_embd,
+        n_ff: 256,
+        n_head: 6,
+        n_head_kv: 3,
+        head_dim: 32,
+        rms_eps: 1e-6,
+        rope_base: 1e6,
+        target_layers,
+        target_hidden: n_embd,
+        block_size: 5,
+        mask_token: (n_vocab - 1) as i32,
+        conv: v2.then_some((2, 16)),
+        selector: v2.then_some((32, 8)),
+    };
+    FitDraft::Dflash { hp, weight_type: GgmlType::Q8_0 }
+}
+
+/// The specs: qwen3 alone, qwen3 + DFlash, qwen3 + DFlash2, qwen35 +
+/// DFlash2, qwen35 + MTP (with snapshots), on `n` devices.
+fn specs(n: usize) -> Vec<(&'static str, FitSpec)> {
+    let spec = |target: FitTarget, draft: FitDraft, snapshot_slots: usize| FitSpec {
+        target,
+        draft,
+        kv_type: GgmlType::F16,
+        ratios: vec![1.0; n],
+        n_batch: 16,
+        snapshot_slots,
+    };
+    vec![
+        ("qwen3", spec(qwen3_target(), FitDraft::None, 0)),
+        ("qwen3 + dflash", spec(qwen3_target(), dflash(128, vec![1, 3], 160, false), 0)),
+        ("qwen3 + dflash2", spec(qwen3_target(), dflash(128, vec![1, 3], 160, true), 0)),
+        ("qwen35 + dflash2", spec(qwen35_target(), dflash(256, vec![1, 4], 320, true), 0)),
+        ("qwen35 + mtp", spec(qwen35_target(), FitDraft::Mtp { n_max: 3 }, 4)),
+    ]
+}
+
+fn totals(spec: &FitSpec, cells: i64) -> Vec<u64> {
+    spec.memory(cells).unwrap().iter().map(|m| m.total()).collect()
+}
+
+#[test]
+fn the_chosen_ctx_size_fits_and_256_cells_more_do_not() {
+    for n in [1, 2, 3] {
+        for (name, spec) in specs(n) {
+            // Devices sized for about 2900 cells, the last one for about 1700.
+            let at = |cells: i64| totals(&spec, cells);
+            let (big, small) = (at(2900), at(1700));
+            let memory: Vec<usize> =
+                (0..n).map(|j| if j + 1 == n && n > 1 { small[j] } else { big[j] } as usize).collect();
+            let (devs, counters) = counting::devices(n, Some(&memory));
+            let exec = MetaExecutor::with_backends(devs).unwrap();
+            let ctx = fit_ctx_size(&spec, spec.max_ctx(), &exec).unwrap();
+            let what = format!("{name} on {n} device(s), memory {memory:?}");
+            assert_eq!(ctx % CTX_STEP, 0, "{what}: {ctx}");
+            let fits = |cells: i64| at(cells).iter().zip(&memory).all(|(&need, &m)| need <= m as u64);
+            assert!(fits(ctx), "{what}: {ctx} cells chosen but they do not fit");
+            assert!(!fits(ctx + CTX_STEP), "{what}: {} cells would fit too", ctx + CTX_STEP);
+            let want = if n > 1 { 1536 } else { 2816 };
+            assert_eq!(ctx, want, "{what}");
+            // Sized from plans: nothing was allocated on the devices.
+            assert!(counters.iter().all(|c| c.peak() == 0), "{what}: the fit allocated");
+            println!("{what}: ctx-size {ctx}");
+        }
+    }
+}
+
+#[test]
+fn the_requested_maximum_bounds_the_choice() {
+    let (_, spec) = specs(2).remove(1);
+    let huge = vec![usize::MAX / 4; 2];
+    let exec = MetaExecutor::with_backends(counting::devices(2, Some(&huge)).0).unwrap();
+    assert_eq!(fit_ctx_size(&spec, 1000, &exec).unwrap(), 768);
+    assert_eq!(fit_ctx_size(&spec, spec.max_ctx(), &exec).unwrap(), 8192);
+    assert_eq!(fit_ctx_size(&spec, 256, &exec).unwrap(), 256);
+    assert!(matches!(fit_ctx_size(&spec, 255, &exec), Err(shardgraph::Error::Model { .. })));
+    // A spec for another number of devices.
+    let exec3 = MetaExecutor::with_backends(counting::devices(3, Some(&[1 << 40; 3])).0).unwrap();
+    assert!(fit_ctx_size(&spec, 4096, &exec3).is_err());
+}
+
+#[test]
+fn a_device_too_small_for_256_cells_is_named() {
+    for (name, spec) in specs(2) {
+        let need = totals(&spec, 256);
+        // Device 1 is one byte short of 256 cells.
+        let memory = vec![need[0] as usize * 4, need[1] as usize - 1];
+        let exec = MetaExecutor::with_backends(counting::devices(2, Some(&memory)).0).unwrap();
+        match fit_ctx_size(&spec, 4096, &exec) {
+            Err(shardgraph::Error::OutOfMemory { device, needed, available, detail }) => {
+                assert_eq!(device, "COUNT1", "{name}");
+                assert_eq!((needed, available), (need[1], need[1] - 1), "{name}");
+                assert!(detail.contains("256 cells"), "{name}: {detail}");
+            }
+            other => panic!("{name}: expected OutOfMemory, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn bad_specs_are_errors() {
+    let spec = |target: FitTarget, draft: FitDraft, snapshot_slots: usize| FitSpec {
+        target,
+        draft,
+        kv_type: GgmlType::F16,
+        ratios: vec![1.0],
+        n_batch: 1,
+        snapshot_slots,
+    };
+    // MTP needs a qwen35 target with a NextN layer; snapshots need qwen35.
+    assert!(spec(qwen3_target(), FitDraft::Mtp { n_max: 2 }, 0).memory(256).is_err());
+    let FitTarget::Qwen35 { hp, types } = qwen35_target() else { unreachable!() };
+    let no_nextn = FitTarget::Qwen35 { hp: Qwen35Hparams { n_nextn: 0, ..hp }, types };
+    assert!(spec(no_nextn, FitDraft::Mtp { n_max: 2 }, 0).memory(256).is_err());
+    assert!(spec(qwen3_target(), FitDraft::None, 4).memory(256).is_err());
+    assert!(spec(qwen3_target(), FitDraft::None, 0).memory(0).is_err());
+    assert!(FitSpec { n_batch: 0, ..spec(qwen3_target(), FitDraft::None, 0) }.memory(256).is_err());
+    // A drafter built for another target.
+    assert!(spec(qwen3_target(), dflash(64, vec![1, 3], 160, false), 0).memory(256).is_err());
+}
