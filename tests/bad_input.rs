@@ -222,7 +222,7 @@ fn corrupt_counts_and_overflowing_splits_are_errors() {
     let bytes = w.write_to(Vec::new(), |_, _| Ok(())).unwrap();
     let f = GgufFile::from_bytes(bytes, "corrupt.gguf").unwrap();
     let e = Qwen3Hparams::from_gguf(&f).unwrap_err();
-    assert!(e.to_string().contains("block_count 10000000 is over 512"), "{e}");
+    assert!(e.to_string().contains("qwen3.block_count = 10000000 is outside 1..=512"), "{e}");
 
     // Split extents that overflow i64: errors, not arithmetic panics.
     let s = AxisSplit { axis: 1, segments: vec![vec![i64::MAX; 4]], repeat: i64::MAX };

@@ -147,12 +147,12 @@ pub fn write_qwen3_gguf_progress(
     kind: Weights,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
+    hp.validate()?;
     let perm = permutation(hp.n_vocab, seed);
     let mut inverse = vec![0i64; perm.len()];
     for (t, &p) in perm.iter().enumerate() {
         inverse[p as usize] = t as i64;
     }
-    hp.validate()?;
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny qwen3")?;
     let structured = kind != Weights::Random;
@@ -355,6 +355,9 @@ pub fn write_dflash_gguf_with(
     seed: u64,
     kind: Weights,
 ) -> Result<u64> {
+    if !(1..=i32::MAX as i64).contains(&n_vocab) {
+        return Err(Error::Model { detail: format!("dflash generator: a vocabulary of {n_vocab}") });
+    }
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny dflash", n_vocab)?;
     let tensors = dflash_tensors(hp, ty, n_vocab);

@@ -86,6 +86,16 @@ impl Qwen3Hparams {
         if self.n_ctx_train <= 0 {
             return bad("context_length must be positive");
         }
+        // Sizes the graph multiplies out stay far from overflow (absurd values are an error).
+        let limit = 1i64 << 40;
+        let sizes = [
+            self.n_embd.checked_mul(self.n_vocab),
+            self.n_embd.checked_mul(self.n_ff),
+            self.n_head.checked_mul(self.head_dim).and_then(|x| x.checked_mul(self.n_embd)),
+        ];
+        if sizes.iter().any(|x| x.is_none_or(|x| x > limit)) {
+            return bad("dimensions too large (products beyond 2^40 elements)");
+        }
         Ok(())
     }
 

@@ -1170,7 +1170,7 @@ impl Qwen35Session {
             {
                 Error::Model {
                     detail: format!(
-                        "{detail} (qwen35.nextn_predict_layers = {} puts an MTP layer at block {})",
+                        "{detail} (qwen35.nextn_predict_layers = {} puts a NextN (MTP) layer at block {})",
                         model.hp.n_nextn, model.hp.n_layer
                     ),
                 }

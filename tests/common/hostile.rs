@@ -105,7 +105,10 @@ pub fn dflash_hp() -> DflashHparams {
 
 /// The three base files, generated into the temp folder and read back.
 pub fn bases() -> Vec<Base> {
-    let dir = std::env::temp_dir().join(format!("shardgraph-hostile-{}", std::process::id()));
+    // One folder per call: tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("shardgraph-hostile-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let q3 = dir.join("qwen3.gguf");
     write_qwen3_gguf(&q3, &qwen3_hp(), &Qwen3Types::all(GgmlType::F32), 1).unwrap();
