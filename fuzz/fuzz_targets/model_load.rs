@@ -23,11 +23,6 @@ mod hostile;
 
 use libfuzzer_sys::{fuzz_mutator, fuzz_target, fuzzer_mutate};
 use shardgraph::gguf::GgufFile;
-use shardgraph::models::dflash::DflashDrafter;
-use shardgraph::models::mtp::MtpDrafter;
-use shardgraph::models::qwen3::Qwen3Session;
-use shardgraph::models::qwen35::Qwen35Session;
-use shardgraph::GgmlType;
 use std::sync::OnceLock;
 
 /// The three generated bases (qwen3, qwen35, dflash), generated once; the
@@ -37,25 +32,9 @@ fn bases() -> &'static [hostile::Base] {
     B.get_or_init(hostile::bases)
 }
 
-const RATIOS: [f32; 2] = [1.0, 1.0];
-
+/// Loads the input as the hostile suite does, without its decode step.
 fn load(bytes: &[u8]) -> shardgraph::Result<()> {
-    let f = GgufFile::from_bytes(bytes, "fuzz.gguf")?;
-    match f.get_str("general.architecture")? {
-        "qwen35" => {
-            let s = Qwen35Session::from_file(&f, &RATIOS, 1, GgmlType::F16, 256)?;
-            if s.model.nextn.is_some() {
-                MtpDrafter::new(&s, 0.0)?;
-            }
-        }
-        "dflash" => {
-            let t = GgufFile::from_bytes(&bases()[0].bytes[..], "target.gguf")?;
-            let mut s = Qwen3Session::from_file(&t, &RATIOS, 1, GgmlType::F16, 256)?;
-            DflashDrafter::attach_file(&mut s, &f, GgmlType::F16, 0.0)?;
-        }
-        _ => drop(Qwen3Session::from_file(&f, &RATIOS, 1, GgmlType::F16, 256)?),
-    }
-    Ok(())
+    hostile::load_with(bytes, &bases()[0].bytes, false)
 }
 
 fuzz_target!(
