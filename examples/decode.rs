@@ -7,13 +7,17 @@
 //! Options (llama.cpp's names): `--devices N` (default 1, or as many as
 //! `--tensor-split` gives), `--tensor-split r0,r1,..` (default equal),
 //! `--split-mode none|tensor` (none: one device), `--threads N` (per device, default 1),
-//! `--ctx-size N` (KV cells, default 4096), `--n-prompt N` (prompt tokens,
+//! `--ctx-size N` (KV cells, default 4096), `--fit on|off` (on: the largest
+//! context of 256-cell steps up to `--ctx-size` that fits every device,
+//! sized from the plans before anything is allocated; default off),
+//! `--n-prompt N` (prompt tokens,
 //! default 16; processed in batches of `--ubatch-size`, default 512),
 //! `--n-predict N` (tokens decoded, default 32; `--tokens` is the same),
 //! `--model PATH`. The result line reads `… ctx-size N: prompt N tokens X
 //! tokens/s; decode N tokens Y tokens/s; …`. `RUST_LOG=debug` logs every
 //! decode step: tokens, position, bytes moved, time.
 
+use shardgraph::models::fit::{FitDraft, FitSpec, FitTarget};
 use shardgraph::models::generate::{write_qwen3_gguf_progress, Weights};
 use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::GgmlType;
@@ -30,6 +34,7 @@ const OPTIONS: &[&str] = &[
     "--split-mode",
     "--threads",
     "--ctx-size",
+    "--fit",
     "--n-prompt",
     "--ubatch-size",
     "--n-predict",
@@ -69,7 +74,6 @@ fn run() -> shardgraph::Result<()> {
     let n = ratios.len();
     let n_tokens: usize = parsed(&args, "--n-predict", parsed(&args, "--tokens", 32usize));
     let threads: usize = parsed(&args, "--threads", 1);
-    let ctx_size: i64 = parsed(&args, "--ctx-size", 4096);
     let n_prompt: usize = parsed(&args, "--n-prompt", 16);
     let ubatch: usize = parsed(&args, "--ubatch-size", 512);
     let bad = |m: String| -> ! {
@@ -82,12 +86,21 @@ fn run() -> shardgraph::Result<()> {
             spec::MAX_THREADS
         ));
     }
-    let needed = n_prompt.checked_add(n_tokens).and_then(|v| i64::try_from(v).ok());
-    if ctx_size < 1 || needed.is_none_or(|v| v > ctx_size) {
-        bad(format!("--ctx-size {ctx_size} cannot hold {n_prompt} prompt and {n_tokens} generated tokens"));
-    }
+    let Some(needed) = n_prompt.checked_add(n_tokens).and_then(|v| i64::try_from(v).ok()) else {
+        bad(format!("no context can hold {n_prompt} prompt and {n_tokens} generated tokens"))
+    };
     let hp = hparams();
     let types = Qwen3Types::all(GgmlType::Q8_0);
+    let ctx_size = spec::ctx_size(&args, 4096, needed, threads, || {
+        Ok(FitSpec {
+            target: FitTarget::Qwen3 { hp: hp.clone(), types },
+            draft: FitDraft::None,
+            kv_type: GgmlType::F16,
+            ratios: ratios.clone(),
+            n_batch: n_prompt.min(ubatch) as i64,
+            snapshot_slots: 0,
+        })
+    })?;
     let path = match spec::given_file(&args, "--model") {
         Some(p) => p,
         None => {

@@ -30,14 +30,20 @@
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
 //! `--cache-type-k f16|q8_0|q4_0` (KV caches of both models, default f16),
 //! `--n-predict` (tokens to generate, default 96), `--ctx-size` (KV cells
-//! of the target and the drafter, default the fewest the run needs), `--threads` (per device,
-//! default 1), `--model PATH`, `--model-draft PATH`, `--verify`.
+//! of the target and the drafter, default the fewest the run needs),
+//! `--fit on|off` (on: the largest context of 256-cell steps that fits
+//! every device, at most `--ctx-size` or the training context, sized from
+//! the plans before anything is allocated; default off), `--threads` (per
+//! device, default 1, at most 1024), `--model PATH`, `--model-draft PATH`,
+//! `--verify`.
 //! `RUST_LOG=debug` logs every speculative step.
 
+use shardgraph::gguf::GgufFile;
 use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
+use shardgraph::models::fit::{FitDraft, FitSpec, FitTarget};
 use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen3_gguf_progress, Weights};
 use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph::models::qwen35::Qwen35Session;
+use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 use shardgraph::models::speculative::SpecParams;
 use shardgraph::GgmlType;
 use std::path::{Path, PathBuf};
@@ -59,6 +65,7 @@ const OPTIONS: &[&str] = &[
     "--cache-type-k",
     "--n-predict",
     "--ctx-size",
+    "--fit",
     "--threads",
     "--model",
     "--model-draft",
@@ -217,7 +224,18 @@ fn run() -> shardgraph::Result<()> {
     }
     spec::check_counts(n_gen, threads, n_max, n_min, p_min);
     // Cache cells for the prompt, the generated tokens and one block beyond them.
-    let kv_size = spec::ctx_size(&args, (prompt.len() + n_gen + dhp.block_size + 1) as i64);
+    let need = (prompt.len() + n_gen + dhp.block_size + 1) as i64;
+    let kv_size = spec::ctx_size(&args, need, need, threads, || {
+        let (t, d) = (GgufFile::open(&target)?, GgufFile::open(&draft_path)?);
+        let draft = FitDraft::Dflash { hp: dhp.clone(), weight_type: d.tensor("blk.0.attn_q.weight")?.info.ty };
+        let target = if target_kind == "qwen3" {
+            FitTarget::Qwen3 { hp: Qwen3Hparams::from_gguf(&t)?, types: Qwen3Types::from_gguf(&t)? }
+        } else {
+            let hp = Qwen35Hparams::from_gguf(&t)?;
+            FitTarget::Qwen35 { types: Qwen35Types::from_gguf(&t, &hp)?, hp }
+        };
+        Ok(FitSpec { target, draft, kv_type, ratios: ratios.clone(), n_batch: prompt.len() as i64, snapshot_slots: 0 })
+    })?;
     let b = Bench {
         ratios: ratios.clone(),
         prompt: prompt.clone(),

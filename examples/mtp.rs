@@ -16,7 +16,8 @@
 //! equal), `--split-mode none|tensor`, `--device CPU|CUDA<i>|EMU,..` (as in
 //! the dflash2 example), `--spec-draft-n-max` (default 3),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
-//! `--cache-type-k f16|q8_0|q4_0`, `--n-predict` (default 96), `--threads`,
+//! `--cache-type-k f16|q8_0|q4_0`, `--n-predict` (default 96), `--ctx-size`
+//! and `--fit on|off` (as in the dflash2 example), `--threads`,
 //! `--model PATH`, `--verify`.
 
 use shardgraph::models::mtp::MtpDrafter;
@@ -38,6 +39,7 @@ const OPTIONS: &[&str] = &[
     "--cache-type-k",
     "--n-predict",
     "--ctx-size",
+    "--fit",
     "--threads",
     "--model",
 ];
@@ -73,9 +75,23 @@ fn run() -> shardgraph::Result<()> {
     };
     let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
     // Cache cells for the prompt, the generated tokens and one draft beyond them.
-    let kv_size = spec::ctx_size(&args, (prompt.len() + n_gen + n_max + 1) as i64);
     // The model's metadata before anything is printed about it.
-    shardgraph::models::qwen35::Qwen35Hparams::from_gguf(&shardgraph::gguf::GgufFile::open(&target)?)?;
+    let file = shardgraph::gguf::GgufFile::open(&target)?;
+    let hp = shardgraph::models::qwen35::Qwen35Hparams::from_gguf(&file)?;
+    let need = (prompt.len() + n_gen + n_max + 1) as i64;
+    let kv_size = spec::ctx_size(&args, need, need, threads, || {
+        use shardgraph::models::fit::{FitDraft, FitSpec, FitTarget};
+        let types = shardgraph::models::qwen35::Qwen35Types::from_gguf(&file, &hp)?;
+        Ok(FitSpec {
+            target: FitTarget::Qwen35 { hp: hp.clone(), types },
+            draft: FitDraft::Mtp { n_max },
+            kv_type,
+            ratios: ratios.clone(),
+            n_batch: prompt.len() as i64,
+            snapshot_slots: 0,
+        })
+    })?;
+    drop(file);
     println!(
         "target {} (qwen35 with its MTP layer), KV cache {kv_type}",
         target.file_name().and_then(|f| f.to_str()).unwrap_or("?")

@@ -43,8 +43,14 @@ fn bad_options_exit_with_the_value_in_the_message() {
         ("decode", vec!["--threads"], "unknown option or missing value: --threads"),
         ("decode", vec!["--model", &nope_s], "not a file"),
         ("decode", vec!["--ctx-size", "-5"], "--ctx-size -5"),
-        ("decode", vec!["--n-prompt", "18446744073709551615", "--n-predict", "2"], "cannot hold"),
+        (
+            "decode",
+            vec!["--n-prompt", "18446744073709551615", "--n-predict", "2"],
+            "no context can hold 18446744073709551615",
+        ),
         ("decode", vec!["--split-mode", "row"], "--split-mode row"),
+        ("decode", vec!["--fit", "maybe"], "--fit maybe: use on or off"),
+        ("mtp", vec!["--fit", "1"], "--fit 1: use on or off"),
     ];
     for (ex, args, want) in cases {
         let out = Command::new(example(ex)).args(&args).output().unwrap();

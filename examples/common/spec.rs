@@ -5,10 +5,12 @@
 #![allow(dead_code)] // each example uses part of it
 
 use shardgraph::models::dflash::DflashHparams;
+use shardgraph::models::fit::{fit_ctx_size, FitSpec, CTX_STEP};
 use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
 use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
 use shardgraph::models::runner::Runner;
 use shardgraph::models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
+use shardgraph::split::MetaExecutor;
 use shardgraph::{Backend, GgmlType};
 use std::path::Path;
 use std::sync::Arc;
@@ -167,16 +169,56 @@ fn bad_device(name: &str) -> ! {
     std::process::exit(2)
 }
 
-/// `--ctx-size` (llama.cpp's: KV cells per cache), at least `need` (the
-/// prompt, the generated tokens and a draft beyond them); `need` when not
-/// given. Exits with a message when it is too small.
-pub fn ctx_size(args: &[String], need: i64) -> i64 {
-    let n: i64 = parsed(args, "--ctx-size", need);
+/// `--ctx-size` (llama.cpp's: KV cells per cache) with `--fit on|off`
+/// (llama.cpp's flag, which llama.cpp does not implement for
+/// `--split-mode tensor`; default off here, so a run's context is what it
+/// asks for):
+/// * off: `--ctx-size`, or `default` when not given;
+/// * on: the largest context of 256-cell steps whose session — the
+///   weights, caches and worst steps of `spec()`, sized from plans before
+///   anything is allocated ([`shardgraph::models::fit::fit_ctx_size`]) —
+///   fits every device of the run (`--device`, `--threads`), at most
+///   `--ctx-size` if given, else at most the model's training context.
+///
+/// Exits with a message when the context is below `need` (the prompt, the
+/// generated tokens and a draft beyond them) or `--fit` has another value.
+///
+/// # Errors
+/// [`shardgraph::Error::OutOfMemory`] naming the device when even 256
+/// cells do not fit; the model's and the devices' errors.
+pub fn ctx_size(
+    args: &[String],
+    default: i64,
+    need: i64,
+    threads: usize,
+    spec: impl FnOnce() -> shardgraph::Result<FitSpec>,
+) -> shardgraph::Result<i64> {
+    let asked: Option<i64> = arg(args, "--ctx-size").map(|_| parsed(args, "--ctx-size", default));
+    let n = match arg(args, "--fit").as_deref() {
+        None | Some("off") => asked.unwrap_or(default),
+        Some("on") => {
+            let spec = spec()?;
+            let exec = match backends(args, spec.ratios.len())? {
+                Some(devices) => MetaExecutor::with_backends(devices)?,
+                None => MetaExecutor::new(spec.ratios.len(), threads)?,
+            };
+            let max = asked.unwrap_or_else(|| spec.max_ctx()).max(CTX_STEP);
+            let n = fit_ctx_size(&spec, max, &exec)?;
+            println!(
+                "--fit on: ctx-size {n} (the largest multiple of {CTX_STEP} cells up to {max} that fits every device)"
+            );
+            n
+        }
+        Some(other) => {
+            eprintln!("--fit {other}: use on or off");
+            std::process::exit(2);
+        }
+    };
     if n < need {
-        eprintln!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens and one draft)");
+        eprintln!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens, a draft)");
         std::process::exit(2);
     }
-    n
+    Ok(n)
 }
 
 /// `--cache-type-k f16|q8_0|q4_0` (default f16); exits on another value.

@@ -267,6 +267,28 @@ pub struct Qwen35Types {
 }
 
 impl Qwen35Types {
+    /// The types of a `qwen35` GGUF's tensors with hyper-parameters `hp`
+    /// (the first attention layer's `attn_q` for the projections, layer 0
+    /// for the FFN).
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] naming a missing tensor.
+    pub fn from_gguf(f: &crate::gguf::GgufFile, hp: &Qwen35Hparams) -> Result<Self> {
+        let ty = |n: &str| f.tensor(n).map(|t| t.info.ty);
+        let attn = match (0..hp.n_layer).find(|&il| !hp.is_recurrent(il)) {
+            Some(il) => ty(&format!("blk.{il}.attn_q.weight"))?,
+            None => ty("blk.0.attn_qkv.weight")?,
+        };
+        Ok(Qwen35Types {
+            embd: ty("token_embd.weight")?,
+            attn,
+            ffn: ty("blk.0.ffn_gate.weight")?,
+            output: ty("output.weight")?,
+        })
+    }
+}
+
+impl Qwen35Types {
     /// Every matrix of type `ty`.
     pub fn all(ty: GgmlType) -> Self {
         Qwen35Types { embd: ty, attn: ty, ffn: ty, output: ty }
@@ -1149,18 +1171,7 @@ impl Qwen35Session {
         kv_size: i64,
     ) -> Result<Self> {
         let hp = Qwen35Hparams::from_gguf(file)?;
-        let ty = |n: &str| file.tensor(n).map(|t| t.info.ty);
-        let first_attn = (0..hp.n_layer).find(|&il| !hp.is_recurrent(il));
-        let attn = match first_attn {
-            Some(il) => ty(&format!("blk.{il}.attn_q.weight"))?,
-            None => ty("blk.0.attn_qkv.weight")?,
-        };
-        let types = Qwen35Types {
-            embd: ty("token_embd.weight")?,
-            attn,
-            ffn: ty("blk.0.ffn_gate.weight")?,
-            output: ty("output.weight")?,
-        };
+        let types = Qwen35Types::from_gguf(file, &hp)?;
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
         let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
