@@ -140,6 +140,39 @@ impl<'a> ArchKeys<'a> {
     }
 }
 
+/// Loads a session's long-lived tensors — the first `base_len` of `ctx`:
+/// weights and caches — from `file` onto `runner`'s devices: checks the
+/// weights against the file ([`check_file_tensors`]) and every device's
+/// memory ([`runner::Runner::place_all`]; `what` names them in the error)
+/// before anything is allocated, places them, copies each weight from the
+/// mapped file into its parts, and uploads.
+///
+/// # Errors
+/// As [`check_file_tensors`] (naming `model`) and
+/// [`runner::Runner::place_all`]; load and upload errors.
+pub(crate) fn place_and_load(
+    file: &crate::gguf::GgufFile,
+    ctx: &crate::graph::Context,
+    base_len: usize,
+    runner: &mut runner::Runner,
+    model: &str,
+    what: &str,
+) -> crate::Result<()> {
+    let ids: Vec<TensorId> = ctx.ids().take(base_len).collect();
+    check_file_tensors(file, ctx, &ids, "", model)?;
+    runner.place_all(ctx, &ids, what)?;
+    let start = std::time::Instant::now();
+    let report = crate::gguf::load_into_split_store(file, ctx, &mut runner.store)?;
+    log::info!(
+        "{model}: loaded {} tensors ({:.1} MB) onto {} device(s) in {:.2} s",
+        report.loaded.len(),
+        report.bytes as f64 / 1e6,
+        runner.n_devices(),
+        start.elapsed().as_secs_f64()
+    );
+    runner.upload()
+}
+
 /// Checks, before anything is placed, that `file` holds exactly the weights
 /// of the context tensors `ids` (caches, named `{prefix}cache_*`, excepted),
 /// each with the same type and shape (ggml order), and no other tensor

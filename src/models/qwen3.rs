@@ -705,22 +705,11 @@ impl Qwen3Session {
         let types = Qwen3Types::from_gguf(file)?;
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
-        let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
-        super::check_file_tensors(file, &ctx, &ids, "", "qwen3")?;
-        let policy = super::policy::qwen3_policy(&hp, &types, ratios)?;
-        let runner = super::runner::Runner::new(policy, threads)?;
-        let mut s = Qwen3Session::new(model, ctx, runner)?;
-        let start = std::time::Instant::now();
-        let report = crate::gguf::load_into_split_store(file, &s.ctx, &mut s.runner.store)?;
-        log::info!(
-            "qwen3: loaded {} tensors ({:.1} MB) onto {} device(s) in {:.2} s",
-            report.loaded.len(),
-            report.bytes as f64 / 1e6,
-            ratios.len(),
-            start.elapsed().as_secs_f64()
-        );
-        s.runner.upload()?;
-        Ok(s)
+        let mut runner = super::runner::Runner::new(super::policy::qwen3_policy(&hp, &types, ratios)?, threads)?;
+        let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
+        super::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen3", &what)?;
+        let base_len = model.base_len;
+        Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len })
     }
 
     /// The model's weight types (from its tensors).

@@ -1174,8 +1174,10 @@ impl Qwen35Session {
         let types = Qwen35Types::from_gguf(file, &hp)?;
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
-        let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
-        super::check_file_tensors(file, &ctx, &ids, "", "qwen35").map_err(|e| match e {
+        let policy = super::policy::qwen35_policy(&model.hp, &types, ratios)?;
+        let mut runner = super::runner::Runner::new(policy, threads)?;
+        let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
+        super::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen35", &what).map_err(|e| match e {
             Error::Model { detail }
                 if model.hp.n_nextn > 0 && detail.contains(&format!("blk.{}.", model.hp.n_layer)) =>
             {
@@ -1188,12 +1190,6 @@ impl Qwen35Session {
             }
             e => e,
         })?;
-        let policy = super::policy::qwen35_policy(&model.hp, &types, ratios)?;
-        let mut runner = super::runner::Runner::new(policy, threads)?;
-        let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
-        runner.place_all(&ctx, &ids, &what)?;
-        crate::gguf::load_into_split_store(file, &ctx, &mut runner.store)?;
-        runner.upload()?;
         let base_len = model.base_len;
         Ok(Qwen35Session { model, ctx, runner, n_past: 0, base_len, checkpoint: None, snap_batch: None })
     }
