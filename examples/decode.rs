@@ -89,8 +89,23 @@ fn run() -> shardgraph::Result<()> {
     let Some(needed) = n_prompt.checked_add(n_tokens).and_then(|v| i64::try_from(v).ok()) else {
         bad(format!("no context can hold {n_prompt} prompt and {n_tokens} generated tokens"))
     };
-    let hp = hparams();
-    let types = Qwen3Types::all(GgmlType::Q8_0);
+    spec::ctx_request(&args, 4096, needed);
+    let path = match spec::given_file(&args, "--model") {
+        Some(p) => p,
+        None => {
+            let (hp, types) = (hparams(), Qwen3Types::all(GgmlType::Q8_0));
+            let p = std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf");
+            let what = format!("generating {}", p.display());
+            let current = |f: &shardgraph::gguf::GgufFile| Qwen3Hparams::from_gguf(f).is_ok_and(|h| h == hp);
+            spec::ensure(&p, current, |tmp| {
+                write_qwen3_gguf_progress(tmp, &hp, &types, 1, Weights::Permutation, &mut spec::progress(&what))
+            })?;
+            p
+        }
+    };
+    // The model's dimensions come from the file (the generated one or --model).
+    let file = shardgraph::gguf::GgufFile::open(&path)?;
+    let (hp, types) = (Qwen3Hparams::from_gguf(&file)?, Qwen3Types::from_gguf(&file)?);
     let ctx_size = spec::ctx_size(&args, 4096, needed, threads, || {
         Ok(FitSpec {
             target: FitTarget::Qwen3 { hp: hp.clone(), types },
@@ -101,19 +116,8 @@ fn run() -> shardgraph::Result<()> {
             snapshot_slots: 0,
         })
     })?;
-    let path = match spec::given_file(&args, "--model") {
-        Some(p) => p,
-        None => {
-            let p = std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf");
-            let what = format!("generating {}", p.display());
-            let current = |f: &shardgraph::gguf::GgufFile| Qwen3Hparams::from_gguf(f).is_ok_and(|h| h == hp);
-            spec::ensure(&p, current, |tmp| {
-                write_qwen3_gguf_progress(tmp, &hp, &types, 1, Weights::Permutation, &mut spec::progress(&what))
-            })?;
-            p
-        }
-    };
-    let mut s = Qwen3Session::from_gguf(&path, &ratios, threads, GgmlType::F16, ctx_size)?;
+    let mut s = Qwen3Session::from_file(&file, &ratios, threads, GgmlType::F16, ctx_size)?;
+    drop(file);
     let prompt: Vec<i32> = (0..n_prompt).map(|i| ((i * 97 + 5) % hp.n_vocab as usize) as i32).collect();
     // Warm-up, as llama.cpp's context creation: the weights move onto the
     // devices and the first programs compile; then the cache is forgotten.

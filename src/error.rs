@@ -127,9 +127,11 @@ pub enum Error {
     /// Memory a device does not have, found before anything is allocated:
     /// `device` names it (CPU devices share the host's memory), `detail`
     /// says what needs the memory (weights, KV caches of N cells).
-    #[error("device {device}: {detail} need {needed} bytes, {available} bytes are available")]
+    #[error("{device}: {detail} need {needed} bytes, {available} bytes are available")]
     OutOfMemory {
-        /// The device (or `CPU0+CPU1 (host memory)` for CPU devices).
+        /// The device by its rank and name (`device 1 (CUDA0)`), or for CPU
+        /// devices, which share the host's memory, all of them (`devices
+        /// 0+1 (CPU0+CPU1, host memory)`).
         device: String,
         /// What needs the memory.
         detail: String,

@@ -51,6 +51,14 @@ fn bad_options_exit_with_the_value_in_the_message() {
         ("decode", vec!["--split-mode", "row"], "--split-mode row"),
         ("decode", vec!["--fit", "maybe"], "--fit maybe: use on or off"),
         ("mtp", vec!["--fit", "1"], "--fit 1: use on or off"),
+        ("mtp", vec!["--fit", "on", "--ctx-size", "1"], "--ctx-size 1 is too small"),
+        ("decode", vec!["--fit", "on", "--ctx-size", "-5"], "--ctx-size -5 is too small"),
+        ("dflash2", vec!["--devices", "2", "--devices", "3"], "--devices is given more than once"),
+        (
+            "decode",
+            vec!["--tensor-split", "1,1", "--n-predict", "2", "--tensor-split", "1,1,1"],
+            "--tensor-split is given more than once",
+        ),
     ];
     for (ex, args, want) in cases {
         let out = Command::new(example(ex)).args(&args).output().unwrap();

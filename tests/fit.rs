@@ -132,7 +132,7 @@ fn a_device_too_small_for_256_cells_is_named() {
         let exec = MetaExecutor::with_backends(counting::devices(2, Some(&memory)).0).unwrap();
         match fit_ctx_size(&spec, 4096, &exec) {
             Err(shardgraph::Error::OutOfMemory { device, needed, available, detail }) => {
-                assert_eq!(device, "COUNT1", "{name}");
+                assert_eq!(device, "device 1 (COUNT1)", "{name}");
                 assert_eq!((needed, available), (need[1], need[1] - 1), "{name}");
                 assert!(detail.contains("256 cells"), "{name}: {detail}");
             }
@@ -161,4 +161,30 @@ fn bad_specs_are_errors() {
     assert!(FitSpec { n_batch: 0, ..spec(qwen3_target(), FitDraft::None, 0) }.memory(256).is_err());
     // A drafter built for another target.
     assert!(spec(qwen3_target(), dflash(64, vec![1, 3], 160, false), 0).memory(256).is_err());
+    // Sizes beyond what a session may take are errors, not panics or
+    // million-tensor graphs: MTP chains over MAX_DRAFT, snapshot slots over
+    // MAX_DRAFT + 1, batches larger than the context, contexts over MAX_CTX.
+    use shardgraph::models::speculative::MAX_DRAFT;
+    let q35 = || qwen35_target();
+    for n_max in [0, MAX_DRAFT + 1, usize::MAX] {
+        let e = spec(q35(), FitDraft::Mtp { n_max }, 0).memory(256).unwrap_err();
+        assert!(e.to_string().contains("MTP chains"), "{n_max}: {e}");
+    }
+    for slots in [MAX_DRAFT + 2, usize::MAX] {
+        let e = spec(q35(), FitDraft::Mtp { n_max: 2 }, slots).memory(256).unwrap_err();
+        assert!(e.to_string().contains("snapshot slots"), "{slots}: {e}");
+    }
+    for n_batch in [257, i64::MAX, -1] {
+        assert!(FitSpec { n_batch, ..spec(qwen3_target(), FitDraft::None, 0) }.memory(256).is_err(), "{n_batch}");
+    }
+    let e = spec(qwen3_target(), FitDraft::None, 0).memory(i64::MAX).unwrap_err();
+    assert!(e.to_string().contains("positions are 32-bit"), "{e}");
+    // A requested maximum beyond MAX_CTX is clamped, not a shape error.
+    let exec = MetaExecutor::with_backends(counting::devices(1, Some(&[1 << 30])).0).unwrap();
+    let n = fit_ctx_size(&spec(qwen3_target(), FitDraft::None, 0), i64::MAX, &exec).unwrap();
+    assert!(n % CTX_STEP == 0 && n <= shardgraph::models::MAX_CTX, "{n}");
+    // Figures that overflow a u64 fit no device.
+    use shardgraph::split::DeviceMemory;
+    let huge = DeviceMemory { weights: u64::MAX, caches: 1, ..DeviceMemory::default() };
+    assert!(matches!(exec.check_fit(&[huge], "x"), Err(shardgraph::Error::OutOfMemory { .. })));
 }

@@ -148,14 +148,14 @@ fn sizes_from_callers_are_bounded() {
     // naming the device and the bytes (the example's --n-predict 100000000).
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    for kv in [100_000_025i64, 1 << 40, i32::MAX as i64] {
+    for kv in [100_000_025i64, i32::MAX as i64] {
         match Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, kv) {
             Err(shardgraph::Error::OutOfMemory { needed, available, .. }) => assert!(needed > available, "{kv}"),
             other => panic!("kv_size {kv}: {:?}", other.map(|_| ())),
         }
     }
     assert!(PEAK.load(Ordering::Relaxed) - before < CASE_PEAK, "refusing took heap");
-    for kv in [0, -1, i64::MAX] {
+    for kv in [0, -1, 1 << 40, i64::MAX] {
         assert!(Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, kv).is_err(), "kv_size {kv}");
     }
     // Ratios: negative, NaN, all zero, too many devices, a device without a head.
@@ -180,4 +180,46 @@ fn sizes_from_callers_are_bounded() {
     assert!(e.to_string().contains("n_max 257"), "{e}");
     let e = generate(&mut s, &mut d, &[1, 2], usize::MAX, SpecParams { n_max: 3, n_min: 0 }).unwrap_err();
     assert!(e.to_string().contains("too small"), "{e}");
+    // p_min is a probability.
+    let drafter = GgufFile::from_bytes(hostile::bases().swap_remove(2).bytes, "dflash.gguf").unwrap();
+    for p_min in [f32::NAN, -0.5, 2.0] {
+        let mut s = Qwen3Session::from_file(&f, &[1.0], 1, GgmlType::F16, 256).unwrap();
+        let e = shardgraph::models::dflash::DflashDrafter::attach_file(&mut s, &drafter, GgmlType::F16, p_min);
+        assert!(e.is_err(), "p_min {p_min}");
+    }
+    // Snapshot slots are bounded (a verification batch's rows).
+    let q35 = GgufFile::from_bytes(hostile::bases().swap_remove(1).bytes, "qwen35.gguf").unwrap();
+    let mut s35 = shardgraph::models::qwen35::Qwen35Session::from_file(&q35, &[1.0], 1, GgmlType::F16, 256).unwrap();
+    for slots in [1, MAX_DRAFT + 2, usize::MAX] {
+        assert!(s35.enable_snapshots(slots).is_err(), "{slots} slots");
+    }
+    assert!(shardgraph::models::mtp::MtpDrafter::new(&s35, f32::NAN).is_err());
+}
+
+#[test]
+fn paths_that_are_not_model_files_are_errors() {
+    use shardgraph::gguf::GgufFile;
+    let dir = std::env::temp_dir().join(format!("shardgraph-hostile-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A FIFO would block an open for reading until a writer comes.
+    let fifo = dir.join("fifo.gguf");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().map(|s| s.success()).unwrap_or(false);
+    let mut paths = vec![dir.clone(), dir.join("missing.gguf"), std::path::PathBuf::from("/dev/null")];
+    if made {
+        paths.push(fifo);
+    }
+    for p in paths {
+        let e = GgufFile::open(&p).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains(&p.display().to_string()), "{}: {e}", p.display());
+    }
+    // A key of the wrong type is named with its type and value.
+    let mut w = shardgraph::gguf::GgufWriter::new();
+    w.add_kv("qwen3.block_count", "2").unwrap();
+    w.add_kv("n", -2i64).unwrap();
+    let f = GgufFile::from_bytes(w.write_to(Vec::new(), |_, _| Ok(())).unwrap(), "k.gguf").unwrap();
+    let e = f.get_uint("qwen3.block_count").unwrap_err().to_string();
+    assert!(e.contains("is str \"2\", not a non-negative integer"), "{e}");
+    let e = f.get_uint("n").unwrap_err().to_string();
+    assert!(e.contains("is i64 -2,"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

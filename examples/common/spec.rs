@@ -45,7 +45,13 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
                 std::process::exit(0);
             }
             "--verify" => i += 1,
-            a if options.contains(&a) && i + 1 < args.len() => i += 2,
+            a if options.contains(&a) && i + 1 < args.len() => {
+                if args[i + 2..].iter().any(|b| b == a) {
+                    eprintln!("{a} is given more than once");
+                    std::process::exit(2);
+                }
+                i += 2
+            }
             a => {
                 eprintln!("unknown option or missing value: {a} (try --help)");
                 std::process::exit(2);
@@ -193,9 +199,9 @@ pub fn ctx_size(
     threads: usize,
     spec: impl FnOnce() -> shardgraph::Result<FitSpec>,
 ) -> shardgraph::Result<i64> {
-    let asked: Option<i64> = arg(args, "--ctx-size").map(|_| parsed(args, "--ctx-size", default));
+    let asked = ctx_request(args, default, need);
+    // ctx_request allowed only on and off.
     let n = match arg(args, "--fit").as_deref() {
-        None | Some("off") => asked.unwrap_or(default),
         Some("on") => {
             let spec = spec()?;
             let exec = match backends(args, spec.ratios.len())? {
@@ -209,16 +215,32 @@ pub fn ctx_size(
             );
             n
         }
-        Some(other) => {
-            eprintln!("--fit {other}: use on or off");
-            std::process::exit(2);
-        }
+        _ => asked.unwrap_or(default),
     };
     if n < need {
         eprintln!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens, a draft)");
         std::process::exit(2);
     }
     Ok(n)
+}
+
+/// Checks `--ctx-size` and `--fit` before any work (exits with status 2 on
+/// a bad `--fit` value or a `--ctx-size` below `need`, fit or not) and
+/// returns `--ctx-size` if given. [`ctx_size`] calls it; an example that
+/// learns its model later calls it first to refuse bad values early.
+pub fn ctx_request(args: &[String], default: i64, need: i64) -> Option<i64> {
+    let bad = |m: String| -> ! {
+        eprintln!("{m}");
+        std::process::exit(2)
+    };
+    if let Some(f) = arg(args, "--fit").filter(|f| f != "on" && f != "off") {
+        bad(format!("--fit {f}: use on or off"));
+    }
+    let asked: Option<i64> = arg(args, "--ctx-size").map(|_| parsed(args, "--ctx-size", default));
+    if let Some(n) = asked.filter(|&n| n < need) {
+        bad(format!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens, a draft)"));
+    }
+    asked
 }
 
 /// `--cache-type-k f16|q8_0|q4_0` (default f16); exits on another value.

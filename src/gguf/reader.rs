@@ -540,6 +540,34 @@ fn type_label(v: &Value<'_>) -> String {
     }
 }
 
+/// A value for messages: its type and, for a scalar or string, the value
+/// (`i64 -2`, `str "2"`, `arr[str] of 1`).
+fn value_label(v: &Value<'_>) -> String {
+    match v {
+        Value::Array(a) => format!("arr[{}] of {}", a.elem_type(), a.len()),
+        Value::String(t) => format!("str {t:?}"),
+        v => format!("{} {}", type_label(v), scalar_text(v)),
+    }
+}
+
+/// A scalar value's text.
+fn scalar_text(v: &Value<'_>) -> String {
+    match *v {
+        Value::U8(x) => x.to_string(),
+        Value::I8(x) => x.to_string(),
+        Value::U16(x) => x.to_string(),
+        Value::I16(x) => x.to_string(),
+        Value::U32(x) => x.to_string(),
+        Value::I32(x) => x.to_string(),
+        Value::U64(x) => x.to_string(),
+        Value::I64(x) => x.to_string(),
+        Value::F32(x) => x.to_string(),
+        Value::F64(x) => x.to_string(),
+        Value::Bool(x) => x.to_string(),
+        _ => String::new(),
+    }
+}
+
 macro_rules! getters {
     ($($(#[$doc:meta])* $fn:ident -> $t:ty, $var:ident;)*) => {$(
         $(#[$doc])*
@@ -584,6 +612,12 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let name = path.display().to_string();
+        // Only a regular file: opening a FIFO or a device could block or
+        // read without end.
+        let meta = std::fs::metadata(path).map_err(|e| gguf_err(&name, format!("cannot stat: {e}")))?;
+        if !meta.is_file() {
+            return Err(gguf_err(&name, "not a regular file".into()));
+        }
         let file = std::fs::File::open(path).map_err(|e| gguf_err(&name, format!("cannot open: {e}")))?;
         let len = file.metadata().map_err(|e| gguf_err(&name, format!("cannot stat: {e}")))?.len();
         let backing = if len == 0 {
@@ -744,8 +778,7 @@ impl GgufFile {
     /// [`Error::Gguf`] naming the key if it is missing, not an integer, or negative.
     pub fn get_uint(&self, key: &str) -> Result<u64> {
         let v = self.value(key)?;
-        v.as_uint()
-            .ok_or_else(|| self.err(format!("key {key:?} is {} {v:?}, not a non-negative integer", type_label(&v))))
+        v.as_uint().ok_or_else(|| self.err(format!("key {key:?} is {}, not a non-negative integer", value_label(&v))))
     }
 
     /// The array value of `key`.

@@ -719,7 +719,8 @@ impl DflashDrafter {
     /// [`super::qwen3::Qwen3Session::set_weight`] under their `dft.` names).
     ///
     /// # Errors
-    /// As [`Dflash::new`] and the policy (a drafter whose heads leave a
+    /// [`Error::Model`] for a `p_min` outside `0..=1`; as [`Dflash::new`]
+    /// and the policy (a drafter whose heads leave a
     /// device without a KV head).
     pub fn attach<T: DraftHost>(
         target: &mut T,
@@ -741,6 +742,7 @@ impl DflashDrafter {
         p_min: f32,
         file: Option<&crate::gguf::GgufFile>,
     ) -> Result<Self> {
+        super::speculative::check_p_min("dflash drafter", p_min)?;
         let info = target.info();
         let kv_size = target.kv_size();
         let policy = target.policy_with(&hp, weight_type)?;

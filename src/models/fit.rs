@@ -16,6 +16,7 @@
 use super::dflash::{Dflash, DflashHparams};
 use super::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use super::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
+use super::speculative::MAX_DRAFT;
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitPolicy, SplitState};
@@ -193,13 +194,27 @@ impl FitSpec {
     /// a chain of `n_max`.
     ///
     /// # Errors
-    /// [`Error::Model`] for `kv_size < 1`, `n_batch < 1`, MTP on a target
+    /// [`Error::Model`] for a `kv_size` outside `1..=`[`super::MAX_CTX`], an
+    /// `n_batch` outside `1..=kv_size`, an MTP `n_max` outside
+    /// `1..=`[`MAX_DRAFT`], more than `MAX_DRAFT + 1` snapshot slots, MTP on a target
     /// without a NextN layer or on `qwen3`, or snapshots on `qwen3`; the
     /// models' and policies' errors; planning errors.
     pub fn memory(&self, kv_size: i64) -> Result<Vec<DeviceMemory>> {
-        if kv_size < 1 || self.n_batch < 1 {
+        super::check_kv_size("fit", kv_size)?;
+        if !(1..=kv_size).contains(&self.n_batch) {
             return Err(Error::Model {
-                detail: format!("fit: a context of {kv_size} cells and batches of {} tokens", self.n_batch),
+                detail: format!("fit: batches of {} tokens in a context of {kv_size} cells", self.n_batch),
+            });
+        }
+        match self.draft {
+            FitDraft::Mtp { n_max } if !(1..=MAX_DRAFT).contains(&n_max) => {
+                return Err(Error::Model { detail: format!("fit: MTP chains of {n_max} drafts (1 to {MAX_DRAFT})") });
+            }
+            _ => {}
+        }
+        if self.snapshot_slots > MAX_DRAFT + 1 {
+            return Err(Error::Model {
+                detail: format!("fit: {} snapshot slots (at most {})", self.snapshot_slots, MAX_DRAFT + 1),
             });
         }
         let mut ctx = Context::new();
@@ -322,7 +337,8 @@ struct Built {
 
 /// The largest context size — a multiple of [`CTX_STEP`] (256) cells, at
 /// least 256 and at most `max_ctx` (the requested `--ctx-size`, or
-/// [`FitSpec::max_ctx`], the training context) — whose session
+/// [`FitSpec::max_ctx`], the training context; never above
+/// [`super::MAX_CTX`]) — whose session
 /// ([`FitSpec::memory`]) fits every device of `exec`, as
 /// [`MetaExecutor::check_fit`] checks it (a GPU against its memory, CPU
 /// devices together against the host's available memory). Nothing is
@@ -351,6 +367,8 @@ pub fn fit_ctx_size(spec: &FitSpec, max_ctx: i64, exec: &MetaExecutor) -> Result
     };
     // k·256 cells fit for k ≤ lo; the smallest must fit or its error is the answer.
     check(1)?;
+    // No cache is larger than MAX_CTX cells (32-bit positions).
+    let max_ctx = max_ctx.min(super::MAX_CTX);
     let (mut lo, mut hi) = (1i64, max_ctx / CTX_STEP + 1);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;

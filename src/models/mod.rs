@@ -238,6 +238,23 @@ pub(crate) fn check_file_tensors(
 /// tensors are created, so a corrupt count cannot allocate without bound.
 pub const MAX_LAYERS: usize = 512;
 
+/// The most KV cells a cache may have (`--ctx-size`): positions, and so
+/// cells, are 32-bit as in llama.cpp (`llama_pos`).
+pub const MAX_CTX: i64 = i32::MAX as i64;
+
+/// Checks a cache size: `kv_size` within `1..=MAX_CTX`.
+///
+/// # Errors
+/// [`crate::Error::Model`] naming `model` otherwise.
+pub(crate) fn check_kv_size(model: &str, kv_size: i64) -> crate::Result<()> {
+    if !(1..=MAX_CTX).contains(&kv_size) {
+        return Err(crate::Error::Model {
+            detail: format!("{model}: a KV cache of {kv_size} cells (--ctx-size 1 to {MAX_CTX}: positions are 32-bit)"),
+        });
+    }
+    Ok(())
+}
+
 /// The KV cells a step attends over when `used` cells are in use (the
 /// highest cell written so far plus one, this step's included): `used`
 /// rounded up to a multiple of 256, at least 256, at most `kv_size`

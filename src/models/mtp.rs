@@ -28,8 +28,10 @@ impl MtpDrafter {
     /// A drafter for `target`'s NextN block.
     ///
     /// # Errors
-    /// [`Error::Model`] if the target's GGUF has no NextN (MTP) layer.
+    /// [`Error::Model`] if the target's GGUF has no NextN (MTP) layer or
+    /// `p_min` is outside `0..=1`.
     pub fn new(target: &Qwen35Session, p_min: f32) -> Result<Self> {
+        super::speculative::check_p_min("mtp", p_min)?;
         if target.model.nextn.is_none() {
             return Err(Error::Model {
                 detail: "qwen35: the model has no NextN (MTP) layer (qwen35.nextn_predict_layers = 0)".into(),

@@ -326,7 +326,8 @@ impl Qwen3 {
     /// (`cache_k_lN`, `cache_v_lN`, `[Hkv·D, kv_size]` of `kv_type`) in `ctx`.
     ///
     /// # Errors
-    /// [`Error::Model`] for inconsistent hyper-parameters, a `kv_size < 1`, or
+    /// [`Error::Model`] for inconsistent hyper-parameters, a `kv_size` outside
+    /// `1..=`[`super::MAX_CTX`], or
     /// a weight/KV type whose block does not divide the rows it stores.
     pub fn new(
         ctx: &mut Context,
@@ -336,9 +337,7 @@ impl Qwen3 {
         kv_size: i64,
     ) -> Result<Self> {
         hp.validate()?;
-        if kv_size < 1 {
-            return Err(Error::Model { detail: format!("qwen3: kv_size {kv_size} must be ≥ 1") });
-        }
+        super::check_kv_size("qwen3", kv_size)?;
         if !matches!(kv_type, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0) {
             return Err(Error::Model { detail: format!("qwen3: KV cache type {kv_type} (F32, F16, Q8_0 or Q4_0)") });
         }

@@ -571,7 +571,8 @@ impl Qwen35 {
     /// recurrent states for the delta-net layers.
     ///
     /// # Errors
-    /// [`Error::Model`] for inconsistent hyper-parameters, `kv_size < 1`, or
+    /// [`Error::Model`] for inconsistent hyper-parameters, a `kv_size` outside
+    /// `1..=`[`super::MAX_CTX`], or
     /// a type whose block does not divide the rows it stores.
     pub fn new(
         ctx: &mut Context,
@@ -581,9 +582,7 @@ impl Qwen35 {
         kv_size: i64,
     ) -> Result<Self> {
         hp.validate()?;
-        if kv_size < 1 {
-            return Err(Error::Model { detail: format!("qwen35: kv_size {kv_size} must be ≥ 1") });
-        }
+        super::check_kv_size("qwen35", kv_size)?;
         if !matches!(kv_type, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0)
             || hp.head_dim % kv_type.block_size() as i64 != 0
         {
@@ -792,11 +791,16 @@ impl Qwen35 {
     /// copies one column back instead of decoding again.
     ///
     /// # Errors
-    /// [`Error::Model`] if snapshots exist already or `slots < 2`.
+    /// [`Error::Model`] if snapshots exist already or `slots` is outside
+    /// `2..=MAX_DRAFT + 1` ([`super::speculative::MAX_DRAFT`]).
     pub fn add_snapshots(&mut self, ctx: &mut Context, slots: usize) -> Result<()> {
-        if self.snapshot_slots > 0 || slots < 2 {
+        let most = super::speculative::MAX_DRAFT + 1;
+        if self.snapshot_slots > 0 || !(2..=most).contains(&slots) {
             return Err(Error::Model {
-                detail: format!("qwen35: snapshots of {slots} slots (need ≥ 2, and only once)"),
+                detail: format!(
+                    "qwen35: snapshots of {slots} slots (2 to {most}: a verification batch of at most \
+                     MAX_DRAFT drafts and its anchor; and only once)"
+                ),
             });
         }
         let hp = &self.hp;
@@ -923,7 +927,8 @@ impl Qwen35 {
     /// its own cell, which the later steps attend to.
     ///
     /// # Errors
-    /// [`Error::Model`] without a NextN block or for `n < 1`.
+    /// [`Error::Model`] without a NextN block or for `n` outside
+    /// `1..=`[`super::speculative::MAX_DRAFT`].
     pub fn build_mtp_chain(&self, ctx: &mut Context, n: usize) -> Result<MtpChain> {
         self.build_mtp_chain_window(ctx, n, self.kv_size)
     }
@@ -938,8 +943,13 @@ impl Qwen35 {
         if self.nextn.is_none() {
             return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
         }
-        if n < 1 {
-            return Err(Error::Model { detail: "qwen35: an MTP chain needs ≥ 1 step".into() });
+        if !(1..=super::speculative::MAX_DRAFT).contains(&n) {
+            return Err(Error::Model {
+                detail: format!(
+                    "qwen35: an MTP chain of {n} steps (1 to MAX_DRAFT = {})",
+                    super::speculative::MAX_DRAFT
+                ),
+            });
         }
         let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
             let id = named(ctx, ty, ne, name)?;

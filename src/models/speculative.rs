@@ -78,6 +78,17 @@ pub trait Drafter<T = Qwen3Session> {
 /// an MTP chain's graph) whatever a caller asks for.
 pub const MAX_DRAFT: usize = 256;
 
+/// Checks a drafter's `--spec-draft-p-min`: a probability, `0..=1`.
+///
+/// # Errors
+/// [`Error::Model`] naming `drafter` and the value otherwise (NaN included).
+pub(crate) fn check_p_min(drafter: &str, p_min: f32) -> Result<()> {
+    if !(0.0..=1.0).contains(&p_min) {
+        return Err(Error::Model { detail: format!("{drafter}: p_min {p_min} is not a probability (0 to 1)") });
+    }
+    Ok(())
+}
+
 /// llama.cpp's `--spec-draft-n-max`, `--spec-draft-n-min` (and the drafter
 /// applies `--spec-draft-p-min` itself).
 #[derive(Clone, Copy, Debug, PartialEq)]

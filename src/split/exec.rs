@@ -283,13 +283,13 @@ impl MetaExecutor {
         if need.len() != self.devices.len() {
             return Err(Error::Split { detail: format!("{} sizes for {} devices", need.len(), self.devices.len()) });
         }
-        let (mut host, mut names) = (0u64, Vec::new());
-        for (d, &b) in self.devices.iter().zip(need) {
+        let (mut host, mut ranks, mut names) = (0u64, Vec::new(), Vec::new());
+        for (j, (d, &b)) in self.devices.iter().zip(need).enumerate() {
             let info = d.device();
             if info.kind == crate::backend::DeviceKind::Gpu && info.memory_total > 0 {
                 if b > info.memory_total as u64 {
                     return Err(Error::OutOfMemory {
-                        device: info.name,
+                        device: format!("device {j} ({})", info.name),
                         detail: what.to_string(),
                         needed: b,
                         available: info.memory_total as u64,
@@ -297,13 +297,19 @@ impl MetaExecutor {
                 }
             } else if info.kind == crate::backend::DeviceKind::Cpu {
                 host = host.saturating_add(b);
+                ranks.push(j.to_string());
                 names.push(info.name);
             }
         }
         if let Some(avail) = crate::backend::cpu::host_memory_available() {
             if host > avail {
                 return Err(Error::OutOfMemory {
-                    device: format!("{} (host memory)", names.join("+")),
+                    device: format!(
+                        "device{} {} ({}, host memory)",
+                        if ranks.len() > 1 { "s" } else { "" },
+                        ranks.join("+"),
+                        names.join("+")
+                    ),
                     detail: what.to_string(),
                     needed: host,
                     available: avail,

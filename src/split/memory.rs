@@ -36,9 +36,10 @@ pub struct DeviceMemory {
 }
 
 impl DeviceMemory {
-    /// Everything together, bytes.
+    /// Everything together, bytes (saturating: figures that do not fit a
+    /// `u64` fit no device).
     pub fn total(&self) -> u64 {
-        self.weights + self.caches + self.inputs + self.compute
+        self.weights.saturating_add(self.caches).saturating_add(self.inputs).saturating_add(self.compute)
     }
 }
 
