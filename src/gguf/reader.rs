@@ -614,7 +614,7 @@ impl GgufFile {
         let name = path.display().to_string();
         // Only a regular file: opening a FIFO or a device could block or
         // read without end.
-        let meta = std::fs::metadata(path).map_err(|e| gguf_err(&name, format!("cannot stat: {e}")))?;
+        let meta = std::fs::metadata(path).map_err(|e| gguf_err(&name, format!("cannot open: {e}")))?;
         if !meta.is_file() {
             return Err(gguf_err(&name, "not a regular file".into()));
         }
