@@ -9,7 +9,7 @@
 //! interface: a real GPU ([`CudaBackend::new`], one stream and memory pool
 //! per instance, so [`CudaBackend::virtual_devices`] puts several devices on
 //! one GPU), or, with the `cuda-emu` feature, an emulated one
-//! ([`CudaBackend::emulated`]) that runs the same kernel sources as host C++
+//! (`CudaBackend::emulated`, feature `cuda-emu`) that runs the same kernel sources as host C++
 //! — the same op dispatch, launch shapes and arguments, testable anywhere.
 //!
 //! `compute` launches one kernel (or a few) per node ([`CudaBackend::supports_op`]
