@@ -686,6 +686,9 @@ struct Theirs<'a> {
 impl Builder for Theirs<'_> {
     type T = ggml::T;
     fn input(&mut self, ne0: i64, ne1: i64) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and the new tensor is one of its own
+        // (see the note above the impl); the field's type is the C signature of
+        // `ggml_new_tensor_2d`/`ggml_set_input`.
         unsafe {
             let t = (self.lib.new_tensor_2d)(self.ctx, 0, ne0, ne1);
             (self.lib.set_input)(t);
@@ -694,6 +697,9 @@ impl Builder for Theirs<'_> {
     }
     fn weight(&mut self, ne: &[i64]) -> ggml::T {
         let ctx = if self.wctx.is_null() { self.ctx } else { self.wctx };
+        // SAFETY: `ctx` is `self.wctx` when non-null, else `self.ctx`, both live no_alloc contexts;
+        // `ne` has 1 or 2 positive dims, matching the C signatures of
+        // `ggml_new_tensor_1d`/`ggml_new_tensor_2d`.
         unsafe {
             match ne {
                 [a] => (self.lib.new_tensor_1d)(ctx, 0, *a),
@@ -703,44 +709,78 @@ impl Builder for Theirs<'_> {
         }
     }
     fn add(&mut self, a: ggml::T, b: ggml::T) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a`, `b` are tensors of it with
+        // shapes our checked builder accepted (see the note above the impl); the field's type is
+        // the C signature of `ggml_add`.
         unsafe { (self.lib.add)(self.ctx, a, b) }
     }
     fn mul(&mut self, a: ggml::T, b: ggml::T) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a`, `b` are tensors of it with
+        // shapes our checked builder accepted (see the note above the impl); the field's type is
+        // the C signature of `ggml_mul`.
         unsafe { (self.lib.mul)(self.ctx, a, b) }
     }
     fn mul_mat(&mut self, a: ggml::T, b: ggml::T) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a`, `b` are tensors of it with
+        // shapes our checked builder accepted (see the note above the impl); the field's type is
+        // the C signature of `ggml_mul_mat`.
         unsafe { (self.lib.mul_mat)(self.ctx, a, b) }
     }
     fn scale(&mut self, a: ggml::T, s: f32) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a tensor of it (see the
+        // note above the impl); the field's type is the C signature of `ggml_scale`.
         unsafe { (self.lib.scale)(self.ctx, a, s) }
     }
     fn rms_norm(&mut self, a: ggml::T) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a tensor of it (see the
+        // note above the impl); the field's type is the C signature of `ggml_rms_norm`.
         unsafe { (self.lib.rms_norm)(self.ctx, a, 1e-6) }
     }
     fn silu(&mut self, a: ggml::T) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a tensor of it (see the
+        // note above the impl); the field's type is the C signature of `ggml_silu`.
         unsafe { (self.lib.silu)(self.ctx, a) }
     }
     fn soft_max(&mut self, a: ggml::T) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a tensor of it (see the
+        // note above the impl); the field's type is the C signature of `ggml_soft_max`.
         unsafe { (self.lib.soft_max)(self.ctx, a) }
     }
     fn cont(&mut self, a: ggml::T) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a tensor of it (see the
+        // note above the impl); the field's type is the C signature of `ggml_cont`.
         unsafe { (self.lib.cont)(self.ctx, a) }
     }
     fn cont_2d(&mut self, a: ggml::T, ne0: i64, ne1: i64) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a tensor of it with ne0·ne1
+        // elements (checked by our builder first) (see the note above the impl); the field's type
+        // is the C signature of `ggml_cont_2d`.
         unsafe { (self.lib.cont_2d)(self.ctx, a, ne0, ne1) }
     }
     fn reshape_3d(&mut self, a: ggml::T, ne0: i64, ne1: i64, ne2: i64) -> ggml::T {
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a contiguous tensor of it
+        // with ne0·ne1·ne2 elements (checked by our builder first) (see the note above the impl);
+        // the field's type is the C signature of `ggml_reshape_3d`.
         unsafe { (self.lib.reshape_3d)(self.ctx, a, ne0, ne1, ne2) }
     }
     fn permute(&mut self, a: ggml::T, axes: [usize; 4]) -> ggml::T {
         let [p0, p1, p2, p3] = axes.map(|x| x as i32);
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is a tensor of it and the axes
+        // are a permutation of 0..4 (see the note above the impl); the field's type is the C
+        // signature of `ggml_permute`.
         unsafe { (self.lib.permute)(self.ctx, a, p0, p1, p2, p3) }
     }
     fn view_row(&mut self, a: ggml::T, ne0: i64, row: usize) -> ggml::T {
         let nb1 = ne0 as usize * 4; // F32 rows
+
+        // SAFETY: `self.ctx` is a live no_alloc ggml context and `a` is an F32 tensor of it with at
+        // least row + 1 rows of ne0 elements, so the view stays inside it (see the note above the
+        // impl); the field's type is the C signature of `ggml_view_2d`.
         unsafe { (self.lib.view_2d)(self.ctx, a, ne0, 1, nb1, row * nb1) }
     }
     fn output(&mut self, a: ggml::T) {
+        // SAFETY: `a` is a live tensor of `self.ctx`, and the field's type is the C signature of
+        // `ggml_set_output`.
         unsafe { (self.lib.set_output)(a) }
     }
 }

@@ -671,25 +671,34 @@ fn track(delta: isize) {
 // SAFETY: forwards to the system allocator; only adds bookkeeping.
 unsafe impl std::alloc::GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        let p = std::alloc::System.alloc(l);
+        // SAFETY: our caller meets `GlobalAlloc::alloc`'s contract (`l` has a non-zero size),
+        // which is all `System.alloc` needs.
+        let p = unsafe { std::alloc::System.alloc(l) };
         if !p.is_null() {
             track(l.size() as isize);
         }
         p
     }
     unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
-        let p = std::alloc::System.alloc_zeroed(l);
+        // SAFETY: our caller meets `GlobalAlloc::alloc_zeroed`'s contract (`l` has a non-zero
+        // size), which is all `System.alloc_zeroed` needs.
+        let p = unsafe { std::alloc::System.alloc_zeroed(l) };
         if !p.is_null() {
             track(l.size() as isize);
         }
         p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        std::alloc::System.dealloc(p, l);
+        // SAFETY: `p` was allocated with layout `l` by this allocator, i.e. by `System`
+        // (every method forwards to it), as `GlobalAlloc::dealloc` requires of our caller.
+        unsafe { std::alloc::System.dealloc(p, l) };
         track(-(l.size() as isize));
     }
     unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
-        let q = std::alloc::System.realloc(p, l, new);
+        // SAFETY: `p` came from `System` with layout `l` (every method forwards to it) and
+        // `new` is a valid non-zero size for `l`'s alignment, as `GlobalAlloc::realloc`
+        // requires of our caller.
+        let q = unsafe { std::alloc::System.realloc(p, l, new) };
         if !q.is_null() {
             track(new as isize - l.size() as isize);
         }

@@ -73,12 +73,18 @@ impl Ggml {
     /// `F` must be the function's exact C signature.
     pub unsafe fn sym<F: Copy>(&self, name: &str) -> F {
         let n = format!("{name}\0");
-        if let Ok(s) = self.base.get::<F>(n.as_bytes()) {
-            return *s;
-        }
-        match self.cpu.get::<F>(n.as_bytes()) {
-            Ok(s) => *s,
-            Err(e) => panic!("ggml oracle: symbol {name} not found: {e}"),
+        // SAFETY: the caller guarantees `F` is the symbol's exact C signature
+        // (this fn's `# Safety`); `n` is NUL-terminated, and the copied
+        // function pointer stays valid while `self` (the static oracle) keeps
+        // both libraries loaded.
+        unsafe {
+            if let Ok(s) = self.base.get::<F>(n.as_bytes()) {
+                return *s;
+            }
+            match self.cpu.get::<F>(n.as_bytes()) {
+                Ok(s) => *s,
+                Err(e) => panic!("ggml oracle: symbol {name} not found: {e}"),
+            }
         }
     }
 
@@ -107,6 +113,9 @@ impl Ggml {
 
     /// ggml's reference quantization of `nrows` rows (`ggml_quantize_chunk`, no imatrix).
     pub fn quantize_chunk(&self, type_id: u32, src: &[f32], nrows: usize, n_per_row: usize) -> Vec<u8> {
+        // SAFETY: every `sym` type is the C signature of `ggml_row_size` / `ggml_quantize_chunk`
+        // (ggml.h); `src` holds nrows·n_per_row floats (the caller's rows) and `out` is sized by
+        // ggml's own row size for nrows rows, so the quantizer writes inside it.
         unsafe {
             let row_size: unsafe extern "C" fn(i32, i64) -> usize = self.sym("ggml_row_size");
             let q: unsafe extern "C" fn(i32, *const f32, *mut c_void, i64, i64, i64, *const f32) -> usize =
@@ -129,6 +138,8 @@ pub struct GgmlCtx<'a> {
 
 impl Drop for GgmlCtx<'_> {
     fn drop(&mut self) {
+        // SAFETY: `ggml_free(struct ggml_context *)` is the exact signature, and `self.ctx` is the
+        // non-null context from `ggml_init`, freed only here, once.
         unsafe {
             let f: unsafe extern "C" fn(P) = self.g.sym("ggml_free");
             f(self.ctx)
@@ -151,6 +162,8 @@ pub fn ggml_layout(t: P) -> ([i64; 4], [usize; 4]) {
 impl GgmlCtx<'_> {
     /// `ggml_new_tensor_4d`.
     pub fn new_tensor(&self, type_id: u32, ne: [i64; 4]) -> P {
+        // SAFETY: `ggml_new_tensor_4d(ctx, type, ne0..ne3)` is the exact C signature and `self.ctx`
+        // is a live context (freed only on drop).
         unsafe {
             let f: unsafe extern "C" fn(P, i32, i64, i64, i64, i64) -> P = self.g.sym("ggml_new_tensor_4d");
             f(self.ctx, type_id as i32, ne[0], ne[1], ne[2], ne[3])
@@ -161,6 +174,10 @@ impl GgmlCtx<'_> {
     /// belongs to the ggml context; callers hold one tensor's bytes at a time.
     #[allow(clippy::mut_from_ref)]
     pub fn data(&self, t: P) -> &mut [u8] {
+        // SAFETY: exact C signatures of `ggml_get_data` / `ggml_nbytes`; `t` is a tensor of this
+        // live context, whose data is `len` bytes inside the context's memory (checked non-null and
+        // non-empty before building the slice), and callers hold one tensor's bytes at a time, so
+        // the `&mut` is not aliased.
         unsafe {
             let d: unsafe extern "C" fn(P) -> *mut c_void = self.g.sym("ggml_get_data");
             let n: unsafe extern "C" fn(P) -> usize = self.g.sym("ggml_nbytes");
@@ -175,6 +192,8 @@ impl GgmlCtx<'_> {
 
     /// Builds the graph of `outputs` and computes it with `n_threads`.
     pub fn compute(&self, outputs: &[P], n_threads: i32) {
+        // SAFETY: exact C signatures of the three graph functions; `self.ctx` is live and every
+        // output is a tensor of it.
         unsafe {
             let ng: unsafe extern "C" fn(P, usize, bool) -> P = self.g.sym("ggml_new_graph_custom");
             let fe: unsafe extern "C" fn(P, P) = self.g.sym("ggml_build_forward_expand");
@@ -192,6 +211,10 @@ impl GgmlCtx<'_> {
     /// of `n_threads`, to be computed many times ([`GgmlGraph::compute`]);
     /// for benchmarks.
     pub fn graph(&self, outputs: &[P], n_threads: i32) -> GgmlGraph<'_> {
+        // SAFETY: exact C signatures (ggml.h / ggml-cpu.h); `self.ctx` is live and the outputs are
+        // its tensors; `params` is a 4 KiB zeroed buffer, larger than the ~530-byte `struct
+        // ggml_threadpool_params` that ggml fills; the threadpool is checked non-null before
+        // planning.
         unsafe {
             let ng: unsafe extern "C" fn(P, usize, bool) -> P = self.g.sym("ggml_new_graph_custom");
             let fe: unsafe extern "C" fn(P, P) = self.g.sym("ggml_build_forward_expand");
@@ -225,6 +248,9 @@ impl GgmlCtx<'_> {
         type F1 = unsafe extern "C" fn(P, P) -> P;
         type F2 = unsafe extern "C" fn(P, P, P) -> P;
         type F3 = unsafe extern "C" fn(P, P, P, P) -> P;
+        // SAFETY: each `sym` type below is the exact C signature of the named ggml op builder; `c`
+        // is this live context, and the `s` entries are tensors of it translated from `t`'s sources
+        // (the caller passes one per source).
         unsafe {
             let f1 = |name: &str| -> P { g.sym::<F1>(name)(c, s[0]) };
             let f2 = |name: &str| -> P { g.sym::<F2>(name)(c, s[0], s[1]) };
@@ -452,6 +478,9 @@ pub struct GgmlGraph<'a> {
 impl GgmlGraph<'_> {
     /// Runs `ggml_graph_compute` once.
     pub fn compute(&mut self) {
+        // SAFETY: `ggml_graph_compute(struct ggml_cgraph *, struct ggml_cplan *)` is the exact
+        // signature; `work_data` points into `self.work`, sized `cplan.work_size` by
+        // `ggml_graph_plan`, and lives as long as `self`.
         unsafe {
             self.cplan.work_data = self.work.as_mut_ptr();
             let cp: unsafe extern "C" fn(P, *mut CPlan) -> i32 = self.g.sym("ggml_graph_compute");
@@ -463,6 +492,8 @@ impl GgmlGraph<'_> {
 
 impl Drop for GgmlGraph<'_> {
     fn drop(&mut self) {
+        // SAFETY: `ggml_threadpool_free` is the exact signature, and `self.tp` is the non-null pool
+        // from `ggml_threadpool_new`, freed only here, once.
         unsafe {
             let free: unsafe extern "C" fn(P) = self.g.sym("ggml_threadpool_free");
             free(self.tp)

@@ -341,11 +341,16 @@ impl Gpu for DriverGpu {
             self.bind()?;
             // SAFETY: this device's live stream and the event just recorded.
             unsafe { cu::stream::wait_event(mine, ready, wait) }.map_err(|e| cuda_err(what("waiting"), e))?;
-            // SAFETY: the caller's range guarantees; both operations are
-            // queued on this device's stream.
+            // Both copies are queued on this device's stream, after the wait
+            // on `ready` above.
             if Arc::ptr_eq(&self.ctx, &f.ctx) {
+                // SAFETY: one shared context; the caller guarantees `src` and
+                // `dst` are live allocations of at least `n` bytes each.
                 unsafe { cu::memcpy_dtod_async(dst, src, n, mine) }
             } else {
+                // SAFETY: `dst` is in this device's context and `src` in the
+                // source's, both live for at least `n` bytes (the caller's range
+                // guarantees); `mine` is this device's live stream.
                 unsafe { cu::memcpy_peer_async(self.ctx.cu_ctx(), dst, f.ctx.cu_ctx(), src, n, mine) }
             }
             .map_err(|e| cuda_err(what("copying"), e))?;

@@ -188,156 +188,205 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        // SAFETY (loads): every index read is below `n`, the common length.
-        while i + 32 <= n {
-            for (l, a) in acc.iter_mut().enumerate() {
-                let x = _mm256_loadu_ps(pa.add(i + 8 * l));
-                let y = _mm256_loadu_ps(pb.add(i + 8 * l));
-                *a = _mm256_fmadd_ps(x, y, *a);
+        // SAFETY: AVX2 and FMA were detected (`VecOps::detect`) before the safe wrapper `dot` was
+        // handed out; every load reads index i + 8 ≤ n or, in the tail, i < n, with
+        // n = min(a.len(), b.len()).
+        unsafe {
+            let n = a.len().min(b.len());
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            // SAFETY (loads): every index read is below `n`, the common length.
+            while i + 32 <= n {
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(pa.add(i + 8 * l));
+                    let y = _mm256_loadu_ps(pb.add(i + 8 * l));
+                    *a = _mm256_fmadd_ps(x, y, *a);
+                }
+                i += 32;
             }
-            i += 32;
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
+                i += 8;
+            }
+            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut sum = hsum(s);
+            while i < n {
+                sum += *pa.add(i) * *pb.add(i);
+                i += 1;
+            }
+            sum
         }
-        while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]);
-            i += 8;
-        }
-        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut sum = hsum(s);
-        while i < n {
-            sum += *pa.add(i) * *pb.add(i);
-            i += 1;
-        }
-        sum
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn axpy_avx2(y: &mut [f32], x: &[f32], a: f32) {
-        let n = y.len().min(x.len());
-        let (py, px) = (y.as_mut_ptr(), x.as_ptr());
-        let va = _mm256_set1_ps(a);
-        let mut i = 0;
-        // SAFETY (loads/stores): every index is below `n`, the common length.
-        while i + 8 <= n {
-            let r = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i)), va, _mm256_loadu_ps(py.add(i)));
-            _mm256_storeu_ps(py.add(i), r);
-            i += 8;
-        }
-        while i < n {
-            *py.add(i) = (*px.add(i)).mul_add(a, *py.add(i));
-            i += 1;
+        // SAFETY: AVX2 and FMA were detected (`VecOps::detect`); every load/store touches indices
+        // below n = min(y.len(), x.len()), and `y` (&mut) cannot alias `x`.
+        unsafe {
+            let n = y.len().min(x.len());
+            let (py, px) = (y.as_mut_ptr(), x.as_ptr());
+            let va = _mm256_set1_ps(a);
+            let mut i = 0;
+            // SAFETY (loads/stores): every index is below `n`, the common length.
+            while i + 8 <= n {
+                let r = _mm256_fmadd_ps(_mm256_loadu_ps(px.add(i)), va, _mm256_loadu_ps(py.add(i)));
+                _mm256_storeu_ps(py.add(i), r);
+                i += 8;
+            }
+            while i < n {
+                *py.add(i) = (*px.add(i)).mul_add(a, *py.add(i));
+                i += 1;
+            }
         }
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn scale_avx2(y: &mut [f32], s: f32) {
-        let n = y.len();
-        let py = y.as_mut_ptr();
-        let vs = _mm256_set1_ps(s);
-        let mut i = 0;
-        // SAFETY (loads/stores): every index is below `n`.
-        while i + 8 <= n {
-            _mm256_storeu_ps(py.add(i), _mm256_mul_ps(_mm256_loadu_ps(py.add(i)), vs));
-            i += 8;
-        }
-        while i < n {
-            *py.add(i) *= s;
-            i += 1;
+        // SAFETY: AVX2 and FMA were detected (`VecOps::detect`); every load/store at `py + i` stays
+        // below n = y.len(), which is exclusively borrowed.
+        unsafe {
+            let n = y.len();
+            let py = y.as_mut_ptr();
+            let vs = _mm256_set1_ps(s);
+            let mut i = 0;
+            // SAFETY (loads/stores): every index is below `n`.
+            while i + 8 <= n {
+                _mm256_storeu_ps(py.add(i), _mm256_mul_ps(_mm256_loadu_ps(py.add(i)), vs));
+                i += 8;
+            }
+            while i < n {
+                *py.add(i) *= s;
+                i += 1;
+            }
         }
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn f16_to_f32_f16c(src: &[u8], out: &mut [f32]) {
-        let n = out.len().min(src.len() / 2);
-        let (ps, po) = (src.as_ptr(), out.as_mut_ptr());
-        let mut i = 0;
-        // SAFETY (loads/stores): 16 bytes at 2·i and 8 floats at i are inside
-        // `src` and `out` while i + 8 ≤ n.
-        while i + 8 <= n {
-            let h = _mm_loadu_si128(ps.add(2 * i) as *const __m128i);
-            _mm256_storeu_ps(po.add(i), _mm256_cvtph_ps(h));
-            i += 8;
-        }
-        while i < n {
-            *po.add(i) = half::f16::from_le_bytes([*ps.add(2 * i), *ps.add(2 * i + 1)]).to_f32();
-            i += 1;
+        // SAFETY: AVX2 and F16C were detected (`VecOps::detect`); with
+        // n = min(out.len(), src.len() / 2), the 16-byte load at 2·i and the 8-float store at i stay
+        // inside `src`/`out` while i + 8 ≤ n, and the tail reads bytes 2·i, 2·i + 1 < src.len() for
+        // i < n.
+        unsafe {
+            let n = out.len().min(src.len() / 2);
+            let (ps, po) = (src.as_ptr(), out.as_mut_ptr());
+            let mut i = 0;
+            // SAFETY (loads/stores): 16 bytes at 2·i and 8 floats at i are inside
+            // `src` and `out` while i + 8 ≤ n.
+            while i + 8 <= n {
+                let h = _mm_loadu_si128(ps.add(2 * i) as *const __m128i);
+                _mm256_storeu_ps(po.add(i), _mm256_cvtph_ps(h));
+                i += 8;
+            }
+            while i < n {
+                *po.add(i) = half::f16::from_le_bytes([*ps.add(2 * i), *ps.add(2 * i + 1)]).to_f32();
+                i += 1;
+            }
         }
     }
 
     /// [`super::BlockF16`] scores: each live row converted once (in 8-value
     /// pieces) and dotted with every query row.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `b`, `q` and `out` must satisfy the asserts of
+    /// `scores_f16` (rows hold `(n - 1)·stride + max_off + 2·d` bytes, every `offs[t] ≤ max_off`,
+    /// `q` holds `nt·d` floats, `out` holds `(nt - 1)·p_stride + n` floats).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scores_f16_avx2(b: &super::BlockF16, q: &[f32], out: &mut [f32]) {
-        let d8 = b.d / 8 * 8;
-        for j in (0..b.n).filter(|&j| b.live[j]) {
-            for t in 0..b.nt {
-                let row = b.rows.as_ptr().add(j * b.stride + *b.offs.get_unchecked(t));
-                let qt = q.as_ptr().add(t * b.d);
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let mut i = 0;
-                // SAFETY: 16 bytes of the row at 2·i and 8 floats of q at i
-                // lie inside their slices while i + 8 ≤ d (checked by the callers).
-                while i + 16 <= d8 {
-                    a0 = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(qt.add(i)),
-                        _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
-                        a0,
-                    );
-                    a1 = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(qt.add(i + 8)),
-                        _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i + 16) as *const __m128i)),
-                        a1,
-                    );
-                    i += 16;
+        // SAFETY: AVX2, FMA and F16C were detected (`VecOps::detect`), and the asserts in
+        // `scores_f16` bound every access: `offs.get_unchecked(t)` has t < nt ≤ offs.len(); the row
+        // pointer plus 2·d bytes lies within `rows` since offs[t] ≤ max_off; `qt + d` lies within
+        // `q` (nt·d floats); and `out[t·p_stride + j]` is below the asserted `out` length.
+        unsafe {
+            let d8 = b.d / 8 * 8;
+            for j in (0..b.n).filter(|&j| b.live[j]) {
+                for t in 0..b.nt {
+                    let row = b.rows.as_ptr().add(j * b.stride + *b.offs.get_unchecked(t));
+                    let qt = q.as_ptr().add(t * b.d);
+                    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let mut i = 0;
+                    // SAFETY: 16 bytes of the row at 2·i and 8 floats of q at i
+                    // lie inside their slices while i + 8 ≤ d (checked by the callers).
+                    while i + 16 <= d8 {
+                        a0 = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qt.add(i)),
+                            _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
+                            a0,
+                        );
+                        a1 = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qt.add(i + 8)),
+                            _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i + 16) as *const __m128i)),
+                            a1,
+                        );
+                        i += 16;
+                    }
+                    while i + 8 <= d8 {
+                        a0 = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qt.add(i)),
+                            _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
+                            a0,
+                        );
+                        i += 8;
+                    }
+                    let mut sum = hsum(_mm256_add_ps(a0, a1));
+                    while i < b.d {
+                        sum += *qt.add(i) * half::f16::from_le_bytes([*row.add(2 * i), *row.add(2 * i + 1)]).to_f32();
+                        i += 1;
+                    }
+                    *out.get_unchecked_mut(t * b.p_stride + j) = sum;
                 }
-                while i + 8 <= d8 {
-                    a0 = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(qt.add(i)),
-                        _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
-                        a0,
-                    );
-                    i += 8;
-                }
-                let mut sum = hsum(_mm256_add_ps(a0, a1));
-                while i < b.d {
-                    sum += *qt.add(i) * half::f16::from_le_bytes([*row.add(2 * i), *row.add(2 * i + 1)]).to_f32();
-                    i += 1;
-                }
-                *out.get_unchecked_mut(t * b.p_stride + j) = sum;
             }
         }
     }
 
     /// [`super::BlockF16`] accumulation: each query row's weighted rows,
     /// converted in 8-value pieces.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `b`, `p` and `acc` must satisfy the asserts of
+    /// `accum_f16` (as for `scores_f16_avx2`, with `acc` holding `nt·d` floats and `p` holding
+    /// `(nt - 1)·p_stride + n`).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn accum_f16_avx2(b: &super::BlockF16, p: &[f32], acc: &mut [f32]) {
-        let d8 = b.d / 8 * 8;
-        for t in 0..b.nt {
-            let at = acc.as_mut_ptr().add(t * b.d);
-            for j in (0..b.n).filter(|&j| b.live[j]) {
-                let w = *p.get_unchecked(t * b.p_stride + j);
-                if w == 0.0 {
-                    continue;
-                }
-                let row = b.rows.as_ptr().add(j * b.stride + *b.offs.get_unchecked(t));
-                let vw = _mm256_set1_ps(w);
-                let mut i = 0;
-                // SAFETY: as in `scores_f16_avx2`; acc holds nt·d floats.
-                while i + 8 <= d8 {
-                    let v = _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i));
-                    _mm256_storeu_ps(at.add(i), _mm256_fmadd_ps(v, vw, _mm256_loadu_ps(at.add(i))));
-                    i += 8;
-                }
-                while i < b.d {
-                    let v = half::f16::from_le_bytes([*row.add(2 * i), *row.add(2 * i + 1)]).to_f32();
-                    *at.add(i) = v.mul_add(w, *at.add(i));
-                    i += 1;
+        // SAFETY: AVX2, FMA and F16C were detected (`VecOps::detect`), and the asserts in
+        // `accum_f16` bound every access: `acc + t·d .. + d` lies within `acc` (nt·d floats),
+        // `p[t·p_stride + j]` is below the asserted `p` length, `offs.get_unchecked(t)` has
+        // t < nt ≤ offs.len(), and each row plus 2·d bytes lies within `rows` since offs[t] ≤ max_off.
+        unsafe {
+            let d8 = b.d / 8 * 8;
+            for t in 0..b.nt {
+                let at = acc.as_mut_ptr().add(t * b.d);
+                for j in (0..b.n).filter(|&j| b.live[j]) {
+                    let w = *p.get_unchecked(t * b.p_stride + j);
+                    if w == 0.0 {
+                        continue;
+                    }
+                    let row = b.rows.as_ptr().add(j * b.stride + *b.offs.get_unchecked(t));
+                    let vw = _mm256_set1_ps(w);
+                    let mut i = 0;
+                    // SAFETY: as in `scores_f16_avx2`; acc holds nt·d floats.
+                    while i + 8 <= d8 {
+                        let v = _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i));
+                        _mm256_storeu_ps(at.add(i), _mm256_fmadd_ps(v, vw, _mm256_loadu_ps(at.add(i))));
+                        i += 8;
+                    }
+                    while i < b.d {
+                        let v = half::f16::from_le_bytes([*row.add(2 * i), *row.add(2 * i + 1)]).to_f32();
+                        *at.add(i) = v.mul_add(w, *at.add(i));
+                        i += 1;
+                    }
                 }
             }
         }

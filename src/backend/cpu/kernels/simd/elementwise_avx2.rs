@@ -103,61 +103,86 @@ mod x86 {
         unsafe { table_avx2(x, t, clamp) }
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn silu8(x: __m256) -> __m256 {
-        let e = exp8_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+        // SAFETY: the CPU supports AVX2 and FMA (this fn's `# Safety` contract, inherited by
+        // `exp8_avx2`); register-only arithmetic, no memory access.
+        unsafe {
+            let e = exp8_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+        }
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn silu_avx2(x: &mut [f32]) {
-        let n8 = x.len() / 8 * 8;
-        let p = x.as_mut_ptr();
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ len; `x` is exclusively borrowed.
-            _mm256_storeu_ps(p.add(i), silu8(_mm256_loadu_ps(p.add(i))));
-            i += 8;
+        // SAFETY: the caller checked AVX2 and FMA (`EwOps::detect`); every 8-lane load/store at
+        // `p + i` has i + 8 ≤ n8 ≤ x.len(), and `x` is exclusively borrowed.
+        unsafe {
+            let n8 = x.len() / 8 * 8;
+            let p = x.as_mut_ptr();
+            let mut i = 0;
+            while i < n8 {
+                // SAFETY: i + 8 ≤ len; `x` is exclusively borrowed.
+                _mm256_storeu_ps(p.add(i), silu8(_mm256_loadu_ps(p.add(i))));
+                i += 8;
+            }
+            super::silu_scalar(&mut x[n8..]);
         }
-        super::silu_scalar(&mut x[n8..]);
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn swiglu_avx2(out: &mut [f32], g: &[f32], u: &[f32]) {
-        let n = out.len().min(g.len()).min(u.len());
-        let n8 = n / 8 * 8;
-        let (po, pg, pu) = (out.as_mut_ptr(), g.as_ptr(), u.as_ptr());
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ n ≤ each length; `out` does not alias `g`/`u` (&mut vs &).
-            let s = silu8(_mm256_loadu_ps(pg.add(i)));
-            _mm256_storeu_ps(po.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(pu.add(i))));
-            i += 8;
+        // SAFETY: the caller checked AVX2 and FMA (`EwOps::detect`); loads/stores at index i have
+        // i + 8 ≤ n8 ≤ n = min(out, g, u lengths), and `out` (&mut) cannot alias `g`/`u`.
+        unsafe {
+            let n = out.len().min(g.len()).min(u.len());
+            let n8 = n / 8 * 8;
+            let (po, pg, pu) = (out.as_mut_ptr(), g.as_ptr(), u.as_ptr());
+            let mut i = 0;
+            while i < n8 {
+                // SAFETY: i + 8 ≤ n ≤ each length; `out` does not alias `g`/`u` (&mut vs &).
+                let s = silu8(_mm256_loadu_ps(pg.add(i)));
+                _mm256_storeu_ps(po.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(pu.add(i))));
+                i += 8;
+            }
+            super::swiglu_scalar(&mut out[n8..n], &g[n8..n], &u[n8..n]);
         }
-        super::swiglu_scalar(&mut out[n8..n], &g[n8..n], &u[n8..n]);
     }
 
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C, and `t.len()` must be at least 65536.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn table_avx2(x: &mut [f32], t: &[f32], clamp: bool) {
-        let n8 = x.len() / 8 * 8;
-        let p = x.as_mut_ptr();
-        let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ len; gather indices are f16 bit patterns < 65536 ≤ t.len().
-            let v = _mm256_loadu_ps(p.add(i));
-            let h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-            let idx = _mm256_cvtepu16_epi32(h);
-            let mut r = _mm256_i32gather_ps(t.as_ptr(), idx, 4);
-            if clamp {
-                r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(v, lo, _CMP_LE_OQ));
-                r = _mm256_blendv_ps(r, v, _mm256_cmp_ps(v, hi, _CMP_GE_OQ));
+        // SAFETY: the caller checked AVX2, FMA and F16C (`EwOps::detect`) and that t.len() ≥ 65536;
+        // loads/stores at `p + i` have i + 8 ≤ n8 ≤ x.len(), and each gather index is a 16-bit f16
+        // bit pattern, so < 65536 ≤ t.len().
+        unsafe {
+            let n8 = x.len() / 8 * 8;
+            let p = x.as_mut_ptr();
+            let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+            let mut i = 0;
+            while i < n8 {
+                // SAFETY: i + 8 ≤ len; gather indices are f16 bit patterns < 65536 ≤ t.len().
+                let v = _mm256_loadu_ps(p.add(i));
+                let h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+                let idx = _mm256_cvtepu16_epi32(h);
+                let mut r = _mm256_i32gather_ps(t.as_ptr(), idx, 4);
+                if clamp {
+                    r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(v, lo, _CMP_LE_OQ));
+                    r = _mm256_blendv_ps(r, v, _mm256_cmp_ps(v, hi, _CMP_GE_OQ));
+                }
+                _mm256_storeu_ps(p.add(i), r);
+                i += 8;
             }
-            _mm256_storeu_ps(p.add(i), r);
-            i += 8;
+            super::table_scalar(&mut x[n8..], t, clamp);
         }
-        super::table_scalar(&mut x[n8..], t, clamp);
     }
 }
 

@@ -89,7 +89,9 @@ fn exp_sub_sum_scalar(x: &mut [f32], max: f32) -> f64 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn exp8_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
-    x86::exp8(x)
+    // SAFETY: the caller guarantees AVX2 and FMA (this fn's `# Safety` contract), which is all
+    // `x86::exp8` requires.
+    unsafe { x86::exp8(x) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -133,99 +135,131 @@ mod x86 {
     }
 
     /// Horizontal sum of 4 f64 lanes.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn hsum_pd(v: __m256d) -> f64 {
-        let mut lanes = [0f64; 4];
-        _mm256_storeu_pd(lanes.as_mut_ptr(), v);
-        (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+        // SAFETY: the caller guarantees AVX2 and FMA; the one store writes 4 f64 into the local
+        // 4-element `lanes` array.
+        unsafe {
+            let mut lanes = [0f64; 4];
+            _mm256_storeu_pd(lanes.as_mut_ptr(), v);
+            (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+        }
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn sum_sq_avx2(x: &[f32]) -> f64 {
-        let n8 = x.len() / 8 * 8;
-        let p = x.as_ptr();
-        let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        let mut i = 0;
-        while i + 16 <= n8 {
-            // SAFETY: i + 16 ≤ len.
-            let v0 = _mm256_loadu_ps(p.add(i));
-            let v1 = _mm256_loadu_ps(p.add(i + 8));
-            a0 = widen_add(a0, _mm256_mul_ps(v0, v0));
-            a1 = widen_add(a1, _mm256_mul_ps(v1, v1));
-            i += 16;
+        // SAFETY: the caller checked AVX2 and FMA (`NormOps::detect`); every 8-lane load at `p + i`
+        // has i + 8 ≤ n8 = x.len() / 8 * 8, and the tail uses the safe slice `x[n8..]`.
+        unsafe {
+            let n8 = x.len() / 8 * 8;
+            let p = x.as_ptr();
+            let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            let mut i = 0;
+            while i + 16 <= n8 {
+                // SAFETY: i + 16 ≤ len.
+                let v0 = _mm256_loadu_ps(p.add(i));
+                let v1 = _mm256_loadu_ps(p.add(i + 8));
+                a0 = widen_add(a0, _mm256_mul_ps(v0, v0));
+                a1 = widen_add(a1, _mm256_mul_ps(v1, v1));
+                i += 16;
+            }
+            if i < n8 {
+                // SAFETY: i + 8 ≤ n8 ≤ len.
+                let v = _mm256_loadu_ps(p.add(i));
+                a0 = widen_add(a0, _mm256_mul_ps(v, v));
+            }
+            let mut s = hsum_pd(_mm256_add_pd(a0, a1));
+            for &v in &x[n8..] {
+                s += (v * v) as f64;
+            }
+            s
         }
-        if i < n8 {
-            // SAFETY: i + 8 ≤ n8 ≤ len.
-            let v = _mm256_loadu_ps(p.add(i));
-            a0 = widen_add(a0, _mm256_mul_ps(v, v));
-        }
-        let mut s = hsum_pd(_mm256_add_pd(a0, a1));
-        for &v in &x[n8..] {
-            s += (v * v) as f64;
-        }
-        s
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn sum_avx2(x: &[f32]) -> f64 {
-        let n8 = x.len() / 8 * 8;
-        let p = x.as_ptr();
-        let mut a = _mm256_setzero_pd();
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ len.
-            a = widen_add(a, _mm256_loadu_ps(p.add(i)));
-            i += 8;
+        // SAFETY: the caller checked AVX2 and FMA (`NormOps::detect`); every 8-lane load at `p + i`
+        // has i + 8 ≤ n8 = x.len() / 8 * 8, and the tail uses the safe slice `x[n8..]`.
+        unsafe {
+            let n8 = x.len() / 8 * 8;
+            let p = x.as_ptr();
+            let mut a = _mm256_setzero_pd();
+            let mut i = 0;
+            while i < n8 {
+                // SAFETY: i + 8 ≤ len.
+                a = widen_add(a, _mm256_loadu_ps(p.add(i)));
+                i += 8;
+            }
+            let mut s = hsum_pd(a);
+            for &v in &x[n8..] {
+                s += v as f64;
+            }
+            s
         }
-        let mut s = hsum_pd(a);
-        for &v in &x[n8..] {
-            s += v as f64;
-        }
-        s
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn center_sum_sq_avx2(x: &mut [f32], mean: f32) -> f64 {
-        let n8 = x.len() / 8 * 8;
-        let p = x.as_mut_ptr();
-        let m = _mm256_set1_ps(mean);
-        let mut a = _mm256_setzero_pd();
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ len; `x` is exclusively borrowed.
-            let d = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m);
-            _mm256_storeu_ps(p.add(i), d);
-            a = widen_add(a, _mm256_mul_ps(d, d));
-            i += 8;
+        // SAFETY: the caller checked AVX2 and FMA (`NormOps::detect`); every 8-lane load/store at
+        // `p + i` has i + 8 ≤ n8 = x.len() / 8 * 8, `x` is exclusively borrowed, and the tail uses
+        // the safe slice `x[n8..]`.
+        unsafe {
+            let n8 = x.len() / 8 * 8;
+            let p = x.as_mut_ptr();
+            let m = _mm256_set1_ps(mean);
+            let mut a = _mm256_setzero_pd();
+            let mut i = 0;
+            while i < n8 {
+                // SAFETY: i + 8 ≤ len; `x` is exclusively borrowed.
+                let d = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m);
+                _mm256_storeu_ps(p.add(i), d);
+                a = widen_add(a, _mm256_mul_ps(d, d));
+                i += 8;
+            }
+            let mut s = hsum_pd(a);
+            for v in &mut x[n8..] {
+                let d = *v - mean;
+                *v = d;
+                s += (d * d) as f64;
+            }
+            s
         }
-        let mut s = hsum_pd(a);
-        for v in &mut x[n8..] {
-            let d = *v - mean;
-            *v = d;
-            s += (d * d) as f64;
-        }
-        s
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn max_avx2(x: &[f32]) -> f32 {
-        let n8 = x.len() / 8 * 8;
-        let p = x.as_ptr();
-        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ len. `max_ps(m, v)` is `m > v ? m : v` per lane.
-            m = _mm256_max_ps(m, _mm256_loadu_ps(p.add(i)));
-            i += 8;
+        // SAFETY: the caller checked AVX2 and FMA (`NormOps::detect`); every 8-lane load at `p + i`
+        // has i + 8 ≤ n8 = x.len() / 8 * 8, and the tail uses the safe slice `x[n8..]`.
+        unsafe {
+            let n8 = x.len() / 8 * 8;
+            let p = x.as_ptr();
+            let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut i = 0;
+            while i < n8 {
+                // SAFETY: i + 8 ≤ len. `max_ps(m, v)` is `m > v ? m : v` per lane.
+                m = _mm256_max_ps(m, _mm256_loadu_ps(p.add(i)));
+                i += 8;
+            }
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+            let mut r = f32::NEG_INFINITY;
+            for &v in lanes.iter().chain(&x[n8..]) {
+                r = if r > v { r } else { v };
+            }
+            r
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-        let mut r = f32::NEG_INFINITY;
-        for &v in lanes.iter().chain(&x[n8..]) {
-            r = if r > v { r } else { v };
-        }
-        r
     }
 
     /// e^x on 8 lanes (see the module docs for range and accuracy).
@@ -258,36 +292,43 @@ mod x86 {
         _mm256_blendv_ps(res, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
     }
 
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn exp_sub_sum_avx2(x: &mut [f32], max: f32) -> f64 {
-        let n8 = x.len() / 8 * 8;
-        let p = x.as_mut_ptr();
-        let m = _mm256_set1_ps(max);
-        let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        let mut i = 0;
-        while i + 16 <= n8 {
-            // SAFETY: i + 16 ≤ len; `x` is exclusively borrowed.
-            let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
-            let e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8)), m));
-            _mm256_storeu_ps(p.add(i), e0);
-            _mm256_storeu_ps(p.add(i + 8), e1);
-            a0 = widen_add(a0, e0);
-            a1 = widen_add(a1, e1);
-            i += 16;
+        // SAFETY: the caller checked AVX2 and FMA (`NormOps::detect`); every 8-lane load/store at
+        // `p + i` has i + 8 ≤ n8 = x.len() / 8 * 8, `x` is exclusively borrowed, and the tail uses
+        // the safe slice `x[n8..]`.
+        unsafe {
+            let n8 = x.len() / 8 * 8;
+            let p = x.as_mut_ptr();
+            let m = _mm256_set1_ps(max);
+            let (mut a0, mut a1) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+            let mut i = 0;
+            while i + 16 <= n8 {
+                // SAFETY: i + 16 ≤ len; `x` is exclusively borrowed.
+                let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
+                let e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8)), m));
+                _mm256_storeu_ps(p.add(i), e0);
+                _mm256_storeu_ps(p.add(i + 8), e1);
+                a0 = widen_add(a0, e0);
+                a1 = widen_add(a1, e1);
+                i += 16;
+            }
+            if i < n8 {
+                // SAFETY: i + 8 ≤ n8 ≤ len.
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
+                _mm256_storeu_ps(p.add(i), e);
+                a0 = widen_add(a0, e);
+            }
+            let mut s = hsum_pd(_mm256_add_pd(a0, a1));
+            for v in &mut x[n8..] {
+                let e = (*v - max).exp();
+                *v = e;
+                s += e as f64;
+            }
+            s
         }
-        if i < n8 {
-            // SAFETY: i + 8 ≤ n8 ≤ len.
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
-            _mm256_storeu_ps(p.add(i), e);
-            a0 = widen_add(a0, e);
-        }
-        let mut s = hsum_pd(_mm256_add_pd(a0, a1));
-        for v in &mut x[n8..] {
-            let e = (*v - max).exp();
-            *v = e;
-            s += e as f64;
-        }
-        s
     }
 
     #[cfg(test)]
