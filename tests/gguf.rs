@@ -25,7 +25,10 @@
 //! * Loading into one CPU device and into a `SplitStore` placed for a plan
 //!   on 3 devices: the graph computes the same as with the original weights.
 
+#[path = "common/rng.rs"]
+mod rng;
 use proptest::prelude::*;
+use rng::Rng;
 use shardgraph::gguf::{
     load_into_split_store, load_into_storage, load_tensor_into_split_store, GgufFile, GgufWriter, MetaArray, MetaValue,
     Value, ValueType, ALL_VALUE_TYPES,
@@ -39,28 +42,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 // ---------------------------------------------------------------- helpers
-
-/// Seeded xorshift64.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-    /// A float in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
 
 /// FNV-1a 64 of `b` as 16 hex digits (the Python script computes the same).
 fn fnv(b: &[u8]) -> String {

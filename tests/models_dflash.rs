@@ -4,6 +4,9 @@
 //! rows; the block plan never gathers the vocabulary-split logits. Bad
 //! input: a drafter built for another target is an error naming the key.
 
+#[path = "common/rng.rs"]
+mod rng;
+use rng::values;
 use shardgraph::models::dflash::{Dflash, DflashHparams};
 use shardgraph::models::policy::qwen3_dflash_policy;
 use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
@@ -44,18 +47,6 @@ fn drafter_hp() -> DflashHparams {
         conv: None,
         selector: None,
     }
-}
-
-fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            around + (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
 }
 
 fn bandwidth_bound() -> LinkModel {

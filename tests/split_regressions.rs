@@ -6,6 +6,8 @@
 
 #[path = "common/devices.rs"]
 mod devices;
+#[path = "common/rng.rs"]
+mod rng;
 
 #[path = "common/qwen3.rs"]
 mod qwen3;
@@ -18,16 +20,9 @@ use shardgraph::split::{
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, RopeMode, RopeParams, TensorId, TensorStorage};
 
 /// Deterministic leaf values.
+/// `n` values in [-1, 1) from `seed`.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    rng::values(n, seed, 1.0, 0.0)
 }
 
 fn nmse(a: &[f32], b: &[f32]) -> f64 {

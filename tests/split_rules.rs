@@ -32,6 +32,8 @@
 
 #[path = "common/devices.rs"]
 mod devices;
+#[path = "common/rng.rs"]
+mod rng;
 
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
@@ -72,16 +74,9 @@ enum Fill {
     Perm(i64, i64),
 }
 
+/// `n` values in [-1, 1) from `seed`.
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    rng::values(n, seed, 1.0, 0.0)
 }
 
 /// Writes leaf `l`'s values into the single-device storage.

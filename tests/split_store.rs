@@ -11,6 +11,9 @@
 
 #[path = "common/devices.rs"]
 mod devices;
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
@@ -19,40 +22,6 @@ use shardgraph::split::{
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
 
 use GgmlType::{F16, F32, Q4_0, Q4_K, Q8_0};
-
-/// Seeded xorshift64.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in `0..n` (0 for `n == 0`).
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-    /// A float in [-1, 1) on a 2^-23 grid (never -0.0).
-    fn unit(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
 
 /// Values that sum exactly in any order and are never -0.0 or NaN: k/8.
 fn exact_values(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {

@@ -8,18 +8,9 @@ use shardgraph::models::runner::Runner;
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 
-/// Deterministic values in `around ± scale` (xorshift from `seed`).
-pub fn values(n: usize, seed: u64, scale: f32, around: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            around + (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
+#[path = "rng.rs"]
+mod rng;
+pub use rng::values;
 
 /// A small `qwen3` (2 layers, n_embd 64, 6 heads / 3 KV heads of 32,
 /// n_ff 128, vocabulary 96): its heads split over 1, 2 and 3 devices.
