@@ -85,6 +85,18 @@ fn hash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
+/// The PTX compiled so far, by architecture and source hash.
+fn ptx_cache() -> &'static Mutex<HashMap<(&'static str, u64), String>> {
+    static CACHE: OnceLock<Mutex<HashMap<(&'static str, u64), String>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Whether [`compile`] holds the PTX of `source` for `arch` (a later
+/// compile of it is a lookup, not an NVRTC run).
+pub fn is_cached(source: &str, arch: &'static str) -> bool {
+    ptx_cache().lock().is_ok_and(|c| c.contains_key(&(arch, hash(source))))
+}
+
 /// Compiles one kernel family's `source` to PTX for `arch` (`"sm_86"`,
 /// `"sm_90"`, …), from the cache when the same source was compiled for the
 /// same architecture before. Returns the PTX text.
@@ -93,9 +105,8 @@ fn hash(s: &str) -> u64 {
 /// [`Error::Cuda`] naming the family and architecture with NVRTC's log, or
 /// NVRTC missing ([`load`]).
 pub fn compile(name: &str, source: &str, arch: &'static str) -> Result<String> {
-    static CACHE: OnceLock<Mutex<HashMap<(&'static str, u64), String>>> = OnceLock::new();
     let key = (arch, hash(source));
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let cache = ptx_cache();
     if let Some(ptx) = cache.lock().map_err(|_| Error::Cuda { detail: "NVRTC cache poisoned".into() })?.get(&key) {
         return Ok(ptx.clone());
     }
