@@ -241,8 +241,8 @@ impl DflashHparams {
             });
         }
         let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
-        k.expect("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
-        k.expect("rope.dimension_count", head_dim, "the rope turns whole heads")?;
+        k.must_equal("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
+        k.must_equal("rope.dimension_count", head_dim, "the rope turns whole heads")?;
         let pair = |a: &str, b: &str| -> Result<Option<(i64, i64)>> {
             match (k.opt_int(a, DIM)?, k.opt_int(b, DIM)?) {
                 (Some(x), Some(y)) => Ok(Some((x, y))),
@@ -262,7 +262,7 @@ impl DflashHparams {
             target_layers: layers.into_iter().map(|l| l as usize).collect(),
             target_hidden: k.int_or("target_hidden_size", n_embd, DIM)?,
             block_size: k.int_or("block_size", 16, 2..=MAX_BLOCK as i64)? as usize,
-            mask_token: k.other_int("tokenizer.ggml.mask_token_id", 0..=i32::MAX as i64)? as i32,
+            mask_token: k.int_at("tokenizer.ggml.mask_token_id", 0..=i32::MAX as i64)? as i32,
             conv: pair("conv_kernel_size", "conv_group_size")?,
             selector: pair("selector_rank", "selector_top_k")?,
         };

@@ -79,8 +79,7 @@ impl<'a> ArchKeys<'a> {
     /// [`crate::Error::Gguf`] if missing or not a non-negative integer;
     /// [`crate::Error::Model`] outside `range`.
     pub(crate) fn int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
-        let key = self.full(k);
-        self.int_key(&key, &range)?.map_or_else(|| self.f.get_uint(&key).map(|v| v as i64), Ok)
+        self.int_at(&self.full(k), range)
     }
 
     /// The integer `{arch}.{k}` in `range`, or `default` if the file has none.
@@ -99,12 +98,17 @@ impl<'a> ArchKeys<'a> {
         self.int_key(&self.full(k), &range)
     }
 
-    /// An integer key outside the architecture (`tokenizer.ggml.*`) in `range`.
+    /// The integer key `key` in `range`, by its full name (for keys outside
+    /// the architecture: `tokenizer.ggml.*`).
     ///
     /// # Errors
     /// As [`ArchKeys::int`].
-    pub(crate) fn other_int(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
-        self.int_key(key, &range)?.map_or_else(|| self.f.get_uint(key).map(|v| v as i64), Ok)
+    pub(crate) fn int_at(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
+        match self.int_key(key, &range)? {
+            Some(v) => Ok(v),
+            // Missing: the reader's error names the key.
+            None => self.f.value(key).and(Err(self.out_of(key, "missing", "present keys"))),
+        }
     }
 
     /// The `f32` `{arch}.{k}`, finite and positive (an epsilon, a rope
@@ -130,7 +134,7 @@ impl<'a> ArchKeys<'a> {
     ///
     /// # Errors
     /// [`crate::Error::Model`] naming both if it differs.
-    pub(crate) fn expect(&self, k: &str, want: i64, why: &str) -> crate::Result<()> {
+    pub(crate) fn must_equal(&self, k: &str, want: i64, why: &str) -> crate::Result<()> {
         match self.opt_int(k, 0..=i64::MAX)? {
             Some(v) if v != want => Err(crate::Error::Model {
                 detail: format!("{}: {} = {v}, but {why} ({want})", self.arch, self.full(k)),

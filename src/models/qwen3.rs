@@ -128,8 +128,8 @@ impl Qwen3Hparams {
             rope_base: k.positive("rope.freq_base", Some(10000.0))?,
             n_ctx_train: k.int("context_length", DIM)?,
         };
-        k.expect("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
-        k.expect("rope.dimension_count", head_dim, "the rope turns whole heads")?;
+        k.must_equal("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
+        k.must_equal("rope.dimension_count", head_dim, "the rope turns whole heads")?;
         hp.validate()?;
         Ok(hp)
     }

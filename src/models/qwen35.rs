@@ -177,7 +177,7 @@ impl Qwen35Hparams {
         let n_head = k.int("attention.head_count", DIM)?;
         let n_embd = k.int("embedding_length", DIM)?;
         let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
-        k.expect("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
+        k.must_equal("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
         let hp = Qwen35Hparams {
             n_layer: blocks.checked_sub(n_nextn).filter(|&l| l > 0).ok_or_else(|| Error::Model {
                 detail: format!("qwen35: block_count {blocks} leaves no trunk layer after {n_nextn} NextN layer(s)"),

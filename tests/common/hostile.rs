@@ -11,7 +11,7 @@ use shardgraph::gguf::{GgufFile, GgufWriter, MetaValue, ValueType};
 use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
 use shardgraph::models::generate::{write_dflash_gguf, write_qwen35_gguf, write_qwen3_gguf};
 use shardgraph::models::mtp::MtpDrafter;
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph::models::qwen3::{Qwen3Session, Qwen3Types};
 use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 use shardgraph::GgmlType;
 
@@ -43,21 +43,11 @@ pub struct Base {
     pub bytes: Vec<u8>,
 }
 
-/// The tiny target (2 layers, E 64, 6/3 heads of 32, vocabulary 96).
-pub fn qwen3_hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        n_layer: 2,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        n_vocab: 96,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
-        n_ctx_train: 4096,
-    }
-}
+#[path = "decode.rs"]
+mod decode;
+/// The tiny target (2 layers, E 64, 6/3 heads of 32, vocabulary 96): the
+/// model tests' [`decode::tiny_hp`].
+pub use decode::tiny_hp as qwen3_hp;
 
 /// The tiny hybrid target with an MTP layer (2 trunk layers: delta-net, attention).
 pub fn qwen35_hp() -> Qwen35Hparams {

@@ -175,7 +175,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
         Q5_K => kquants::dequantize_q5_k(bytemuck::cast_slice(src), y),
         Q6_K => kquants::dequantize_q6_k(bytemuck::cast_slice(src), y),
         Q8_K => kquants::dequantize_q8_k(bytemuck::cast_slice(src), y),
-        _ => unreachable!("filtered above"),
+        _ => return Err(Error::unsupported_type(ty, "dequantize_row has no decoder for it")),
     }
     Ok(())
 }
@@ -221,15 +221,17 @@ pub fn quantize_chunk(ty: GgmlType, src: &[f32], dst: &mut [u8], nrows: usize, n
         let rows_per_task = (PARALLEL_MIN_ELEMENTS / 4 / n_per_row.max(1)).max(1);
         src.par_chunks(rows_per_task * n_per_row)
             .zip(dst.par_chunks_mut(rows_per_task * row))
-            .for_each(|(s, d)| quantize_run(ty, s, d));
+            .try_for_each(|(s, d)| quantize_run(ty, s, d))
     } else {
-        quantize_run(ty, src, dst);
+        quantize_run(ty, src, dst)
     }
-    Ok(())
 }
 
 /// Quantizes a run of whole blocks (lengths already checked).
-fn quantize_run(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
+///
+/// # Errors
+/// [`Error::UnsupportedType`] for a type without a quantizer.
+fn quantize_run(ty: GgmlType, x: &[f32], dst: &mut [u8]) -> Result<()> {
     use GgmlType::*;
     match ty {
         F32 => {
@@ -259,6 +261,7 @@ fn quantize_run(ty: GgmlType, x: &[f32], dst: &mut [u8]) {
         Q5_K => kquants::quantize_q5_k(x, bytemuck::cast_slice_mut(dst)),
         Q6_K => kquants::quantize_q6_k(x, bytemuck::cast_slice_mut(dst)),
         Q8_K => kquants::quantize_q8_k(x, bytemuck::cast_slice_mut(dst)),
-        _ => unreachable!("filtered by quantize_chunk"),
+        _ => return Err(Error::unsupported_type(ty, "quantize_chunk has no quantizer for it")),
     }
+    Ok(())
 }
