@@ -81,5 +81,5 @@ pub use backend::cpu::{CpuBackend, CpuConfig};
 pub use backend::{Backend, TensorStorage};
 pub use error::{Error, Result};
 pub use graph::{Context, Graph};
-pub use ops::{GluOp, Op, RopeMode, RopeParams, SortOrder, UnaryOp};
+pub use ops::{GluOp, Op, OpFamily, RopeMode, RopeParams, SortOrder, UnaryOp};
 pub use tensor::{GgmlType, Tensor, TensorId};

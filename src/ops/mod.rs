@@ -329,6 +329,68 @@ pub enum Op {
     },
 }
 
+/// The op families: one file per family in `ops/`, in the CPU kernels
+/// (`backend/cpu/kernels/<family>.rs`), the CUDA dispatch
+/// (`backend/cuda/ops/<family>.rs`) and the split rules
+/// (`split/rules/<family>.rs`). [`Op::family`] is the one table that assigns
+/// an op to its family; every layer dispatches on it with an exhaustive match,
+/// so an op cannot be added without a place in each layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpFamily {
+    /// Element-wise arithmetic, unary functions, GLUs, `scale`, `clamp`, `fill`.
+    Elementwise,
+    /// Reductions over rows or the whole tensor: `sum`, `sum_rows`, `mean`,
+    /// `argmax`, `top_k`, `argsort`.
+    Reduce,
+    /// Row normalisations: `norm`, `rms_norm`, `l2_norm`, `soft_max`.
+    Norm,
+    /// Rotary position embedding.
+    Rope,
+    /// Matrix products: `mul_mat`, `mul_mat_id`, and `add_id` (MoE bias).
+    Matmul,
+    /// Fused attention: `flash_attn_ext`.
+    Attn,
+    /// Leafs, views, copies and data movement: `none`, `reshape`, `view`,
+    /// `permute`, `transpose`, `dup`, `cpy`, `cont`, `get_rows`, `set_rows`,
+    /// `concat`, `repeat`, `pad`.
+    Data,
+    /// State-space and linear-attention recurrences: `ssm_conv`, `gated_delta_net`.
+    Ssm,
+    /// Ops that exist only for the meta backend (`distributed.rs`): no ggml
+    /// counterpart.
+    Distributed,
+}
+
+impl OpFamily {
+    /// Every family, in declaration order.
+    pub const ALL: [OpFamily; 9] = [
+        OpFamily::Elementwise,
+        OpFamily::Reduce,
+        OpFamily::Norm,
+        OpFamily::Rope,
+        OpFamily::Matmul,
+        OpFamily::Attn,
+        OpFamily::Data,
+        OpFamily::Ssm,
+        OpFamily::Distributed,
+    ];
+
+    /// The family's file name in every layer (`"elementwise"`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            OpFamily::Elementwise => "elementwise",
+            OpFamily::Reduce => "reduce",
+            OpFamily::Norm => "norm",
+            OpFamily::Rope => "rope",
+            OpFamily::Matmul => "matmul",
+            OpFamily::Attn => "attn",
+            OpFamily::Data => "data",
+            OpFamily::Ssm => "ssm",
+            OpFamily::Distributed => "distributed",
+        }
+    }
+}
+
 impl Op {
     /// ggml's op name in lower case (`"mul_mat"`, `"unary"` ops by their function).
     pub fn name(&self) -> &'static str {
@@ -381,6 +443,89 @@ impl Op {
             Op::GetRowsPart { .. } => "get_rows_part",
             Op::AddN => "add_n",
         }
+    }
+
+    /// The op's family (see [`OpFamily`]): the one table every layer
+    /// dispatches on.
+    pub fn family(&self) -> OpFamily {
+        match self {
+            Op::Add
+            | Op::Sub
+            | Op::Mul
+            | Op::Div
+            | Op::Add1
+            | Op::Scale { .. }
+            | Op::Clamp { .. }
+            | Op::Sqr
+            | Op::Sqrt
+            | Op::Unary(_)
+            | Op::Glu { .. }
+            | Op::Fill { .. } => OpFamily::Elementwise,
+            Op::Sum | Op::SumRows | Op::Mean | Op::Argmax | Op::TopK { .. } | Op::Argsort { .. } => OpFamily::Reduce,
+            Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } | Op::SoftMax { .. } => OpFamily::Norm,
+            Op::Rope(_) => OpFamily::Rope,
+            Op::MulMat | Op::MulMatId | Op::AddId => OpFamily::Matmul,
+            Op::FlashAttnExt { .. } => OpFamily::Attn,
+            Op::None
+            | Op::Reshape
+            | Op::View
+            | Op::Permute { .. }
+            | Op::Transpose
+            | Op::Dup
+            | Op::Cpy
+            | Op::Cont
+            | Op::GetRows
+            | Op::SetRows
+            | Op::Concat { .. }
+            | Op::Repeat
+            | Op::Pad { .. } => OpFamily::Data,
+            Op::SsmConv | Op::GatedDeltaNet { .. } => OpFamily::Ssm,
+            Op::Exchange | Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => {
+                OpFamily::Distributed
+            }
+        }
+    }
+
+    /// True for a leaf (`Op::None`: a weight, input or cache; no op).
+    pub fn is_leaf(&self) -> bool {
+        matches!(self, Op::None)
+    }
+
+    /// True for the shape-only ops (`reshape`, `view`, `permute`,
+    /// `transpose`): the result is src0's memory seen with another shape, and
+    /// no kernel runs.
+    pub fn is_shape_only(&self) -> bool {
+        matches!(self, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose)
+    }
+
+    /// For the ops that write through a view into another tensor's storage
+    /// (`cpy` into src1, `set_rows` into src2; the result is a view of that
+    /// source): the index of the destination source. `None` for every other op.
+    pub fn written_src(&self) -> Option<usize> {
+        match self {
+            Op::Cpy => Some(1),
+            Op::SetRows => Some(2),
+            _ => None,
+        }
+    }
+
+    /// True for the ops that write through a view into a source's storage
+    /// (see [`Op::written_src`]).
+    pub fn writes_through_view(&self) -> bool {
+        self.written_src().is_some()
+    }
+
+    /// True for the ops linear in src0 alone (`f(a + b) = f(a) + f(b)`):
+    /// `neg`, `cont`, `dup` and `scale` without bias. A partial sum passes
+    /// through them unreduced.
+    pub fn is_linear_unary(&self) -> bool {
+        matches!(self, Op::Unary(UnaryOp::Neg) | Op::Cont | Op::Dup) || matches!(self, Op::Scale { b, .. } if *b == 0.0)
+    }
+
+    /// True when the op carries an ALiBi bias (`soft_max` or `flash_attn_ext`
+    /// with `max_bias > 0`): each head's slope depends on its global index.
+    pub fn has_alibi(&self) -> bool {
+        matches!(self, Op::SoftMax { max_bias, .. } | Op::FlashAttnExt { max_bias, .. } if *max_bias > 0.0)
     }
 
     /// Feeds the op and its parameters to `h` (floats by their bits): the
@@ -450,7 +595,7 @@ impl Op {
     /// True for ops whose result is a view of a source's storage (no kernel
     /// runs, or the kernel writes into the source: `cpy`, `set_rows`).
     pub fn is_view_op(&self) -> bool {
-        matches!(self, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose | Op::Cpy | Op::SetRows)
+        self.is_shape_only() || self.writes_through_view()
     }
 
     /// True if the result may be written into src0's memory when src0 is not
