@@ -17,9 +17,9 @@
 
 use shardgraph::backend::cuda::CudaBackend;
 use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::tensor::quant;
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -158,7 +158,7 @@ fn main() -> shardgraph::Result<()> {
     let path = std::env::temp_dir().join(format!("shardgraph-bench-cuda-{}-{}.gguf", hp.n_embd, hp.n_layer));
     let types = Qwen3Types::all(GgmlType::Q8_0);
     if !path.exists() {
-        shardgraph::models::generate::write_qwen3_gguf(&path, &hp, &types, 1)?;
+        shardgraph_models::generate::write_qwen3_gguf(&path, &hp, &types, 1)?;
     }
     let n_tok = if emu { 4 } else { 64 };
     let prompt: Vec<i32> = (0..8).map(|i| (i * 31 + 7) % hp.n_vocab as i32).collect();

@@ -11,9 +11,9 @@ mod qwen3;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use qwen3::{qwen3_layers, qwen3_policy, Dims};
-use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use shardgraph::split::{MetaExecutor, Planner, SplitState, SplitStore};
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use std::time::Instant;
 
 fn plan_qwen3_32b(c: &mut Criterion) {
@@ -73,10 +73,10 @@ fn step_overhead_qwen3_32b(_: &mut Criterion) {
     let model = Qwen3::new(&mut ctx, hp.clone(), types, GgmlType::F16, 65536).expect("model");
     let base = ctx.len();
     let ratios = [1.0, 1.0];
-    let policy = shardgraph::models::policy::qwen3_policy(&hp, &types, &ratios).expect("policy");
+    let policy = shardgraph_models::policy::qwen3_policy(&hp, &types, &ratios).expect("policy");
     let exec = MetaExecutor::new(2, 1).expect("executor");
     let mut planner = Planner::default();
-    let (pos, n_kv) = (4000i32, shardgraph::models::kv_window(65536, 4001));
+    let (pos, n_kv) = (4000i32, shardgraph_models::kv_window(65536, 4001));
     let build = |ctx: &mut Context| {
         ctx.truncate(base);
         let step = model.build_window(ctx, 1, n_kv, &[]).expect("step");

@@ -17,10 +17,10 @@
 //! tokens/s; decode N tokens Y tokens/s; …`. `RUST_LOG=debug` logs every
 //! decode step: tokens, position, bytes moved, time.
 
-use shardgraph::models::fit::{FitDraft, FitSpec, FitTarget};
-use shardgraph::models::generate::{write_qwen3_gguf_progress, Weights};
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::GgmlType;
+use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
+use shardgraph_models::generate::{write_qwen3_gguf_progress, Weights};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::time::Instant;
 
 #[path = "common/spec.rs"]

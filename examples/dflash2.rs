@@ -39,13 +39,13 @@
 //! `RUST_LOG=debug` logs every speculative step.
 
 use shardgraph::gguf::GgufFile;
-use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
-use shardgraph::models::fit::{FitDraft, FitSpec, FitTarget};
-use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen3_gguf_progress, Weights};
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
-use shardgraph::models::speculative::SpecParams;
 use shardgraph::GgmlType;
+use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
+use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
+use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen3_gguf_progress, Weights};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use shardgraph_models::speculative::SpecParams;
 use std::path::{Path, PathBuf};
 
 #[path = "common/spec.rs"]

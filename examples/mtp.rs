@@ -20,9 +20,9 @@
 //! and `--fit on|off` (as in the dflash2 example), `--threads`,
 //! `--model PATH`, `--verify`.
 
-use shardgraph::models::mtp::MtpDrafter;
-use shardgraph::models::qwen35::Qwen35Session;
-use shardgraph::models::speculative::SpecParams;
+use shardgraph_models::mtp::MtpDrafter;
+use shardgraph_models::qwen35::Qwen35Session;
+use shardgraph_models::speculative::SpecParams;
 
 #[path = "common/spec.rs"]
 mod spec;
@@ -77,11 +77,11 @@ fn run() -> shardgraph::Result<()> {
     // Cache cells for the prompt, the generated tokens and one draft beyond them.
     // The model's metadata before anything is printed about it.
     let file = shardgraph::gguf::GgufFile::open(&target)?;
-    let hp = shardgraph::models::qwen35::Qwen35Hparams::from_gguf(&file)?;
+    let hp = shardgraph_models::qwen35::Qwen35Hparams::from_gguf(&file)?;
     let need = (prompt.len() + n_gen + n_max + 1) as i64;
     let kv_size = spec::ctx_size(&args, need, need, threads, || {
-        use shardgraph::models::fit::{FitDraft, FitSpec, FitTarget};
-        let types = shardgraph::models::qwen35::Qwen35Types::from_gguf(&file, &hp)?;
+        use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
+        let types = shardgraph_models::qwen35::Qwen35Types::from_gguf(&file, &hp)?;
         Ok(FitSpec {
             target: FitTarget::Qwen35 { hp: hp.clone(), types },
             draft: FitDraft::Mtp { n_max },

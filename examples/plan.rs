@@ -20,13 +20,13 @@
 //! cells, default 4096), `--cache-type-k f16|q8_0|q4_0` (default f16),
 //! `--tokens T` (batch, default 1).
 
-use shardgraph::models::dflash::{Dflash, DflashHparams};
-use shardgraph::models::policy::{qwen35_dflash_policy, qwen35_policy};
-use shardgraph::models::policy::{qwen3_dflash_policy, qwen3_policy};
-use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
-use shardgraph::models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
 use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::policy::{qwen35_dflash_policy, qwen35_policy};
+use shardgraph_models::policy::{qwen3_dflash_policy, qwen3_policy};
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+use shardgraph_models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
 
 #[path = "common/spec.rs"]
 mod spec;

@@ -120,13 +120,13 @@ fn graphs_built_before_a_truncate_are_errors() {
 /// that returns the wrong number of tokens — errors, not panics.
 #[test]
 fn model_functions_refuse_degenerate_parameters() {
-    use shardgraph::models::dflash::DflashHparams;
-    use shardgraph::models::generate::{write_dflash_gguf_with, Weights};
-    use shardgraph::models::policy::{attention_granules, qwen35_policy, qwen3_policy};
-    use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Types, StepOutput};
-    use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
-    use shardgraph::models::speculative::{generate, Drafter, SpecParams, Target};
     use shardgraph::GgmlType;
+    use shardgraph_models::dflash::DflashHparams;
+    use shardgraph_models::generate::{write_dflash_gguf_with, Weights};
+    use shardgraph_models::policy::{attention_granules, qwen35_policy, qwen3_policy};
+    use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types, StepOutput};
+    use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
+    use shardgraph_models::speculative::{generate, Drafter, SpecParams, Target};
     let q3 = Qwen3Hparams {
         n_layer: 1,
         n_embd: 64,
@@ -212,9 +212,9 @@ fn model_functions_refuse_degenerate_parameters() {
 #[test]
 fn corrupt_counts_and_overflowing_splits_are_errors() {
     use shardgraph::gguf::{GgufFile, GgufWriter};
-    use shardgraph::models::dflash::best_path;
-    use shardgraph::models::qwen3::Qwen3Hparams;
     use shardgraph::split::{slice_local, AxisSplit, Planner, SplitPolicy, SplitSpec, SplitState};
+    use shardgraph_models::dflash::best_path;
+    use shardgraph_models::qwen3::Qwen3Hparams;
     // A file's block_count is checked before any layer is created.
     let hp = Qwen3Hparams { n_layer: 10_000_000, ..Qwen3Hparams::qwen3_8b() };
     let mut w = GgufWriter::new();

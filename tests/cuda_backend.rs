@@ -10,8 +10,8 @@
 
 use shardgraph::backend::cuda::CudaBackend;
 use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::{Backend, Context, GgmlType, TensorStorage};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::sync::Arc;
 
 #[path = "common/decode.rs"]
@@ -60,7 +60,7 @@ fn hp() -> Qwen3Hparams {
 /// permutation model's greedy chain is followed exactly.
 #[test]
 fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
-    use shardgraph::models::generate::{write_qwen3_gguf_with, Weights};
+    use shardgraph_models::generate::{write_qwen3_gguf_with, Weights};
     let Some(_) = devices(1) else { return };
     let dir = std::env::temp_dir().join(format!("shardgraph-cuda-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -210,11 +210,11 @@ fn out_of_range_rows_are_errors() {
 /// `--device .. --verify`.
 #[test]
 fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
-    use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
-    use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
-    use shardgraph::models::mtp::MtpDrafter;
-    use shardgraph::models::qwen35::{Qwen35Session, Qwen35Types};
-    use shardgraph::models::speculative::{generate, Drafter, SpecParams};
+    use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
+    use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+    use shardgraph_models::mtp::MtpDrafter;
+    use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
+    use shardgraph_models::speculative::{generate, Drafter, SpecParams};
 
     struct NoDraft;
     impl Drafter<Qwen35Session> for NoDraft {
@@ -239,7 +239,7 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
             t: &mut Qwen35Session,
             batch: &[i32],
             start: i64,
-            out: &shardgraph::models::qwen3::StepOutput,
+            out: &shardgraph_models::qwen3::StepOutput,
             kept: usize,
         ) -> shardgraph::Result<()> {
             self.0.accept(t, batch, start, out, kept)
@@ -251,7 +251,7 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     let Some(_) = devices(1) else { return };
     let dir = std::env::temp_dir().join(format!("shardgraph-cuda-spec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let hp = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     let target = dir.join("qwen35.gguf");
     write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {

@@ -6,12 +6,12 @@
 //! context fits and 256 cells more do not; a device too small for 256
 //! cells is an error naming it; nothing is allocated on the devices.
 
-use shardgraph::models::dflash::DflashHparams;
-use shardgraph::models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Types};
-use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
 use shardgraph::split::MetaExecutor;
 use shardgraph::GgmlType;
+use shardgraph_models::dflash::DflashHparams;
+use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
+use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
 
 #[path = "common/counting.rs"]
 mod counting;
@@ -164,7 +164,7 @@ fn bad_specs_are_errors() {
     // Sizes beyond what a session may take are errors, not panics or
     // million-tensor graphs: MTP chains over MAX_DRAFT, snapshot slots over
     // MAX_DRAFT + 1, batches larger than the context, contexts over MAX_CTX.
-    use shardgraph::models::speculative::MAX_DRAFT;
+    use shardgraph_models::speculative::MAX_DRAFT;
     let q35 = || qwen35_target();
     for n_max in [0, MAX_DRAFT + 1, usize::MAX] {
         let e = spec(q35(), FitDraft::Mtp { n_max }, 0).memory(256).unwrap_err();
@@ -182,7 +182,7 @@ fn bad_specs_are_errors() {
     // A requested maximum beyond MAX_CTX is clamped, not a shape error.
     let exec = MetaExecutor::with_backends(counting::devices(1, Some(&[1 << 30])).0).unwrap();
     let n = fit_ctx_size(&spec(qwen3_target(), FitDraft::None, 0), i64::MAX, &exec).unwrap();
-    assert!(n % CTX_STEP == 0 && n <= shardgraph::models::MAX_CTX, "{n}");
+    assert!(n % CTX_STEP == 0 && n <= shardgraph_models::MAX_CTX, "{n}");
     // Figures that overflow a u64 fit no device.
     use shardgraph::split::DeviceMemory;
     let huge = DeviceMemory { weights: u64::MAX, caches: 1, ..DeviceMemory::default() };

@@ -139,9 +139,9 @@ fn every_hostile_model_file_is_an_error_not_a_crash() {
 #[test]
 fn sizes_from_callers_are_bounded() {
     use shardgraph::gguf::GgufFile;
-    use shardgraph::models::qwen3::Qwen3Session;
-    use shardgraph::models::speculative::{generate, SpecParams, MAX_DRAFT};
     use shardgraph::GgmlType;
+    use shardgraph_models::qwen3::Qwen3Session;
+    use shardgraph_models::speculative::{generate, SpecParams, MAX_DRAFT};
     let target = hostile::bases().swap_remove(0).bytes;
     let f = GgufFile::from_bytes(target, "qwen3.gguf").unwrap();
     // A cache no device can hold is refused before anything is allocated,
@@ -169,7 +169,7 @@ fn sizes_from_callers_are_bounded() {
     // Drafts per step are bounded, and a generation longer than the cache
     // stops with an error at the step that would overflow it.
     let mut s = Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, 256).unwrap();
-    let mut d = shardgraph::models::dflash::DflashDrafter::attach_file(
+    let mut d = shardgraph_models::dflash::DflashDrafter::attach_file(
         &mut s,
         &GgufFile::from_bytes(hostile::bases().swap_remove(2).bytes, "dflash.gguf").unwrap(),
         GgmlType::F16,
@@ -184,16 +184,16 @@ fn sizes_from_callers_are_bounded() {
     let drafter = GgufFile::from_bytes(hostile::bases().swap_remove(2).bytes, "dflash.gguf").unwrap();
     for p_min in [f32::NAN, -0.5, 2.0] {
         let mut s = Qwen3Session::from_file(&f, &[1.0], 1, GgmlType::F16, 256).unwrap();
-        let e = shardgraph::models::dflash::DflashDrafter::attach_file(&mut s, &drafter, GgmlType::F16, p_min);
+        let e = shardgraph_models::dflash::DflashDrafter::attach_file(&mut s, &drafter, GgmlType::F16, p_min);
         assert!(e.is_err(), "p_min {p_min}");
     }
     // Snapshot slots are bounded (a verification batch's rows).
     let q35 = GgufFile::from_bytes(hostile::bases().swap_remove(1).bytes, "qwen35.gguf").unwrap();
-    let mut s35 = shardgraph::models::qwen35::Qwen35Session::from_file(&q35, &[1.0], 1, GgmlType::F16, 256).unwrap();
+    let mut s35 = shardgraph_models::qwen35::Qwen35Session::from_file(&q35, &[1.0], 1, GgmlType::F16, 256).unwrap();
     for slots in [1, MAX_DRAFT + 2, usize::MAX] {
         assert!(s35.enable_snapshots(slots).is_err(), "{slots} slots");
     }
-    assert!(shardgraph::models::mtp::MtpDrafter::new(&s35, f32::NAN).is_err());
+    assert!(shardgraph_models::mtp::MtpDrafter::new(&s35, f32::NAN).is_err());
 }
 
 #[test]

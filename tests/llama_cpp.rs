@@ -10,9 +10,9 @@
 //! Without the venv or the package the test prints `SKIPPED: <reason>` and
 //! passes, unless `SHARDGRAPH_REQUIRE_GGML` is set (as `.ci/run` does).
 
-use shardgraph::models::generate::{write_qwen3_gguf_with, Weights};
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::GgmlType;
+use shardgraph_models::generate::{write_qwen3_gguf_with, Weights};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -191,8 +191,8 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
 /// the conv and recurrent states and the KV cache across steps.
 #[test]
 fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
-    use shardgraph::models::generate::write_qwen35_gguf;
-    use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+    use shardgraph_models::generate::write_qwen35_gguf;
+    use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
     let Some(py) = python_or_skip("qwen35_logits_and_greedy_tokens_match_llama_cpp") else { return };
     let hp = Qwen35Hparams {
         n_layer: 4,

@@ -7,13 +7,13 @@
 #[path = "common/rng.rs"]
 mod rng;
 use rng::values;
-use shardgraph::models::dflash::{Dflash, DflashHparams};
-use shardgraph::models::policy::qwen3_dflash_policy;
-use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
-use shardgraph::models::runner::Runner;
 use shardgraph::split::{Collective, LinkModel, Planner};
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::policy::qwen3_dflash_policy;
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+use shardgraph_models::runner::Runner;
 
 fn target_hp() -> Qwen3Hparams {
     Qwen3Hparams {
@@ -221,9 +221,9 @@ fn a_drafter_for_another_target_is_an_error() {
 #[test]
 fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
     use shardgraph::graph::alloc::GraphAllocator;
-    use shardgraph::models::dflash::dflash2_conv;
     use shardgraph::split::{MetaExecutor, SplitPolicy, SplitSpec};
     use shardgraph::{Backend, CpuBackend, TensorStorage};
+    use shardgraph_models::dflash::dflash2_conv;
     let (e, group, k, bl, nb) = (64i64, 16i64, 2i64, 4i64, 3i64);
     let (gc, t) = (e / group, bl * nb);
     let xs = values((e * t) as usize, 1, 1.0, 0.0);
@@ -284,7 +284,7 @@ fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
 
 #[test]
 fn best_path_follows_the_edges_from_the_anchor_and_stops_below_p_min() {
-    use shardgraph::models::dflash::best_path;
+    use shardgraph_models::dflash::best_path;
     // E = 8, K = 2: each row is [c0, c1 | s(p0→c0), s(p0→c1), s(p1→c0), s(p1→c1) | 0, 0].
     let lattice = [
         [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],   // row 0: the anchor
@@ -312,13 +312,13 @@ fn a_selector_that_does_not_fit_is_an_error() {
     // A structured drafter needs the selector.
     let dir = std::env::temp_dir().join(format!("shardgraph-dflash-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = shardgraph::models::generate::write_dflash_gguf_with(
+    let e = shardgraph_models::generate::write_dflash_gguf_with(
         dir.join("d.gguf"),
         &drafter_hp(),
         GgmlType::F32,
         160,
         1,
-        shardgraph::models::generate::Weights::Permutation,
+        shardgraph_models::generate::Weights::Permutation,
     )
     .unwrap_err();
     assert!(e.to_string().contains("selector"), "{e}");

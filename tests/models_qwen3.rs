@@ -4,10 +4,10 @@
 //! decode steps, with the KV cache in F16 and Q4_0, ratios 1:1, 3:1, 1:1:1;
 //! and a rollback followed by re-decoding gives the same tokens again.
 
-use shardgraph::models::policy::qwen3_policy;
-use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph::split::{Collective, Planner};
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::policy::qwen3_policy;
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 
 #[path = "common/decode.rs"]
 mod decode;
@@ -94,7 +94,7 @@ fn rollback_then_redecode_gives_the_same_tokens() {
 
 #[test]
 fn generated_gguf_loads_and_decodes_the_same_on_one_and_two_devices() {
-    use shardgraph::models::generate::write_qwen3_gguf;
+    use shardgraph_models::generate::write_qwen3_gguf;
     let dir = std::env::temp_dir().join(format!("shardgraph-qwen3-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny.gguf");
@@ -123,7 +123,7 @@ fn generated_gguf_loads_and_decodes_the_same_on_one_and_two_devices() {
 
 #[test]
 fn structured_weights_continue_along_the_permutation() {
-    use shardgraph::models::generate::{permutation, write_qwen3_gguf_with, Weights};
+    use shardgraph_models::generate::{permutation, write_qwen3_gguf_with, Weights};
     let dir = std::env::temp_dir().join(format!("shardgraph-perm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("perm.gguf");

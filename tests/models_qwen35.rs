@@ -7,9 +7,9 @@
 //! 3:1, KV caches F16 and Q4_0. Bad input: a tensor split that leaves a
 //! device without a key head is an error naming it.
 
-use shardgraph::models::generate::write_qwen35_gguf;
-use shardgraph::models::qwen35::{Qwen35Session, Qwen35Types};
 use shardgraph::GgmlType;
+use shardgraph_models::generate::write_qwen35_gguf;
+use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
 
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
@@ -57,10 +57,10 @@ fn qwen35_on_n_devices_equals_one_device() {
 /// leaves its device.
 #[test]
 fn qwen35_decode_plan_moves_two_all_reduces_per_layer() {
-    use shardgraph::models::policy::qwen35_policy;
-    use shardgraph::models::qwen35::Qwen35;
     use shardgraph::split::{Collective, Planner};
     use shardgraph::Context;
+    use shardgraph_models::policy::qwen35_policy;
+    use shardgraph_models::qwen35::Qwen35;
     let hp = tiny();
     let types = Qwen35Types::all(GgmlType::Q8_0);
     for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
@@ -97,7 +97,7 @@ fn a_claimed_but_missing_mtp_layer_is_an_error() {
     // The same tensors under metadata that says there is a NextN layer.
     let file = GgufFile::open(&plain).unwrap();
     let mut w = GgufWriter::new();
-    let claims = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..tiny() };
+    let claims = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..tiny() };
     claims.add_to_gguf(&mut w, "claims an MTP layer").unwrap();
     let infos: Vec<_> = file.tensors().to_vec();
     for i in &infos {
@@ -123,7 +123,7 @@ fn a_claimed_but_missing_mtp_layer_is_an_error() {
 /// caches).
 #[test]
 fn snapshot_rollback_equals_decoding_the_kept_tokens() {
-    use shardgraph::models::qwen35::Qwen35Mixer;
+    use shardgraph_models::qwen35::Qwen35Mixer;
     let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-snap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen35-f32.gguf");

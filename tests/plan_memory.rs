@@ -6,14 +6,14 @@
 //! counted on devices that count their buffers (never timed). The table
 //! prints with `--nocapture`.
 
-use shardgraph::models::dflash::{Dflash, DflashHparams};
-use shardgraph::models::fit::session_memory;
-use shardgraph::models::policy::{qwen35_dflash_policy, qwen3_policy};
-use shardgraph::models::qwen3::{Qwen3, Qwen3Types};
-use shardgraph::models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
-use shardgraph::models::runner::Runner;
 use shardgraph::split::SplitPolicy;
 use shardgraph::{Context, GgmlType, Graph, TensorId};
+use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::fit::session_memory;
+use shardgraph_models::policy::{qwen35_dflash_policy, qwen3_policy};
+use shardgraph_models::qwen3::{Qwen3, Qwen3Types};
+use shardgraph_models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
+use shardgraph_models::runner::Runner;
 
 #[path = "common/counting.rs"]
 mod counting;

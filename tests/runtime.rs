@@ -5,12 +5,12 @@
 //! step's work follows the KV cells in use, not the allocated context — a
 //! decode in a 65536-cell cache gives the tokens and logits of a 512-cell one.
 
-use shardgraph::models::kv_window;
-use shardgraph::models::policy::qwen3_policy;
-use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph::models::runner::Runner;
 use shardgraph::split::Planner;
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::kv_window;
+use shardgraph_models::policy::qwen3_policy;
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::runner::Runner;
 
 #[path = "common/decode.rs"]
 mod decode;

@@ -5,10 +5,10 @@
 //! every draft is accepted, none is, or some are (forced rejections roll the
 //! KV cache back).
 
-use shardgraph::models::generate::{permutation, write_qwen3_gguf_with, Weights};
-use shardgraph::models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph::models::speculative::{generate, Drafter, SpecParams};
 use shardgraph::GgmlType;
+use shardgraph_models::generate::{permutation, write_qwen3_gguf_with, Weights};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::speculative::{generate, Drafter, SpecParams};
 
 /// Drafts the permutation's continuation, wrong at every position `p` with
 /// `p % every == 0` (never wrong when `every == 0`), or always wrong.
@@ -87,8 +87,8 @@ fn speculative_output_equals_plain_greedy() {
 
 #[test]
 fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
-    use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
-    use shardgraph::models::generate::write_dflash_gguf;
+    use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
+    use shardgraph_models::generate::write_dflash_gguf;
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-dflash-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("target.gguf");
@@ -160,9 +160,9 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
 /// The seed configuration's shapes: a target whose rows fit K-quant blocks
 /// (E = 256) and a DFlash2 drafter (convolutions and selector) built to
 /// follow it.
-fn seed_hp() -> (Qwen3Hparams, shardgraph::models::dflash::DflashHparams) {
+fn seed_hp() -> (Qwen3Hparams, shardgraph_models::dflash::DflashHparams) {
     let t = Qwen3Hparams { n_embd: 256, n_ff: 512, n_head: 8, n_head_kv: 4, head_dim: 64, ..hp() };
-    let d = shardgraph::models::dflash::DflashHparams {
+    let d = shardgraph_models::dflash::DflashHparams {
         n_layer: 2,
         n_embd: 256,
         n_ff: 256,
@@ -190,8 +190,8 @@ fn seed_hp() -> (Qwen3Hparams, shardgraph::models::dflash::DflashHparams) {
 /// flash attention, tensor split 1,1).
 #[test]
 fn dflash2_seed_configuration_accepts_drafts_and_stays_greedy() {
-    use shardgraph::models::dflash::DflashDrafter;
-    use shardgraph::models::generate::write_dflash_gguf_with;
+    use shardgraph_models::dflash::DflashDrafter;
+    use shardgraph_models::generate::write_dflash_gguf_with;
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-seed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (thp, dhp) = seed_hp();

@@ -7,10 +7,10 @@
 //! device-side per-token snapshots, and by restoring a host checkpoint and
 //! decoding the kept tokens again.
 
-use shardgraph::models::generate::write_qwen35_gguf;
-use shardgraph::models::qwen35::{Qwen35Session, Qwen35Types};
-use shardgraph::models::speculative::{generate, Drafter, SpecParams};
 use shardgraph::GgmlType;
+use shardgraph_models::generate::write_qwen35_gguf;
+use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
+use shardgraph_models::speculative::{generate, Drafter, SpecParams};
 
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
@@ -88,12 +88,12 @@ fn speculative_on_qwen35_equals_plain_greedy_with_recurrent_rollback() {
 /// plain greedy decoding. A GGUF without an MTP layer is refused.
 #[test]
 fn mtp_drafting_on_qwen35_equals_plain_greedy() {
-    use shardgraph::models::generate::{write_qwen35_gguf_with, Weights};
-    use shardgraph::models::mtp::MtpDrafter;
+    use shardgraph_models::generate::{write_qwen35_gguf_with, Weights};
+    use shardgraph_models::mtp::MtpDrafter;
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-mtp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen35-mtp-q8_0.gguf");
-    let hp = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     write_qwen35_gguf_with(&path, &hp, &Qwen35Types::all(GgmlType::Q8_0), 7, Weights::Permutation).unwrap();
     let prompt = [3, 14, 15, 92, 65, 35];
     let n_gen = 24;
@@ -131,12 +131,12 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
 /// refused.
 #[test]
 fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
-    use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
-    use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+    use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
+    use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-dflash-hybrid-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let target = dir.join("qwen35-q8_0.gguf");
-    let hp = shardgraph::models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
         n_layer: 2,

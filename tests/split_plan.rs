@@ -191,8 +191,8 @@ fn plan_memory_per_device_is_known_before_allocation() {
 /// device.
 #[test]
 fn a_zero_ratio_device_does_not_make_the_others_relayout_weights() {
-    use shardgraph::models::policy::qwen3_policy;
-    use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+    use shardgraph_models::policy::qwen3_policy;
+    use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
     let hp = Qwen3Hparams {
         n_layer: 4,
         n_embd: 1024,

@@ -4,14 +4,14 @@
 
 #![allow(dead_code)] // each example uses part of it
 
-use shardgraph::models::dflash::DflashHparams;
-use shardgraph::models::fit::{fit_ctx_size, FitSpec, CTX_STEP};
-use shardgraph::models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
-use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Types};
-use shardgraph::models::runner::Runner;
-use shardgraph::models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
 use shardgraph::split::MetaExecutor;
 use shardgraph::{Backend, GgmlType};
+use shardgraph_models::dflash::DflashHparams;
+use shardgraph_models::fit::{fit_ctx_size, FitSpec, CTX_STEP};
+use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
+use shardgraph_models::runner::Runner;
+use shardgraph_models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -182,7 +182,7 @@ fn bad_device(name: &str) -> ! {
 /// * off: `--ctx-size`, or `default` when not given;
 /// * on: the largest context of 256-cell steps whose session — the
 ///   weights, caches and worst steps of `spec()`, sized from plans before
-///   anything is allocated ([`shardgraph::models::fit::fit_ctx_size`]) —
+///   anything is allocated ([`shardgraph_models::fit::fit_ctx_size`]) —
 ///   fits every device of the run (`--device`, `--threads`), at most
 ///   `--ctx-size` if given, else at most the model's training context.
 ///
@@ -391,7 +391,7 @@ pub type Attach<'a, T> = dyn Fn(&mut T) -> shardgraph::Result<Box<dyn Drafter<T>
 
 /// Exits with a message naming the first out-of-range count and its value.
 pub fn check_counts(n_gen: usize, threads: usize, n_max: usize, n_min: usize, p_min: f32) {
-    use shardgraph::models::speculative::MAX_DRAFT;
+    use shardgraph_models::speculative::MAX_DRAFT;
     let bad = |m: &str| -> ! {
         eprintln!("{m}");
         std::process::exit(2)

@@ -2,11 +2,11 @@
 //! the model tests.
 #![allow(dead_code)]
 
-use shardgraph::models::policy::qwen3_policy;
-use shardgraph::models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph::models::runner::Runner;
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::policy::qwen3_policy;
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::runner::Runner;
 
 #[path = "rng.rs"]
 mod rng;

@@ -8,12 +8,12 @@
 #![allow(dead_code)]
 
 use shardgraph::gguf::{GgufFile, GgufWriter, MetaValue, ValueType};
-use shardgraph::models::dflash::{DflashDrafter, DflashHparams};
-use shardgraph::models::generate::{write_dflash_gguf, write_qwen35_gguf, write_qwen3_gguf};
-use shardgraph::models::mtp::MtpDrafter;
-use shardgraph::models::qwen3::{Qwen3Session, Qwen3Types};
-use shardgraph::models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 use shardgraph::GgmlType;
+use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
+use shardgraph_models::generate::{write_dflash_gguf, write_qwen35_gguf, write_qwen3_gguf};
+use shardgraph_models::mtp::MtpDrafter;
+use shardgraph_models::qwen3::{Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 
 /// What a case must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +128,7 @@ pub fn load(bytes: &[u8], target: &[u8]) -> shardgraph::Result<()> {
 pub fn load_with(bytes: &[u8], target: &[u8], decode: bool) -> shardgraph::Result<()> {
     let f = GgufFile::from_bytes(bytes.to_vec(), "case.gguf")?;
     let ratios = [1.0, 1.0];
-    let step = |r: shardgraph::Result<shardgraph::models::qwen3::StepOutput>| r.map(drop);
+    let step = |r: shardgraph::Result<shardgraph_models::qwen3::StepOutput>| r.map(drop);
     match f.get_str("general.architecture")? {
         "qwen35" => {
             let mut s = Qwen35Session::from_file(&f, &ratios, 1, GgmlType::F16, 256)?;

@@ -1,6 +1,6 @@
 //! The tiny `qwen35` the hybrid tests share.
 
-use shardgraph::models::qwen35::Qwen35Hparams;
+use shardgraph_models::qwen35::Qwen35Hparams;
 
 /// 4 layers (delta-net, attention, delta-net, attention); 6 key heads and
 /// 12 value heads of 64 (head ratio 2), so 3 devices each get key heads in
