@@ -353,8 +353,9 @@ fn find_sorted<'a>(sorted: &[usize], want: &str, key: impl Fn(usize) -> &'a str)
     sorted.binary_search_by(|&i| key(i).cmp(want)).ok().map(|p| sorted[p])
 }
 
-fn parse(data: &[u8]) -> Result<Parsed, String> {
-    let mut c = Cursor { data, pos: 0 };
+/// Reads the header: checks the magic and the version (2 or 3) and returns
+/// `(version, n_tensors, n_kv)`, both counts checked against the bytes left.
+fn parse_header(c: &mut Cursor<'_>) -> Result<(u32, u64, u64), String> {
     let magic = c.take(4, &"the magic")?;
     if magic != MAGIC {
         return Err(format!("bad magic {:?} (expected \"GGUF\"): not a GGUF file", String::from_utf8_lossy(magic)));
@@ -386,7 +387,12 @@ fn parse(data: &[u8]) -> Result<Parsed, String> {
             c.remaining()
         ));
     }
+    Ok((version, n_tensors, n_kv))
+}
 
+/// Reads the `n_kv` metadata entries (non-empty keys, validated values) and
+/// returns them with their key-sorted index; a repeated key is an error.
+fn parse_kvs(c: &mut Cursor<'_>, n_kv: u64) -> Result<(Vec<Kv>, Vec<usize>), String> {
     let mut kvs = Vec::with_capacity(n_kv as usize);
     for i in 0..n_kv as usize {
         let key_at = c.pos;
@@ -398,15 +404,21 @@ fn parse(data: &[u8]) -> Result<Parsed, String> {
         let type_id = c.u32(&format_args!("the value type of key {key:?}"))?;
         let ty = ValueType::from_id(type_id)
             .ok_or_else(|| format!("key {key:?}: unknown value type id {type_id} at byte {at}"))?;
-        let node = parse_value(&mut c, ty, 0).map_err(|e| format!("key {key:?}: {e}"))?;
+        let node = parse_value(c, ty, 0).map_err(|e| format!("key {key:?}: {e}"))?;
         kvs.push(Kv { key_at, node });
     }
+    let data = c.data;
     let (kv_sorted, dup) = sorted_index(kvs.len(), |i| key_of(data, &kvs[i]));
     if let Some((i, j)) = dup {
         return Err(format!("duplicate key {:?} (metadata entries {i} and {j})", key_of(data, &kvs[i])));
     }
+    Ok((kvs, kv_sorted))
+}
 
-    let alignment = match find_sorted(&kv_sorted, ALIGNMENT_KEY, |i| key_of(data, &kvs[i])).map(|i| &kvs[i].node) {
+/// The file's alignment: `general.alignment` (a `u32` power of two) or
+/// [`DEFAULT_ALIGNMENT`] when the key is absent.
+fn alignment_of(data: &[u8], kvs: &[Kv], kv_sorted: &[usize]) -> Result<usize, String> {
+    Ok(match find_sorted(kv_sorted, ALIGNMENT_KEY, |i| key_of(data, &kvs[i])).map(|i| &kvs[i].node) {
         None => DEFAULT_ALIGNMENT,
         Some(Node::Scalar(ValueType::U32, at)) => {
             let a = bytes_at(data, *at).map(u32::from_le_bytes).unwrap_or(0);
@@ -423,61 +435,85 @@ fn parse(data: &[u8]) -> Result<Parsed, String> {
             };
             return Err(format!("key {ALIGNMENT_KEY:?} is {found}, must be u32"));
         }
-    };
+    })
+}
 
+/// Reads tensor info `i`: name (at most [`MAX_TENSOR_NAME`] bytes), dims
+/// (at most [`MAX_DIMS`], element count within `i64`), a type this crate
+/// implements with `ne[0]` a whole number of blocks, a byte size that fits
+/// `usize`, and an offset that is a multiple of `alignment`.
+fn parse_tensor_info(c: &mut Cursor<'_>, i: usize, alignment: usize) -> Result<TensorInfo, String> {
+    let name = c.string(&format_args!("the name of tensor {i}"))?;
+    if name.len() > MAX_TENSOR_NAME {
+        return Err(format!("tensor {i} name {name:?} is {} bytes long (at most {MAX_TENSOR_NAME})", name.len()));
+    }
+    let t = |e: String| format!("tensor {name:?}: {e}");
+    let n_dims = c.u32(&"the dimension count").map_err(t)?;
+    if n_dims as usize > MAX_DIMS {
+        return Err(t(format!("{n_dims} dimensions (at most {MAX_DIMS})")));
+    }
+    let mut ne = [1i64; MAX_DIMS];
+    for (j, d) in ne.iter_mut().enumerate().take(n_dims as usize) {
+        let v = c.u64(&format_args!("ne[{j}]")).map_err(t)?;
+        *d = i64::try_from(v).map_err(|_| t(format!("ne[{j}] = {v} exceeds i64::MAX")))?;
+    }
+    if ne.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d)).is_none() {
+        return Err(t(format!("element count of {ne:?} overflows i64")));
+    }
+    let type_id = c.u32(&"the type").map_err(t)?;
+    let ty = GgmlType::from_id(type_id).map_err(|_| match ggml_type_name_of(type_id) {
+        Some(n) => t(format!("ggml type id {type_id} ({n}) is not supported by this crate")),
+        None => t(format!("unknown ggml type id {type_id}")),
+    })?;
+    let row = ty
+        .row_size(ne[0])
+        .map_err(|_| t(format!("ne[0] = {} is not a multiple of {}'s block size {}", ne[0], ty, ty.block_size())))?;
+    let nbytes = [ne[1], ne[2], ne[3]]
+        .iter()
+        .try_fold(row, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
+        .ok_or_else(|| t(format!("{ty}{ne:?} has more bytes than fit in usize")))?;
+    let offset = c.u64(&"the data offset").map_err(t)?;
+    if offset % alignment as u64 != 0 {
+        return Err(t(format!("data offset {offset} is not a multiple of the alignment {alignment}")));
+    }
+    Ok(TensorInfo { name: name.to_string(), ty, n_dims, ne, offset, nbytes })
+}
+
+/// Reads the `n_tensors` tensor infos and returns them with their
+/// name-sorted index; a repeated name is an error.
+fn parse_tensor_infos(
+    c: &mut Cursor<'_>,
+    n_tensors: u64,
+    alignment: usize,
+) -> Result<(Vec<TensorInfo>, Vec<usize>), String> {
     let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors as usize);
     for i in 0..n_tensors as usize {
-        let name = c.string(&format_args!("the name of tensor {i}"))?;
-        if name.len() > MAX_TENSOR_NAME {
-            return Err(format!("tensor {i} name {name:?} is {} bytes long (at most {MAX_TENSOR_NAME})", name.len()));
-        }
-        let t = |e: String| format!("tensor {name:?}: {e}");
-        let n_dims = c.u32(&"the dimension count").map_err(t)?;
-        if n_dims as usize > MAX_DIMS {
-            return Err(t(format!("{n_dims} dimensions (at most {MAX_DIMS})")));
-        }
-        let mut ne = [1i64; MAX_DIMS];
-        for (j, d) in ne.iter_mut().enumerate().take(n_dims as usize) {
-            let v = c.u64(&format_args!("ne[{j}]")).map_err(t)?;
-            *d = i64::try_from(v).map_err(|_| t(format!("ne[{j}] = {v} exceeds i64::MAX")))?;
-        }
-        if ne.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d)).is_none() {
-            return Err(t(format!("element count of {ne:?} overflows i64")));
-        }
-        let type_id = c.u32(&"the type").map_err(t)?;
-        let ty = GgmlType::from_id(type_id).map_err(|_| match ggml_type_name_of(type_id) {
-            Some(n) => t(format!("ggml type id {type_id} ({n}) is not supported by this crate")),
-            None => t(format!("unknown ggml type id {type_id}")),
-        })?;
-        let row = ty.row_size(ne[0]).map_err(|_| {
-            t(format!("ne[0] = {} is not a multiple of {}'s block size {}", ne[0], ty, ty.block_size()))
-        })?;
-        let nbytes = [ne[1], ne[2], ne[3]]
-            .iter()
-            .try_fold(row, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
-            .ok_or_else(|| t(format!("{ty}{ne:?} has more bytes than fit in usize")))?;
-        let offset = c.u64(&"the data offset").map_err(t)?;
-        if offset % alignment as u64 != 0 {
-            return Err(t(format!("data offset {offset} is not a multiple of the alignment {alignment}")));
-        }
-        tensors.push(TensorInfo { name: name.to_string(), ty, n_dims, ne, offset, nbytes });
+        tensors.push(parse_tensor_info(c, i, alignment)?);
     }
-
     let (tensor_sorted, dup) = sorted_index(tensors.len(), |i| tensors[i].name.as_str());
     if let Some((i, j)) = dup {
         return Err(format!("duplicate tensor name {:?} (tensors {i} and {j})", tensors[i].name));
     }
+    Ok((tensors, tensor_sorted))
+}
 
-    let len = data.len() as u64;
-    let data_offset = align_up(c.pos as u64, alignment as u64).unwrap_or(u64::MAX);
+/// Checks that every tensor's data lies inside the file (`len` bytes, data
+/// section at `data_offset`, which must itself be inside the file when there
+/// are tensors; `infos_end` is where the tensor infos end, for the message).
+fn check_tensor_bounds(
+    tensors: &[TensorInfo],
+    data_offset: u64,
+    infos_end: usize,
+    alignment: usize,
+    len: u64,
+) -> Result<(), String> {
     if !tensors.is_empty() && data_offset > len {
         return Err(format!(
-            "the data section starts at byte {data_offset} (tensor infos end at {}, alignment {alignment}), past the \
-             end of the file ({len} bytes)",
-            c.pos
+            "the data section starts at byte {data_offset} (tensor infos end at {infos_end}, alignment {alignment}), \
+             past the end of the file ({len} bytes)"
         ));
     }
-    for ti in &tensors {
+    for ti in tensors {
         let start = data_offset.checked_add(ti.offset);
         let end = start.and_then(|s| s.checked_add(ti.nbytes as u64));
         match (start, end) {
@@ -494,8 +530,13 @@ fn parse(data: &[u8]) -> Result<Parsed, String> {
             }
         }
     }
-    // No two tensors share bytes (ggml's loader lays them out one after
-    // another; a retyped or hand-edited info that overlaps another is corrupt).
+    Ok(())
+}
+
+/// Checks that no two tensors share bytes (ggml's loader lays them out one
+/// after another; a retyped or hand-edited info that overlaps another is
+/// corrupt). Needs [`check_tensor_bounds`] first, so the ends cannot overflow.
+fn check_no_overlap(tensors: &[TensorInfo]) -> Result<(), String> {
     let mut by_offset: Vec<usize> = (0..tensors.len()).filter(|&i| tensors[i].nbytes > 0).collect();
     by_offset.sort_by_key(|&i| tensors[i].offset);
     for w in by_offset.windows(2) {
@@ -513,6 +554,21 @@ fn parse(data: &[u8]) -> Result<Parsed, String> {
             ));
         }
     }
+    Ok(())
+}
+
+/// Parses and validates a whole file: header, metadata, alignment, tensor
+/// infos, then where the tensor data lies.
+fn parse(data: &[u8]) -> Result<Parsed, String> {
+    let mut c = Cursor { data, pos: 0 };
+    let (version, n_tensors, n_kv) = parse_header(&mut c)?;
+    let (kvs, kv_sorted) = parse_kvs(&mut c, n_kv)?;
+    let alignment = alignment_of(data, &kvs, &kv_sorted)?;
+    let (tensors, tensor_sorted) = parse_tensor_infos(&mut c, n_tensors, alignment)?;
+    let len = data.len() as u64;
+    let data_offset = align_up(c.pos as u64, alignment as u64).unwrap_or(u64::MAX);
+    check_tensor_bounds(&tensors, data_offset, c.pos, alignment, len)?;
+    check_no_overlap(&tensors)?;
     Ok(Parsed {
         version,
         alignment,
