@@ -73,16 +73,28 @@ fn ssm_conv(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     )
 }
 
-/// The gated delta rule, one (head, sequence) pair per task; see
-/// `Context::gated_delta_net` for the layout of the result.
-fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64) -> Result<()> {
-    let bad = |why: &str| with_reason(unsupported(op, dst, src), why);
-    let (q, k, v, g, beta, state) = match src {
-        [q, k, v, g, beta, state, ..] => (q, k, v, g, beta, state),
-        _ => return Err(bad("needs q, k, v, g, beta, state")),
-    };
+/// Sizes of a `gated_delta_net` call, read off its checked operands.
+#[derive(Clone, Copy)]
+struct GdnDims {
+    /// Head size (`v.ne[0]`): the state of a head is `s_v × s_v`.
+    s_v: usize,
+    n_head: usize,
+    n_tok: usize,
+    n_seq: usize,
+    /// State snapshots per (head, sequence): 1 keeps the final state only.
+    n_snap: usize,
+    /// One gate value per channel (`g.ne[0] == s_v`, KDA) rather than one
+    /// per head and token.
+    kda: bool,
+}
+
+/// Checks the operands of `gated_delta_net` (all F32, shapes as
+/// `Context::gated_delta_net` makes them, `k_snapshots >= 1`) and returns
+/// the sizes; the error says what is wrong.
+fn gdn_dims(src: [&TView; 6], dst: &TView, k_snapshots: i64) -> std::result::Result<GdnDims, &'static str> {
+    let [q, k, v, g, beta, state] = src;
     let [s_v, n_head, n_tok, n_seq] = v.ne;
-    let n_snap = usize::try_from(k_snapshots).map_err(|_| bad("k_snapshots < 1"))?;
+    let n_snap = usize::try_from(k_snapshots).map_err(|_| "k_snapshots < 1")?;
     let kda = g.ne[0] == s_v && s_v != 1;
     let ok = [q, k, v, g, beta, state, dst].iter().all(|t| t.ty == GgmlType::F32)
         && n_snap >= 1
@@ -103,98 +115,169 @@ fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64) -> Res
         && n_snap.checked_mul(s_v).and_then(|x| x.checked_mul(n_seq)).and_then(|x| x.checked_add(n_tok * n_seq))
             == Some(dst.ne[1]);
     if !ok {
-        return Err(bad("operand shapes"));
+        return Err("operand shapes");
     }
-    if s_v == 0 {
-        return Ok(());
-    }
-    // The result seen as rows of `s_v` values: output row (b·T + t) holds head h at
-    // run (b·T + t)·H + h; snapshot slot `slot` of (h, b) starts at run
-    // T·B·H + slot·S·H·B + (b·H + h)·S.
-    let n_runs = dst.ne[0] * dst.ne[1] / s_v;
-    let runs = dst
-        .with_layout(GgmlType::F32, [s_v, n_runs, 1, 1], [4, 4 * s_v, 4 * s_v * n_runs, 4 * s_v * n_runs])
-        .ok_or_else(|| bad("result layout"))?;
-    let out_runs = n_tok * n_seq * n_head;
-    let snap_runs = s_v * n_head * n_seq;
-    let rq3 = n_seq / q.ne[3];
-    let rk3 = n_seq / k.ne[3];
-    let scale = 1.0 / (s_v as f32).sqrt();
-    let ops = VecOps::detect();
+    Ok(GdnDims { s_v, n_head, n_tok, n_seq, n_snap, kda })
+}
 
-    struct Scratch {
-        m: Vec<f32>,
-        qr: Vec<f32>,
-        kr: Vec<f32>,
-        vr: Vec<f32>,
-        gr: Vec<f32>,
-        delta: Vec<f32>,
-        out: Vec<f32>,
-    }
+/// One task's buffers: the state of a (head, sequence) pair and the rows of
+/// the current token.
+struct GdnScratch {
+    /// `m[j·S + i] = S[i][j]`: row j of the stored state.
+    m: Vec<f32>,
+    qr: Vec<f32>,
+    kr: Vec<f32>,
+    vr: Vec<f32>,
+    /// The token's gate row (KDA only), then its `exp`.
+    gr: Vec<f32>,
+    delta: Vec<f32>,
+    out: Vec<f32>,
+}
 
-    let write_state = |m: &[f32], slot: usize, h: usize, b: usize| -> Result<()> {
-        let base = out_runs + slot * snap_runs + (b * n_head + h) * s_v;
-        for (j, row) in m.chunks_exact(s_v).enumerate() {
-            runs.store_row_f32(base + j, 0, 0, row)?;
-        }
-        Ok(())
-    };
-
-    (0..n_head * n_seq).into_par_iter().try_for_each_init(
-        || Scratch {
+impl GdnScratch {
+    fn new(s_v: usize, g_len: usize) -> Self {
+        GdnScratch {
             m: vec![0f32; s_v * s_v],
             qr: vec![0f32; s_v],
             kr: vec![0f32; s_v],
             vr: vec![0f32; s_v],
-            gr: vec![0f32; g.ne[0]],
+            gr: vec![0f32; g_len],
             delta: vec![0f32; s_v],
             out: vec![0f32; s_v],
-        },
-        |sc, ir| -> Result<()> {
-            let (h, b) = (ir % n_head, ir / n_head);
-            let (iq1, ik1) = (h % q.ne[1], h % k.ne[1]);
-            let (iq3, ik3) = (b / rq3, b / rk3);
-            // m[j·S + i] = S[i][j]: row j of the stored state.
-            for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
-                state.load_row_f32(j, h, b, row)?;
+        }
+    }
+}
+
+/// Everything a `gated_delta_net` task reads, and where it writes.
+struct GdnRun<'a> {
+    q: &'a TView,
+    k: &'a TView,
+    v: &'a TView,
+    g: &'a TView,
+    beta: &'a TView,
+    state: &'a TView,
+    /// The result seen as rows of `s_v` values: output row (b·T + t) holds
+    /// head h at run (b·T + t)·H + h; snapshot slot `slot` of (h, b) starts
+    /// at run T·B·H + slot·S·H·B + (b·H + h)·S.
+    runs: TView,
+    dims: GdnDims,
+    /// Sequences per q / k sequence (q and k broadcast over sequences).
+    rq3: usize,
+    rk3: usize,
+    scale: f32,
+    ops: VecOps,
+}
+
+impl GdnRun<'_> {
+    /// Writes state `m` of head `h`, sequence `b` to snapshot slot `slot`.
+    fn write_state(&self, m: &[f32], slot: usize, h: usize, b: usize) -> Result<()> {
+        let GdnDims { s_v, n_head, n_tok, n_seq, .. } = self.dims;
+        let out_runs = n_tok * n_seq * n_head;
+        let snap_runs = s_v * n_head * n_seq;
+        let base = out_runs + slot * snap_runs + (b * n_head + h) * s_v;
+        for (j, row) in m.chunks_exact(s_v).enumerate() {
+            self.runs.store_row_f32(base + j, 0, 0, row)?;
+        }
+        Ok(())
+    }
+
+    /// Token `t` of head `h`, sequence `b` (q and k rows `iq1`/`iq3`,
+    /// `ik1`/`ik3`): decays the state by `exp(g)`, adds
+    /// `β·(v − S·k)` along `k`, and writes the output row `S·q · scale`.
+    fn step(
+        &self,
+        sc: &mut GdnScratch,
+        t: usize,
+        h: usize,
+        b: usize,
+        iq: (usize, usize),
+        ik: (usize, usize),
+    ) -> Result<()> {
+        let (s_v, ops) = (self.dims.s_v, &self.ops);
+        self.q.load_row_f32(iq.0, t, iq.1, &mut sc.qr)?;
+        self.k.load_row_f32(ik.0, t, ik.1, &mut sc.kr)?;
+        self.v.load_row_f32(h, t, b, &mut sc.vr)?;
+        let beta_v = self.beta.get_f32(0, h, t, b);
+        if self.dims.kda {
+            self.g.load_row_f32(h, t, b, &mut sc.gr)?;
+            sc.gr.iter_mut().for_each(|x| *x = x.exp());
+            for row in sc.m.chunks_exact_mut(s_v) {
+                row.iter_mut().zip(&sc.gr).for_each(|(x, e)| *x *= e);
             }
-            for t in 0..n_tok {
-                q.load_row_f32(iq1, t, iq3, &mut sc.qr)?;
-                k.load_row_f32(ik1, t, ik3, &mut sc.kr)?;
-                v.load_row_f32(h, t, b, &mut sc.vr)?;
-                let beta_v = beta.get_f32(0, h, t, b);
-                if kda {
-                    g.load_row_f32(h, t, b, &mut sc.gr)?;
-                    sc.gr.iter_mut().for_each(|x| *x = x.exp());
-                    for row in sc.m.chunks_exact_mut(s_v) {
-                        row.iter_mut().zip(&sc.gr).for_each(|(x, e)| *x *= e);
-                    }
-                } else {
-                    (ops.scale)(&mut sc.m, g.get_f32(0, h, t, b).exp());
-                }
-                for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
-                    sc.delta[j] = (sc.vr[j] - (ops.dot)(row, &sc.kr)) * beta_v;
-                }
-                for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
-                    (ops.axpy)(row, &sc.kr, sc.delta[j]);
-                }
-                for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
-                    sc.out[j] = (ops.dot)(row, &sc.qr) * scale;
-                }
-                runs.store_row_f32((b * n_tok + t) * n_head + h, 0, 0, &sc.out)?;
-                if n_snap > 1 {
-                    let slot = n_tok - 1 - t;
-                    if slot < n_snap {
-                        write_state(&sc.m, slot, h, b)?;
-                    }
+        } else {
+            (ops.scale)(&mut sc.m, self.g.get_f32(0, h, t, b).exp());
+        }
+        for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
+            sc.delta[j] = (sc.vr[j] - (ops.dot)(row, &sc.kr)) * beta_v;
+        }
+        for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
+            (ops.axpy)(row, &sc.kr, sc.delta[j]);
+        }
+        for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
+            sc.out[j] = (ops.dot)(row, &sc.qr) * self.scale;
+        }
+        self.runs.store_row_f32((b * self.dims.n_tok + t) * self.dims.n_head + h, 0, 0, &sc.out)
+    }
+
+    /// Task `ir` (head `ir % H`, sequence `ir / H`): loads its state, runs
+    /// every token, and writes the snapshots (the states after the last
+    /// `n_snap` tokens, newest in slot 0; with one snapshot, the final state).
+    fn task(&self, sc: &mut GdnScratch, ir: usize) -> Result<()> {
+        let GdnDims { s_v, n_head, n_tok, n_snap, .. } = self.dims;
+        let (h, b) = (ir % n_head, ir / n_head);
+        let iq = (h % self.q.ne[1], b / self.rq3);
+        let ik = (h % self.k.ne[1], b / self.rk3);
+        for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
+            self.state.load_row_f32(j, h, b, row)?;
+        }
+        for t in 0..n_tok {
+            self.step(sc, t, h, b, iq, ik)?;
+            if n_snap > 1 {
+                let slot = n_tok - 1 - t;
+                if slot < n_snap {
+                    self.write_state(&sc.m, slot, h, b)?;
                 }
             }
-            if n_snap == 1 {
-                write_state(&sc.m, 0, h, b)?;
-            }
-            Ok(())
-        },
-    )
+        }
+        if n_snap == 1 {
+            self.write_state(&sc.m, 0, h, b)?;
+        }
+        Ok(())
+    }
+}
+
+/// The gated delta rule, one (head, sequence) pair per task; see
+/// `Context::gated_delta_net` for the layout of the result.
+fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64) -> Result<()> {
+    let bad = |why: &str| with_reason(unsupported(op, dst, src), why);
+    let (q, k, v, g, beta, state) = match src {
+        [q, k, v, g, beta, state, ..] => (q, k, v, g, beta, state),
+        _ => return Err(bad("needs q, k, v, g, beta, state")),
+    };
+    let dims = gdn_dims([q, k, v, g, beta, state], dst, k_snapshots).map_err(bad)?;
+    let GdnDims { s_v, n_head, n_seq, .. } = dims;
+    if s_v == 0 {
+        return Ok(());
+    }
+    let n_runs = dst.ne[0] * dst.ne[1] / s_v;
+    let runs = dst
+        .with_layout(GgmlType::F32, [s_v, n_runs, 1, 1], [4, 4 * s_v, 4 * s_v * n_runs, 4 * s_v * n_runs])
+        .ok_or_else(|| bad("result layout"))?;
+    let run = GdnRun {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        runs,
+        dims,
+        rq3: n_seq / q.ne[3],
+        rk3: n_seq / k.ne[3],
+        scale: 1.0 / (s_v as f32).sqrt(),
+        ops: VecOps::detect(),
+    };
+    (0..n_head * n_seq).into_par_iter().try_for_each_init(|| GdnScratch::new(s_v, g.ne[0]), |sc, ir| run.task(sc, ir))
 }
 
 #[cfg(test)]
