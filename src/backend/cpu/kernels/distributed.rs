@@ -214,126 +214,182 @@ fn scaled_masked(row: &mut [f32], mrow: &mut [f32], mask: Option<&TView>, scale:
     Ok(())
 }
 
+/// The devices' statistics of a distributed row op, gathered as
+/// `g[q, r, d]` (word `q` of row `r` from device `d`), and the devices' row
+/// lengths (`lens[d]` elements of each row on device `d`).
+struct Gathered<'a> {
+    g: &'a TView,
+    n_dev: usize,
+    lens: &'a [i64],
+    /// The whole row's length (the sum of `lens`).
+    n_global: i64,
+}
+
+impl Gathered<'_> {
+    /// Word `q` of row `r` from device `d`.
+    fn word(&self, q: usize, r: usize, d: usize) -> f32 {
+        self.g.get_f32(q, r, d, 0)
+    }
+
+    /// The bits of word `q` of row `r` from device `d` (an index or code).
+    fn bits(&self, q: usize, r: usize, d: usize) -> u32 {
+        self.word(q, r, d).to_bits()
+    }
+
+    /// Row `r`'s f64 sum over the devices, each carried as words (hi, lo).
+    fn wide(&self, r: usize) -> f64 {
+        (0..self.n_dev).map(|d| self.word(0, r, d) as f64 + self.word(1, r, d) as f64).sum()
+    }
+
+    /// `sum`: the devices' totals (word 0 of row 0) added in f64.
+    fn sum(&self, dst: &TView) {
+        let total: f64 = (0..self.n_dev).map(|d| self.word(0, 0, d) as f64).sum();
+        dst.set_f32(0, 0, 0, 0, total as f32);
+    }
+
+    /// `sum_rows` (or `mean` when `mean`): one value per row.
+    fn row_sums(&self, mean: bool, dst: &TView) {
+        for r in 0..self.g.ne[1] {
+            let mut s = self.wide(r) as f32;
+            if mean {
+                s /= self.n_global as f32;
+            }
+            let (i1, i2, i3) = dst.row_index(r);
+            dst.set_f32(0, i1, i2, i3, s);
+        }
+    }
+
+    /// `argmax`: each row's index from the devices' scan summaries.
+    fn argmax(&self, dst: &TView) {
+        for r in 0..self.g.ne[1] {
+            let parts = (0..self.n_dev).map(|d| (self.word(0, r, d), self.bits(1, r, d)));
+            dst.set_i32(r, 0, 0, 0, scan::combine(parts));
+        }
+    }
+
+    /// `top_k`: each row's `k` global indices, merged from the devices'
+    /// (value, index) candidates in top_k's order.
+    fn top_k(&self, k: usize, dst: &TView) {
+        let mut c: Vec<u64> = Vec::with_capacity(k * self.n_dev);
+        for r in 0..self.g.ne[1] {
+            c.clear();
+            for d in 0..self.n_dev {
+                for q in 0..k {
+                    let i = self.bits(2 * q + 1, r, d) as i32;
+                    if i >= 0 {
+                        c.push(desc_key(self.word(2 * q, r, d), i as usize));
+                    }
+                }
+            }
+            c.sort_unstable();
+            let (i1, i2, i3) = dst.row_index(r);
+            for (q, &key) in c.iter().take(k).enumerate() {
+                dst.set_i32(q, i1, i2, i3, key as u32 as i32);
+            }
+        }
+    }
+
+    /// The row-wise ops that rewrite the rows of `x` (the local part) into
+    /// `dst`: rms_norm, l2_norm, norm and soft_max (after `x·scale + mask`).
+    fn normalize(&self, reduce: RowReduce, x: &TView, mask: Option<&TView>, dst: &TView) -> Result<()> {
+        let ops = NormOps::detect();
+        let n0 = x.ne[0];
+        par_rows(
+            x.nrows(),
+            n0,
+            || (vec![0f32; n0], vec![0f32; n0]),
+            |(row, mrow), r| {
+                let (i1, i2, i3) = x.row_index(r);
+                x.load_row_f32(i1, i2, i3, row)?;
+                if let RowReduce::SoftMax { scale } = reduce {
+                    scaled_masked(row, mrow, mask, scale, i1)?;
+                }
+                self.normalize_row(reduce, &ops, row, r);
+                dst.store_row_f32(i1, i2, i3, row)
+            },
+        )
+    }
+
+    /// Row `r` of [`Gathered::normalize`], in place, with the statistics
+    /// combined over the devices (soft_max's row already scaled and masked).
+    fn normalize_row(&self, reduce: RowReduce, ops: &NormOps, row: &mut [f32], r: usize) {
+        let (n_dev, n_global) = (self.n_dev, self.n_global);
+        match reduce {
+            RowReduce::RmsNorm { eps } => {
+                let scale = 1.0 / ((self.wide(r) / n_global.max(1) as f64) as f32 + eps).sqrt();
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+            RowReduce::L2Norm { eps } => {
+                let scale = 1.0 / (self.wide(r).sqrt() as f32).max(eps);
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+            RowReduce::Norm { eps } => {
+                // Chan's parallel variance over the devices' (sum, M2).
+                let n = n_global.max(1) as f64;
+                let mean = (0..n_dev).map(|d| self.word(0, r, d) as f64).sum::<f64>() / n;
+                let mut m2 = 0.0f64;
+                for (d, &nd) in self.lens.iter().enumerate() {
+                    if nd > 0 {
+                        let nd = nd as f64;
+                        m2 += self.word(1, r, d) as f64 + nd * (self.word(0, r, d) as f64 / nd - mean).powi(2);
+                    }
+                }
+                let scale = 1.0 / ((m2 / n) as f32 + eps).sqrt();
+                let mean = mean as f32;
+                row.iter_mut().for_each(|v| *v = (*v - mean) * scale);
+            }
+            RowReduce::SoftMax { .. } => {
+                let gmax = (0..n_dev).map(|d| self.word(0, r, d)).fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = (0..n_dev)
+                    .filter(|&d| self.word(0, r, d) != f32::NEG_INFINITY)
+                    .map(|d| self.word(1, r, d) as f64 * ((self.word(0, r, d) - gmax) as f64).exp())
+                    .sum();
+                let inv = (1.0 / sum) as f32;
+                let _ = (ops.exp_sub_sum)(row, gmax);
+                row.iter_mut().for_each(|v| *v *= inv);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Finishes a distributed row op from the devices' statistics (`src[0]`,
+/// gathered; see [`Gathered`]) and, for the ops that rewrite rows, the local
+/// part `src[1]` (and soft_max's mask `src[2]`).
 fn row_finish(op: &Op, reduce: RowReduce, lens: &[i64], dst: &TView, src: &[TView]) -> Result<()> {
     let Some(g) = src.first() else { return Err(unsupported(op, dst, src)) };
     let n_dev = g.ne[2];
     if n_dev != lens.len() || g.ne[0] != reduce.words() {
         return Err(unsupported(op, dst, src));
     }
-    let word = |q: usize, r: usize, d: usize| g.get_f32(q, r, d, 0);
-    let bits = |q: usize, r: usize, d: usize| word(q, r, d).to_bits();
-    let wide = |r: usize| -> f64 { (0..n_dev).map(|d| word(0, r, d) as f64 + word(1, r, d) as f64).sum() };
-    let n_global: i64 = lens.iter().sum();
+    let st = Gathered { g, n_dev, lens, n_global: lens.iter().sum() };
     match reduce {
-        RowReduce::Sum => {
-            let total: f64 = (0..n_dev).map(|d| word(0, 0, d) as f64).sum();
-            dst.set_f32(0, 0, 0, 0, total as f32);
-            Ok(())
-        }
-        RowReduce::SumRows | RowReduce::Mean => {
+        RowReduce::Sum => st.sum(dst),
+        RowReduce::SumRows | RowReduce::Mean | RowReduce::Argmax => {
             if dst.nelements() != g.ne[1] {
                 return Err(unsupported(op, dst, src));
             }
-            for r in 0..g.ne[1] {
-                let mut s = wide(r) as f32;
-                if reduce == RowReduce::Mean {
-                    s /= n_global as f32;
-                }
-                let (i1, i2, i3) = dst.row_index(r);
-                dst.set_f32(0, i1, i2, i3, s);
+            match reduce {
+                RowReduce::Argmax => st.argmax(dst),
+                _ => st.row_sums(reduce == RowReduce::Mean, dst),
             }
-            Ok(())
-        }
-        RowReduce::Argmax => {
-            if dst.nelements() != g.ne[1] {
-                return Err(unsupported(op, dst, src));
-            }
-            for r in 0..g.ne[1] {
-                let parts = (0..n_dev).map(|d| (word(0, r, d), bits(1, r, d)));
-                dst.set_i32(r, 0, 0, 0, scan::combine(parts));
-            }
-            Ok(())
         }
         RowReduce::TopK { k } => {
             let k = k.max(0) as usize;
             if dst.ne[0] != k || dst.nrows() != g.ne[1] {
                 return Err(unsupported(op, dst, src));
             }
-            let mut c: Vec<u64> = Vec::with_capacity(k * n_dev);
-            for r in 0..g.ne[1] {
-                c.clear();
-                for d in 0..n_dev {
-                    for q in 0..k {
-                        let i = bits(2 * q + 1, r, d) as i32;
-                        if i >= 0 {
-                            c.push(desc_key(word(2 * q, r, d), i as usize));
-                        }
-                    }
-                }
-                c.sort_unstable();
-                let (i1, i2, i3) = dst.row_index(r);
-                for (q, &key) in c.iter().take(k).enumerate() {
-                    dst.set_i32(q, i1, i2, i3, key as u32 as i32);
-                }
-            }
-            Ok(())
+            st.top_k(k, dst);
         }
         RowReduce::RmsNorm { .. } | RowReduce::L2Norm { .. } | RowReduce::Norm { .. } | RowReduce::SoftMax { .. } => {
             let (Some(x), mask) = (src.get(1), src.get(2)) else { return Err(unsupported(op, dst, src)) };
             if x.ne != dst.ne || x.nrows() != g.ne[1] {
                 return Err(unsupported(op, dst, src));
             }
-            let ops = NormOps::detect();
-            let n0 = x.ne[0];
-            par_rows(
-                x.nrows(),
-                n0,
-                || (vec![0f32; n0], vec![0f32; n0]),
-                |(row, mrow), r| {
-                    let (i1, i2, i3) = x.row_index(r);
-                    x.load_row_f32(i1, i2, i3, row)?;
-                    match reduce {
-                        RowReduce::RmsNorm { eps } => {
-                            let scale = 1.0 / ((wide(r) / n_global.max(1) as f64) as f32 + eps).sqrt();
-                            row.iter_mut().for_each(|v| *v *= scale);
-                        }
-                        RowReduce::L2Norm { eps } => {
-                            let scale = 1.0 / (wide(r).sqrt() as f32).max(eps);
-                            row.iter_mut().for_each(|v| *v *= scale);
-                        }
-                        RowReduce::Norm { eps } => {
-                            // Chan's parallel variance over the devices' (sum, M2).
-                            let n = n_global.max(1) as f64;
-                            let mean = (0..n_dev).map(|d| word(0, r, d) as f64).sum::<f64>() / n;
-                            let mut m2 = 0.0f64;
-                            for (d, &nd) in lens.iter().enumerate() {
-                                if nd > 0 {
-                                    let nd = nd as f64;
-                                    m2 += word(1, r, d) as f64 + nd * (word(0, r, d) as f64 / nd - mean).powi(2);
-                                }
-                            }
-                            let scale = 1.0 / ((m2 / n) as f32 + eps).sqrt();
-                            let mean = mean as f32;
-                            row.iter_mut().for_each(|v| *v = (*v - mean) * scale);
-                        }
-                        RowReduce::SoftMax { scale } => {
-                            scaled_masked(row, mrow, mask, scale, i1)?;
-                            let gmax = (0..n_dev).map(|d| word(0, r, d)).fold(f32::NEG_INFINITY, f32::max);
-                            let sum: f64 = (0..n_dev)
-                                .filter(|&d| word(0, r, d) != f32::NEG_INFINITY)
-                                .map(|d| word(1, r, d) as f64 * ((word(0, r, d) - gmax) as f64).exp())
-                                .sum();
-                            let inv = (1.0 / sum) as f32;
-                            let _ = (ops.exp_sub_sum)(row, gmax);
-                            row.iter_mut().for_each(|v| *v *= inv);
-                        }
-                        _ => {}
-                    }
-                    dst.store_row_f32(i1, i2, i3, row)
-                },
-            )
+            return st.normalize(reduce, x, mask, dst);
         }
     }
+    Ok(())
 }
 
 /// The element-wise sum of the sources (see `Context::add_n`).
