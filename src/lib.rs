@@ -72,7 +72,6 @@ pub mod backend;
 pub mod error;
 pub mod gguf;
 pub mod graph;
-pub mod models;
 pub mod ops;
 pub mod split;
 pub mod tensor;

@@ -11,10 +11,10 @@
 //! context, attention over context + block, logits for every row).
 
 use super::qwen3::{decoder_layer, f32s, new_layer, write_kv, LayerConv, LayerShape, Qwen3, Qwen3Layer};
-use crate::error::{Error, Result};
-use crate::graph::Context;
-use crate::ops::{RopeMode, RopeParams};
-use crate::tensor::{GgmlType, TensorId};
+use shardgraph::error::{Error, Result};
+use shardgraph::graph::Context;
+use shardgraph::ops::{RopeMode, RopeParams};
+use shardgraph::tensor::{GgmlType, TensorId};
 
 /// What a DFlash drafter borrows from and checks against its target.
 #[derive(Clone, Copy, Debug)]
@@ -70,7 +70,7 @@ pub trait DraftHost {
     ///
     /// # Errors
     /// As the target's policy, for either model's heads.
-    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<crate::split::SplitPolicy>;
+    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy>;
 }
 
 impl DraftHost for super::qwen3::Qwen3Session {
@@ -83,9 +83,9 @@ impl DraftHost for super::qwen3::Qwen3Session {
     fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize) {
         (&mut self.ctx, &mut self.runner, &mut self.base_len)
     }
-    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<crate::split::SplitPolicy> {
+    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy> {
         let ratios = self.runner.policy.ratios().to_vec();
-        super::policy::qwen3_dflash_policy(&self.model.hp, &self.model_types(), hp, weight_type, &ratios)
+        super::policy::qwen3_dflash_policy(&self.model.hp, &self.model_types()?, hp, weight_type, &ratios)
     }
 }
 
@@ -99,7 +99,7 @@ impl DraftHost for super::qwen35::Qwen35Session {
     fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize) {
         (&mut self.ctx, &mut self.runner, &mut self.base_len)
     }
-    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<crate::split::SplitPolicy> {
+    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy> {
         let ratios = self.runner.policy.ratios().to_vec();
         super::policy::qwen35_dflash_policy(&self.model.hp, &self.model.types, hp, weight_type, &ratios)
     }
@@ -221,7 +221,7 @@ impl DflashHparams {
     /// # Errors
     /// [`Error::Model`] for another architecture; [`Error::Gguf`] naming a
     /// missing or mistyped key.
-    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+    pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
         use super::DIM;
         let k = super::ArchKeys::new(f, "dflash")?;
         let n_embd = k.int("embedding_length", DIM)?;
@@ -274,7 +274,7 @@ impl DflashHparams {
     ///
     /// # Errors
     /// [`Error::Gguf`] from the writer.
-    pub fn add_to_gguf(&self, w: &mut crate::gguf::GgufWriter, name: &str, n_vocab: i64) -> Result<()> {
+    pub fn add_to_gguf(&self, w: &mut shardgraph::gguf::GgufWriter, name: &str, n_vocab: i64) -> Result<()> {
         w.add_kv("general.architecture", "dflash")?;
         w.add_kv("general.name", name)?;
         w.add_kv("dflash.block_count", self.n_layer as u32)?;
@@ -740,7 +740,7 @@ impl DflashDrafter {
         weight_type: GgmlType,
         kv_type: GgmlType,
         p_min: f32,
-        file: Option<&crate::gguf::GgufFile>,
+        file: Option<&shardgraph::gguf::GgufFile>,
     ) -> Result<Self> {
         super::speculative::check_p_min("dflash drafter", p_min)?;
         let info = target.info();
@@ -781,7 +781,7 @@ impl DflashDrafter {
         kv_type: GgmlType,
         p_min: f32,
     ) -> Result<Self> {
-        Self::attach_file(target, &crate::gguf::GgufFile::open(path)?, kv_type, p_min)
+        Self::attach_file(target, &shardgraph::gguf::GgufFile::open(path)?, kv_type, p_min)
     }
 
     /// [`DflashDrafter::attach`] from a parsed `dflash` GGUF:
@@ -797,7 +797,7 @@ impl DflashDrafter {
     /// tensor missing, mismatched or unused; as [`DflashDrafter::attach`].
     pub fn attach_file<T: DraftHost>(
         target: &mut T,
-        file: &crate::gguf::GgufFile,
+        file: &shardgraph::gguf::GgufFile,
         kv_type: GgmlType,
         p_min: f32,
     ) -> Result<Self> {
@@ -819,12 +819,12 @@ impl DflashDrafter {
             .ids()
             .take(*base_len)
             .filter_map(|id| {
-                let n = &ctx.t(id).name;
+                let n = &ctx.tensor(id).ok()?.name;
                 (n.starts_with("dft.") && !n.starts_with("dft.cache_")).then(|| (n["dft.".len()..].to_string(), id))
             })
             .collect();
         for (name, id) in names {
-            crate::gguf::load_tensor_into_split_store(file, &name, ctx, id, &mut runner.store)
+            shardgraph::gguf::load_tensor_into_split_store(file, &name, ctx, id, &mut runner.store)
                 .map_err(|e| Error::Model { detail: format!("dflash drafter: {e}") })?;
         }
         runner.upload()?;

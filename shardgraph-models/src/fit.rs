@@ -17,10 +17,10 @@ use super::dflash::{Dflash, DflashHparams};
 use super::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use super::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
 use super::speculative::MAX_DRAFT;
-use crate::error::{Error, Result};
-use crate::graph::{Context, Graph};
-use crate::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitPolicy, SplitState};
-use crate::tensor::GgmlType;
+use shardgraph::error::{Error, Result};
+use shardgraph::graph::{Context, Graph};
+use shardgraph::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitPolicy, SplitState};
+use shardgraph::tensor::GgmlType;
 use std::collections::HashSet;
 
 /// The context sizes [`fit_ctx_size`] chooses from are multiples of this
@@ -37,7 +37,7 @@ pub const CTX_STEP: i64 = 256;
 /// long-lived tensors' parts (a cache is one some step writes, the rest
 /// are weights); `inputs` the inputs of every step (a session keeps each
 /// step's inputs placed); `compute` the largest compute peak of the steps
-/// ([`crate::split::Plan::memory`]: the executor's compute arena is shared
+/// ([`shardgraph::split::Plan::memory`]: the executor's compute arena is shared
 /// by its programs and grown to the largest). The plans come from
 /// `planner` (pass the session's `runner.planner` to size the plans its
 /// runs use; they are cached there).
@@ -67,8 +67,8 @@ pub fn session_memory(
             o.compute = o.compute.max(m.compute);
         }
         for &id in g.nodes() {
-            let t = ctx.t(id);
-            if matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows) {
+            let t = ctx.tensor(id)?;
+            if matches!(t.op, shardgraph::ops::Op::Cpy | shardgraph::ops::Op::SetRows) {
                 written.extend(t.view_src);
             }
         }

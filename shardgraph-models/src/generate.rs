@@ -3,10 +3,10 @@
 //! needs a second copy in memory.
 
 use super::qwen3::{Qwen3Hparams, Qwen3Types};
-use crate::error::{Error, Result};
-use crate::gguf::GgufWriter;
-use crate::tensor::quant::quantize_chunk;
-use crate::tensor::GgmlType;
+use shardgraph::error::{Error, Result};
+use shardgraph::gguf::GgufWriter;
+use shardgraph::tensor::quant::quantize_chunk;
+use shardgraph::tensor::GgmlType;
 
 /// A seeded stream of uniform values in `[-1, 1)` (xorshift64*), one per tensor name.
 fn stream(seed: u64, name: &str) -> impl FnMut() -> f32 {

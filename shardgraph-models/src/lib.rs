@@ -1,6 +1,10 @@
-//! Model graphs built from the crate's ops, with llama.cpp's tensor names,
-//! GGUF keys and `--split-mode tensor` policy (MODELS.md), and a runner that
-//! decodes them on N devices.
+//! # shardgraph-models
+//!
+//! Example models on [`shardgraph`]: model graphs built from its ops, with
+//! llama.cpp's tensor names, GGUF keys and `--split-mode tensor` policy
+//! (MODELS.md), and a runner that decodes them on N devices. Each model owns
+//! its split policy ([`policy`]); the generic machinery
+//! ([`shardgraph::split::SplitPolicy`]) is the core's.
 //!
 //! * [`qwen3`]: the `qwen3` dense target.
 //! * [`qwen35`]: the `qwen35` hybrid target (gated attention + Gated DeltaNet).
@@ -14,7 +18,9 @@
 //! * [`fit`]: a session's memory per device from plans and shapes, and the
 //!   largest context that fits the devices (before anything is allocated).
 
-use crate::tensor::TensorId;
+#![deny(missing_docs)]
+
+use shardgraph::tensor::TensorId;
 
 pub mod dflash;
 pub mod fit;
@@ -31,7 +37,7 @@ pub mod speculative;
 /// it is used, and an error names the key, the value found and the range
 /// allowed.
 pub(crate) struct ArchKeys<'a> {
-    f: &'a crate::gguf::GgufFile,
+    f: &'a shardgraph::gguf::GgufFile,
     arch: &'static str,
 }
 
@@ -43,12 +49,14 @@ impl<'a> ArchKeys<'a> {
     /// The reader of `f`'s `{arch}.*` keys.
     ///
     /// # Errors
-    /// [`crate::Error::Model`] if `general.architecture` is another;
-    /// [`crate::Error::Gguf`] if it is missing.
-    pub(crate) fn new(f: &'a crate::gguf::GgufFile, arch: &'static str) -> crate::Result<Self> {
+    /// [`shardgraph::Error::Model`] if `general.architecture` is another;
+    /// [`shardgraph::Error::Gguf`] if it is missing.
+    pub(crate) fn new(f: &'a shardgraph::gguf::GgufFile, arch: &'static str) -> shardgraph::Result<Self> {
         let found = f.get_str("general.architecture")?;
         if found != arch {
-            return Err(crate::Error::Model { detail: format!("general.architecture is {found:?}, not {arch:?}") });
+            return Err(shardgraph::Error::Model {
+                detail: format!("general.architecture is {found:?}, not {arch:?}"),
+            });
         }
         Ok(ArchKeys { f, arch })
     }
@@ -57,12 +65,12 @@ impl<'a> ArchKeys<'a> {
         format!("{}.{k}", self.arch)
     }
 
-    fn out_of(&self, key: &str, v: impl std::fmt::Display, allowed: impl std::fmt::Display) -> crate::Error {
-        crate::Error::Model { detail: format!("{}: {key} = {v} is outside {allowed}", self.arch) }
+    fn out_of(&self, key: &str, v: impl std::fmt::Display, allowed: impl std::fmt::Display) -> shardgraph::Error {
+        shardgraph::Error::Model { detail: format!("{}: {key} = {v} is outside {allowed}", self.arch) }
     }
 
     /// Integer key `key` (full name) in `range`, `None` if the file has none.
-    fn int_key(&self, key: &str, range: &std::ops::RangeInclusive<i64>) -> crate::Result<Option<i64>> {
+    fn int_key(&self, key: &str, range: &std::ops::RangeInclusive<i64>) -> shardgraph::Result<Option<i64>> {
         if !self.f.contains_key(key) {
             return Ok(None);
         }
@@ -76,9 +84,9 @@ impl<'a> ArchKeys<'a> {
     /// The integer `{arch}.{k}` in `range`.
     ///
     /// # Errors
-    /// [`crate::Error::Gguf`] if missing or not a non-negative integer;
-    /// [`crate::Error::Model`] outside `range`.
-    pub(crate) fn int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
+    /// [`shardgraph::Error::Gguf`] if missing or not a non-negative integer;
+    /// [`shardgraph::Error::Model`] outside `range`.
+    pub(crate) fn int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> shardgraph::Result<i64> {
         self.int_at(&self.full(k), range)
     }
 
@@ -86,7 +94,12 @@ impl<'a> ArchKeys<'a> {
     ///
     /// # Errors
     /// As [`ArchKeys::int`] for a present key.
-    pub(crate) fn int_or(&self, k: &str, default: i64, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
+    pub(crate) fn int_or(
+        &self,
+        k: &str,
+        default: i64,
+        range: std::ops::RangeInclusive<i64>,
+    ) -> shardgraph::Result<i64> {
         Ok(self.int_key(&self.full(k), &range)?.unwrap_or(default))
     }
 
@@ -94,7 +107,7 @@ impl<'a> ArchKeys<'a> {
     ///
     /// # Errors
     /// As [`ArchKeys::int`] for a present key.
-    pub(crate) fn opt_int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<Option<i64>> {
+    pub(crate) fn opt_int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> shardgraph::Result<Option<i64>> {
         self.int_key(&self.full(k), &range)
     }
 
@@ -103,7 +116,7 @@ impl<'a> ArchKeys<'a> {
     ///
     /// # Errors
     /// As [`ArchKeys::int`].
-    pub(crate) fn int_at(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> crate::Result<i64> {
+    pub(crate) fn int_at(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> shardgraph::Result<i64> {
         match self.int_key(key, &range)? {
             Some(v) => Ok(v),
             // Missing: the reader's error names the key.
@@ -115,9 +128,9 @@ impl<'a> ArchKeys<'a> {
     /// base), or `default` if the file has none and a default is given.
     ///
     /// # Errors
-    /// [`crate::Error::Gguf`] if missing without a default or not an `f32`;
-    /// [`crate::Error::Model`] if not finite and positive.
-    pub(crate) fn positive(&self, k: &str, default: Option<f32>) -> crate::Result<f32> {
+    /// [`shardgraph::Error::Gguf`] if missing without a default or not an `f32`;
+    /// [`shardgraph::Error::Model`] if not finite and positive.
+    pub(crate) fn positive(&self, k: &str, default: Option<f32>) -> shardgraph::Result<f32> {
         let key = self.full(k);
         let v = match default {
             Some(d) if !self.f.contains_key(&key) => d,
@@ -133,10 +146,10 @@ impl<'a> ArchKeys<'a> {
     /// crate derives otherwise, e.g. `value_length` = `key_length`).
     ///
     /// # Errors
-    /// [`crate::Error::Model`] naming both if it differs.
-    pub(crate) fn must_equal(&self, k: &str, want: i64, why: &str) -> crate::Result<()> {
+    /// [`shardgraph::Error::Model`] naming both if it differs.
+    pub(crate) fn must_equal(&self, k: &str, want: i64, why: &str) -> shardgraph::Result<()> {
         match self.opt_int(k, 0..=i64::MAX)? {
-            Some(v) if v != want => Err(crate::Error::Model {
+            Some(v) if v != want => Err(shardgraph::Error::Model {
                 detail: format!("{}: {} = {v}, but {why} ({want})", self.arch, self.full(k)),
             }),
             _ => Ok(()),
@@ -155,18 +168,18 @@ impl<'a> ArchKeys<'a> {
 /// As [`check_file_tensors`] (naming `model`) and
 /// [`runner::Runner::place_all`]; load and upload errors.
 pub(crate) fn place_and_load(
-    file: &crate::gguf::GgufFile,
-    ctx: &crate::graph::Context,
+    file: &shardgraph::gguf::GgufFile,
+    ctx: &shardgraph::graph::Context,
     base_len: usize,
     runner: &mut runner::Runner,
     model: &str,
     what: &str,
-) -> crate::Result<()> {
+) -> shardgraph::Result<()> {
     let ids: Vec<TensorId> = ctx.ids().take(base_len).collect();
     check_file_tensors(file, ctx, &ids, "", model)?;
     runner.place_all(ctx, &ids, what)?;
     let start = std::time::Instant::now();
-    let report = crate::gguf::load_into_split_store(file, ctx, &mut runner.store)?;
+    let report = shardgraph::gguf::load_into_split_store(file, ctx, &mut runner.store)?;
     log::info!(
         "{model}: loaded {} tensors ({:.1} MB) onto {} device(s) in {:.2} s",
         report.loaded.len(),
@@ -188,15 +201,15 @@ pub(crate) fn place_and_load(
 /// allocated.
 ///
 /// # Errors
-/// [`crate::Error::Model`] naming `model`, the first missing, mismatched
+/// [`shardgraph::Error::Model`] naming `model`, the first missing, mismatched
 /// or unused tensors and their counts.
 pub(crate) fn check_file_tensors(
-    file: &crate::gguf::GgufFile,
-    ctx: &crate::graph::Context,
+    file: &shardgraph::gguf::GgufFile,
+    ctx: &shardgraph::graph::Context,
     ids: &[TensorId],
     prefix: &str,
     model: &str,
-) -> crate::Result<()> {
+) -> shardgraph::Result<()> {
     let list = |v: &[String]| {
         let more = if v.len() > 3 { format!(", … ({} in all)", v.len()) } else { String::new() };
         format!("{}{more}", v.iter().take(3).cloned().collect::<Vec<_>>().join(", "))
@@ -220,7 +233,7 @@ pub(crate) fn check_file_tensors(
     }
     let unused: Vec<String> =
         file.tensors().iter().filter(|i| !wanted.contains(i.name.as_str())).map(|i| i.name.clone()).collect();
-    let err = |d: String| Err(crate::Error::Model { detail: format!("{model} ({}): {d}", file.name()) });
+    let err = |d: String| Err(shardgraph::Error::Model { detail: format!("{model} ({}): {d}", file.name()) });
     if !wrong.is_empty() {
         return err(format!("{} tensor(s) of the wrong type or shape: {}", wrong.len(), list(&wrong)));
     }
@@ -249,10 +262,10 @@ pub const MAX_CTX: i64 = i32::MAX as i64;
 /// Checks a cache size: `kv_size` within `1..=MAX_CTX`.
 ///
 /// # Errors
-/// [`crate::Error::Model`] naming `model` otherwise.
-pub(crate) fn check_kv_size(model: &str, kv_size: i64) -> crate::Result<()> {
+/// [`shardgraph::Error::Model`] naming `model` otherwise.
+pub(crate) fn check_kv_size(model: &str, kv_size: i64) -> shardgraph::Result<()> {
     if !(1..=MAX_CTX).contains(&kv_size) {
-        return Err(crate::Error::Model {
+        return Err(shardgraph::Error::Model {
             detail: format!("{model}: a KV cache of {kv_size} cells (--ctx-size 1 to {MAX_CTX}: positions are 32-bit)"),
         });
     }
@@ -274,10 +287,10 @@ pub fn kv_window(kv_size: i64, used: i64) -> i64 {
 /// Checks a step's KV window: `n_kv` within `1..=kv_size`.
 ///
 /// # Errors
-/// [`crate::Error::Model`] naming `model` otherwise.
-pub(crate) fn check_window(model: &str, n_kv: i64, kv_size: i64) -> crate::Result<()> {
+/// [`shardgraph::Error::Model`] naming `model` otherwise.
+pub(crate) fn check_window(model: &str, n_kv: i64, kv_size: i64) -> shardgraph::Result<()> {
     if n_kv < 1 || n_kv > kv_size {
-        return Err(crate::Error::Model {
+        return Err(shardgraph::Error::Model {
             detail: format!("{model}: a window of {n_kv} cells in a cache of {kv_size}"),
         });
     }
@@ -295,7 +308,7 @@ pub(crate) struct StepGraph<K, S> {
     /// What the caller reads back, in its order.
     pub outputs: Vec<TensorId>,
     /// The graph.
-    pub graph: crate::graph::Graph,
+    pub graph: shardgraph::graph::Graph,
 }
 
 /// The step graphs built on top of a session's long-lived tensors, kept
@@ -323,14 +336,14 @@ impl GraphCache {
     /// context, above its first `base_len` tensors).
     ///
     /// # Errors
-    /// `build`'s errors; [`crate::Error::Graph`] for no outputs.
+    /// `build`'s errors; [`shardgraph::Error::Graph`] for no outputs.
     pub(crate) fn get_or_build<K, S>(
         &mut self,
-        ctx: &mut crate::graph::Context,
+        ctx: &mut shardgraph::graph::Context,
         base_len: usize,
         key: K,
-        build: impl FnOnce(&mut crate::graph::Context) -> crate::Result<(S, Vec<TensorId>)>,
-    ) -> crate::Result<std::sync::Arc<StepGraph<K, S>>>
+        build: impl FnOnce(&mut shardgraph::graph::Context) -> shardgraph::Result<(S, Vec<TensorId>)>,
+    ) -> shardgraph::Result<std::sync::Arc<StepGraph<K, S>>>
     where
         K: PartialEq + Send + Sync + 'static,
         S: Send + Sync + 'static,
@@ -367,7 +380,7 @@ impl GraphCache {
 /// states of `taps`, and the logits if `logits` was read.
 pub(crate) fn step_output(
     read: &[TensorId],
-    rep: &crate::split::RunReport,
+    rep: &shardgraph::split::RunReport,
     argmax: TensorId,
     taps: &[(usize, TensorId)],
     logits: Option<TensorId>,

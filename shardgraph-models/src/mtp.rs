@@ -10,7 +10,7 @@
 use super::qwen3::StepOutput;
 use super::qwen35::Qwen35Session;
 use super::speculative::Drafter;
-use crate::error::{Error, Result};
+use shardgraph::error::{Error, Result};
 
 /// The MTP drafter; its weights and KV cache are the target's NextN block.
 #[derive(Clone, Debug)]

@@ -4,9 +4,9 @@
 //! whole.
 
 use super::qwen3::{Qwen3Hparams, Qwen3Types};
-use crate::error::{Error, Result};
-use crate::split::{split_extents, SplitPolicy, SplitSpec};
-use crate::tensor::GgmlType;
+use shardgraph::error::{Error, Result};
+use shardgraph::split::{split_extents, SplitPolicy, SplitSpec};
+use shardgraph::tensor::GgmlType;
 
 fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 {

@@ -4,10 +4,10 @@
 //! SwiGLU FFN, untied output head. Tensor names and metadata keys are
 //! llama.cpp's (`blk.N.attn_q.weight`, `qwen3.embedding_length`, ...).
 
-use crate::error::{Error, Result};
-use crate::graph::Context;
-use crate::ops::{RopeMode, RopeParams};
-use crate::tensor::{GgmlType, TensorId};
+use shardgraph::error::{Error, Result};
+use shardgraph::graph::Context;
+use shardgraph::ops::{RopeMode, RopeParams};
+use shardgraph::tensor::{GgmlType, TensorId};
 
 /// Hyper-parameters of a `qwen3` model (GGUF keys in brackets).
 #[derive(Clone, Debug, PartialEq)]
@@ -106,7 +106,7 @@ impl Qwen3Hparams {
     /// # Errors
     /// [`Error::Model`] for another architecture or inconsistent values;
     /// [`Error::Gguf`] naming a missing or mistyped key.
-    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+    pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
         use super::DIM;
         let k = super::ArchKeys::new(f, "qwen3")?;
         let n_embd = k.int("embedding_length", DIM)?;
@@ -140,7 +140,7 @@ impl Qwen3Hparams {
     ///
     /// # Errors
     /// [`Error::Gguf`] from the writer.
-    pub fn add_to_gguf(&self, w: &mut crate::gguf::GgufWriter, name: &str) -> Result<()> {
+    pub fn add_to_gguf(&self, w: &mut shardgraph::gguf::GgufWriter, name: &str) -> Result<()> {
         w.add_kv("general.architecture", "qwen3")?;
         w.add_kv("general.name", name)?;
         w.add_kv("qwen3.block_count", self.n_layer as u32)?;
@@ -244,7 +244,7 @@ impl Qwen3Types {
     ///
     /// # Errors
     /// [`Error::Gguf`] naming a missing tensor.
-    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+    pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
         let ty = |n: &str| f.tensor(n).map(|t| t.info.ty);
         Ok(Qwen3Types {
             embd: ty("token_embd.weight")?,
@@ -677,7 +677,7 @@ impl Qwen3Session {
         kv_type: GgmlType,
         kv_size: i64,
     ) -> Result<Self> {
-        Self::from_file(&crate::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
+        Self::from_file(&shardgraph::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
     }
 
     /// Builds the model of a parsed `qwen3` GGUF with a KV cache of
@@ -694,7 +694,7 @@ impl Qwen3Session {
     /// mismatched or unused, or a tensor split that leaves a device without
     /// a KV head; [`Error::OutOfMemory`] naming the device and bytes.
     pub fn from_file(
-        file: &crate::gguf::GgufFile,
+        file: &shardgraph::gguf::GgufFile,
         ratios: &[f32],
         threads: usize,
         kv_type: GgmlType,
@@ -712,17 +712,21 @@ impl Qwen3Session {
     }
 
     /// The model's weight types (from its tensors).
-    pub fn model_types(&self) -> Qwen3Types {
-        let ty = |id: TensorId| self.ctx.t(id).ty;
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] if the session's context no longer holds the
+    /// model's weights.
+    pub fn model_types(&self) -> Result<Qwen3Types> {
+        let ty = |id: TensorId| self.ctx.tensor(id).map(|t| t.ty);
         let l = &self.model.layers[0];
-        Qwen3Types {
-            embd: ty(self.model.tok_embd),
-            attn: ty(l.wq),
-            attn_v: ty(l.wv),
-            ffn: ty(l.ffn_gate),
-            ffn_down: ty(l.ffn_down),
-            output: ty(self.model.output),
-        }
+        Ok(Qwen3Types {
+            embd: ty(self.model.tok_embd)?,
+            attn: ty(l.wq)?,
+            attn_v: ty(l.wv)?,
+            ffn: ty(l.ffn_gate)?,
+            ffn_down: ty(l.ffn_down)?,
+            output: ty(self.model.output)?,
+        })
     }
 
     /// Writes a weight's full single-device bytes (ggml layout of its type).

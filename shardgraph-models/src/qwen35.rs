@@ -14,10 +14,10 @@
 
 use super::qwen3::{f32s, StepOutput};
 use super::{cell_bytes, f32_bytes, i32_bytes, imrope_positions, mask_bytes};
-use crate::error::{Error, Result};
-use crate::graph::Context;
-use crate::ops::{RopeMode, RopeParams};
-use crate::tensor::{GgmlType, TensorId};
+use shardgraph::error::{Error, Result};
+use shardgraph::graph::Context;
+use shardgraph::ops::{RopeMode, RopeParams};
+use shardgraph::tensor::{GgmlType, TensorId};
 
 /// Hyper-parameters of a `qwen35` model (GGUF keys `qwen35.*`).
 #[derive(Clone, Debug, PartialEq)]
@@ -157,7 +157,7 @@ impl Qwen35Hparams {
     /// # Errors
     /// [`Error::Model`] for another architecture or inconsistent values;
     /// [`Error::Gguf`] naming a missing or mistyped key.
-    pub fn from_gguf(f: &crate::gguf::GgufFile) -> Result<Self> {
+    pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
         use super::DIM;
         let k = super::ArchKeys::new(f, "qwen35")?;
         let n_nextn = k.int_or("nextn_predict_layers", 0, 0..=1)? as usize;
@@ -223,7 +223,7 @@ impl Qwen35Hparams {
     ///
     /// # Errors
     /// [`Error::Gguf`] from the writer.
-    pub fn add_to_gguf(&self, w: &mut crate::gguf::GgufWriter, name: &str) -> Result<()> {
+    pub fn add_to_gguf(&self, w: &mut shardgraph::gguf::GgufWriter, name: &str) -> Result<()> {
         w.add_kv("general.architecture", "qwen35")?;
         w.add_kv("general.name", name)?;
         w.add_kv("qwen35.block_count", (self.n_layer + self.n_nextn) as u32)?;
@@ -273,7 +273,7 @@ impl Qwen35Types {
     ///
     /// # Errors
     /// [`Error::Gguf`] naming a missing tensor.
-    pub fn from_gguf(f: &crate::gguf::GgufFile, hp: &Qwen35Hparams) -> Result<Self> {
+    pub fn from_gguf(f: &shardgraph::gguf::GgufFile, hp: &Qwen35Hparams) -> Result<Self> {
         let ty = |n: &str| f.tensor(n).map(|t| t.info.ty);
         let attn = match (0..hp.n_layer).find(|&il| !hp.is_recurrent(il)) {
             Some(il) => ty(&format!("blk.{il}.attn_q.weight"))?,
@@ -1156,7 +1156,7 @@ impl Qwen35Session {
         kv_type: GgmlType,
         kv_size: i64,
     ) -> Result<Self> {
-        Self::from_file(&crate::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
+        Self::from_file(&shardgraph::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
     }
 
     /// Builds the model of a parsed `qwen35` GGUF (KV cache of `kv_size`
@@ -1174,7 +1174,7 @@ impl Qwen35Session {
     /// among them), or a tensor split that leaves a device without a KV
     /// head or a delta-net key head; [`Error::OutOfMemory`].
     pub fn from_file(
-        file: &crate::gguf::GgufFile,
+        file: &shardgraph::gguf::GgufFile,
         ratios: &[f32],
         threads: usize,
         kv_type: GgmlType,
@@ -1245,7 +1245,7 @@ impl Qwen35Session {
         } else if t > 1 {
             let mut saved = Vec::new();
             for id in self.recurrent_caches() {
-                let mut b = vec![0u8; self.ctx.t(id).nbytes()];
+                let mut b = vec![0u8; self.ctx.tensor(id)?.nbytes()];
                 self.runner.store.get_tensor(&self.ctx, id, 0, &mut b)?;
                 saved.push((id, b));
             }

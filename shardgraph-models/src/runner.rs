@@ -2,10 +2,10 @@
 //! [`SplitStore`]; each step's graph is planned (cached by structure, so a
 //! repeated decode step does not re-plan), its inputs written, and executed.
 
-use crate::error::Result;
-use crate::graph::{Context, Graph};
-use crate::split::{LeafInfo, LinkModel, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore};
-use crate::tensor::TensorId;
+use shardgraph::error::Result;
+use shardgraph::graph::{Context, Graph};
+use shardgraph::split::{LeafInfo, LinkModel, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore};
+use shardgraph::tensor::TensorId;
 
 /// N devices (CPU instances unless [`Runner::set_backends`] says otherwise)
 /// with a split policy, a plan cache and device-resident storage.
@@ -54,10 +54,10 @@ impl Runner {
     /// already placed are copied onto the new devices now.
     ///
     /// # Errors
-    /// [`crate::Error::Split`] if the number of devices is not the policy's.
-    pub fn set_backends(&mut self, devices: Vec<std::sync::Arc<dyn crate::backend::Backend>>) -> Result<()> {
+    /// [`shardgraph::Error::Split`] if the number of devices is not the policy's.
+    pub fn set_backends(&mut self, devices: Vec<std::sync::Arc<dyn shardgraph::backend::Backend>>) -> Result<()> {
         if devices.len() != self.policy.n_devices() {
-            return Err(crate::Error::Split {
+            return Err(shardgraph::Error::Split {
                 detail: format!("{} devices for a policy over {}", devices.len(), self.policy.n_devices()),
             });
         }
@@ -100,7 +100,7 @@ impl Runner {
     /// cells").
     ///
     /// # Errors
-    /// [`crate::Error::OutOfMemory`] naming the device and the bytes needed
+    /// [`shardgraph::Error::OutOfMemory`] naming the device and the bytes needed
     /// and available; policy and placement errors as [`Runner::place`].
     pub fn place_all(&mut self, ctx: &Context, ids: &[TensorId], what: &str) -> Result<()> {
         let n = self.n_devices();
@@ -111,7 +111,7 @@ impl Runner {
             let st =
                 self.policy.state_for(&LeafInfo { name: &t.name, ne: t.ne, ty: t.ty })?.unwrap_or(SplitState::Mirrored);
             for (j, b) in need.iter_mut().enumerate().take(n) {
-                let ne = crate::split::local_ne(t.ne, &st, j);
+                let ne = shardgraph::split::local_ne(t.ne, &st, j);
                 let rows = (ne[1] * ne[2] * ne[3]).max(0) as u64;
                 *b = b.saturating_add((t.ty.row_size(ne[0])? as u64).saturating_mul(rows));
             }
@@ -155,8 +155,9 @@ impl Runner {
         }
         let is_write = |o: &TensorId| {
             ctx.tensor(*o).is_ok_and(|t| {
-                matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows)
-                    && t.view_src.is_some_and(|v| matches!(ctx.t(v).op, crate::ops::Op::None))
+                matches!(t.op, shardgraph::ops::Op::Cpy | shardgraph::ops::Op::SetRows)
+                    && t.view_src
+                        .is_some_and(|v| ctx.tensor(v).is_ok_and(|s| matches!(s.op, shardgraph::ops::Op::None)))
             })
         };
         let wanted: Vec<TensorId> = outputs.iter().filter(|o| !is_write(o)).copied().collect();

@@ -7,7 +7,7 @@
 //! equals plain greedy decoding token for token.
 
 use super::qwen3::{Qwen3Session, StepOutput};
-use crate::error::{Error, Result};
+use shardgraph::error::{Error, Result};
 
 /// A target model decoding one sequence: what the speculative loop needs
 /// of it. Implemented by [`Qwen3Session`] and

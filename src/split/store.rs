@@ -186,9 +186,14 @@ impl SplitStore {
         self.n
     }
 
-    /// (process-unique id, generation): equal as long as no part was
-    /// replaced by other memory.
-    pub(crate) fn binding_key(&self) -> (u64, u64) {
+    /// Which memory the store's parts are in: (process-unique store id,
+    /// generation). It stays equal while writes go in place
+    /// ([`SplitStore::set_tensor`], a run's cache writes) and changes when a
+    /// part is replaced by other memory (a placement, a move to another
+    /// device) or for a clone, so a caller that placed or bound something
+    /// for the store (a graph's leafs, an executor's buffers) can tell
+    /// whether that still holds. Never fails.
+    pub fn binding_key(&self) -> (u64, u64) {
         (self.id, self.generation)
     }
 
