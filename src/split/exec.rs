@@ -321,7 +321,7 @@ impl MetaExecutor {
 
     /// Checks, before anything is allocated, that every device can hold
     /// what `memory` says it needs ([`Plan::memory`], or a session's
-    /// [`crate::models::fit::session_memory`]): each device's
+    /// `fit::session_memory` in the crate `shardgraph-models`): each device's
     /// [`DeviceMemory::total`] as [`MetaExecutor::check_memory`] checks it
     /// (a GPU against its memory, CPU devices together against the host's
     /// available memory). `what` says what needs it.
