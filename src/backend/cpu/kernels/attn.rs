@@ -14,7 +14,9 @@
 //! grew, the block's weights by the vector exponential, then the weighted V
 //! rows. Scores are `scale·q·k`, soft-capped as `c·tanh(s/c)` when a cap is
 //! set, plus `slope_h·mask`; keys whose biased mask value is `-inf` are
-//! skipped, and a row with no visible key is 0.
+//! skipped, and a row with no visible key is 0. Sinks (src4, one F32 logit
+//! per query head) join each row's normaliser when the row is stored,
+//! after all its keys (and chunks) are folded in.
 //!
 //! The V accumulator is f32 for every V type. (ggml accumulates F16 V in F16
 //! on its row-at-a-time path and in f32 on its tiled path for ≥ 64 queries;
@@ -224,6 +226,8 @@ struct Job<'a> {
     k: Rows<'a>,
     v: Rows<'a>,
     mask: Option<&'a TView>,
+    /// F32 sink logits, one per query head (src[4]).
+    sinks: Option<&'a TView>,
     kdot: KDot,
     /// F16 K and V with packed rows: tiles span heads of several K/V heads
     /// and read whole cell rows (`BlockF16`).
@@ -244,7 +248,63 @@ struct Job<'a> {
     m1: f32,
 }
 
-impl Job<'_> {
+/// The checked sources of one flash_attn_ext.
+struct Operands<'a> {
+    q: &'a TView,
+    k: &'a TView,
+    v: &'a TView,
+    mask: Option<&'a TView>,
+    sinks: Option<&'a TView>,
+    kdot: KDot,
+}
+
+impl<'a> Job<'a> {
+    /// The job of one flash_attn_ext over checked operands.
+    fn new(o: Operands<'a>, p: Params) -> Result<Job<'a>> {
+        let Operands { q, k, v, mask, sinks, kdot } = o;
+        let (d, dv) = (k.ne[0], v.ne[0]);
+        let (n_head, n_batch) = (q.ne[2], q.ne[3]);
+        let mut scale = p.scale;
+        if p.logit_softcap != 0.0 {
+            scale /= p.logit_softcap;
+        }
+        // ggml: 1 << floor(log2(n_head)), in 64 bits so no head count overflows.
+        let n_head_log2 = 1u64 << ((n_head.max(1) as f64).log2().floor() as u32).min(63);
+        // SAFETY: flash_attn_ext never computes in place (it is not in
+        // `Op::can_inplace`), so its result never shares memory with K or V and
+        // nothing writes their spans while this kernel runs.
+        let (k_bytes, v_bytes) = unsafe { (k.src_bytes(), v.src_bytes()) };
+        let ops = VecOps::detect();
+        let cvt = ops.f16_to_f32;
+        Ok(Job {
+            q,
+            k: Rows { ty: k.ty, nb: k.nb, rb: k.ty.row_size(d as i64)?, bytes: k_bytes, f16_to_f32: cvt },
+            v: Rows { ty: v.ty, nb: v.nb, rb: v.ty.row_size(dv as i64)?, bytes: v_bytes, f16_to_f32: cvt },
+            mask,
+            sinks,
+            kdot,
+            f16: matches!(kdot, KDot::Float { fmt: GgmlType::F16 })
+                && k.ty == GgmlType::F16
+                && v.ty == GgmlType::F16
+                && k.nb[0] == 2
+                && v.nb[0] == 2,
+            ops,
+            norm: super::norm::simd::NormOps::detect(),
+            d,
+            dv,
+            rk2: n_head / k.ne[2],
+            rv2: n_head / v.ne[2],
+            rk3: n_batch / k.ne[3],
+            rv3: n_batch / v.ne[3],
+            scale,
+            softcap: p.logit_softcap,
+            max_bias: p.max_bias,
+            n_head_log2,
+            m0: 2f32.powf(-p.max_bias / n_head_log2 as f32),
+            m1: 2f32.powf(-(p.max_bias / 2.0) / n_head_log2 as f32),
+        })
+    }
+
     /// ALiBi slope of head `h` (1 without ALiBi).
     fn slope(&self, h: usize) -> f32 {
         if self.max_bias > 0.0 {
@@ -259,29 +319,55 @@ impl Job<'_> {
         }
     }
 
+    /// The K head and batch, then the V head and batch, of `task`'s first row.
+    fn kv_heads(&self, task: &Task) -> (usize, usize, usize, usize) {
+        (task.h0 / self.rk2, task.iq3 / self.rk3, task.h0 / self.rv2, task.iq3 / self.rv3)
+    }
+
     /// Runs the online softmax of `task` over its keys, leaving `mx`, `sum`
-    /// and `acc` of its rows in `sc` (unnormalised).
+    /// and `acc` of its rows in `sc` (unnormalised, sinks not yet counted).
+    ///
+    /// Keys go in blocks: mask values, then the K rows of the block (one
+    /// stream of equally strided reads) and the scores, then the V rows and
+    /// the online softmax updates in key order.
     fn run(&self, task: &Task, sc: &mut Scratch) -> Result<()> {
-        let (d, dv) = (self.d, self.dv);
-        let nt = task.rows();
-        let iq3 = task.iq3;
-        let (ik2, ik3) = (task.h0 / self.rk2, iq3 / self.rk3);
-        let (iv2, iv3) = (task.h0 / self.rv2, iq3 / self.rv3);
-        // The F16 path reads every head of a cell in one stream: per row the
-        // byte offset of its K and V head within a cell's row.
+        let (kmax, vmax) = self.head_offsets(task, sc);
+        self.load_queries(task, sc)?;
+        let mut blk0 = task.ic0;
+        while blk0 < task.ic1 {
+            let blk1 = (blk0 + KV_BLOCK).min(task.ic1);
+            self.mask_block(task, blk0, blk1 - blk0, sc);
+            self.score_block(task, blk0, blk1, kmax, sc)?;
+            self.value_block(task, blk0, blk1, vmax, sc)?;
+            blk0 = blk1;
+        }
+        Ok(())
+    }
+
+    /// For the F16 path, which reads every head of a cell in one stream: per
+    /// row the byte offset of its K and V head within a cell's row. Returns
+    /// the largest K and V head of the task.
+    fn head_offsets(&self, task: &Task, sc: &mut Scratch) -> (usize, usize) {
         let (mut kmax, mut vmax) = (0, 0);
-        for t in 0..nt {
+        for t in 0..task.rows() {
             let (_, iq2) = task.row(t);
             let (kh, vh) = (iq2 / self.rk2, iq2 / self.rv2);
             sc.koff[t] = kh * self.k.nb[2];
             sc.voff[t] = vh * self.v.nb[2];
             (kmax, vmax) = (kmax.max(kh), vmax.max(vh));
         }
+        (kmax, vmax)
+    }
+
+    /// Loads the task's query rows in the format K is dotted against, and
+    /// resets the rows' maxima, sums, slopes and accumulators.
+    fn load_queries(&self, task: &Task, sc: &mut Scratch) -> Result<()> {
+        let (d, nt) = (self.d, task.rows());
         for t in 0..nt {
             let (iq1, iq2) = task.row(t);
             sc.rows[t] = (iq1, iq2);
             let qrow = &mut sc.qf[t * d..(t + 1) * d];
-            self.q.load_row_f32(iq1, iq2, iq3, qrow)?;
+            self.q.load_row_f32(iq1, iq2, task.iq3, qrow)?;
             match self.kdot {
                 KDot::Float { fmt: GgmlType::F16 } => {
                     qrow.iter_mut().for_each(|x| *x = quant::fp16_bits_to_f32(quant::fp32_to_fp16_bits(*x)))
@@ -298,154 +384,232 @@ impl Job<'_> {
             sc.sum[t] = 0.0;
             sc.slope[t] = self.slope(iq2);
         }
-        sc.acc[..nt * dv].iter_mut().for_each(|x| *x = 0.0);
+        sc.acc[..nt * self.dv].iter_mut().for_each(|x| *x = 0.0);
+        Ok(())
+    }
 
-        // Keys in blocks: mask values, then the K rows of the block (one
-        // stream of equally strided reads), the scores, then the V rows, then
-        // the per-key online softmax updates in key order.
-        let mut blk0 = task.ic0;
-        while blk0 < task.ic1 {
-            let blk1 = (blk0 + KV_BLOCK).min(task.ic1);
-            let nb = blk1 - blk0;
-            if let Some(m) = self.mask {
+    /// The biased mask values of keys `blk0 .. blk0 + nb` for every row
+    /// (`slope·mask`, 0 without a mask), and which keys some row sees.
+    fn mask_block(&self, task: &Task, blk0: usize, nb: usize, sc: &mut Scratch) {
+        let nt = task.rows();
+        let Some(m) = self.mask else {
+            sc.mblk[..nt * KV_BLOCK].iter_mut().for_each(|x| *x = 0.0);
+            sc.active[..nb].iter_mut().for_each(|x| *x = true);
+            return;
+        };
+        for t in 0..nt {
+            let (iq1, iq2) = sc.rows[t];
+            let raw = &mut sc.mraw[..nb];
+            m.load_run_bytes(blk0, iq1, iq2 % m.ne[2], task.iq3 % m.ne[3], bytemuck::cast_slice_mut(raw));
+            let mrow = &mut sc.mblk[t * KV_BLOCK..t * KV_BLOCK + nb];
+            (self.ops.f16_to_f32)(bytemuck::cast_slice(raw), mrow);
+            let slope = sc.slope[t];
+            if slope != 1.0 {
+                mrow.iter_mut().for_each(|x| *x *= slope);
+            }
+        }
+        for j in 0..nb {
+            sc.active[j] = (0..nt).any(|t| sc.mblk[t * KV_BLOCK + j] != f32::NEG_INFINITY);
+        }
+    }
+
+    /// The scores of keys `blk0..blk1` for every row: `scale·q·k`,
+    /// soft-capped, plus the biased mask (`-inf` for skipped keys). The next
+    /// block's K rows are fetched meanwhile (cache rows are far apart, so
+    /// the hardware prefetchers do not see a stream). F16 rows are dotted
+    /// as they are (converted in the dot).
+    fn score_block(&self, task: &Task, blk0: usize, blk1: usize, kmax: usize, sc: &mut Scratch) -> Result<()> {
+        let (d, nt, nb) = (self.d, task.rows(), blk1 - blk0);
+        let (ik2, ik3, _, _) = self.kv_heads(task);
+        let k_f16 = self.f16;
+        if k_f16 {
+            // The block's F16 rows (every head of each cell, one stream)
+            // dotted with every query row at once.
+            let (rows, stride) = self.k.block(blk0, nb, kmax, ik3)?;
+            let blk = BlockF16 {
+                rows,
+                offs: &sc.koff[..nt],
+                max_off: kmax * self.k.nb[2],
+                stride,
+                n: nb,
+                d,
+                nt,
+                live: &sc.active[..nb],
+                p_stride: KV_BLOCK,
+            };
+            (self.ops.scores_f16)(&blk, &sc.qf[..nt * d], &mut sc.sblk);
+        } else {
+            self.k.prefetch(blk1..(blk1 + KV_BLOCK).min(task.ic1), ik2, ik3);
+        }
+        for j in 0..nb {
+            if !sc.active[j] {
                 for t in 0..nt {
-                    let (iq1, iq2) = sc.rows[t];
-                    let raw = &mut sc.mraw[..nb];
-                    m.load_run_bytes(blk0, iq1, iq2 % m.ne[2], iq3 % m.ne[3], bytemuck::cast_slice_mut(raw));
-                    let mrow = &mut sc.mblk[t * KV_BLOCK..t * KV_BLOCK + nb];
-                    (self.ops.f16_to_f32)(bytemuck::cast_slice(raw), mrow);
-                    let slope = sc.slope[t];
-                    if slope != 1.0 {
-                        mrow.iter_mut().for_each(|x| *x *= slope);
-                    }
+                    sc.sblk[t * KV_BLOCK + j] = f32::NEG_INFINITY;
                 }
-                for j in 0..nb {
-                    sc.active[j] = (0..nt).any(|t| sc.mblk[t * KV_BLOCK + j] != f32::NEG_INFINITY);
-                }
-            } else {
-                sc.mblk[..nt * KV_BLOCK].iter_mut().for_each(|x| *x = 0.0);
-                sc.active[..nb].iter_mut().for_each(|x| *x = true);
+                continue;
             }
-            // K rows (one stream of equally strided reads) and scores; the
-            // next block's K rows are fetched meanwhile (cache rows are far
-            // apart, so the hardware prefetchers do not see a stream). F16
-            // rows are dotted as they are (converted in the dot).
-            let next = blk1..(blk1 + KV_BLOCK).min(task.ic1);
-            let k_f16 = self.f16;
-            if k_f16 {
-                // The block's F16 rows (every head of each cell, one stream)
-                // dotted with every query row at once.
-                let (rows, stride) = self.k.block(blk0, nb, kmax, ik3)?;
-                let blk = BlockF16 {
-                    rows,
-                    offs: &sc.koff[..nt],
-                    max_off: kmax * self.k.nb[2],
-                    stride,
-                    n: nb,
-                    d,
-                    nt,
-                    live: &sc.active[..nb],
-                    p_stride: KV_BLOCK,
-                };
-                (self.ops.scores_f16)(&blk, &sc.qf[..nt * d], &mut sc.sblk);
-            } else {
-                self.k.prefetch(next.clone(), ik2, ik3);
-            }
-            for j in 0..nb {
-                if !sc.active[j] {
-                    for t in 0..nt {
-                        sc.sblk[t * KV_BLOCK + j] = f32::NEG_INFINITY;
-                    }
-                    continue;
+            let ic = blk0 + j;
+            let krow = match self.kdot {
+                KDot::Float { .. } if k_f16 => &[][..],
+                KDot::Float { .. } => {
+                    self.k.row_f32(ic, ik2, ik3, &mut sc.kf)?;
+                    &[][..]
                 }
-                let ic = blk0 + j;
-                let krow = match self.kdot {
-                    KDot::Float { .. } if k_f16 => &[][..],
-                    KDot::Float { .. } => {
-                        self.k.row_f32(ic, ik2, ik3, &mut sc.kf)?;
-                        &[][..]
-                    }
-                    KDot::Block { .. } => self.k.row(ic, ik2, ik3)?,
-                };
-                for t in 0..nt {
-                    let mv = sc.mblk[t * KV_BLOCK + j];
-                    if mv == f32::NEG_INFINITY {
-                        sc.sblk[t * KV_BLOCK + j] = f32::NEG_INFINITY;
-                        continue;
-                    }
-                    let dot = match self.kdot {
-                        KDot::Float { .. } if k_f16 => sc.sblk[t * KV_BLOCK + j],
-                        KDot::Float { .. } => (self.ops.dot)(&sc.qf[t * d..(t + 1) * d], &sc.kf),
-                        KDot::Block { qrb, dot, .. } => dot(d, krow, &sc.qbytes[t * qrb..(t + 1) * qrb]),
-                    };
-                    let mut s = dot * self.scale;
-                    if self.softcap != 0.0 {
-                        s = self.softcap * s.tanh();
-                    }
-                    sc.sblk[t * KV_BLOCK + j] = s + mv;
-                }
-            }
-            // V rows (and a prefetch of the next block's): F16 rows are
-            // accumulated as they are, others converted once for all rows.
-            let v_f16 = self.f16;
-            if !v_f16 {
-                self.v.prefetch(next, iv2, iv3);
-                for j in (0..nb).filter(|&j| sc.active[j]) {
-                    self.v.row_f32(blk0 + j, iv2, iv3, &mut sc.vblk[j * dv..(j + 1) * dv])?;
-                }
-            }
-            // Online softmax, a block at a time: the block's maximum, one
-            // rescale of the accumulator if it grew, the block's weights by
-            // the vector exponential, then the weighted V rows.
+                KDot::Block { .. } => self.k.row(ic, ik2, ik3)?,
+            };
             for t in 0..nt {
-                let srow = &mut sc.sblk[t * KV_BLOCK..t * KV_BLOCK + nb];
-                let bmax = (self.norm.max)(srow);
-                if bmax == f32::NEG_INFINITY {
-                    srow.iter_mut().for_each(|x| *x = 0.0);
+                let mv = sc.mblk[t * KV_BLOCK + j];
+                if mv == f32::NEG_INFINITY {
+                    sc.sblk[t * KV_BLOCK + j] = f32::NEG_INFINITY;
                     continue;
                 }
-                let acc = &mut sc.acc[t * dv..(t + 1) * dv];
-                let mut m = sc.mx[t];
-                if bmax > m || m.is_nan() {
-                    let ms = if m == f32::NEG_INFINITY { 0.0 } else { (m - bmax).exp() };
-                    (self.ops.scale)(acc, ms);
-                    sc.sum[t] *= ms;
-                    m = bmax;
+                let dot = match self.kdot {
+                    KDot::Float { .. } if k_f16 => sc.sblk[t * KV_BLOCK + j],
+                    KDot::Float { .. } => (self.ops.dot)(&sc.qf[t * d..(t + 1) * d], &sc.kf),
+                    KDot::Block { qrb, dot, .. } => dot(d, krow, &sc.qbytes[t * qrb..(t + 1) * qrb]),
+                };
+                let mut s = dot * self.scale;
+                if self.softcap != 0.0 {
+                    s = self.softcap * s.tanh();
                 }
-                let bsum = (self.norm.exp_sub_sum)(srow, m);
-                sc.sum[t] += bsum as f32;
-                sc.mx[t] = m;
-                if !v_f16 {
-                    for (j, &p) in srow.iter().enumerate() {
-                        if p != 0.0 {
-                            (self.ops.axpy)(acc, &sc.vblk[j * dv..(j + 1) * dv], p);
-                        }
+                sc.sblk[t * KV_BLOCK + j] = s + mv;
+            }
+        }
+        Ok(())
+    }
+
+    /// The V rows of keys `blk0..blk1` (and a prefetch of the next block's)
+    /// folded into every row's online softmax: F16 rows are accumulated as
+    /// they are, others converted once for all rows.
+    fn value_block(&self, task: &Task, blk0: usize, blk1: usize, vmax: usize, sc: &mut Scratch) -> Result<()> {
+        let (dv, nt, nb) = (self.dv, task.rows(), blk1 - blk0);
+        let (_, _, iv2, iv3) = self.kv_heads(task);
+        if !self.f16 {
+            self.v.prefetch(blk1..(blk1 + KV_BLOCK).min(task.ic1), iv2, iv3);
+            for j in (0..nb).filter(|&j| sc.active[j]) {
+                self.v.row_f32(blk0 + j, iv2, iv3, &mut sc.vblk[j * dv..(j + 1) * dv])?;
+            }
+        }
+        self.softmax_block(nt, nb, sc);
+        if self.f16 {
+            // Every query row's weighted V rows (every head of each cell, one stream).
+            let (rows, stride) = self.v.block(blk0, nb, vmax, iv3)?;
+            let blk = BlockF16 {
+                rows,
+                offs: &sc.voff[..nt],
+                max_off: vmax * self.v.nb[2],
+                stride,
+                n: nb,
+                d: dv,
+                nt,
+                live: &sc.active[..nb],
+                p_stride: KV_BLOCK,
+            };
+            (self.ops.accum_f16)(&blk, &sc.sblk, &mut sc.acc[..nt * dv]);
+        }
+        Ok(())
+    }
+
+    /// Online softmax, a block at a time: per row the block's maximum, one
+    /// rescale of the accumulator if it grew, the block's weights by the
+    /// vector exponential (left in `sblk`), then (not F16) the weighted V
+    /// rows of `vblk`.
+    fn softmax_block(&self, nt: usize, nb: usize, sc: &mut Scratch) {
+        let dv = self.dv;
+        for t in 0..nt {
+            let srow = &mut sc.sblk[t * KV_BLOCK..t * KV_BLOCK + nb];
+            let bmax = (self.norm.max)(srow);
+            if bmax == f32::NEG_INFINITY {
+                srow.iter_mut().for_each(|x| *x = 0.0);
+                continue;
+            }
+            let acc = &mut sc.acc[t * dv..(t + 1) * dv];
+            let mut m = sc.mx[t];
+            if bmax > m || m.is_nan() {
+                let ms = if m == f32::NEG_INFINITY { 0.0 } else { (m - bmax).exp() };
+                (self.ops.scale)(acc, ms);
+                sc.sum[t] *= ms;
+                m = bmax;
+            }
+            let bsum = (self.norm.exp_sub_sum)(srow, m);
+            sc.sum[t] += bsum as f32;
+            sc.mx[t] = m;
+            if !self.f16 {
+                for (j, &p) in srow.iter().enumerate() {
+                    if p != 0.0 {
+                        (self.ops.axpy)(acc, &sc.vblk[j * dv..(j + 1) * dv], p);
                     }
                 }
             }
-            if v_f16 {
-                // Every query row's weighted V rows (every head of each cell, one stream).
-                let (rows, stride) = self.v.block(blk0, nb, vmax, iv3)?;
-                let blk = BlockF16 {
-                    rows,
-                    offs: &sc.voff[..nt],
-                    max_off: vmax * self.v.nb[2],
-                    stride,
-                    n: nb,
-                    d: dv,
-                    nt,
-                    live: &sc.active[..nb],
-                    p_stride: KV_BLOCK,
-                };
-                (self.ops.accum_f16)(&blk, &sc.sblk, &mut sc.acc[..nt * dv]);
+        }
+    }
+
+    /// Finishes the rows of `task` from their maxima `mx`, sums `sum` and
+    /// accumulators `acc` (`rows × dv`) and stores them. A sink logit `s` of
+    /// the row's head joins the normaliser (ggml's
+    /// `ggml_compute_forward_flash_attn_ext_f16`): with `M' = max(M, s)` the
+    /// row is `acc·e^(M − M') / (S·e^(M − M') + e^(s − M'))`, so a row whose
+    /// keys are all masked (`S = 0`, `M = -inf`) still gives 0.
+    fn store(&self, dst: &TView, task: &Task, mx: &[f32], sum: &[f32], acc: &mut [f32]) -> Result<()> {
+        for (t, row) in acc.chunks_exact_mut(self.dv).take(task.rows()).enumerate() {
+            let (iq1, iq2) = task.row(t);
+            let (mut s, mut ms) = (sum[t], 1.0f32);
+            if let Some(sinks) = self.sinks {
+                let (m, sk) = (mx[t], sinks.get_f32(iq2, 0, 0, 0));
+                if sk > m {
+                    ms = (m - sk).exp();
+                    s = s * ms + 1.0;
+                } else {
+                    s += (sk - m).exp();
+                }
             }
-            blk0 = blk1;
+            let inv = if s == 0.0 { 0.0 } else { ms / s };
+            (self.ops.scale)(row, inv);
+            dst.store_row_f32(iq2, iq1, task.iq3, row)?;
         }
         Ok(())
     }
 }
 
+impl Scratch {
+    /// Buffers for head sizes `d` (K) and `dv` (V), with `qb_len` bytes of
+    /// quantized query rows.
+    fn new(d: usize, dv: usize, qb_len: usize) -> Scratch {
+        Scratch {
+            kf: vec![0f32; d],
+            koff: [0; TILE_ROWS],
+            voff: [0; TILE_ROWS],
+            qbytes: vec![0u8; qb_len],
+            qf: vec![0f32; TILE_ROWS * d],
+            acc: vec![0f32; TILE_ROWS * dv],
+            rows: [(0, 0); TILE_ROWS],
+            mraw: vec![0u16; KV_BLOCK],
+            mblk: vec![0f32; TILE_ROWS * KV_BLOCK],
+            sblk: vec![0f32; TILE_ROWS * KV_BLOCK],
+            active: [false; KV_BLOCK],
+            vblk: vec![0f32; KV_BLOCK * dv],
+            mx: [f32::NEG_INFINITY; TILE_ROWS],
+            sum: [0.0; TILE_ROWS],
+            slope: [1.0; TILE_ROWS],
+        }
+    }
+}
+
 fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> {
+    let operands = check(op, dst, src)?;
+    let (n_q, n_head, n_batch, n_kv) = (operands.q.ne[1], operands.q.ne[2], operands.q.ne[3], operands.k.ne[1]);
+    let job = Job::new(operands, p)?;
+    let tiles = tiles(&job, n_q, n_head, n_batch, n_kv);
+    let n_chunks = (TARGET_TASKS / tiles.len().max(1)).min(n_kv / MIN_KV_CHUNK).max(1);
+    if n_chunks == 1 {
+        run_tiles(&job, dst, &tiles)
+    } else {
+        run_chunked(&job, dst, &tiles, n_chunks, n_kv)
+    }
+}
+
+/// The kernel's operand rules (the constructor's, re-checked on the views).
+fn check<'a>(op: &Op, dst: &TView, src: &'a [TView]) -> Result<Operands<'a>> {
     let bad = |why: &str| -> Error {
         match unsupported(op, dst, src) {
             Error::UnsupportedOp { backend, op, detail } => {
@@ -458,7 +622,7 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
         [q, k, v, ..] => (q, k, v),
         _ => return Err(bad("needs q, k, v")),
     };
-    let mask = src.get(3);
+    let (mask, sinks) = (src.get(3), src.get(4));
     let (d, dv) = (k.ne[0], v.ne[0]);
     let (n_q, n_head, n_batch) = (q.ne[1], q.ne[2], q.ne[3]);
     let n_kv = k.ne[1];
@@ -485,51 +649,21 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
             return Err(bad("mask shape"));
         }
     }
-    let mut scale = p.scale;
-    if p.logit_softcap != 0.0 {
-        scale /= p.logit_softcap;
+    if let Some(s) = sinks {
+        if s.ty != GgmlType::F32 || s.ne[0] < n_head {
+            return Err(bad("sinks (F32, one per head)"));
+        }
     }
-    // ggml: 1 << floor(log2(n_head)), in 64 bits so no head count overflows.
-    let n_head_log2 = 1u64 << ((n_head.max(1) as f64).log2().floor() as u32).min(63);
-    // SAFETY: flash_attn_ext never computes in place (it is not in
-    // `Op::can_inplace`), so its result never shares memory with K or V and
-    // nothing writes their spans while this kernel runs.
-    let (k_bytes, v_bytes) = unsafe { (k.src_bytes(), v.src_bytes()) };
-    let ops = VecOps::detect();
-    let cvt = ops.f16_to_f32;
-    let job = Job {
-        q,
-        k: Rows { ty: k.ty, nb: k.nb, rb: k.ty.row_size(d as i64)?, bytes: k_bytes, f16_to_f32: cvt },
-        v: Rows { ty: v.ty, nb: v.nb, rb: v.ty.row_size(dv as i64)?, bytes: v_bytes, f16_to_f32: cvt },
-        mask,
-        kdot,
-        f16: matches!(kdot, KDot::Float { fmt: GgmlType::F16 })
-            && k.ty == GgmlType::F16
-            && v.ty == GgmlType::F16
-            && k.nb[0] == 2
-            && v.nb[0] == 2,
-        ops,
-        norm: super::norm::simd::NormOps::detect(),
-        d,
-        dv,
-        rk2: n_head / k.ne[2],
-        rv2: n_head / v.ne[2],
-        rk3: n_batch / k.ne[3],
-        rv3: n_batch / v.ne[3],
-        scale,
-        softcap: p.logit_softcap,
-        max_bias: p.max_bias,
-        n_head_log2,
-        m0: 2f32.powf(-p.max_bias / n_head_log2 as f32),
-        m1: 2f32.powf(-(p.max_bias / 2.0) / n_head_log2 as f32),
-    };
+    Ok(Operands { q, k, v, mask, sinks, kdot })
+}
 
-    // Tiles: runs of heads with one K head and one V head, cut into row blocks.
+/// Tiles: runs of heads with one K head and one V head (or, F16, as many
+/// heads as there are), cut into blocks of [`TILE_ROWS`] rows; every key.
+fn tiles(job: &Job, n_q: usize, n_head: usize, n_batch: usize, n_kv: usize) -> Vec<Task> {
     let mut tiles = Vec::new();
     for iq3 in 0..n_batch {
         let mut h0 = 0;
         while h0 < n_head {
-            // One K and one V head per tile, or (F16) as many heads as fit.
             let h1 = if job.f16 {
                 n_head
             } else {
@@ -546,49 +680,34 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
             h0 = h1;
         }
     }
-    let n_chunks = (TARGET_TASKS / tiles.len().max(1)).min(n_kv / MIN_KV_CHUNK).max(1);
+    tiles
+}
 
-    let qb_len = match kdot {
+/// Per-thread scratch for `job`.
+fn scratch(job: &Job) -> Scratch {
+    let qb_len = match job.kdot {
         KDot::Block { qrb, .. } => qrb * TILE_ROWS,
         KDot::Float { .. } => 0,
     };
-    let new_scratch = || Scratch {
-        kf: vec![0f32; d],
-        koff: [0; TILE_ROWS],
-        voff: [0; TILE_ROWS],
-        qbytes: vec![0u8; qb_len],
-        qf: vec![0f32; TILE_ROWS * d],
-        acc: vec![0f32; TILE_ROWS * dv],
-        rows: [(0, 0); TILE_ROWS],
-        mraw: vec![0u16; KV_BLOCK],
-        mblk: vec![0f32; TILE_ROWS * KV_BLOCK],
-        sblk: vec![0f32; TILE_ROWS * KV_BLOCK],
-        active: [false; KV_BLOCK],
-        vblk: vec![0f32; KV_BLOCK * dv],
-        mx: [f32::NEG_INFINITY; TILE_ROWS],
-        sum: [0.0; TILE_ROWS],
-        slope: [1.0; TILE_ROWS],
-    };
-    let store = |task: &Task, sum: &[f32], acc: &mut [f32]| -> Result<()> {
-        for (t, row) in acc.chunks_exact_mut(dv).take(task.rows()).enumerate() {
-            let (iq1, iq2) = task.row(t);
-            let inv = if sum[t] == 0.0 { 0.0 } else { 1.0 / sum[t] };
-            (job.ops.scale)(row, inv);
-            dst.store_row_f32(iq2, iq1, task.iq3, row)?;
-        }
-        Ok(())
-    };
+    Scratch::new(job.d, job.dv, qb_len)
+}
 
-    if n_chunks == 1 {
-        return tiles.par_iter().try_for_each_init(new_scratch, |sc, task| {
+/// Every tile over all its keys, each finished and stored by its thread.
+fn run_tiles(job: &Job, dst: &TView, tiles: &[Task]) -> Result<()> {
+    tiles.par_iter().try_for_each_init(
+        || scratch(job),
+        |sc, task| {
             job.run(task, sc)?;
             let nt = task.rows();
-            let (sum, acc) = (&sc.sum[..nt], &mut sc.acc[..nt * dv]);
-            store(task, sum, acc)
-        });
-    }
+            job.store(dst, task, &sc.mx[..nt], &sc.sum[..nt], &mut sc.acc[..nt * job.dv])
+        },
+    )
+}
 
-    // Split keys: partials per (tile, chunk), then merge per tile.
+/// Keys split into `n_chunks`: partials per (tile, chunk), then merged per
+/// tile (in chunk order, so the result does not depend on the threads).
+fn run_chunked(job: &Job, dst: &TView, tiles: &[Task], n_chunks: usize, n_kv: usize) -> Result<()> {
+    let dv = job.dv;
     let chunk = n_kv.div_ceil(n_chunks);
     let tasks: Vec<Task> = tiles
         .iter()
@@ -598,11 +717,14 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
         .collect();
     let partials: Vec<Partial> = tasks
         .par_iter()
-        .map_init(new_scratch, |sc, task| -> Result<Partial> {
-            job.run(task, sc)?;
-            let nt = task.rows();
-            Ok(Partial { mx: sc.mx[..nt].to_vec(), sum: sc.sum[..nt].to_vec(), acc: sc.acc[..nt * dv].to_vec() })
-        })
+        .map_init(
+            || scratch(job),
+            |sc, task| -> Result<Partial> {
+                job.run(task, sc)?;
+                let nt = task.rows();
+                Ok(Partial { mx: sc.mx[..nt].to_vec(), sum: sc.sum[..nt].to_vec(), acc: sc.acc[..nt * dv].to_vec() })
+            },
+        )
         .collect::<Result<_>>()?;
     tiles.par_iter().zip(partials.par_chunks(n_chunks)).try_for_each(|(task, parts)| {
         let nt = task.rows();
@@ -624,7 +746,7 @@ fn flash_attn_ext(op: &Op, dst: &TView, src: &[TView], p: Params) -> Result<()> 
                 mx[t] = m_new;
             }
         }
-        store(task, &sum, &mut acc)
+        job.store(dst, task, &mx, &sum, &mut acc)
     })
 }
 
@@ -681,10 +803,12 @@ pub(crate) mod tests {
         mask: bool,
         max_bias: f32,
         softcap: f32,
+        /// Sink logits per head (needs `mask`).
+        sinks: bool,
     }
 
     /// Our kernel against a straightforward f64 softmax(q·kᵀ)·v on the same
-    /// (type-rounded) values.
+    /// (type-rounded) values; a head's sink logit joins the normaliser.
     fn check(c: Case) {
         let mut seed = 0x1234_5678_9abc_def1u64 ^ (c.n_kv * 7 + c.n_q) as u64;
         let mut ctx = Context::new();
@@ -713,7 +837,15 @@ pub(crate) mod tests {
             None
         };
         let scale = 1.0 / (c.d as f32).sqrt();
-        let out = ctx.flash_attn_ext(q, k, v, m, scale, c.max_bias, c.softcap).unwrap();
+        let mut out = ctx.flash_attn_ext(q, k, v, m, scale, c.max_bias, c.softcap).unwrap();
+        // Sinks from below every score to above them (head 0 dominates its rows).
+        let svals: Vec<f32> =
+            (0..c.h).map(|h| if h == 0 { 6.0 } else { rand_vec(&mut seed, 1, -3.0, 1.0)[0] }).collect();
+        if c.sinks {
+            let s = ctx.new_tensor_1d(GgmlType::F32, c.h as i64).unwrap();
+            leafs.push((s, svals.clone()));
+            out = ctx.flash_attn_ext_add_sinks(out, s).unwrap();
+        }
         let ours = run(&ctx, &leafs, out, 3).unwrap();
 
         let (qr, kr, vr) = (round(c.ty, &qv), round(c.ty, &kv), round(c.ty, &vv));
@@ -750,10 +882,11 @@ pub(crate) mod tests {
                     }
                     *sj = s + mv;
                 }
-                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = c.sinks.then(|| svals[h] as f64);
+                let mx = scores.iter().cloned().chain(sink).fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> =
                     scores.iter().map(|s| if mx == f64::NEG_INFINITY { 0.0 } else { (s - mx).exp() }).collect();
-                let z: f64 = w.iter().sum();
+                let z: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
                 for e in 0..c.d {
                     let mut o = 0f64;
                     for j in 0..c.n_kv {
@@ -776,7 +909,18 @@ pub(crate) mod tests {
     #[test]
     fn flash_attn_ext_matches_f64_reference() {
         use GgmlType::*;
-        let base = Case { d: 64, n_q: 5, n_kv: 300, h: 4, h_kv: 2, ty: F32, mask: true, max_bias: 0.0, softcap: 0.0 };
+        let base = Case {
+            d: 64,
+            n_q: 5,
+            n_kv: 300,
+            h: 4,
+            h_kv: 2,
+            ty: F32,
+            mask: true,
+            max_bias: 0.0,
+            softcap: 0.0,
+            sinks: false,
+        };
         check(Case { ..base });
         check(Case { ty: F16, ..base });
         check(Case { mask: false, h_kv: 4, ..base });
@@ -786,6 +930,32 @@ pub(crate) mod tests {
         check(Case { n_q: 1, n_kv: 3000, h: 2, h_kv: 1, mask: false, ..base });
         check(Case { n_q: 2, n_kv: 2600, h: 2, h_kv: 1, ty: F16, ..base });
         // More rows than one tile.
+        check(Case { n_q: 40, n_kv: 64, h: 2, h_kv: 2, d: 32, ..base });
+    }
+
+    #[test]
+    fn flash_attn_ext_sinks_match_f64_reference() {
+        use GgmlType::*;
+        let base = Case {
+            d: 64,
+            n_q: 5,
+            n_kv: 300,
+            h: 4,
+            h_kv: 2,
+            ty: F16,
+            mask: true,
+            max_bias: 0.0,
+            softcap: 0.0,
+            sinks: true,
+        };
+        check(Case { ..base });
+        check(Case { ty: F32, ..base });
+        check(Case { softcap: 2.0, ..base });
+        check(Case { max_bias: 8.0, h: 6, h_kv: 3, ..base });
+        // F16 tiles of every head; the chunked (decoding) path, sinks after the merge.
+        check(Case { h: 8, h_kv: 2, ..base });
+        check(Case { n_q: 2, n_kv: 2600, h: 2, h_kv: 1, ..base });
+        check(Case { n_q: 1, n_kv: 3000, h: 4, h_kv: 2, ty: F32, ..base });
         check(Case { n_q: 40, n_kv: 64, h: 2, h_kv: 2, d: 32, ..base });
     }
 
