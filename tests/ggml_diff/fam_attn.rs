@@ -1,7 +1,8 @@
 //! Differential cases of the attention family: `flash_attn_ext` with
 //! several head sizes, query counts, KV lengths, GQA ratios, K/V types,
 //! masks (causal with random holes, padded rows, per-head), ALiBi,
-//! soft-capping and llama.cpp-style permuted views of a KV cache.
+//! soft-capping, llama.cpp-style permuted views of a KV cache, and
+//! attention sinks (`ggml_flash_attn_ext_add_sinks`, gpt-oss).
 
 use crate::harness::{Built, Case, Compare, Init, Rng};
 use shardgraph::{Context, GgmlType, Result, TensorId};
@@ -29,6 +30,8 @@ struct Fa {
     cache: bool,
     /// Sliding window: keys more than this far behind a query are masked (0 = none).
     window: i64,
+    /// One F32 sink logit per query head (`flash_attn_ext_add_sinks`; needs a mask).
+    sinks: bool,
 }
 
 impl Fa {
@@ -49,12 +52,15 @@ impl Fa {
             softcap: 0.0,
             cache: false,
             window: 0,
+            sinks: false,
         }
     }
 
     fn vars(&self) -> String {
+        // `sinks` only when set, so the other cases keep their names (and inputs).
+        let sinks = if self.sinks { ",sinks" } else { "" };
         format!(
-            "d={},dv={},n_q={},n_kv={},h={},h_kv={},b={},k={},v={},mask={},pad={},max_bias={},softcap={},cache={},window={}",
+            "d={},dv={},n_q={},n_kv={},h={},h_kv={},b={},k={},v={},mask={},pad={},max_bias={},softcap={},cache={},window={}{}",
             self.d,
             self.dv,
             self.n_q,
@@ -69,7 +75,8 @@ impl Fa {
             self.max_bias,
             self.softcap,
             self.cache,
-            self.window
+            self.window,
+            sinks
         )
     }
 
@@ -130,7 +137,13 @@ impl Fa {
             None
         };
         let scale = 1.0 / (self.d as f32).sqrt();
-        let out = ctx.flash_attn_ext(q, k, v, mask, scale, self.max_bias, self.softcap)?;
+        let mut out = ctx.flash_attn_ext(q, k, v, mask, scale, self.max_bias, self.softcap)?;
+        if self.sinks {
+            // Scores are about ±1 here: sinks below and above a row's maximum.
+            let sinks = ctx.new_tensor_1d(GgmlType::F32, self.h)?;
+            inits.push((sinks, Init::Uniform(-2.0, 3.0)));
+            out = ctx.flash_attn_ext_add_sinks(out, sinks)?;
+        }
         let mut built = Built::out(&[out]);
         for (id, init) in inits {
             built = built.init(id, init);
@@ -195,7 +208,33 @@ pub fn cases() -> Vec<Case> {
     // Prefill long enough for ggml's tiled path (n_q ≥ 64).
     v.push(case(Fa::new(64, 64, 256, 4, 2, F16)));
     v.push(case(Fa { cache: true, ..Fa::new(128, 80, 256, 4, 1, F32) }));
+    sink_cases(&mut v);
     v
+}
+
+/// Attention sinks (every case has a mask, with a fully masked row in head 0).
+fn sink_cases(v: &mut Vec<Case>) {
+    use GgmlType::*;
+    let s = |fa: Fa| case(Fa { sinks: true, ..fa });
+    // GQA with F16, F32, BF16 and block K/V; MHA.
+    for &t in &[F16, F32, BF16, Q8_0, Q4_0] {
+        v.push(s(Fa::new(64, 7, 256, 8, 2, t)));
+    }
+    v.push(s(Fa::new(64, 7, 256, 4, 4, F16)));
+    // Soft-capping on, with and without ALiBi; ALiBi alone; a mask per head.
+    v.push(s(Fa { softcap: 30.0, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(s(Fa { softcap: 1.5, ..Fa::new(128, 5, 256, 8, 2, F32) }));
+    v.push(s(Fa { softcap: 20.0, max_bias: 8.0, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(s(Fa { max_bias: 8.0, ..Fa::new(64, 7, 256, 12, 4, F16) }));
+    v.push(s(Fa { mask: 2, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    // Cache views in batches; gpt-oss's shape (64 heads on 8, head size 64) with a sliding window.
+    v.push(s(Fa { cache: true, b: 2, ..Fa::new(64, 7, 256, 8, 2, F16) }));
+    v.push(s(Fa { cache: true, window: 128, ..Fa::new(64, 7, 512, 64, 8, F16) }));
+    // Decode with the keys split into chunks (sinks after the merge); ggml's tiled prefill.
+    v.push(s(Fa { cache: true, ..Fa::new(128, 1, 4096, 8, 2, F16) }));
+    v.push(s(Fa { cache: true, window: 300, ..Fa::new(64, 1, 4096, 8, 1, Q8_0) }));
+    v.push(s(Fa::new(64, 64, 256, 4, 2, F16)));
+    v.push(s(Fa { softcap: 30.0, ..Fa::new(64, 80, 256, 4, 1, F32) }));
 }
 
 /// Wall-clock comparison with ggml on decode, prefill and gated-delta-net

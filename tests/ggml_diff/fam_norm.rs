@@ -2,7 +2,7 @@
 //! on odd, long (vocabulary-sized) and non-contiguous rows; soft_max and
 //! soft_max_ext with scale, F16/F32 masks (taller than the input, broadcast
 //! over dims 2/3, causal −∞ entries) and ALiBi (power-of-two and other head
-//! counts).
+//! counts); soft_max with attention sinks (`ggml_soft_max_add_sinks`).
 
 use crate::fam_elementwise::{input, Layout};
 use crate::harness::{Built, Case, Compare, Init};
@@ -17,6 +17,7 @@ pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     norm_cases(&mut v);
     soft_max_cases(&mut v);
+    soft_max_sink_cases(&mut v);
     v
 }
 
@@ -122,4 +123,60 @@ fn soft_max_cases(v: &mut Vec<Case>) {
         let out = ctx.soft_max_ext(x, None, 2.0, 0.0)?;
         Ok(Built::out(&[out]))
     }));
+}
+
+/// soft_max with sinks: one F32 logit per head (`ne2`) that joins each row's
+/// normaliser (`ggml_soft_max_add_sinks`), without a mask (ours gets a zero
+/// mask in its place) and with F32/F16 masks, scales, ALiBi and fully
+/// masked rows.
+fn soft_max_sink_cases(v: &mut Vec<Case>) {
+    // (a shape, mask: None or (type, shape), scale, max_bias)
+    type Sink = ([i64; 4], Option<(GgmlType, [i64; 4])>, f32, f32);
+    let cases: Vec<Sink> = vec![
+        ([10, 5, 4, 3], None, 1.0, 0.0),
+        ([10, 5, 4, 3], None, 0.125, 0.0),
+        ([33, 7, 8, 1], None, 0.5, 0.0),
+        ([1, 1, 1, 1], None, 1.0, 0.0),
+        ([4096, 2, 2, 1], None, 1.0, 0.0),
+        ([10, 5, 4, 3], Some((F32, [10, 5, 1, 1])), 1.0, 0.0),
+        ([10, 5, 4, 3], Some((F16, [10, 8, 4, 3])), 0.25, 0.0),
+        ([10, 5, 4, 3], Some((F16, [10, 5, 2, 1])), 0.125, 0.0),
+        ([16, 3, 12, 2], Some((F32, [16, 4, 3, 2])), 0.5, 4.0),
+        ([16, 3, 12, 1], Some((F16, [16, 3, 1, 1])), 1.0, 8.0),
+        ([64, 7, 64, 1], Some((F16, [64, 7, 1, 1])), 0.125, 0.0),
+    ];
+    for (ne, mask, scale, max_bias) in cases {
+        let m = mask.map_or("none".to_string(), |(ty, nem)| format!("{}{nem:?}", ty.name()));
+        let vars = format!("ne={ne:?},mask={m},scale={scale},max_bias={max_bias},sinks");
+        v.push(Case::new("soft_max", vars, NMSE, move |ctx| {
+            let a = ctx.new_tensor(F32, &ne)?;
+            let m = match mask {
+                Some((ty, nem)) => Some(ctx.new_tensor(ty, &nem)?),
+                None => None,
+            };
+            let sm = ctx.soft_max_ext(a, m, scale, max_bias)?;
+            let sinks = ctx.new_tensor_1d(F32, ne[2])?;
+            let out = ctx.soft_max_add_sinks(sm, sinks)?;
+            let mut b = Built::out(&[out]).init(a, Init::Uniform(-5.0, 5.0)).init(sinks, Init::Uniform(-4.0, 4.0));
+            if let Some(m) = m {
+                b = b.init(m, Init::Uniform(-2.0, 0.0));
+            }
+            Ok(b)
+        }));
+    }
+    // Causal −∞ masks whose third row is fully masked: the sink alone
+    // normalises it, so the row is 0 (ggml gives NaN there without sinks).
+    for ty in [F32, F16] {
+        let vars = format!("ne=[12,5,4,1],mask={}[12,5,1,1],causal,masked_row,sinks", ty.name());
+        v.push(Case::new("soft_max", vars, NMSE, move |ctx| {
+            let a = ctx.new_tensor(F32, &[12, 5, 4, 1])?;
+            let m = ctx.new_tensor(ty, &[12, 5, 1, 1])?;
+            let sm = ctx.soft_max_ext(a, Some(m), 0.125, 0.0)?;
+            let sinks = ctx.new_tensor_1d(F32, 4)?;
+            let out = ctx.soft_max_add_sinks(sm, sinks)?;
+            let mut vals = causal(12, 5, 1, 1);
+            vals[2 * 12..3 * 12].fill(f32::NEG_INFINITY);
+            Ok(Built::out(&[out]).init(m, Init::Values(vals)).init(sinks, Init::Values(vec![-1.0, 0.0, 2.5, 10.0])))
+        }));
+    }
 }

@@ -367,16 +367,23 @@ impl GgmlCtx<'_> {
                         p.beta_slow,
                     ),
                 },
-                Op::SoftMax { scale, max_bias } => g
-                    .sym::<unsafe extern "C" fn(P, P, P, f32, f32) -> P>("ggml_soft_max_ext")(
-                    c,
-                    s[0],
-                    opt(1),
-                    *scale,
-                    *max_bias,
-                ),
+                // Sources [x, mask, sinks]: ggml sets the sinks on the node it built.
+                Op::SoftMax { scale, max_bias } => {
+                    let r = g.sym::<unsafe extern "C" fn(P, P, P, f32, f32) -> P>("ggml_soft_max_ext")(
+                        c,
+                        s[0],
+                        opt(1),
+                        *scale,
+                        *max_bias,
+                    );
+                    if let Some(&sinks) = s.get(2) {
+                        g.sym::<unsafe extern "C" fn(P, P)>("ggml_soft_max_add_sinks")(r, sinks);
+                    }
+                    r
+                }
+                // Sources [q, k, v, mask, sinks], likewise.
                 Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
-                    g.sym::<unsafe extern "C" fn(P, P, P, P, P, f32, f32, f32) -> P>("ggml_flash_attn_ext")(
+                    let r = g.sym::<unsafe extern "C" fn(P, P, P, P, P, f32, f32, f32) -> P>("ggml_flash_attn_ext")(
                         c,
                         s[0],
                         s[1],
@@ -385,7 +392,11 @@ impl GgmlCtx<'_> {
                         *scale,
                         *max_bias,
                         *logit_softcap,
-                    )
+                    );
+                    if let Some(&sinks) = s.get(4) {
+                        g.sym::<unsafe extern "C" fn(P, P)>("ggml_flash_attn_ext_add_sinks")(r, sinks);
+                    }
+                    r
                 }
                 Op::Glu { op, swapped } => {
                     let id = match op {
