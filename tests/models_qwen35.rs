@@ -11,8 +11,11 @@ use shardgraph::GgmlType;
 use shardgraph_models::generate::write_qwen35_gguf;
 use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
 
+#[path = "common/nmse.rs"]
+mod nmse;
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
+use nmse::nmse;
 use qwen35_tiny::tiny;
 
 fn run(path: &std::path::Path, ratios: &[f32], kv: GgmlType) -> (Vec<f32>, Vec<i32>) {
@@ -37,10 +40,9 @@ fn qwen35_on_n_devices_equals_one_device() {
         let (want, want_gen) = run(&path, &[1.0], kv);
         for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
             let (got, gen) = run(&path, &ratios, kv);
-            let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-            let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-            eprintln!("{ratios:?} kv {kv}: logits NMSE {:.2e}", num / den);
-            assert!(num / den <= 1e-6, "{ratios:?} kv {kv}: NMSE {:.3e}", num / den);
+            let e = nmse(&got, &want);
+            eprintln!("{ratios:?} kv {kv}: logits NMSE {e:.2e}");
+            assert!(e <= 1e-6, "{ratios:?} kv {kv}: NMSE {e:.3e}");
             assert_eq!(gen, want_gen, "{ratios:?} kv {kv}");
         }
     }

@@ -8,8 +8,13 @@ use shardgraph_models::policy::qwen3_policy;
 use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph_models::runner::Runner;
 
+#[path = "nmse.rs"]
+mod nmse;
 #[path = "rng.rs"]
 mod rng;
+// Not every test that includes this file compares logits.
+#[allow(unused_imports)]
+pub use nmse::nmse;
 pub use rng::values;
 
 /// A small `qwen3` (2 layers, n_embd 64, 6 heads / 3 KV heads of 32,
@@ -71,12 +76,4 @@ pub fn generate(s: &mut Qwen3Session, prompt: &[i32], steps: usize) -> (Vec<i32>
         logits.push(o.logits.unwrap());
     }
     (tokens, logits)
-}
-
-/// Normalised mean squared error of `a` against the reference `b` (ggml's
-/// `test-backend-ops` measure): Σ(a−b)² / Σb².
-pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den.max(1e-30)
 }

@@ -4,6 +4,7 @@
 //! input bytes.
 #![allow(dead_code)]
 
+use super::nmse::nmse_finite;
 use super::oracle::{ggml_layout, Ggml, P};
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::tensor::quant;
@@ -176,29 +177,18 @@ pub fn decode(ty: GgmlType, ne: [i64; 4], nb: [usize; 4], bytes: &[u8]) -> Vec<f
     out
 }
 
-/// Normalised MSE of `a` against reference `b` (`Σ(a−b)²/Σb²`); positions
-/// where both are the same non-finite value count as equal; any other
-/// non-finite value gives infinity.
+/// The NMSE of `a` against reference `b` (`common/nmse.rs`) with the
+/// suite's rule for non-finite values: positions where both are the same
+/// non-finite value count as equal; any other non-finite value gives
+/// infinity.
 pub fn nmse(a: &[f64], b: &[f64]) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for (&x, &y) in a.iter().zip(b) {
-        if !x.is_finite() || !y.is_finite() {
-            if x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()) {
-                continue;
-            }
-            return f64::INFINITY;
-        }
-        num += (x - y) * (x - y);
-        den += y * y;
-    }
-    if den == 0.0 {
-        if num == 0.0 {
-            0.0
-        } else {
-            num
-        }
+    let agree = |(&x, &y): (&f64, &f64)| {
+        (x.is_finite() && y.is_finite()) || x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+    };
+    if a.iter().zip(b).all(agree) {
+        nmse_finite(a, b)
     } else {
-        num / den
+        f64::INFINITY
     }
 }
 

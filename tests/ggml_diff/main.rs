@@ -10,6 +10,8 @@
 //! message, unless `SHARDGRAPH_REQUIRE_GGML=1` (set by CI), which fails.
 
 mod harness;
+#[path = "../common/nmse.rs"]
+mod nmse;
 mod oracle;
 
 mod fam_attn;
