@@ -25,8 +25,14 @@
 //! * Loading into one CPU device and into a `SplitStore` placed for a plan
 //!   on 3 devices: the graph computes the same as with the original weights.
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
+#[path = "common/nmse.rs"]
+mod nmse;
 #[path = "common/rng.rs"]
 mod rng;
+use fixtures::{f32_bytes, named, OneCpu};
+use nmse::nmse;
 use proptest::prelude::*;
 use rng::Rng;
 use shardgraph::gguf::{
@@ -35,7 +41,7 @@ use shardgraph::gguf::{
 };
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore};
-use shardgraph::{Backend, Context, CpuBackend, Error, GgmlType, TensorId, TensorStorage};
+use shardgraph::{Backend, Context, Error, GgmlType, TensorId, TensorStorage};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -87,10 +93,6 @@ fn expect_bad(bytes: Vec<u8>, needles: &[&str]) {
 struct Sample {
     kvs: Vec<(String, MetaValue)>,
     tensors: Vec<(String, GgmlType, Vec<i64>, Vec<u8>)>,
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// Every metadata type, arrays of each (empty ones too), a 1000-token
@@ -1279,15 +1281,10 @@ struct Model {
 fn model() -> Model {
     let (e, f, t) = (64i64, 96i64, 3i64);
     let mut ctx = Context::new();
-    let mut named = |ty, ne: &[i64], name: &str| {
-        let id = ctx.new_tensor(ty, ne).unwrap();
-        ctx.set_name(id, name).unwrap();
-        id
-    };
-    let x = named(GgmlType::F32, &[e, t], "inp");
-    let up = named(GgmlType::Q8_0, &[e, f], "blk.0.ffn_up.weight");
-    let down = named(GgmlType::F16, &[f, e], "blk.0.ffn_down.weight");
-    let norm = named(GgmlType::F32, &[e], "blk.0.norm.weight");
+    let x = named(&mut ctx, GgmlType::F32, &[e, t], "inp");
+    let up = named(&mut ctx, GgmlType::Q8_0, &[e, f], "blk.0.ffn_up.weight");
+    let down = named(&mut ctx, GgmlType::F16, &[f, e], "blk.0.ffn_down.weight");
+    let norm = named(&mut ctx, GgmlType::F32, &[e], "blk.0.norm.weight");
     ctx.set_input(x).unwrap();
     let h = ctx.mul_mat(up, x).unwrap();
     let a = ctx.silu(h).unwrap();
@@ -1301,25 +1298,23 @@ fn model() -> Model {
 fn load_into_one_device_and_split_devices() {
     let m = model();
     let ctx = &m.ctx;
-    let cpu = CpuBackend::with_threads(2).unwrap();
     let mut rng = Rng::new(99);
 
     // Reference: weights set directly.
-    let mut one = TensorStorage::new();
-    one.alloc_tensors(&cpu, ctx, m.graph.leafs()).unwrap();
-    for &id in m.graph.leafs() {
+    let reference = OneCpu::new(ctx, &m.graph, 2, |st, id| {
         let n = ctx.tensor(id).unwrap().nelements() as usize;
         let v: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
-        one.set_f32(ctx, id, &v).unwrap();
-    }
+        st.set_f32(ctx, id, &v).unwrap();
+    })
+    .unwrap();
+    reference.compute(ctx, &m.graph).unwrap();
+    let OneCpu { cpu, storage: one, leaf_bytes } = reference;
     let bytes_of = |st: &TensorStorage, id| {
         let mut b = vec![0u8; ctx.tensor(id).unwrap().nbytes()];
         st.get_bytes(ctx, id, 0, &mut b).unwrap();
         b
     };
-    let x_bytes = bytes_of(&one, m.x);
-    GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, ctx, &m.graph, &mut one).unwrap();
-    cpu.compute(ctx, &m.graph, &one).unwrap();
+    let x_bytes = leaf_bytes[&m.x].clone();
     let want = one.get_f32(ctx, m.y).unwrap();
 
     // The weights (and one tensor the model does not use) in a GGUF file.
@@ -1377,9 +1372,8 @@ fn load_into_one_device_and_split_devices() {
     store.set_tensor(ctx, m.x, 0, &x_bytes).unwrap();
     let out = MetaExecutor::new(n, 1).unwrap().execute(ctx, &m.graph, &plan, &mut store, &[m.y]).unwrap();
     let got: Vec<f32> = out.outputs[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-    let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    assert!(num / den < 1e-10, "3 devices from GGUF: NMSE {}", num / den);
+    let e = nmse(&got, &want);
+    assert!(e < 1e-10, "3 devices from GGUF: NMSE {e}");
 
     // Not placed: a split error naming the tensor, before anything is copied.
     let mut store2 = SplitStore::new(n);
@@ -1401,8 +1395,7 @@ fn load_into_one_device_and_split_devices() {
 
     // A context whose tensor of that name has another type: named, nothing copied.
     let mut c2 = Context::new();
-    let id = c2.new_tensor_2d(GgmlType::F32, 64, 96).unwrap();
-    c2.set_name(id, "blk.0.ffn_up.weight").unwrap();
+    let id = named(&mut c2, GgmlType::F32, &[64, 96], "blk.0.ffn_up.weight");
     let mut st2 = TensorStorage::new();
     st2.alloc_tensors(&cpu, &c2, &[id]).unwrap();
     let d = gguf_detail(load_into_storage(&file, &c2, &st2), &fname);
@@ -1412,12 +1405,10 @@ fn load_into_one_device_and_split_devices() {
     );
     // Same type and shape but no storage.
     let mut c3 = Context::new();
-    let id = c3.new_tensor_1d(GgmlType::F32, 64).unwrap();
-    c3.set_name(id, "blk.0.norm.weight").unwrap();
+    named(&mut c3, GgmlType::F32, &[64], "blk.0.norm.weight");
     assert!(matches!(load_into_storage(&file, &c3, &TensorStorage::new()), Err(Error::NoStorage { .. })));
     // Two context tensors with the name: ambiguous.
-    let id2 = c3.new_tensor_1d(GgmlType::F32, 64).unwrap();
-    c3.set_name(id2, "blk.0.norm.weight").unwrap();
+    named(&mut c3, GgmlType::F32, &[64], "blk.0.norm.weight");
     let d = gguf_detail(load_into_storage(&file, &c3, &TensorStorage::new()), &fname);
     assert!(d.contains("2 tensors of the context have that name"), "{d}");
     drop(file);

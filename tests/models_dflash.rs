@@ -4,8 +4,14 @@
 //! rows; the block plan never gathers the vocabulary-split logits. Bad
 //! input: a drafter built for another target is an error naming the key.
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
+#[path = "common/nmse.rs"]
+mod nmse;
 #[path = "common/rng.rs"]
 mod rng;
+use fixtures::OneCpu;
+use nmse::nmse;
 use rng::values;
 use shardgraph::split::{Collective, LinkModel, Planner};
 use shardgraph::tensor::quant::quantize_chunk;
@@ -168,9 +174,8 @@ fn drafter_graphs_on_n_devices_equal_one_device() {
         assert_eq!(want_arg.len(), 5);
         for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
             let (got, arg, cache, runner, mut ctx, dft, lattice) = run(&ratios, conv);
-            let num: f64 = got.iter().zip(&want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-            let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-            assert!(num / den <= 1e-6, "{ratios:?}: block logits NMSE {:.3e}", num / den);
+            let e = nmse(&got, &want);
+            assert!(e <= 1e-6, "{ratios:?}: block logits NMSE {e:.3e}");
             assert_eq!(arg, want_arg, "{ratios:?}");
             assert_eq!(cache, want_cache, "{ratios:?}: drafter K cache bytes");
             // Same candidates; scores to rounding (the candidates' logits are summed across devices).
@@ -220,9 +225,7 @@ fn a_drafter_for_another_target_is_an_error() {
 
 #[test]
 fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
-    use shardgraph::graph::alloc::GraphAllocator;
     use shardgraph::split::{MetaExecutor, SplitPolicy, SplitSpec};
-    use shardgraph::{Backend, CpuBackend, TensorStorage};
     use shardgraph_models::dflash::dflash2_conv;
     let (e, group, k, bl, nb) = (64i64, 16i64, 2i64, 4i64, 3i64);
     let (gc, t) = (e / group, bl * nb);
@@ -255,15 +258,16 @@ fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
                 }
             }
         }
-        let cpu = CpuBackend::with_threads(1).unwrap();
-        let mut st = TensorStorage::new();
-        st.alloc_tensors(&cpu, &ctx, g.leafs()).unwrap();
-        st.set_f32(&ctx, x, &xs).unwrap();
-        st.set_f32(&ctx, d, &ds).unwrap();
-        st.set_f32(&ctx, b, &bs).unwrap();
-        GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &g, &mut st).unwrap();
-        cpu.compute(&ctx, &g, &st).unwrap();
-        let got = st.get_f32(&ctx, out).unwrap();
+        let one = OneCpu::new(&ctx, &g, 1, |st, l| {
+            for (id, v) in [(x, &xs), (d, &ds), (b, &bs)] {
+                if l == id {
+                    st.set_f32(&ctx, id, v).unwrap();
+                }
+            }
+        })
+        .unwrap();
+        one.compute(&ctx, &g).unwrap();
+        let got = one.storage.get_f32(&ctx, out).unwrap();
         let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(err < 1e-4, "side {side}: max error {err}");
         // Tensor-parallel: the hidden state split by channels (a DFlash2 sublayer's input is mirrored

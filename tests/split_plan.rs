@@ -160,8 +160,7 @@ fn plan_memory_per_device_is_known_before_allocation() {
 
     // A K cache written by set_rows and split by heads: half on each device.
     let mut ctx = Context::new();
-    let cache = ctx.new_tensor(GgmlType::F16, &[64, 16]).unwrap();
-    ctx.set_name(cache, "cache_k_l0").unwrap();
+    let cache = named(&mut ctx, GgmlType::F16, &[64, 16], "cache_k_l0");
     let rows = ctx.new_tensor(GgmlType::F32, &[64, 3]).unwrap();
     ctx.set_input(rows).unwrap();
     let idx = ctx.new_tensor(GgmlType::I64, &[3]).unwrap();

@@ -6,33 +6,26 @@
 
 #[path = "common/devices.rs"]
 mod devices;
+#[path = "common/nmse.rs"]
+mod nmse;
 #[path = "common/rng.rs"]
 mod rng;
 
 #[path = "common/qwen3.rs"]
 mod qwen3;
 
+use nmse::nmse;
+use qwen3::fixtures::OneCpu;
 use qwen3::{input, named, qwen3_layers, qwen3_policy, Dims};
-use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
     split_extents, AxisSplit, Collective, Plan, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore,
 };
-use shardgraph::{Backend, Context, CpuBackend, GgmlType, RopeMode, RopeParams, TensorId, TensorStorage};
+use shardgraph::{Context, GgmlType, RopeMode, RopeParams, TensorId};
 
 /// Deterministic leaf values.
 /// `n` values in [-1, 1) from `seed`.
 fn values(n: usize, seed: u64) -> Vec<f32> {
     rng::values(n, seed, 1.0, 0.0)
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    if den == 0.0 {
-        num
-    } else {
-        num / den
-    }
 }
 
 /// Runs `outputs` on one device and on `ratios.len()` devices under `policy`
@@ -46,10 +39,7 @@ fn check(
     ints: &dyn Fn(TensorId, usize) -> Vec<i64>,
 ) -> shardgraph::split::Plan {
     let g = ctx.build_forward(outputs).unwrap();
-    let cpu = CpuBackend::with_threads(2).unwrap();
-    let mut st = TensorStorage::new();
-    st.alloc_tensors(&cpu, ctx, g.leafs()).unwrap();
-    for &l in g.leafs() {
+    let one = OneCpu::new(ctx, &g, 2, |st, l| {
         let t = ctx.tensor(l).unwrap();
         let n = t.nelements() as usize;
         match t.ty {
@@ -57,15 +47,10 @@ fn check(
             GgmlType::I64 => st.set_i64(ctx, l, &ints(l, n)).unwrap(),
             _ => st.set_f32(ctx, l, &values(n, l.index() as u64 + 7)).unwrap(),
         }
-    }
-    let mut leaf_bytes = std::collections::HashMap::new();
-    for &l in g.leafs() {
-        let mut b = vec![0u8; ctx.tensor(l).unwrap().nbytes()];
-        st.get_bytes(ctx, l, 0, &mut b).unwrap();
-        leaf_bytes.insert(l, b);
-    }
-    GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, ctx, &g, &mut st).unwrap();
-    cpu.compute(ctx, &g, &st).unwrap();
+    })
+    .unwrap();
+    one.compute(ctx, &g).unwrap();
+    let (st, leaf_bytes) = (&one.storage, &one.leaf_bytes);
 
     let plan = Planner::default()
         .plan(ctx, &g, policy, explicit)
@@ -174,13 +159,15 @@ fn c1_ties_break_as_on_one_device() {
         let policy =
             SplitPolicy::new(ratios).unwrap().rule("logits", SplitSpec::Axis { axis: 0, granule: 1, segments: vec![] });
         let g = ctx.build_forward(&[am, tk]).unwrap();
-        let cpu = CpuBackend::with_threads(1).unwrap();
-        let mut st = TensorStorage::new();
-        st.alloc_tensors(&cpu, &ctx, g.leafs()).unwrap();
         let vals = [1.0f32, 5.0, 2.0, 5.0, 0.0, 5.0, -1.0, 3.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0];
-        st.set_f32(&ctx, x, &vals).unwrap();
-        GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &g, &mut st).unwrap();
-        cpu.compute(&ctx, &g, &st).unwrap();
+        let one = OneCpu::new(&ctx, &g, 1, |st, l| {
+            if l == x {
+                st.set_f32(&ctx, x, &vals).unwrap();
+            }
+        })
+        .unwrap();
+        one.compute(&ctx, &g).unwrap();
+        let st = &one.storage;
         let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
         let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         let got = devices::executor(ratios.len()).run(&ctx, &g, &plan, &|_| Some(bytes.clone()), &[am, tk]).unwrap();
@@ -329,18 +316,13 @@ fn device_side_collectives_equal_one_device() {
         let out = qwen3_layers(&mut ctx, &dm, 1);
         // Then: the hidden state split on rows, on tokens, and a partial sum
         // reduce-scattered (x·W with W split on its inputs).
-        let w = ctx.new_tensor_2d(GgmlType::F32, dm.e, 40).unwrap();
-        ctx.set_name(w, "extra.w").unwrap();
+        let w = named(&mut ctx, GgmlType::F32, &[dm.e, 40], "extra.w");
         let y = ctx.mul_mat(w, out).unwrap();
         let z = ctx.soft_max(y).unwrap();
         let zt = ctx.transpose(z).unwrap();
         let tr = ctx.cont(zt).unwrap();
         // Leafs split on different axes meet: all-to-all, reduce-scatter.
-        let leaf = |ctx: &mut Context, name: &str, ne0: i64, ne1: i64| {
-            let t = ctx.new_tensor_2d(GgmlType::F32, ne0, ne1).unwrap();
-            ctx.set_name(t, name).unwrap();
-            t
-        };
+        let leaf = |ctx: &mut Context, name: &str, ne0: i64, ne1: i64| named(ctx, GgmlType::F32, &[ne0, ne1], name);
         let (a, b) = (leaf(&mut ctx, "act.a", 24, 30), leaf(&mut ctx, "act.b", 24, 30));
         let ab = ctx.add(a, b).unwrap();
         let (w2, x2, c) =

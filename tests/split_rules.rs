@@ -32,17 +32,21 @@
 
 #[path = "common/devices.rs"]
 mod devices;
+#[path = "common/fixtures.rs"]
+mod fixtures;
+#[path = "common/nmse.rs"]
+mod nmse;
 #[path = "common/rng.rs"]
 mod rng;
 
-use shardgraph::graph::alloc::GraphAllocator;
+use fixtures::{named, OneCpu};
+use nmse::nmse_finite;
 use shardgraph::split::{
     conversion, split_extents, AxisSplit, Collective, LinkModel, MetaExecutor, Plan, Planner, SplitPolicy, SplitState,
     SplitStore,
 };
 use shardgraph::{
-    Backend, Context, CpuBackend, GgmlType, Graph, Op, RopeMode, RopeParams, SortOrder, Tensor, TensorId,
-    TensorStorage, UnaryOp,
+    Context, GgmlType, Graph, Op, RopeMode, RopeParams, SortOrder, Tensor, TensorId, TensorStorage, UnaryOp,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -166,18 +170,12 @@ fn spec(name: &str, build: impl Fn(&mut Context) -> Built + Send + Sync + 'stati
     OpSpec { name: name.to_string(), build: Box::new(build) }
 }
 
-fn leaf(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> TensorId {
-    let t = ctx.new_tensor(ty, ne).unwrap();
-    ctx.set_name(t, name).unwrap();
-    t
-}
-
 fn f32t(ctx: &mut Context, ne: &[i64], name: &str) -> TensorId {
-    leaf(ctx, GgmlType::F32, ne, name)
+    named(ctx, GgmlType::F32, ne, name)
 }
 
 fn i32t(ctx: &mut Context, ne: &[i64], name: &str) -> TensorId {
-    leaf(ctx, GgmlType::I32, ne, name)
+    named(ctx, GgmlType::I32, ne, name)
 }
 
 const X: [i64; 4] = [6, 4, 3, 2];
@@ -267,7 +265,7 @@ fn all_specs() -> Vec<OpSpec> {
     }));
     v.push(spec("soft_max mask/head f16", |c| {
         let x = f32t(c, &X, "x");
-        let m = leaf(c, GgmlType::F16, &[6, 4, 3, 1], "mask");
+        let m = named(c, GgmlType::F16, &[6, 4, 3, 1], "mask");
         Built { out: c.soft_max_ext(x, Some(m), 0.7, 0.0).unwrap(), leafs: vec![(x, Fill::Rand), (m, Fill::Mask)] }
     }));
     v.push(spec("soft_max alibi", |c| {
@@ -334,7 +332,7 @@ fn all_specs() -> Vec<OpSpec> {
         }
     }));
     v.push(spec("set_rows f16", |c| {
-        let d = leaf(c, GgmlType::F16, &[6, 4], "dst");
+        let d = named(c, GgmlType::F16, &[6, 4], "dst");
         let b = f32t(c, &[6, 2], "rows");
         let i = i32t(c, &[2], "ids");
         Built {
@@ -346,13 +344,13 @@ fn all_specs() -> Vec<OpSpec> {
     v.push(binary_spec("cpy", &X, &X, Fill::Rand, |c, a, b| c.cpy(a, b).unwrap()));
     v.push(spec("cpy f16", |c| {
         let a = f32t(c, &X, "a");
-        let b = leaf(c, GgmlType::F16, &X, "dst");
+        let b = named(c, GgmlType::F16, &X, "dst");
         Built { out: c.cpy(a, b).unwrap(), leafs: vec![(a, Fill::Rand), (b, Fill::Rand)] }
     }));
     v.push(binary_spec("cpy reshaped", &X, &[24, 6], Fill::Rand, |c, a, b| c.cpy(a, b).unwrap()));
     v.push(unary_spec("cast f16", Fill::Rand, |c, x| c.cast(x, GgmlType::F16).unwrap()));
     v.push(spec("cast f16->f32", |c| {
-        let x = leaf(c, GgmlType::F16, &X, "x");
+        let x = named(c, GgmlType::F16, &X, "x");
         Built { out: c.cast(x, GgmlType::F32).unwrap(), leafs: vec![(x, Fill::Rand)] }
     }));
     // Views.
@@ -410,7 +408,7 @@ fn all_specs() -> Vec<OpSpec> {
         let q = f32t(c, &[4, 3, 4, 2], "q");
         let k = f32t(c, &[4, 4, 2, 2], "k");
         let vv = f32t(c, &[4, 4, 2, 2], "v");
-        let m = leaf(c, GgmlType::F16, &[4, 3, 1, 1], "mask");
+        let m = named(c, GgmlType::F16, &[4, 3, 1, 1], "mask");
         Built {
             out: c.flash_attn_ext(q, k, vv, Some(m), 0.5, 0.0, 0.0).unwrap(),
             leafs: vec![(q, Fill::Rand), (k, Fill::Rand), (vv, Fill::Rand), (m, Fill::Mask)],
@@ -1152,23 +1150,16 @@ fn reference(spec: &OpSpec) -> Reference {
     let mut ctx = Context::new();
     let b = (spec.build)(&mut ctx);
     let graph = ctx.build_forward(&[b.out]).unwrap();
-    let cpu = CpuBackend::with_threads(1).unwrap();
-    let mut st = TensorStorage::new();
-    st.alloc_tensors(&cpu, &ctx, graph.leafs()).unwrap();
-    for (k, &(l, fill)) in b.leafs.iter().enumerate() {
-        fill_leaf(&ctx, &st, l, fill, 11 + 13 * k as u64);
-    }
-    let data: Vec<Vec<u8>> = b
-        .leafs
-        .iter()
-        .map(|&(l, _)| {
-            let mut v = vec![0u8; ctx.tensor(l).unwrap().nbytes()];
-            st.get_bytes(&ctx, l, 0, &mut v).unwrap();
-            v
-        })
-        .collect();
-    GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &graph, &mut st).unwrap();
-    cpu.compute(&ctx, &graph, &st).unwrap_or_else(|e| panic!("{}: single-device compute: {e}", spec.name));
+    // The enumerated leafs get their fills (seeded by their place in the list).
+    let one = OneCpu::new(&ctx, &graph, 1, |st, l| {
+        for (k, &(_, fill)) in b.leafs.iter().enumerate().filter(|(_, &(x, _))| x == l) {
+            fill_leaf(&ctx, st, l, fill, 11 + 13 * k as u64);
+        }
+    })
+    .unwrap();
+    let data: Vec<Vec<u8>> = b.leafs.iter().map(|(l, _)| one.leaf_bytes[l].clone()).collect();
+    one.compute(&ctx, &graph).unwrap_or_else(|e| panic!("{}: single-device compute: {e}", spec.name));
+    let st = &one.storage;
     let ty = ctx.tensor(b.out).unwrap().ty;
     let (want_f, want_i) = if ty == GgmlType::I32 {
         (None, Some(st.get_i32(&ctx, b.out).unwrap()))
@@ -1234,7 +1225,7 @@ fn run_case(r: &Reference, states: &[SplitState], exec: &MetaExecutor, n: usize)
         if have.len() != want.len() {
             return Err(format!("values: {} elements, want {}\n{}", have.len(), want.len(), plan.report(ctx)));
         }
-        let (mut num, mut den, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
+        let mut max_abs = 0.0f64;
         let mut bad_nonfinite = None;
         for (i, (a, b)) in have.iter().zip(want).enumerate() {
             if !a.is_finite() || !b.is_finite() {
@@ -1243,12 +1234,9 @@ fn run_case(r: &Reference, states: &[SplitState], exec: &MetaExecutor, n: usize)
                 }
                 continue;
             }
-            let d = (*a as f64 - *b as f64).abs();
-            num += d * d;
-            den += (*b as f64) * (*b as f64);
-            max_abs = max_abs.max(d);
+            max_abs = max_abs.max((*a as f64 - *b as f64).abs());
         }
-        let nmse = if den > 0.0 { num / den } else { num };
+        let nmse = nmse_finite(&have, want);
         if let Some((i, a, b)) = bad_nonfinite {
             return Err(format!("values: element {i} is {a}, want {b}\n{}", plan.report(ctx)));
         }

@@ -4,23 +4,19 @@
 //! of devices; a `cast` still computes its values without storing its
 //! destination.
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
+use fixtures::{f32_bytes, input, named};
 use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitStore};
 use shardgraph::{Context, GgmlType, TensorId};
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
 
 /// `y = x + x`, `cpy(y, buf)` into a stored leaf nothing else reads, and
 /// `cast(y, F16)` read as an output. Returns the context, graph, x, buf,
 /// the copy, the cast.
 fn graph() -> (Context, shardgraph::Graph, TensorId, TensorId, TensorId, TensorId) {
     let mut ctx = Context::new();
-    let x = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
-    ctx.set_name(x, "x").unwrap();
-    ctx.set_input(x).unwrap();
-    let buf = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
-    ctx.set_name(buf, "buf").unwrap();
+    let x = input(&mut ctx, GgmlType::F32, &[8, 6], "x");
+    let buf = named(&mut ctx, GgmlType::F32, &[8, 6], "buf");
     let y = ctx.add(x, x).unwrap();
     let w = ctx.cpy(y, buf).unwrap();
     let c = ctx.cast(y, GgmlType::F16).unwrap();

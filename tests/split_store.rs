@@ -11,11 +11,13 @@
 
 #[path = "common/devices.rs"]
 mod devices;
+#[path = "common/fixtures.rs"]
+mod fixtures;
 #[path = "common/rng.rs"]
 mod rng;
+use fixtures::{f32_bytes, input, named, OneCpu};
 use rng::Rng;
 
-use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::{
     assemble, local_ne, slice_local, split_extents, AxisSplit, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore,
 };
@@ -560,22 +562,6 @@ fn views_of_a_3d_cache_split_on_heads_act_on_owner_bytes() {
 
 // --------------------------------------------------------- 4. save/restore
 
-fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> TensorId {
-    let t = ctx.new_tensor(ty, ne).unwrap();
-    ctx.set_name(t, name).unwrap();
-    t
-}
-
-fn input(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> TensorId {
-    let t = named(ctx, ty, ne, name);
-    ctx.set_input(t).unwrap();
-    t
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 fn i64_bytes(v: &[i64]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
@@ -607,20 +593,21 @@ fn kv_cache_written_by_set_rows_saves_and_restores_in_single_device_bytes() {
             }
 
             // One CPU device: the reference.
-            let cpu = CpuBackend::with_threads(1).unwrap();
-            let mut st = TensorStorage::new();
-            st.alloc_tensors(&cpu, &ctx, g.leafs()).unwrap();
             let vals: Vec<f32> = (0..hkv * d * kv).map(|_| rng.unit()).collect();
-            st.set_f32(&ctx, cache, &vals).unwrap(); // valid (quantized) cache contents
+            let one = OneCpu::new(&ctx, &g, 1, |st, l| {
+                if l == cache {
+                    st.set_f32(&ctx, cache, &vals).unwrap(); // valid (quantized) cache contents
+                }
+            })
+            .unwrap();
             let size = ctx.tensor(cache).unwrap().nbytes();
-            let mut snap0 = vec![0u8; size];
-            st.get_bytes(&ctx, cache, 0, &mut snap0).unwrap();
-            GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &g, &mut st).unwrap();
+            let snap0 = one.leaf_bytes[&cache].clone();
+            let st = &one.storage;
             let cpu_step = |st: &TensorStorage, before: &[u8], r: &[u8], i: &[u8]| -> Vec<u8> {
                 st.set_bytes(&ctx, cache, 0, before).unwrap();
                 st.set_bytes(&ctx, rows, 0, r).unwrap();
                 st.set_bytes(&ctx, idx, 0, i).unwrap();
-                cpu.compute(&ctx, &g, st).unwrap();
+                one.cpu.compute(&ctx, &g, st).unwrap();
                 let mut out = vec![0u8; size];
                 st.get_bytes(&ctx, cache, 0, &mut out).unwrap();
                 out
@@ -644,7 +631,7 @@ fn kv_cache_written_by_set_rows_saves_and_restores_in_single_device_bytes() {
             let r1 = f32_bytes(&(0..hkv * d * t).map(|_| rng.unit()).collect::<Vec<_>>());
             let i1 = i64_bytes(&[5, 0, 3]);
             let out1 = step(&mut store, &r1, &i1);
-            let snap1 = cpu_step(&st, &snap0, &r1, &i1);
+            let snap1 = cpu_step(st, &snap0, &r1, &i1);
             assert_ne!(snap1, snap0, "{what}: step 1 changed nothing");
             assert!(first_diff(&out1, &snap1).is_none(), "{what}: executor output of set_rows");
             // Save: the whole cache, and per cell as llama.cpp's state writer does.
@@ -667,7 +654,7 @@ fn kv_cache_written_by_set_rows_saves_and_restores_in_single_device_bytes() {
             let r2 = f32_bytes(&(0..hkv * d * t).map(|_| rng.unit()).collect::<Vec<_>>());
             let i2 = i64_bytes(&[1, 7, 2]);
             step(&mut store, &r2, &i2);
-            let snap2 = cpu_step(&st, &snap0, &r2, &i2);
+            let snap2 = cpu_step(st, &snap0, &r2, &i2);
             assert!(first_diff(&whole(&store, &ctx, cache), &snap2).is_none(), "{what}: step 2 after restore");
 
             // Restore cells 2..5 of snapshot 1 by byte range (a sequence's cells),
@@ -683,7 +670,7 @@ fn kv_cache_written_by_set_rows_saves_and_restores_in_single_device_bytes() {
             // The next step starts from the restored bytes.
             let i3 = i64_bytes(&[4, 4, 6]);
             step(&mut store, &r1, &i3);
-            let snap3 = cpu_step(&st, &want, &r1, &i3);
+            let snap3 = cpu_step(st, &want, &r1, &i3);
             assert!(first_diff(&whole(&store, &ctx, cache), &snap3).is_none(), "{what}: step 3 after partial restore");
         }
     }
@@ -895,8 +882,7 @@ fn failed_set_locals_keeps_previous_contents() {
 fn new_weights_reach_the_next_run_of_the_same_executor() {
     use shardgraph::split::{Planner, SplitPolicy, SplitSpec};
     let mut ctx = Context::new();
-    let w = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
-    ctx.set_name(w, "w").unwrap();
+    let w = named(&mut ctx, GgmlType::F32, &[8, 6], "w");
     let x = ctx.new_tensor(GgmlType::F32, &[8, 2]).unwrap();
     ctx.set_input(x).unwrap();
     let y = ctx.mul_mat(w, x).unwrap();
@@ -930,11 +916,7 @@ fn new_weights_reach_the_next_run_of_the_same_executor() {
 fn a_cpy_into_a_stored_cache_nothing_else_reads_is_written_and_clones_keep_theirs() {
     use shardgraph::split::MetaExecutor;
     let mut ctx = Context::new();
-    let leaf = |ctx: &mut Context, name: &str, ne: &[i64]| {
-        let t = ctx.new_tensor(GgmlType::F32, ne).unwrap();
-        ctx.set_name(t, name).unwrap();
-        t
-    };
+    let leaf = |ctx: &mut Context, name: &str, ne: &[i64]| named(ctx, GgmlType::F32, ne, name);
     let (cache, rows, x) = (leaf(&mut ctx, "cache", &[4]), leaf(&mut ctx, "rows", &[4, 1]), leaf(&mut ctx, "x", &[4]));
     let v = ctx.view_1d(cache, 4, 0).unwrap();
     let w = ctx.cpy(x, v).unwrap();

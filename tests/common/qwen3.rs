@@ -5,19 +5,11 @@
 use shardgraph::split::{SplitPolicy, SplitSpec};
 use shardgraph::{Context, GgmlType, RopeMode, RopeParams, TensorId};
 
-/// A named leaf.
-pub fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> TensorId {
-    let t = ctx.new_tensor(ty, ne).unwrap();
-    ctx.set_name(t, name).unwrap();
-    t
-}
-
-/// A named leaf flagged as a graph input.
-pub fn input(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> TensorId {
-    let t = named(ctx, ty, ne, name);
-    ctx.set_input(t).unwrap();
-    t
-}
+// The shared fixtures come with this file (the planning bench includes it
+// alone; a test including both would load `fixtures.rs` twice).
+#[path = "fixtures.rs"]
+pub mod fixtures;
+pub use fixtures::{input, named};
 
 /// A Qwen3-style block (MODELS.md section 2): RMSNorm, Q/K/V with per-head
 /// q/k RMSNorm and NEOX rope, flash attention with GQA, output projection,
