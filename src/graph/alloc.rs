@@ -110,7 +110,6 @@
 use crate::backend::{Backend, Buffer, BufferType, TensorStorage};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
-use crate::ops::Op;
 use crate::tensor::{Tensor, TensorId};
 use std::sync::Arc;
 
@@ -873,7 +872,7 @@ impl Planner<'_> {
         let Slot::Live(chunk, offset, p_reserved) = self.slots[pi] else { return Ok(false) };
         let ok = self.facts.planned[pi]
             && !self.facts.pinned[pi]
-            && !matches!(ctx.t(p).op, Op::None)
+            && !ctx.t(p).op.is_leaf()
             && !ctx.t(p).flags.input
             && self.facts.last_use[pi] == Some(pos)
             && t.src[1..].iter().all(|&s| owner_of(ctx, s) != p)
@@ -952,6 +951,7 @@ fn stats_of(plan: &Plan, alignment: usize) -> AllocStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::Op;
     use crate::tensor::{GgmlType, MAX_DIMS};
     use crate::CpuBackend;
 

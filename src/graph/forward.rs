@@ -4,7 +4,6 @@
 
 use crate::error::{Error, Result};
 use crate::graph::Context;
-use crate::ops::Op;
 use crate::tensor::TensorId;
 use std::hash::{Hash, Hasher};
 
@@ -120,7 +119,7 @@ impl Context {
                     continue;
                 }
                 visited[i] = true;
-                if matches!(t.op, Op::None) {
+                if t.op.is_leaf() {
                     leafs.push(id);
                 } else {
                     for s in t.src.iter() {
@@ -157,7 +156,7 @@ impl Context {
         for &id in &nodes {
             let t = self.t(id);
             for &s in t.src.iter().chain(t.view_src.iter()) {
-                if matches!(self.t(s).op, Op::None) && !seen[s.index()] {
+                if self.t(s).op.is_leaf() && !seen[s.index()] {
                     seen[s.index()] = true;
                     leafs.push(s);
                 }

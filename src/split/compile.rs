@@ -918,11 +918,11 @@ impl<'a> Compiler<'a> {
         writeback_bytes: u64,
     ) -> Result<DeviceProgram> {
         let Compiler { l, mut exchanges, .. } = self;
-        let nodes: Vec<TensorId> = l.ids().filter(|&id| !matches!(l.t(id).op, Op::None)).collect();
+        let nodes: Vec<TensorId> = l.ids().filter(|&id| !l.t(id).op.is_leaf()).collect();
         let mut stages = Vec::new();
         let mut seg: Vec<TensorId> = Vec::new();
         for &id in &nodes {
-            if matches!(l.t(id).op, Op::Exchange) {
+            if l.t(id).op == Op::Exchange {
                 if let Some(x) = exchanges.remove(&id.index()) {
                     if !seg.is_empty() {
                         stages.push(Stage::Compute(l.graph_of(std::mem::take(&mut seg), Vec::new())));
@@ -941,7 +941,7 @@ impl<'a> Compiler<'a> {
         let mut storage = crate::backend::TensorStorage::new();
         storage.bind_ctx(&l)?;
         let k = storage.add_buffer(std::sync::Arc::new(NoBuffer));
-        for id in l.ids().filter(|&id| matches!(l.t(id).op, Op::None)) {
+        for id in l.ids().filter(|&id| l.t(id).op.is_leaf()) {
             storage.place(id, k, 0);
         }
         let mut alloc = crate::graph::alloc::GraphAllocator::new(bt.clone());
@@ -1043,7 +1043,7 @@ fn packed_recv(n: usize, j: usize, bytes: impl Fn(usize) -> usize) -> (Vec<Optio
 /// layout than one device's (a contiguous copy of a strided parent), or that
 /// reaches outside its parent's bytes: the owner to view instead.
 fn view_owner(l: &Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out: &SplitState) -> Option<TensorId> {
-    if !matches!(t.op, Op::View) || matches!(out, SplitState::Split(_)) {
+    if t.op != Op::View || matches!(out, SplitState::Split(_)) {
         return None;
     }
     let parent = ctx.t(t.src[0]);
@@ -1102,11 +1102,10 @@ fn local_op(
         Op::SetRows => l.set_rows(srcs[2], srcs[0], srcs[1]),
         Op::View if matches!(out_state, SplitState::Split(_)) => {
             let parent = ctx.t(t.src[0]);
-            // A view of a head-split Gated-DeltaNet result: this device's packing.
+            // A view of a result held in a device-local packing: this device's packing.
             if let Some(SplitState::Split(is)) = in_states.first() {
-                if let Some(g) = super::rules::gdn_view(ctx, parent, t, is) {
-                    let s = ctx.t(parent.src[2]).ne[0].max(1);
-                    let (lne, lnb, offs) = g.local(is.local_len(j) / s);
+                if let Some(g) = super::rules::packed_view(ctx, parent, t, is) {
+                    let (lne, lnb, offs) = g.local(is.local_len(j));
                     return l.push_view(srcs[0], t.ty, lne, lnb, offs, Op::View, srcs);
                 }
             }

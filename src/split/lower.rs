@@ -125,7 +125,7 @@ pub(crate) fn folds(from: &SplitState, to: &SplitState, ty: crate::tensor::GgmlT
 /// ask; every other `cpy` into a leaf is a [`Step::Write`].
 pub(crate) fn scratch_copy(ctx: &Context, node: TensorId) -> bool {
     let t = ctx.t(node);
-    matches!(t.op, Op::Cpy) && t.view_src.is_some_and(|o| t.src.get(1) == Some(&o) && ctx.t(o).flags.scratch)
+    t.op == Op::Cpy && t.view_src.is_some_and(|o| t.src.get(1) == Some(&o) && ctx.t(o).flags.scratch)
 }
 
 /// Lowers `plan` for `graph` of `ctx` to steps.
@@ -220,12 +220,9 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
         }
         let special = if combines.contains(&node.index()) {
             Some(Step::RowCombine(node))
-        } else if matches!(t.op, Op::GetRows)
-            && matches!(&needs[0], SplitState::Split(s) if s.axis == 1)
-            && matches!(out, SplitState::Partial(_))
-        {
+        } else if super::rules::partial_lookup(t, &needs, &out) {
             Some(Step::VocabGetRows(node))
-        } else if matches!(t.op, Op::Cpy | Op::SetRows) && !scratch {
+        } else if t.op.writes_through_view() && !scratch {
             Some(Step::Write(node))
         } else {
             None
@@ -239,7 +236,7 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             }
             None => seg.push(node),
         }
-        if matches!(t.op, Op::Cpy | Op::SetRows) {
+        if t.op.writes_through_view() {
             if let Some(o) = t.view_src {
                 avail.insert(o.index(), vec![owner_state_after_write(ctx, t, &out)]);
             }

@@ -9,7 +9,6 @@ use super::state::SplitState;
 use crate::backend::BufferType;
 use crate::error::Result;
 use crate::graph::{Context, Graph};
-use crate::ops::Op;
 
 /// Bytes one device needs for a plan: what the executor allocates on it
 /// (the store's parts of the graph's leafs and the compute arena), to
@@ -57,7 +56,7 @@ impl Plan {
         let written: std::collections::HashSet<usize> = graph
             .nodes()
             .iter()
-            .filter(|&&id| matches!(ctx.t(id).op, Op::Cpy | Op::SetRows))
+            .filter(|&&id| ctx.t(id).op.writes_through_view())
             .filter_map(|&id| ctx.t(id).view_src.map(|o| o.index()))
             .collect();
         for &l in graph.leafs() {

@@ -7,12 +7,12 @@
 
 use super::cost::{conversion, Collective, LinkModel, Traffic};
 use super::policy::{LeafInfo, SplitPolicy};
-use super::rules::candidates;
+use super::rules::{candidates, packed_view};
 use super::state::SplitState;
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::tensor::TensorId;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// One inserted repartition (or distributed-row combine).
@@ -294,173 +294,216 @@ impl Planner {
         self.plan_with_leafs(ctx, graph, policy.n_devices(), leafs)
     }
 
+    /// The planning walk: for each node in order, the inputs' current
+    /// states, the rule's candidates (filtered), each priced, the cheapest
+    /// recorded with its repartitions.
     fn plan_with_leafs(&self, ctx: &Context, graph: &Graph, n: usize, leafs: Vec<SplitState>) -> Result<Plan> {
         self.link.validate()?;
-        let mut states: Vec<Option<SplitState>> = vec![None; ctx.len()];
+        let mut w = Walk {
+            ctx,
+            graph,
+            n,
+            link: &self.link,
+            states: vec![None; ctx.len()],
+            input_states: vec![None; ctx.len()],
+            repartitions: Vec::new(),
+            have: HashMap::new(),
+            written: HashMap::new(),
+            readers: None,
+            packed: HashSet::new(),
+        };
         for (&l, st) in graph.leafs().iter().zip(leafs) {
-            states[l.index()] = Some(st);
-        }
-        let mut repartitions = Vec::new();
-        let mut input_states: Vec<Option<Vec<SplitState>>> = vec![None; ctx.len()];
-        // Conversions already done: (tensor, state) pairs available at no further cost.
-        let mut have: HashMap<usize, Vec<SplitState>> = HashMap::new();
-        // Owners written through a view (cpy/set_rows) are in a new state afterwards.
-        let mut written: HashMap<usize, SplitState> = HashMap::new();
-        // Consumers of Gated-DeltaNet results: a head split of one is only
-        // offered when every consumer is a view that can read its packing.
-        let mut gdn_readers: HashMap<usize, Vec<TensorId>> = HashMap::new();
-        for &node in graph.nodes() {
-            for &src in &ctx.t(node).src {
-                if matches!(ctx.t(src).op, crate::ops::Op::GatedDeltaNet { .. }) {
-                    gdn_readers.entry(src.index()).or_default().push(node);
-                }
-            }
+            w.states[l.index()] = Some(st);
         }
         for &node in graph.nodes() {
             let t = ctx.t(node);
-            let cur: Vec<SplitState> = t
-                .src
-                .iter()
-                .map(|s| {
-                    written
-                        .get(&s.index())
-                        .cloned()
-                        .or_else(|| states[s.index()].clone())
-                        .unwrap_or(SplitState::Mirrored)
-                })
-                .collect();
-            let mut cands = candidates(ctx, t, &cur, n);
-            if matches!(t.op, crate::ops::Op::GatedDeltaNet { .. }) {
-                let readers = gdn_readers.get(&node.index()).map_or(&[][..], |v| &v[..]);
-                cands.retain(|c| match &c.output {
-                    SplitState::Split(sp) => {
-                        !readers.is_empty()
-                            && readers.iter().all(|&r| {
-                                let rt = ctx.t(r);
-                                matches!(rt.op, crate::ops::Op::View)
-                                    && super::rules::gdn_view(ctx, t, rt, sp).is_some()
-                            })
-                    }
-                    _ => true,
-                });
-            }
-            // A scratch destination (what `cast` makes) holds no data: it is
-            // never converted, whatever state it has.
+            let cur = w.current(t);
             let scratch = super::lower::scratch_copy(ctx, node);
-            // A write into stored state does not turn its destination into a
-            // partial sum (every device would write an addend into its own
-            // copy of the stored tensor): the sum is reduced first.
-            if matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows) && !scratch {
-                let d = usize::from(matches!(t.op, crate::ops::Op::Cpy));
-                if !matches!(cur.get(d), Some(SplitState::Partial(_) | SplitState::Unknown)) {
-                    cands.retain(|c| !matches!(c.inputs.get(d), Some(SplitState::Partial(_))));
-                }
-            }
-            let mut best: Option<(f64, usize)> = None;
-            for (ci, c) in cands.iter().enumerate() {
-                let mut cost = 0.0;
-                for (k, need) in c.inputs.iter().enumerate() {
-                    let s = t.src[k];
-                    if have.get(&s.index()).is_some_and(|v| v.contains(need))
-                        || cur[k] == SplitState::Unknown
-                        || (scratch && k == 1)
-                    {
-                        continue;
-                    }
-                    // A head-split Gated-DeltaNet result is held in a device-local
-                    // packing only its own views read (rules::gated_delta_net).
-                    if matches!(ctx.t(s).op, crate::ops::Op::GatedDeltaNet { .. })
-                        && matches!(cur[k], SplitState::Split(_))
-                        && need != &cur[k]
-                    {
-                        cost = f64::INFINITY;
-                        break;
-                    }
-                    let bytes = ctx.t(s).data_bytes() as u64;
-                    if let Some(tr) = conversion(&cur[k], need, bytes, n) {
-                        cost += tr.time(&self.link) + 1e-12; // any conversion loses a tie
-                        if tr.kind != Collective::MirroredToPartial {
-                            cost += bytes as f64 / self.link.local_bandwidth;
-                        }
-                    }
-                }
-                if let Some(b) = c.combine_bytes {
-                    cost += combine_traffic(b, n).time(&self.link);
-                }
-                // A partial result is reduced later (an all-reduce, or the
-                // reduce-scatter/all-reduce of whatever linear consumers carry
-                // it to): charge that reduction now, so a greedy choice does
-                // not buy a cheap gather that forces a dearer all-reduce
-                // downstream (a vocabulary-split head gathered so that its
-                // logits stay partial).
-                if matches!(c.output, SplitState::Partial(_)) {
-                    let b = t.data_bytes() as u64;
-                    if let Some(tr) = conversion(&c.output, &SplitState::Mirrored, b, n) {
-                        cost += tr.time(&self.link);
-                    }
-                }
-                if !cost.is_finite() {
-                    continue;
-                }
-                if best.is_none_or(|(bc, _)| cost < bc) {
-                    best = Some((cost, ci));
-                }
-            }
+            let cands = w.candidates(node, &cur, scratch);
+            let best = cands
+                .iter()
+                .enumerate()
+                .map(|(ci, c)| (w.price(t, c, &cur, scratch), ci))
+                .filter(|(cost, _)| cost.is_finite())
+                .fold(None, |best: Option<(f64, usize)>, (cost, ci)| match best {
+                    Some((bc, _)) if cost >= bc => best,
+                    _ => Some((cost, ci)),
+                });
             let Some((_, ci)) = best else {
                 return Err(Error::Split { detail: format!("no strategy for {}", t.op.name()) });
             };
-            let c = &cands[ci];
-            for (k, need) in c.inputs.iter().enumerate() {
-                let s = t.src[k];
-                if scratch && k == 1 && cur[k] != SplitState::Unknown {
-                    continue;
-                }
-                if cur[k] == SplitState::Unknown {
-                    // Deferred destination: it simply is laid out as needed.
-                    states[s.index()] = Some(need.clone());
-                    have.entry(s.index()).or_default().push(need.clone());
-                    continue;
-                }
-                let list = have.entry(s.index()).or_default();
-                if list.contains(need) {
-                    continue;
-                }
-                if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n) {
-                    repartitions.push(Repartition {
-                        tensor: s,
-                        consumer: node,
-                        from: cur[k].clone(),
-                        to: need.clone(),
-                        traffic: tr,
-                    });
-                }
-                list.push(need.clone());
-            }
-            if let Some(b) = c.combine_bytes {
-                repartitions.push(Repartition {
-                    tensor: node,
-                    consumer: node,
-                    from: cur[0].clone(),
-                    to: c.output.clone(),
-                    traffic: combine_traffic(b, n),
-                });
-            }
-            if matches!(t.op, crate::ops::Op::Cpy | crate::ops::Op::SetRows) {
-                if let Some(o) = t.view_src {
-                    let after = super::lower::owner_state_after_write(ctx, t, &c.output);
-                    have.insert(o.index(), vec![after.clone()]);
-                    written.insert(o.index(), after);
-                }
-            }
-            states[node.index()] = Some(c.output.clone());
-            input_states[node.index()] = Some(c.inputs.clone());
-            have.entry(node.index()).or_default().push(c.output.clone());
+            w.record(node, &cands[ci], &cur, scratch);
         }
-        if let Some(i) = states.iter().position(|s| *s == Some(SplitState::Unknown)) {
+        if let Some(i) = w.states.iter().position(|s| *s == Some(SplitState::Unknown)) {
             return Err(Error::Split { detail: format!("tensor #{i} has no state after planning") });
         }
         let id = NEXT_PLAN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Walk { states, repartitions, input_states, .. } = w;
         Ok(Plan { n_devices: n, states, repartitions, input_states, graph_hash: graph.hash(), id })
+    }
+}
+
+/// The planner's state while it walks a graph's nodes.
+struct Walk<'a> {
+    ctx: &'a Context,
+    graph: &'a Graph,
+    n: usize,
+    link: &'a LinkModel,
+    /// Each tensor's state (by index) once decided.
+    states: Vec<Option<SplitState>>,
+    /// Each node's chosen input states.
+    input_states: Vec<Option<Vec<SplitState>>>,
+    repartitions: Vec<Repartition>,
+    /// Conversions already done: (tensor, state) pairs available at no further cost.
+    have: HashMap<usize, Vec<SplitState>>,
+    /// Owners written through a view (cpy/set_rows) are in a new state afterwards.
+    written: HashMap<usize, SplitState>,
+    /// Readers of each node, built the first time a rule offers a packed
+    /// result (only the views its rule accepts may read one).
+    readers: Option<HashMap<usize, Vec<TensorId>>>,
+    /// Nodes whose result is held in a device-local packing: never converted.
+    packed: HashSet<usize>,
+}
+
+impl Walk<'_> {
+    /// The current state of each of `t`'s sources (a written owner's state
+    /// after the write; mirrored for a tensor the walk has not seen).
+    fn current(&self, t: &crate::tensor::Tensor) -> Vec<SplitState> {
+        t.src
+            .iter()
+            .map(|s| {
+                self.written
+                    .get(&s.index())
+                    .cloned()
+                    .or_else(|| self.states[s.index()].clone())
+                    .unwrap_or(SplitState::Mirrored)
+            })
+            .collect()
+    }
+
+    /// The rule's candidates for `node`, less those the graph around it rules
+    /// out: a packed result some reader cannot read, and a partial sum
+    /// written into stored state.
+    fn candidates(&mut self, node: TensorId, cur: &[SplitState], scratch: bool) -> Vec<super::rules::Candidate> {
+        let (ctx, t) = (self.ctx, self.ctx.t(node));
+        let mut cands = candidates(ctx, t, cur, self.n);
+        if cands.iter().any(|c| c.packed) {
+            let graph = self.graph;
+            let readers = self.readers.get_or_insert_with(|| readers_of(ctx, graph));
+            let mine = readers.get(&node.index()).map_or(&[][..], |v| &v[..]);
+            cands.retain(|c| match &c.output {
+                SplitState::Split(sp) if c.packed => {
+                    !mine.is_empty() && mine.iter().all(|&r| packed_view(ctx, t, ctx.t(r), sp).is_some())
+                }
+                _ => true,
+            });
+        }
+        // A write into stored state does not turn its destination into a
+        // partial sum (every device would write an addend into its own
+        // copy of the stored tensor): the sum is reduced first. A scratch
+        // destination (what `cast` makes) holds no data: it is never
+        // converted, whatever state it has.
+        if let Some(d) = t.op.written_src().filter(|_| !scratch) {
+            if !matches!(cur.get(d), Some(SplitState::Partial(_) | SplitState::Unknown)) {
+                cands.retain(|c| !matches!(c.inputs.get(d), Some(SplitState::Partial(_))));
+            }
+        }
+        cands
+    }
+
+    /// The cost (seconds, by the link model) of candidate `c` for node `t`:
+    /// its input conversions (each also losing a tie and paying a local
+    /// copy), its row combine, and the later reduction of a partial result.
+    /// Infinite when it would convert a packed result.
+    fn price(&self, t: &crate::tensor::Tensor, c: &super::rules::Candidate, cur: &[SplitState], scratch: bool) -> f64 {
+        let (n, link) = (self.n, self.link);
+        let mut cost = 0.0;
+        for (k, need) in c.inputs.iter().enumerate() {
+            let s = t.src[k];
+            if self.have.get(&s.index()).is_some_and(|v| v.contains(need))
+                || cur[k] == SplitState::Unknown
+                || (scratch && k == 1)
+            {
+                continue;
+            }
+            // A packed result is read only by the views its rule accepts.
+            if self.packed.contains(&s.index()) && need != &cur[k] {
+                return f64::INFINITY;
+            }
+            let bytes = self.ctx.t(s).data_bytes() as u64;
+            if let Some(tr) = conversion(&cur[k], need, bytes, n) {
+                cost += tr.time(link) + 1e-12; // any conversion loses a tie
+                if tr.kind != Collective::MirroredToPartial {
+                    cost += bytes as f64 / link.local_bandwidth;
+                }
+            }
+        }
+        if let Some(b) = c.combine_bytes {
+            cost += combine_traffic(b, n).time(link);
+        }
+        // A partial result is reduced later (an all-reduce, or the
+        // reduce-scatter/all-reduce of whatever linear consumers carry
+        // it to): charge that reduction now, so a greedy choice does
+        // not buy a cheap gather that forces a dearer all-reduce
+        // downstream (a vocabulary-split head gathered so that its
+        // logits stay partial).
+        if matches!(c.output, SplitState::Partial(_)) {
+            if let Some(tr) = conversion(&c.output, &SplitState::Mirrored, t.data_bytes() as u64, n) {
+                cost += tr.time(link);
+            }
+        }
+        cost
+    }
+
+    /// Records the chosen candidate `c` for `node`: the repartitions of its
+    /// inputs (a deferred destination simply takes the needed state), its
+    /// row combine, the written owner's state, and the node's state.
+    fn record(&mut self, node: TensorId, c: &super::rules::Candidate, cur: &[SplitState], scratch: bool) {
+        let (ctx, n) = (self.ctx, self.n);
+        let t = ctx.t(node);
+        for (k, need) in c.inputs.iter().enumerate() {
+            let s = t.src[k];
+            if scratch && k == 1 && cur[k] != SplitState::Unknown {
+                continue;
+            }
+            if cur[k] == SplitState::Unknown {
+                // Deferred destination: it simply is laid out as needed.
+                self.states[s.index()] = Some(need.clone());
+                self.have.entry(s.index()).or_default().push(need.clone());
+                continue;
+            }
+            let list = self.have.entry(s.index()).or_default();
+            if list.contains(need) {
+                continue;
+            }
+            if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n) {
+                let (from, to) = (cur[k].clone(), need.clone());
+                self.repartitions.push(Repartition { tensor: s, consumer: node, from, to, traffic: tr });
+            }
+            list.push(need.clone());
+        }
+        if let Some(b) = c.combine_bytes {
+            self.repartitions.push(Repartition {
+                tensor: node,
+                consumer: node,
+                from: cur[0].clone(),
+                to: c.output.clone(),
+                traffic: combine_traffic(b, n),
+            });
+        }
+        if t.op.writes_through_view() {
+            if let Some(o) = t.view_src {
+                let after = super::lower::owner_state_after_write(ctx, t, &c.output);
+                self.have.insert(o.index(), vec![after.clone()]);
+                self.written.insert(o.index(), after);
+            }
+        }
+        if c.packed {
+            self.packed.insert(node.index());
+        }
+        self.states[node.index()] = Some(c.output.clone());
+        self.input_states[node.index()] = Some(c.inputs.clone());
+        self.have.entry(node.index()).or_default().push(c.output.clone());
     }
 }
 
@@ -475,14 +518,26 @@ fn combine_traffic(total: u64, n: usize) -> Traffic {
     }
 }
 
-/// True if every reader of leaf `l` in `graph` is a `cpy` writing into it.
+/// Every node's readers in `graph` (by the reader's sources).
+fn readers_of(ctx: &Context, graph: &Graph) -> HashMap<usize, Vec<TensorId>> {
+    let mut r: HashMap<usize, Vec<TensorId>> = HashMap::new();
+    for &node in graph.nodes() {
+        for &src in &ctx.t(node).src {
+            r.entry(src.index()).or_default().push(node);
+        }
+    }
+    r
+}
+
+/// True if every reader of leaf `l` in `graph` writes into it (a `cpy` or
+/// `set_rows` destination).
 fn only_cpy_destination(ctx: &Context, graph: &Graph, l: TensorId) -> bool {
     let mut any = false;
     for &n in graph.nodes() {
         let t = ctx.t(n);
         for (k, &s) in t.src.iter().enumerate() {
             if s == l {
-                if !(matches!(t.op, crate::ops::Op::Cpy) && k == 1) {
+                if t.op.written_src() != Some(k) {
                     return false;
                 }
                 any = true;
