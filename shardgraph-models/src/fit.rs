@@ -68,7 +68,7 @@ pub fn session_memory(
         }
         for &id in g.nodes() {
             let t = ctx.tensor(id)?;
-            if matches!(t.op, shardgraph::ops::Op::Cpy | shardgraph::ops::Op::SetRows) {
+            if t.op.writes_through_view() {
                 written.extend(t.view_src);
             }
         }

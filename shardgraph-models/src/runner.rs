@@ -155,9 +155,7 @@ impl Runner {
         }
         let is_write = |o: &TensorId| {
             ctx.tensor(*o).is_ok_and(|t| {
-                matches!(t.op, shardgraph::ops::Op::Cpy | shardgraph::ops::Op::SetRows)
-                    && t.view_src
-                        .is_some_and(|v| ctx.tensor(v).is_ok_and(|s| matches!(s.op, shardgraph::ops::Op::None)))
+                t.op.writes_through_view() && t.view_src.is_some_and(|v| ctx.tensor(v).is_ok_and(|s| s.op.is_leaf()))
             })
         };
         let wanted: Vec<TensorId> = outputs.iter().filter(|o| !is_write(o)).copied().collect();

@@ -33,19 +33,26 @@ impl TensorStorage {
         self.buffers.iter().map(|b| b.size()).sum()
     }
 
-    pub(crate) fn bind_ctx(&mut self, ctx: &Context) -> Result<()> {
+    /// Checks that the storage holds tensors of `ctx` (or none yet).
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] naming the context the storage belongs to.
+    pub(crate) fn check_context(&self, ctx: &Context) -> Result<()> {
         match self.ctx_id {
             Some(c) if c != ctx.id() => {
                 Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail: format!("storage belongs to context {c}") })
             }
-            _ => {
-                self.ctx_id = Some(ctx.id());
-                if self.slots.len() < ctx.len() {
-                    self.slots.resize(ctx.len(), None);
-                }
-                Ok(())
-            }
+            _ => Ok(()),
         }
+    }
+
+    pub(crate) fn bind_ctx(&mut self, ctx: &Context) -> Result<()> {
+        self.check_context(ctx)?;
+        self.ctx_id = Some(ctx.id());
+        if self.slots.len() < ctx.len() {
+            self.slots.resize(ctx.len(), None);
+        }
+        Ok(())
     }
 
     /// Adds a buffer; returns its index.

@@ -466,16 +466,8 @@ impl GraphAllocator {
     /// [`Error::Alloc`] if one tensor is larger than the buffer type's
     /// maximum buffer size (or sizes overflow).
     pub fn measure(&mut self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<AllocStats> {
-        check_graph_ctx(ctx, graph)?;
-        if let Some(c) = storage.ctx_id {
-            if c != ctx.id() {
-                return Err(Error::ForeignTensor {
-                    id: 0,
-                    ctx: ctx.id(),
-                    detail: format!("storage belongs to context {c}"),
-                });
-            }
-        }
+        graph.check_context(ctx)?;
+        storage.check_context(ctx)?;
         let (plan, reused) = self.get_plan(ctx, graph, storage)?;
         if self.reserved.len() < plan.chunk_sizes.len() {
             self.reserved.resize(plan.chunk_sizes.len(), 0);
@@ -511,16 +503,8 @@ impl GraphAllocator {
         graph: &Graph,
         storage: &mut TensorStorage,
     ) -> Result<AllocStats> {
-        check_graph_ctx(ctx, graph)?;
-        if let Some(c) = storage.ctx_id {
-            if c != ctx.id() {
-                return Err(Error::ForeignTensor {
-                    id: 0,
-                    ctx: ctx.id(),
-                    detail: format!("storage belongs to context {c}"),
-                });
-            }
-        }
+        graph.check_context(ctx)?;
+        storage.check_context(ctx)?;
         let backend_align = backend.buffer_type().alignment.max(1);
         if self.alignment % backend_align != 0 {
             return Err(Error::Alloc {
@@ -920,17 +904,6 @@ impl Planner<'_> {
 /// The storage owner of `id` (itself unless it is a view). `id` must be valid.
 fn owner_of(ctx: &Context, id: TensorId) -> TensorId {
     ctx.t(id).view_src.unwrap_or(id)
-}
-
-fn check_graph_ctx(ctx: &Context, graph: &Graph) -> Result<()> {
-    if !graph.built_from(ctx) {
-        return Err(Error::ForeignTensor {
-            id: 0,
-            ctx: ctx.id(),
-            detail: format!("graph was built from context {}", graph.context_id()),
-        });
-    }
-    Ok(())
 }
 
 fn stats_of(plan: &Plan, alignment: usize) -> AllocStats {

@@ -34,6 +34,22 @@ impl Graph {
         self.ctx_id == ctx.id() && self.ctx_generation == ctx.generation()
     }
 
+    /// [`Graph::built_from`] as a `Result`: the one check every consumer of
+    /// a graph (allocator, backends, planner) makes before reading it.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] naming the context the graph was built from.
+    pub fn check_context(&self, ctx: &Context) -> Result<()> {
+        if self.built_from(ctx) {
+            return Ok(());
+        }
+        Err(Error::ForeignTensor {
+            id: 0,
+            ctx: ctx.id(),
+            detail: format!("graph was built from context {}", self.ctx_id),
+        })
+    }
+
     /// Op tensors in a valid execution order (every source first).
     pub fn nodes(&self) -> &[TensorId] {
         &self.nodes

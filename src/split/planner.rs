@@ -557,9 +557,7 @@ fn leaf_states(
     policy: &SplitPolicy,
     explicit: &[(TensorId, SplitState)],
 ) -> Result<Vec<SplitState>> {
-    if !graph.built_from(ctx) {
-        return Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail: "graph of another context".into() });
-    }
+    graph.check_context(ctx)?;
     let n = policy.n_devices();
     for (k, (id, _)) in explicit.iter().enumerate() {
         let t = ctx.tensor(*id)?;
