@@ -3,11 +3,12 @@
 
 #![allow(dead_code)]
 
+#[path = "fixtures.rs"]
+mod fixtures;
+
+use fixtures::OneCpu;
 use proptest::prelude::*;
-use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::{
-    Backend, Context, CpuBackend, GgmlType, GluOp, Graph, RopeMode, SortOrder, TensorId, TensorStorage, UnaryOp,
-};
+use shardgraph::{Context, GgmlType, GluOp, Graph, RopeMode, SortOrder, TensorId, TensorStorage, UnaryOp};
 
 #[derive(Clone, Debug)]
 pub struct Leaf {
@@ -227,10 +228,7 @@ pub type OneDevice = (TensorStorage, std::collections::HashMap<TensorId, Vec<u8>
 /// I64 `i % 2`, floats `sin(0.37 i)`). Compute errors (an index out of
 /// range) are allowed and reported; allocation failures fail the test.
 pub fn compute_one_device(ctx: &Context, graph: &Graph) -> Result<OneDevice, TestCaseError> {
-    let cpu = CpuBackend::with_threads(2).unwrap();
-    let mut storage = TensorStorage::new();
-    storage.alloc_tensors(&cpu, ctx, graph.leafs()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    for &l in graph.leafs() {
+    let one = OneCpu::new(ctx, graph, 2, |storage, l| {
         let t = ctx.tensor(l).unwrap();
         let n = t.nelements() as usize;
         match t.ty {
@@ -238,19 +236,8 @@ pub fn compute_one_device(ctx: &Context, graph: &Graph) -> Result<OneDevice, Tes
             GgmlType::I64 => storage.set_i64(ctx, l, &(0..n as i64).map(|i| i % 2).collect::<Vec<_>>()).unwrap(),
             _ => storage.set_f32(ctx, l, &(0..n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>()).unwrap(),
         }
-    }
-    let leaf_bytes = graph
-        .leafs()
-        .iter()
-        .map(|&l| {
-            let mut b = vec![0u8; ctx.tensor(l).unwrap().nbytes()];
-            storage.get_bytes(ctx, l, 0, &mut b).unwrap();
-            (l, b)
-        })
-        .collect();
-    GraphAllocator::new(cpu.buffer_type())
-        .alloc_graph(&cpu, ctx, graph, &mut storage)
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let computed = cpu.compute(ctx, graph, &storage).is_ok();
-    Ok((storage, leaf_bytes, computed))
+    })
+    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let computed = one.compute(ctx, graph).is_ok();
+    Ok((one.storage, one.leaf_bytes, computed))
 }
