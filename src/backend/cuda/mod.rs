@@ -1,6 +1,8 @@
 //! The CUDA backend (cargo feature `cuda`). Kernel sources live in
-//! `kernels-cuda/` (one `.cu` file per op family) and are compiled by NVRTC
-//! at first use, cached per architecture and source hash ([`nvrtc`]).
+//! `kernels-cuda/` and are compiled by NVRTC at first use, cached per
+//! architecture and source hash ([`nvrtc`]). The op dispatch (`ops/`) has
+//! one file per op family ([`crate::ops::OpFamily`]); its module doc maps
+//! each family to the `.cu` files its kernels live in.
 //! cudarc loads the CUDA libraries at run time, so the crate builds and its
 //! tests run on a machine with no GPU and no toolkit: a missing library is
 //! an [`Error::Cuda`], never a panic.
@@ -40,7 +42,6 @@ use super::cpu::TView;
 use super::{Backend, Buffer, BufferType, DeviceInfo, DeviceKind, TensorStorage};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
-use crate::ops::Op;
 use crate::tensor::{Tensor, TensorId};
 use api::{DevPtr, Gpu};
 use std::any::Any;
@@ -257,7 +258,7 @@ impl Backend for CudaBackend {
 
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
         let Ok(t) = ctx.tensor(id) else { return false };
-        if matches!(t.op, Op::None | Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose) {
+        if t.op.is_leaf() || t.op.is_shape_only() {
             return true;
         }
         let dst = ops::T { t, p: 0 };
@@ -296,7 +297,7 @@ impl Backend for CudaBackend {
         let r = (|| {
             for &id in &graph.nodes {
                 let t = ctx.t(id);
-                if matches!(t.op, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose) || t.nelements() == 0 {
+                if t.op.is_shape_only() || t.nelements() == 0 {
                     continue;
                 }
                 let dst = self.operand(ctx, storage, id)?;
@@ -357,7 +358,16 @@ impl Backend for CudaBackend {
 /// CPU backend contains its kernels'.
 fn dispatch(cx: &ops::Cx, t: &Tensor, dst: &ops::T, src: &[ops::T]) -> Result<bool> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ops::run(cx, &t.op, dst, src))).map_err(|_| {
-        Error::Compute { detail: format!("CUDA dispatch for {} on {} panicked", t.op.name(), t.describe()) }
+        let family = t.op.family();
+        Error::Compute {
+            detail: format!(
+                "CUDA dispatch for {} on {} panicked (ops/{}.rs, kernels in {})",
+                t.op.name(),
+                t.describe(),
+                family.name(),
+                ops::kernel_files(family).join(", ")
+            ),
+        }
     })?
 }
 

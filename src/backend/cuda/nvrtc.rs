@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-/// Every `kernels-cuda/*.cu` file: `(family name, CUDA C source)`, in file-name order.
+/// Every `kernels-cuda/*.cu` file: `(file stem, CUDA C source)`, in file-name order.
 pub const KERNEL_SOURCES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/cuda_kernels.rs"));
 
 /// Folders searched for `libnvrtc.so.13` before the system's: the

@@ -18,6 +18,8 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
         Op::RowFinish { reduce, lens } => row_finish(cx, *reduce, lens, dst, src),
         Op::GetRowsPart { ranges, n_rows } => get_rows_part(cx, ranges, *n_rows, dst, src),
         Op::AddN => add_n(cx, dst, src),
+        // `exchange`: the executor fills it between local graphs; a backend
+        // never runs it.
         _ => Ok(false),
     }
 }
@@ -159,7 +161,7 @@ fn get_rows_part(cx: &Cx, ranges: &[(i64, i64)], n_rows: i64, dst: &T, src: &[T]
     if dst.ty() != F32 {
         return Ok(false);
     }
-    let Some((mut args, grid)) = super::getrows::launch_args(cx, dst, a, idx, n_rows, "src0 part")? else {
+    let Some((mut args, grid)) = super::data::get_rows_args(cx, dst, a, idx, n_rows, "src0 part")? else {
         return Ok(false);
     };
     args.extend(rg);

@@ -1,13 +1,16 @@
-//! `kernels-cuda/elementwise.cu`: binary ops with broadcasting (F32, F16,
-//! BF16 and their F32-src1 mixes), add1, unary ops (F32, F16, BF16), scale,
-//! clamp, fill, and copies (cpy, dup, cont) between F32, F16, BF16 and I32,
-//! into Q8_0/Q4_0/Q4_1/Q5_0 blocks, out of every block type dequant.cuh
-//! knows (Q4_0..Q8_0, Q2_K..Q6_K) into F32 / F16, and same-type block copies.
+//! The element-wise family.
+//!
+//! - `kernels-cuda/elementwise.cu`: binary ops with broadcasting (F32, F16,
+//!   BF16 and their F32-src1 mixes; Q8_0/Q4_0 + F32), add1, unary ops (F32,
+//!   F16, BF16), scale, clamp, fill.
+//! - `kernels-cuda/glu.cu`: the gated linear units (`swiglu`, `geglu`) in
+//!   their fused (one tensor holding both halves, optionally swapped) and
+//!   split (two tensors) forms, F32 and F16, any strides.
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::{Op, UnaryOp};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q4_0, Q4_1, Q5_0, Q8_0};
+use crate::ops::{GluOp, Op, UnaryOp};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, Q4_0, Q8_0};
 
 const B: u32 = 256;
 
@@ -34,15 +37,6 @@ fn suffix(ty: GgmlType) -> Option<&'static str> {
         F32 => Some("f32"),
         F16 => Some("f16"),
         _ => None,
-    }
-}
-
-/// Kernel-name suffix of a float or I32 copy operand.
-fn cpy_suffix(ty: GgmlType) -> Option<&'static str> {
-    match ty {
-        BF16 => Some("bf16"),
-        I32 => Some("i32"),
-        t => suffix(t),
     }
 }
 
@@ -152,97 +146,9 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
             cx.launch(&format!("sg_fill_{sfx}"), row_grid(cx, dst), [B, 1, 1], &args)?;
             Ok(true)
         }
-        Op::Dup | Op::Cont | Op::Cpy => match src.first() {
-            Some(s) => cpy(cx, dst, s),
-            None => Ok(false),
-        },
+        Op::Glu { op: g, swapped } => glu(cx, *g, *swapped, dst, src),
         _ => Ok(false),
     }
-}
-
-/// Kernel-name suffix of a block type with a quantizing copy kernel.
-fn quant_suffix(ty: GgmlType) -> Option<&'static str> {
-    match ty {
-        Q8_0 => Some("q8_0"),
-        Q4_0 => Some("q4_0"),
-        Q4_1 => Some("q4_1"),
-        Q5_0 => Some("q5_0"),
-        _ => None,
-    }
-}
-
-/// Kernel-name suffix of a block type with dequantizing copy kernels
-/// (`sg_cpy_<q>_<f32|f16>`, dequant.cuh's types).
-fn dequant_suffix(ty: GgmlType) -> Option<&'static str> {
-    super::type_suffix(ty).filter(|_| ty.is_quantized())
-}
-
-/// cpy / dup / cont of `s` into `dst` (same element count, element k of
-/// `s` in logical order to element k of `dst`).
-fn cpy(cx: &Cx, dst: &T, s: &T) -> Result<bool> {
-    if s.nelements() != dst.nelements() {
-        return Ok(false);
-    }
-    let mut args = vec![s.ptr(), dst.ptr()];
-    args.extend(s.ne());
-    args.extend(s.nb());
-    args.extend(dst.ne());
-    args.extend(dst.nb());
-    let n = s.nelements();
-    match (cpy_suffix(s.ty()), cpy_suffix(dst.ty())) {
-        (Some(from), Some(to)) => {
-            // No I32 <-> F16/BF16 kernels.
-            if (from == "i32" || to == "i32") && !matches!((from, to), ("i32", "i32" | "f32") | ("f32", "i32")) {
-                return Ok(false);
-            }
-            let grid = [cx.blocks(n, B as i64, 65535), 1, 1];
-            cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
-            return Ok(true);
-        }
-        // Quantize into a contiguous block-type destination.
-        (Some(from), None) if from != "i32" => {
-            let Some(to) = quant_suffix(dst.ty()) else { return Ok(false) };
-            if !dst.t.is_contiguous() || n % 32 != 0 {
-                return Ok(false);
-            }
-            let grid = [cx.blocks(n / 32, B as i64, 65535), 1, 1];
-            cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
-            return Ok(true);
-        }
-        // Dequantize a block-type source (rows of packed blocks) to F32 / F16.
-        (None, Some(to)) if matches!(to, "f32" | "f16") => {
-            let Some(from) = dequant_suffix(s.ty()) else { return Ok(false) };
-            let ty = s.ty();
-            let packed = s.t.ne[0] <= ty.block_size() as i64 || s.t.nb[0] == ty.type_size();
-            if !packed || s.t.ne[0] % ty.block_size() as i64 != 0 {
-                return Ok(false);
-            }
-            let grid = [cx.blocks(n, B as i64, 65535), 1, 1];
-            cx.launch(&format!("sg_cpy_{from}_{to}"), grid, [B, 1, 1], &args)?;
-            return Ok(true);
-        }
-        _ => {}
-    }
-    // Same block type, same shape: copy whole blocks.
-    let ty = s.ty();
-    let (blk, size) = (ty.block_size() as i64, ty.type_size());
-    if dst.ty() != ty
-        || !ty.is_quantized()
-        || s.t.ne != dst.t.ne
-        || s.t.ne[0] % blk != 0
-        || !s.t.is_contiguous_rows()
-        || !dst.t.is_contiguous_rows()
-    {
-        return Ok(false);
-    }
-    let units = [s.t.ne[0] / blk, s.t.ne[1], s.t.ne[2], s.t.ne[3]];
-    let mut args = vec![s.ptr(), dst.ptr(), KArg::I64(size as i64)];
-    args.extend(units.map(KArg::I64));
-    args.extend(s.nb());
-    args.extend(dst.nb());
-    let grid = [cx.blocks(units.iter().product(), B as i64, 65535), 1, 1];
-    cx.launch("sg_cpy_units", grid, [B, 1, 1], &args)?;
-    Ok(true)
 }
 
 /// `add` / `add1` of a Q8_0 / Q4_0 src0 (and dst) and an F32 src1: blocks
@@ -267,5 +173,52 @@ fn add_quant(cx: &Cx, dst: &T, src: &[T]) -> Result<bool> {
     let args = binary_args(a, b, dst);
     let grid = [cx.blocks(a.t.ne[0] / 32, B as i64, 1024), cx.blocks(dst.nrows(), 1, 65535), 1];
     cx.launch(name, grid, [B, 1, 1], &args)?;
+    Ok(true)
+}
+
+/// `swiglu` / `geglu`, fused (src0 holds both halves) or split (src0 gate,
+/// src1 up) (`kernels-cuda/glu.cu`).
+fn glu(cx: &Cx, g: GluOp, swapped: bool, dst: &T, src: &[T]) -> Result<bool> {
+    let Some(a) = src.first() else { return Ok(false) };
+    let sfx = match dst.ty() {
+        F32 => "f32",
+        F16 => "f16",
+        _ => return Ok(false),
+    };
+    if a.ty() != dst.ty() || a.t.ne[1..] != dst.t.ne[1..] {
+        return Ok(false);
+    }
+    // ggml-cpu computes GEGLU through its F16 table (with the F32 range
+    // clamp), which the `_lut` kernel reproduces.
+    let base = match g {
+        GluOp::Swiglu => "swiglu",
+        GluOp::Geglu => "geglu_lut",
+    };
+    let nc = dst.t.ne[0];
+    let grid = [cx.blocks(nc, B as i64, 1024), cx.blocks(dst.nrows(), 1, 65535), 1];
+    match src.get(1) {
+        Some(b) => {
+            if b.ty() != dst.ty() || a.t.ne != dst.t.ne || b.t.ne != dst.t.ne {
+                return Ok(false);
+            }
+            let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
+            args.extend(dst.ne());
+            args.extend(a.nb());
+            args.extend(b.nb());
+            args.extend(dst.nb());
+            cx.launch(&format!("sg_{base}_split_{sfx}"), grid, [B, 1, 1], &args)?;
+        }
+        None => {
+            if a.t.ne[0] / 2 != nc {
+                return Ok(false);
+            }
+            let mut args = vec![a.ptr(), dst.ptr()];
+            args.extend(dst.ne());
+            args.extend(a.nb());
+            args.extend(dst.nb());
+            args.push(KArg::I32(i32::from(swapped)));
+            cx.launch(&format!("sg_{base}_{sfx}"), grid, [B, 1, 1], &args)?;
+        }
+    }
     Ok(true)
 }

@@ -1,7 +1,24 @@
 //! Op dispatch of the CUDA backend: which `kernels-cuda` kernel computes a
-//! node, with which launch shape and arguments. One file per kernel file;
-//! each `run` returns `Ok(false)` for a node it has no kernel for (the
+//! node, with which launch shape and arguments. One file per op family
+//! ([`OpFamily`], the same names as `ops/<family>.rs` and the CPU kernels);
+//! [`run`] dispatches on [`Op::family`] with an exhaustive match. Each
+//! family's `run` returns `Ok(false)` for a node it has no kernel for (the
 //! backend then computes it on the host), and `Ok(true)` once launched.
+//!
+//! The `.cu` files are not split by family; where each family's kernels
+//! live ([`kernel_files`], which `kernels-cuda/README.md` repeats):
+//!
+//! | family | dispatch | kernels in `kernels-cuda/` |
+//! | --- | --- | --- |
+//! | elementwise | `elementwise.rs` | `elementwise.cu`, `glu.cu` |
+//! | reduce | `reduce.rs` | `reduce.cu` (sum, sum_rows, mean, argsort), `softmax.cu` (argmax, top_k) |
+//! | norm | `norm.rs` | `norm.cu`, `softmax.cu` (soft_max) |
+//! | rope | `rope.rs` | `rope.cu` |
+//! | matmul | `matmul.rs` | `quant_matvec.cu`, `mul_mat.cu` (incl. add_id), `getrows.cu` (dequantise), `elementwise.cu` (F16/BF16 activations to F32) |
+//! | attn | `attn.rs` | `flash_attn.cu` |
+//! | data | `data.rs` | `getrows.cu` (get_rows, set_rows), `elementwise.cu` (cpy, dup, cont), `concat_repeat_pad.cu` |
+//! | ssm | `ssm.rs` | `ssm.cu` |
+//! | distributed | `distributed.rs` | `distributed.cu` |
 //!
 //! The same code answers `supports_op` in a dry run ([`Cx::dry`]), where
 //! nothing is launched and addresses are 0, so what is supported and what
@@ -14,22 +31,19 @@
 //! reinterpretation that stays inside the span), which is each kernel's
 //! contract in its `.cu` file.
 
-mod concat;
+mod attn;
+mod data;
 mod distributed;
 mod elementwise;
-mod flash_attn;
-mod getrows;
-mod glu;
 mod matmul;
 mod norm;
 mod reduce;
 mod rope;
-mod softmax;
 mod ssm;
 
 use super::api::{DevPtr, Gpu, KArg};
 use crate::error::Result;
-use crate::ops::Op;
+use crate::ops::{Op, OpFamily};
 use crate::tensor::{GgmlType, Tensor};
 use std::cell::{Cell, RefCell};
 
@@ -290,39 +304,92 @@ pub(crate) fn type_suffix(ty: GgmlType) -> Option<&'static str> {
     })
 }
 
+/// The `kernels-cuda/` files whose kernels family `f`'s dispatch launches
+/// (the table in the module doc).
+pub(crate) fn kernel_files(f: OpFamily) -> &'static [&'static str] {
+    match f {
+        OpFamily::Elementwise => &["elementwise.cu", "glu.cu"],
+        OpFamily::Reduce => &["reduce.cu", "softmax.cu"],
+        OpFamily::Norm => &["norm.cu", "softmax.cu"],
+        OpFamily::Rope => &["rope.cu"],
+        OpFamily::Matmul => &["quant_matvec.cu", "mul_mat.cu", "getrows.cu", "elementwise.cu"],
+        OpFamily::Attn => &["flash_attn.cu"],
+        OpFamily::Data => &["getrows.cu", "elementwise.cu", "concat_repeat_pad.cu"],
+        OpFamily::Ssm => &["ssm.cu"],
+        OpFamily::Distributed => &["distributed.cu"],
+    }
+}
+
 /// Launches the kernels for `op` computing `dst` from `src`; `Ok(false)` if
 /// no kernel covers this node's types and layout.
 pub(crate) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
-    match op {
-        Op::Add
-        | Op::Sub
-        | Op::Mul
-        | Op::Div
-        | Op::Scale { .. }
-        | Op::Clamp { .. }
-        | Op::Sqr
-        | Op::Sqrt
-        | Op::Unary(_)
-        | Op::Fill { .. }
-        | Op::Dup
-        | Op::Cpy
-        | Op::Cont
-        | Op::Add1 => elementwise::run(cx, op, dst, src),
-        Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } => norm::run(cx, op, dst, src),
-        Op::SoftMax { .. } | Op::Argmax | Op::TopK { .. } => softmax::run(cx, op, dst, src),
-        Op::Sum | Op::SumRows | Op::Mean | Op::Argsort { .. } => reduce::run(cx, op, dst, src),
-        Op::Glu { .. } => glu::run(cx, op, dst, src),
-        Op::Concat { .. } | Op::Repeat | Op::Pad { .. } => concat::run(cx, op, dst, src),
-        Op::MulMat | Op::MulMatId | Op::AddId => matmul::run(cx, op, dst, src),
-        Op::GetRows | Op::SetRows => getrows::run(cx, op, dst, src),
-        Op::Rope(_) => rope::run(cx, op, dst, src),
-        Op::FlashAttnExt { .. } => flash_attn::run(cx, op, dst, src),
-        Op::SsmConv | Op::GatedDeltaNet { .. } => ssm::run(cx, op, dst, src),
-        Op::None | Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose => Ok(true),
-        Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => {
-            distributed::run(cx, op, dst, src)
+    match op.family() {
+        OpFamily::Elementwise => elementwise::run(cx, op, dst, src),
+        OpFamily::Reduce => reduce::run(cx, op, dst, src),
+        OpFamily::Norm => norm::run(cx, op, dst, src),
+        OpFamily::Rope => rope::run(cx, op, dst, src),
+        OpFamily::Matmul => matmul::run(cx, op, dst, src),
+        OpFamily::Attn => attn::run(cx, op, dst, src),
+        OpFamily::Data => data::run(cx, op, dst, src),
+        OpFamily::Ssm => ssm::run(cx, op, dst, src),
+        OpFamily::Distributed => distributed::run(cx, op, dst, src),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_files;
+    use crate::backend::cuda::nvrtc::KERNEL_SOURCES;
+    use crate::ops::OpFamily;
+
+    /// The dispatch source of each family, as compiled.
+    fn dispatch_source(f: OpFamily) -> &'static str {
+        match f {
+            OpFamily::Elementwise => include_str!("elementwise.rs"),
+            OpFamily::Reduce => include_str!("reduce.rs"),
+            OpFamily::Norm => include_str!("norm.rs"),
+            OpFamily::Rope => include_str!("rope.rs"),
+            OpFamily::Matmul => include_str!("matmul.rs"),
+            OpFamily::Attn => include_str!("attn.rs"),
+            OpFamily::Data => include_str!("data.rs"),
+            OpFamily::Ssm => include_str!("ssm.rs"),
+            OpFamily::Distributed => include_str!("distributed.rs"),
         }
-        // The executor fills it between local graphs; a backend never runs it.
-        Op::Exchange => Ok(false),
+    }
+
+    /// The source of `kernels-cuda/<file>`.
+    fn cu(file: &str) -> &'static str {
+        let stem = file.strip_suffix(".cu").unwrap_or(file);
+        match KERNEL_SOURCES.iter().find(|(name, _)| *name == stem) {
+            Some((_, src)) => src,
+            None => panic!("kernels-cuda/{file} is not a kernel source"),
+        }
+    }
+
+    /// The table names real files, every `.cu` file serves some family,
+    /// and every kernel name (or name prefix, for names built with
+    /// `format!`) a family's dispatch launches is in one of its files.
+    #[test]
+    fn kernel_files_cover_each_familys_launches() {
+        for (name, _) in KERNEL_SOURCES {
+            let file = format!("{name}.cu");
+            assert!(OpFamily::ALL.iter().any(|&f| kernel_files(f).contains(&file.as_str())), "{file} in no family");
+        }
+        for f in OpFamily::ALL {
+            let files: Vec<&str> = kernel_files(f).iter().map(|x| cu(x)).collect();
+            let rs = dispatch_source(f);
+            let mut launched = 0;
+            for (i, _) in rs.match_indices("\"sg_") {
+                let name: String = rs[i + 1..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                assert!(
+                    files.iter().any(|s| s.contains(&name)),
+                    "{}.rs launches {name}, which is in none of {:?}",
+                    f.name(),
+                    kernel_files(f)
+                );
+                launched += 1;
+            }
+            assert!(launched > 0, "{}.rs names no kernel", f.name());
+        }
     }
 }

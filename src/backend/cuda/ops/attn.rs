@@ -1,6 +1,7 @@
-//! `kernels-cuda/flash_attn.cu`: `flash_attn_ext` (F32 Q; K/V F32, F16,
-//! Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in any pairing, or BF16 K and V; F16 mask;
-//! soft-capping; ALiBi; sinks; GQA/MQA head and batch broadcast).
+//! The attention family, `kernels-cuda/flash_attn.cu`: `flash_attn_ext`
+//! (F32 Q; K/V F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in any pairing, or
+//! BF16 K and V; F16 mask; soft-capping; ALiBi; sinks; GQA/MQA head and
+//! batch broadcast).
 //!
 //! The result is ggml's permuted layout `[D_v, H, n_q, B]`: query row
 //! `(i, h, b)` is stored at `dst[:, h, i, b]`.
