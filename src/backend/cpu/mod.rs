@@ -11,7 +11,6 @@ pub(crate) use access::TView;
 use super::{Backend, Buffer, BufferType, DeviceInfo, DeviceKind, TensorStorage};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
-use crate::ops::Op;
 use crate::tensor::TensorId;
 use smallvec::SmallVec;
 use std::alloc::Layout;
@@ -198,7 +197,7 @@ impl Backend for CpuBackend {
         self.pool.install(|| {
             for &id in &graph.nodes {
                 let t = ctx.t(id);
-                if matches!(t.op, Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose) {
+                if t.op.is_shape_only() {
                     continue;
                 }
                 if t.nelements() == 0 {
