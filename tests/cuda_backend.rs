@@ -305,8 +305,8 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
 /// device-to-device copies (no communicator set, activations on the devices).
 #[test]
 fn nccl_is_refused_for_virtual_and_emulated_devices() {
-    use shardgraph::backend::cuda::nccl::NcclComm;
     use shardgraph::split::MetaExecutor;
+    use shardgraph::split::NcclComm;
     let Some(devs) = devices(2) else { return };
     let devs: Vec<Arc<dyn Backend>> = devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect();
     let e = NcclComm::for_backends(&devs).unwrap_err().to_string();

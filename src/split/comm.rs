@@ -20,8 +20,14 @@
 //! [`HostComm`] is the implementation for any devices: the receiver copies
 //! straight from the sender's buffer with [`Buffer::copy_from`] (a memcpy
 //! between CPU buffers; a stream-ordered device-to-device or peer copy
-//! between CUDA devices), between two barriers. NCCL (`backend::cuda::nccl`)
-//! implements the same call with grouped send/receive.
+//! between CUDA devices), between two barriers. NCCL (`NcclComm` in
+//! `comm/nccl.rs`, feature `cuda`) implements the same call with grouped
+//! send/receive.
+
+#[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(feature = "cuda")]
+pub use nccl::NcclComm;
 
 use crate::backend::Buffer;
 use crate::error::{Error, Result};

@@ -213,7 +213,7 @@ impl MetaExecutor {
     fn native_comm(devices: &[Arc<dyn Backend>]) -> Option<Arc<dyn Comm>> {
         #[cfg(feature = "cuda")]
         if devices.len() > 1 && devices.iter().all(|d| d.device().kind == crate::backend::DeviceKind::Gpu) {
-            match crate::backend::cuda::nccl::NcclComm::for_backends(devices) {
+            match super::NcclComm::for_backends(devices) {
                 Ok(c) => return Some(Arc::new(c)),
                 Err(e) => log::info!("meta backend: no NCCL, device-to-device copies instead: {e}"),
             }

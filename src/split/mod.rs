@@ -42,6 +42,8 @@ mod rules;
 mod state;
 mod store;
 
+#[cfg(feature = "cuda")]
+pub use comm::NcclComm;
 pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
 pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunReport};

@@ -26,15 +26,15 @@
 //! GPU path (`driver.rs`: cudarc, cuBLAS) has been compiled but not yet run
 //! on a GPU (`scripts/gpu-check.sh`). The meta backend keeps activations
 //! on the devices and moves them with stream-ordered device-to-device
-//! copies, or NCCL across GPUs ([`nccl`], compiled but not yet run). Not
-//! written: CUDA graphs.
+//! copies, or NCCL across GPUs (`split::NcclComm`, compiled but not yet run,
+//! which reaches the device through [`CudaBackend`]'s `RawDevice`: the GPU's
+//! ordinal and stream, and its buffers' addresses). Not written: CUDA graphs.
 
 mod api;
 pub mod device;
 mod driver;
 #[cfg(feature = "cuda-emu")]
 pub mod emu;
-pub mod nccl;
 pub mod nvrtc;
 mod ops;
 
@@ -350,6 +350,62 @@ impl Backend for CudaBackend {
             }
         }
         first
+    }
+}
+
+impl CudaBackend {
+    /// The GPU behind this backend, for the meta backend's NCCL
+    /// communicator (`split::comm::nccl`), which queues its transfers on
+    /// the device's stream itself.
+    pub(crate) fn raw_device(&self) -> RawDevice {
+        RawDevice { gpu: self.gpu.clone() }
+    }
+}
+
+/// Device plumbing for a library outside the backend that queues work on a
+/// [`CudaBackend`]'s stream (NCCL, in `split::comm::nccl`): the minimum it
+/// needs of the device — the GPU's ordinal, the raw stream, and device
+/// addresses of this device's buffers.
+#[derive(Clone, Debug)]
+pub(crate) struct RawDevice {
+    gpu: Arc<dyn Gpu>,
+}
+
+impl RawDevice {
+    /// The CUDA ordinal of the physical GPU (shared by virtual devices);
+    /// `None` for an emulated device.
+    pub(crate) fn ordinal(&self) -> Option<usize> {
+        self.driver().map(driver::DriverGpu::ordinal)
+    }
+
+    /// Makes the GPU's context current on the calling thread and returns the
+    /// device's `CUstream`: work queued on it is ordered with the backend's
+    /// kernels.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] for an emulated device, or if the context cannot be bound.
+    pub(crate) fn bind_stream(&self) -> Result<*mut std::ffi::c_void> {
+        let gpu =
+            self.driver().ok_or_else(|| Error::Cuda { detail: "an emulated device has no CUDA stream".into() })?;
+        gpu.bind()?;
+        Ok(gpu.raw_stream())
+    }
+
+    /// The device address of bytes `offset..offset + len` of `buf`, when
+    /// `buf` is a [`CudaBuffer`] of this device; `None` otherwise.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] if the range leaves the buffer.
+    pub(crate) fn buffer_ptr(&self, buf: &dyn Buffer, offset: usize, len: usize) -> Result<Option<DevPtr>> {
+        let Some(b) = buf.as_any().downcast_ref::<CudaBuffer>().filter(|b| Arc::ptr_eq(&b.gpu, &self.gpu)) else {
+            return Ok(None);
+        };
+        b.check(offset, len)?;
+        Ok(Some(b.ptr + offset as DevPtr))
+    }
+
+    fn driver(&self) -> Option<&driver::DriverGpu> {
+        self.gpu.as_any().downcast_ref::<driver::DriverGpu>()
     }
 }
 

@@ -11,16 +11,20 @@
 //! NCCL (`libnccl.so.2`) is loaded at run time through the handful of
 //! entry points used here; without it, or for virtual devices on one GPU
 //! (NCCL refuses two ranks on one GPU), [`NcclComm::new`] is an error and
-//! the meta backend keeps [`crate::split::HostComm`]'s stream-ordered device-to-device
-//! copies.
+//! the meta backend keeps [`HostComm`](super::HostComm)'s stream-ordered
+//! device-to-device copies.
+//!
+//! The device side (the GPU's ordinal, its stream bound to the calling
+//! thread, addresses of its buffers) comes from the CUDA backend's
+//! `RawDevice`; everything NCCL itself is here.
 //!
 //! Status: compiled, not yet run (the machines this was written on have no
 //! GPU and no NCCL).
 
-use super::driver::DriverGpu;
-use super::{CudaBackend, CudaBuffer};
+use super::{peer_failed, BufSlice, Comm};
+use crate::backend::cuda::{CudaBackend, RawDevice};
+use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::split::{BufSlice, Comm};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -94,7 +98,7 @@ unsafe impl Send for Rank {}
 pub struct NcclComm {
     lib: &'static Lib,
     ranks: Vec<Mutex<Rank>>,
-    gpus: Vec<Arc<dyn super::api::Gpu>>,
+    devices: Vec<RawDevice>,
     names: Vec<String>,
     /// Set by a failed exchange (every later one fails).
     aborted: AtomicBool,
@@ -117,21 +121,16 @@ impl NcclComm {
     pub fn new(devices: &[&CudaBackend]) -> Result<Self> {
         let mut ordinals = Vec::with_capacity(devices.len());
         for d in devices {
-            let g = d
-                .gpu
-                .as_any()
-                .downcast_ref::<DriverGpu>()
-                .ok_or_else(|| Error::Cuda { detail: format!("{}: NCCL needs a real GPU", d.name) })?;
-            if ordinals.contains(&g.ordinal()) {
+            let ordinal = d
+                .raw_device()
+                .ordinal()
+                .ok_or_else(|| Error::Cuda { detail: format!("{}: NCCL needs a real GPU", d.name()) })?;
+            if ordinals.contains(&ordinal) {
                 return Err(Error::Cuda {
-                    detail: format!(
-                        "{}: NCCL needs one rank per GPU (virtual devices share GPU {})",
-                        d.name,
-                        g.ordinal()
-                    ),
+                    detail: format!("{}: NCCL needs one rank per GPU (virtual devices share GPU {ordinal})", d.name()),
                 });
             }
-            ordinals.push(g.ordinal());
+            ordinals.push(ordinal);
         }
         let lib = lib()?;
         let n = devices.len();
@@ -142,8 +141,8 @@ impl NcclComm {
         Ok(NcclComm {
             lib,
             ranks: raw.into_iter().map(|c| Mutex::new(Rank(c))).collect(),
-            gpus: devices.iter().map(|d| d.gpu.clone()).collect(),
-            names: devices.iter().map(|d| d.name.clone()).collect(),
+            devices: devices.iter().map(|d| d.raw_device()).collect(),
+            names: devices.iter().map(|d| d.name().to_string()).collect(),
             aborted: AtomicBool::new(false),
             received: (0..n).map(|_| AtomicU64::new(0)).collect(),
         })
@@ -153,7 +152,7 @@ impl NcclComm {
     ///
     /// # Errors
     /// As [`NcclComm::new`]; [`Error::Cuda`] if a device is not a [`CudaBackend`].
-    pub fn for_backends(devices: &[Arc<dyn crate::backend::Backend>]) -> Result<Self> {
+    pub fn for_backends(devices: &[Arc<dyn Backend>]) -> Result<Self> {
         let cuda = devices
             .iter()
             .map(|d| {
@@ -167,12 +166,9 @@ impl NcclComm {
 
     /// Rank `rank`'s device pointer for `s` (a buffer of that rank's device).
     fn ptr(&self, rank: usize, s: &BufSlice) -> Result<u64> {
-        let b = s.buf.as_any().downcast_ref::<CudaBuffer>().filter(|b| Arc::ptr_eq(&b.gpu, &self.gpus[rank]));
-        let b = b.ok_or_else(|| Error::Split {
+        self.devices[rank].buffer_ptr(&*s.buf, s.offset, s.len)?.ok_or_else(|| Error::Split {
             detail: format!("rank {rank}: an NCCL message must live in a buffer of {}", self.names[rank]),
-        })?;
-        b.check(s.offset, s.len)?;
-        Ok(b.ptr + s.offset as u64)
+        })
     }
 }
 
@@ -212,7 +208,7 @@ impl Comm for NcclComm {
             return Err(Error::Split { detail: format!("exchange from rank {rank} with {} messages", send.len()) });
         }
         if self.is_aborted() {
-            return Err(crate::split::peer_failed());
+            return Err(peer_failed());
         }
         let mut posts = Vec::new();
         for (peer, (s, r)) in send.iter().zip(recv).enumerate() {
@@ -226,12 +222,7 @@ impl Comm for NcclComm {
                 posts.push((true, peer, self.ptr(rank, s)?, s.len));
             }
         }
-        let gpu = self.gpus[rank]
-            .as_any()
-            .downcast_ref::<DriverGpu>()
-            .ok_or_else(|| Error::Cuda { detail: format!("{}: not a GPU", self.names[rank]) })?;
-        gpu.bind()?;
-        let stream = gpu.raw_stream();
+        let stream = self.devices[rank].bind_stream()?;
         let comm = self.ranks[rank].lock().map_err(|_| Error::Split { detail: "NCCL rank poisoned".into() })?;
         let what = format!("{}: NCCL send/recv", self.names[rank]);
         // SAFETY: a group of point-to-point calls; every pointer lies in a
