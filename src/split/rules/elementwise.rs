@@ -45,7 +45,7 @@ fn binary(x: &Node, out: &mut Vec<Candidate>) {
         }
     }
     // Sums of partial sums (b may broadcast: each addend broadcasts alike).
-    let any_partial = x.cur.iter().any(|s| *s == p);
+    let any_partial = x.cur.contains(&p);
     if any_partial && (x.t.op == Op::Add || x.t.op == Op::Sub) {
         out.push(Candidate::new(vec![p.clone(), p.clone()], p.clone()));
     }
