@@ -10,15 +10,16 @@
 //! a q4_0 KV cache by default, with per-device recurrent caches; `--draft
 //! mtp|none` leaves the DFlash2 drafter out (the MTP head is always planned).
 //!
-//! Options: `--model qwen3-8b|qwen3-32b|qwen35-27b` (default qwen3-8b), `--draft
-//! dflash|dflash2|none` (default: dflash for qwen3-8b, the z-lab 5-layer
-//! block-16 drafter; dflash2 for qwen3-32b, a 5-layer block-8 DFlash2 drafter
-//! with the z-lab Qwen3.8-27B-DFlash2 dimensions (MODELS.md 3.5) and its
-//! candidate selector; both Q8_0, their block and injection steps planned
-//! too), `--devices N`, `--tensor-split r0,r1,..`, `--split-mode
-//! none|tensor` (default tensor; none plans one device), `--ctx-size` (KV
-//! cells, default 4096), `--cache-type-k f16|q8_0|q4_0` (default f16),
-//! `--tokens T` (batch, default 1).
+//! Options: `--model qwen3-8b|qwen3-32b|qwen35-27b` (default qwen3-8b),
+//! `--draft dflash|dflash2|none` (default: dflash for qwen3-8b, the z-lab
+//! 5-layer block-16 drafter; dflash2 for qwen3-32b, a 5-layer block-8 DFlash2
+//! drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions
+//! (shardgraph-models/MODELS.md, section 4.8) and its candidate selector; both
+//! Q8_0, their block and injection steps planned too), `--devices N`,
+//! `--tensor-split r0,r1,..`, `--split-mode none|tensor` (default tensor; none
+//! plans one device), `--ctx-size` (KV cells, default 4096),
+//! `--cache-type-k f16|q8_0|q4_0` (default f16), `--tokens T` (batch, default
+//! 1).
 
 use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
@@ -65,7 +66,8 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
         let draft = arg(args, "--draft").unwrap_or_else(|| "dflash2".into());
         return plan_qwen35(&ratios, kv_size, kv_type, tokens, &draft);
     }
-    // MODELS.md section 2.4; a Q4_K_M-like file keeps attn_v and ffn_down at Q6_K.
+    // shardgraph-models/MODELS.md, section 2.4; a Q4_K_M-like file keeps attn_v
+    // and ffn_down at Q6_K.
     let hp = match model.as_str() {
         "qwen3-8b" => Qwen3Hparams::qwen3_8b(),
         "qwen3-32b" => Qwen3Hparams::qwen3_32b(),
@@ -77,7 +79,8 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     let types = Qwen3Types { output: GgmlType::Q6_K, ..Qwen3Types::q4_k_m() };
     let draft =
         arg(args, "--draft").unwrap_or_else(|| if model == "qwen3-8b" { "dflash".into() } else { "dflash2".into() });
-    // The z-lab Qwen3-8B-DFlash-b16 drafter (MODELS.md 3.5).
+    // The z-lab Qwen3-8B-DFlash-b16 drafter (shardgraph-models/MODELS.md,
+    // section 4.8).
     let v1 = DflashHparams {
         n_layer: 5,
         n_embd: hp.n_embd,
@@ -94,7 +97,8 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
         conv: None,
         selector: None,
     };
-    // A DFlash2 drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions (MODELS.md 3.5).
+    // A DFlash2 drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions
+    // (shardgraph-models/MODELS.md, section 4.8).
     let v2 = DflashHparams {
         n_layer: 5,
         n_embd: hp.n_embd,
@@ -185,9 +189,10 @@ fn bytes_per_device(ctx: &Context, plan: &shardgraph::split::Plan, ids: &[shardg
     out
 }
 
-/// Plans the real Qwen3.x-27B (`qwen35`, MODELS.md 2.5): 64 layers (48
-/// Gated-DeltaNet + 16 gated attention), its NextN (MTP) layer, and its
-/// 5-layer DFlash2 drafter (MODELS.md 3.5), without allocating weights.
+/// Plans the real Qwen3.x-27B (`qwen35`, shardgraph-models/MODELS.md, section
+/// 3.7): 64 layers (48 Gated-DeltaNet + 16 gated attention), its NextN (MTP)
+/// layer, and its 5-layer DFlash2 drafter (shardgraph-models/MODELS.md, section
+/// 4.8), without allocating weights.
 fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, draft: &str) -> shardgraph::Result<()> {
     let n = ratios.len();
     let hp = Qwen35Hparams {

@@ -1,7 +1,7 @@
 //! Split planning (no execution yet): the planner's states and repartition
-//! bytes for the DESIGN.md section 5 head-into-row-op cases, non-linear
-//! consumers of partial sums, plan caching and reports. (The Megatron minimum
-//! of a Qwen3-style layer lives in split_regressions.rs.)
+//! bytes for the head-into-row-op cases of docs/split-design.md, section 5,
+//! non-linear consumers of partial sums, plan caching and reports. (The
+//! Megatron minimum of a Qwen3-style layer lives in split_regressions.rs.)
 
 #[path = "common/qwen3.rs"]
 mod qwen3;

@@ -1,8 +1,9 @@
-//! Split execution equals single-device execution: the field cases of
-//! CASES.md and the DESIGN.md section 5 rows, planned by the planner and run
-//! by the reference executor on N CPU devices, against one CPU device with
-//! the same bytes (exact for integer outputs, byte-exact for quantized
-//! outputs such as caches written by set_rows, NMSE ≤ 1e-6 for F32 values).
+//! Split execution equals single-device execution: the field cases C1-C9 of
+//! docs/split-design.md (section 7) and its section 5 rows, planned by the
+//! planner and run by the reference executor on N CPU devices, against one CPU
+//! device with the same bytes (exact for integer outputs, byte-exact for
+//! quantized outputs such as caches written by set_rows, NMSE ≤ 1e-6 for F32
+//! values).
 
 #[path = "common/devices.rs"]
 mod devices;
@@ -388,7 +389,7 @@ fn device_side_collectives_equal_one_device() {
 }
 
 // ---------------------------------------------------------------------------
-// CASES.md C2-C6.
+// docs/split-design.md, section 7: C2-C6.
 // ---------------------------------------------------------------------------
 
 /// The leaf named `name`.
@@ -801,16 +802,17 @@ fn c6_more_devices_than_kv_heads_gives_zero_size_slices() {
 }
 
 // ---------------------------------------------------------------------------
-// DESIGN.md section 5 rows not covered above. Covered elsewhere: zero-size
-// slices (RATIOS' [1, 0, 2] in C1/C7/vocab, C9, C6), ratio 3:1 and N = 3
-// (RATIOS in every sweep, qwen3 layers).
+// The docs/split-design.md section 5 rows not covered above. Covered elsewhere:
+// zero-size slices (RATIOS' [1, 0, 2] in C1/C7/vocab, C9, C6), ratio 3:1 and
+// N = 3 (RATIOS in every sweep, qwen3 layers).
 // ---------------------------------------------------------------------------
 
 #[test]
 fn sec5_inputs_of_one_op_in_different_split_states() {
-    // DESIGN.md section 5: "inputs of one op in different split states"
-    // (ggml's SPLIT_AXIS_UNKNOWN): split on different axes, on the same axis
-    // with other extents, split against partial, split against mirrored.
+    // docs/split-design.md, section 5:
+    // "inputs of one op in different split states" (ggml's SPLIT_AXIS_UNKNOWN):
+    // split on different axes, on the same axis with other extents, split
+    // against partial, split against mirrored.
     for ratios in RATIOS {
         let mut ctx = Context::new();
         let a = named(&mut ctx, GgmlType::F32, &[8, 6], "a"); // axis 0
@@ -850,9 +852,10 @@ fn sec5_inputs_of_one_op_in_different_split_states() {
 
 #[test]
 fn sec5_mul_mat_with_both_operands_split_on_axis_1() {
-    // DESIGN.md section 5: "matmul with both operands split on axis 1" — the
-    // output can keep one operand's split; the other must be gathered (one
-    // all-gather per product at most).
+    // docs/split-design.md, section 5:
+    // "matmul with both operands split on axis 1" — the output can keep one
+    // operand's split; the other must be gathered (one all-gather per product
+    // at most).
     for ratios in RATIOS {
         let mut ctx = Context::new();
         let a = named(&mut ctx, GgmlType::F32, &[16, 6], "a");
@@ -874,11 +877,11 @@ fn sec5_mul_mat_with_both_operands_split_on_axis_1() {
 
 #[test]
 fn sec5_views_of_a_permuted_split_tensor() {
-    // DESIGN.md section 5: "views of permuted split tensors". x = [D, H, T]
-    // split on heads; p = permute → [D, T, H] split on axis 2; views select
-    // along a non-split axis (tokens), across the split axis (heads, one
-    // head as a 2-D slab) and within rows. Views along axes that are not
-    // split (tokens, part of each row) keep p's split.
+    // docs/split-design.md, section 5: "views of permuted split tensors".
+    // x = [D, H, T] split on heads; p = permute → [D, T, H] split on axis 2;
+    // views select along a non-split axis (tokens), across the split axis
+    // (heads, one head as a 2-D slab) and within rows. Views along axes that
+    // are not split (tokens, part of each row) keep p's split.
     let mut gaps = Gaps::default();
     for ratios in RATIOS {
         let mut ctx = Context::new();
@@ -908,10 +911,10 @@ fn sec5_views_of_a_permuted_split_tensor() {
 
 #[test]
 fn sec5_concat_along_the_split_axis() {
-    // DESIGN.md section 5: "concat along the split axis" (and, for
+    // docs/split-design.md, section 5: "concat along the split axis" (and, for
     // contrast, along another axis with matching boundaries), F32 and Q8_0.
-    // Along the split axis the result is a split with one segment per
-    // operand; along another axis the operands' slices line up: no gathers.
+    // Along the split axis the result is a split with one segment per operand;
+    // along another axis the operands' slices line up: no gathers.
     let mut gaps = Gaps::default();
     for ratios in RATIOS {
         let mut ctx = Context::new();

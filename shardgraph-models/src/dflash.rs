@@ -1,9 +1,10 @@
 //! The DFlash block-diffusion drafter (llama.cpp's `LLM_ARCH_DFLASH`,
-//! MODELS.md section 3): a small Qwen3-style decoder that drafts a whole
-//! block (`[anchor, mask × (B−1)]`) in one non-causal pass, attending to K/V
-//! injected from the target's hidden states. It borrows the target's token
-//! embedding and output head, so its tensors live in the target's context
-//! (named `dft.` + the GGUF name, so the two models' `blk.N.*` never meet).
+//! shardgraph-models/MODELS.md, section 4): a small Qwen3-style decoder that
+//! drafts a whole block (`[anchor, mask × (B−1)]`) in one non-causal pass,
+//! attending to K/V injected from the target's hidden states. It borrows the
+//! target's token embedding and output head, so its tensors live in the
+//! target's context (named `dft.` + the GGUF name, so the two models' `blk.N.*`
+//! never meet).
 //!
 //! Two graphs: the context-injection graph (target features → `fc` → norm →
 //! each layer's K/V written into the drafter's caches at the target
@@ -352,8 +353,8 @@ pub struct Dflash {
     pub kv_type: GgmlType,
 }
 
-/// DFlash2's candidate-selector tensors (MODELS.md 3.3; mirrored on every
-/// device under llama.cpp's policy).
+/// DFlash2's candidate-selector tensors (shardgraph-models/MODELS.md, section
+/// 4.3; mirrored on every device under llama.cpp's policy).
 #[derive(Clone, Copy, Debug)]
 pub struct Selector {
     /// `selector_hidden.weight` `[E, R]`: the gate `W_h·h` of each row.
@@ -502,9 +503,10 @@ impl Dflash {
         })
     }
 
-    /// The context-injection graph for `n_tokens` target rows (MODELS.md
-    /// 3.4 i): `features` → `fc` → RMSNorm·`enc.output_norm` → every layer's
-    /// K (normed, roped) and V written at the rows' positions.
+    /// The context-injection graph for `n_tokens` target rows
+    /// (shardgraph-models/MODELS.md, section 4.4): `features` → `fc` →
+    /// RMSNorm·`enc.output_norm` → every layer's K (normed, roped) and V
+    /// written at the rows' positions.
     ///
     /// # Errors
     /// [`Error::Model`] for `n_tokens < 1`; constructor errors.
@@ -530,10 +532,11 @@ impl Dflash {
         Ok(InjectStep { features, pos, kv_idxs, writes })
     }
 
-    /// The block graph (MODELS.md 3.4 ii) for one block of `block` rows: the
-    /// target's embedding of the tokens, per layer the block's K/V written
-    /// after the context and non-causal attention over every visible cell
-    /// (the mask says which), FFN; final norm and the target's head.
+    /// The block graph (shardgraph-models/MODELS.md, section 4.5) for one block
+    /// of `block` rows: the target's embedding of the tokens, per layer the
+    /// block's K/V written after the context and non-causal attention over
+    /// every visible cell (the mask says which), FFN; final norm and the
+    /// target's head.
     ///
     /// # Errors
     /// [`Error::Model`] for `block < 1`; constructor errors.
@@ -587,13 +590,13 @@ impl Dflash {
     }
 
     /// DFlash2's candidate selector over one block's `logits` `[V, B]` and
-    /// normed hidden states `t_embd` `[E, B]` (MODELS.md 3.4, SELECTOR, with
-    /// one block): the top K candidates per row, each one's own logit
-    /// (`get_rows` on the vocabulary, so a vocabulary-split head is read
-    /// where its slices live), the gate `W_h·h`, and per position the edge
-    /// scores `⟨A[p] ⊙ gate, B[c]⟩ + logit[c]` from every candidate `p` of
-    /// the previous position (the anchor for position 1), packed into the
-    /// `[E, B]` lattice of [`BlockStep::lattice`].
+    /// normed hidden states `t_embd` `[E, B]` (shardgraph-models/MODELS.md,
+    /// section 4.7, with one block): the top K candidates per row, each one's
+    /// own logit (`get_rows` on the vocabulary, so a vocabulary-split head is
+    /// read where its slices live), the gate `W_h·h`, and per position the edge
+    /// scores `⟨A[p] ⊙ gate, B[c]⟩ + logit[c]` from every candidate `p` of the
+    /// previous position (the anchor for position 1), packed into the `[E, B]`
+    /// lattice of [`BlockStep::lattice`].
     fn build_selector(
         &self,
         ctx: &mut Context,
@@ -664,9 +667,9 @@ impl Dflash {
     }
 }
 
-/// Reads DFlash2's lattice (MODELS.md 3.6, v2): from the anchor, at each
-/// position `i = 1..=n_max` take the best-scoring candidate after the
-/// previous pick; stop where `p_min > 0` and that candidate's softmax
+/// Reads DFlash2's lattice (shardgraph-models/MODELS.md, section 4.7): from the
+/// anchor, at each position `i = 1..=n_max` take the best-scoring candidate
+/// after the previous pick; stop where `p_min > 0` and that candidate's softmax
 /// probability among the K scores is below `p_min`. Returns the drafted ids.
 ///
 /// `lattice` is F32 `[E, B]` as [`BlockStep::lattice`] describes, `k` the
@@ -695,15 +698,15 @@ pub fn best_path(lattice: &[f32], n_embd: usize, k: usize, n_max: usize, p_min: 
     out
 }
 
-/// The DFlash drafter in a speculative loop (MODELS.md 3.6): after every
-/// target decode the kept rows' tapped hidden states are injected into the
-/// drafter's caches at their positions; a draft is one block
-/// `[last, mask × n]` decoded non-causally over the injected context. DFlash
-/// v1 reads rows 1..=n greedily, stopping at the first row whose top
+/// The DFlash drafter in a speculative loop (shardgraph-models/MODELS.md,
+/// section 4.9): after every target decode the kept rows' tapped hidden states
+/// are injected into the drafter's caches at their positions; a draft is one
+/// block `[last, mask × n]` decoded non-causally over the injected context.
+/// DFlash v1 reads rows 1..=n greedily, stopping at the first row whose top
 /// probability is below `p_min`; DFlash2 reads its selector's lattice with
-/// [`best_path`] (the same `p_min` over each position's K edge scores).
-/// Either way the vocabulary-split logits stay on their devices (v1 with
-/// `p_min > 0` reads them on the host to get the probabilities).
+/// [`best_path`] (the same `p_min` over each position's K edge scores). Either
+/// way the vocabulary-split logits stay on their devices (v1 with `p_min > 0`
+/// reads them on the host to get the probabilities).
 #[derive(Clone, Debug)]
 pub struct DflashDrafter {
     /// The drafter's tensors (in the target session's context).
@@ -948,8 +951,9 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
     }
 }
 
-/// DFlash2's grouped dynamic two-tap depthwise convolution (MODELS.md 3.4,
-/// `CONV(hidden, δ, base, side)`): for every block of `t / n_blocks` rows,
+/// DFlash2's grouped dynamic two-tap depthwise convolution
+/// (shardgraph-models/MODELS.md, section 4.6, `CONV(hidden, δ, base, side)`):
+/// for every block of `t / n_blocks` rows,
 /// `out[i, c] = Σ_τ (base[c, τ, side] + δ[g(c), τ, side, i]) · x[i − τ, c]`
 /// with `g(c) = c / group` and taps that do not reach across the block start.
 ///

@@ -2,8 +2,8 @@
 //!
 //! Example models on [`shardgraph`]: model graphs built from its ops, with
 //! llama.cpp's tensor names, GGUF keys and `--split-mode tensor` policy
-//! (MODELS.md), and a runner that decodes them on N devices. Each model owns
-//! its split policy ([`policy`]); the generic machinery
+//! (shardgraph-models/MODELS.md), and a runner that decodes them on N devices.
+//! Each model owns its split policy ([`policy`]); the generic machinery
 //! ([`shardgraph::split::SplitPolicy`]) is the core's.
 //!
 //! * [`qwen3`]: the `qwen3` dense target.
@@ -423,8 +423,9 @@ pub(crate) fn mask_bytes(n_kv: i64, last: impl IntoIterator<Item = i64>) -> Vec<
     mask
 }
 
-/// IMROPE's four position streams for text tokens (MODELS.md 1.1): the
-/// position in the first three, zero in the fourth, stream-major.
+/// IMROPE's four position streams for text tokens (shardgraph-models/MODELS.md,
+/// section 1.1): the position in the first three, zero in the fourth,
+/// stream-major.
 pub(crate) fn imrope_positions(positions: &[i32]) -> Vec<i32> {
     let mut out = Vec::with_capacity(4 * positions.len());
     for stream in 0..4 {

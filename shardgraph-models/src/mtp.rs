@@ -1,11 +1,12 @@
-//! The native MTP (NextN) drafter of a `qwen35` target (MODELS.md 4.3,
-//! llama.cpp's `--spec-type draft-mtp`): after every target decode the kept
-//! rows are fed to the MTP head — token at position `p` paired with the
-//! target's post-final-norm hidden state of position `p − 1` — filling its
-//! KV cache; a draft starts from `(last token, the last kept row's hidden
-//! state)` and chains autoregressively on the head's own `hN`: all `n_max`
-//! steps in one graph (llama.cpp's chain variant), cut on the host at the
-//! first step whose probability is below `p_min`.
+//! The native MTP (NextN) drafter of a `qwen35` target
+//! (shardgraph-models/MODELS.md, section 5.4, llama.cpp's
+//! `--spec-type draft-mtp`): after every target decode the kept rows are fed to
+//! the MTP head — token at position `p` paired with the target's
+//! post-final-norm hidden state of position `p − 1` — filling its KV cache; a
+//! draft starts from `(last token, the last kept row's hidden state)` and
+//! chains autoregressively on the head's own `hN`: all `n_max` steps in one
+//! graph (llama.cpp's chain variant), cut on the host at the first step whose
+//! probability is below `p_min`.
 
 use super::qwen3::StepOutput;
 use super::qwen35::Qwen35Session;

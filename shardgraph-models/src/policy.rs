@@ -1,7 +1,7 @@
-//! llama.cpp's `--split-mode tensor` policy (MODELS.md sections 5.2 and 5.4):
-//! which axis each weight and cache is split on, and the granule each
-//! device's slice is a multiple of, so quant blocks and attention heads stay
-//! whole.
+//! llama.cpp's `--split-mode tensor` policy (shardgraph-models/MODELS.md,
+//! sections 7.2 and 7.4): which axis each weight and cache is split on, and the
+//! granule each device's slice is a multiple of, so quant blocks and attention
+//! heads stay whole.
 
 use super::qwen3::{Qwen3Hparams, Qwen3Types};
 use shardgraph::error::{Error, Result};
@@ -20,10 +20,10 @@ fn lcm(a: i64, b: i64) -> i64 {
     a / gcd(a, b) * b
 }
 
-/// Granules of an attention layer (MODELS.md 5.4): `g_q` query rows per
-/// slice (whole GQA groups, a multiple of the output projection's block,
-/// doubled up to 128 while each device still gets a group), and
-/// `g_kv = g_q / G` (whole KV heads).
+/// Granules of an attention layer (shardgraph-models/MODELS.md, section 7.4):
+/// `g_q` query rows per slice (whole GQA groups, a multiple of the output
+/// projection's block, doubled up to 128 while each device still gets a group),
+/// and `g_kv = g_q / G` (whole KV heads).
 pub fn attention_granules(hp: &Qwen3Hparams, wo_type: GgmlType, n_dev: usize) -> (i64, i64) {
     // (Head counts that do not validate get granules of one group, not a division by zero.)
     let g = (hp.n_head / hp.n_head_kv.max(1)).max(1);
@@ -101,9 +101,10 @@ fn layer_rules(policy: SplitPolicy, prefix: &str, (g_q, g_kv): (i64, i64), ffn_g
         .rule(&p("cache_v_l*"), axis(0, g_kv))
 }
 
-/// [`qwen3_policy`] for a target with a DFlash drafter in the same context
-/// (its tensors named `dft.` + the GGUF name): the drafter's layers and caches
-/// split like the target's (MODELS.md 5.5), `fc` and the norms mirrored.
+/// [`qwen3_policy`] for a target with a DFlash drafter in the same context (its
+/// tensors named `dft.` + the GGUF name): the drafter's layers and caches split
+/// like the target's (shardgraph-models/MODELS.md, section 7.5), `fc` and the
+/// norms mirrored.
 ///
 /// # Errors
 /// As [`qwen3_policy`], for either model's heads.
@@ -123,7 +124,8 @@ pub fn qwen3_dflash_policy(
 }
 
 /// The split policy llama.cpp assigns a `qwen35` model under
-/// `--split-mode tensor` (MODELS.md 5.2-5.4) with tensor split `ratios`:
+/// `--split-mode tensor` (shardgraph-models/MODELS.md, sections 7.2-7.4) with
+/// tensor split `ratios`:
 ///
 /// * attention layers: `attn_q` (query and gate rows interleaved per head)
 ///   on axis 1 in granules of whole GQA groups of both
@@ -157,8 +159,8 @@ pub fn qwen35_policy(
 
 /// [`qwen35_policy`] for a target with a DFlash drafter in the same context
 /// (`dft.` names): the drafter's layers and caches split like a `qwen3`
-/// target's (MODELS.md 5.5), `fc`, norms, convolution and selector tensors
-/// mirrored.
+/// target's (shardgraph-models/MODELS.md, section 7.5), `fc`, norms,
+/// convolution and selector tensors mirrored.
 ///
 /// # Errors
 /// As [`qwen35_policy`], and for the drafter's heads.

@@ -1,8 +1,9 @@
-//! The `qwen3` dense target (llama.cpp's `LLM_ARCH_QWEN3`, MODELS.md
-//! section 2): RMSNorm, GQA attention with per-head q/k RMSNorm and NEOX
-//! rope, a KV cache written with `set_rows` and read by `flash_attn_ext`,
-//! SwiGLU FFN, untied output head. Tensor names and metadata keys are
-//! llama.cpp's (`blk.N.attn_q.weight`, `qwen3.embedding_length`, ...).
+//! The `qwen3` dense target (llama.cpp's `LLM_ARCH_QWEN3`,
+//! shardgraph-models/MODELS.md, section 2): RMSNorm, GQA attention with
+//! per-head q/k RMSNorm and NEOX rope, a KV cache written with `set_rows` and
+//! read by `flash_attn_ext`, SwiGLU FFN, untied output head. Tensor names and
+//! metadata keys are llama.cpp's (`blk.N.attn_q.weight`,
+//! `qwen3.embedding_length`, ...).
 
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
@@ -530,7 +531,8 @@ fn cache_view(ctx: &mut Context, write: TensorId, s: &LayerShape) -> Result<Tens
     ctx.permute(v, [0, 2, 1, 3])
 }
 
-/// DFlash2's convolutions around a layer's two sublayers (MODELS.md 3.4).
+/// DFlash2's convolutions around a layer's two sublayers
+/// (shardgraph-models/MODELS.md, section 4.6).
 #[derive(Clone, Copy, Debug)]
 pub struct LayerConv {
     /// `blk.N.attn_conv_base` `[E, k, 2]`.

@@ -1,10 +1,10 @@
 //! The Qwen3.5-family hybrid target (llama.cpp's `LLM_ARCH_QWEN35`,
-//! MODELS.md section 2.5): every `full_attention_interval`-th layer is a
-//! gated full-attention layer (Q and a sigmoid gate interleaved per head,
-//! IMROPE over a partial rotary dimension), the others are Gated-DeltaNet
-//! layers (fused qkv projection, depthwise causal conv over a conv-state
-//! cache, L2-normed q/k, `gated_delta_net` over a recurrent state cache, a
-//! norm gated by SiLU(z)). Norm weights are stored +1-shifted by llama.cpp's
+//! shardgraph-models/MODELS.md, section 3): every `full_attention_interval`-th
+//! layer is a gated full-attention layer (Q and a sigmoid gate interleaved per
+//! head, IMROPE over a partial rotary dimension), the others are Gated-DeltaNet
+//! layers (fused qkv projection, depthwise causal conv over a conv-state cache,
+//! L2-normed q/k, `gated_delta_net` over a recurrent state cache, a norm gated
+//! by SiLU(z)). Norm weights are stored +1-shifted by llama.cpp's
 //! converter, so the graph multiplies by them directly.
 //!
 //! One sequence: the recurrent caches hold one state each
@@ -361,7 +361,8 @@ pub struct Qwen35Layer {
     pub ffn_down: TensorId,
 }
 
-/// The NextN (MTP) block (MODELS.md 4.1): `blk.L.*` after the trunk.
+/// The NextN (MTP) block (shardgraph-models/MODELS.md, section 5.1): `blk.L.*`
+/// after the trunk.
 #[derive(Clone, Debug)]
 pub struct Qwen35Nextn {
     /// Its gated-attention layer (mixer [`Qwen35Mixer::Attention`], own KV cache `cache_k_lL`).
@@ -697,10 +698,11 @@ impl Qwen35 {
         })
     }
 
-    /// Builds one step's graph for `n_tokens` tokens (MODELS.md 2.5): every
-    /// layer's mixer (attention writing K/V at `k_idxs`; delta-net reading
-    /// and writing its conv and recurrent states), post-attention norm and
-    /// SwiGLU FFN with residuals; the final norm (`h_nextn`) and logits.
+    /// Builds one step's graph for `n_tokens` tokens
+    /// (shardgraph-models/MODELS.md, section 3.3): every layer's mixer
+    /// (attention writing K/V at `k_idxs`; delta-net reading and writing its
+    /// conv and recurrent states), post-attention norm and SwiGLU FFN with
+    /// residuals; the final norm (`h_nextn`) and logits.
     ///
     /// `taps` lists the layers whose input is exported (`n_layer`: the
     /// post-final-norm state, as DFlash's "after the last layer" and the MTP
@@ -830,7 +832,8 @@ impl Qwen35 {
         Ok(())
     }
 
-    /// The MTP (NextN) head's graph for `n_tokens` rows (MODELS.md 4.1):
+    /// The MTP (NextN) head's graph for `n_tokens` rows
+    /// (shardgraph-models/MODELS.md, section 5.2):
     /// `x = eh_proj·[RMSNorm(embd(token))·enorm; RMSNorm(h)·hnorm]`, one
     /// gated-attention block over its own KV cache (causal), the SwiGLU FFN,
     /// `hN = RMSNorm(y)·shared_head_norm`, logits from the shared head.
@@ -1395,8 +1398,8 @@ pub struct MtpOutput {
 }
 
 impl Qwen35Session {
-    /// Runs the MTP head on rows `(tokens[i], h[i])` at positions
-    /// `start + i` (writing its KV cache there): MODELS.md 4.1.
+    /// Runs the MTP head on rows `(tokens[i], h[i])` at positions `start + i`
+    /// (writing its KV cache there): shardgraph-models/MODELS.md, section 5.2.
     ///
     /// # Errors
     /// [`Error::Model`] without a NextN block, for mismatched lengths or a

@@ -1,10 +1,10 @@
-//! Speculative decoding (MODELS.md section 3.6, llama.cpp's
+//! Speculative decoding (shardgraph-models/MODELS.md, section 6, llama.cpp's
 //! `common_speculative` loop): a drafter proposes tokens after the last
-//! accepted one, the target verifies them all in one batch, the longest
-//! prefix equal to the target's greedy choices is accepted plus the
-//! target's own next token (the correction, or a bonus when every draft
-//! matched), and the caches are rolled back to what was accepted. The output
-//! equals plain greedy decoding token for token.
+//! accepted one, the target verifies them all in one batch, the longest prefix
+//! equal to the target's greedy choices is accepted plus the target's own next
+//! token (the correction, or a bonus when every draft matched), and the caches
+//! are rolled back to what was accepted. The output equals plain greedy
+//! decoding token for token.
 
 use super::qwen3::{Qwen3Session, StepOutput};
 use shardgraph::error::{Error, Result};

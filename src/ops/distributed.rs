@@ -8,7 +8,7 @@
 //!   tensors the collective reads, so the graph allocator keeps them alive
 //!   until it ran and gives the result memory from that point on.
 //! * `row_stats` / `row_finish`: a per-row op whose rows are split across
-//!   devices (DESIGN.md section 4, "per-row ops over a split axis"): each
+//!   devices (docs/split-design.md#6-per-row-ops-over-a-split-axis): each
 //!   device reduces its part of every row to a few numbers (`row_stats`),
 //!   the devices all-gather them, and each device finishes its part of the
 //!   rows from the gathered numbers (`row_finish`). The numbers per row

@@ -1,6 +1,6 @@
 //! The communication cost model: bytes moved by each repartition and an
 //! alpha-beta time (latency per step + bytes / link bandwidth), following the
-//! table in DESIGN.md section 4 (ring collectives).
+//! table in docs/split-design.md, section 4 (ring collectives).
 
 use super::state::SplitState;
 

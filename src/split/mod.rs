@@ -1,4 +1,4 @@
-//! Tensor parallelism (DESIGN.md sections 3-5): split states, the leaf split
+//! Tensor parallelism (docs/split-design.md): split states, the leaf split
 //! policy, the cost model and the planner.
 //!
 //! * [`SplitState`] says how one logical tensor lies over N devices (split

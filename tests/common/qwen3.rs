@@ -11,9 +11,9 @@ use shardgraph::{Context, GgmlType, RopeMode, RopeParams, TensorId};
 pub mod fixtures;
 pub use fixtures::{input, named};
 
-/// A Qwen3-style block (MODELS.md section 2): RMSNorm, Q/K/V with per-head
-/// q/k RMSNorm and NEOX rope, flash attention with GQA, output projection,
-/// residual, RMSNorm, SwiGLU FFN, residual.
+/// A Qwen3-style block (shardgraph-models/MODELS.md, section 2.3): RMSNorm,
+/// Q/K/V with per-head q/k RMSNorm and NEOX rope, flash attention with GQA,
+/// output projection, residual, RMSNorm, SwiGLU FFN, residual.
 pub struct Dims {
     /// n_embd.
     pub e: i64,
@@ -86,9 +86,10 @@ pub fn qwen3_layers(ctx: &mut Context, dm: &Dims, n_layer: usize) -> TensorId {
     ctx.mul(xn, out_norm).unwrap()
 }
 
-/// llama.cpp's `--split-mode tensor` policy (MODELS.md section 5): Q on
-/// whole GQA groups (`g` query heads per KV head), K/V on whole heads, the
-/// output projection and FFN down on their input axis, FFN gate/up on rows.
+/// llama.cpp's `--split-mode tensor` policy (shardgraph-models/MODELS.md,
+/// section 7): Q on whole GQA groups (`g` query heads per KV head), K/V on
+/// whole heads, the output projection and FFN down on their input axis, FFN
+/// gate/up on rows.
 pub fn qwen3_policy(ratios: &[f32], d: i64, g: i64) -> SplitPolicy {
     let heads = SplitSpec::Axis { axis: 1, granule: d, segments: vec![] };
     SplitPolicy::new(ratios)
