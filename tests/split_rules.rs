@@ -273,6 +273,17 @@ fn all_specs() -> Vec<OpSpec> {
         let m = f32t(c, &[6, 4, 1, 1], "mask");
         Built { out: c.soft_max_ext(x, Some(m), 0.7, 8.0).unwrap(), leafs: vec![(x, Fill::Rand), (m, Fill::Mask)] }
     }));
+    v.push(spec("soft_max sinks", |c| {
+        // gpt-oss attention sinks: one logit per head (x's axis 2).
+        let x = f32t(c, &X, "x");
+        let m = f32t(c, &[6, 4, 1, 1], "mask");
+        let sk = f32t(c, &[3], "sinks");
+        let sm = c.soft_max_ext(x, Some(m), 0.7, 0.0).unwrap();
+        Built {
+            out: c.soft_max_add_sinks(sm, sk).unwrap(),
+            leafs: vec![(x, Fill::Rand), (m, Fill::Mask), (sk, Fill::Rand)],
+        }
+    }));
     v.push(spec("argmax", |c| {
         let x = f32t(c, &[6, 4], "x");
         Built { out: c.argmax(x).unwrap(), leafs: vec![(x, Fill::Rand)] }
@@ -412,6 +423,18 @@ fn all_specs() -> Vec<OpSpec> {
         Built {
             out: c.flash_attn_ext(q, k, vv, Some(m), 0.5, 0.0, 0.0).unwrap(),
             leafs: vec![(q, Fill::Rand), (k, Fill::Rand), (vv, Fill::Rand), (m, Fill::Mask)],
+        }
+    }));
+    v.push(spec("flash_attn_ext sinks", |c| {
+        let q = f32t(c, &[4, 3, 4, 2], "q");
+        let k = f32t(c, &[4, 4, 2, 2], "k");
+        let vv = f32t(c, &[4, 4, 2, 2], "v");
+        let m = named(c, GgmlType::F16, &[4, 3, 1, 1], "mask");
+        let sk = f32t(c, &[4], "sinks");
+        let fa = c.flash_attn_ext(q, k, vv, Some(m), 0.5, 0.0, 0.0).unwrap();
+        Built {
+            out: c.flash_attn_ext_add_sinks(fa, sk).unwrap(),
+            leafs: vec![(q, Fill::Rand), (k, Fill::Rand), (vv, Fill::Rand), (m, Fill::Mask), (sk, Fill::Rand)],
         }
     }));
     v.push(spec("flash_attn_ext nomask", |c| {
@@ -712,10 +735,13 @@ fn known(ctx: &Context, node: TensorId, cur: &[SplitState], n: usize) -> Vec<Str
         Op::SoftMax { max_bias, .. } => {
             let alibi = *max_bias > 0.0;
             let x = src[0];
-            for k in 0..src.len() {
+            // Sinks (src2, one per head): no per-row combine carries them, so a
+            // split row is gathered; a head split splits them alike.
+            let sinks = src.len() > 2;
+            for k in 0..src.len().min(2) {
                 let Some(s) = split(k) else { continue };
                 let ax = s.axis;
-                if (k == 1 && src[1].ne[ax] != x.ne[ax]) || (alibi && ax == 2) {
+                if (k == 1 && src[1].ne[ax] != x.ne[ax]) || (alibi && ax == 2) || (sinks && ax == 0) {
                     continue;
                 }
                 let mut ins = vec![sp(&s)];
@@ -728,6 +754,9 @@ fn known(ctx: &Context, node: TensorId, cur: &[SplitState], n: usize) -> Vec<Str
                     } else {
                         continue;
                     }
+                }
+                if sinks {
+                    ins.push(if ax == 2 { sp(&AxisSplit { axis: 0, ..s.clone() }) } else { m.clone() });
                 }
                 if ax == 0 {
                     out.push(st(ins, Some(row_combine(x, n, 8)), "split row: per-row max/sum combine"));
@@ -1059,6 +1088,11 @@ fn known(ctx: &Context, node: TensorId, cur: &[SplitState], n: usize) -> Vec<Str
                     qs.push(s);
                 }
             }
+            if let Some(s) = split(4) {
+                if s.axis == 0 {
+                    qs.push(AxisSplit { axis: 2, ..s });
+                }
+            }
             for s in qs {
                 let ax = s.axis;
                 if ax == 0 || (ax == 2 && *max_bias > 0.0) {
@@ -1084,7 +1118,10 @@ fn known(ctx: &Context, node: TensorId, cur: &[SplitState], n: usize) -> Vec<Str
                         continue;
                     }
                 }
-                ins.extend(std::iter::repeat_n(m.clone(), src.len() - ins.len()));
+                if src.len() > 4 {
+                    // Sinks: one per head, split with the heads.
+                    ins.push(if ax == 2 { sp(&AxisSplit { axis: 0, ..s.clone() }) } else { m.clone() });
+                }
                 out.push(st(ins, None, "heads/queries/batch split: attention per slice"));
             }
         }
