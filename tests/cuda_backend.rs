@@ -201,6 +201,84 @@ fn out_of_range_rows_are_errors() {
     assert!(d.stats().host_nodes.is_empty(), "get_rows F32 ran on the device: {:?}", d.stats());
 }
 
+/// Runs the graph of `outs` on `backend` with the leaf values `leafs`.
+fn run_graph(
+    backend: &dyn Backend,
+    ctx: &Context,
+    leafs: &[(shardgraph::TensorId, Vec<f32>)],
+    outs: &[shardgraph::TensorId],
+) -> Vec<Vec<f32>> {
+    let g = ctx.build_forward(outs).unwrap();
+    let mut st = TensorStorage::new();
+    st.alloc_tensors(backend, ctx, g.leafs()).unwrap();
+    GraphAllocator::new(backend.buffer_type()).alloc_graph(backend, ctx, &g, &mut st).unwrap();
+    for (id, vals) in leafs {
+        st.set_f32(ctx, *id, vals).unwrap();
+    }
+    backend.compute(ctx, &g, &st).unwrap();
+    outs.iter().map(|&o| st.get_f32(ctx, o).unwrap()).collect()
+}
+
+/// Attention sinks (gpt-oss) on the device equal the CPU backend: soft_max
+/// with sinks, without a mask and with an F16 mask (ALiBi too), and
+/// flash_attn_ext with sinks over F16 K/V, an F16 mask (a fully masked row)
+/// and GQA, soft-capping off and on; every node runs on the device.
+#[test]
+fn attention_sinks_on_the_device_equal_the_cpu() {
+    let Some(mut devs) = devices(1) else { return };
+    let d = devs.remove(0);
+    let mut ctx = Context::new();
+    let mut leafs = Vec::new();
+    let mut seed = 11u64;
+    let mut leaf = |ctx: &mut Context, ty: GgmlType, ne: &[i64], vals: Option<Vec<f32>>| {
+        let t = ctx.new_tensor(ty, ne).unwrap();
+        let n = ne.iter().product::<i64>() as usize;
+        seed += 1;
+        leafs.push((t, vals.unwrap_or_else(|| decode::values(n, seed, 2.0, 0.0))));
+        t
+    };
+    // soft_max [n_kv = 40, n_q = 6, heads = 8]: sinks per head, around the row maxima.
+    let sinks8 = (0..8).map(|h| h as f32 - 3.0).collect::<Vec<_>>();
+    let x = leaf(&mut ctx, GgmlType::F32, &[40, 6, 8, 1], None);
+    let s8 = leaf(&mut ctx, GgmlType::F32, &[8], Some(sinks8.clone()));
+    let causal: Vec<f32> = (0..6 * 40)
+        .map(|i| if i % 40 <= 34 + i / 40 && i / 40 != 2 { -((i % 7) as f32) * 0.1 } else { f32::NEG_INFINITY })
+        .collect();
+    let m = leaf(&mut ctx, GgmlType::F16, &[40, 6, 1, 1], Some(causal));
+    let plain = ctx.soft_max_ext(x, None, 0.5, 0.0).unwrap();
+    let sm_plain = ctx.soft_max_add_sinks(plain, s8).unwrap();
+    let masked = ctx.soft_max_ext(x, Some(m), 0.125, 0.0).unwrap();
+    let sm_masked = ctx.soft_max_add_sinks(masked, s8).unwrap();
+    let alibi = ctx.soft_max_ext(x, Some(m), 1.0, 8.0).unwrap();
+    let sm_alibi = ctx.soft_max_add_sinks(alibi, s8).unwrap();
+    // flash_attn_ext: 8 query heads on 2 K/V heads, head size 64, 6 queries over 40 keys.
+    let q = leaf(&mut ctx, GgmlType::F32, &[64, 6, 8, 1], None);
+    let k = leaf(&mut ctx, GgmlType::F16, &[64, 40, 2, 1], None);
+    let v = leaf(&mut ctx, GgmlType::F16, &[64, 40, 2, 1], None);
+    let mut outs = vec![sm_plain, sm_masked, sm_alibi];
+    for softcap in [0.0, 5.0] {
+        let fa = ctx.flash_attn_ext(q, k, v, Some(m), 0.125, 0.0, softcap).unwrap();
+        outs.push(ctx.flash_attn_ext_add_sinks(fa, s8).unwrap());
+    }
+    let cpu = shardgraph::CpuBackend::with_threads(2).unwrap();
+    let want = run_graph(&cpu, &ctx, &leafs, &outs);
+    let got = run_graph(&d, &ctx, &leafs, &outs);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.len(), w.len());
+        assert!(g.iter().all(|x| x.is_finite()), "output {i} has non-finite values");
+        let e = nmse(g, w);
+        println!("cuda_backend: sinks output {i} ({}): nmse {e:.2e}", ctx.tensor(outs[i]).unwrap().op.name());
+        // soft_max: the same f32 arithmetic; flash_attn_ext: the CPU dots an
+        // F16-rounded query (ggml's), the device an f32 one.
+        let bound = if i < 3 { 1e-12 } else { 1e-6 };
+        assert!(e < bound, "output {i}: nmse {e:e}");
+    }
+    // The fully masked query row (2) gives 0 in soft_max and in flash_attn_ext.
+    assert!(got[1][2 * 40..3 * 40].iter().all(|&p| p == 0.0));
+    assert!(got[3][2 * 64 * 8..3 * 64 * 8].iter().all(|&o| o == 0.0));
+    assert!(d.stats().host_nodes.is_empty(), "sinks ran on the host: {:?}", d.stats().host_nodes);
+}
+
 /// Speculative decoding on the `qwen35` hybrid target with its gated
 /// delta-net layers on 2 CUDA devices (tensor split 1:1): MTP drafting with
 /// device-side recurrent snapshots (each draft's last token spoilt, so
