@@ -161,13 +161,7 @@ impl Backend for CpuBackend {
     }
 
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
-        if !graph.built_from(ctx) {
-            return Err(Error::ForeignTensor {
-                id: 0,
-                ctx: ctx.id(),
-                detail: format!("graph was built from context {}", graph.context_id()),
-            });
-        }
+        graph.check_context(ctx)?;
         // Hold every CPU buffer the graph touches for the whole run (in
         // address order, so concurrent runs over shared buffers cannot
         // deadlock): another thread's compute or set/get on the same memory

@@ -284,13 +284,7 @@ impl Backend for CudaBackend {
     /// [`Backend::synchronize`], which the meta backend calls once per run.
     /// A node without a kernel (computed on the host) waits for the device.
     fn compute_async(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> Result<()> {
-        if !graph.built_from(ctx) {
-            return Err(Error::ForeignTensor {
-                id: 0,
-                ctx: ctx.id(),
-                detail: format!("graph was built from context {}", graph.context_id()),
-            });
-        }
+        graph.check_context(ctx)?;
         let cx = ops::Cx::pooled(&*self.gpu, &self.flag_pool);
         let mut host: Vec<&'static str> = Vec::new();
         let mut device_nodes = 0u64;
