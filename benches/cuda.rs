@@ -19,6 +19,7 @@ use shardgraph::backend::cuda::CudaBackend;
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::tensor::quant;
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -130,28 +131,32 @@ fn main() -> shardgraph::Result<()> {
     // Decode tokens/s of a generated qwen3 (Q8_0).
     let hp = if emu {
         Qwen3Hparams {
-            n_layer: 2,
-            n_embd: 256,
-            n_ff: 256,
-            n_head: 2,
-            n_head_kv: 2,
-            head_dim: 128,
+            core: HparamsCore {
+                n_layer: 2,
+                n_embd: 256,
+                n_ff: 256,
+                n_head: 2,
+                n_head_kv: 2,
+                head_dim: 128,
+                rms_eps: 1e-6,
+                rope_base: 1e6,
+            },
             n_vocab: 96,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
             n_ctx_train: 4096,
         }
     } else {
         Qwen3Hparams {
-            n_layer: 16,
-            n_embd: 2048,
-            n_ff: 6144,
-            n_head: 16,
-            n_head_kv: 8,
-            head_dim: 128,
+            core: HparamsCore {
+                n_layer: 16,
+                n_embd: 2048,
+                n_ff: 6144,
+                n_head: 16,
+                n_head_kv: 8,
+                head_dim: 128,
+                rms_eps: 1e-6,
+                rope_base: 1e6,
+            },
             n_vocab: 32000,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
             n_ctx_train: 4096,
         }
     };

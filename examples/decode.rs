@@ -20,6 +20,7 @@
 use shardgraph::GgmlType;
 use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
 use shardgraph_models::generate::{write_qwen3_gguf_progress, Weights};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::time::Instant;
 
@@ -46,15 +47,17 @@ const OPTIONS: &[&str] = &[
 /// n_ff 2816, vocabulary 32000, Q8_0 (170 MB).
 fn hparams() -> Qwen3Hparams {
     Qwen3Hparams {
-        n_layer: 8,
-        n_embd: 1024,
-        n_ff: 2816,
-        n_head: 16,
-        n_head_kv: 8,
-        head_dim: 64,
+        core: HparamsCore {
+            n_layer: 8,
+            n_embd: 1024,
+            n_ff: 2816,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 32000,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     }
 }

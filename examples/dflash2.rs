@@ -43,6 +43,7 @@ use shardgraph::GgmlType;
 use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
 use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
 use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen3_gguf_progress, Weights};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 use shardgraph_models::speculative::SpecParams;
@@ -75,15 +76,17 @@ const OPTIONS: &[&str] = &[
 /// n_ff 2816, vocabulary 8192.
 fn target_hp() -> Qwen3Hparams {
     Qwen3Hparams {
-        n_layer: 24,
-        n_embd: 1024,
-        n_ff: 2816,
-        n_head: 16,
-        n_head_kv: 8,
-        head_dim: 64,
+        core: HparamsCore {
+            n_layer: 24,
+            n_embd: 1024,
+            n_ff: 2816,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 8192,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     }
 }
@@ -93,14 +96,16 @@ fn target_hp() -> Qwen3Hparams {
 /// top 16; its FFN width equals the vocabulary (layer 0 is a lookup table).
 fn drafter_hp(t: &Qwen3Hparams) -> DflashHparams {
     DflashHparams {
-        n_layer: 2,
-        n_embd: t.n_embd,
-        n_ff: t.n_vocab,
-        n_head: 16,
-        n_head_kv: 8,
-        head_dim: 64,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: t.n_embd,
+            n_ff: t.n_vocab,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![2, 12, 24],
         target_hidden: t.n_embd,
         block_size: 8,

@@ -24,6 +24,7 @@
 use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::policy::{qwen35_dflash_policy, qwen35_policy};
 use shardgraph_models::policy::{qwen3_dflash_policy, qwen3_policy};
 use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
@@ -82,14 +83,16 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     // The z-lab Qwen3-8B-DFlash-b16 drafter (shardgraph-models/MODELS.md,
     // section 4.8).
     let v1 = DflashHparams {
-        n_layer: 5,
-        n_embd: hp.n_embd,
-        n_ff: hp.n_ff,
-        n_head: 32,
-        n_head_kv: 8,
-        head_dim: 128,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 5,
+            n_embd: hp.n_embd,
+            n_ff: hp.n_ff,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![2, 10, 18, 26, 34].into_iter().filter(|&l| l <= hp.n_layer).collect(),
         target_hidden: hp.n_embd,
         block_size: 16,
@@ -100,14 +103,16 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     // A DFlash2 drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions
     // (shardgraph-models/MODELS.md, section 4.8).
     let v2 = DflashHparams {
-        n_layer: 5,
-        n_embd: hp.n_embd,
-        n_ff: 17408,
-        n_head: 32,
-        n_head_kv: 8,
-        head_dim: 128,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
+        core: HparamsCore {
+            n_layer: 5,
+            n_embd: hp.n_embd,
+            n_ff: 17408,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
         target_layers: vec![6, 20, 34, 48, 62].into_iter().filter(|&l| l <= hp.n_layer).collect(),
         target_hidden: hp.n_embd,
         block_size: 8,
@@ -196,15 +201,17 @@ fn bytes_per_device(ctx: &Context, plan: &shardgraph::split::Plan, ids: &[shardg
 fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, draft: &str) -> shardgraph::Result<()> {
     let n = ratios.len();
     let hp = Qwen35Hparams {
-        n_layer: 64,
-        n_embd: 5120,
-        n_ff: 17408,
-        n_head: 24,
-        n_head_kv: 4,
-        head_dim: 256,
+        core: HparamsCore {
+            n_layer: 64,
+            n_embd: 5120,
+            n_ff: 17408,
+            n_head: 24,
+            n_head_kv: 4,
+            head_dim: 256,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
         n_vocab: 248320,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
         n_rot: 64,
         rope_sections: [11, 11, 10, 0],
         full_attention_interval: 4,
@@ -217,14 +224,16 @@ fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, dra
     };
     let types = Qwen35Types { embd: GgmlType::Q4_K, attn: GgmlType::Q4_K, ffn: GgmlType::Q4_K, output: GgmlType::Q6_K };
     let dhp = DflashHparams {
-        n_layer: 5,
-        n_embd: 5120,
-        n_ff: 17408,
-        n_head: 32,
-        n_head_kv: 8,
-        head_dim: 128,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
+        core: HparamsCore {
+            n_layer: 5,
+            n_embd: 5120,
+            n_ff: 17408,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim: 128,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
         target_layers: vec![6, 20, 34, 48, 62],
         target_hidden: 5120,
         block_size: 8,

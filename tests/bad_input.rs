@@ -3,6 +3,7 @@
 
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::{Backend, Context, CpuBackend, CpuConfig, Error, GgmlType, TensorStorage};
+use shardgraph_models::hparams::HparamsCore;
 
 #[test]
 fn views_with_overflowing_strides_are_rejected() {
@@ -128,29 +129,33 @@ fn model_functions_refuse_degenerate_parameters() {
     use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
     use shardgraph_models::speculative::{generate, Drafter, SpecParams, Target};
     let q3 = Qwen3Hparams {
-        n_layer: 1,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 4,
-        n_head_kv: 0,
-        head_dim: 16,
+        core: HparamsCore {
+            n_layer: 1,
+            n_embd: 64,
+            n_ff: 128,
+            n_head: 4,
+            n_head_kv: 0,
+            head_dim: 16,
+            rms_eps: 1e-6,
+            rope_base: 1e4,
+        },
         n_vocab: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e4,
         n_ctx_train: 64,
     };
     assert!(qwen3_policy(&q3, &Qwen3Types::all(GgmlType::F32), &[1.0, 1.0]).is_err());
     let _ = attention_granules(&q3, GgmlType::Q8_0, 2); // no division by zero
     let q35 = Qwen35Hparams {
-        n_layer: 2,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 16,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 64,
+            n_ff: 128,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            rms_eps: 1e-6,
+            rope_base: 1e4,
+        },
         n_vocab: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e4,
         n_rot: 8,
         rope_sections: [2, 1, 1, 0],
         full_attention_interval: 2,
@@ -165,14 +170,16 @@ fn model_functions_refuse_degenerate_parameters() {
     let huge = Qwen35Hparams { n_k_heads: 1 << 30, n_v_heads: 1 << 31, d_state: 1 << 30, ..q35 };
     assert!(huge.validate().is_err());
     let dhp = DflashHparams {
-        n_layer: 1,
-        n_embd: 64,
-        n_ff: 64,
-        n_head: 4,
-        n_head_kv: 0,
-        head_dim: 16,
-        rms_eps: 1e-6,
-        rope_base: 1e4,
+        core: HparamsCore {
+            n_layer: 1,
+            n_embd: 64,
+            n_ff: 64,
+            n_head: 4,
+            n_head_kv: 0,
+            head_dim: 16,
+            rms_eps: 1e-6,
+            rope_base: 1e4,
+        },
         target_layers: vec![1],
         target_hidden: 64,
         block_size: 4,
@@ -216,7 +223,10 @@ fn corrupt_counts_and_overflowing_splits_are_errors() {
     use shardgraph_models::dflash::best_path;
     use shardgraph_models::qwen3::Qwen3Hparams;
     // A file's block_count is checked before any layer is created.
-    let hp = Qwen3Hparams { n_layer: 10_000_000, ..Qwen3Hparams::qwen3_8b() };
+    let hp = Qwen3Hparams {
+        core: HparamsCore { n_layer: 10_000_000, ..Qwen3Hparams::qwen3_8b().core },
+        ..Qwen3Hparams::qwen3_8b()
+    };
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "corrupt").unwrap();
     let bytes = w.write_to(Vec::new(), |_, _| Ok(())).unwrap();

@@ -11,6 +11,7 @@
 use shardgraph::backend::cuda::CudaBackend;
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::{Backend, Context, GgmlType, TensorStorage};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::sync::Arc;
 
@@ -42,15 +43,17 @@ fn devices(n: usize) -> Option<Vec<CudaBackend>> {
 
 fn hp() -> Qwen3Hparams {
     Qwen3Hparams {
-        n_layer: 2,
-        n_embd: 256,
-        n_ff: 256,
-        n_head: 2,
-        n_head_kv: 2,
-        head_dim: 128,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 256,
+            n_ff: 256,
+            n_head: 2,
+            n_head_kv: 2,
+            head_dim: 128,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 96,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     }
 }
@@ -333,14 +336,16 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     let target = dir.join("qwen35.gguf");
     write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
-        n_layer: 1,
-        n_embd: 256,
-        n_ff: 384,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 1,
+            n_embd: 256,
+            n_ff: 384,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![1, hp.n_layer],
         target_hidden: 256,
         block_size: 4,

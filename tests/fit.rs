@@ -10,6 +10,7 @@ use shardgraph::split::MetaExecutor;
 use shardgraph::GgmlType;
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
 use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
 
@@ -20,15 +21,17 @@ mod qwen35_tiny;
 
 fn qwen3_target() -> FitTarget {
     let hp = Qwen3Hparams {
-        n_layer: 3,
-        n_embd: 128,
-        n_ff: 256,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
+        core: HparamsCore {
+            n_layer: 3,
+            n_embd: 128,
+            n_ff: 256,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 160,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 8192,
     };
     FitTarget::Qwen3 { hp, types: Qwen3Types::all(GgmlType::Q8_0) }
@@ -41,14 +44,16 @@ fn qwen35_target() -> FitTarget {
 
 fn dflash(n_embd: i64, target_layers: Vec<usize>, n_vocab: i64, v2: bool) -> FitDraft {
     let hp = DflashHparams {
-        n_layer: 2,
-        n_embd,
-        n_ff: 256,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd,
+            n_ff: 256,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers,
         target_hidden: n_embd,
         block_size: 5,

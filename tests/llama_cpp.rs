@@ -12,6 +12,7 @@
 
 use shardgraph::GgmlType;
 use shardgraph_models::generate::{write_qwen3_gguf_with, Weights};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -105,15 +106,17 @@ print(json.dumps({"logits": rows, "gen": gen}))
 fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
     let Some(py) = python_or_skip("qwen3_logits_and_greedy_tokens_match_llama_cpp") else { return };
     let hp = Qwen3Hparams {
-        n_layer: 2,
-        n_embd: 256,
-        n_ff: 512,
-        n_head: 8,
-        n_head_kv: 4,
-        head_dim: 64,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 8,
+            n_head_kv: 4,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 320,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     };
     let dir = std::env::temp_dir().join(format!("shardgraph-llama-{}", std::process::id()));
@@ -195,15 +198,17 @@ fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
     use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
     let Some(py) = python_or_skip("qwen35_logits_and_greedy_tokens_match_llama_cpp") else { return };
     let hp = Qwen35Hparams {
-        n_layer: 4,
-        n_embd: 256,
-        n_ff: 512,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 64,
+        core: HparamsCore {
+            n_layer: 4,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
         n_vocab: 320,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
         n_rot: 16,
         rope_sections: [3, 3, 2, 0],
         full_attention_interval: 2,

@@ -17,35 +17,40 @@ use shardgraph::split::{Collective, LinkModel, Planner};
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::policy::qwen3_dflash_policy;
 use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use shardgraph_models::runner::Runner;
 
 fn target_hp() -> Qwen3Hparams {
     Qwen3Hparams {
-        n_layer: 3,
-        n_embd: 128,
-        n_ff: 256,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
+        core: HparamsCore {
+            n_layer: 3,
+            n_embd: 128,
+            n_ff: 256,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 160,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     }
 }
 
 fn drafter_hp() -> DflashHparams {
     DflashHparams {
-        n_layer: 2,
-        n_embd: 128,
-        n_ff: 256,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 128,
+            n_ff: 256,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![1, 3],
         target_hidden: 128,
         block_size: 5,

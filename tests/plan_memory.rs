@@ -10,6 +10,7 @@ use shardgraph::split::SplitPolicy;
 use shardgraph::{Context, GgmlType, Graph, TensorId};
 use shardgraph_models::dflash::{Dflash, DflashHparams};
 use shardgraph_models::fit::session_memory;
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::policy::{qwen35_dflash_policy, qwen3_policy};
 use shardgraph_models::qwen3::{Qwen3, Qwen3Types};
 use shardgraph_models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
@@ -92,14 +93,16 @@ fn qwen3_decode_step_memory_is_planned_within_2_percent() {
 fn qwen35_with_dflash2_memory_is_planned_within_2_percent() {
     let hp = Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     let dhp = DflashHparams {
-        n_layer: 2,
-        n_embd: 256,
-        n_ff: 384,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 256,
+            n_ff: 384,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![1, hp.n_layer],
         target_hidden: 256,
         block_size: 5,
@@ -118,12 +121,15 @@ fn qwen35_with_dflash2_memory_is_planned_within_2_percent() {
 #[test]
 fn scaled_qwen35_with_dflash2_at_65536_cells_is_planned_within_2_percent() {
     let hp = Qwen35Hparams {
-        n_layer: 8,
-        n_embd: 1024,
-        n_ff: 2816,
-        n_head: 12,
-        n_head_kv: 3,
-        head_dim: 128,
+        core: HparamsCore {
+            n_layer: 8,
+            n_embd: 1024,
+            n_ff: 2816,
+            n_head: 12,
+            n_head_kv: 3,
+            head_dim: 128,
+            ..qwen35_tiny::tiny().core
+        },
         n_vocab: 8192,
         n_rot: 32,
         full_attention_interval: 4,
@@ -135,14 +141,16 @@ fn scaled_qwen35_with_dflash2_at_65536_cells_is_planned_within_2_percent() {
         ..qwen35_tiny::tiny()
     };
     let dhp = DflashHparams {
-        n_layer: 2,
-        n_embd: 1024,
-        n_ff: 8192,
-        n_head: 16,
-        n_head_kv: 8,
-        head_dim: 64,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 1024,
+            n_ff: 8192,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![2, 8],
         target_hidden: 1024,
         block_size: 8,

@@ -7,6 +7,7 @@
 
 use shardgraph::GgmlType;
 use shardgraph_models::generate::{permutation, write_qwen3_gguf_with, Weights};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph_models::speculative::{generate, Drafter, SpecParams};
 
@@ -34,15 +35,17 @@ impl Drafter for PermDrafter {
 
 fn hp() -> Qwen3Hparams {
     Qwen3Hparams {
-        n_layer: 2,
-        n_embd: 128,
-        n_ff: 256,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 128,
+            n_ff: 256,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 200,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     }
 }
@@ -94,14 +97,16 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     let path = dir.join("target.gguf");
     write_qwen3_gguf_with(&path, &hp(), &Qwen3Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
-        n_layer: 2,
-        n_embd: 128,
-        n_ff: 256,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 128,
+            n_ff: 256,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![1, 2],
         target_hidden: 128,
         block_size: 5,
@@ -161,16 +166,21 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
 /// (E = 256) and a DFlash2 drafter (convolutions and selector) built to
 /// follow it.
 fn seed_hp() -> (Qwen3Hparams, shardgraph_models::dflash::DflashHparams) {
-    let t = Qwen3Hparams { n_embd: 256, n_ff: 512, n_head: 8, n_head_kv: 4, head_dim: 64, ..hp() };
+    let t = Qwen3Hparams {
+        core: HparamsCore { n_embd: 256, n_ff: 512, n_head: 8, n_head_kv: 4, head_dim: 64, ..hp().core },
+        ..hp()
+    };
     let d = shardgraph_models::dflash::DflashHparams {
-        n_layer: 2,
-        n_embd: 256,
-        n_ff: 256,
-        n_head: 8,
-        n_head_kv: 4,
-        head_dim: 64,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 256,
+            n_ff: 256,
+            n_head: 8,
+            n_head_kv: 4,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![1, 2],
         target_hidden: 256,
         block_size: 6,

@@ -9,6 +9,7 @@
 
 use shardgraph::GgmlType;
 use shardgraph_models::generate::write_qwen35_gguf;
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
 use shardgraph_models::speculative::{generate, Drafter, SpecParams};
 
@@ -139,14 +140,16 @@ fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
     let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
-        n_layer: 2,
-        n_embd: 256,
-        n_ff: 384,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 256,
+            n_ff: 384,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![1, hp.n_layer],
         target_hidden: 256,
         block_size: 5,

@@ -9,6 +9,7 @@ mod qwen3;
 use qwen3::{input, named, qwen3_layers, qwen3_policy, Dims};
 use shardgraph::split::{Collective, Planner, SplitPolicy, SplitSpec, SplitState};
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::hparams::HparamsCore;
 
 #[test]
 fn vocab_split_head_feeds_row_ops_without_gathering_logits() {
@@ -193,15 +194,17 @@ fn a_zero_ratio_device_does_not_make_the_others_relayout_weights() {
     use shardgraph_models::policy::qwen3_policy;
     use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
     let hp = Qwen3Hparams {
-        n_layer: 4,
-        n_embd: 1024,
-        n_ff: 2816,
-        n_head: 16,
-        n_head_kv: 8,
-        head_dim: 64,
+        core: HparamsCore {
+            n_layer: 4,
+            n_embd: 1024,
+            n_ff: 2816,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 8192,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     };
     let types = Qwen3Types::q4_k_m();

@@ -9,6 +9,7 @@ use shardgraph::{Backend, GgmlType};
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::fit::{fit_ctx_size, FitSpec, CTX_STEP};
 use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
 use shardgraph_models::runner::Runner;
 use shardgraph_models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
@@ -326,15 +327,17 @@ pub fn given_file(args: &[String], name: &str) -> Option<std::path::PathBuf> {
 /// permutation, which its MTP head predicts.
 pub fn qwen35_hp() -> Qwen35Hparams {
     Qwen35Hparams {
-        n_layer: 8,
-        n_embd: 1024,
-        n_ff: 2816,
-        n_head: 12,
-        n_head_kv: 3,
-        head_dim: 128,
+        core: HparamsCore {
+            n_layer: 8,
+            n_embd: 1024,
+            n_ff: 2816,
+            n_head: 12,
+            n_head_kv: 3,
+            head_dim: 128,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
         n_vocab: 8192,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
         n_rot: 32,
         rope_sections: [6, 5, 5, 0],
         full_attention_interval: 4,
@@ -352,14 +355,16 @@ pub fn qwen35_hp() -> Qwen35Hparams {
 pub fn qwen35_drafter_hp() -> DflashHparams {
     let t = qwen35_hp();
     DflashHparams {
-        n_layer: 2,
-        n_embd: t.n_embd,
-        n_ff: t.n_vocab,
-        n_head: 16,
-        n_head_kv: 8,
-        head_dim: 64,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: t.n_embd,
+            n_ff: t.n_vocab,
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![2, t.n_layer],
         target_hidden: t.n_embd,
         block_size: 8,

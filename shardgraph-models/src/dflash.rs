@@ -11,10 +11,10 @@
 //! positions) and the block graph (the block's own K/V written after the
 //! context, attention over context + block, logits for every row).
 
+use super::hparams::{read_shared, ArchKeys, HparamsCore, Model, DIM};
 use super::qwen3::{decoder_layer, f32s, new_layer, write_kv, LayerConv, LayerShape, Qwen3, Qwen3Layer};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
-use shardgraph::ops::{RopeMode, RopeParams};
 use shardgraph::tensor::{GgmlType, TensorId};
 
 /// What a DFlash drafter borrows from and checks against its target.
@@ -111,26 +111,14 @@ impl DraftHost for super::qwen35::Qwen35Session {
 /// batch (published drafters use 16).
 pub const MAX_BLOCK: usize = 256;
 
-/// Hyper-parameters of a DFlash drafter (GGUF keys `dflash.*`).
+/// Hyper-parameters of a DFlash drafter (GGUF keys `dflash.*`): the shared
+/// core ([`HparamsCore`]; `hp.n_embd` reads through to it) and its own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DflashHparams {
-    /// Drafter layers (`dflash.block_count`, 5 in practice).
-    pub n_layer: usize,
-    /// Drafter hidden size E (`dflash.embedding_length`; equals the target's,
-    /// since it borrows the target's embedding and head).
-    pub n_embd: i64,
-    /// FFN size (`dflash.feed_forward_length`).
-    pub n_ff: i64,
-    /// Query heads.
-    pub n_head: i64,
-    /// KV heads.
-    pub n_head_kv: i64,
-    /// Head size.
-    pub head_dim: i64,
-    /// RMSNorm ε.
-    pub rms_eps: f32,
-    /// Rope θ base.
-    pub rope_base: f32,
+    /// Drafter layers (`dflash.block_count`, 5 in practice), hidden size E
+    /// (`dflash.embedding_length`; equals the target's, since it borrows the
+    /// target's embedding and head), FFN size, heads, RMSNorm ε, rope base.
+    pub core: HparamsCore,
     /// Tapped target layers as the GGUF stores them (`dflash.target_layers`,
     /// HF ids + 1: the input of layer k+1 is the output of layer k).
     pub target_layers: Vec<usize>,
@@ -151,6 +139,19 @@ pub struct DflashHparams {
     pub selector: Option<(i64, i64)>,
 }
 
+impl std::ops::Deref for DflashHparams {
+    type Target = HparamsCore;
+    fn deref(&self) -> &HparamsCore {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for DflashHparams {
+    fn deref_mut(&mut self) -> &mut HparamsCore {
+        &mut self.core
+    }
+}
+
 impl DflashHparams {
     /// Checks the drafter against its target: same hidden size and
     /// vocabulary, tapped layers within the target, heads that divide.
@@ -165,7 +166,7 @@ impl DflashHparams {
         if self.n_layer > super::MAX_LAYERS {
             return bad(format!("block_count {} is over {}", self.n_layer, super::MAX_LAYERS));
         }
-        if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 {
+        if !self.heads_divide() {
             return bad(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
         }
         if self.n_embd != target.n_embd {
@@ -186,7 +187,7 @@ impl DflashHparams {
         if !(2..=MAX_BLOCK).contains(&self.block_size) {
             return bad(format!("block_size {} must be 2..={MAX_BLOCK}", self.block_size));
         }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_base.is_finite() && self.rope_base > 0.0) {
+        if !self.eps_and_base_positive() {
             return bad("layer_norm_rms_epsilon and rope.freq_base must be finite and positive".into());
         }
         if let Some((k, g)) = self.conv {
@@ -223,10 +224,17 @@ impl DflashHparams {
     /// [`Error::Model`] for another architecture; [`Error::Gguf`] naming a
     /// missing or mistyped key.
     pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
-        use super::DIM;
-        let k = super::ArchKeys::new(f, "dflash")?;
-        let n_embd = k.int("embedding_length", DIM)?;
-        let n_head = k.int("attention.head_count", DIM)?;
+        Ok(Self::read(f)?.0)
+    }
+
+    /// [`DflashHparams::from_gguf`] and the file's `dflash.vocab_size`, if
+    /// any (range-checked; the caller compares it with the target's).
+    ///
+    /// # Errors
+    /// As [`DflashHparams::from_gguf`].
+    pub(crate) fn read(f: &shardgraph::gguf::GgufFile) -> Result<(Self, Option<i64>)> {
+        let k = ArchKeys::new(f, Model::Dflash)?;
+        let shared = read_shared(&k)?;
         let key = "dflash.target_layers";
         let layers: Vec<i64> = match f.get_arr_u32(key) {
             Ok(v) => v.into_iter().map(i64::from).collect(),
@@ -241,9 +249,6 @@ impl DflashHparams {
                 ),
             });
         }
-        let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
-        k.must_equal("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
-        k.must_equal("rope.dimension_count", head_dim, "the rope turns whole heads")?;
         let pair = |a: &str, b: &str| -> Result<Option<(i64, i64)>> {
             match (k.opt_int(a, DIM)?, k.opt_int(b, DIM)?) {
                 (Some(x), Some(y)) => Ok(Some((x, y))),
@@ -252,23 +257,15 @@ impl DflashHparams {
             }
         };
         let hp = DflashHparams {
-            n_layer: k.int("block_count", 1..=max)? as usize,
-            n_embd,
-            n_ff: k.int("feed_forward_length", DIM)?,
-            n_head,
-            n_head_kv: k.int_or("attention.head_count_kv", n_head, DIM)?,
-            head_dim,
-            rms_eps: k.positive("attention.layer_norm_rms_epsilon", None)?,
-            rope_base: k.positive("rope.freq_base", Some(10000.0))?,
             target_layers: layers.into_iter().map(|l| l as usize).collect(),
-            target_hidden: k.int_or("target_hidden_size", n_embd, DIM)?,
+            target_hidden: k.int_or("target_hidden_size", shared.core.n_embd, DIM)?,
             block_size: k.int_or("block_size", 16, 2..=MAX_BLOCK as i64)? as usize,
             mask_token: k.int_at("tokenizer.ggml.mask_token_id", 0..=i32::MAX as i64)? as i32,
             conv: pair("conv_kernel_size", "conv_group_size")?,
             selector: pair("selector_rank", "selector_top_k")?,
+            core: shared.core,
         };
-        k.opt_int("context_length", DIM)?;
-        Ok(hp)
+        Ok((hp, shared.vocab_size))
     }
 
     /// Writes llama.cpp's `dflash` metadata for these hyper-parameters.
@@ -278,17 +275,7 @@ impl DflashHparams {
     pub fn add_to_gguf(&self, w: &mut shardgraph::gguf::GgufWriter, name: &str, n_vocab: i64) -> Result<()> {
         w.add_kv("general.architecture", "dflash")?;
         w.add_kv("general.name", name)?;
-        w.add_kv("dflash.block_count", self.n_layer as u32)?;
-        w.add_kv("dflash.context_length", 4096u32)?;
-        w.add_kv("dflash.embedding_length", self.n_embd as u32)?;
-        w.add_kv("dflash.feed_forward_length", self.n_ff as u32)?;
-        w.add_kv("dflash.attention.head_count", self.n_head as u32)?;
-        w.add_kv("dflash.attention.head_count_kv", self.n_head_kv as u32)?;
-        w.add_kv("dflash.attention.key_length", self.head_dim as u32)?;
-        w.add_kv("dflash.attention.value_length", self.head_dim as u32)?;
-        w.add_kv("dflash.rope.freq_base", self.rope_base)?;
-        w.add_kv("dflash.rope.dimension_count", self.head_dim as u32)?;
-        w.add_kv("dflash.attention.layer_norm_rms_epsilon", self.rms_eps)?;
+        self.core.add_to_gguf(w, "dflash", 4096)?;
         w.add_kv("dflash.target_layers", self.target_layers.iter().map(|&l| l as u32).collect::<Vec<u32>>())?;
         w.add_kv("dflash.target_hidden_size", self.target_hidden as u32)?;
         w.add_kv("dflash.block_size", self.block_size as u32)?;
@@ -313,12 +300,7 @@ impl DflashHparams {
             n_head: self.n_head,
             n_head_kv: self.n_head_kv,
             rms_eps: self.rms_eps,
-            rope: RopeParams {
-                n_dims: self.head_dim as i32,
-                mode: RopeMode::Neox,
-                freq_base: self.rope_base,
-                ..RopeParams::default()
-            },
+            rope: self.core.neox_rope(0),
             kv_type,
             kv_size,
             n_kv,
@@ -804,9 +786,9 @@ impl DflashDrafter {
         kv_type: GgmlType,
         p_min: f32,
     ) -> Result<Self> {
-        let hp = DflashHparams::from_gguf(file)?;
+        let (hp, vocab_size) = DflashHparams::read(file)?;
         let n_vocab = target.info().n_vocab;
-        if let Some(v) = super::ArchKeys::new(file, "dflash")?.opt_int("vocab_size", super::DIM)? {
+        if let Some(v) = vocab_size {
             if v != n_vocab {
                 return Err(Error::Model {
                     detail: format!(

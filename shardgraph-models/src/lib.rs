@@ -10,6 +10,8 @@
 //! * [`qwen35`]: the `qwen35` hybrid target (gated attention + Gated DeltaNet).
 //! * [`dflash`]: the DFlash block-diffusion drafter's graphs.
 //! * [`mtp`]: the `qwen35` target's native MTP (NextN) drafter.
+//! * [`hparams`]: the hyper-parameters every model shares and the one table
+//!   of the GGUF keys they are read from.
 //! * [`generate`]: GGUF files with seeded weights for the tests and examples.
 //! * [`policy`]: llama.cpp's split states for these tensors.
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
@@ -25,137 +27,13 @@ use shardgraph::tensor::TensorId;
 pub mod dflash;
 pub mod fit;
 pub mod generate;
+pub mod hparams;
 pub mod mtp;
 pub mod policy;
 pub mod qwen3;
 pub mod qwen35;
 pub mod runner;
 pub mod speculative;
-
-/// A GGUF's `{arch}.*` metadata (llama.cpp's per-architecture keys), read
-/// with range checks: every value that sizes something is checked before
-/// it is used, and an error names the key, the value found and the range
-/// allowed.
-pub(crate) struct ArchKeys<'a> {
-    f: &'a shardgraph::gguf::GgufFile,
-    arch: &'static str,
-}
-
-/// Dimensions and counts a model file may give (llama.cpp reads them as
-/// `uint32_t`/`int32_t`): 1 to 2³¹ − 1.
-pub(crate) const DIM: std::ops::RangeInclusive<i64> = 1..=i32::MAX as i64;
-
-impl<'a> ArchKeys<'a> {
-    /// The reader of `f`'s `{arch}.*` keys.
-    ///
-    /// # Errors
-    /// [`shardgraph::Error::Model`] if `general.architecture` is another;
-    /// [`shardgraph::Error::Gguf`] if it is missing.
-    pub(crate) fn new(f: &'a shardgraph::gguf::GgufFile, arch: &'static str) -> shardgraph::Result<Self> {
-        let found = f.get_str("general.architecture")?;
-        if found != arch {
-            return Err(shardgraph::Error::Model {
-                detail: format!("general.architecture is {found:?}, not {arch:?}"),
-            });
-        }
-        Ok(ArchKeys { f, arch })
-    }
-
-    fn full(&self, k: &str) -> String {
-        format!("{}.{k}", self.arch)
-    }
-
-    fn out_of(&self, key: &str, v: impl std::fmt::Display, allowed: impl std::fmt::Display) -> shardgraph::Error {
-        shardgraph::Error::Model { detail: format!("{}: {key} = {v} is outside {allowed}", self.arch) }
-    }
-
-    /// Integer key `key` (full name) in `range`, `None` if the file has none.
-    fn int_key(&self, key: &str, range: &std::ops::RangeInclusive<i64>) -> shardgraph::Result<Option<i64>> {
-        if !self.f.contains_key(key) {
-            return Ok(None);
-        }
-        let v = self.f.get_uint(key)?;
-        match i64::try_from(v) {
-            Ok(x) if range.contains(&x) => Ok(Some(x)),
-            _ => Err(self.out_of(key, v, format!("{}..={}", range.start(), range.end()))),
-        }
-    }
-
-    /// The integer `{arch}.{k}` in `range`.
-    ///
-    /// # Errors
-    /// [`shardgraph::Error::Gguf`] if missing or not a non-negative integer;
-    /// [`shardgraph::Error::Model`] outside `range`.
-    pub(crate) fn int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> shardgraph::Result<i64> {
-        self.int_at(&self.full(k), range)
-    }
-
-    /// The integer `{arch}.{k}` in `range`, or `default` if the file has none.
-    ///
-    /// # Errors
-    /// As [`ArchKeys::int`] for a present key.
-    pub(crate) fn int_or(
-        &self,
-        k: &str,
-        default: i64,
-        range: std::ops::RangeInclusive<i64>,
-    ) -> shardgraph::Result<i64> {
-        Ok(self.int_key(&self.full(k), &range)?.unwrap_or(default))
-    }
-
-    /// The integer `{arch}.{k}` in `range`, if the file has it.
-    ///
-    /// # Errors
-    /// As [`ArchKeys::int`] for a present key.
-    pub(crate) fn opt_int(&self, k: &str, range: std::ops::RangeInclusive<i64>) -> shardgraph::Result<Option<i64>> {
-        self.int_key(&self.full(k), &range)
-    }
-
-    /// The integer key `key` in `range`, by its full name (for keys outside
-    /// the architecture: `tokenizer.ggml.*`).
-    ///
-    /// # Errors
-    /// As [`ArchKeys::int`].
-    pub(crate) fn int_at(&self, key: &str, range: std::ops::RangeInclusive<i64>) -> shardgraph::Result<i64> {
-        match self.int_key(key, &range)? {
-            Some(v) => Ok(v),
-            // Missing: the reader's error names the key.
-            None => self.f.value(key).and(Err(self.out_of(key, "missing", "present keys"))),
-        }
-    }
-
-    /// The `f32` `{arch}.{k}`, finite and positive (an epsilon, a rope
-    /// base), or `default` if the file has none and a default is given.
-    ///
-    /// # Errors
-    /// [`shardgraph::Error::Gguf`] if missing without a default or not an `f32`;
-    /// [`shardgraph::Error::Model`] if not finite and positive.
-    pub(crate) fn positive(&self, k: &str, default: Option<f32>) -> shardgraph::Result<f32> {
-        let key = self.full(k);
-        let v = match default {
-            Some(d) if !self.f.contains_key(&key) => d,
-            _ => self.f.get_f32(&key)?,
-        };
-        if !(v.is_finite() && v > 0.0) {
-            return Err(self.out_of(&key, v, "finite positive numbers"));
-        }
-        Ok(v)
-    }
-
-    /// Checks that the optional `{arch}.{k}` equals `want` (a value this
-    /// crate derives otherwise, e.g. `value_length` = `key_length`).
-    ///
-    /// # Errors
-    /// [`shardgraph::Error::Model`] naming both if it differs.
-    pub(crate) fn must_equal(&self, k: &str, want: i64, why: &str) -> shardgraph::Result<()> {
-        match self.opt_int(k, 0..=i64::MAX)? {
-            Some(v) if v != want => Err(shardgraph::Error::Model {
-                detail: format!("{}: {} = {v}, but {why} ({want})", self.arch, self.full(k)),
-            }),
-            _ => Ok(()),
-        }
-    }
-}
 
 /// Loads a session's long-lived tensors — the first `base_len` of `ctx`:
 /// weights and caches — from `file` onto `runner`'s devices: checks the

@@ -199,18 +199,7 @@ fn drafter_error(dhp: &Qwen3Hparams, e: Error) -> Error {
 
 /// A DFlash drafter's layer shapes as a `qwen3` model's (for the granules).
 fn drafter_as_qwen3(drafter: &super::dflash::DflashHparams, n_vocab: i64) -> Qwen3Hparams {
-    Qwen3Hparams {
-        n_layer: drafter.n_layer,
-        n_embd: drafter.n_embd,
-        n_ff: drafter.n_ff,
-        n_head: drafter.n_head,
-        n_head_kv: drafter.n_head_kv,
-        head_dim: drafter.head_dim,
-        n_vocab,
-        rms_eps: drafter.rms_eps,
-        rope_base: drafter.rope_base,
-        n_ctx_train: 4096,
-    }
+    Qwen3Hparams { core: drafter.core.clone(), n_vocab, n_ctx_train: 4096 }
 }
 
 /// The rules of [`qwen35_policy`] without the final "everything else mirrored".

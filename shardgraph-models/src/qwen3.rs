@@ -5,34 +5,36 @@
 //! metadata keys are llama.cpp's (`blk.N.attn_q.weight`,
 //! `qwen3.embedding_length`, ...).
 
+use super::hparams::{read_shared, ArchKeys, HparamsCore, Model};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
-use shardgraph::ops::{RopeMode, RopeParams};
+use shardgraph::ops::RopeParams;
 use shardgraph::tensor::{GgmlType, TensorId};
 
-/// Hyper-parameters of a `qwen3` model (GGUF keys in brackets).
+/// Hyper-parameters of a `qwen3` model: the shared core (`qwen3.*` keys,
+/// [`HparamsCore`]; `hp.n_embd` reads through to it) and its own (GGUF keys
+/// in brackets).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Qwen3Hparams {
-    /// Layers L (`qwen3.block_count`).
-    pub n_layer: usize,
-    /// Hidden size E (`qwen3.embedding_length`).
-    pub n_embd: i64,
-    /// FFN size F (`qwen3.feed_forward_length`).
-    pub n_ff: i64,
-    /// Query heads H (`qwen3.attention.head_count`).
-    pub n_head: i64,
-    /// KV heads Hkv (`qwen3.attention.head_count_kv`).
-    pub n_head_kv: i64,
-    /// Head size D (`qwen3.attention.key_length` = `value_length`).
-    pub head_dim: i64,
+    /// Layers, sizes, heads, RMSNorm ε and rope base.
+    pub core: HparamsCore,
     /// Vocabulary size V (`qwen3.vocab_size` / rows of `token_embd.weight`).
     pub n_vocab: i64,
-    /// RMSNorm ε (`qwen3.attention.layer_norm_rms_epsilon`).
-    pub rms_eps: f32,
-    /// Rope θ base (`qwen3.rope.freq_base`).
-    pub rope_base: f32,
     /// Training context (`qwen3.context_length`).
     pub n_ctx_train: i64,
+}
+
+impl std::ops::Deref for Qwen3Hparams {
+    type Target = HparamsCore;
+    fn deref(&self) -> &HparamsCore {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for Qwen3Hparams {
+    fn deref_mut(&mut self) -> &mut HparamsCore {
+        &mut self.core
+    }
 }
 
 impl Qwen3Hparams {
@@ -41,15 +43,17 @@ impl Qwen3Hparams {
     /// 151936. For planning and benchmarks at real size.
     pub fn qwen3_8b() -> Self {
         Qwen3Hparams {
-            n_layer: 36,
-            n_embd: 4096,
-            n_ff: 12288,
-            n_head: 32,
-            n_head_kv: 8,
-            head_dim: 128,
+            core: HparamsCore {
+                n_layer: 36,
+                n_embd: 4096,
+                n_ff: 12288,
+                n_head: 32,
+                n_head_kv: 8,
+                head_dim: 128,
+                rms_eps: 1e-6,
+                rope_base: 1e6,
+            },
             n_vocab: 151936,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
             n_ctx_train: 40960,
         }
     }
@@ -57,7 +61,8 @@ impl Qwen3Hparams {
     /// Qwen3-32B's dimensions: 64 layers, n_embd 5120, 64 heads and 8 KV
     /// heads of 128, n_ff 25600, the rest as [`Qwen3Hparams::qwen3_8b`].
     pub fn qwen3_32b() -> Self {
-        Qwen3Hparams { n_layer: 64, n_embd: 5120, n_ff: 25600, n_head: 64, ..Self::qwen3_8b() }
+        let b = Self::qwen3_8b();
+        Qwen3Hparams { core: HparamsCore { n_layer: 64, n_embd: 5120, n_ff: 25600, n_head: 64, ..b.core }, ..b }
     }
 
     /// Checks that the shapes fit together (heads divide, sizes positive).
@@ -72,7 +77,7 @@ impl Qwen3Hparams {
         if self.n_layer > super::MAX_LAYERS {
             return bad(&format!("block_count {} is over {}", self.n_layer, super::MAX_LAYERS));
         }
-        if self.n_head <= 0 || self.n_head_kv <= 0 || self.n_head % self.n_head_kv != 0 {
+        if !self.heads_divide() {
             return bad(&format!(
                 "head_count {} must be a positive multiple of head_count_kv {}",
                 self.n_head, self.n_head_kv
@@ -81,7 +86,7 @@ impl Qwen3Hparams {
         if self.head_dim <= 0 || self.head_dim % 2 != 0 {
             return bad(&format!("key_length {} must be positive and even (NEOX rope)", self.head_dim));
         }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_base.is_finite() && self.rope_base > 0.0) {
+        if !self.eps_and_base_positive() {
             return bad("layer_norm_rms_epsilon and rope.freq_base must be finite and positive");
         }
         if self.n_ctx_train <= 0 {
@@ -108,29 +113,14 @@ impl Qwen3Hparams {
     /// [`Error::Model`] for another architecture or inconsistent values;
     /// [`Error::Gguf`] naming a missing or mistyped key.
     pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
-        use super::DIM;
-        let k = super::ArchKeys::new(f, "qwen3")?;
-        let n_embd = k.int("embedding_length", DIM)?;
-        let n_head = k.int("attention.head_count", DIM)?;
-        let n_vocab = match k.opt_int("vocab_size", DIM)? {
+        let k = ArchKeys::new(f, Model::Qwen3)?;
+        let shared = read_shared(&k)?;
+        let n_vocab = match shared.vocab_size {
             Some(v) => v,
             None => f.tensor("token_embd.weight")?.info.ne[1],
         };
-        let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
-        let hp = Qwen3Hparams {
-            n_layer: k.int("block_count", 1..=super::MAX_LAYERS as i64)? as usize,
-            n_embd,
-            n_ff: k.int("feed_forward_length", DIM)?,
-            n_head,
-            n_head_kv: k.int_or("attention.head_count_kv", n_head, DIM)?,
-            head_dim,
-            n_vocab,
-            rms_eps: k.positive("attention.layer_norm_rms_epsilon", None)?,
-            rope_base: k.positive("rope.freq_base", Some(10000.0))?,
-            n_ctx_train: k.int("context_length", DIM)?,
-        };
-        k.must_equal("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
-        k.must_equal("rope.dimension_count", head_dim, "the rope turns whole heads")?;
+        let n_ctx_train = shared.context_length.unwrap_or_default();
+        let hp = Qwen3Hparams { core: shared.core, n_vocab, n_ctx_train };
         hp.validate()?;
         Ok(hp)
     }
@@ -144,17 +134,7 @@ impl Qwen3Hparams {
     pub fn add_to_gguf(&self, w: &mut shardgraph::gguf::GgufWriter, name: &str) -> Result<()> {
         w.add_kv("general.architecture", "qwen3")?;
         w.add_kv("general.name", name)?;
-        w.add_kv("qwen3.block_count", self.n_layer as u32)?;
-        w.add_kv("qwen3.context_length", self.n_ctx_train as u32)?;
-        w.add_kv("qwen3.embedding_length", self.n_embd as u32)?;
-        w.add_kv("qwen3.feed_forward_length", self.n_ff as u32)?;
-        w.add_kv("qwen3.attention.head_count", self.n_head as u32)?;
-        w.add_kv("qwen3.attention.head_count_kv", self.n_head_kv as u32)?;
-        w.add_kv("qwen3.attention.key_length", self.head_dim as u32)?;
-        w.add_kv("qwen3.attention.value_length", self.head_dim as u32)?;
-        w.add_kv("qwen3.rope.freq_base", self.rope_base)?;
-        w.add_kv("qwen3.rope.dimension_count", self.head_dim as u32)?;
-        w.add_kv("qwen3.attention.layer_norm_rms_epsilon", self.rms_eps)?;
+        self.core.add_to_gguf(w, "qwen3", self.n_ctx_train as u32)?;
         w.add_kv("qwen3.vocab_size", self.n_vocab as u32)?;
         w.add_kv("tokenizer.ggml.model", "no_vocab")?;
         Ok(())
@@ -162,13 +142,7 @@ impl Qwen3Hparams {
 
     /// The rope parameters (NEOX over the whole head).
     pub fn rope(&self) -> RopeParams {
-        RopeParams {
-            n_dims: self.head_dim as i32,
-            mode: RopeMode::Neox,
-            n_ctx_orig: self.n_ctx_train as i32,
-            freq_base: self.rope_base,
-            ..RopeParams::default()
-        }
+        self.core.neox_rope(self.n_ctx_train as i32)
     }
 }
 

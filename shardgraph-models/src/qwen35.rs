@@ -12,6 +12,7 @@
 //! `[S_v·S_v·H_v, 1]`, F32), the attention layers' KV caches are
 //! `[Hkv·D, kv_size]` as in [`super::qwen3`].
 
+use super::hparams::{read_shared, ArchKeys, HparamsCore, Model, DIM};
 use super::qwen3::{f32s, StepOutput};
 use super::{cell_bytes, f32_bytes, i32_bytes, imrope_positions, mask_bytes};
 use shardgraph::error::{Error, Result};
@@ -19,27 +20,16 @@ use shardgraph::graph::Context;
 use shardgraph::ops::{RopeMode, RopeParams};
 use shardgraph::tensor::{GgmlType, TensorId};
 
-/// Hyper-parameters of a `qwen35` model (GGUF keys `qwen35.*`).
+/// Hyper-parameters of a `qwen35` model (GGUF keys `qwen35.*`): the shared
+/// core ([`HparamsCore`]; `hp.n_embd` reads through to it) and its own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Qwen35Hparams {
-    /// Trunk layers L (`qwen35.block_count` minus the NextN layers).
-    pub n_layer: usize,
-    /// Hidden size E.
-    pub n_embd: i64,
-    /// FFN size F.
-    pub n_ff: i64,
-    /// Attention query heads H.
-    pub n_head: i64,
-    /// Attention KV heads Hkv.
-    pub n_head_kv: i64,
-    /// Attention head size D (`attention.key_length`).
-    pub head_dim: i64,
+    /// Trunk layers L (`qwen35.block_count` minus the NextN layers), hidden
+    /// size E, FFN size F, the attention layers' heads and head size D,
+    /// RMSNorm ε (also the L2 norm's ε in the delta-net layers), rope base.
+    pub core: HparamsCore,
     /// Vocabulary size V.
     pub n_vocab: i64,
-    /// RMSNorm ε (also the L2 norm's ε in the delta-net layers).
-    pub rms_eps: f32,
-    /// Rope θ base.
-    pub rope_base: f32,
     /// Rotated dims per head (`rope.dimension_count`, partial rotary: 64 of 256).
     pub n_rot: i64,
     /// IMROPE sections in pairs (`rope.dimension_sections`, `[11, 11, 10, 0]`).
@@ -58,6 +48,19 @@ pub struct Qwen35Hparams {
     pub n_nextn: usize,
     /// Training context (`context_length`).
     pub n_ctx_train: u32,
+}
+
+impl std::ops::Deref for Qwen35Hparams {
+    type Target = HparamsCore;
+    fn deref(&self) -> &HparamsCore {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for Qwen35Hparams {
+    fn deref_mut(&mut self) -> &mut HparamsCore {
+        &mut self.core
+    }
 }
 
 impl Qwen35Hparams {
@@ -94,7 +97,7 @@ impl Qwen35Hparams {
                     .into(),
             );
         }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_base.is_finite() && self.rope_base > 0.0) {
+        if !self.eps_and_base_positive() {
             return bad("layer_norm_rms_epsilon and rope.freq_base must be finite and positive".into());
         }
         if self.n_layer + self.n_nextn > super::MAX_LAYERS {
@@ -158,10 +161,9 @@ impl Qwen35Hparams {
     /// [`Error::Model`] for another architecture or inconsistent values;
     /// [`Error::Gguf`] naming a missing or mistyped key.
     pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
-        use super::DIM;
-        let k = super::ArchKeys::new(f, "qwen35")?;
+        let k = ArchKeys::new(f, Model::Qwen35)?;
+        let shared = read_shared(&k)?;
         let n_nextn = k.int_or("nextn_predict_layers", 0, 0..=1)? as usize;
-        let blocks = k.int("block_count", 1..=super::MAX_LAYERS as i64)? as usize;
         let key = "qwen35.rope.dimension_sections";
         let sections: Vec<i64> = match f.get_arr_i32(key) {
             Ok(v) => v.into_iter().map(i64::from).collect(),
@@ -174,23 +176,13 @@ impl Qwen35Hparams {
         for (d, s) in rope_sections.iter_mut().zip(&sections) {
             *d = *s as i32;
         }
-        let n_head = k.int("attention.head_count", DIM)?;
-        let n_embd = k.int("embedding_length", DIM)?;
-        let head_dim = k.int_or("attention.key_length", n_embd / n_head, DIM)?;
-        k.must_equal("attention.value_length", head_dim, "the value heads are as wide as the key heads")?;
+        let blocks = shared.core.n_layer;
+        let n_layer = blocks.checked_sub(n_nextn).filter(|&l| l > 0).ok_or_else(|| Error::Model {
+            detail: format!("qwen35: block_count {blocks} leaves no trunk layer after {n_nextn} NextN layer(s)"),
+        })?;
         let hp = Qwen35Hparams {
-            n_layer: blocks.checked_sub(n_nextn).filter(|&l| l > 0).ok_or_else(|| Error::Model {
-                detail: format!("qwen35: block_count {blocks} leaves no trunk layer after {n_nextn} NextN layer(s)"),
-            })?,
-            n_embd,
-            n_ff: k.int("feed_forward_length", DIM)?,
-            n_head,
-            n_head_kv: k.int("attention.head_count_kv", DIM)?,
-            head_dim,
             n_vocab: 0,
-            rms_eps: k.positive("attention.layer_norm_rms_epsilon", None)?,
-            rope_base: k.positive("rope.freq_base", Some(10000.0))?,
-            n_rot: k.int_or("rope.dimension_count", head_dim, DIM)?,
+            n_rot: shared.rope_dims.unwrap_or(shared.core.head_dim),
             rope_sections,
             full_attention_interval: k.int_or("full_attention_interval", 4, 1..=super::MAX_LAYERS as i64)? as usize,
             d_conv: k.int("ssm.conv_kernel", 2..=1 << 10)?,
@@ -198,11 +190,12 @@ impl Qwen35Hparams {
             n_k_heads: k.int("ssm.group_count", DIM)?,
             n_v_heads: k.int("ssm.time_step_rank", DIM)?,
             n_nextn,
-            n_ctx_train: k.int_or("context_length", 4096, DIM)? as u32,
+            n_ctx_train: shared.context_length.unwrap_or(4096) as u32,
+            core: HparamsCore { n_layer, ..shared.core },
         };
         let n_vocab = f.tensor("token_embd.weight")?.info.ne[1];
         let hp = Qwen35Hparams { n_vocab, ..hp };
-        if let Some(v) = k.opt_int("vocab_size", DIM)? {
+        if let Some(v) = shared.vocab_size {
             if v != n_vocab {
                 return Err(Error::Model {
                     detail: format!("qwen35: vocab_size {v}, but token_embd.weight has {n_vocab} rows"),
@@ -220,6 +213,10 @@ impl Qwen35Hparams {
     }
 
     /// Writes llama.cpp's `qwen35` metadata for these hyper-parameters.
+    /// (Not through [`HparamsCore::add_to_gguf`]: here the keys come in
+    /// another order — the NextN count after `block_count`, ε before the
+    /// rope base — and `rope.dimension_count` is the partial rotary `n_rot`;
+    /// kept so that generated files stay the same byte for byte.)
     ///
     /// # Errors
     /// [`Error::Gguf`] from the writer.

@@ -4,6 +4,7 @@
 
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::policy::qwen3_policy;
 use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph_models::runner::Runner;
@@ -21,15 +22,17 @@ pub use rng::values;
 /// n_ff 128, vocabulary 96): its heads split over 1, 2 and 3 devices.
 pub fn tiny_hp() -> Qwen3Hparams {
     Qwen3Hparams {
-        n_layer: 2,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 64,
+            n_ff: 128,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         n_vocab: 96,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
         n_ctx_train: 4096,
     }
 }

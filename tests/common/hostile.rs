@@ -11,6 +11,7 @@ use shardgraph::gguf::{GgufFile, GgufWriter, MetaValue, ValueType};
 use shardgraph::GgmlType;
 use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
 use shardgraph_models::generate::{write_dflash_gguf, write_qwen35_gguf, write_qwen3_gguf};
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::mtp::MtpDrafter;
 use shardgraph_models::qwen3::{Qwen3Session, Qwen3Types};
 use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
@@ -52,15 +53,17 @@ pub use decode::tiny_hp as qwen3_hp;
 /// The tiny hybrid target with an MTP layer (2 trunk layers: delta-net, attention).
 pub fn qwen35_hp() -> Qwen35Hparams {
     Qwen35Hparams {
-        n_layer: 2,
-        n_embd: 128,
-        n_ff: 256,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 32,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 128,
+            n_ff: 256,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
         n_vocab: 96,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
         n_rot: 16,
         rope_sections: [3, 3, 2, 0],
         full_attention_interval: 2,
@@ -76,14 +79,16 @@ pub fn qwen35_hp() -> Qwen35Hparams {
 /// A DFlash2 drafter for [`qwen3_hp`] (convolution and selector).
 pub fn dflash_hp() -> DflashHparams {
     DflashHparams {
-        n_layer: 2,
-        n_embd: 64,
-        n_ff: 128,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 32,
-        rms_eps: 1e-6,
-        rope_base: 1e6,
+        core: HparamsCore {
+            n_layer: 2,
+            n_embd: 64,
+            n_ff: 128,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 32,
+            rms_eps: 1e-6,
+            rope_base: 1e6,
+        },
         target_layers: vec![1, 2],
         target_hidden: 64,
         block_size: 4,

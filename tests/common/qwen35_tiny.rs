@@ -1,5 +1,6 @@
 //! The tiny `qwen35` the hybrid tests share.
 
+use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen35::Qwen35Hparams;
 
 /// 4 layers (delta-net, attention, delta-net, attention); 6 key heads and
@@ -7,15 +8,17 @@ use shardgraph_models::qwen35::Qwen35Hparams;
 /// llama.cpp's granules of 128 rows; 6 query / 3 KV heads.
 pub fn tiny() -> Qwen35Hparams {
     Qwen35Hparams {
-        n_layer: 4,
-        n_embd: 256,
-        n_ff: 512,
-        n_head: 6,
-        n_head_kv: 3,
-        head_dim: 64,
+        core: HparamsCore {
+            n_layer: 4,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 6,
+            n_head_kv: 3,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
         n_vocab: 320,
-        rms_eps: 1e-6,
-        rope_base: 1e7,
         n_rot: 16,
         rope_sections: [3, 3, 2, 0],
         full_attention_interval: 2,
