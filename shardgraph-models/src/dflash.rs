@@ -12,6 +12,7 @@
 //! context, attention over context + block, logits for every row).
 
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model, DIM};
+use super::layers::{self, input, named, rms_norm_w};
 use super::qwen3::{decoder_layer, f32s, new_layer, write_kv, LayerConv, LayerShape, Qwen3, Qwen3Layer};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
@@ -293,18 +294,10 @@ impl DflashHparams {
         Ok(())
     }
 
-    /// The layers' shape with a cache of `kv_size` cells, attention over the first `n_kv`.
-    fn shape(&self, kv_type: GgmlType, kv_size: i64, n_kv: i64) -> LayerShape {
-        LayerShape {
-            head_dim: self.head_dim,
-            n_head: self.n_head,
-            n_head_kv: self.n_head_kv,
-            rms_eps: self.rms_eps,
-            rope: self.core.neox_rope(0),
-            kv_type,
-            kv_size,
-            n_kv,
-        }
+    /// The layers' shape with KV caches of `kv_size` cells of `kv_type`
+    /// (NEOX rope over whole heads, no training context).
+    fn shape(&self, kv_type: GgmlType, kv_size: i64) -> LayerShape {
+        LayerShape::new(&self.core, self.core.neox_rope(0), kv_type, kv_size)
     }
 }
 
@@ -391,18 +384,6 @@ pub struct InjectStep {
     pub writes: Vec<TensorId>,
 }
 
-fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
-    let id = ctx.new_tensor(ty, ne)?;
-    ctx.set_name(id, name)?;
-    Ok(id)
-}
-
-fn input(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
-    let id = named(ctx, ty, ne, name)?;
-    ctx.set_input(id)?;
-    Ok(id)
-}
-
 impl Dflash {
     /// Creates the drafter's weights (`dft.` + GGUF names, matrices of
     /// `weight_type`) and caches in the target's context, borrowing the
@@ -439,7 +420,7 @@ impl Dflash {
         let fc = named(ctx, w, &[x, e], "dft.fc.weight")?;
         let enc_norm = named(ctx, GgmlType::F32, &[e], "dft.enc.output_norm.weight")?;
         let output_norm = named(ctx, GgmlType::F32, &[e], "dft.output_norm.weight")?;
-        let shape = hp.shape(kv_type, kv_size, kv_size);
+        let shape = hp.shape(kv_type, kv_size);
         let layers = (0..hp.n_layer)
             .map(|il| new_layer(ctx, "dft.", il, (e, f), &shape, (w, w, w, w)))
             .collect::<Result<Vec<_>>>()?;
@@ -502,12 +483,11 @@ impl Dflash {
         let pos = input(ctx, GgmlType::I32, &[n_tokens], "dft.inp_pos")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[n_tokens], "dft.k_idxs")?;
         let g = ctx.mul_mat(self.fc, features)?;
-        let g = ctx.rms_norm(g, hp.rms_eps)?;
-        let g = ctx.mul(g, self.enc_norm)?;
+        let g = rms_norm_w(ctx, g, self.enc_norm, hp.rms_eps)?;
         let mut writes = Vec::new();
+        let shape = hp.shape(self.kv_type, self.kv_size);
         for w in &self.layers {
-            let (wk, wv) =
-                write_kv(ctx, w, g, pos, kv_idxs, n_tokens, &self.hp.shape(self.kv_type, self.kv_size, self.kv_size))?;
+            let (wk, wv) = write_kv(ctx, w, g, (pos, kv_idxs), n_tokens, &shape)?;
             writes.push(wk);
             writes.push(wv);
         }
@@ -545,7 +525,7 @@ impl Dflash {
         let kv_idxs = input(ctx, GgmlType::I64, &[block], "dft.block_idxs")?;
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
-        let shape = hp.shape(self.kv_type, self.kv_size, n_kv);
+        let shape = hp.shape(self.kv_type, self.kv_size);
         for (il, w) in self.layers.iter().enumerate() {
             let conv = self.convs.get(il).copied().flatten();
             let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, block, &shape, conv.as_ref())?;
@@ -553,17 +533,10 @@ impl Dflash {
             writes.push(wv);
             x = out;
         }
-        let xn = ctx.rms_norm(x, hp.rms_eps)?;
-        let xn = ctx.mul(xn, self.output_norm)?;
+        let xn = rms_norm_w(ctx, x, self.output_norm, hp.rms_eps)?;
         let logits = ctx.mul_mat(self.output, xn)?;
         let argmax = ctx.argmax(logits)?;
-        let top_prob = {
-            let v = ctx.tensor(logits)?.ne[0];
-            let probs = ctx.soft_max(logits)?;
-            let probs = ctx.reshape_3d(probs, 1, v, block)?;
-            let at = ctx.reshape_2d(argmax, 1, block)?;
-            ctx.get_rows(probs, at)?
-        };
+        let top_prob = layers::top_prob(ctx, logits, argmax)?;
         let lattice = match &self.selector {
             Some(sel) => Some(self.build_selector(ctx, sel, logits, xn, tokens, block)?),
             None => None,

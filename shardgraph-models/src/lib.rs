@@ -12,6 +12,8 @@
 //! * [`mtp`]: the `qwen35` target's native MTP (NextN) drafter.
 //! * [`hparams`]: the hyper-parameters every model shares and the one table
 //!   of the GGUF keys they are read from.
+//! * layers (crate-private): the graph builders the models share (RMSNorm,
+//!   SwiGLU FFN, attention over a KV cache).
 //! * [`generate`]: GGUF files with seeded weights for the tests and examples.
 //! * [`policy`]: llama.cpp's split states for these tensors.
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
@@ -28,6 +30,7 @@ pub mod dflash;
 pub mod fit;
 pub mod generate;
 pub mod hparams;
+pub(crate) mod layers;
 pub mod mtp;
 pub mod policy;
 pub mod qwen3;

@@ -6,6 +6,7 @@
 //! `qwen3.embedding_length`, ...).
 
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model};
+use super::layers::{self, input, named, rms_norm_w, AttnShape, KvCache};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::ops::RopeParams;
@@ -290,12 +291,6 @@ impl Qwen3Step {
     }
 }
 
-fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
-    let id = ctx.new_tensor(ty, ne)?;
-    ctx.set_name(id, name)?;
-    Ok(id)
-}
-
 impl Qwen3 {
     /// Creates the weights (named as in a llama.cpp GGUF) and the KV caches
     /// (`cache_k_lN`, `cache_v_lN`, `[Hkv·D, kv_size]` of `kv_type`) in `ctx`.
@@ -339,16 +334,7 @@ impl Qwen3 {
         let tok_embd = named(ctx, types.embd, &[e, v], "token_embd.weight")?;
         let output_norm = named(ctx, GgmlType::F32, &[e], "output_norm.weight")?;
         let output = named(ctx, types.output, &[e, v], "output.weight")?;
-        let shape = LayerShape {
-            head_dim: hp.head_dim,
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            rms_eps: hp.rms_eps,
-            rope: hp.rope(),
-            kv_type,
-            kv_size,
-            n_kv: kv_size,
-        };
+        let shape = LayerShape::new(&hp, hp.rope(), kv_type, kv_size);
         let wt = (types.attn, types.attn_v, types.ffn, types.ffn_down);
         let layers =
             (0..hp.n_layer).map(|il| new_layer(ctx, "", il, (e, f), &shape, wt)).collect::<Result<Vec<_>>>()?;
@@ -383,27 +369,12 @@ impl Qwen3 {
         if let Some(&t) = taps.iter().find(|&&t| t > hp.n_layer) {
             return Err(Error::Model { detail: format!("qwen3: tap of layer {t} beyond {} layers", hp.n_layer) });
         }
-        let (t, d) = (n_tokens, hp.head_dim);
-        let (h, hkv) = (hp.n_head, hp.n_head_kv);
-        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
-            let id = named(ctx, ty, ne, name)?;
-            ctx.set_input(id)?;
-            Ok(id)
-        };
+        let t = n_tokens;
         let tokens = input(ctx, GgmlType::I32, &[t], "tokens")?;
         let pos = input(ctx, GgmlType::I32, &[t], "inp_pos")?;
         let mask = input(ctx, GgmlType::F16, &[n_kv, t], "kq_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
-        let shape = LayerShape {
-            head_dim: d,
-            n_head: h,
-            n_head_kv: hkv,
-            rms_eps: hp.rms_eps,
-            rope: hp.rope(),
-            kv_type: self.kv_type,
-            kv_size: self.kv_size,
-            n_kv,
-        };
+        let shape = LayerShape::new(hp, hp.rope(), self.kv_type, self.kv_size);
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
         let mut tap_ids = Vec::new();
@@ -419,8 +390,7 @@ impl Qwen3 {
         if taps.contains(&hp.n_layer) {
             tap_ids.push((hp.n_layer, x));
         }
-        let xn = ctx.rms_norm(x, hp.rms_eps)?;
-        let xn = ctx.mul(xn, self.output_norm)?;
+        let xn = rms_norm_w(ctx, x, self.output_norm, hp.rms_eps)?;
         let logits = ctx.mul_mat(self.output, xn)?;
         let argmax = ctx.argmax(logits)?;
         Ok(Qwen3Step { tokens, pos, mask, kv_idxs, writes, taps: tap_ids, logits, argmax })
@@ -431,20 +401,33 @@ impl Qwen3 {
 /// layers and the DFlash drafter's share it).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerShape {
-    pub head_dim: i64,
-    pub n_head: i64,
-    pub n_head_kv: i64,
+    /// Heads and the KV cache's type.
+    pub attn: AttnShape,
+    /// RMSNorm ε (the layer norms and the q/k head norms).
     pub rms_eps: f32,
+    /// Rope of Q and K.
     pub rope: RopeParams,
-    pub kv_type: GgmlType,
+    /// KV cache cells.
     pub kv_size: i64,
-    /// Cells attention reads (the used window, `≤ kv_size`).
-    pub n_kv: i64,
+}
+
+impl LayerShape {
+    /// The layers of `hp` with rope `rope` and KV caches of `kv_size` cells of `kv_type`.
+    pub(crate) fn new(hp: &HparamsCore, rope: RopeParams, kv_type: GgmlType, kv_size: i64) -> Self {
+        let attn = AttnShape { head_dim: hp.head_dim, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv_type };
+        LayerShape { attn, rms_eps: hp.rms_eps, rope, kv_size }
+    }
+}
+
+impl Qwen3Layer {
+    /// The layer's KV cache.
+    pub(crate) fn cache(&self) -> KvCache {
+        KvCache { k: self.cache_k, v: self.cache_v }
+    }
 }
 
 /// Creates one layer's weights (`{prefix}blk.{il}.*`) and caches
 /// (`{prefix}cache_k_l{il}`, `{prefix}cache_v_l{il}`, `[Hkv·D, kv_size]`).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn new_layer(
     ctx: &mut Context,
     prefix: &str,
@@ -453,7 +436,8 @@ pub(crate) fn new_layer(
     s: &LayerShape,
     (attn, attn_v, ffn, ffn_down): (GgmlType, GgmlType, GgmlType, GgmlType),
 ) -> Result<Qwen3Layer> {
-    let (d, qd, kvd) = (s.head_dim, s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    let a = &s.attn;
+    let (d, qd, kvd) = (a.head_dim, a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
     let b = |n: &str| format!("{prefix}blk.{il}.{n}");
     Ok(Qwen3Layer {
         attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
@@ -467,42 +451,57 @@ pub(crate) fn new_layer(
         ffn_gate: named(ctx, ffn, &[e, f], &b("ffn_gate.weight"))?,
         ffn_up: named(ctx, ffn, &[e, f], &b("ffn_up.weight"))?,
         ffn_down: named(ctx, ffn_down, &[f, e], &b("ffn_down.weight"))?,
-        cache_k: named(ctx, s.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_k_l{il}"))?,
-        cache_v: named(ctx, s.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_v_l{il}"))?,
+        cache_k: named(ctx, a.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_k_l{il}"))?,
+        cache_v: named(ctx, a.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_v_l{il}"))?,
     })
 }
 
-/// K (per-head RMSNorm, rope) and V of hidden states `h` `[E, T]` at `pos`,
-/// written into the layer's caches at cells `kv_idxs`; returns the writes.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn write_kv(
+/// `n` heads of `x` `[E, T]` projected by `w`, each RMS-normed with `norm`
+/// and NEOX-roped at `pos`: `[D, n, T]` (Q and K alike).
+fn normed_heads(
+    ctx: &mut Context,
+    (w, norm): (TensorId, TensorId),
+    x: TensorId,
+    pos: TensorId,
+    (n, t): (i64, i64),
+    s: &LayerShape,
+) -> Result<TensorId> {
+    let h = layers::heads(ctx, w, x, (s.attn.head_dim, n, t))?;
+    let h = rms_norm_w(ctx, h, norm, s.rms_eps)?;
+    ctx.rope_ext(h, pos, None, s.rope)
+}
+
+/// The K (per-head RMSNorm, rope) and V rows `[Hkv·D, T]` of hidden states
+/// `h` `[E, T]` at `pos`, as the caches store them (V goes through a
+/// `reshape_2d` to its own shape: `qwen35`'s layers write V without it, so
+/// this stays here rather than in [`layers::write_kv`], and both graphs
+/// keep their nodes).
+fn kv_rows(
     ctx: &mut Context,
     w: &Qwen3Layer,
     h: TensorId,
     pos: TensorId,
-    kv_idxs: TensorId,
     t: i64,
     s: &LayerShape,
 ) -> Result<(TensorId, TensorId)> {
-    let (d, hkv) = (s.head_dim, s.n_head_kv);
-    let k = ctx.mul_mat(w.wk, h)?;
-    let k = ctx.reshape_3d(k, d, hkv, t)?;
-    let k = ctx.rms_norm(k, s.rms_eps)?;
-    let k = ctx.mul(k, w.k_norm)?;
-    let k = ctx.rope_ext(k, pos, None, s.rope)?;
+    let kvd = s.attn.n_head_kv * s.attn.head_dim;
+    let k = normed_heads(ctx, (w.wk, w.k_norm), h, pos, (s.attn.n_head_kv, t), s)?;
     let v = ctx.mul_mat(w.wv, h)?;
-    let k2 = ctx.reshape_2d(k, hkv * d, t)?;
-    let v2 = ctx.reshape_2d(v, hkv * d, t)?;
-    Ok((ctx.set_rows(w.cache_k, k2, kv_idxs)?, ctx.set_rows(w.cache_v, v2, kv_idxs)?))
+    Ok((ctx.reshape_2d(k, kvd, t)?, ctx.reshape_2d(v, kvd, t)?))
 }
 
-/// The first `n_kv` cells of the cache as written by `write`, viewed
-/// `[D, n_kv, Hkv]` for attention (heads on axis 2, as `flash_attn_ext`
-/// takes K/V).
-fn cache_view(ctx: &mut Context, write: TensorId, s: &LayerShape) -> Result<TensorId> {
-    let (d, hkv) = (s.head_dim, s.n_head_kv);
-    let v = ctx.view_3d(write, d, hkv, s.n_kv, s.kv_type.row_size(d)?, s.kv_type.row_size(hkv * d)?, 0)?;
-    ctx.permute(v, [0, 2, 1, 3])
+/// K (per-head RMSNorm, rope) and V of hidden states `h` `[E, T]` at `pos`,
+/// written into the layer's caches at cells `kv_idxs`; returns the writes.
+pub(crate) fn write_kv(
+    ctx: &mut Context,
+    w: &Qwen3Layer,
+    h: TensorId,
+    (pos, kv_idxs): (TensorId, TensorId),
+    t: i64,
+    s: &LayerShape,
+) -> Result<(TensorId, TensorId)> {
+    let rows = kv_rows(ctx, w, h, pos, t, s)?;
+    layers::write_kv(ctx, w.cache(), rows, kv_idxs)
 }
 
 /// DFlash2's convolutions around a layer's two sublayers
@@ -524,9 +523,10 @@ pub struct LayerConv {
 }
 
 /// One Qwen3-style decoder layer over `x` `[E, T]`: RMSNorm, Q (per-head
-/// norm, rope) and K/V written to the caches, flash attention over every
-/// cache cell under `mask`, output projection, residual; RMSNorm, SwiGLU
-/// FFN, residual. With `conv` (DFlash2) each sublayer's input and output go
+/// norm, rope) and K/V written to the caches, flash attention over the
+/// cache's window under `mask` (causal for the target, the whole block for
+/// the DFlash drafter), output projection, residual; RMSNorm, SwiGLU FFN,
+/// residual. With `conv` (DFlash2) each sublayer's input and output go
 /// through the dynamic convolution. Returns the layer's output and its two
 /// cache writes.
 #[allow(clippy::too_many_arguments)]
@@ -541,53 +541,37 @@ pub(crate) fn decoder_layer(
     s: &LayerShape,
     conv: Option<&LayerConv>,
 ) -> Result<(TensorId, TensorId, TensorId)> {
-    use super::dflash::dflash2_conv;
-    let (d, h) = (s.head_dim, s.n_head);
-    let xn = ctx.rms_norm(x, s.rms_eps)?;
-    let xn = ctx.mul(xn, w.attn_norm)?;
-    let (xn, d_a) = match conv {
-        Some(c) => {
-            let d_a = ctx.mul_mat(c.attn_proj, xn)?;
-            (dflash2_conv(ctx, xn, d_a, c.attn_base, 0, c.n_blocks, c.group)?, Some(d_a))
-        }
-        None => (xn, None),
-    };
-    let q = ctx.mul_mat(w.wq, xn)?;
-    let q = ctx.reshape_3d(q, d, h, t)?;
-    let q = ctx.rms_norm(q, s.rms_eps)?;
-    let q = ctx.mul(q, w.q_norm)?;
-    let q = ctx.rope_ext(q, pos, None, s.rope)?;
-    // Store K/V rows, then attend over the whole cache.
-    let (wk, wv) = write_kv(ctx, w, xn, pos, kv_idxs, t, s)?;
-    let kc = cache_view(ctx, wk, s)?;
-    let vc = cache_view(ctx, wv, s)?;
-    let q = ctx.permute(q, [0, 2, 1, 3])?; // [D, T, H]
-    let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)?; // [D, H, T]
-    let a = ctx.reshape_2d(a, h * d, t)?;
-    let a = ctx.mul_mat(w.wo, a)?;
-    let a = match (conv, d_a) {
-        (Some(c), Some(d_a)) => dflash2_conv(ctx, a, d_a, c.attn_base, 1, c.n_blocks, c.group)?,
-        _ => a,
-    };
+    let xn = rms_norm_w(ctx, x, w.attn_norm, s.rms_eps)?;
+    let (a, writes) = with_conv(ctx, conv.map(|c| (c, c.attn_proj, c.attn_base)), xn, |ctx, xn| {
+        let q = normed_heads(ctx, (w.wq, w.q_norm), xn, pos, (s.attn.n_head, t), s)?;
+        let rows = kv_rows(ctx, w, xn, pos, t, s)?;
+        let (a, wk, wv) = layers::attention(ctx, q, rows, w.cache(), kv_idxs, mask, &s.attn)?;
+        Ok((ctx.mul_mat(w.wo, a)?, (wk, wv)))
+    })?;
     let hres = ctx.add(a, x)?;
-    let hn = ctx.rms_norm(hres, s.rms_eps)?;
-    let hn = ctx.mul(hn, w.ffn_norm)?;
-    let (hn, d_f) = match conv {
-        Some(c) => {
-            let d_f = ctx.mul_mat(c.ffn_proj, hn)?;
-            (dflash2_conv(ctx, hn, d_f, c.ffn_base, 0, c.n_blocks, c.group)?, Some(d_f))
-        }
-        None => (hn, None),
-    };
-    let up = ctx.mul_mat(w.ffn_up, hn)?;
-    let gate = ctx.mul_mat(w.ffn_gate, hn)?;
-    let act = ctx.swiglu_split(gate, up)?;
-    let down = ctx.mul_mat(w.ffn_down, act)?;
-    let down = match (conv, d_f) {
-        (Some(c), Some(d_f)) => dflash2_conv(ctx, down, d_f, c.ffn_base, 1, c.n_blocks, c.group)?,
-        _ => down,
-    };
-    Ok((ctx.add(down, hres)?, wk, wv))
+    let hn = rms_norm_w(ctx, hres, w.ffn_norm, s.rms_eps)?;
+    let (down, ()) = with_conv(ctx, conv.map(|c| (c, c.ffn_proj, c.ffn_base)), hn, |ctx, hn| {
+        Ok((layers::swiglu_ffn(ctx, hn, w.ffn_gate, w.ffn_up, w.ffn_down)?, ()))
+    })?;
+    Ok((ctx.add(down, hres)?, writes.0, writes.1))
+}
+
+/// The sublayer `f` of `x`; with DFlash2's convolution (`conv`, its
+/// sublayer's projection and base) its input and output go through
+/// [`super::dflash::dflash2_conv`] with the δ projected from its input.
+/// Returns `f`'s output and what else it returns.
+fn with_conv<R>(
+    ctx: &mut Context,
+    conv: Option<(&LayerConv, TensorId, TensorId)>,
+    x: TensorId,
+    f: impl FnOnce(&mut Context, TensorId) -> Result<(TensorId, R)>,
+) -> Result<(TensorId, R)> {
+    use super::dflash::dflash2_conv;
+    let Some((c, proj, base)) = conv else { return f(ctx, x) };
+    let delta = ctx.mul_mat(proj, x)?;
+    let x = dflash2_conv(ctx, x, delta, base, 0, c.n_blocks, c.group)?;
+    let (y, r) = f(ctx, x)?;
+    Ok((dflash2_conv(ctx, y, delta, base, 1, c.n_blocks, c.group)?, r))
 }
 
 /// What one decode step returns.

@@ -13,6 +13,7 @@
 //! `[Hkv·D, kv_size]` as in [`super::qwen3`].
 
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model, DIM};
+use super::layers::{self, input, named, rms_norm_w, AttnShape, KvCache};
 use super::qwen3::{f32s, StepOutput};
 use super::{cell_bytes, f32_bytes, i32_bytes, imrope_positions, mask_bytes};
 use shardgraph::error::{Error, Result};
@@ -486,12 +487,6 @@ pub struct Qwen35Step {
     pub argmax: TensorId,
 }
 
-fn named(ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
-    let id = ctx.new_tensor(ty, ne)?;
-    ctx.set_name(id, name)?;
-    Ok(id)
-}
-
 /// The tensors of a `qwen35` GGUF in llama.cpp's names: name, type, shape.
 pub fn qwen35_tensors(hp: &Qwen35Hparams, types: &Qwen35Types) -> Vec<(String, GgmlType, Vec<i64>)> {
     let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
@@ -727,11 +722,6 @@ impl Qwen35 {
             return Err(Error::Model { detail: format!("qwen35: tap of layer {l} beyond {} layers", hp.n_layer) });
         }
         let t = n_tokens;
-        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
-            let id = named(ctx, ty, ne, name)?;
-            ctx.set_input(id)?;
-            Ok(id)
-        };
         let tokens = input(ctx, GgmlType::I32, &[t], "tokens")?;
         let pos = input(ctx, GgmlType::I32, &[4 * t], "inp_pos")?;
         let mask = input(ctx, GgmlType::F16, &[n_kv, t], "kq_mask")?;
@@ -749,34 +739,40 @@ impl Qwen35 {
             if taps.contains(&il) {
                 tap_ids.push((il, x));
             }
-            let xn = ctx.rms_norm(x, hp.rms_eps)?;
-            let xn = ctx.mul(xn, w.attn_norm)?;
-            let mixed = match &w.mixer {
-                Qwen35Mixer::Attention { .. } => {
-                    self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, &mut writes)?
-                }
+            x = self.block(ctx, w, x, |ctx, xn| match &w.mixer {
+                Qwen35Mixer::Attention { .. } => self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, &mut writes),
                 Qwen35Mixer::DeltaNet { .. } => {
                     let snap = snaps.next().zip(snap_row).map(|(v, r)| (&v[..], r));
-                    self.delta_net(ctx, &w.mixer, xn, t, snap, &mut writes)?
+                    self.delta_net(ctx, &w.mixer, xn, t, snap, &mut writes)
                 }
-            };
-            let h = ctx.add(mixed, x)?;
-            let hn = ctx.rms_norm(h, hp.rms_eps)?;
-            let hn = ctx.mul(hn, w.post_norm)?;
-            let up = ctx.mul_mat(w.ffn_up, hn)?;
-            let gate = ctx.mul_mat(w.ffn_gate, hn)?;
-            let act = ctx.swiglu_split(gate, up)?;
-            let down = ctx.mul_mat(w.ffn_down, act)?;
-            x = ctx.add(down, h)?;
+            })?;
         }
-        let h_nextn = ctx.rms_norm(x, hp.rms_eps)?;
-        let h_nextn = ctx.mul(h_nextn, self.output_norm)?;
+        let h_nextn = rms_norm_w(ctx, x, self.output_norm, hp.rms_eps)?;
         if taps.contains(&hp.n_layer) {
             tap_ids.push((hp.n_layer, h_nextn));
         }
         let logits = ctx.mul_mat(self.output, h_nextn)?;
         let argmax = ctx.argmax(logits)?;
         Ok(Qwen35Step { tokens, pos, mask, kv_idxs, snap_row, writes, taps: tap_ids, h_nextn, logits, argmax })
+    }
+
+    /// One layer over `x` `[E, T]` (trunk or NextN): RMSNorm·`attn_norm`,
+    /// the mixer `mix`, residual; RMSNorm·`post_attention_norm`, SwiGLU
+    /// FFN, residual.
+    fn block(
+        &self,
+        ctx: &mut Context,
+        w: &Qwen35Layer,
+        x: TensorId,
+        mix: impl FnOnce(&mut Context, TensorId) -> Result<TensorId>,
+    ) -> Result<TensorId> {
+        let eps = self.hp.rms_eps;
+        let xn = rms_norm_w(ctx, x, w.attn_norm, eps)?;
+        let mixed = mix(ctx, xn)?;
+        let h = ctx.add(mixed, x)?;
+        let hn = rms_norm_w(ctx, h, w.post_norm, eps)?;
+        let down = layers::swiglu_ffn(ctx, hn, w.ffn_gate, w.ffn_up, w.ffn_down)?;
+        ctx.add(down, h)
     }
 
     fn check_window(&self, n_kv: i64) -> Result<()> {
@@ -856,11 +852,6 @@ impl Qwen35 {
             return Err(Error::Model { detail: "qwen35: an MTP step needs ≥ 1 row".into() });
         }
         let t = n_tokens;
-        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
-            let id = named(ctx, ty, ne, name)?;
-            ctx.set_input(id)?;
-            Ok(id)
-        };
         let tokens = input(ctx, GgmlType::I32, &[t], "mtp_tokens")?;
         let h = input(ctx, GgmlType::F32, &[hp.n_embd, t], "mtp_h")?;
         let pos = input(ctx, GgmlType::I32, &[4 * t], "mtp_pos")?;
@@ -889,35 +880,16 @@ impl Qwen35 {
             return Err(Error::Model { detail: "qwen35: the model has no NextN (MTP) block".into() });
         };
         let e = ctx.get_rows(self.tok_embd, tokens)?;
-        let en = ctx.rms_norm(e, hp.rms_eps)?;
-        let en = ctx.mul(en, nx.enorm)?;
-        let hn = ctx.rms_norm(h, hp.rms_eps)?;
-        let hn = ctx.mul(hn, nx.hnorm)?;
+        let en = rms_norm_w(ctx, e, nx.enorm, hp.rms_eps)?;
+        let hn = rms_norm_w(ctx, h, nx.hnorm, hp.rms_eps)?;
         let eh = ctx.concat(en, hn, 0)?;
         let x = ctx.mul_mat(nx.eh_proj, eh)?;
         let w = &nx.layer;
-        let xn = ctx.rms_norm(x, hp.rms_eps)?;
-        let xn = ctx.mul(xn, w.attn_norm)?;
-        let a = self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, writes)?;
-        let r = ctx.add(a, x)?;
-        let rn = ctx.rms_norm(r, hp.rms_eps)?;
-        let rn = ctx.mul(rn, w.post_norm)?;
-        let up = ctx.mul_mat(w.ffn_up, rn)?;
-        let gate = ctx.mul_mat(w.ffn_gate, rn)?;
-        let act = ctx.swiglu_split(gate, up)?;
-        let down = ctx.mul_mat(w.ffn_down, act)?;
-        let y = ctx.add(down, r)?;
-        let h_out = ctx.rms_norm(y, hp.rms_eps)?;
-        let h_out = ctx.mul(h_out, nx.head_norm)?;
+        let y = self.block(ctx, w, x, |ctx, xn| self.attention(ctx, &w.mixer, xn, pos, mask, kv_idxs, t, writes))?;
+        let h_out = rms_norm_w(ctx, y, nx.head_norm, hp.rms_eps)?;
         let logits = ctx.mul_mat(self.output, h_out)?;
         let argmax = ctx.argmax(logits)?;
-        let top_prob = {
-            let v = ctx.tensor(logits)?.ne[0];
-            let probs = ctx.soft_max(logits)?;
-            let probs = ctx.reshape_3d(probs, 1, v, t)?;
-            let at = ctx.reshape_2d(argmax, 1, t)?;
-            ctx.get_rows(probs, at)?
-        };
+        let top_prob = layers::top_prob(ctx, logits, argmax)?;
         Ok((h_out, argmax, top_prob))
     }
 
@@ -951,11 +923,6 @@ impl Qwen35 {
                 ),
             });
         }
-        let input = |ctx: &mut Context, ty: GgmlType, ne: &[i64], name: &str| -> Result<TensorId> {
-            let id = named(ctx, ty, ne, name)?;
-            ctx.set_input(id)?;
-            Ok(id)
-        };
         let token = input(ctx, GgmlType::I32, &[1], "mtp_token")?;
         let h0 = input(ctx, GgmlType::F32, &[self.hp.n_embd, 1], "mtp_h")?;
         let (mut tok, mut h) = (token, h0);
@@ -995,35 +962,22 @@ impl Qwen35 {
         let qg = ctx.mul_mat(wq, xn)?; // [2·H·D, T]: per head D query then D gate values
         let (nb1, nb2) = (2 * d as usize * f, 2 * (d * h) as usize * f);
         let q = ctx.view_3d(qg, d, h, t, nb1, nb2, 0)?;
-        let q = ctx.rms_norm(q, hp.rms_eps)?;
-        let q = ctx.mul(q, q_norm)?;
+        let q = rms_norm_w(ctx, q, q_norm, hp.rms_eps)?;
         let gate = ctx.view_3d(qg, d, h, t, nb1, nb2, d as usize * f)?;
         let gate = ctx.cont_2d(gate, d * h, t)?;
-        let k = ctx.mul_mat(wk, xn)?;
-        let k = ctx.reshape_3d(k, d, hkv, t)?;
-        let k = ctx.rms_norm(k, hp.rms_eps)?;
-        let k = ctx.mul(k, k_norm)?;
+        let k = layers::heads(ctx, wk, xn, (d, hkv, t))?;
+        let k = rms_norm_w(ctx, k, k_norm, hp.rms_eps)?;
         let v = ctx.mul_mat(wv, xn)?;
         let rope = hp.rope();
         let q = ctx.rope_multi(q, pos, None, rope)?;
         let k = ctx.rope_multi(k, pos, None, rope)?;
         let k2 = ctx.reshape_2d(k, hkv * d, t)?;
-        let wk_ = ctx.set_rows(cache_k, k2, kv_idxs)?;
-        let wv_ = ctx.set_rows(cache_v, v, kv_idxs)?;
+        // V is written as projected (`[Hkv·D, T]`).
+        let cache = KvCache { k: cache_k, v: cache_v };
+        let shape = AttnShape { head_dim: d, n_head: h, n_head_kv: hkv, kv_type: self.kv_type };
+        let (a, wk_, wv_) = layers::attention(ctx, q, (k2, v), cache, kv_idxs, mask, &shape)?;
         writes.push(wk_);
         writes.push(wv_);
-        // The cells the mask covers: the step's window.
-        let n_kv = ctx.tensor(mask)?.ne[0];
-        let view = |ctx: &mut Context, w: TensorId| -> Result<TensorId> {
-            let ty = self.kv_type;
-            let v = ctx.view_3d(w, d, hkv, n_kv, ty.row_size(d)?, ty.row_size(hkv * d)?, 0)?;
-            ctx.permute(v, [0, 2, 1, 3])
-        };
-        let kc = view(ctx, wk_)?;
-        let vc = view(ctx, wv_)?;
-        let q = ctx.permute(q, [0, 2, 1, 3])?;
-        let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)?;
-        let a = ctx.reshape_2d(a, h * d, t)?;
         let g = ctx.sigmoid(gate)?;
         let a = ctx.mul(a, g)?;
         ctx.mul_mat(wo, a)
@@ -1102,8 +1056,7 @@ impl Qwen35 {
                 writes.push(ctx.set_rows(snap_s, st, row0)?);
             }
         }
-        let o = ctx.rms_norm(o, hp.rms_eps)?;
-        let o = ctx.mul(o, norm)?;
+        let o = rms_norm_w(ctx, o, norm, hp.rms_eps)?;
         let z = ctx.reshape_4d(z, s, hv, t, 1)?;
         let z = ctx.silu(z)?;
         let o = ctx.mul(o, z)?;
