@@ -558,6 +558,74 @@ pub fn qwen35_tensors(hp: &Qwen35Hparams, types: &Qwen35Types) -> Vec<(String, G
     t
 }
 
+/// A model's weights by GGUF name.
+type Weights = std::collections::HashMap<String, TensorId>;
+
+/// Block `il`'s layer around `mixer`: its norms and FFN from `ids`.
+fn layer(ids: &Weights, il: usize, mixer: Qwen35Mixer) -> Qwen35Layer {
+    let b = |n: &str| ids[&format!("blk.{il}.{n}")];
+    Qwen35Layer {
+        attn_norm: b("attn_norm.weight"),
+        post_norm: b("post_attention_norm.weight"),
+        mixer,
+        ffn_gate: b("ffn_gate.weight"),
+        ffn_up: b("ffn_up.weight"),
+        ffn_down: b("ffn_down.weight"),
+    }
+}
+
+/// Block `il`'s gated-attention mixer: its weights from `ids` and new KV
+/// caches `cache_k_l{il}`, `cache_v_l{il}` (`[Hkv·D, kv_size]` of `kv_type`).
+fn attention_mixer(
+    ctx: &mut Context,
+    ids: &Weights,
+    il: usize,
+    hp: &Qwen35Hparams,
+    (kv_type, kv_size): (GgmlType, i64),
+) -> Result<Qwen35Mixer> {
+    let b = |n: &str| ids[&format!("blk.{il}.{n}")];
+    let kvd = hp.n_head_kv * hp.head_dim;
+    Ok(Qwen35Mixer::Attention {
+        wq: b("attn_q.weight"),
+        wk: b("attn_k.weight"),
+        wv: b("attn_v.weight"),
+        wo: b("attn_output.weight"),
+        q_norm: b("attn_q_norm.weight"),
+        k_norm: b("attn_k_norm.weight"),
+        cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
+        cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
+    })
+}
+
+/// Block `il`'s Gated-DeltaNet mixer: its weights from `ids` and new state
+/// caches `cache_r_l{il}`, `cache_s_l{il}` ([`new_states`]).
+fn delta_net_mixer(ctx: &mut Context, ids: &Weights, il: usize, hp: &Qwen35Hparams) -> Result<Qwen35Mixer> {
+    let b = |n: &str| ids[&format!("blk.{il}.{n}")];
+    let (cache_r, cache_s) = new_states(ctx, hp, &format!("l{il}"))?;
+    Ok(Qwen35Mixer::DeltaNet {
+        wqkv: b("attn_qkv.weight"),
+        wgate: b("attn_gate.weight"),
+        beta: b("ssm_beta.weight"),
+        alpha: b("ssm_alpha.weight"),
+        dt_bias: b("ssm_dt.bias"),
+        a: b("ssm_a"),
+        conv1d: b("ssm_conv1d.weight"),
+        norm: b("ssm_norm.weight"),
+        out: b("ssm_out.weight"),
+        cache_r,
+        cache_s,
+    })
+}
+
+/// A delta-net layer's F32 states, `cache_r_{tag}` (the conv state,
+/// `[(d_conv − 1)·conv_channels, 1]`) and `cache_s_{tag}` (the recurrent
+/// state, `[S·S·H_v, 1]`).
+fn new_states(ctx: &mut Context, hp: &Qwen35Hparams, tag: &str) -> Result<(TensorId, TensorId)> {
+    let r = named(ctx, GgmlType::F32, &[(hp.d_conv - 1) * hp.conv_channels(), 1], &format!("cache_r_{tag}"))?;
+    let s = named(ctx, GgmlType::F32, &[hp.d_state * hp.d_state * hp.n_v_heads, 1], &format!("cache_s_{tag}"))?;
+    Ok((r, s))
+}
+
 impl Qwen35 {
     /// Creates the weights (GGUF names) and caches in `ctx`: KV caches of
     /// `kv_size` cells of `kv_type` for the attention layers, F32 conv and
@@ -591,81 +659,26 @@ impl Qwen35 {
                 });
             }
         }
-        let mut ids = std::collections::HashMap::new();
+        let mut ids = Weights::new();
         for (name, ty, ne) in &tensors {
             ids.insert(name.clone(), named(ctx, *ty, ne, name)?);
         }
         let get = |n: &str| ids[n];
-        let kvd = hp.n_head_kv * hp.head_dim;
+        let kv = (kv_type, kv_size);
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
-            let b = |n: &str| get(&format!("blk.{il}.{n}"));
             let mixer = if hp.is_recurrent(il) {
-                Qwen35Mixer::DeltaNet {
-                    wqkv: b("attn_qkv.weight"),
-                    wgate: b("attn_gate.weight"),
-                    beta: b("ssm_beta.weight"),
-                    alpha: b("ssm_alpha.weight"),
-                    dt_bias: b("ssm_dt.bias"),
-                    a: b("ssm_a"),
-                    conv1d: b("ssm_conv1d.weight"),
-                    norm: b("ssm_norm.weight"),
-                    out: b("ssm_out.weight"),
-                    cache_r: named(
-                        ctx,
-                        GgmlType::F32,
-                        &[(hp.d_conv - 1) * hp.conv_channels(), 1],
-                        &format!("cache_r_l{il}"),
-                    )?,
-                    cache_s: named(
-                        ctx,
-                        GgmlType::F32,
-                        &[hp.d_state * hp.d_state * hp.n_v_heads, 1],
-                        &format!("cache_s_l{il}"),
-                    )?,
-                }
+                delta_net_mixer(ctx, &ids, il, &hp)?
             } else {
-                Qwen35Mixer::Attention {
-                    wq: b("attn_q.weight"),
-                    wk: b("attn_k.weight"),
-                    wv: b("attn_v.weight"),
-                    wo: b("attn_output.weight"),
-                    q_norm: b("attn_q_norm.weight"),
-                    k_norm: b("attn_k_norm.weight"),
-                    cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
-                    cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
-                }
+                attention_mixer(ctx, &ids, il, &hp, kv)?
             };
-            layers.push(Qwen35Layer {
-                attn_norm: b("attn_norm.weight"),
-                post_norm: b("post_attention_norm.weight"),
-                mixer,
-                ffn_gate: b("ffn_gate.weight"),
-                ffn_up: b("ffn_up.weight"),
-                ffn_down: b("ffn_down.weight"),
-            });
+            layers.push(layer(&ids, il, mixer));
         }
         let nextn = if hp.n_nextn == 1 {
             let il = hp.n_layer;
             let b = |n: &str| get(&format!("blk.{il}.{n}"));
             Some(Qwen35Nextn {
-                layer: Qwen35Layer {
-                    attn_norm: b("attn_norm.weight"),
-                    post_norm: b("post_attention_norm.weight"),
-                    mixer: Qwen35Mixer::Attention {
-                        wq: b("attn_q.weight"),
-                        wk: b("attn_k.weight"),
-                        wv: b("attn_v.weight"),
-                        wo: b("attn_output.weight"),
-                        q_norm: b("attn_q_norm.weight"),
-                        k_norm: b("attn_k_norm.weight"),
-                        cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
-                        cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
-                    },
-                    ffn_gate: b("ffn_gate.weight"),
-                    ffn_up: b("ffn_up.weight"),
-                    ffn_down: b("ffn_down.weight"),
-                },
+                layer: layer(&ids, il, attention_mixer(ctx, &ids, il, &hp, kv)?),
                 eh_proj: b("nextn.eh_proj.weight"),
                 enorm: b("nextn.enorm.weight"),
                 hnorm: b("nextn.hnorm.weight"),
@@ -803,19 +816,7 @@ impl Qwen35 {
             if let Qwen35Mixer::DeltaNet { .. } = l.mixer {
                 let mut layer = Vec::with_capacity(slots);
                 for j in 0..slots {
-                    let r = named(
-                        ctx,
-                        GgmlType::F32,
-                        &[(hp.d_conv - 1) * hp.conv_channels(), 1],
-                        &format!("cache_r_l{il}_snap{j}"),
-                    )?;
-                    let st = named(
-                        ctx,
-                        GgmlType::F32,
-                        &[hp.d_state * hp.d_state * hp.n_v_heads, 1],
-                        &format!("cache_s_l{il}_snap{j}"),
-                    )?;
-                    layer.push((r, st));
+                    layer.push(new_states(ctx, hp, &format!("l{il}_snap{j}"))?);
                 }
                 self.snapshots.push(layer);
             }
