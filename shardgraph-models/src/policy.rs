@@ -2,7 +2,15 @@
 //! sections 7.2 and 7.4): which axis each weight and cache is split on, and the
 //! granule each device's slice is a multiple of, so quant blocks and attention
 //! heads stay whole.
+//!
+//! Each model's rules are a function of their own: `qwen3_rules` (the
+//! `qwen3` target), `qwen35_rules` (the hybrid target: gated attention and
+//! Gated-DeltaNet layers) and `dflash_rules` (the DFlash drafter's layers,
+//! added to either target's); the public `*_policy` functions put them
+//! together and mirror everything else.
 
+use super::dflash::DflashHparams;
+use super::hparams::HparamsCore;
 use super::qwen3::{Qwen3Hparams, Qwen3Types};
 use shardgraph::error::{Error, Result};
 use shardgraph::split::{split_extents, SplitPolicy, SplitSpec};
@@ -24,7 +32,7 @@ fn lcm(a: i64, b: i64) -> i64 {
 /// `g_q` query rows per slice (whole GQA groups, a multiple of the output
 /// projection's block, doubled up to 128 while each device still gets a group),
 /// and `g_kv = g_q / G` (whole KV heads).
-pub fn attention_granules(hp: &Qwen3Hparams, wo_type: GgmlType, n_dev: usize) -> (i64, i64) {
+pub fn attention_granules(hp: &HparamsCore, wo_type: GgmlType, n_dev: usize) -> (i64, i64) {
     // (Head counts that do not validate get granules of one group, not a division by zero.)
     let g = (hp.n_head / hp.n_head_kv.max(1)).max(1);
     let n_embd_q = (g * hp.head_dim).max(1);
@@ -111,16 +119,34 @@ fn layer_rules(policy: SplitPolicy, prefix: &str, (g_q, g_kv): (i64, i64), ffn_g
 pub fn qwen3_dflash_policy(
     hp: &Qwen3Hparams,
     types: &Qwen3Types,
-    drafter: &super::dflash::DflashHparams,
+    drafter: &DflashHparams,
     drafter_type: GgmlType,
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
-    let dhp = drafter_as_qwen3(drafter, hp.n_vocab);
-    // The drafter's heads must give every device a KV head too.
-    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios).map_err(|e| drafter_error(&dhp, e))?;
-    let g = attention_granules(&dhp, drafter_type, ratios.len());
+    check_dflash_heads(drafter, drafter_type, hp.n_vocab, ratios)?;
     let policy = qwen3_rules(hp, types, ratios)?;
-    Ok(layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type)).rule("*", SplitSpec::Mirrored))
+    Ok(dflash_rules(policy, drafter, drafter_type, ratios.len()).rule("*", SplitSpec::Mirrored))
+}
+
+/// Checks that a DFlash drafter's heads give every device with a non-zero
+/// ratio a KV head too (as a `qwen3` target's must), before either model's
+/// rules are made.
+///
+/// # Errors
+/// As [`qwen3_policy`], the message naming the drafter's heads.
+fn check_dflash_heads(drafter: &DflashHparams, drafter_type: GgmlType, n_vocab: i64, ratios: &[f32]) -> Result<()> {
+    let dhp = drafter_as_qwen3(drafter, n_vocab);
+    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios).map(drop).map_err(|e| drafter_error(&dhp, e))
+}
+
+/// The DFlash drafter's rules on top of its target's `policy`
+/// (shardgraph-models/MODELS.md, section 7.5): its tensors are named `dft.` +
+/// the GGUF name, its layers and caches split like a `qwen3` target's, with
+/// its own granules; `fc`, the norms and DFlash2's convolution and selector
+/// tensors are left to the caller's final "everything else mirrored".
+fn dflash_rules(policy: SplitPolicy, drafter: &DflashHparams, drafter_type: GgmlType, n_dev: usize) -> SplitPolicy {
+    let g = attention_granules(&drafter.core, drafter_type, n_dev);
+    layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type))
 }
 
 /// The split policy llama.cpp assigns a `qwen35` model under
@@ -167,19 +193,14 @@ pub fn qwen35_policy(
 pub fn qwen35_dflash_policy(
     hp: &super::qwen35::Qwen35Hparams,
     types: &super::qwen35::Qwen35Types,
-    drafter: &super::dflash::DflashHparams,
+    drafter: &DflashHparams,
     drafter_type: GgmlType,
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
-    let dhp = drafter_as_qwen3(drafter, hp.n_vocab);
-    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios).map_err(|e| drafter_error(&dhp, e))?;
+    check_dflash_heads(drafter, drafter_type, hp.n_vocab, ratios)?;
     let policy = qwen35_rules(hp, types, ratios)?;
-    let policy = if ratios.len() > 1 {
-        let g = attention_granules(&dhp, drafter_type, ratios.len());
-        layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type))
-    } else {
-        policy
-    };
+    // On one device qwen35_rules has no rules (nothing is split), nor does the drafter.
+    let policy = if ratios.len() > 1 { dflash_rules(policy, drafter, drafter_type, ratios.len()) } else { policy };
     Ok(policy.rule("*", SplitSpec::Mirrored))
 }
 
@@ -197,8 +218,8 @@ fn drafter_error(dhp: &Qwen3Hparams, e: Error) -> Error {
     }
 }
 
-/// A DFlash drafter's layer shapes as a `qwen3` model's (for the granules).
-fn drafter_as_qwen3(drafter: &super::dflash::DflashHparams, n_vocab: i64) -> Qwen3Hparams {
+/// A DFlash drafter's layer shapes as a `qwen3` model's (for the check of its heads).
+fn drafter_as_qwen3(drafter: &DflashHparams, n_vocab: i64) -> Qwen3Hparams {
     Qwen3Hparams { core: drafter.core.clone(), n_vocab, n_ctx_train: 4096 }
 }
 
