@@ -426,3 +426,30 @@ impl<'a> ArchKeys<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Allowed, Field, Rule, KEYS};
+
+    /// Every field has one key, indexed by the field (`read_shared` stores
+    /// values at `field as usize`), every key a model defaults from or
+    /// compares with is read before it, and every rule fits its key's values.
+    #[test]
+    fn the_key_table_is_consistent() {
+        for (i, key) in KEYS.iter().enumerate() {
+            assert_eq!(KEYS.iter().filter(|k| k.field == key.field).count(), 1, "{:?}", key.field);
+            assert!((key.field as usize) < KEYS.len(), "{:?}", key.field);
+            let earlier = |f: Field| KEYS[..i].iter().any(|k| k.field == f && matches!(k.allowed, Allowed::Int(_)));
+            for rule in key.rules {
+                let ok = match (&key.allowed, rule) {
+                    (_, Rule::Equals(f, _)) | (Allowed::Int(_), Rule::OrSame(f)) => earlier(f),
+                    (Allowed::Int(_), Rule::OrEmbdPerHead) => earlier(Field::Embd) && earlier(Field::HeadCount),
+                    (Allowed::Int(_), Rule::Required | Rule::Optional | Rule::Or(_)) => true,
+                    (Allowed::Positive, Rule::Required | Rule::OrF32(_)) => true,
+                    _ => false,
+                };
+                assert!(ok, "{}: {rule:?}", key.suffix);
+            }
+        }
+    }
+}
