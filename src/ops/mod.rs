@@ -602,25 +602,18 @@ impl Op {
     /// used afterwards (same shape, same type, element-wise; ggml's
     /// `ggml_op_can_inplace`).
     pub fn can_inplace(&self) -> bool {
-        matches!(
-            self,
-            Op::Add
-                | Op::Sub
-                | Op::Mul
-                | Op::Div
-                | Op::Add1
-                | Op::Scale { .. }
-                | Op::Clamp { .. }
-                | Op::Sqr
-                | Op::Sqrt
-                | Op::Unary(_)
-                | Op::RmsNorm { .. }
-                | Op::Norm { .. }
-                | Op::L2Norm { .. }
-                | Op::SoftMax { .. }
-                | Op::Rope(_)
-                | Op::Fill { .. }
-        )
+        // Element-wise ops but a GLU (whose fused src0 is twice as wide),
+        // the row normalisations and rope.
+        match self.family() {
+            OpFamily::Elementwise => !matches!(self, Op::Glu { .. }),
+            OpFamily::Norm | OpFamily::Rope => true,
+            OpFamily::Reduce
+            | OpFamily::Matmul
+            | OpFamily::Attn
+            | OpFamily::Data
+            | OpFamily::Ssm
+            | OpFamily::Distributed => false,
+        }
     }
 }
 
