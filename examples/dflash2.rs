@@ -160,6 +160,8 @@ fn run() -> shardgraph::Result<()> {
     let given = |name: &str| spec::given_file(&args, name);
     let target_kind = arg(&args, "--target").unwrap_or_else(|| "qwen3".into());
     let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
+    // --ctx-size before any output (a drafter's block adds at least 2 cells).
+    spec::ctx_request(&args, 0, (prompt.len() + n_gen + 2) as i64);
     let describe = |target: &PathBuf, draft: &PathBuf| {
         println!(
             "target {}, drafter {} (DFlash2), KV cache {kv_type}",

@@ -54,6 +54,9 @@ fn bad_options_exit_with_the_value_in_the_message() {
         ("mtp", vec!["--fit", "on", "--ctx-size", "1"], "--ctx-size 1 is too small"),
         ("decode", vec!["--fit", "on", "--ctx-size", "-5"], "--ctx-size -5 is too small"),
         ("dflash2", vec!["--devices", "2", "--devices", "3"], "--devices is given more than once"),
+        ("dflash2", vec!["--ctx-size", "99999999999999"], "--ctx-size 99999999999999 is too large"),
+        ("dflash2", vec!["--n-predict", "2147483647"], "this run needs 2147483665 cells"),
+        ("mtp", vec!["--ctx-size", "2147483648"], "--ctx-size 2147483648 is too large"),
         (
             "decode",
             vec!["--tensor-split", "1,1", "--n-predict", "2", "--tensor-split", "1,1,1"],

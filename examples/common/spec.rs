@@ -226,7 +226,8 @@ pub fn ctx_size(
 }
 
 /// Checks `--ctx-size` and `--fit` before any work (exits with status 2 on
-/// a bad `--fit` value or a `--ctx-size` below `need`, fit or not) and
+/// a bad `--fit` value, a `--ctx-size` below `need` or above
+/// [`shardgraph_models::MAX_CTX`], fit or not, or a `need` above it) and
 /// returns `--ctx-size` if given. [`ctx_size`] calls it; an example that
 /// learns its model later calls it first to refuse bad values early.
 pub fn ctx_request(args: &[String], default: i64, need: i64) -> Option<i64> {
@@ -237,7 +238,16 @@ pub fn ctx_request(args: &[String], default: i64, need: i64) -> Option<i64> {
     if let Some(f) = arg(args, "--fit").filter(|f| f != "on" && f != "off") {
         bad(format!("--fit {f}: use on or off"));
     }
+    let max = shardgraph_models::MAX_CTX;
+    if need > max {
+        bad(format!(
+            "this run needs {need} cells (prompt, generated tokens, a draft): more than a KV cache holds ({max})"
+        ));
+    }
     let asked: Option<i64> = arg(args, "--ctx-size").map(|_| parsed(args, "--ctx-size", default));
+    if let Some(n) = asked.filter(|&n| n > max) {
+        bad(format!("--ctx-size {n} is too large: a KV cache holds 1 to {max} cells"));
+    }
     if let Some(n) = asked.filter(|&n| n < need) {
         bad(format!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens, a draft)"));
     }

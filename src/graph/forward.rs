@@ -38,16 +38,18 @@ impl Graph {
     /// a graph (allocator, backends, planner) makes before reading it.
     ///
     /// # Errors
-    /// [`Error::ForeignTensor`] naming the context the graph was built from.
+    /// [`Error::ForeignTensor`] naming the context the graph was built from,
+    /// or saying the graph is stale (built before `ctx` was truncated).
     pub fn check_context(&self, ctx: &Context) -> Result<()> {
         if self.built_from(ctx) {
             return Ok(());
         }
-        Err(Error::ForeignTensor {
-            id: 0,
-            ctx: ctx.id(),
-            detail: format!("graph was built from context {}", self.ctx_id),
-        })
+        let detail = if self.ctx_id == ctx.id() {
+            "the graph was built before the context was truncated; build it again".to_string()
+        } else {
+            format!("graph was built from context {}", self.ctx_id)
+        };
+        Err(Error::ForeignTensor { id: 0, ctx: ctx.id(), detail })
     }
 
     /// Op tensors in a valid execution order (every source first).
@@ -214,5 +216,29 @@ impl Context {
             hash_tensor(n, &mut h);
         }
         h.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::graph::Context;
+    use crate::tensor::GgmlType;
+
+    #[test]
+    fn check_context_names_another_context_and_a_stale_graph() {
+        let (mut a, mut b) = (Context::new(), Context::new());
+        let x = a.new_tensor_1d(GgmlType::F32, 4).unwrap();
+        let y = a.add(x, x).unwrap();
+        let g = a.build_forward(&[y]).unwrap();
+        assert!(g.check_context(&a).is_ok());
+        let other = g.check_context(&b).unwrap_err();
+        assert!(
+            matches!(&other, Error::ForeignTensor { detail, .. } if detail == &format!("graph was built from context {}", a.id()))
+        );
+        b.new_tensor_1d(GgmlType::F32, 1).unwrap();
+        a.truncate(1);
+        let stale = g.check_context(&a).unwrap_err().to_string();
+        assert!(stale.contains("built before the context was truncated"), "{stale}");
     }
 }
