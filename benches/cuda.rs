@@ -130,35 +130,9 @@ fn main() -> shardgraph::Result<()> {
 
     // Decode tokens/s of a generated qwen3 (Q8_0).
     let hp = if emu {
-        Qwen3Hparams {
-            core: HparamsCore {
-                n_layer: 2,
-                n_embd: 256,
-                n_ff: 256,
-                n_head: 2,
-                n_head_kv: 2,
-                head_dim: 128,
-                rms_eps: 1e-6,
-                rope_base: 1e6,
-            },
-            n_vocab: 96,
-            n_ctx_train: 4096,
-        }
+        Qwen3Hparams { core: HparamsCore::qwen3(2, 256, 256, 2, 2, 128), n_vocab: 96, n_ctx_train: 4096 }
     } else {
-        Qwen3Hparams {
-            core: HparamsCore {
-                n_layer: 16,
-                n_embd: 2048,
-                n_ff: 6144,
-                n_head: 16,
-                n_head_kv: 8,
-                head_dim: 128,
-                rms_eps: 1e-6,
-                rope_base: 1e6,
-            },
-            n_vocab: 32000,
-            n_ctx_train: 4096,
-        }
+        Qwen3Hparams { core: HparamsCore::qwen3(16, 2048, 6144, 16, 8, 128), n_vocab: 32000, n_ctx_train: 4096 }
     };
     let path = std::env::temp_dir().join(format!("shardgraph-bench-cuda-{}-{}.gguf", hp.n_embd, hp.n_layer));
     let types = Qwen3Types::all(GgmlType::Q8_0);

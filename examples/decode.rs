@@ -46,20 +46,7 @@ const OPTIONS: &[&str] = &[
 /// The example model: 8 layers, n_embd 1024, 16 heads / 8 KV heads of 64,
 /// n_ff 2816, vocabulary 32000, Q8_0 (170 MB).
 fn hparams() -> Qwen3Hparams {
-    Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 8,
-            n_embd: 1024,
-            n_ff: 2816,
-            n_head: 16,
-            n_head_kv: 8,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 32000,
-        n_ctx_train: 4096,
-    }
+    Qwen3Hparams { core: HparamsCore::qwen3(8, 1024, 2816, 16, 8, 64), n_vocab: 32000, n_ctx_train: 4096 }
 }
 
 fn main() {

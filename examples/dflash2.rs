@@ -75,20 +75,7 @@ const OPTIONS: &[&str] = &[
 /// The example target: 24 layers, n_embd 1024, 16 heads / 8 KV heads of 64,
 /// n_ff 2816, vocabulary 8192.
 fn target_hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 24,
-            n_embd: 1024,
-            n_ff: 2816,
-            n_head: 16,
-            n_head_kv: 8,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 8192,
-        n_ctx_train: 4096,
-    }
+    Qwen3Hparams { core: HparamsCore::qwen3(24, 1024, 2816, 16, 8, 64), n_vocab: 8192, n_ctx_train: 4096 }
 }
 
 /// The example drafter: DFlash2 with 2 layers, block 8, taps of target
@@ -96,16 +83,7 @@ fn target_hp() -> Qwen3Hparams {
 /// top 16; its FFN width equals the vocabulary (layer 0 is a lookup table).
 fn drafter_hp(t: &Qwen3Hparams) -> DflashHparams {
     DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: t.n_embd,
-            n_ff: t.n_vocab,
-            n_head: 16,
-            n_head_kv: 8,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 16, 8, 64),
         target_layers: vec![2, 12, 24],
         target_hidden: t.n_embd,
         block_size: 8,

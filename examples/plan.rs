@@ -83,16 +83,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     // The z-lab Qwen3-8B-DFlash-b16 drafter (shardgraph-models/MODELS.md,
     // section 4.8).
     let v1 = DflashHparams {
-        core: HparamsCore {
-            n_layer: 5,
-            n_embd: hp.n_embd,
-            n_ff: hp.n_ff,
-            n_head: 32,
-            n_head_kv: 8,
-            head_dim: 128,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(5, hp.n_embd, hp.n_ff, 32, 8, 128),
         target_layers: vec![2, 10, 18, 26, 34].into_iter().filter(|&l| l <= hp.n_layer).collect(),
         target_hidden: hp.n_embd,
         block_size: 16,

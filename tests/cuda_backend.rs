@@ -42,20 +42,7 @@ fn devices(n: usize) -> Option<Vec<CudaBackend>> {
 }
 
 fn hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 256,
-            n_ff: 256,
-            n_head: 2,
-            n_head_kv: 2,
-            head_dim: 128,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 96,
-        n_ctx_train: 4096,
-    }
+    Qwen3Hparams { core: HparamsCore::qwen3(2, 256, 256, 2, 2, 128), n_vocab: 96, n_ctx_train: 4096 }
 }
 
 /// A qwen3 model decodes on 1 and on 2 CUDA devices (tensor split 1:1) to
@@ -336,16 +323,7 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     let target = dir.join("qwen35.gguf");
     write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
-        core: HparamsCore {
-            n_layer: 1,
-            n_embd: 256,
-            n_ff: 384,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(1, 256, 384, 6, 3, 32),
         target_layers: vec![1, hp.n_layer],
         target_hidden: 256,
         block_size: 4,

@@ -20,20 +20,7 @@ mod counting;
 mod qwen35_tiny;
 
 fn qwen3_target() -> FitTarget {
-    let hp = Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 3,
-            n_embd: 128,
-            n_ff: 256,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 160,
-        n_ctx_train: 8192,
-    };
+    let hp = Qwen3Hparams { core: HparamsCore::qwen3(3, 128, 256, 6, 3, 32), n_vocab: 160, n_ctx_train: 8192 };
     FitTarget::Qwen3 { hp, types: Qwen3Types::all(GgmlType::Q8_0) }
 }
 
@@ -44,16 +31,7 @@ fn qwen35_target() -> FitTarget {
 
 fn dflash(n_embd: i64, target_layers: Vec<usize>, n_vocab: i64, v2: bool) -> FitDraft {
     let hp = DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd,
-            n_ff: 256,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, n_embd, 256, 6, 3, 32),
         target_layers,
         target_hidden: n_embd,
         block_size: 5,

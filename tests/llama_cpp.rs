@@ -105,20 +105,7 @@ print(json.dumps({"logits": rows, "gen": gen}))
 #[test]
 fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
     let Some(py) = python_or_skip("qwen3_logits_and_greedy_tokens_match_llama_cpp") else { return };
-    let hp = Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 256,
-            n_ff: 512,
-            n_head: 8,
-            n_head_kv: 4,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 320,
-        n_ctx_train: 4096,
-    };
+    let hp = Qwen3Hparams { core: HparamsCore::qwen3(2, 256, 512, 8, 4, 64), n_vocab: 320, n_ctx_train: 4096 };
     let dir = std::env::temp_dir().join(format!("shardgraph-llama-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let tokens = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5, 17, 250];

@@ -23,34 +23,12 @@ use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use shardgraph_models::runner::Runner;
 
 fn target_hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 3,
-            n_embd: 128,
-            n_ff: 256,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 160,
-        n_ctx_train: 4096,
-    }
+    Qwen3Hparams { core: HparamsCore::qwen3(3, 128, 256, 6, 3, 32), n_vocab: 160, n_ctx_train: 4096 }
 }
 
 fn drafter_hp() -> DflashHparams {
     DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 128,
-            n_ff: 256,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32),
         target_layers: vec![1, 3],
         target_hidden: 128,
         block_size: 5,

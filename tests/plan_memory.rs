@@ -93,16 +93,7 @@ fn qwen3_decode_step_memory_is_planned_within_2_percent() {
 fn qwen35_with_dflash2_memory_is_planned_within_2_percent() {
     let hp = Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     let dhp = DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 256,
-            n_ff: 384,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, 256, 384, 6, 3, 32),
         target_layers: vec![1, hp.n_layer],
         target_hidden: 256,
         block_size: 5,
@@ -141,16 +132,7 @@ fn scaled_qwen35_with_dflash2_at_65536_cells_is_planned_within_2_percent() {
         ..qwen35_tiny::tiny()
     };
     let dhp = DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 1024,
-            n_ff: 8192,
-            n_head: 16,
-            n_head_kv: 8,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, 1024, 8192, 16, 8, 64),
         target_layers: vec![2, 8],
         target_hidden: 1024,
         block_size: 8,

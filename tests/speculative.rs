@@ -34,20 +34,7 @@ impl Drafter for PermDrafter {
 }
 
 fn hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 128,
-            n_ff: 256,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 200,
-        n_ctx_train: 4096,
-    }
+    Qwen3Hparams { core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32), n_vocab: 200, n_ctx_train: 4096 }
 }
 
 #[test]
@@ -97,16 +84,7 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     let path = dir.join("target.gguf");
     write_qwen3_gguf_with(&path, &hp(), &Qwen3Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 128,
-            n_ff: 256,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32),
         target_layers: vec![1, 2],
         target_hidden: 128,
         block_size: 5,
@@ -171,16 +149,7 @@ fn seed_hp() -> (Qwen3Hparams, shardgraph_models::dflash::DflashHparams) {
         ..hp()
     };
     let d = shardgraph_models::dflash::DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 256,
-            n_ff: 256,
-            n_head: 8,
-            n_head_kv: 4,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, 256, 256, 8, 4, 64),
         target_layers: vec![1, 2],
         target_hidden: 256,
         block_size: 6,

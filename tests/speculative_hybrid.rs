@@ -140,16 +140,7 @@ fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
     let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 256,
-            n_ff: 384,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, 256, 384, 6, 3, 32),
         target_layers: vec![1, hp.n_layer],
         target_hidden: 256,
         block_size: 5,

@@ -365,16 +365,7 @@ pub fn qwen35_hp() -> Qwen35Hparams {
 pub fn qwen35_drafter_hp() -> DflashHparams {
     let t = qwen35_hp();
     DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: t.n_embd,
-            n_ff: t.n_vocab,
-            n_head: 16,
-            n_head_kv: 8,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 16, 8, 64),
         target_layers: vec![2, t.n_layer],
         target_hidden: t.n_embd,
         block_size: 8,

@@ -36,6 +36,14 @@ pub struct HparamsCore {
 }
 
 impl HparamsCore {
+    /// The core of a Qwen3-style model: `n_layer` layers, hidden size
+    /// `n_embd`, FFN size `n_ff`, `n_head` query and `n_head_kv` KV heads of
+    /// `head_dim`, with Qwen3's RMSNorm ε 1e-6 and rope θ base 1e6. Values
+    /// are not checked here (a model's `validate` does).
+    pub fn qwen3(n_layer: usize, n_embd: i64, n_ff: i64, n_head: i64, n_head_kv: i64, head_dim: i64) -> Self {
+        HparamsCore { n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, rms_eps: 1e-6, rope_base: 1e6 }
+    }
+
     /// Whether both head counts are positive and the KV heads divide the
     /// query heads (GQA groups).
     pub fn heads_divide(&self) -> bool {

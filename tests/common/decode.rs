@@ -21,20 +21,7 @@ pub use rng::values;
 /// A small `qwen3` (2 layers, n_embd 64, 6 heads / 3 KV heads of 32,
 /// n_ff 128, vocabulary 96): its heads split over 1, 2 and 3 devices.
 pub fn tiny_hp() -> Qwen3Hparams {
-    Qwen3Hparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 64,
-            n_ff: 128,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
-        n_vocab: 96,
-        n_ctx_train: 4096,
-    }
+    Qwen3Hparams { core: HparamsCore::qwen3(2, 64, 128, 6, 3, 32), n_vocab: 96, n_ctx_train: 4096 }
 }
 
 /// A `qwen3` session for `hp` on `ratios` (one thread per device), KV cache

@@ -79,16 +79,7 @@ pub fn qwen35_hp() -> Qwen35Hparams {
 /// A DFlash2 drafter for [`qwen3_hp`] (convolution and selector).
 pub fn dflash_hp() -> DflashHparams {
     DflashHparams {
-        core: HparamsCore {
-            n_layer: 2,
-            n_embd: 64,
-            n_ff: 128,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 32,
-            rms_eps: 1e-6,
-            rope_base: 1e6,
-        },
+        core: HparamsCore::qwen3(2, 64, 128, 6, 3, 32),
         target_layers: vec![1, 2],
         target_hidden: 64,
         block_size: 4,
