@@ -858,6 +858,14 @@ fn bad_input_is_an_error_never_a_panic() {
     let mut s2 = SplitStore::new(2);
     assert!(s2.place_leafs(&c2, &g, &plan3).is_err(), "plan for 3 devices, store for 2");
     assert!(devices::executor(2).execute(&c2, &g, &plan3, &mut s2, &[y]).is_err(), "execute on 2");
+
+    // place_leafs with the plan of another graph (same device count).
+    let z = c2.sqr(x).unwrap();
+    let g2 = c2.build_forward(&[z]).unwrap();
+    let plan2 = Planner::default().plan(&c2, &g, &SplitPolicy::new(&[1.0, 1.0]).unwrap(), &[]).unwrap();
+    let err = s2.place_leafs(&c2, &g2, &plan2).unwrap_err().to_string();
+    assert!(err.contains("another graph"), "a plan of another graph: {err}");
+    s2.place_leafs(&c2, &g, &plan2).unwrap();
 }
 
 #[test]

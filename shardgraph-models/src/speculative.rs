@@ -18,7 +18,9 @@ pub trait Target {
 
     /// Decodes `tokens` at the next positions: the greedy token after each,
     /// the logits if `want_logits`, and the hidden states `taps` asks for
-    /// (layer `l`'s input; `l = n_layer`: the post-final-norm state).
+    /// (layer `l`'s input; `l = n_layer`: the last layer's output, before
+    /// the final norm for `qwen3` and after it for `qwen35`, whose NextN
+    /// head reads the normed state).
     ///
     /// # Errors
     /// The target's decode errors.

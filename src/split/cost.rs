@@ -22,8 +22,10 @@ pub enum Collective {
     /// `Mirrored` → `Partial`: one device keeps the values, the others zero. No traffic.
     MirroredToPartial,
     /// The small combine of a distributed per-row op (argmax, top_k,
-    /// soft_max, norms, sum_rows/mean over a split row): an all-reduce of a
-    /// few values per row instead of gathering the row.
+    /// soft_max, norms, sum_rows/mean over a split row): every device's
+    /// few statistics per row (8 bytes, 8·k for top_k) are all-gathered in
+    /// one step and each device finishes its own part, instead of gathering
+    /// the row.
     RowCombine,
 }
 

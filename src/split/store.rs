@@ -253,8 +253,9 @@ impl SplitStore {
     ///
     /// # Errors
     /// As [`SplitStore::place`]; [`Error::Split`] if the plan is for another
-    /// device count.
+    /// graph ([`Plan::check_graph`]) or device count.
     pub fn place_leafs(&mut self, ctx: &Context, graph: &Graph, plan: &Plan) -> Result<()> {
+        plan.check_graph(ctx, graph)?;
         if plan.n_devices != self.n {
             return Err(Error::Split { detail: format!("plan for {} devices, store for {}", plan.n_devices, self.n) });
         }
