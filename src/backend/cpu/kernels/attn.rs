@@ -122,18 +122,42 @@ impl<'a> Rows<'a> {
     }
 
     /// Rows `i1 .. i1 + n` of heads `0 ..= last_head` of batch `i3` as one
-    /// slice from the first row's start to the last row's end (head `h` of
-    /// row `j` at byte `j·nb[1] + h·nb[2]`), with the stride between rows.
-    fn block(&self, i1: usize, n: usize, last_head: usize, i3: usize) -> Result<(&'a [u8], usize)> {
+    /// F16 block for the vector kernels: one slice from the first row's
+    /// start to the last row's end (head `h` of row `j` at byte
+    /// `j·nb[1] + h·nb[2]`), read by `offs.len()` query rows at the per-row
+    /// byte offsets `offs`, skipping the rows not `live`. The rows are F16,
+    /// so a row of `rb` bytes holds `rb / 2` values.
+    fn f16_block<'b>(
+        &self,
+        i1: usize,
+        n: usize,
+        last_head: usize,
+        i3: usize,
+        offs: &'b [usize],
+        live: &'b [bool],
+    ) -> Result<BlockF16<'b>>
+    where
+        'a: 'b,
+    {
         let o = i1 * self.nb[1] + i3 * self.nb[3];
         let len = if n > 0 { (n - 1) * self.nb[1] + last_head * self.nb[2] + self.rb } else { 0 };
-        let bytes = self.bytes.get(o..o + len).ok_or_else(|| Error::OutOfBounds {
+        let rows = self.bytes.get(o..o + len).ok_or_else(|| Error::OutOfBounds {
             detail: format!(
                 "flash_attn_ext: rows {i1}..{} of heads 0..={last_head}, batch {i3}, outside the source span",
                 i1 + n
             ),
         })?;
-        Ok((bytes, self.nb[1]))
+        Ok(BlockF16 {
+            rows,
+            offs,
+            max_off: last_head * self.nb[2],
+            stride: self.nb[1],
+            n,
+            d: self.rb / 2,
+            nt: offs.len(),
+            live,
+            p_stride: KV_BLOCK,
+        })
     }
 
     /// Prefetch hint for rows `i1s` of head (i2, i3).
@@ -425,18 +449,7 @@ impl<'a> Job<'a> {
         if k_f16 {
             // The block's F16 rows (every head of each cell, one stream)
             // dotted with every query row at once.
-            let (rows, stride) = self.k.block(blk0, nb, kmax, ik3)?;
-            let blk = BlockF16 {
-                rows,
-                offs: &sc.koff[..nt],
-                max_off: kmax * self.k.nb[2],
-                stride,
-                n: nb,
-                d,
-                nt,
-                live: &sc.active[..nb],
-                p_stride: KV_BLOCK,
-            };
+            let blk = self.k.f16_block(blk0, nb, kmax, ik3, &sc.koff[..nt], &sc.active[..nb])?;
             (self.ops.scores_f16)(&blk, &sc.qf[..nt * d], &mut sc.sblk);
         } else {
             self.k.prefetch(blk1..(blk1 + KV_BLOCK).min(task.ic1), ik2, ik3);
@@ -493,18 +506,7 @@ impl<'a> Job<'a> {
         self.softmax_block(nt, nb, sc);
         if self.f16 {
             // Every query row's weighted V rows (every head of each cell, one stream).
-            let (rows, stride) = self.v.block(blk0, nb, vmax, iv3)?;
-            let blk = BlockF16 {
-                rows,
-                offs: &sc.voff[..nt],
-                max_off: vmax * self.v.nb[2],
-                stride,
-                n: nb,
-                d: dv,
-                nt,
-                live: &sc.active[..nb],
-                p_stride: KV_BLOCK,
-            };
+            let blk = self.v.f16_block(blk0, nb, vmax, iv3, &sc.voff[..nt], &sc.active[..nb])?;
             (self.ops.accum_f16)(&blk, &sc.sblk, &mut sc.acc[..nt * dv]);
         }
         Ok(())
