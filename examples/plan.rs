@@ -94,16 +94,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     // A DFlash2 drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions
     // (shardgraph-models/MODELS.md, section 4.8).
     let v2 = DflashHparams {
-        core: HparamsCore {
-            n_layer: 5,
-            n_embd: hp.n_embd,
-            n_ff: 17408,
-            n_head: 32,
-            n_head_kv: 8,
-            head_dim: 128,
-            rms_eps: 1e-6,
-            rope_base: 1e7,
-        },
+        core: HparamsCore { rope_base: 1e7, ..HparamsCore::qwen3(5, hp.n_embd, 17408, 32, 8, 128) },
         target_layers: vec![6, 20, 34, 48, 62].into_iter().filter(|&l| l <= hp.n_layer).collect(),
         target_hidden: hp.n_embd,
         block_size: 8,
@@ -192,16 +183,7 @@ fn bytes_per_device(ctx: &Context, plan: &shardgraph::split::Plan, ids: &[shardg
 fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, draft: &str) -> shardgraph::Result<()> {
     let n = ratios.len();
     let hp = Qwen35Hparams {
-        core: HparamsCore {
-            n_layer: 64,
-            n_embd: 5120,
-            n_ff: 17408,
-            n_head: 24,
-            n_head_kv: 4,
-            head_dim: 256,
-            rms_eps: 1e-6,
-            rope_base: 1e7,
-        },
+        core: HparamsCore { rope_base: 1e7, ..HparamsCore::qwen3(64, 5120, 17408, 24, 4, 256) },
         n_vocab: 248320,
         n_rot: 64,
         rope_sections: [11, 11, 10, 0],
@@ -215,16 +197,7 @@ fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, dra
     };
     let types = Qwen35Types { embd: GgmlType::Q4_K, attn: GgmlType::Q4_K, ffn: GgmlType::Q4_K, output: GgmlType::Q6_K };
     let dhp = DflashHparams {
-        core: HparamsCore {
-            n_layer: 5,
-            n_embd: 5120,
-            n_ff: 17408,
-            n_head: 32,
-            n_head_kv: 8,
-            head_dim: 128,
-            rms_eps: 1e-6,
-            rope_base: 1e7,
-        },
+        core: HparamsCore { rope_base: 1e7, ..HparamsCore::qwen3(5, 5120, 17408, 32, 8, 128) },
         target_layers: vec![6, 20, 34, 48, 62],
         target_hidden: 5120,
         block_size: 8,
