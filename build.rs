@@ -12,6 +12,12 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=kernels-cuda");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=kernels-hip");
+    // `sg_gpu`: the GPU backend (`backend::cuda`) is built, for CUDA, HIP or both.
+    println!("cargo::rustc-check-cfg=cfg(sg_gpu)");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() || std::env::var_os("CARGO_FEATURE_HIP").is_some() {
+        println!("cargo::rustc-cfg=sg_gpu");
+    }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("kernels-cuda");
     let mut files: Vec<_> = std::fs::read_dir(&dir)

@@ -5,12 +5,48 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
-// f16 <-> f32 through PTX `cvt` (NVRTC has no cuda_fp16.h): exact widening,
-// narrowing rounded to nearest even. The emulator does the same in C++.
+// ---------------------------------------------------------------------------
+// Vendor-specific: the wave size and shuffles (NVIDIA, or AMD through
+// kernels-hip/sg_hip.h, which defines SG_HIP and SG_WARP).
+// ---------------------------------------------------------------------------
+
+// SG_WARP: threads per warp (NVIDIA: 32) or wave (AMD: 64 on CDNA, 32 on
+// RDNA). Launches use blocks of a multiple of 64 threads, so a block is
+// whole waves on every device.
+#ifndef SG_WARP
+#define SG_WARP 32
+#endif
+
+// sg_shfl_xor(v, o): v of lane (lane ^ o) of the same warp/wave (SG_WARP
+// lanes), o < SG_WARP. sg_shfl_xor32(v, o): the same within the lane's
+// group of 32, o < 32, for kernels that map their work onto groups of 32
+// lanes (matrix-vector rows, attention keys) whatever the wave size. Every
+// lane of the group must take part.
+#if defined(SG_HIP)
+#define sg_shfl_xor(v, o) __shfl_xor((v), (o), SG_WARP)
+#define sg_shfl_xor32(v, o) __shfl_xor((v), (o), 32)
+#else
+#define sg_shfl_xor(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#define sg_shfl_xor32(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#endif
+
+// Sum of v over the lane's group of 32 (every lane gets it).
+template <typename T>
+__device__ __forceinline__ T sg_sum32(T v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += sg_shfl_xor32(v, o);
+    return v;
+}
+
+// f16 <-> f32: exact widening, narrowing rounded to nearest even. NVIDIA:
+// PTX `cvt` (NVRTC has no cuda_fp16.h); AMD: the compiler's _Float16
+// (v_cvt_f32_f16 / v_cvt_f16_f32); the emulator does the same in C++.
 __device__ __forceinline__ float sg_h2f(unsigned short h) {
     float f;
-#ifdef SG_CUDA_EMU
+#if defined(SG_CUDA_EMU)
     f = sg_emu_h2f(h);
+#elif defined(SG_HIP)
+    f = (float) __builtin_bit_cast(_Float16, h);
 #else
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
 #endif
@@ -19,8 +55,10 @@ __device__ __forceinline__ float sg_h2f(unsigned short h) {
 
 __device__ __forceinline__ unsigned short sg_f2h(float f) {
     unsigned short h;
-#ifdef SG_CUDA_EMU
+#if defined(SG_CUDA_EMU)
     h = sg_emu_f2h(f);
+#elif defined(SG_HIP)
+    h = __builtin_bit_cast(unsigned short, (_Float16) f);
 #else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
 #endif

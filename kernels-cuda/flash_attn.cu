@@ -83,12 +83,6 @@ typedef LDq<DqQ4_1, 0> LQ4_1;
 typedef LDq<DqQ5_0, 0> LQ5_0;
 typedef LDq<DqQ5_1, 0> LQ5_1;
 
-static __device__ __forceinline__ float sg_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <typename KT, typename VT>
 static __device__ __forceinline__ void flash_attn_impl(
         const char *q, const char *k, const char *v, const char *mask, const char *sinks, char *dst,
@@ -110,6 +104,7 @@ static __device__ __forceinline__ void flash_attn_impl(
     while ((i64) n_head_log2 * 2 <= H) n_head_log2 *= 2;
     const float m0 = powf(2.0f, -(max_bias) / (float) n_head_log2);
     const float m1 = powf(2.0f, -(max_bias / 2.0f) / (float) n_head_log2);
+    // Groups of 32 lanes, whatever the wave size (see sg_shfl_xor32).
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
     const i64 rk2 = H / Hk, rk3 = ne3 / nek3, rv2 = H / Hv, rv3 = ne3 / nev3;
 
@@ -138,7 +133,8 @@ static __device__ __forceinline__ void flash_attn_impl(
         float S = 0.0f;      // running denominator
         for (i64 c0 = 0; c0 < n_kv; c0 += SG_FA_TILE) {
             const int n = (int) (n_kv - c0 < SG_FA_TILE ? n_kv - c0 : SG_FA_TILE);
-            // Scores of this tile: one warp per key.
+            // Scores of this tile: one group of 32 lanes per key (a warp on
+            // NVIDIA, half a wave on CDNA; sg_sum32 stays within it).
             for (int t = warp; t < n; t += nwarps) {
                 const i64 c = c0 + t;
                 const float mv = mp ? slope * sg_h2f(mp[c]) : 0.0f;
@@ -147,7 +143,7 @@ static __device__ __forceinline__ void flash_attn_impl(
                     const char *kr = kb + c * nbk1;
                     float part = 0.0f;
                     for (i64 d = lane; d < DK; d += 32) part += qs[d] * KT::at(kr, d);
-                    s = sg_warp_sum(part) * scl;
+                    s = sg_sum32(part) * scl;
                     if (logit_softcap != 0.0f) s = logit_softcap * tanhf(s);
                     s += mv;
                 }

@@ -34,29 +34,7 @@
 
 #include "common.cuh"
 
-__device__ __forceinline__ double sg_warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// Sum over the whole block (blockDim.x a multiple of 32); every thread gets
-// the result. `sh` holds at least 32 doubles.
-__device__ __forceinline__ double sg_block_sum(double v, double *sh) {
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    v = sg_warp_sum(v);
-    __syncthreads();                   // sh may still be read by a previous call
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < nwarps ? sh[lane] : 0.0;
-        t = sg_warp_sum(t);
-        if (lane == 0) sh[32] = t;
-    }
-    __syncthreads();
-    return sh[32];
-}
+#include "block_reduce.cuh"
 
 enum NormKind { NK_RMS = 0, NK_MEAN_VAR = 1, NK_L2 = 2 };
 

@@ -32,8 +32,9 @@
 //   i64 nb0, nb1, nb2, nb3           // dst strides (bytes)
 // K must be a multiple of the block size: 32 for Q8_0 / Q4_0 / Q4_1 / Q5_0 /
 // Q5_1, 256 for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K.
-// Launch: one warp per output row. blockDim = (32*R, 1, 1) with R warps
-// (R = 4 recommended, i.e. 128 threads); gridDim = (gx, gy, 1) with
+// Launch: one group of 32 lanes per output row (a warp on NVIDIA, half a
+// wave on CDNA; sums stay within the group, sg_sum32). blockDim = (32*R, 1, 1)
+// with R groups (R = 4 recommended, i.e. 128 threads: whole waves on every device); gridDim = (gx, gy, 1) with
 // gx = min(ceil(M / R), 2^31 - 1) over the rows and gy = min(N*ne12*ne13, 65535)
 // over the activation columns; both are grid-stride loops. Meant for small N
 // (decoding); each column re-reads the weights.
@@ -86,11 +87,6 @@
 //        16 6-bit scales (minus 32), 2-bit q minus 4 where the hmask bit is clear
 
 #include "common.cuh"
-
-__device__ __forceinline__ float sg_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 #include "dequant.cuh"
 
@@ -277,7 +273,7 @@ __device__ __forceinline__ void mul_mat_vec_impl(
         char *dc = dst + i11 * nb1 + i12 * nb2 + i13 * nb3;
         for (i64 row = (i64) blockIdx.x * nwarps + warp; row < ne01; row += (i64) gridDim.x * nwarps) {
             float acc = DOT::row(wm + row * nb01, xc, nb10, ne00, lane);
-            acc = sg_warp_sum(acc);
+            acc = sg_sum32(acc);
             if (lane == 0) *(float *) (dc + row * nb0) = acc;
         }
     }
@@ -335,7 +331,7 @@ __device__ __forceinline__ void mul_mat_id_vec_impl(
         char *dc = dst + slot * nb1 + t * nb2;
         for (i64 row = (i64) blockIdx.x * nwarps + warp; row < ne01; row += (i64) gridDim.x * nwarps) {
             float acc = ok ? DOT::row(wm + row * nb01, xc, nb10, ne00, lane) : 0.0f;
-            acc = sg_warp_sum(acc);
+            acc = sg_sum32(acc);
             if (lane == 0) *(float *) (dc + row * nb0) = acc;
         }
     }

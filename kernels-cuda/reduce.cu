@@ -58,25 +58,6 @@
 
 #include "block_reduce.cuh"
 
-// Sum over the whole block (blockDim.x a multiple of 32); every thread gets
-// the result. `sh` holds at least 33 doubles.
-__device__ __forceinline__ double sg_block_sum(double v, double *sh) {
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();                   // a previous call may still be reading sh
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < nwarps ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (lane == 0) sh[32] = t;
-    }
-    __syncthreads();
-    return sh[32];
-}
-
 // ---------------------------------------------------------------------------
 // sum
 // ---------------------------------------------------------------------------

@@ -124,6 +124,14 @@ pub enum Error {
         /// The device, kernel or library involved and why.
         detail: String,
     },
+    /// The HIP backend (AMD GPUs): a missing runtime, hipRTC or GPU, a
+    /// kernel that does not compile (`detail` names the kernel file, the
+    /// `gfx` architecture and hipRTC's log), a failed launch or allocation.
+    #[error("hip: {detail}")]
+    Hip {
+        /// The device, kernel or library involved and why.
+        detail: String,
+    },
     /// Memory a device does not have, found before anything is allocated:
     /// `device` names it (CPU devices share the host's memory), `detail`
     /// says what needs the memory (weights, KV caches of N cells).

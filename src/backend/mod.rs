@@ -3,7 +3,7 @@
 //! reference; CUDA and HIP sit behind cargo features.
 
 pub mod cpu;
-#[cfg(feature = "cuda")]
+#[cfg(sg_gpu)]
 pub mod cuda;
 mod storage;
 

@@ -24,9 +24,9 @@
 //! `comm/nccl.rs`, feature `cuda`) implements the same call with grouped
 //! send/receive.
 
-#[cfg(feature = "cuda")]
+#[cfg(sg_gpu)]
 mod nccl;
-#[cfg(feature = "cuda")]
+#[cfg(sg_gpu)]
 pub use nccl::NcclComm;
 
 use crate::backend::Buffer;

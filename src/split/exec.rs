@@ -211,7 +211,7 @@ impl MetaExecutor {
     /// NCCL for CUDA devices on distinct GPUs, when it loads; else `None`
     /// (the runs use [`HostComm`]: device-to-device copies).
     fn native_comm(devices: &[Arc<dyn Backend>]) -> Option<Arc<dyn Comm>> {
-        #[cfg(feature = "cuda")]
+        #[cfg(sg_gpu)]
         if devices.len() > 1 && devices.iter().all(|d| d.device().kind == crate::backend::DeviceKind::Gpu) {
             match super::NcclComm::for_backends(devices) {
                 Ok(c) => return Some(Arc::new(c)),

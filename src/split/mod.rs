@@ -42,7 +42,7 @@ mod rules;
 mod state;
 mod store;
 
-#[cfg(feature = "cuda")]
+#[cfg(sg_gpu)]
 pub use comm::NcclComm;
 pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};

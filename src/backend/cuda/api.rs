@@ -36,6 +36,16 @@ impl KArg {
     }
 }
 
+/// Who made the GPU behind a device: which runtime and which collective
+/// library (NCCL or RCCL, the same C API) drive it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Vendor {
+    /// NVIDIA: the CUDA driver, NVRTC, cuBLAS, NCCL.
+    Cuda,
+    /// AMD: the HIP runtime, hipRTC, hipBLAS, RCCL.
+    Hip,
+}
+
 /// What a device says about itself.
 #[derive(Clone, Debug)]
 pub(crate) struct GpuInfo {
@@ -48,6 +58,10 @@ pub(crate) struct GpuInfo {
     /// Peak memory bandwidth, bytes/s (memory clock × bus width × 2, as
     /// `deviceQuery` reports it); 0 when unknown (the emulator).
     pub memory_bandwidth: f64,
+    /// Threads per warp (NVIDIA: 32) or wave (AMD: 64 on CDNA, 32 on RDNA),
+    /// the `SG_WARP` the kernels were compiled with: every launch's block
+    /// is a whole number of them.
+    pub warp_size: u32,
 }
 
 /// A column-major GEMM `C[m, n] = Aᵀ[m, k] · B[k, n]` over F32 or F16 data,
@@ -135,6 +149,22 @@ pub(crate) trait Gpu: Send + Sync + std::fmt::Debug {
     unsafe fn copy_from(&self, dst: DevPtr, from: &dyn Gpu, src: DevPtr, n: usize) -> Result<bool> {
         let _ = (dst, from, src, n);
         Ok(false)
+    }
+    /// The vendor and ordinal of the physical GPU behind this device, for a
+    /// collective library (NCCL, RCCL) that queues work on its stream;
+    /// `None` for an emulated device.
+    fn physical(&self) -> Option<(Vendor, usize)> {
+        None
+    }
+    /// Makes this device's GPU current on the calling thread and returns
+    /// its stream (`CUstream` / `hipStream_t`): work queued on it is
+    /// ordered with the backend's kernels.
+    ///
+    /// # Errors
+    /// [`crate::Error::Cuda`] for an emulated device; the runtime's error
+    /// if the device cannot be made current.
+    fn bind_stream(&self) -> Result<*mut std::ffi::c_void> {
+        Err(crate::Error::Cuda { detail: "an emulated device has no stream".into() })
     }
     /// For [`Gpu::copy_from`]: the concrete device behind `from`.
     fn as_any(&self) -> &dyn std::any::Any;

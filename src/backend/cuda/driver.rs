@@ -12,7 +12,7 @@
 //! This file has only been compiled, never run: the machines this crate was
 //! written on have no GPU (`scripts/gpu-check.sh` runs it on one).
 
-use super::api::{DevPtr, Gemm, Gpu, GpuInfo, KArg};
+use super::api::{DevPtr, Gemm, Gpu, GpuInfo, KArg, Vendor};
 use crate::error::{Error, Result};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaModule, CudaStream};
 use std::collections::HashMap;
@@ -100,16 +100,6 @@ impl DriverGpu {
                 })
             })
             .collect()
-    }
-
-    /// The GPU's CUDA ordinal.
-    pub(crate) fn ordinal(&self) -> usize {
-        self.ordinal
-    }
-
-    /// This device's stream, for libraries that queue work on it (NCCL).
-    pub(crate) fn raw_stream(&self) -> *mut std::ffi::c_void {
-        self.stream.cu_stream() as *mut std::ffi::c_void
     }
 
     /// Makes the GPU's context current on this thread.
@@ -216,7 +206,17 @@ impl Gpu for DriverGpu {
             memory_total: self.budget,
             multiprocessors: self.multiprocessors,
             memory_bandwidth: self.bandwidth,
+            warp_size: 32,
         }
+    }
+
+    fn physical(&self) -> Option<(Vendor, usize)> {
+        Some((Vendor::Cuda, self.ordinal))
+    }
+
+    fn bind_stream(&self) -> Result<*mut c_void> {
+        self.bind()?;
+        Ok(self.stream.cu_stream() as *mut c_void)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevPtr> {

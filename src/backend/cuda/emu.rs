@@ -109,6 +109,7 @@ impl Gpu for EmuGpu {
             memory_total: self.memory,
             multiprocessors: self.multiprocessors,
             memory_bandwidth: 0.0,
+            warp_size: 32,
         }
     }
 

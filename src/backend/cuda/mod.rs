@@ -31,18 +31,25 @@
 //! ordinal and stream, and its buffers' addresses). Not written: CUDA graphs.
 
 mod api;
+#[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
 mod driver;
 #[cfg(feature = "cuda-emu")]
 pub mod emu;
+#[cfg(feature = "hip")]
+pub mod hip;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 mod ops;
+pub mod sources;
 
 use super::cpu::TView;
 use super::{Backend, Buffer, BufferType, DeviceInfo, DeviceKind, TensorStorage};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::tensor::{Tensor, TensorId};
+pub(crate) use api::Vendor;
 use api::{DevPtr, Gpu};
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -100,6 +107,7 @@ impl CudaBackend {
     /// # Errors
     /// [`Error::Cuda`] without a driver or NVRTC, for an ordinal the driver
     /// does not have, or when the context cannot be created.
+    #[cfg(feature = "cuda")]
     pub fn new(ordinal: usize) -> Result<Self> {
         Ok(Self::virtual_devices(ordinal, 1)?.remove(0))
     }
@@ -110,6 +118,7 @@ impl CudaBackend {
     ///
     /// # Errors
     /// As [`CudaBackend::new`]; [`Error::Cuda`] for `n` outside 1..=64.
+    #[cfg(feature = "cuda")]
     pub fn virtual_devices(ordinal: usize, n: usize) -> Result<Vec<Self>> {
         if n == 0 || n > 64 {
             return Err(Error::Cuda { detail: format!("{n} virtual devices: need 1..=64") });
@@ -120,6 +129,42 @@ impl CudaBackend {
             .enumerate()
             .map(|(i, g)| {
                 let name = if n == 1 { format!("CUDA{ordinal}") } else { format!("CUDA{ordinal}.{i}") };
+                Self::from_gpu(name, Arc::new(g))
+            })
+            .collect())
+    }
+
+    /// The AMD GPU with HIP ordinal `ordinal`, with its own stream and
+    /// memory pool, named `HIP<ordinal>`: the same op dispatch and kernels
+    /// as CUDA (`kernels-cuda/` through `kernels-hip/sg_hip.h`, compiled
+    /// by hipRTC for the GPU's `gfx` architecture at first use).
+    ///
+    /// # Errors
+    /// [`Error::Hip`] without the HIP runtime (`libamdhip64`) or hipRTC,
+    /// for an ordinal the runtime does not have, or when the device
+    /// cannot be initialised.
+    #[cfg(feature = "hip")]
+    pub fn hip(ordinal: usize) -> Result<Self> {
+        Ok(Self::hip_virtual_devices(ordinal, 1)?.remove(0))
+    }
+
+    /// `n` (1..=64) devices on AMD GPU `ordinal`, each with its own stream
+    /// and memory pool, named `HIP<ordinal>.<i>` (as
+    /// [`CudaBackend::virtual_devices`] for CUDA).
+    ///
+    /// # Errors
+    /// As [`CudaBackend::hip`]; [`Error::Hip`] for `n` outside 1..=64.
+    #[cfg(feature = "hip")]
+    pub fn hip_virtual_devices(ordinal: usize, n: usize) -> Result<Vec<Self>> {
+        if n == 0 || n > 64 {
+            return Err(Error::Hip { detail: format!("{n} virtual devices: need 1..=64") });
+        }
+        let gpus = hip::HipGpu::open(ordinal, n)?;
+        Ok(gpus
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let name = if n == 1 { format!("HIP{ordinal}") } else { format!("HIP{ordinal}.{i}") };
                 Self::from_gpu(name, Arc::new(g))
             })
             .collect())
@@ -366,23 +411,21 @@ pub(crate) struct RawDevice {
 }
 
 impl RawDevice {
-    /// The CUDA ordinal of the physical GPU (shared by virtual devices);
-    /// `None` for an emulated device.
-    pub(crate) fn ordinal(&self) -> Option<usize> {
-        self.driver().map(driver::DriverGpu::ordinal)
+    /// The vendor and ordinal of the physical GPU (shared by virtual
+    /// devices); `None` for an emulated device.
+    pub(crate) fn physical(&self) -> Option<(Vendor, usize)> {
+        self.gpu.physical()
     }
 
-    /// Makes the GPU's context current on the calling thread and returns the
-    /// device's `CUstream`: work queued on it is ordered with the backend's
-    /// kernels.
+    /// Makes the GPU current on the calling thread and returns the
+    /// device's stream (`CUstream` / `hipStream_t`): work queued on it is
+    /// ordered with the backend's kernels.
     ///
     /// # Errors
-    /// [`Error::Cuda`] for an emulated device, or if the context cannot be bound.
+    /// [`Error::Cuda`] for an emulated device; the runtime's error if the
+    /// device cannot be made current.
     pub(crate) fn bind_stream(&self) -> Result<*mut std::ffi::c_void> {
-        let gpu =
-            self.driver().ok_or_else(|| Error::Cuda { detail: "an emulated device has no CUDA stream".into() })?;
-        gpu.bind()?;
-        Ok(gpu.raw_stream())
+        self.gpu.bind_stream()
     }
 
     /// The device address of bytes `offset..offset + len` of `buf`, when
@@ -396,10 +439,6 @@ impl RawDevice {
         };
         b.check(offset, len)?;
         Ok(Some(b.ptr + offset as DevPtr))
-    }
-
-    fn driver(&self) -> Option<&driver::DriverGpu> {
-        self.gpu.as_any().downcast_ref::<driver::DriverGpu>()
     }
 }
 

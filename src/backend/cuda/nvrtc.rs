@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 /// Every `kernels-cuda/*.cu` file: `(file stem, CUDA C source)`, in file-name order.
-pub const KERNEL_SOURCES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/cuda_kernels.rs"));
+pub use super::sources::KERNEL_SOURCES;
 
 /// Folders searched for `libnvrtc.so.13` before the system's: the
 /// `SHARDGRAPH_NVRTC_DIR` environment variable, then the pip wheel's folder

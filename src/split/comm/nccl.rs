@@ -1,5 +1,5 @@
-//! NCCL as the meta backend's communicator for CUDA devices on distinct
-//! GPUs: an exchange ([`Comm::exchange`]) is one group of
+//! NCCL (NVIDIA) or RCCL (AMD, the same C API) as the meta backend's
+//! communicator for GPU devices of one vendor on distinct GPUs: an exchange ([`Comm::exchange`]) is one group of
 //! `ncclSend`/`ncclRecv` on each device's stream, so a collective is queued
 //! behind the kernels that produced its input and before the ones that
 //! read its output, with no host synchronisation. The collectives
@@ -8,21 +8,23 @@
 //! device graph nodes by the meta backend, so the bytes a run moves stay
 //! the bytes its plan charges.
 //!
-//! NCCL (`libnccl.so.2`) is loaded at run time through the handful of
-//! entry points used here; without it, or for virtual devices on one GPU
-//! (NCCL refuses two ranks on one GPU), [`NcclComm::new`] is an error and
-//! the meta backend keeps [`HostComm`](super::HostComm)'s stream-ordered
-//! device-to-device copies.
+//! The library (`libnccl.so.2` for CUDA devices, `librccl.so.1` for HIP
+//! devices) is loaded at run time through the handful of entry points used
+//! here; without it, for devices of two vendors, or for virtual devices on
+//! one GPU (NCCL and RCCL refuse two ranks on one GPU), [`NcclComm::new`]
+//! is an error and the meta backend keeps [`HostComm`](super::HostComm)'s
+//! stream-ordered device-to-device copies, which work for any device count
+//! on either vendor.
 //!
-//! The device side (the GPU's ordinal, its stream bound to the calling
-//! thread, addresses of its buffers) comes from the CUDA backend's
-//! `RawDevice`; everything NCCL itself is here.
+//! The device side (the GPU's vendor and ordinal, its stream bound to the
+//! calling thread, addresses of its buffers) comes from the GPU backend's
+//! `RawDevice`; everything NCCL/RCCL itself is here.
 //!
 //! Status: compiled, not yet run (the machines this was written on have no
-//! GPU and no NCCL).
+//! GPU, no NCCL and no RCCL).
 
 use super::{peer_failed, BufSlice, Comm};
-use crate::backend::cuda::{CudaBackend, RawDevice};
+use crate::backend::cuda::{CudaBackend, RawDevice, Vendor};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void};
@@ -33,8 +35,11 @@ type RawComm = *mut c_void;
 /// `ncclUint8`: messages are bytes.
 const NCCL_UINT8: c_int = 1;
 
-/// The NCCL entry points used, resolved once per process.
+/// The NCCL/RCCL entry points used, resolved once per process.
 struct Lib {
+    /// "NCCL" or "RCCL", for messages.
+    name: &'static str,
+    vendor: Vendor,
     init_all: unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> c_int,
     destroy: unsafe extern "C" fn(RawComm) -> c_int,
     group_start: unsafe extern "C" fn() -> c_int,
@@ -45,19 +50,35 @@ struct Lib {
     _lib: libloading::Library,
 }
 
-/// NCCL, loaded on first use.
-fn lib() -> Result<&'static Lib> {
-    static LIB: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
-    LIB.get_or_init(|| {
+/// The error of a collective library of `vendor`'s devices.
+fn vendor_error(vendor: Vendor, detail: String) -> Error {
+    match vendor {
+        Vendor::Cuda => Error::Cuda { detail },
+        Vendor::Hip => Error::Hip { detail },
+    }
+}
+
+/// NCCL (for CUDA devices) or RCCL (for HIP devices), loaded on first use.
+fn lib(vendor: Vendor) -> Result<&'static Lib> {
+    static NCCL: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
+    static RCCL: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
+    let (cell, name, sonames) = match vendor {
+        Vendor::Cuda => (&NCCL, "NCCL", ["libnccl.so.2", "libnccl.so"]),
+        Vendor::Hip => (&RCCL, "RCCL", ["librccl.so.1", "librccl.so"]),
+    };
+    cell.get_or_init(|| {
         let mut last = String::new();
-        for name in ["libnccl.so.2", "libnccl.so"] {
-            // SAFETY: loading NCCL runs its initialisers (no preconditions).
-            match unsafe { libloading::Library::new(name) } {
+        for so in sonames {
+            // SAFETY: loading the library runs its initialisers (no preconditions).
+            match unsafe { libloading::Library::new(so) } {
                 Ok(lib) => {
                     // SAFETY: each symbol is declared with NCCL's C signature
-                    // (nccl.h, NCCL 2.x); the library stays loaded in `_lib`.
+                    // (nccl.h, NCCL 2.x; RCCL keeps the same API); the library
+                    // stays loaded in `_lib`.
                     return unsafe {
                         Ok(Lib {
+                            name,
+                            vendor,
                             init_all: *lib.get(b"ncclCommInitAll\0").map_err(|e| e.to_string())?,
                             destroy: *lib.get(b"ncclCommDestroy\0").map_err(|e| e.to_string())?,
                             group_start: *lib.get(b"ncclGroupStart\0").map_err(|e| e.to_string())?,
@@ -69,23 +90,23 @@ fn lib() -> Result<&'static Lib> {
                         })
                     };
                 }
-                Err(e) => last = format!("{name}: {e}"),
+                Err(e) => last = format!("{so}: {e}"),
             }
         }
-        Err(format!("NCCL is not installed ({last})"))
+        Err(format!("{name} is not installed ({last})"))
     })
     .as_ref()
-    .map_err(|e| Error::Cuda { detail: e.clone() })
+    .map_err(|e| vendor_error(vendor, e.clone()))
 }
 
-/// An NCCL result as our error.
+/// An NCCL/RCCL result as our error.
 fn check(lib: &Lib, what: &str, rc: c_int) -> Result<()> {
     if rc == 0 {
         return Ok(());
     }
-    // SAFETY: NCCL returns a static NUL-terminated string for any code.
+    // SAFETY: NCCL and RCCL return a static NUL-terminated string for any code.
     let msg = unsafe { std::ffi::CStr::from_ptr((lib.error_string)(rc)) }.to_string_lossy().into_owned();
-    Err(Error::Cuda { detail: format!("{what}: NCCL error {rc} ({msg})") })
+    Err(vendor_error(lib.vendor, format!("{what}: {} error {rc} ({msg})", lib.name)))
 }
 
 /// An NCCL communicator handle, used by one rank's thread at a time.
@@ -94,7 +115,8 @@ struct Rank(RawComm);
 // each rank's handle is only used by that rank's calls.
 unsafe impl Send for Rank {}
 
-/// One NCCL communicator per device (ranks in device order).
+/// One NCCL (CUDA devices) or RCCL (HIP devices) communicator per device
+/// (ranks in device order).
 pub struct NcclComm {
     lib: &'static Lib,
     ranks: Vec<Mutex<Rank>>,
@@ -113,26 +135,35 @@ impl std::fmt::Debug for NcclComm {
 
 impl NcclComm {
     /// A communicator over `devices` (rank `i` is `devices[i]`), each on its
-    /// own physical GPU.
+    /// own physical GPU, all CUDA (NCCL) or all HIP (RCCL).
     ///
     /// # Errors
-    /// [`Error::Cuda`] if a device is emulated, two devices share a GPU
-    /// (virtual devices), NCCL is not installed, or `ncclCommInitAll` fails.
+    /// [`Error::Cuda`] if a device is emulated or the devices mix vendors;
+    /// [`Error::Cuda`] (CUDA devices) or [`Error::Hip`] (HIP devices) if two
+    /// devices share a GPU (virtual devices), the library is not installed,
+    /// or `ncclCommInitAll` fails.
     pub fn new(devices: &[&CudaBackend]) -> Result<Self> {
         let mut ordinals = Vec::with_capacity(devices.len());
+        let mut vendor = None;
         for d in devices {
-            let ordinal = d
-                .raw_device()
-                .ordinal()
-                .ok_or_else(|| Error::Cuda { detail: format!("{}: NCCL needs a real GPU", d.name()) })?;
-            if ordinals.contains(&ordinal) {
+            let (v, ordinal) = d.raw_device().physical().ok_or_else(|| Error::Cuda {
+                detail: format!("{}: NCCL/RCCL needs a real GPU, not an emulated one", d.name()),
+            })?;
+            if vendor.is_some_and(|first| first != v) {
                 return Err(Error::Cuda {
-                    detail: format!("{}: NCCL needs one rank per GPU (virtual devices share GPU {ordinal})", d.name()),
+                    detail: format!("{}: one communicator needs devices of one vendor (CUDA or HIP)", d.name()),
                 });
+            }
+            vendor = Some(v);
+            if ordinals.contains(&ordinal) {
+                return Err(vendor_error(
+                    v,
+                    format!("{}: NCCL/RCCL needs one rank per GPU (virtual devices share GPU {ordinal})", d.name()),
+                ));
             }
             ordinals.push(ordinal);
         }
-        let lib = lib()?;
+        let lib = lib(vendor.unwrap_or(Vendor::Cuda))?;
         let n = devices.len();
         let devlist: Vec<c_int> = ordinals.iter().map(|&o| o as c_int).collect();
         let mut raw: Vec<RawComm> = vec![std::ptr::null_mut(); n];
@@ -151,14 +182,15 @@ impl NcclComm {
     /// [`NcclComm::new`] over the meta backend's devices.
     ///
     /// # Errors
-    /// As [`NcclComm::new`]; [`Error::Cuda`] if a device is not a [`CudaBackend`].
+    /// As [`NcclComm::new`]; [`Error::Cuda`] if a device is not a GPU
+    /// ([`CudaBackend`], CUDA or HIP).
     pub fn for_backends(devices: &[Arc<dyn Backend>]) -> Result<Self> {
         let cuda = devices
             .iter()
             .map(|d| {
                 d.as_any()
                     .and_then(|a| a.downcast_ref::<CudaBackend>())
-                    .ok_or_else(|| Error::Cuda { detail: format!("{}: NCCL needs CUDA devices", d.device().name) })
+                    .ok_or_else(|| Error::Cuda { detail: format!("{}: NCCL/RCCL needs GPU devices", d.device().name) })
             })
             .collect::<Result<Vec<_>>>()?;
         Self::new(&cuda)
@@ -167,7 +199,7 @@ impl NcclComm {
     /// Rank `rank`'s device pointer for `s` (a buffer of that rank's device).
     fn ptr(&self, rank: usize, s: &BufSlice) -> Result<u64> {
         self.devices[rank].buffer_ptr(&*s.buf, s.offset, s.len)?.ok_or_else(|| Error::Split {
-            detail: format!("rank {rank}: an NCCL message must live in a buffer of {}", self.names[rank]),
+            detail: format!("rank {rank}: an NCCL/RCCL message must live in a buffer of {}", self.names[rank]),
         })
     }
 }
@@ -223,8 +255,8 @@ impl Comm for NcclComm {
             }
         }
         let stream = self.devices[rank].bind_stream()?;
-        let comm = self.ranks[rank].lock().map_err(|_| Error::Split { detail: "NCCL rank poisoned".into() })?;
-        let what = format!("{}: NCCL send/recv", self.names[rank]);
+        let comm = self.ranks[rank].lock().map_err(|_| Error::Split { detail: "NCCL/RCCL rank poisoned".into() })?;
+        let what = format!("{}: {} send/recv", self.names[rank], self.lib.name);
         // SAFETY: a group of point-to-point calls; every pointer lies in a
         // live buffer of this rank's device (checked by `ptr`), kept alive by
         // the compiled program that owns the slices until its run ends.

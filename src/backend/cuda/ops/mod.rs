@@ -88,6 +88,8 @@ pub(crate) struct Cx<'a> {
     gpu: &'a dyn Gpu,
     dry: bool,
     sms: u32,
+    /// Threads per warp/wave of the device (1 in a dry run).
+    warp: u32,
     launches: Cell<u64>,
     /// Error flags of this compute ([`Cx::error_flag`]) and what each means.
     flags: RefCell<Option<Scratch<'a>>>,
@@ -102,10 +104,12 @@ pub(crate) const FLAG_SLOTS: usize = 1024;
 impl<'a> Cx<'a> {
     /// A context that launches on `gpu`.
     pub fn live(gpu: &'a dyn Gpu) -> Self {
+        let info = gpu.info();
         Cx {
             gpu,
             dry: false,
-            sms: gpu.info().multiprocessors.max(1),
+            sms: info.multiprocessors.max(1),
+            warp: info.warp_size.max(1),
             launches: Cell::new(0),
             flags: RefCell::new(None),
             flag_what: RefCell::new(Vec::new()),
@@ -131,6 +135,7 @@ impl<'a> Cx<'a> {
             gpu,
             dry: true,
             sms: 1,
+            warp: 1,
             launches: Cell::new(0),
             flags: RefCell::new(None),
             flag_what: RefCell::new(Vec::new()),
@@ -157,9 +162,24 @@ impl<'a> Cx<'a> {
         want.clamp(1, self.max_blocks().min(limit) as i64) as u32
     }
     /// Launches `kernel` (see the module's safety argument).
+    ///
+    /// # Errors
+    /// [`crate::Error::Compute`] for a block of several threads that is not
+    /// a whole number of the device's warps/waves (the kernels' block
+    /// reductions assume whole waves: 64 threads on AMD CDNA); the device's
+    /// launch error.
     pub fn launch(&self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: &[KArg]) -> Result<()> {
         if self.dry {
             return Ok(());
+        }
+        let threads = block.iter().map(|&b| b as u64).product::<u64>();
+        if threads > 1 && threads % self.warp as u64 != 0 {
+            return Err(crate::Error::Compute {
+                detail: format!(
+                    "launch of {kernel}: a block of {threads} threads is not whole waves of {} threads",
+                    self.warp
+                ),
+            });
         }
         self.launches.set(self.launches.get() + 1);
         // SAFETY: the module invariant: every pointer argument is a checked
@@ -339,7 +359,7 @@ pub(crate) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::kernel_files;
-    use crate::backend::cuda::nvrtc::KERNEL_SOURCES;
+    use crate::backend::cuda::sources::KERNEL_SOURCES;
     use crate::ops::OpFamily;
 
     /// The dispatch source of each family, as compiled.
