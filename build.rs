@@ -119,8 +119,14 @@ fn emulator(out: &Path, dir: &Path, files: &[PathBuf]) {
             .flag("-fno-fast-math");
         b
     };
+    let hip_header = dir.join("..").join("kernels-hip").join("sg_hip.h");
+    println!("cargo:rerun-if-changed={}", hip_header.display());
+    // Variant 0: as CUDA compiles the files (32-wide warps); variant 1: as
+    // HIP compiles them for a CDNA GPU (the portability header in front,
+    // 64-wide waves), so the wave-64 paths run in the tests too.
+    let variants = [("k", "", 0), ("h", "#define SG_WARP 64\n", 1)];
     let mut build = base();
-    let mut families = Vec::new();
+    let mut units = Vec::new();
     for p in files {
         let fam = p.file_stem().and_then(|s| s.to_str()).expect("file name").to_string();
         let probe = out.join(format!("emu_probe_{fam}.cpp"));
@@ -133,33 +139,58 @@ fn emulator(out: &Path, dir: &Path, files: &[PathBuf]) {
         let names = kernel_names(&String::from_utf8_lossy(&expanded));
         assert!(!names.is_empty(), "no kernels found in {}", p.display());
         let src = std::fs::read_to_string(p).expect("read kernel file");
-        let cooperative = (src.contains("__syncthreads") || src.contains("__shfl")) as i32;
-        let mut tu = format!(
-            "#include {:?}\nnamespace sg_emu_k_{fam} {{\n#include {:?}\nconst sg_emu_entry table[] = {{\n",
-            header.display().to_string(),
-            p.display().to_string()
-        );
-        for n in &names {
-            tu += &format!("    {{\"{n}\", [](void **a) {{ sg_emu_call({n}, a); }}, {cooperative}}},\n");
+        // Block barriers or shuffles (directly or through the shared
+        // reductions): the threads run as fibers.
+        let cooperative = ["__syncthreads", "__shfl", "sg_shfl_xor", "sg_sum32", "sg_warp_reduce", "sg_block_"]
+            .iter()
+            .any(|k| src.contains(k)) as i32;
+        for &(tag, defs, variant) in &variants {
+            // The HIP variant: the portability header in front, and every
+            // kernel renamed (`extern "C"` names are one entity whatever
+            // the namespace, so the two copies need distinct names; the
+            // table keeps the kernel's own name).
+            let hip = if variant == 1 {
+                let mut h = format!("#include {:?}\n", hip_header.display().to_string());
+                for n in &names {
+                    h += &format!("#define {n} {n}__hip\n");
+                }
+                h
+            } else {
+                String::new()
+            };
+            let ns = format!("sg_emu_{tag}_{fam}");
+            let mut tu = format!(
+                "#include {:?}\n{defs}namespace {ns} {{\n{hip}#include {:?}\nconst sg_emu_entry table[] = {{\n",
+                header.display().to_string(),
+                p.display().to_string()
+            );
+            for n in &names {
+                tu += &format!("    {{\"{n}\", [](void **a) {{ sg_emu_call({n}, a); }}, {cooperative}}},\n");
+            }
+            tu += &format!(
+                "}};\n}}\nextern \"C\" const sg_emu_entry *{ns}_table(std::size_t *n) {{\n    *n = {};\n    return {ns}::table;\n}}\n",
+                names.len()
+            );
+            let tu_path = out.join(format!("emu_{tag}_{fam}.cpp"));
+            std::fs::write(&tu_path, tu).expect("write emulator unit");
+            build.file(&tu_path);
+            units.push((ns, variant));
         }
-        tu += &format!(
-            "}};\n}}\nextern \"C\" const sg_emu_entry *sg_emu_table_{fam}(std::size_t *n) {{\n    *n = {};\n    return sg_emu_k_{fam}::table;\n}}\n",
-            names.len()
-        );
-        let tu_path = out.join(format!("emu_{fam}.cpp"));
-        std::fs::write(&tu_path, tu).expect("write emulator unit");
-        build.file(&tu_path);
-        families.push(fam);
     }
     let mut reg = format!("#include {:?}\n#include <vector>\n", header.display().to_string());
-    for fam in &families {
-        reg += &format!("extern \"C\" const sg_emu_entry *sg_emu_table_{fam}(std::size_t *n);\n");
+    for (ns, _) in &units {
+        reg += &format!("extern \"C\" const sg_emu_entry *{ns}_table(std::size_t *n);\n");
     }
-    reg += "extern \"C\" const sg_emu_entry *sg_emu_entries(std::size_t *n) {\n    static std::vector<sg_emu_entry> all = [] {\n        std::vector<sg_emu_entry> v;\n        std::size_t k = 0;\n";
-    for fam in &families {
-        reg += &format!("        {{ const sg_emu_entry *t = sg_emu_table_{fam}(&k); v.insert(v.end(), t, t + k); }}\n");
+    reg += "extern \"C\" const sg_emu_entry *sg_emu_entries(int variant, std::size_t *n) {\n";
+    for &(_, _, variant) in &variants {
+        reg += &format!("    static std::vector<sg_emu_entry> v{variant} = [] {{\n        std::vector<sg_emu_entry> v;\n        std::size_t k = 0;\n");
+        for (ns, _) in units.iter().filter(|u| u.1 == variant) {
+            reg += &format!("        {{ const sg_emu_entry *t = {ns}_table(&k); v.insert(v.end(), t, t + k); }}\n");
+        }
+        reg += "        return v;\n    }();\n";
+        reg += &format!("    if (variant == {variant}) {{\n        *n = v{variant}.size();\n        return v{variant}.data();\n    }}\n");
     }
-    reg += "        return v;\n    }();\n    *n = all.size();\n    return all.data();\n}\n";
+    reg += "    *n = 0;\n    return nullptr;\n}\n";
     let reg_path = out.join("emu_registry.cpp");
     std::fs::write(&reg_path, reg).expect("write registry");
     build.file(&reg_path).file(&runtime).compile("sg_cuda_emu");

@@ -77,15 +77,18 @@ fn without_a_gpu_the_driver_is_an_error_not_a_panic() {
     }
 }
 
-/// The emulator (`cuda-emu`) holds every kernel NVRTC finds in the sources:
-/// build.rs's list of kernel names misses none.
+/// The emulator (`cuda-emu`) holds every kernel NVRTC finds in the sources,
+/// for its CUDA devices and its HIP (CDNA) devices alike: build.rs's list of
+/// kernel names misses none.
 #[cfg(feature = "cuda-emu")]
 #[test]
 fn the_emulator_has_every_kernel() {
+    use shardgraph::backend::cuda::emu::{kernel_count, EmuKind};
     if load().is_err() {
         return;
     }
     let n: usize = KERNEL_SOURCES.iter().map(|&(name, src)| entries(&compile(name, src, "sm_86").unwrap()).len()).sum();
-    assert_eq!(shardgraph::backend::cuda::emu::kernel_count(), n);
-    println!("cuda_kernels: the emulator has all {n} kernels");
+    assert_eq!(kernel_count(EmuKind::Cuda), n);
+    assert_eq!(kernel_count(EmuKind::HipCdna), n);
+    println!("cuda_kernels: the emulator has all {n} kernels for CUDA and for HIP (CDNA) devices");
 }

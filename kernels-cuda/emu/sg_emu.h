@@ -1,9 +1,11 @@
 // sg_emu.h — the CUDA C dialect of kernels-cuda/*.cu as host C++, for the
-// CUDA emulator (cargo feature `cuda-emu`). Every kernel file is compiled
-// once more by the host C++ compiler with this header in front and
-// SG_CUDA_EMU defined; the runtime (runtime.cpp) runs a launch's blocks one
-// after another and a block's threads as cooperative fibers, so
-// __syncthreads, __syncthreads_or and warp shuffles have CUDA's meaning.
+// GPU emulator (cargo feature `cuda-emu`). Every kernel file is compiled
+// twice more by the host C++ compiler with this header in front and
+// SG_CUDA_EMU defined: as CUDA compiles it (32-wide warps), and as HIP
+// compiles it for a CDNA GPU (kernels-hip/sg_hip.h in front as well,
+// SG_WARP 64: 64-wide waves). The runtime (runtime.cpp) runs a launch's
+// blocks one after another and a block's threads as cooperative fibers, so
+// __syncthreads, __syncthreads_or and warp shuffles have CUDA's and HIP's meaning.
 // It exists to test the CUDA backend's host side (launch shapes, arguments,
 // op dispatch) and the kernels' arithmetic on machines without a GPU; it is
 // not fast.
@@ -53,26 +55,37 @@ extern "C" sg_emu_state_t sg_emu_state;
 #define blockIdx (sg_emu_state.bid)
 #define blockDim (sg_emu_state.bdim)
 #define gridDim (sg_emu_state.gdim)
-#define warpSize 32
 
 // Barriers, implemented by the runtime (a fiber waits; the scheduler
 // releases the group when every live member waits).
 extern "C" void sg_emu_syncthreads(void);
 extern "C" int sg_emu_syncthreads_or(int pred);
-extern "C" unsigned long long sg_emu_shfl_xor(unsigned long long bits, int lane_mask);
+extern "C" unsigned long long sg_emu_shfl_xor(unsigned long long bits, int lane_mask, int width);
 
 static inline void __syncthreads() { sg_emu_syncthreads(); }
 static inline int __syncthreads_or(int p) { return sg_emu_syncthreads_or(p); }
 
+// Shuffles: v of lane (lane ^ lane_mask) within the lane's segment of
+// `width` lanes. CUDA's spelling (a 32-lane warp) and HIP's (__shfl_xor,
+// a segment of `width` lanes of the wave). Every lane of the segment must
+// be at the same shuffle, else the launch fails (a divergent shuffle).
 template <typename T>
-static inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int = 32) {
+static inline T sg_emu_shfl(T v, int lane_mask, int width) {
     static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
     unsigned long long b = 0;
     std::memcpy(&b, &v, sizeof(T));
-    b = sg_emu_shfl_xor(b, lane_mask);
+    b = sg_emu_shfl_xor(b, lane_mask, width);
     T r;
     std::memcpy(&r, &b, sizeof(T));
     return r;
+}
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+    return sg_emu_shfl(v, lane_mask, width);
+}
+template <typename T>
+static inline T __shfl_xor(T v, int lane_mask, int width) {
+    return sg_emu_shfl(v, lane_mask, width);
 }
 
 // Threads of a block never run at the same time, so plain updates are atomic.

@@ -4,10 +4,13 @@
 //! - `cpu-data`: the same (kept for old scripts: since the compiled runtime
 //!   every device keeps its data in its buffers; there is one data path);
 //! - `cuda`: virtual devices on GPU 0 (needs `--features cuda` and a GPU;
-//!   with `--features cuda-emu` and no GPU, emulated GPUs instead).
+//!   with `--features cuda-emu` and no GPU, emulated GPUs instead);
+//! - `hip`: virtual devices on AMD GPU 0 (needs `--features hip` and a GPU;
+//!   with `--features cuda-emu` and no AMD GPU, emulated CDNA GPUs instead:
+//!   the kernels through the HIP portability header, 64-wide waves).
 //!
 //! The same regression and property tests then check split execution on
-//! CUDA devices against the single-device CPU results.
+//! GPU devices against the single-device CPU results.
 #![allow(dead_code)]
 
 use shardgraph::split::MetaExecutor;
@@ -40,8 +43,30 @@ pub fn executor(n: usize) -> MetaExecutor {
             };
             MetaExecutor::with_backends(devs).expect("CUDA devices")
         }
+        #[cfg(any(feature = "hip", feature = "cuda-emu"))]
+        "hip" => {
+            use shardgraph::backend::cuda::CudaBackend;
+            use shardgraph::Backend;
+            use std::sync::Arc;
+            #[cfg(feature = "hip")]
+            let real = CudaBackend::hip_virtual_devices(0, n);
+            #[cfg(not(feature = "hip"))]
+            let real: shardgraph::Result<Vec<CudaBackend>> =
+                Err(shardgraph::Error::Hip { detail: "built without the `hip` feature".into() });
+            let devs: Vec<Arc<dyn Backend>> = match real {
+                Ok(d) => d.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect(),
+                #[cfg(feature = "cuda-emu")]
+                Err(_) => (0..n).map(|_| Arc::new(CudaBackend::emulated_hip(1 << 30)) as Arc<dyn Backend>).collect(),
+                #[cfg(not(feature = "cuda-emu"))]
+                Err(e) => panic!("SHARDGRAPH_TEST_DEVICES=hip but no AMD GPU: {e}"),
+            };
+            MetaExecutor::with_backends(devs).expect("HIP devices")
+        }
         other => {
-            panic!("SHARDGRAPH_TEST_DEVICES={other:?}: expected cpu, cpu-data or cuda (cuda needs --features cuda)")
+            panic!(
+                "SHARDGRAPH_TEST_DEVICES={other:?}: expected cpu, cpu-data, cuda or hip \
+                 (cuda needs --features cuda, hip --features hip or cuda-emu)"
+            )
         }
     }
 }

@@ -89,24 +89,7 @@ fn ggml_diff() {
 #[test]
 fn cuda_diff() {
     use shardgraph::backend::cuda::CudaBackend;
-    use shardgraph::Backend;
-    use std::collections::BTreeMap;
-    let filter = std::env::var("GGML_DIFF_FILTER").unwrap_or_default();
-    let cases: Vec<Case> = all_cases()
-        .into_iter()
-        .filter(|c| filter.is_empty() || format!("{}:{}", c.op, c.vars).contains(&filter))
-        .collect();
-    let g = match oracle::Ggml::get() {
-        Ok(g) => g,
-        Err(why) => {
-            println!("cuda_diff: SKIPPED: ggml oracle not available: {why}");
-            assert!(
-                std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(),
-                "SHARDGRAPH_REQUIRE_GGML is set but the oracle is missing"
-            );
-            return;
-        }
-    };
+    let Some((g, cases)) = gpu_cases("cuda_diff") else { return };
     let backend = match CudaBackend::new(0) {
         Ok(b) => b,
         #[cfg(feature = "cuda-emu")]
@@ -120,12 +103,84 @@ fn cuda_diff() {
             return;
         }
     };
+    #[cfg(feature = "cuda-emu")]
+    let no_blas = backend.is_emulated().then(|| CudaBackend::emulated_with(8 << 30, false));
+    #[cfg(not(feature = "cuda-emu"))]
+    let no_blas = None;
+    gpu_diff("cuda_diff", g, &cases, &backend, no_blas);
+}
+
+/// The same cases on the HIP backend: an AMD GPU when the HIP runtime sees
+/// one (`hip` feature), else the emulated CDNA GPU (`cuda-emu` feature: the
+/// kernels through the HIP portability header, 64-wide waves), else
+/// skipped with a message. Ends with `hip_diff: <cases> cases, <failures>
+/// failures, ...` as [`cuda_diff`].
+#[cfg(any(feature = "hip", feature = "cuda-emu"))]
+#[test]
+fn hip_diff() {
+    use shardgraph::backend::cuda::CudaBackend;
+    let Some((g, cases)) = gpu_cases("hip_diff") else { return };
+    #[cfg(feature = "hip")]
+    let gpu = CudaBackend::hip(0);
+    #[cfg(not(feature = "hip"))]
+    let gpu: shardgraph::Result<CudaBackend> =
+        Err(shardgraph::Error::Hip { detail: "built without the `hip` feature".into() });
+    let backend = match gpu {
+        Ok(b) => b,
+        #[cfg(feature = "cuda-emu")]
+        Err(why) => {
+            println!("hip_diff: no AMD GPU ({why}); using the emulated CDNA GPU (64-wide waves)");
+            CudaBackend::emulated_hip(8 << 30)
+        }
+        #[cfg(not(feature = "cuda-emu"))]
+        Err(why) => {
+            println!("hip_diff: SKIPPED: no AMD GPU ({why}) and no `cuda-emu` feature");
+            return;
+        }
+    };
+    gpu_diff("hip_diff", g, &cases, &backend, None);
+}
+
+/// The oracle and the cases (`GGML_DIFF_FILTER` applied) for a GPU run, or
+/// `None` with a message when the oracle is missing.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn gpu_cases(label: &str) -> Option<(&'static oracle::Ggml, Vec<Case>)> {
+    let filter = std::env::var("GGML_DIFF_FILTER").unwrap_or_default();
+    let cases: Vec<Case> = all_cases()
+        .into_iter()
+        .filter(|c| filter.is_empty() || format!("{}:{}", c.op, c.vars).contains(&filter))
+        .collect();
+    match oracle::Ggml::get() {
+        Ok(g) => Some((g, cases)),
+        Err(why) => {
+            println!("{label}: SKIPPED: ggml oracle not available: {why}");
+            assert!(
+                std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(),
+                "SHARDGRAPH_REQUIRE_GGML is set but the oracle is missing"
+            );
+            None
+        }
+    }
+}
+
+/// Every case on `backend` against the oracle (and the mul_mat cases once
+/// more on `again_without_blas`), with the summary line `<label>: ...`.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn gpu_diff(
+    label: &str,
+    g: &oracle::Ggml,
+    cases: &[Case],
+    backend: &shardgraph::backend::cuda::CudaBackend,
+    again_without_blas: Option<shardgraph::backend::cuda::CudaBackend>,
+) {
+    use shardgraph::Backend;
+    use std::collections::BTreeMap;
     let verbose = std::env::var("GGML_DIFF_VERBOSE").is_ok();
     let (mut failures, mut with_host) = (0, 0);
     let mut host_ops: BTreeMap<String, u64> = BTreeMap::new();
-    for c in &cases {
+    for c in cases {
         let before = backend.stats().host_nodes;
-        let outcome = run_case(g, c, &backend, 2);
+        let outcome = run_case(g, c, backend, 2);
         let after = backend.stats().host_nodes;
         let on_host: Vec<String> =
             after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
@@ -155,8 +210,7 @@ fn cuda_diff() {
     // The emulated GPU emulates cuBLAS; the mul_mat cases once more
     // without it run the backend's own GEMM kernels (a GPU without libcublas).
     #[cfg(feature = "cuda-emu")]
-    if backend.is_emulated() {
-        let no_blas = CudaBackend::emulated_with(8 << 30, false);
+    if let Some(no_blas) = again_without_blas {
         let mm: Vec<&Case> = cases.iter().filter(|c| c.op.starts_with("mul_mat")).collect();
         for c in &mm {
             if let Outcome::Fail(why) = run_case(g, c, &no_blas, 2) {
@@ -164,15 +218,17 @@ fn cuda_diff() {
                 println!("  FAIL {}({}) without cuBLAS: {why}", c.op, c.vars);
             }
         }
-        println!("cuda_diff: {} mul_mat cases again without cuBLAS", mm.len());
+        println!("{label}: {} mul_mat cases again without cuBLAS", mm.len());
     }
     let s = backend.stats();
-    println!("cuda_diff: host nodes per op (cases): {host_ops:?}");
+    println!("{label}: host nodes per op (cases): {host_ops:?}");
     println!(
-        "cuda_diff: {} cases, {failures} failures, {with_host} cases with host nodes ({} kernel launches, {} device nodes)",
+        "{label}: {} cases, {failures} failures, {with_host} cases with host nodes ({} kernel launches, {} device nodes)",
         cases.len(),
         s.launches,
         s.device_nodes
     );
     assert_eq!(failures, 0, "{failures} differential cases failed on {}", backend.name());
+    #[cfg(not(feature = "cuda-emu"))]
+    let _ = again_without_blas;
 }

@@ -46,6 +46,17 @@ pub(crate) enum Vendor {
     Hip,
 }
 
+impl Vendor {
+    /// A failure of this vendor's runtime, compiler or library:
+    /// [`crate::Error::Cuda`] or [`crate::Error::Hip`].
+    pub(crate) fn error(self, detail: String) -> crate::Error {
+        match self {
+            Vendor::Cuda => crate::Error::Cuda { detail },
+            Vendor::Hip => crate::Error::Hip { detail },
+        }
+    }
+}
+
 /// What a device says about itself.
 #[derive(Clone, Debug)]
 pub(crate) struct GpuInfo {

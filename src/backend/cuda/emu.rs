@@ -3,11 +3,17 @@
 //! `kernels-cuda/*.cu` source as host C++ (`kernels-cuda/emu/`), block after
 //! block, a block's threads as cooperative fibers so barriers and warp
 //! shuffles keep CUDA's meaning. It tests the CUDA backend's host side and
-//! kernels without a GPU; it is slow and never the default. Every
+//! kernels without a GPU; it is slow and never the default.
+//!
+//! Two kinds of device: CUDA ([`EmuKind::Cuda`], the files as NVRTC
+//! compiles them, 32-wide warps) and HIP on a CDNA GPU ([`EmuKind::HipCdna`],
+//! the files behind `kernels-hip/sg_hip.h` as hipRTC compiles them for
+//! gfx9, 64-wide waves), so the HIP spelling of every kernel and its
+//! wave-64 reductions run in the tests. Every
 //! allocation has guard zones, checked after each launch, so a kernel that
 //! writes out of bounds is an error here (on a GPU: an illegal address).
 
-use super::api::{DevPtr, Gemm, Gpu, GpuInfo, KArg};
+use super::api::{DevPtr, Gemm, Gpu, GpuInfo, KArg, Vendor};
 use crate::error::{Error, Result};
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -16,6 +22,7 @@ use std::sync::Mutex;
 
 extern "C" {
     fn sg_emu_launch(
+        variant: i32,
         name: *const c_char,
         grid: *const u32,
         block: *const u32,
@@ -23,7 +30,41 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> i32;
-    fn sg_emu_kernel_count() -> usize;
+    fn sg_emu_kernel_count(variant: i32) -> usize;
+}
+
+/// What an emulated device is compiled as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmuKind {
+    /// An NVIDIA GPU: the kernel files as CUDA compiles them, 32-wide warps.
+    Cuda,
+    /// An AMD CDNA GPU (gfx9: MI100/MI200/MI300): the kernel files behind
+    /// the HIP portability header, 64-wide waves.
+    HipCdna,
+}
+
+impl EmuKind {
+    /// The emulator's table of this kind's kernels.
+    fn variant(self) -> i32 {
+        match self {
+            EmuKind::Cuda => 0,
+            EmuKind::HipCdna => 1,
+        }
+    }
+    /// Threads per warp (CUDA) or wave (CDNA).
+    pub fn warp_size(self) -> u32 {
+        match self {
+            EmuKind::Cuda => 32,
+            EmuKind::HipCdna => 64,
+        }
+    }
+    /// The vendor whose runtime the device stands for.
+    pub(crate) fn vendor(self) -> Vendor {
+        match self {
+            EmuKind::Cuda => Vendor::Cuda,
+            EmuKind::HipCdna => Vendor::Hip,
+        }
+    }
 }
 
 /// Guard zone around every allocation, bytes (keeps 256-byte alignment).
@@ -31,15 +72,17 @@ const GUARD: usize = 256;
 /// The guard zones' pattern; a launch that changes it wrote out of bounds.
 const GUARD_BYTE: u8 = 0xA5;
 
-/// Number of kernels compiled into the emulator.
-pub fn kernel_count() -> usize {
+/// Number of kernels compiled into the emulator for devices of `kind`
+/// (the same kernels for both kinds).
+pub fn kernel_count(kind: EmuKind) -> usize {
     // SAFETY: reads a static table; no preconditions.
-    unsafe { sg_emu_kernel_count() }
+    unsafe { sg_emu_kernel_count(kind.variant()) }
 }
 
 /// An emulated GPU with a memory limit.
 #[derive(Debug)]
 pub(crate) struct EmuGpu {
+    kind: EmuKind,
     memory: usize,
     multiprocessors: u32,
     /// Emulate cuBLAS's F32 GEMM (else the backend's own kernels run, as on
@@ -51,10 +94,15 @@ pub(crate) struct EmuGpu {
 }
 
 impl EmuGpu {
-    /// A device with `memory` bytes and `multiprocessors` SMs (which only
-    /// size launch grids), with an emulated cuBLAS when `blas`.
-    pub(crate) fn new(memory: usize, multiprocessors: u32, blas: bool) -> Self {
-        EmuGpu { memory, multiprocessors: multiprocessors.max(1), blas, live: Mutex::new(HashMap::new()) }
+    /// A device of `kind` with `memory` bytes and `multiprocessors` SMs
+    /// (which only size launch grids), with an emulated cuBLAS when `blas`.
+    pub(crate) fn new(kind: EmuKind, memory: usize, multiprocessors: u32, blas: bool) -> Self {
+        EmuGpu { kind, memory, multiprocessors: multiprocessors.max(1), blas, live: Mutex::new(HashMap::new()) }
+    }
+
+    /// The error of this device's vendor (`Error::Cuda` or `Error::Hip`).
+    fn error(&self, detail: String) -> Error {
+        self.kind.vendor().error(detail)
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<DevPtr, (Layout, usize)>> {
@@ -82,11 +130,9 @@ impl EmuGpu {
             if let Some(at) = bad_before.or(bad_after) {
                 before.fill(GUARD_BYTE);
                 after.fill(GUARD_BYTE);
-                return Err(Error::Cuda {
-                    detail: format!(
-                        "{what} wrote outside an allocation of {bytes} bytes ({at}): an out-of-bounds access"
-                    ),
-                });
+                return Err(self.error(format!(
+                    "{what} wrote outside an allocation of {bytes} bytes ({at}): an out-of-bounds access"
+                )));
             }
         }
         Ok(())
@@ -104,12 +150,16 @@ impl Drop for EmuGpu {
 
 impl Gpu for EmuGpu {
     fn info(&self) -> GpuInfo {
+        let name = match self.kind {
+            EmuKind::Cuda => "emulated GPU (CUDA kernels as host C++, 32-wide warps)",
+            EmuKind::HipCdna => "emulated GPU (HIP kernels as host C++, CDNA: 64-wide waves)",
+        };
         GpuInfo {
-            name: "emulated GPU (kernels as host C++)".into(),
+            name: name.into(),
             memory_total: self.memory,
             multiprocessors: self.multiprocessors,
             memory_bandwidth: 0.0,
-            warp_size: 32,
+            warp_size: self.kind.warp_size(),
         }
     }
 
@@ -170,7 +220,7 @@ impl Gpu for EmuGpu {
     }
 
     unsafe fn launch(&self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: &[KArg]) -> Result<()> {
-        let name = CString::new(kernel).map_err(|_| Error::Cuda { detail: format!("bad kernel name {kernel:?}") })?;
+        let name = CString::new(kernel).map_err(|_| self.error(format!("bad kernel name {kernel:?}")))?;
         let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         let mut err = [0 as c_char; 512];
@@ -178,12 +228,20 @@ impl Gpu for EmuGpu {
         // `ptrs[i]` points at an 8-byte slot that outlives the call; the
         // kernel's memory accesses are the caller's guarantee.
         let rc = unsafe {
-            sg_emu_launch(name.as_ptr(), grid.as_ptr(), block.as_ptr(), ptrs.as_mut_ptr(), err.as_mut_ptr(), err.len())
+            sg_emu_launch(
+                self.kind.variant(),
+                name.as_ptr(),
+                grid.as_ptr(),
+                block.as_ptr(),
+                ptrs.as_mut_ptr(),
+                err.as_mut_ptr(),
+                err.len(),
+            )
         };
         if rc != 0 {
             // SAFETY: the runtime NUL-terminates the message within `err`.
             let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
-            return Err(Error::Cuda { detail: format!("launch of {kernel}: {msg}") });
+            return Err(self.error(format!("launch of {kernel}: {msg}")));
         }
         self.check_guards(kernel)
     }
@@ -196,7 +254,7 @@ impl Gpu for EmuGpu {
     /// work is done when queued, so a direct copy between any two is a
     /// `memmove`.
     unsafe fn copy_from(&self, dst: DevPtr, from: &dyn Gpu, src: DevPtr, n: usize) -> Result<bool> {
-        if from.as_any().downcast_ref::<EmuGpu>().is_none() {
+        if from.as_any().downcast_ref::<EmuGpu>().is_none_or(|f| f.kind != self.kind) {
             return Ok(false);
         }
         // SAFETY: the caller guarantees both ranges lie in live allocations
@@ -220,7 +278,7 @@ impl Gpu for EmuGpu {
         }
         let (m, n, k) = (g.m.max(0) as usize, g.n.max(0) as usize, g.k.max(0) as usize);
         if (g.lda as usize) < k.max(1) || (g.ldb as usize) < k.max(1) || (g.ldc as usize) < m.max(1) {
-            return Err(Error::Cuda { detail: format!("cublasGemmEx: invalid leading dimensions in {g:?}") });
+            return Err(self.error(format!("cublasGemmEx: invalid leading dimensions in {g:?}")));
         }
         let (lda, ldb, ldc) = (g.lda as usize, g.ldb as usize, g.ldc as usize);
         let (a, b, c) = (g.a as *const f32, g.b as *const f32, g.c as *mut f32);
@@ -248,7 +306,7 @@ mod tests {
     /// guard zones (on a GPU: an illegal address); the device stays usable.
     #[test]
     fn an_out_of_bounds_write_is_an_error() {
-        let gpu = EmuGpu::new(1 << 20, 1, false);
+        let gpu = EmuGpu::new(EmuKind::Cuda, 1 << 20, 1, false);
         let p = gpu.alloc(64).unwrap();
         let fill = |n: i64| {
             let mut args = vec![KArg::Ptr(p), KArg::I64(n), KArg::I64(1), KArg::I64(1), KArg::I64(1)];

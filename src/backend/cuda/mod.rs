@@ -188,7 +188,21 @@ impl CudaBackend {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        Self::from_gpu(format!("EMU{i}"), Arc::new(emu::EmuGpu::new(memory, 2, blas)))
+        Self::from_gpu(format!("EMU{i}"), Arc::new(emu::EmuGpu::new(emu::EmuKind::Cuda, memory, 2, blas)))
+    }
+
+    /// An emulated AMD CDNA GPU with `memory` bytes, as the HIP backend
+    /// drives one: the kernel files behind `kernels-hip/sg_hip.h` with
+    /// 64-wide waves, run as host C++, and its errors are [`Error::Hip`].
+    /// Each call is a separate device, named `EMUHIP<i>`. No hipBLAS (the
+    /// backend's own GEMM kernels run). For tests on machines without a
+    /// GPU; slow.
+    #[cfg(feature = "cuda-emu")]
+    pub fn emulated_hip(memory: usize) -> Self {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
+        Self::from_gpu(format!("EMUHIP{i}"), Arc::new(emu::EmuGpu::new(emu::EmuKind::HipCdna, memory, 2, false)))
     }
 
     fn from_gpu(name: String, gpu: Arc<dyn Gpu>) -> Self {
@@ -366,7 +380,7 @@ impl Backend for CudaBackend {
     /// Waits for the queued work and reads the queued computes' error flags
     /// (one read each), failing with the first set one's message.
     fn synchronize(&self) -> Result<()> {
-        self.gpu.synchronize().map_err(|e| Error::Cuda { detail: format!("{}: {e}", self.name) })?;
+        self.gpu.synchronize().map_err(|e| within(&self.name, e))?;
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
         let mut first = Ok(());
         for (p, what) in pending {
@@ -463,10 +477,20 @@ fn dispatch(cx: &ops::Cx, t: &Tensor, dst: &ops::T, src: &[ops::T]) -> Result<bo
 /// The error of node `t` on device `dev`: the device, the op and the cause.
 fn node_error(dev: &str, t: &Tensor, e: Error) -> Error {
     match e {
-        Error::Cuda { detail } => {
-            Error::Cuda { detail: format!("{dev}: {} {:?} ({}): {detail}", t.op.name(), t.name, t.describe()) }
+        Error::Cuda { .. } | Error::Hip { .. } => {
+            within(&format!("{dev}: {} {:?} ({})", t.op.name(), t.name, t.describe()), e)
         }
         other => Error::Compute { detail: format!("{dev}: {} {:?}: {other}", t.op.name(), t.name) },
+    }
+}
+
+/// A runtime error (CUDA or HIP, the variant kept) with `context` (the
+/// device, the node) in front of its detail; other errors unchanged.
+fn within(context: &str, e: Error) -> Error {
+    match e {
+        Error::Cuda { detail } => Error::Cuda { detail: format!("{context}: {detail}") },
+        Error::Hip { detail } => Error::Hip { detail: format!("{context}: {detail}") },
+        other => other,
     }
 }
 
@@ -526,7 +550,7 @@ impl Buffer for CudaBuffer {
             // SAFETY: both ranges were just checked against live allocations
             // (each buffer keeps its allocation alive while borrowed here).
             if unsafe { self.gpu.copy_from(d, &*s.gpu, p, n) }
-                .map_err(|e| Error::Cuda { detail: format!("{} <- {}: {e}", self.device, s.device) })?
+                .map_err(|e| within(&format!("{} <- {}", self.device, s.device), e))?
             {
                 return Ok(());
             }

@@ -50,14 +50,6 @@ struct Lib {
     _lib: libloading::Library,
 }
 
-/// The error of a collective library of `vendor`'s devices.
-fn vendor_error(vendor: Vendor, detail: String) -> Error {
-    match vendor {
-        Vendor::Cuda => Error::Cuda { detail },
-        Vendor::Hip => Error::Hip { detail },
-    }
-}
-
 /// NCCL (for CUDA devices) or RCCL (for HIP devices), loaded on first use.
 fn lib(vendor: Vendor) -> Result<&'static Lib> {
     static NCCL: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
@@ -96,7 +88,7 @@ fn lib(vendor: Vendor) -> Result<&'static Lib> {
         Err(format!("{name} is not installed ({last})"))
     })
     .as_ref()
-    .map_err(|e| vendor_error(vendor, e.clone()))
+    .map_err(|e| vendor.error(e.clone()))
 }
 
 /// An NCCL/RCCL result as our error.
@@ -106,7 +98,7 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<()> {
     }
     // SAFETY: NCCL and RCCL return a static NUL-terminated string for any code.
     let msg = unsafe { std::ffi::CStr::from_ptr((lib.error_string)(rc)) }.to_string_lossy().into_owned();
-    Err(vendor_error(lib.vendor, format!("{what}: {} error {rc} ({msg})", lib.name)))
+    Err(lib.vendor.error(format!("{what}: {} error {rc} ({msg})", lib.name)))
 }
 
 /// An NCCL communicator handle, used by one rank's thread at a time.
@@ -156,10 +148,10 @@ impl NcclComm {
             }
             vendor = Some(v);
             if ordinals.contains(&ordinal) {
-                return Err(vendor_error(
-                    v,
-                    format!("{}: NCCL/RCCL needs one rank per GPU (virtual devices share GPU {ordinal})", d.name()),
-                ));
+                return Err(v.error(format!(
+                    "{}: NCCL/RCCL needs one rank per GPU (virtual devices share GPU {ordinal})",
+                    d.name()
+                )));
             }
             ordinals.push(ordinal);
         }
