@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPU check of the CUDA backend, for a machine with an NVIDIA GPU (CUDA 13
-# driver). Prints a summary and exits non-zero on any failure; well under
-# 8 minutes on one GPU once built.
+# GPU check of the GPU backend, for a machine with an NVIDIA GPU (CUDA 13
+# driver) or, with SHARDGRAPH_GPU=hip, an AMD GPU (ROCm 5.2 or newer: the
+# HIP runtime and hipRTC; RCCL and hipBLAS used when present). Prints a
+# summary and exits non-zero on any failure; well under 8 minutes on one
+# GPU once built.
 #
 #   scripts/gpu-check.sh          build and run here (cargo, ./scripts/setup.sh done, and a GPU)
 #   scripts/gpu-check.sh pack     build here (no GPU needed) and pack the test, bench and
@@ -17,19 +19,35 @@
 # (SHARDGRAPH_TEST_DEVICES=cuda); the dflash2 and mtp examples on virtual
 # devices with --verify against a CPU run; the benches (matvec GB/s per
 # weight type against peak bandwidth, decode tokens/s on 1 and 2 devices).
+#
+# SHARDGRAPH_GPU=hip (for pack, run or both): the same checks on an AMD GPU
+# through the HIP backend (`--features hip`): every kernel compiled by
+# hipRTC for the GPU's gfx architecture and loaded, hip_diff, the HIP
+# backend tests, the split tests on virtual devices (SHARDGRAPH_TEST_DEVICES=hip)
+# and the examples on HIP0 virtual devices with --verify.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-all}"
 pack=.gpu-check
 start=$(date +%s)
+vendor="${SHARDGRAPH_GPU:-cuda}"
+case "$vendor" in cuda|hip) ;; *) echo "gpu-check: SHARDGRAPH_GPU=$vendor: use cuda or hip"; exit 2 ;; esac
 
 build_and_pack() {
   rm -rf "$pack" && mkdir -p "$pack/bin" "$pack/ggml"
   local json
-  json=$( { cargo test --release --features cuda --no-run --message-format=json \
-              --test cuda_kernels --test ggml_diff --test cuda_backend \
-              --test split_regressions --test split_store --test split_props;
-            cargo build --release --features cuda --message-format=json --bench cuda --example dflash2 --example mtp; } )
+  if [ "$vendor" = hip ]; then
+    json=$( { cargo test --release --features hip --no-run --message-format=json \
+                --test hip_kernels --test ggml_diff --test hip_backend \
+                --test split_regressions --test split_store --test split_props;
+              cargo build --release --features hip --message-format=json --example dflash2 --example mtp; } )
+  else
+    json=$( { cargo test --release --features cuda --no-run --message-format=json \
+                --test cuda_kernels --test ggml_diff --test cuda_backend \
+                --test split_regressions --test split_store --test split_props;
+              cargo build --release --features cuda --message-format=json --bench cuda --example dflash2 --example mtp; } )
+  fi
+  echo "$vendor" > "$pack/vendor"
   echo "$json" | python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:
@@ -49,6 +67,10 @@ for line in sys.stdin:
 run_packed() {
   local bin="$pack/bin"
   [ -d "$bin" ] || { echo "gpu-check: $bin missing (run: scripts/gpu-check.sh pack)"; exit 1; }
+  local packed
+  packed=$(cat "$pack/vendor" 2>/dev/null || echo cuda)
+  [ "$packed" = "$vendor" ] || { echo "gpu-check: $pack holds a $packed build; run with SHARDGRAPH_GPU=$packed or pack again"; exit 1; }
+  if [ "$vendor" = hip ]; then run_packed_hip; return; fi
   if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null; then
     echo "gpu-check: no GPU here (nvidia-smi fails): nothing to check"
     exit 1
@@ -82,6 +104,39 @@ run_packed() {
   step "benches" env SHARDGRAPH_BENCH_SECS=0.5 "$bin/cuda"
   echo "---- summary lines"
   grep -E "^(cuda_kernels|cuda_diff|qwen3 |verify:|speed-up|plain greedy|dflash2:|mtp:|test result|device:|\| |decode|tokens equal)" "$log" || true
+  echo "gpu-check: full log in $log"
+  [ "$failed" = 0 ] || { echo "gpu-check: FAILED"; exit 1; }
+}
+
+# The AMD run: the HIP runtime and hipRTC from ROCm (/opt/rocm/lib, or the
+# system's libamdhip64), the same steps as the CUDA run on HIP0 virtual devices.
+run_packed_hip() {
+  local bin="$pack/bin"
+  if ! (rocm-smi --showproductname 2>/dev/null || rocminfo 2>/dev/null | grep -m3 -E 'Marketing Name|gfx'); then
+    echo "gpu-check: no AMD GPU here (rocm-smi and rocminfo fail): nothing to check"
+    exit 1
+  fi
+  [ -d /opt/rocm/lib ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/opt/rocm/lib"
+  export GGML_LIB_DIR="$PWD/$pack/ggml"
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$GGML_LIB_DIR"
+  local log="$pack/log.txt" failed=0
+  : >"$log"
+  step() {  # step <label> <command...>
+    local label="$1"; shift
+    local t0=$(date +%s)
+    if "$@" >>"$log" 2>&1; then echo "gpu-check: ok   $label ($(( $(date +%s) - t0 )) s)"
+    else echo "gpu-check: FAIL $label ($(( $(date +%s) - t0 )) s)"; failed=1; fi
+  }
+  step "hipRTC compile + load of every kernel" "$bin/hip_backend" --nocapture --test-threads 1
+  step "hip_diff (ggml suite on the HIP backend)" "$bin/ggml_diff" hip_diff --nocapture
+  step "split regressions on virtual devices" env SHARDGRAPH_TEST_DEVICES=hip "$bin/split_regressions"
+  step "split store on virtual devices" env SHARDGRAPH_TEST_DEVICES=hip "$bin/split_store"
+  step "split properties on virtual devices" env SHARDGRAPH_TEST_DEVICES=hip "$bin/split_props"
+  step "dflash2 example, HIP0 x2, --verify" "$bin/dflash2" --device HIP0,HIP0 --n-predict 48 --verify
+  step "dflash2 example, qwen35, HIP0 x2, --verify" "$bin/dflash2" --target qwen35 --device HIP0,HIP0 --n-predict 48 --verify
+  step "mtp example, HIP0 x3, --verify" "$bin/mtp" --device HIP0,HIP0,HIP0 --n-predict 48 --verify
+  echo "---- summary lines"
+  grep -E "^(hip_kernels|hip_backend|hip_diff|verify:|speed-up|plain greedy|dflash2:|mtp:|test result|tokens equal)" "$log" || true
   echo "gpu-check: full log in $log"
   [ "$failed" = 0 ] || { echo "gpu-check: FAILED"; exit 1; }
 }

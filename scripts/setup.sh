@@ -4,7 +4,10 @@
 # reference implementation (the PyPI package gguf 0.19.0, for tests/gguf.rs),
 # llama.cpp itself (llama-cpp-python 0.3.36, for tests/llama_cpp.rs) and
 # NVRTC (nvidia-cuda-nvrtc, for the CUDA kernel compile check in
-# tests/cuda_kernels.rs) into ./.venv. Idempotent: a second run only checks that they are there.
+# tests/cuda_kernels.rs) into ./.venv, and Debian's ROCm 5.2 `hipcc` and
+# `libamdhip64-dev` (for the HIP kernel compile check in tests/hip_kernels.rs;
+# apt-get, when run as root on Debian/Ubuntu, else a message saying how).
+# Idempotent: a second run only checks that they are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +35,18 @@ if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(0 if m.v
   echo "setup: installing NVRTC for the CUDA kernel compile check (pip install nvidia-cuda-nvrtc==13.5.37, no GPU needed)"
   .venv/bin/pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc==13.5.37
 fi
+if ! command -v hipcc >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing hipcc and libamdhip64-dev (ROCm 5.2, apt-get; about 500 MB, 20 s) for the HIP kernel compile check"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q hipcc libamdhip64-dev >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q hipcc libamdhip64-dev >/dev/null; }
+  else
+    echo "setup: hipcc not found: the HIP kernel compile check (tests/hip_kernels.rs) will be skipped;" \
+         "install it with: sudo apt-get install hipcc libamdhip64-dev (Debian 12), or ROCm's own packages"
+  fi
+fi
 .venv/bin/python -c "import ggml, os; print('setup: ggml oracle at', os.path.join(os.path.dirname(ggml.__file__), 'lib'))"
 .venv/bin/python -c "import gguf, importlib.metadata as m; print('setup: gguf', m.version('gguf'), 'at', gguf.__path__[0])"
 .venv/bin/python -c "import importlib.metadata as m; print('setup: llama-cpp-python', m.version('llama_cpp_python'))"
 .venv/bin/python -c "import importlib.metadata as m, glob, sys; d = glob.glob(sys.prefix + '/lib/python3*/site-packages/nvidia/cu13/lib'); print('setup: NVRTC', m.version('nvidia-cuda-nvrtc'), 'at', d[0] if d else '?')"
+if command -v hipcc >/dev/null; then echo "setup: hipcc at $(command -v hipcc)"; fi

@@ -103,10 +103,13 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
 
 /// `--device` (llama.cpp's option): comma-separated device names, one per
 /// device of the tensor split: `CPU` (the default for every device),
-/// `CUDA<i>` (GPU `i`; a GPU named k times gives k virtual devices on it,
-/// each with its own stream and share of memory), `EMU` (an emulated GPU:
-/// the CUDA kernels as host C++, slow; `--features cuda-emu`). Returns the
-/// devices to run on, or `None` for CPU devices; exits on a bad name.
+/// `CUDA<i>` (NVIDIA GPU `i`; `--features cuda`), `HIP<i>` (AMD GPU `i`;
+/// `--features hip`) — a GPU named k times gives k virtual devices on it,
+/// each with its own stream and share of memory — `EMU` (an emulated
+/// NVIDIA GPU: the kernels as host C++, slow) and `EMUHIP` (an emulated AMD
+/// CDNA GPU, 64-wide waves), both `--features cuda-emu`. Returns the
+/// devices to run on, or `None` for CPU devices; exits with status 2 on a
+/// name this build cannot open.
 pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<dyn Backend>>>> {
     let Some(list) = arg(args, "--device") else { return Ok(None) };
     let mut names: Vec<String> = list.split(',').map(|x| x.trim().to_uppercase()).collect();
@@ -121,40 +124,63 @@ pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<
     if names.iter().all(|d| d == "CPU") {
         return Ok(None);
     }
-    #[cfg(feature = "cuda")]
-    {
-        let mut out: Vec<Arc<dyn Backend>> = Vec::new();
-        use shardgraph::backend::cuda::CudaBackend;
-        let mut virtuals: std::collections::HashMap<usize, Vec<CudaBackend>> = std::collections::HashMap::new();
-        for d in &names {
-            if let Some(i) = d.strip_prefix("CUDA").and_then(|i| i.parse::<usize>().ok()) {
-                if let std::collections::hash_map::Entry::Vacant(e) = virtuals.entry(i) {
-                    let k = names.iter().filter(|x| *x == d).count();
-                    e.insert(CudaBackend::virtual_devices(i, k)?.into_iter().rev().collect());
-                }
-            }
+    open_devices(&names).map(Some)
+}
+
+/// The GPU (vendor prefix, ordinal) a `--device` name opens: `CUDA<i>` or `HIP<i>`.
+#[cfg(sg_gpu)]
+fn gpu_name(name: &str) -> Option<(&'static str, usize)> {
+    ["CUDA", "HIP"].into_iter().find_map(|v| Some((v, name.strip_prefix(v)?.parse::<usize>().ok()?)))
+}
+
+/// Opens the named devices (each GPU once, with as many virtual devices as
+/// it is named).
+#[cfg(sg_gpu)]
+fn open_devices(names: &[String]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
+    use shardgraph::backend::cuda::CudaBackend;
+    use std::collections::HashMap;
+    let mut virtuals: HashMap<(&str, usize), Vec<CudaBackend>> = HashMap::new();
+    for d in names {
+        let Some(key) = gpu_name(d) else { continue };
+        if virtuals.contains_key(&key) {
+            continue;
         }
-        for d in &names {
-            let b: Arc<dyn Backend> = match d.as_str() {
-                "CPU" => Arc::new(shardgraph::CpuBackend::with_threads(1)?),
-                #[cfg(feature = "cuda-emu")]
-                "EMU" => Arc::new(CudaBackend::emulated(8 << 30)),
-                g => match g.strip_prefix("CUDA").and_then(|i| i.parse::<usize>().ok()) {
-                    Some(i) => Arc::new(virtuals.get_mut(&i).and_then(|v| v.pop()).expect("opened above")),
-                    None => bad_device(g),
-                },
-            };
-            out.push(b);
-        }
-        Ok(Some(out))
+        let k = names.iter().filter(|x| *x == d).count();
+        let opened = match key.0 {
+            #[cfg(feature = "cuda")]
+            "CUDA" => CudaBackend::virtual_devices(key.1, k)?,
+            #[cfg(feature = "hip")]
+            "HIP" => CudaBackend::hip_virtual_devices(key.1, k)?,
+            _ => bad_device(d),
+        };
+        virtuals.insert(key, opened.into_iter().rev().collect());
     }
-    #[cfg(not(feature = "cuda"))]
-    {
-        eprintln!(
-            "--device {list}: this build has only CPU devices (CUDA<i> needs --features cuda, EMU --features cuda-emu)"
-        );
-        std::process::exit(2);
+    let mut out: Vec<Arc<dyn Backend>> = Vec::new();
+    for d in names {
+        let b: Arc<dyn Backend> = match d.as_str() {
+            "CPU" => Arc::new(shardgraph::CpuBackend::with_threads(1)?),
+            #[cfg(feature = "cuda-emu")]
+            "EMU" => Arc::new(CudaBackend::emulated(8 << 30)),
+            #[cfg(feature = "cuda-emu")]
+            "EMUHIP" => Arc::new(CudaBackend::emulated_hip(8 << 30)),
+            g => match gpu_name(g).and_then(|key| virtuals.get_mut(&key)).and_then(|v| v.pop()) {
+                Some(b) => Arc::new(b),
+                None => bad_device(g),
+            },
+        };
+        out.push(b);
     }
+    Ok(out)
+}
+
+#[cfg(not(sg_gpu))]
+fn open_devices(names: &[String]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
+    eprintln!(
+        "--device {}: this build has only CPU devices (CUDA<i> needs --features cuda, HIP<i> --features hip, \
+         EMU and EMUHIP --features cuda-emu)",
+        names.join(",")
+    );
+    std::process::exit(2);
 }
 
 /// Moves a session's runner onto the `--device` devices for `n` devices
@@ -170,9 +196,12 @@ pub fn use_devices(args: &[String], runner: &mut Runner, n: usize) -> shardgraph
     Ok(())
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(sg_gpu)]
 fn bad_device(name: &str) -> ! {
-    eprintln!("--device {name}: use CPU, CUDA<i> or EMU (EMU needs --features cuda-emu)");
+    eprintln!(
+        "--device {name}: use CPU, CUDA<i> (--features cuda), HIP<i> (--features hip), EMU or EMUHIP \
+         (--features cuda-emu)"
+    );
     std::process::exit(2)
 }
 
