@@ -17,7 +17,7 @@
 //     i64 nb11,                                                 // mask row stride (2-D mask [ne00, >= ne01])
 //     int kind, float scale, i64 k,
 //     i64 r0a, r0b, r1a, r1b, r2a, r2b, r3a, r3b)               // global ranges of the part (up to 4; empty: a = b)
-//   One block per row (grid-stride), blockDim a multiple of 32; st is F32
+//   One block per row (grid-stride), blockDim a multiple of 64; st is F32
 //   [w, ne01*ne02*ne03] contiguous. kind: 0 Σx² (w 2), 1 Σx (w 2),
 //   2 (Σx, Σ(x − mean)²) (w 2), 3 soft_max's (max v, Σexp(v − max)) of
 //   v = x*scale + mask[i0, i01] (w 2), 4 argmax scan summary (w 2: value,

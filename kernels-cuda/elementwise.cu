@@ -10,7 +10,7 @@
 // * Tensors are raw byte pointers (`const char *` / `char *`) plus ggml's
 //   shape `ne[4]` (ne0 innermost) and byte strides `nb[4]`, all `long long`
 //   (int64). Any strides work (views, permutations, transposes).
-// * "Row launch": blockDim = (B, 1, 1) with B any multiple of 32 up to 1024
+// * "Row launch": blockDim = (B, 1, 1) with B any multiple of 64 up to 1024
 //   (256 recommended); gridDim = (gx, gy, 1) with gx >= 1 and gy >= 1. Both
 //   dimensions are grid-stride loops (x over i0 in [0, ne0), y over the
 //   nrows = ne1*ne2*ne3 rows), so any grid is correct; a good choice is

@@ -55,7 +55,7 @@
 // to ~1e-6 relative of f32 math, not bit equality.
 //
 // Launch: one block per query row and head: blockDim = (B, 1, 1), B a
-// multiple of 32 in [32, 1024] (128 recommended); gridDim = (gx, 1, 1), a
+// multiple of 64 in [64, 1024] (128 recommended); gridDim = (gx, 1, 1), a
 // grid-stride loop over the n_q*H*ne3 rows, gx = min(n_q*H*ne3, 2^31 - 1).
 // No dynamic shared memory (about 8.6 KB static). DK or DV above 1024: the
 // kernel writes nothing (ggml's largest head size is 576).

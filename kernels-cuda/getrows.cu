@@ -38,7 +38,7 @@
 //    i64 nb0, nb1, nb2, nb3,          // dst strides (bytes)
 //    int *err)                        // nullptr, or a flag set to 1 on a bad index
 //   An index outside [0, ne01) (ggml aborts) writes a row of zeros and sets *err.
-//   Launch: blockDim = (B, 1, 1), B a multiple of 32 (256 recommended);
+//   Launch: blockDim = (B, 1, 1), B a multiple of 64 (256 recommended);
 //   gridDim = (gx, gy, 1): x strides over the ne00 elements of a row
 //   (gx = min(ceil(ne00 / B), 1024)), y over the ne10*ne11*ne12 output rows
 //   (gy = min(rows, 65535)); both are grid-stride loops.
@@ -79,7 +79,7 @@
 //   (const char *src, char *dst,
 //    i64 ne00, ne01, ne02, ne03,      // shape; ne00 a multiple of the block size
 //    i64 nb00, nb01, nb02, nb03)      // source strides (bytes; nb00 used by f16/bf16 only)
-//   Launch: blockDim = (B, 1, 1), B a multiple of 32 (256 recommended);
+//   Launch: blockDim = (B, 1, 1), B a multiple of 64 (256 recommended);
 //   gridDim = (gx, gy, 1): x strides over ne00 (gx = min(ceil(ne00 / B), 1024)),
 //   y over the ne01*ne02*ne03 rows (gy = min(rows, 65535)); both grid-stride.
 

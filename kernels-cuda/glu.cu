@@ -11,7 +11,7 @@
 // -----------------------------------------------
 // * Tensors are byte pointers plus ggml's shape (ne0 innermost) and byte
 //   strides, all `long long` (int64). Any strides work.
-// * Row launch: blockDim = (B, 1, 1), B a multiple of 32 up to 1024 (256
+// * Row launch: blockDim = (B, 1, 1), B a multiple of 64 up to 1024 (256
 //   recommended); gridDim = (gx, gy, 1). x is a grid-stride loop over the
 //   ne0 output elements of a row, y over the ne1*ne2*ne3 rows, so any grid
 //   is correct; good choice gx = min(ceil(ne0 / B), 1024), gy = min(rows, 65535).

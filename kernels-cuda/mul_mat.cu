@@ -19,7 +19,7 @@
 //    i64 nb0, nb1, nb2, nb3)          // dst strides (bytes)
 //   Each block computes 32 x 32 output tiles (m x n), staging 32 x 16 slices
 //   of a and b in static shared memory (4.2 KB).
-//   Launch: blockDim = (B, 1, 1), B a multiple of 32 in [32, 1024] (256
+//   Launch: blockDim = (B, 1, 1), B a multiple of 64 in [64, 1024] (256
 //   recommended: 4 outputs per thread); gridDim = (gx, gy, 1): x is a
 //   grid-stride loop over the ceil(M/32)*ceil(N/32) tiles of a matrix, y over
 //   the ne12*ne13 batch matrices; any grid is correct; good choice
@@ -37,7 +37,7 @@
 //    i64 nb0, nb1, nb2, nb3,          // dst strides (bytes)
 //    int *err)                        // nullptr, or a flag set to 1 on a bad id
 //   An id outside [0, n_expert) (ggml aborts) writes a's row unchanged and sets *err.
-//   Launch: blockDim = (B, 1, 1), B a multiple of 32 (256 recommended);
+//   Launch: blockDim = (B, 1, 1), B a multiple of 64 (256 recommended);
 //   gridDim = (gx, gy, 1): x strides over ne0 (gx = min(ceil(ne0 / B), 1024)),
 //   y over the ne1*ne2*ne3 rows (gy = min(rows, 65535)); both grid-stride.
 //   dst may be a itself (in place).

@@ -7,7 +7,7 @@
 // Self-contained: no headers.
 //
 // Launch (all kernels): one block per row, blockDim = (B, 1, 1) with B a
-// multiple of 32 in [32, 1024] (256 recommended); gridDim = (gx, 1, 1) with
+// multiple of 64 in [64, 1024] (256 recommended); gridDim = (gx, 1, 1) with
 // gx = min(nrows, 2^31 - 1), nrows = ne1*ne2*ne3 (blocks loop over rows
 // with a grid stride, so any gx >= 1 is correct). No dynamic shared memory.
 // In-place (dst == src with the same strides) is allowed.

@@ -9,7 +9,7 @@
 // -----------------------------------------------
 // * Tensors are byte pointers plus ggml's shape (ne0 innermost) and byte
 //   strides, all `long long` (int64). Any strides work (views, permutations).
-// * blockDim = (B, 1, 1) with B a multiple of 32 in [32, 1024] (256
+// * blockDim = (B, 1, 1) with B a multiple of 64 in [64, 1024] (256
 //   recommended). No dynamic shared memory.
 // * dst must not overlap the source.
 //

@@ -5,7 +5,7 @@
 // Self-contained: no headers; f16 -> f32 via the PTX `cvt` instruction.
 //
 // Launch (all kernels): one block per row, blockDim = (B, 1, 1) with B a
-// multiple of 32 in [32, 1024] (256 recommended); gridDim = (gx, 1, 1),
+// multiple of 64 in [64, 1024] (256 recommended); gridDim = (gx, 1, 1),
 // gx = min(nrows, 2^31 - 1). Blocks loop over rows with a grid stride, so
 // any gx >= 1 is correct. No dynamic shared memory.
 //

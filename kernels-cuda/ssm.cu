@@ -22,7 +22,7 @@
 //    i64 nbx0, nbx1, nbx2,            // sx strides (bytes)
 //    i64 nbc0, nbc1,                  // c strides (bytes)
 //    i64 nb0, nb1, nb2)               // dst strides (bytes)
-//   Launch: blockDim = (B, 1, 1), B a multiple of 32 (256 recommended);
+//   Launch: blockDim = (B, 1, 1), B a multiple of 64 (256 recommended);
 //   gridDim = (gx, gy, 1); x is a grid-stride loop over the d_inner channels,
 //   y over the n_t*n_s (token, sequence) pairs; any grid is correct; good
 //   choice gx = min(ceil(d_inner / B), 1024), gy = min(n_t*n_s, 65535).
@@ -65,7 +65,7 @@
 //   with K > 1 and T == 0 slot 0 receives the initial state (which the CPU
 //   leaves unwritten); otherwise all variants write the same values.
 //   Launch (all three): flat over the S*H*B state rows, one row per thread:
-//   blockDim = (B, 1, 1), B a multiple of 32 (128 recommended), gridDim =
+//   blockDim = (B, 1, 1), B a multiple of 64 (128 recommended), gridDim =
 //   (gx, 1, 1) grid-stride, gx = min(ceil(S*H*B / B), 65535). Threads of one
 //   warp mostly share (h, b), so their q/k loads coalesce to broadcasts.
 //   The _s64/_s128 variants must not be launched with S above their bound
