@@ -43,7 +43,7 @@
 //!
 //! # In place
 //!
-//! A node whose op allows it ([`Op::can_inplace`]) takes over the memory of
+//! A node whose op allows it ([`Op::can_inplace`](crate::ops::Op::can_inplace)) takes over the memory of
 //! its `src[0]` instead of getting new memory when all of these hold:
 //! `src[0]`'s owner was planned by this allocator (not external), is a node
 //! (not a leaf), is neither input nor output, its last use is this node, no

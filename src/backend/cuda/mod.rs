@@ -1,18 +1,29 @@
-//! The CUDA backend (cargo feature `cuda`). Kernel sources live in
-//! `kernels-cuda/` and are compiled by NVRTC at first use, cached per
-//! architecture and source hash ([`nvrtc`]). The op dispatch (`ops/`) has
-//! one file per op family ([`crate::ops::OpFamily`]); its module doc maps
-//! each family to the `.cu` files its kernels live in.
-//! cudarc loads the CUDA libraries at run time, so the crate builds and its
-//! tests run on a machine with no GPU and no toolkit: a missing library is
-//! an [`Error::Cuda`], never a panic.
+//! The GPU backend: NVIDIA GPUs through CUDA (cargo feature `cuda`) and
+//! AMD GPUs through HIP (cargo feature `hip`), one Rust code base and one
+//! kernel source for both. Kernel sources live in `kernels-cuda/`; CUDA
+//! compiles them with NVRTC (`nvrtc`), HIP with hipRTC behind the
+//! portability header `kernels-hip/sg_hip.h` (`hip`), both at first use,
+//! cached per architecture and source hash ([`sources`] embeds them). The
+//! op dispatch (`ops/`) has one file per op family
+//! ([`crate::ops::OpFamily`]); its module doc maps each family to the `.cu`
+//! files its kernels live in. The vendor libraries (cudarc for CUDA; the
+//! HIP runtime, hipRTC, hipBLAS and RCCL by `libloading`) are loaded at run
+//! time, so the crate builds and its tests run on a machine with no GPU and
+//! no toolkit: a missing library or GPU is an [`Error::Cuda`] or
+//! [`Error::Hip`], never a panic.
 //!
 //! A [`CudaBackend`] drives one device through the internal `Gpu`
-//! interface: a real GPU ([`CudaBackend::new`], one stream and memory pool
-//! per instance, so [`CudaBackend::virtual_devices`] puts several devices on
-//! one GPU), or, with the `cuda-emu` feature, an emulated one
-//! (`CudaBackend::emulated`, feature `cuda-emu`) that runs the same kernel sources as host C++
-//! — the same op dispatch, launch shapes and arguments, testable anywhere.
+//! interface, implemented three times: a real NVIDIA GPU (`driver.rs`:
+//! `CudaBackend::new`, one stream and memory pool per instance, so
+//! `CudaBackend::virtual_devices` puts several devices on one GPU), a real
+//! AMD GPU (`hip/`: `CudaBackend::hip`, `CudaBackend::hip_virtual_devices`,
+//! named `HIP<i>`), or, with the `cuda-emu` feature, an emulated one
+//! (`emu.rs`: `CudaBackend::emulated` for a CUDA device with 32-wide warps,
+//! `CudaBackend::emulated_hip` for a CDNA device with 64-wide waves) that
+//! runs the same kernel sources as host C++ — the same op dispatch, launch
+//! shapes and arguments, testable anywhere. Everything above `Gpu` (buffers,
+//! dispatch, device-to-device copies, the meta backend's collectives) is
+//! the same code for every vendor.
 //!
 //! `compute` launches one kernel (or a few) per node ([`CudaBackend::supports_op`]
 //! says which nodes have kernels); a node without a kernel for its types
@@ -22,13 +33,15 @@
 //! waits for them once at its end, then reads the graph's error flags
 //! (indices out of range) in one copy.
 //!
-//! Status: the emulator runs every op through this code in the tests; the
-//! GPU path (`driver.rs`: cudarc, cuBLAS) has been compiled but not yet run
-//! on a GPU (`scripts/gpu-check.sh`). The meta backend keeps activations
-//! on the devices and moves them with stream-ordered device-to-device
-//! copies, or NCCL across GPUs (`split::NcclComm`, compiled but not yet run,
-//! which reaches the device through [`CudaBackend`]'s `RawDevice`: the GPU's
-//! ordinal and stream, and its buffers' addresses). Not written: CUDA graphs.
+//! Status: the emulator runs every op through this code in the tests, as
+//! CUDA and as HIP (CDNA) devices; the GPU paths (`driver.rs`: cudarc,
+//! cuBLAS; `hip/`: the HIP runtime, hipRTC, hipBLAS) have been compiled but
+//! not yet run on a GPU (`scripts/gpu-check.sh`, `SHARDGRAPH_GPU=hip` for
+//! AMD). The meta backend keeps activations on the devices and moves them
+//! with stream-ordered device-to-device copies, or NCCL/RCCL across GPUs
+//! (`split::NcclComm`, compiled but not yet run, which reaches the device
+//! through [`CudaBackend`]'s `RawDevice`: the GPU's vendor, ordinal and
+//! stream, and its buffers' addresses). Not written: CUDA/HIP graphs.
 
 mod api;
 #[cfg(feature = "cuda")]
