@@ -360,8 +360,8 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// NCCL is only chosen for CUDA devices on distinct GPUs: for virtual
-/// devices on one GPU (NCCL refuses two ranks on one GPU) and emulated ones
+/// NCCL (RCCL) is only chosen for CUDA (HIP) devices on distinct GPUs: for
+/// virtual devices on one GPU (NCCL refuses two ranks on one GPU) and emulated ones
 /// `NcclComm` is an error saying why, and the meta backend keeps its
 /// device-to-device copies (no communicator set, activations on the devices).
 #[test]
@@ -380,6 +380,17 @@ fn nccl_is_refused_for_virtual_and_emulated_devices() {
         .map(|_| Arc::new(shardgraph::CpuBackend::new(Default::default()).unwrap()) as Arc<dyn Backend>)
         .collect();
     let e = NcclComm::for_backends(&cpu).unwrap_err().to_string();
-    assert!(e.contains("needs CUDA devices"), "{e}");
+    assert!(e.contains("needs GPU devices"), "{e}");
     assert!(!MetaExecutor::with_backends(cpu).unwrap().device_data());
+    // Emulated HIP devices: no RCCL either, device-to-device copies between them.
+    #[cfg(feature = "cuda-emu")]
+    {
+        let hip: Vec<Arc<dyn Backend>> =
+            (0..3).map(|_| Arc::new(CudaBackend::emulated_hip(1 << 30)) as Arc<dyn Backend>).collect();
+        let e = NcclComm::for_backends(&hip).unwrap_err().to_string();
+        assert!(e.contains("needs a real GPU"), "{e}");
+        let exec = MetaExecutor::with_backends(hip).unwrap();
+        assert!(!exec.has_comm());
+        assert!(exec.device_data());
+    }
 }
