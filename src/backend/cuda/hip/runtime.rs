@@ -31,8 +31,9 @@
 
 use super::super::api::DevPtr;
 use crate::error::{Error, Result};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// A `hipError_t` (a C enum: `int`-sized).
 pub(crate) type HipError = i32;
@@ -161,6 +162,9 @@ pub(crate) struct Runtime {
     device_enable_peer_access: Option<FnEnablePeer>,
     /// `hipInit(0)`'s outcome, once per process.
     initialised: OnceLock<std::result::Result<(), String>>,
+    /// Peer access from the first GPU to the second: known to be enabled
+    /// (`true`) or impossible (`false`).
+    peers: Mutex<HashMap<(usize, usize), bool>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -267,6 +271,7 @@ fn load() -> std::result::Result<Runtime, String> {
             soname,
             _lib: lib,
             initialised: OnceLock::new(),
+            peers: Mutex::new(HashMap::new()),
         })
     }
 }
@@ -473,9 +478,14 @@ impl Runtime {
     }
 
     /// Whether GPU `ordinal` can read GPU `peer`'s memory directly; if so,
-    /// enables it (once per pair; "already enabled" is success).
+    /// enables it (once per pair and process; "already enabled" is success).
     pub(crate) fn enable_peer(&self, ordinal: usize, peer: usize) -> Result<bool> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&known) = peers.get(&(ordinal, peer)) {
+            return Ok(known);
+        }
         let (Some(can), Some(enable)) = (self.device_can_access_peer, self.device_enable_peer_access) else {
+            peers.insert((ordinal, peer), false);
             return Ok(false);
         };
         let mut ok = 0;
@@ -483,6 +493,7 @@ impl Runtime {
         let rc = unsafe { can(&mut ok, dev(ordinal)?, dev(peer)?) };
         self.check(rc, &gpu(ordinal), &format!("hipDeviceCanAccessPeer(GPU {peer})"))?;
         if ok == 0 {
+            peers.insert((ordinal, peer), false);
             return Ok(false);
         }
         self.set_device(ordinal)?;
@@ -491,6 +502,7 @@ impl Runtime {
         if rc != ERROR_PEER_ACCESS_ALREADY_ENABLED {
             self.check(rc, &gpu(ordinal), &format!("hipDeviceEnablePeerAccess(GPU {peer})"))?;
         }
+        peers.insert((ordinal, peer), true);
         Ok(true)
     }
 
