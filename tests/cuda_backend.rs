@@ -94,7 +94,22 @@ fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
 #[test]
 fn out_of_memory_is_an_error_and_other_buffers_survive() {
     let Some(mut devs) = devices(1) else { return };
-    let d = devs.remove(0);
+    out_of_memory_on(devs.remove(0));
+}
+
+/// The emulated HIP (CDNA) device reports its failures as the CUDA one
+/// does: out of memory and out-of-range rows are errors naming the device
+/// and the op, and its other buffers and later graphs are unaffected.
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn hip_device_errors_name_the_device_and_op() {
+    out_of_memory_on(CudaBackend::emulated_hip(1 << 30));
+    let d = CudaBackend::emulated_hip(1 << 30);
+    assert!(d.device().name.starts_with("EMUHIP"), "{}", d.device().name);
+    out_of_range_rows_on(d);
+}
+
+fn out_of_memory_on(d: CudaBackend) {
     let keep = d.alloc_buffer(1024).unwrap();
     keep.set(0, &[7u8; 1024]).unwrap();
     let e = d.alloc_buffer(usize::MAX / 4).unwrap_err();
@@ -168,7 +183,10 @@ fn a_missing_gpu_is_an_error() {
 #[test]
 fn out_of_range_rows_are_errors() {
     let Some(mut devs) = devices(1) else { return };
-    let d = devs.remove(0);
+    out_of_range_rows_on(devs.remove(0));
+}
+
+fn out_of_range_rows_on(d: CudaBackend) {
     let mut ctx = Context::new();
     let table = ctx.new_tensor_2d(GgmlType::F32, 8, 4).unwrap();
     let idx = ctx.new_tensor_1d(GgmlType::I32, 3).unwrap();
@@ -181,7 +199,7 @@ fn out_of_range_rows_are_errors() {
     for bad in [[0, 4, 1], [-1, 0, 0], [0, 1, i32::MAX]] {
         st.set_i32(&ctx, idx, &bad).unwrap();
         let e = d.compute(&ctx, &g, &st).unwrap_err();
-        assert!(e.to_string().contains("get_rows"), "{bad:?}: {e}");
+        assert!(e.to_string().contains("get_rows") && e.to_string().contains(&d.device().name), "{bad:?}: {e}");
     }
     st.set_i32(&ctx, idx, &[3, 0, 2]).unwrap();
     d.compute(&ctx, &g, &st).unwrap();
