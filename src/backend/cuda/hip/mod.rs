@@ -153,7 +153,12 @@ impl Kernels {
                         ),
                     });
                 }
-                ks.index.insert(k.name.clone(), ks.modules.len());
+                if let Some(other) = ks.index.insert(k.name.clone(), ks.modules.len()) {
+                    let first = sources.get(other).map_or("?", |s| s.0);
+                    return Err(Error::Hip {
+                        detail: format!("GPU {ordinal}: kernel {} is defined in {first}.cu and {name}.cu", k.name),
+                    });
+                }
             }
             ks.modules.push(Module::load(rt, ordinal, code, &file)?);
         }
