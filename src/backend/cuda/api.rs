@@ -43,6 +43,7 @@ pub(crate) enum Vendor {
     /// NVIDIA: the CUDA driver, NVRTC, cuBLAS, NCCL.
     Cuda,
     /// AMD: the HIP runtime, hipRTC, hipBLAS, RCCL.
+    #[cfg_attr(not(any(feature = "hip", feature = "cuda-emu")), allow(dead_code))]
     Hip,
 }
 
