@@ -38,7 +38,7 @@ build_and_pack() {
   local json
   if [ "$vendor" = hip ]; then
     json=$( { cargo test --release --features hip --no-run --message-format=json \
-                --test hip_kernels --test ggml_diff --test hip_backend \
+                --test ggml_diff --test hip_backend \
                 --test split_regressions --test split_store --test split_props;
               cargo build --release --features hip --message-format=json --example dflash2 --example mtp; } )
   else
@@ -64,59 +64,37 @@ for line in sys.stdin:
   du -sh "$pack"
 }
 
-run_packed() {
-  local bin="$pack/bin"
-  [ -d "$bin" ] || { echo "gpu-check: $bin missing (run: scripts/gpu-check.sh pack)"; exit 1; }
-  local packed
-  packed=$(cat "$pack/vendor" 2>/dev/null || echo cuda)
-  [ "$packed" = "$vendor" ] || { echo "gpu-check: $pack holds a $packed build; run with SHARDGRAPH_GPU=$packed or pack again"; exit 1; }
-  if [ "$vendor" = hip ]; then run_packed_hip; return; fi
+# The GPU and its libraries: NVIDIA (nvidia-smi; NVRTC and cuBLAS from the
+# CUDA toolkit, else a pip wheel) or AMD (rocm-smi/rocminfo; the HIP
+# runtime and hipRTC from /opt/rocm/lib or the system's libamdhip64).
+find_gpu() {
+  if [ "$vendor" = hip ]; then
+    if ! (rocm-smi --showproductname 2>/dev/null || rocminfo 2>/dev/null | grep -m3 -E 'Marketing Name|gfx'); then
+      echo "gpu-check: no AMD GPU here (rocm-smi and rocminfo fail): nothing to check"
+      exit 1
+    fi
+    [ -d /opt/rocm/lib ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/opt/rocm/lib"
+    return
+  fi
   if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null; then
     echo "gpu-check: no GPU here (nvidia-smi fails): nothing to check"
     exit 1
   fi
-  # NVRTC and cuBLAS: the CUDA toolkit's, else a pip wheel's.
   local libs=""
   for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null | tr ' ' '\n' | sed 's|$|/nvidia/cu13/lib|'); do
     [ -e "$d/libnvrtc.so.13" ] && export SHARDGRAPH_NVRTC_DIR="${SHARDGRAPH_NVRTC_DIR:-$d}"
     ls "$d"/libcublas.so.13 >/dev/null 2>&1 && libs="$libs:$d"
   done
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$libs"
-  export GGML_LIB_DIR="$PWD/$pack/ggml"
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$GGML_LIB_DIR"
-  local log="$pack/log.txt" failed=0
-  : >"$log"
-  step() {  # step <label> <command...>
-    local label="$1"; shift
-    local t0=$(date +%s)
-    if "$@" >>"$log" 2>&1; then echo "gpu-check: ok   $label ($(( $(date +%s) - t0 )) s)"
-    else echo "gpu-check: FAIL $label ($(( $(date +%s) - t0 )) s)"; failed=1; fi
-  }
-  step "NVRTC compile + load of every kernel" "$bin/cuda_kernels" --nocapture --test-threads 1
-  step "cuda_diff (ggml suite on the CUDA backend)" "$bin/ggml_diff" cuda_diff --nocapture
-  step "CUDA backend tests" "$bin/cuda_backend" --nocapture --test-threads 1
-  step "split regressions on virtual devices" env SHARDGRAPH_TEST_DEVICES=cuda "$bin/split_regressions"
-  step "split store on virtual devices" env SHARDGRAPH_TEST_DEVICES=cuda "$bin/split_store"
-  step "split properties on virtual devices" env SHARDGRAPH_TEST_DEVICES=cuda "$bin/split_props"
-  step "dflash2 example, CUDA0 x2, --verify" "$bin/dflash2" --device CUDA0,CUDA0 --n-predict 48 --verify
-  step "dflash2 example, qwen35, CUDA0 x2, --verify" "$bin/dflash2" --target qwen35 --device CUDA0,CUDA0 --n-predict 48 --verify
-  step "mtp example, CUDA0 x3, --verify" "$bin/mtp" --device CUDA0,CUDA0,CUDA0 --n-predict 48 --verify
-  step "benches" env SHARDGRAPH_BENCH_SECS=0.5 "$bin/cuda"
-  echo "---- summary lines"
-  grep -E "^(cuda_kernels|cuda_diff|qwen3 |verify:|speed-up|plain greedy|dflash2:|mtp:|test result|device:|\| |decode|tokens equal)" "$log" || true
-  echo "gpu-check: full log in $log"
-  [ "$failed" = 0 ] || { echo "gpu-check: FAILED"; exit 1; }
 }
 
-# The AMD run: the HIP runtime and hipRTC from ROCm (/opt/rocm/lib, or the
-# system's libamdhip64), the same steps as the CUDA run on HIP0 virtual devices.
-run_packed_hip() {
+run_packed() {
   local bin="$pack/bin"
-  if ! (rocm-smi --showproductname 2>/dev/null || rocminfo 2>/dev/null | grep -m3 -E 'Marketing Name|gfx'); then
-    echo "gpu-check: no AMD GPU here (rocm-smi and rocminfo fail): nothing to check"
-    exit 1
-  fi
-  [ -d /opt/rocm/lib ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/opt/rocm/lib"
+  [ -d "$bin" ] || { echo "gpu-check: $bin missing (run: scripts/gpu-check.sh pack)"; exit 1; }
+  local packed
+  packed=$(cat "$pack/vendor" 2>/dev/null || echo cuda)
+  [ "$packed" = "$vendor" ] || { echo "gpu-check: $pack holds a $packed build; run with SHARDGRAPH_GPU=$packed or pack again"; exit 1; }
+  find_gpu
   export GGML_LIB_DIR="$PWD/$pack/ggml"
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$GGML_LIB_DIR"
   local log="$pack/log.txt" failed=0
@@ -127,16 +105,27 @@ run_packed_hip() {
     if "$@" >>"$log" 2>&1; then echo "gpu-check: ok   $label ($(( $(date +%s) - t0 )) s)"
     else echo "gpu-check: FAIL $label ($(( $(date +%s) - t0 )) s)"; failed=1; fi
   }
-  step "hipRTC compile + load of every kernel" "$bin/hip_backend" --nocapture --test-threads 1
-  step "hip_diff (ggml suite on the HIP backend)" "$bin/ggml_diff" hip_diff --nocapture
-  step "split regressions on virtual devices" env SHARDGRAPH_TEST_DEVICES=hip "$bin/split_regressions"
-  step "split store on virtual devices" env SHARDGRAPH_TEST_DEVICES=hip "$bin/split_store"
-  step "split properties on virtual devices" env SHARDGRAPH_TEST_DEVICES=hip "$bin/split_props"
-  step "dflash2 example, HIP0 x2, --verify" "$bin/dflash2" --device HIP0,HIP0 --n-predict 48 --verify
-  step "dflash2 example, qwen35, HIP0 x2, --verify" "$bin/dflash2" --target qwen35 --device HIP0,HIP0 --n-predict 48 --verify
-  step "mtp example, HIP0 x3, --verify" "$bin/mtp" --device HIP0,HIP0,HIP0 --n-predict 48 --verify
+  local dev
+  if [ "$vendor" = hip ]; then
+    dev=HIP0
+    step "hipRTC compile + load of every kernel, HIP backend tests" "$bin/hip_backend" --nocapture --test-threads 1
+    step "hip_diff (ggml suite on the HIP backend)" "$bin/ggml_diff" hip_diff --nocapture
+  else
+    dev=CUDA0
+    step "NVRTC compile + load of every kernel" "$bin/cuda_kernels" --nocapture --test-threads 1
+    step "cuda_diff (ggml suite on the CUDA backend)" "$bin/ggml_diff" cuda_diff --nocapture
+    step "CUDA backend tests" "$bin/cuda_backend" --nocapture --test-threads 1
+  fi
+  step "split regressions on virtual devices" env SHARDGRAPH_TEST_DEVICES="$vendor" "$bin/split_regressions"
+  step "split store on virtual devices" env SHARDGRAPH_TEST_DEVICES="$vendor" "$bin/split_store"
+  step "split properties on virtual devices" env SHARDGRAPH_TEST_DEVICES="$vendor" "$bin/split_props"
+  step "dflash2 example, $dev x2, --verify" "$bin/dflash2" --device "$dev,$dev" --n-predict 48 --verify
+  step "dflash2 example, qwen35, $dev x2, --verify" "$bin/dflash2" --target qwen35 --device "$dev,$dev" --n-predict 48 --verify
+  step "mtp example, $dev x3, --verify" "$bin/mtp" --device "$dev,$dev,$dev" --n-predict 48 --verify
+  # The benches drive CUDA devices only (benches/cuda.rs).
+  if [ "$vendor" = cuda ]; then step "benches" env SHARDGRAPH_BENCH_SECS=0.5 "$bin/cuda"; fi
   echo "---- summary lines"
-  grep -E "^(hip_kernels|hip_backend|hip_diff|verify:|speed-up|plain greedy|dflash2:|mtp:|test result|tokens equal)" "$log" || true
+  grep -E "^(cuda_kernels|cuda_diff|hip_backend|hip_diff|qwen3 |verify:|speed-up|plain greedy|dflash2:|mtp:|test result|device:|\| |decode|tokens equal)" "$log" || true
   echo "gpu-check: full log in $log"
   [ "$failed" = 0 ] || { echo "gpu-check: FAILED"; exit 1; }
 }

@@ -17,7 +17,10 @@ use std::sync::Arc;
 
 #[path = "common/decode.rs"]
 mod decode;
+#[path = "common/fixtures.rs"]
+mod fixtures;
 use decode::{generate, nmse};
+use fixtures::run_graph;
 
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
@@ -207,24 +210,6 @@ fn out_of_range_rows_on(d: CudaBackend) {
     let want: Vec<f32> = [3, 0, 2].iter().flat_map(|&r| (0..8).map(move |i| (r * 8 + i) as f32)).collect();
     assert_eq!(got, want);
     assert!(d.stats().host_nodes.is_empty(), "get_rows F32 ran on the device: {:?}", d.stats());
-}
-
-/// Runs the graph of `outs` on `backend` with the leaf values `leafs`.
-fn run_graph(
-    backend: &dyn Backend,
-    ctx: &Context,
-    leafs: &[(shardgraph::TensorId, Vec<f32>)],
-    outs: &[shardgraph::TensorId],
-) -> Vec<Vec<f32>> {
-    let g = ctx.build_forward(outs).unwrap();
-    let mut st = TensorStorage::new();
-    st.alloc_tensors(backend, ctx, g.leafs()).unwrap();
-    GraphAllocator::new(backend.buffer_type()).alloc_graph(backend, ctx, &g, &mut st).unwrap();
-    for (id, vals) in leafs {
-        st.set_f32(ctx, *id, vals).unwrap();
-    }
-    backend.compute(ctx, &g, &st).unwrap();
-    outs.iter().map(|&o| st.get_f32(ctx, o).unwrap()).collect()
 }
 
 /// Attention sinks (gpt-oss) on the device equal the CPU backend: soft_max

@@ -12,11 +12,13 @@
 #![cfg(feature = "hip")]
 
 use shardgraph::backend::cuda::{hip, CudaBackend};
-use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::{Backend, Context, Error, GgmlType, TensorId, TensorStorage};
+use shardgraph::{Backend, Context, Error, GgmlType};
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
 #[path = "common/nmse.rs"]
 mod nmse;
+use fixtures::run_graph;
 #[path = "common/rng.rs"]
 mod rng;
 use nmse::nmse;
@@ -76,19 +78,6 @@ fn a_missing_gpu_is_an_error_that_says_why() {
         assert!(e.starts_with("hip: "), "{what}: {e}");
         assert!(says_why(&e), "{what} does not say why: {e}");
     }
-}
-
-/// Runs the graph of `outs` on `backend` with the leaf values `leafs`.
-fn run_graph(backend: &dyn Backend, ctx: &Context, leafs: &[(TensorId, Vec<f32>)], outs: &[TensorId]) -> Vec<Vec<f32>> {
-    let g = ctx.build_forward(outs).unwrap();
-    let mut st = TensorStorage::new();
-    st.alloc_tensors(backend, ctx, g.leafs()).unwrap();
-    GraphAllocator::new(backend.buffer_type()).alloc_graph(backend, ctx, &g, &mut st).unwrap();
-    for (id, vals) in leafs {
-        st.set_f32(ctx, *id, vals).unwrap();
-    }
-    backend.compute(ctx, &g, &st).unwrap();
-    outs.iter().map(|&o| st.get_f32(ctx, o).unwrap()).collect()
 }
 
 /// add (with broadcast), mul_mat (one column: the matrix-vector kernel;

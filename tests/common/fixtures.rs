@@ -1,6 +1,6 @@
-//! Graph fixtures shared by the integration tests: named leafs, and one CPU
+//! Graph fixtures shared by the integration tests: named leafs, one CPU
 //! device holding a graph with its leafs filled (the single-device reference
-//! the split tests compare against).
+//! the split tests compare against), and a graph run on one backend.
 #![allow(dead_code)]
 
 use shardgraph::graph::alloc::GraphAllocator;
@@ -68,4 +68,24 @@ impl OneCpu {
     pub fn compute(&self, ctx: &Context, graph: &Graph) -> Result<()> {
         self.cpu.compute(ctx, graph, &self.storage)
     }
+}
+
+/// Runs the graph of `outs` on `backend` with the F32 leaf values `leafs`
+/// (the other leafs keep the allocation's bytes) and returns each output
+/// as F32 values. Panics on any error (a test helper).
+pub fn run_graph(
+    backend: &dyn Backend,
+    ctx: &Context,
+    leafs: &[(TensorId, Vec<f32>)],
+    outs: &[TensorId],
+) -> Vec<Vec<f32>> {
+    let g = ctx.build_forward(outs).unwrap();
+    let mut st = TensorStorage::new();
+    st.alloc_tensors(backend, ctx, g.leafs()).unwrap();
+    GraphAllocator::new(backend.buffer_type()).alloc_graph(backend, ctx, &g, &mut st).unwrap();
+    for (id, vals) in leafs {
+        st.set_f32(ctx, *id, vals).unwrap();
+    }
+    backend.compute(ctx, &g, &st).unwrap();
+    outs.iter().map(|&o| st.get_f32(ctx, o).unwrap()).collect()
 }
