@@ -210,8 +210,10 @@ fn every_kernel_compiles_with_hiprtc_for_gfx90a() {
     }
     let _turn = COMPILERS.lock().unwrap_or_else(|p| p.into_inner());
     let start = Instant::now();
-    let jobs: Vec<(&str, &str, &str)> =
-        KERNEL_SOURCES.iter().flat_map(|&(name, src)| HIPRTC_ARCHS.iter().map(move |&arch| (name, src, arch))).collect();
+    let jobs: Vec<(&str, &str, &str)> = KERNEL_SOURCES
+        .iter()
+        .flat_map(|&(name, src)| HIPRTC_ARCHS.iter().map(move |&arch| (name, src, arch)))
+        .collect();
     // One at a time: hipRTC compiles serially (its own lock).
     let results: Vec<_> = jobs.iter().map(|&(name, src, arch)| hiprtc::compile_kernel_file(name, src, arch)).collect();
     let (mut failures, mut per_arch) = (Vec::new(), BTreeMap::<&str, BTreeSet<String>>::new());
