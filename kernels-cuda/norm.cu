@@ -4,7 +4,7 @@
 // ..._norm_f32, ..._l2_norm_f32): every row of ne0 elements is normalised on
 // its own; sums are accumulated in f64 (ggml's `ggml_float`) from f32 terms,
 // the statistics are then rounded to f32 exactly where ggml rounds them.
-// Self-contained: no headers.
+// Headers: common.cuh, block_reduce.cuh (the block sums).
 //
 // Launch (all kernels): one block per row, blockDim = (B, 1, 1) with B a
 // multiple of 64 in [64, 1024] (256 recommended); gridDim = (gx, 1, 1) with

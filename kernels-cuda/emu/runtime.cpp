@@ -1,17 +1,26 @@
 // runtime.cpp — the CUDA emulator's launch: blocks one after another, a
 // block's threads either called one after another (files without barriers
-// or shuffles) or run as cooperative fibers (ucontext) that the scheduler
-// below releases barrier by barrier. Launches are serialised by one mutex.
+// or shuffles) or run as cooperative fibers that the scheduler below
+// releases barrier by barrier. A fiber starts on its own stack through
+// ucontext (makecontext/setcontext) and then switches with
+// _setjmp/_longjmp, which do not save or restore the signal mask:
+// swapcontext makes a system call per switch, and a block switches at
+// every barrier and shuffle of every thread. Launches are serialised by one mutex.
 // A shuffle exchanges values within a segment of `width` lanes (32 for
 // CUDA's warps; HIP's __shfl_xor names its width, up to a 64-wide wave),
 // released when every lane of the segment waits at it: a shuffle in a
 // block that is not whole segments, or with a lane that has exited or waits
 // elsewhere, fails the launch (on a GPU it reads undefined values).
+// _longjmp from the scheduler's stack onto a fiber's is a jump between
+// stacks, which glibc's fortified longjmp (the stack-direction check of
+// __longjmp_chk) refuses.
+#undef _FORTIFY_SOURCE
 #include "sg_emu.h"
 
 #include <mutex>
 #include <string>
 #include <sys/mman.h>
+#include <csetjmp>
 #include <ucontext.h>
 #include <vector>
 
@@ -26,7 +35,9 @@ namespace {
 enum St { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
 
 struct Fiber {
-    ucontext_t uc;
+    ucontext_t uc;  // the fiber's first entry
+    std::jmp_buf jb;  // where it resumes after it yielded
+    bool started;
     St st;
     sg_emu_dim3 tid;
     int pred;
@@ -37,7 +48,7 @@ struct Fiber {
 
 struct Sched {
     std::vector<Fiber> f;
-    ucontext_t main;
+    std::jmp_buf main;  // the scheduler, where fibers yield to
     Fiber *cur = nullptr;
     const sg_emu_entry *entry = nullptr;
     void **args = nullptr;
@@ -53,7 +64,24 @@ std::mutex M;
 
 void fiber_main() {
     S.entry->call(S.args);
-    S.cur->st = DONE;  // returns to uc_link (the scheduler)
+    S.cur->st = DONE;
+    _longjmp(S.main, 1);  // never returns: its first-entry context is gone
+}
+
+// Runs fiber `f` until it yields or finishes.
+void resume(Fiber &f) {
+    if (_setjmp(S.main) == 0) {
+        if (!f.started) {
+            f.started = true;
+            setcontext(&f.uc);
+        }
+        _longjmp(f.jb, 1);
+    }
+}
+
+// The running fiber gives the scheduler back its turn.
+void yield(Fiber *me) {
+    if (_setjmp(me->jb) == 0) _longjmp(S.main, 1);
 }
 
 bool ensure_stacks(std::size_t n) {
@@ -85,7 +113,8 @@ std::string run_block_fibers(std::size_t nt) {
         getcontext(&fb.uc);
         fb.uc.uc_stack.ss_sp = S.stacks + i * STACK;
         fb.uc.uc_stack.ss_size = STACK;
-        fb.uc.uc_link = &S.main;
+        fb.uc.uc_link = nullptr;
+        fb.started = false;
         makecontext(&fb.uc, fiber_main, 0);
     }
     for (;;) {
@@ -93,7 +122,7 @@ std::string run_block_fibers(std::size_t nt) {
             if (S.f[i].st != RUN) continue;
             S.cur = &S.f[i];
             sg_emu_state.tid = S.f[i].tid;
-            swapcontext(&S.main, &S.f[i].uc);
+            resume(S.f[i]);
         }
         bool all_done = true, released = false;
         for (auto &fb : S.f) all_done &= fb.st == DONE;
@@ -159,7 +188,7 @@ extern "C" void sg_emu_syncthreads(void) {
     Fiber *me = S.cur;
     me->pred = 0;
     me->st = WAIT_BLOCK;
-    swapcontext(&me->uc, &S.main);
+    yield(me);
 }
 
 extern "C" int sg_emu_syncthreads_or(int pred) {
@@ -170,7 +199,7 @@ extern "C" int sg_emu_syncthreads_or(int pred) {
     Fiber *me = S.cur;
     me->pred = pred;
     me->st = WAIT_BLOCK;
-    swapcontext(&me->uc, &S.main);
+    yield(me);
     return S.block_or;
 }
 
@@ -184,7 +213,7 @@ extern "C" unsigned long long sg_emu_shfl_xor(unsigned long long bits, int lane_
     me->mask = lane_mask;
     me->width = width;
     me->st = WAIT_WARP;
-    swapcontext(&me->uc, &S.main);
+    yield(me);
     return me->val;
 }
 

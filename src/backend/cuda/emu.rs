@@ -326,4 +326,39 @@ mod tests {
         // SAFETY: allocated above, not used again.
         unsafe { gpu.free(p) };
     }
+
+    /// A block that is not whole waves on a 64-wide (CDNA) device: the
+    /// block sum's 64-lane shuffle finds half its lanes missing, which is
+    /// an error (on a GPU: undefined values). The same kernel with whole
+    /// waves, or on a 32-wide device, computes the row.
+    #[test]
+    fn a_shuffle_over_a_partial_wave_is_an_error() {
+        let n = 64i64;
+        for (kind, block, ok) in
+            [(EmuKind::HipCdna, 32, false), (EmuKind::HipCdna, 64, true), (EmuKind::Cuda, 32, true)]
+        {
+            let gpu = EmuGpu::new(kind, 1 << 20, 1, false);
+            let (x, y) = (gpu.alloc(4 * n as usize).unwrap(), gpu.alloc(4 * n as usize).unwrap());
+            let twos: Vec<u8> = (0..n).flat_map(|_| 2f32.to_le_bytes()).collect();
+            // SAFETY: the 4n bytes allocated above.
+            unsafe { gpu.write(x, &twos).unwrap() };
+            let mut args = vec![KArg::Ptr(x), KArg::Ptr(y)];
+            args.extend([n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, 4, 4 * n, 4 * n, 4 * n].map(KArg::I64));
+            args.push(KArg::F32(0.0));
+            // SAFETY: one row of n F32 values in x and y, as sg_rms_norm_f32 reads and writes.
+            let r = unsafe { gpu.launch("sg_rms_norm_f32", [1, 1, 1], [block, 1, 1], &args) };
+            if ok {
+                r.unwrap();
+                let mut back = vec![0u8; 4 * n as usize];
+                // SAFETY: the 4n bytes of y.
+                unsafe { gpu.read(y, &mut back).unwrap() };
+                // rms of a row of twos is 2: every value normalises to 1.
+                assert!(back.chunks(4).all(|c| f32::from_le_bytes(c.try_into().unwrap()) == 1.0), "{kind:?}");
+            } else {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("sg_rms_norm_f32") && e.contains("not in the block"), "{e}");
+                assert!(e.starts_with("hip: "), "{e}");
+            }
+        }
+    }
 }
