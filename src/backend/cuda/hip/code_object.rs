@@ -174,7 +174,8 @@ fn sections(elf: &[u8]) -> Result<Vec<Section>> {
     }
     if shnum == 0 {
         // Extended numbering: the count is section 0's sh_size.
-        shnum = u64_at(elf, shoff + 32, "section 0 (extended section count)")?;
+        let at = shoff.checked_add(32).ok_or_else(|| bad(format!("section header table at {shoff:#x}")))?;
+        shnum = u64_at(elf, at, "section 0 (extended section count)")?;
     }
     let table = shnum.checked_mul(shentsize).ok_or_else(|| bad(format!("{shnum} section headers overflow")))?;
     bytes(elf, shoff, table, "section header table")?;
@@ -194,11 +195,34 @@ fn sections(elf: &[u8]) -> Result<Vec<Section>> {
         .collect()
 }
 
+/// The longest symbol name read, bytes (kernel names are far shorter).
+const MAX_NAME: usize = 4096;
+/// The most symbols read in one input (all its ELFs and symbol tables).
+const MAX_SYMBOLS: usize = 1 << 18;
+/// The most kernels listed for one input.
+const MAX_KERNELS: usize = 1 << 16;
+
+/// What one input may make the parser do, so that a small hostile file
+/// (symbol tables or bundle entries over the same bytes, long names)
+/// cannot cost unbounded time or memory.
+#[derive(Default)]
+struct Budget {
+    symbols: usize,
+    kernels: usize,
+}
+
 /// The NUL-terminated name at `at` in string table `strtab`.
 fn name_at<'a>(elf: &'a [u8], strtab: &Section, at: u32) -> Result<&'a [u8]> {
     let table = bytes(elf, strtab.offset, strtab.size, "string table")?;
     let rest = table.get(at as usize..).ok_or_else(|| bad(format!("symbol name at {at} outside its string table")))?;
-    let end = rest.iter().position(|&b| b == 0).ok_or_else(|| bad("symbol name not NUL-terminated"))?;
+    let window = &rest[..rest.len().min(MAX_NAME + 1)];
+    let end = window.iter().position(|&b| b == 0).ok_or_else(|| {
+        if window.len() > MAX_NAME {
+            bad(format!("symbol name at {at} longer than {MAX_NAME} bytes"))
+        } else {
+            bad("symbol name not NUL-terminated")
+        }
+    })?;
     Ok(&rest[..end])
 }
 
@@ -206,13 +230,15 @@ fn name_at<'a>(elf: &'a [u8], strtab: &Section, at: u32) -> Result<&'a [u8]> {
 ///
 /// # Errors
 /// [`Error::Hip`] when `elf` is not a little-endian ELF64 for `EM_AMDGPU`,
-/// or a header, symbol, name or descriptor lies outside the input.
+/// or a header, symbol, name or descriptor lies outside the input; more
+/// than 2¹⁸ symbols, 2¹⁶ kernels or a name over 4096 bytes (bounds on the
+/// work one input can cause).
 pub fn elf_kernels(elf: &[u8]) -> Result<Vec<Kernel>> {
-    Ok(parse_elf(elf)?.1)
+    Ok(parse_elf(elf, &mut Budget::default())?.1)
 }
 
-/// `e_flags` and the kernels of one AMDGPU ELF.
-fn parse_elf(elf: &[u8]) -> Result<(u32, Vec<Kernel>)> {
+/// `e_flags` and the kernels of one AMDGPU ELF, charged to `budget`.
+fn parse_elf(elf: &[u8], budget: &mut Budget) -> Result<(u32, Vec<Kernel>)> {
     let ident = bytes(elf, 0, 16, "ELF identification")?;
     if &ident[..4] != b"\x7fELF" {
         return Err(bad("not an ELF file (and not an offload bundle)"));
@@ -227,6 +253,7 @@ fn parse_elf(elf: &[u8]) -> Result<(u32, Vec<Kernel>)> {
     let e_flags = u32_at(elf, 48, "ELF header")?;
     let secs = sections(elf)?;
     let mut kernels: Vec<Kernel> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (si, s) in secs.iter().enumerate() {
         if s.kind != SHT_SYMTAB && s.kind != SHT_DYNSYM {
             continue;
@@ -239,14 +266,23 @@ fn parse_elf(elf: &[u8]) -> Result<(u32, Vec<Kernel>)> {
             return Err(bad(format!("symbol table {si}: entry size {entsize} < 24")));
         }
         bytes(elf, s.offset, s.size, &format!("symbol table {si}"))?;
-        for k in 0..s.size / entsize {
+        let count = s.size / entsize;
+        budget.symbols = budget.symbols.saturating_add(usize::try_from(count).unwrap_or(usize::MAX));
+        if budget.symbols > MAX_SYMBOLS {
+            return Err(bad(format!("more than {MAX_SYMBOLS} symbols")));
+        }
+        for k in 0..count {
             let at = s.offset + k * entsize;
             let what = format!("symbol {k} of table {si}");
             let name = name_at(elf, strtab, u32_at(elf, at, &what)?)?;
             let Some(kernel) = name.strip_suffix(b".kd") else { continue };
             let kernel = String::from_utf8(kernel.to_vec()).map_err(|_| bad(format!("{what}: name not UTF-8")))?;
-            if kernels.iter().any(|x| x.name == kernel) {
+            if !seen.insert(kernel.clone()) {
                 continue; // in .symtab and .dynsym both
+            }
+            budget.kernels += 1;
+            if budget.kernels > MAX_KERNELS {
+                return Err(bad(format!("more than {MAX_KERNELS} kernels")));
             }
             let shndx = u16_at(elf, at + 6, &what)?;
             let value = u64_at(elf, at + 8, &what)?;
@@ -294,10 +330,11 @@ fn descriptor<'a>(elf: &'a [u8], secs: &[Section], shndx: u16, value: u64, size:
 /// ([`bundle_entries`], [`elf_kernels`]), naming the entry.
 pub fn parse(data: &[u8]) -> Result<Vec<DeviceCode>> {
     if !is_bundle(data) && !data.starts_with(COMPRESSED_MAGIC) {
-        let (e_flags, kernels) = parse_elf(data)?;
+        let (e_flags, kernels) = parse_elf(data, &mut Budget::default())?;
         return Ok(vec![DeviceCode { target: String::new(), e_flags, kernels }]);
     }
     let mut out = Vec::new();
+    let mut budget = Budget::default();
     for e in bundle_entries(data)? {
         if e.triple.starts_with("host-") {
             continue;
@@ -307,7 +344,7 @@ pub fn parse(data: &[u8]) -> Result<Vec<DeviceCode>> {
             .checked_add(e.size)
             .and_then(|end| data.get(e.offset..end))
             .ok_or_else(|| bad(format!("bundle entry {} outside the input", e.triple)))?;
-        let (e_flags, kernels) = parse_elf(elf).map_err(|err| match err {
+        let (e_flags, kernels) = parse_elf(elf, &mut budget).map_err(|err| match err {
             Error::Hip { detail } => Error::Hip { detail: format!("{detail} (bundle entry {})", e.triple) },
             other => other,
         })?;
@@ -444,6 +481,29 @@ mod tests {
     }
 
     /// Every truncation and many corruptions of valid input are errors, never panics.
+    #[test]
+    fn hostile_sizes_are_bounded_errors() {
+        // Entries repeating one ELF: its kernels are charged once per
+        // entry, so enough entries hit the bound instead of listing
+        // millions of kernels.
+        let names: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+        let elf = tiny_elf(&names.iter().map(|n| (n.as_str(), false)).collect::<Vec<_>>());
+        let few: Vec<(&str, Vec<u8>)> = (0..4).map(|_| ("hipv4-amdgcn-amd-amdhsa--gfx90a", elf.clone())).collect();
+        assert_eq!(kernel_names(&tiny_bundle(&few)).unwrap().len(), 300);
+        let many: Vec<(&str, Vec<u8>)> = (0..220).map(|_| ("hipv4-amdgcn-amd-amdhsa--gfx90a", elf.clone())).collect();
+        let e = kernel_names(&tiny_bundle(&many)).unwrap_err().to_string();
+        assert!(e.contains("more than 65536 kernels"), "{e}");
+        // A name past the bound is an error, not a scan of the whole table.
+        let long = "a".repeat(MAX_NAME + 10);
+        let e = elf_kernels(&tiny_elf(&[(long.as_str(), false)])).unwrap_err().to_string();
+        assert!(e.contains("longer than 4096"), "{e}");
+        // An extended section count read past the end of the address space.
+        let mut x = tiny_elf(&[("k", false)]);
+        x[40..48].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+        x[60..62].copy_from_slice(&0u16.to_le_bytes());
+        assert!(elf_kernels(&x).is_err());
+    }
+
     #[test]
     fn truncated_and_garbage_input_are_errors() {
         let elf = tiny_elf(&[("sg_x", false), ("sg_y", true)]);
