@@ -18,9 +18,13 @@
 //!
 //! An architecture must be one this ROCm's compiler knows: ROCm 5.2's
 //! hipRTC aborts the process (a heap error inside comgr) for an unknown
-//! one such as gfx942 or gfx1100, so only well-formed `gfx` names are
-//! passed (anything else is an `Err` here), and a device's own name is
-//! one its ROCm supports.
+//! one such as gfx942 or gfx1100, or for a target feature the processor
+//! lacks (`gfx1030:xnack+`). So [`compile`] takes a bare processor name
+//! (no target features: code for the default setting runs in either
+//! mode) and, when comgr (`libamd_comgr`, which hipRTC itself uses) can
+//! be loaded, only one in its list of ISAs ([`known_processors`]);
+//! anything else is an `Err` before hipRTC sees it. A device's own name
+//! is one its ROCm supports.
 
 use super::runtime::{candidates, load_first};
 use crate::error::{Error, Result};
@@ -123,6 +127,50 @@ pub fn describe() -> Result<String> {
     Ok(if rc == 0 { format!("{}, hipRTC {major}.{minor}", r.soname) } else { r.soname.clone() })
 }
 
+/// The processors (`gfx90a`, `gfx1030`, …) the installed compiler
+/// targets, from comgr's ISA list (`amd_comgr_get_isa_count` /
+/// `amd_comgr_get_isa_name`, names `amdgcn-amd-amdhsa--<processor>`);
+/// `None` when comgr cannot be loaded or answer (then [`compile`] checks
+/// only the name's form).
+pub fn known_processors() -> Option<&'static [String]> {
+    type FnCount = unsafe extern "C" fn(*mut usize) -> i32;
+    type FnName = unsafe extern "C" fn(usize, *mut *const c_char) -> i32;
+    static LIST: OnceLock<Option<Vec<String>>> = OnceLock::new();
+    LIST.get_or_init(|| {
+        let (lib, _) = load_first(&candidates("libamd_comgr", &["3", "2"])).ok()?;
+        // SAFETY: the two entry points with comgr's C signatures
+        // (amd_comgr.h, comgr 2.x and 3.x); `lib` outlives their use here.
+        let (count, name) = unsafe {
+            let count: libloading::Symbol<FnCount> = lib.get(b"amd_comgr_get_isa_count\0").ok()?;
+            let name: libloading::Symbol<FnName> = lib.get(b"amd_comgr_get_isa_name\0").ok()?;
+            (*count, *name)
+        };
+        let mut n = 0usize;
+        // SAFETY: writes one size_t.
+        if unsafe { count(&mut n) } != 0 || n > 4096 {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut p: *const c_char = std::ptr::null();
+            // SAFETY: `i` < the count just read; comgr stores a pointer to a
+            // static NUL-terminated string.
+            if unsafe { name(i, &mut p) } != 0 || p.is_null() {
+                return None;
+            }
+            // SAFETY: as above.
+            let isa = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+            if let Some(proc) = isa.rsplit("--").next().and_then(|t| t.split(':').next()) {
+                out.push(proc.to_string());
+            }
+        }
+        // comgr stays loaded (hipRTC holds it too); its strings are static.
+        std::mem::forget(lib);
+        Some(out)
+    })
+    .as_deref()
+}
+
 /// The options every kernel file is compiled with for `arch`.
 pub fn options(arch: &str) -> Vec<String> {
     vec![format!("--offload-arch={arch}"), "-std=c++17".into(), "-O3".into()]
@@ -158,20 +206,28 @@ pub fn compile_kernel_file(name: &str, cuda_source: &str, arch: &str) -> Result<
 }
 
 /// Compiles HIP source `source` (named `<name>.cu` in messages) for `arch`
-/// (`"gfx90a"`, `"gfx1030"`; target features such as `:xnack-` allowed),
+/// (a processor name without target features: `"gfx90a"`, `"gfx1030"`),
 /// from the cache when the same source was compiled for the same
 /// architecture before. Returns the code object (an AMDGPU ELF).
 ///
 /// # Errors
 /// [`Error::Hip`] naming the file and architecture with hipRTC's error
-/// and log; an architecture that is not a `gfx` name; hipRTC missing
-/// ([`load`]).
+/// and log; an architecture that is not a bare `gfx` processor name, or
+/// that the installed compiler does not list ([`known_processors`]: ROCm
+/// 5.2's hipRTC would abort the process); hipRTC missing ([`load`]).
 pub fn compile(name: &str, source: &str, arch: &str) -> Result<Arc<Vec<u8>>> {
     let what = format!("kernels-cuda/{name}.cu for {arch}");
     let fail = |why: String| Error::Hip { detail: format!("{what}: {why}") };
-    let base = arch.split(':').next().unwrap_or_default();
-    if super::base_arch(arch) != Some(base) {
-        return Err(fail(format!("{arch:?} is not a gfx architecture name")));
+    if super::base_arch(arch) != Some(arch) || super::wave_size(arch).is_none() {
+        return Err(fail(format!("{arch:?} is not a gfx processor name (without target features)")));
+    }
+    if let Some(known) = known_processors() {
+        if !known.iter().any(|k| k == arch) {
+            return Err(fail(format!(
+                "this ROCm's compiler does not target {arch} (it knows {}); a newer ROCm is needed",
+                known.join(", ")
+            )));
+        }
     }
     let key = (arch.to_string(), hash(source));
     if let Some(code) = cache().lock().map_err(|_| fail("hipRTC cache poisoned".into()))?.get(&key) {

@@ -583,8 +583,19 @@ mod tests {
     /// malformed architecture never reaches hipRTC.
     #[test]
     fn hiprtc_errors_name_file_arch_and_log() {
-        let e = hiprtc::compile("x", "", "sm_90").unwrap_err().to_string();
-        assert!(e.contains("x.cu") && e.contains("not a gfx"), "{e}");
+        for bad in ["sm_90", "gfx90a:xnack+", "gfx1030:xnack+", "gfx90a:foo+", "gfx000", "gfx90a:", ""] {
+            let e = hiprtc::compile("x", "", bad).unwrap_err().to_string();
+            assert!(e.contains("x.cu") && e.contains("not a gfx processor"), "{bad}: {e}");
+        }
+        // Well-formed but unknown to this ROCm's compiler (ROCm 5.2's hipRTC
+        // aborts the process on these): refused before hipRTC runs.
+        if let Some(known) = hiprtc::known_processors() {
+            assert!(known.iter().any(|k| k == "gfx90a"), "{known:?}");
+            for unknown in ["gfx9ff", "gfx942", "gfx1100"].into_iter().filter(|a| !known.iter().any(|k| k == a)) {
+                let e = hiprtc::compile("x", "", unknown).unwrap_err().to_string();
+                assert!(e.contains("does not target"), "{unknown}: {e}");
+            }
+        }
         if let Err(e) = hiprtc::load() {
             println!("hip: hipRTC test skipped: {e}");
             return;
