@@ -57,6 +57,10 @@ fn bad_options_exit_with_the_value_in_the_message() {
         ("dflash2", vec!["--ctx-size", "99999999999999"], "--ctx-size 99999999999999 is too large"),
         ("dflash2", vec!["--n-predict", "2147483647"], "this run needs 2147483665 cells"),
         ("mtp", vec!["--ctx-size", "2147483648"], "--ctx-size 2147483648 is too large"),
+        ("dflash2", vec!["--device", "HIP"], "--device HIP: use CPU, CUDA<i>, HIP<i>, EMU or EMUHIP"),
+        ("dflash2", vec!["--device", "CPU,HIP+0"], "--device HIP+0: use CPU"),
+        ("mtp", vec!["--device", "hip-1,hip-1"], "--device hip-1: use CPU"),
+        ("mtp", vec!["--device", "HIP1234567890"], "--device HIP1234567890: use CPU"),
         (
             "decode",
             vec!["--tensor-split", "1,1", "--n-predict", "2", "--tensor-split", "1,1,1"],

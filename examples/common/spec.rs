@@ -59,6 +59,9 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
             }
         }
     }
+    if let Some(list) = arg(args, "--device") {
+        device_names(&list);
+    }
 }
 
 /// The most devices a tensor split takes (the library's limit).
@@ -109,10 +112,11 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
 /// NVIDIA GPU: the kernels as host C++, slow) and `EMUHIP` (an emulated AMD
 /// CDNA GPU, 64-wide waves), both `--features cuda-emu`. Returns the
 /// devices to run on, or `None` for CPU devices; exits with status 2 on a
-/// name this build cannot open.
+/// name this build cannot open ([`check_options`] checks the names first,
+/// before any work).
 pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<dyn Backend>>>> {
     let Some(list) = arg(args, "--device") else { return Ok(None) };
-    let mut names: Vec<String> = list.split(',').map(|x| x.trim().to_uppercase()).collect();
+    let mut names: Vec<Device> = device_names(&list);
     if names.len() != n {
         if n != 1 {
             eprintln!("--device names {} device(s) for {n}", names.len());
@@ -121,51 +125,100 @@ pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<
         // --split-mode none: the main (first) device only.
         names.truncate(1);
     }
-    if names.iter().all(|d| d == "CPU") {
+    if names.iter().all(|d| *d == Device::Cpu) {
         return Ok(None);
     }
     open_devices(&names).map(Some)
 }
 
-/// The GPU (vendor prefix, ordinal) a `--device` name opens: `CUDA<i>` or `HIP<i>`.
-#[cfg(sg_gpu)]
-fn gpu_name(name: &str) -> Option<(&'static str, usize)> {
-    ["CUDA", "HIP"].into_iter().find_map(|v| Some((v, name.strip_prefix(v)?.parse::<usize>().ok()?)))
+/// One `--device` name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// `CPU`.
+    Cpu,
+    /// `CUDA<i>`: NVIDIA GPU `i`.
+    Cuda(usize),
+    /// `HIP<i>`: AMD GPU `i`.
+    Hip(usize),
+    /// `EMU`: an emulated NVIDIA GPU.
+    Emu,
+    /// `EMUHIP`: an emulated AMD CDNA GPU.
+    EmuHip,
+}
+
+/// The devices `--device list` names (case-insensitive; `<i>` is 1 to 9
+/// decimal digits); exits with status 2 on a name that is none of them or
+/// that this build cannot open.
+pub fn device_names(list: &str) -> Vec<Device> {
+    list.split(',').map(|x| device(x.trim())).collect()
+}
+
+fn device(name: &str) -> Device {
+    let up = name.to_uppercase();
+    let ordinal = |prefix: &str| {
+        let digits = up.strip_prefix(prefix)?;
+        (1..=9).contains(&digits.len()).then_some(())?;
+        digits.bytes().all(|b| b.is_ascii_digit()).then(|| digits.parse::<usize>().ok())?
+    };
+    let (d, built) = match up.as_str() {
+        "CPU" => (Device::Cpu, true),
+        "EMU" => (Device::Emu, cfg!(feature = "cuda-emu")),
+        "EMUHIP" => (Device::EmuHip, cfg!(feature = "cuda-emu")),
+        _ => match (ordinal("CUDA"), ordinal("HIP")) {
+            (Some(i), _) => (Device::Cuda(i), cfg!(feature = "cuda")),
+            (_, Some(i)) => (Device::Hip(i), cfg!(feature = "hip")),
+            _ => {
+                eprintln!("--device {name}: use CPU, CUDA<i>, HIP<i>, EMU or EMUHIP");
+                std::process::exit(2)
+            }
+        },
+    };
+    if !built {
+        eprintln!(
+            "--device {name}: this build cannot open it (CUDA<i> needs --features cuda, HIP<i> --features hip, \
+             EMU and EMUHIP --features cuda-emu)"
+        );
+        std::process::exit(2)
+    }
+    d
 }
 
 /// Opens the named devices (each GPU once, with as many virtual devices as
 /// it is named).
 #[cfg(sg_gpu)]
-fn open_devices(names: &[String]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
+fn open_devices(names: &[Device]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
     use shardgraph::backend::cuda::CudaBackend;
     use std::collections::HashMap;
-    let mut virtuals: HashMap<(&str, usize), Vec<CudaBackend>> = HashMap::new();
-    for d in names {
-        let Some(key) = gpu_name(d) else { continue };
-        if virtuals.contains_key(&key) {
+    let mut virtuals: HashMap<Device, Vec<CudaBackend>> = HashMap::new();
+    for &d in names {
+        if virtuals.contains_key(&d) {
             continue;
         }
-        let k = names.iter().filter(|x| *x == d).count();
-        let opened = match key.0 {
+        let k = names.iter().filter(|x| **x == d).count();
+        let opened = match d {
             #[cfg(feature = "cuda")]
-            "CUDA" => CudaBackend::virtual_devices(key.1, k)?,
+            Device::Cuda(i) => CudaBackend::virtual_devices(i, k)?,
             #[cfg(feature = "hip")]
-            "HIP" => CudaBackend::hip_virtual_devices(key.1, k)?,
-            _ => bad_device(d),
+            Device::Hip(i) => CudaBackend::hip_virtual_devices(i, k)?,
+            _ => continue,
         };
-        virtuals.insert(key, opened.into_iter().rev().collect());
+        virtuals.insert(d, opened.into_iter().rev().collect());
     }
     let mut out: Vec<Arc<dyn Backend>> = Vec::new();
-    for d in names {
-        let b: Arc<dyn Backend> = match d.as_str() {
-            "CPU" => Arc::new(shardgraph::CpuBackend::with_threads(1)?),
+    for &d in names {
+        let b: Arc<dyn Backend> = match d {
+            Device::Cpu => Arc::new(shardgraph::CpuBackend::with_threads(1)?),
             #[cfg(feature = "cuda-emu")]
-            "EMU" => Arc::new(CudaBackend::emulated(8 << 30)),
+            Device::Emu => Arc::new(CudaBackend::emulated(8 << 30)),
             #[cfg(feature = "cuda-emu")]
-            "EMUHIP" => Arc::new(CudaBackend::emulated_hip(8 << 30)),
-            g => match gpu_name(g).and_then(|key| virtuals.get_mut(&key)).and_then(|v| v.pop()) {
+            Device::EmuHip => Arc::new(CudaBackend::emulated_hip(8 << 30)),
+            gpu => match virtuals.get_mut(&gpu).and_then(|v| v.pop()) {
                 Some(b) => Arc::new(b),
-                None => bad_device(g),
+                // `device` refused names this build cannot open.
+                None => {
+                    eprintln!("--device {gpu:?}: this build cannot open it");
+                    std::process::exit(2)
+                }
             },
         };
         out.push(b);
@@ -174,13 +227,10 @@ fn open_devices(names: &[String]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
 }
 
 #[cfg(not(sg_gpu))]
-fn open_devices(names: &[String]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
-    eprintln!(
-        "--device {}: this build has only CPU devices (CUDA<i> needs --features cuda, HIP<i> --features hip, \
-         EMU and EMUHIP --features cuda-emu)",
-        names.join(",")
-    );
-    std::process::exit(2);
+fn open_devices(_: &[Device]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
+    // `device` refused every name but CPU in this build, and CPU-only lists
+    // return before opening.
+    Ok(Vec::new())
 }
 
 /// Moves a session's runner onto the `--device` devices for `n` devices
@@ -194,15 +244,6 @@ pub fn use_devices(args: &[String], runner: &mut Runner, n: usize) -> shardgraph
         runner.set_backends(d)?;
     }
     Ok(())
-}
-
-#[cfg(sg_gpu)]
-fn bad_device(name: &str) -> ! {
-    eprintln!(
-        "--device {name}: use CPU, CUDA<i> (--features cuda), HIP<i> (--features hip), EMU or EMUHIP \
-         (--features cuda-emu)"
-    );
-    std::process::exit(2)
 }
 
 /// `--ctx-size` (llama.cpp's: KV cells per cache) with `--fit on|off`

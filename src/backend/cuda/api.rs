@@ -74,6 +74,8 @@ pub(crate) struct GpuInfo {
     /// the `SG_WARP` the kernels were compiled with: every launch's block
     /// is a whole number of them.
     pub warp_size: u32,
+    /// Whose runtime drives it (named in buffer types and messages).
+    pub vendor: Vendor,
 }
 
 /// A column-major GEMM `C[m, n] = Aᵀ[m, k] · B[k, n]` over F32 or F16 data,

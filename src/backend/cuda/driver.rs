@@ -207,6 +207,7 @@ impl Gpu for DriverGpu {
             multiprocessors: self.multiprocessors,
             memory_bandwidth: self.bandwidth,
             warp_size: 32,
+            vendor: Vendor::Cuda,
         }
     }
 

@@ -160,6 +160,7 @@ impl Gpu for EmuGpu {
             multiprocessors: self.multiprocessors,
             memory_bandwidth: 0.0,
             warp_size: self.kind.warp_size(),
+            vendor: self.kind.vendor(),
         }
     }
 

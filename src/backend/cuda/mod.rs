@@ -163,7 +163,7 @@ impl CudaBackend {
 
     /// `n` (1..=64) devices on AMD GPU `ordinal`, each with its own stream
     /// and memory pool, named `HIP<ordinal>.<i>` (as
-    /// [`CudaBackend::virtual_devices`] for CUDA).
+    /// `CudaBackend::virtual_devices` for CUDA).
     ///
     /// # Errors
     /// As [`CudaBackend::hip`]; [`Error::Hip`] for `n` outside 1..=64.
@@ -311,14 +311,22 @@ impl Backend for CudaBackend {
     }
 
     fn buffer_type(&self) -> BufferType {
-        BufferType { name: "CUDA".into(), alignment: CUDA_ALIGNMENT, max_size: usize::MAX / 2 }
+        let name = match self.gpu.info().vendor {
+            Vendor::Cuda => "CUDA",
+            Vendor::Hip => "HIP",
+        };
+        BufferType { name: name.into(), alignment: CUDA_ALIGNMENT, max_size: usize::MAX / 2 }
     }
 
     fn alloc_buffer(&self, size: usize) -> Result<Arc<dyn Buffer>> {
         let max = self.buffer_type().max_size;
         if size > max {
             return Err(Error::Alloc {
-                detail: format!("{}: {size} bytes exceeds the CUDA buffer maximum {max}", self.name),
+                detail: format!(
+                    "{}: {size} bytes exceeds the {} buffer maximum {max}",
+                    self.name,
+                    self.buffer_type().name
+                ),
             });
         }
         let ptr = self.gpu.alloc(size.max(1)).map_err(|e| match e {

@@ -55,14 +55,22 @@ fn lib(vendor: Vendor) -> Result<&'static Lib> {
     static NCCL: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
     static RCCL: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
     let (cell, name, sonames) = match vendor {
-        Vendor::Cuda => (&NCCL, "NCCL", ["libnccl.so.2", "libnccl.so"]),
-        Vendor::Hip => (&RCCL, "RCCL", ["librccl.so.1", "librccl.so"]),
+        Vendor::Cuda => (&NCCL, "NCCL", vec!["libnccl.so.2".to_string(), "libnccl.so".into()]),
+        Vendor::Hip => {
+            // The loader's path, then ROCm's own folders (as for the HIP runtime).
+            let mut dirs: Vec<String> =
+                std::env::var("ROCM_PATH").map(|r| vec![format!("{r}/lib/")]).unwrap_or_default();
+            dirs.push("/opt/rocm/lib/".into());
+            dirs.insert(0, String::new());
+            let names = dirs.iter().flat_map(|d| [format!("{d}librccl.so.1"), format!("{d}librccl.so")]).collect();
+            (&RCCL, "RCCL", names)
+        }
     };
     cell.get_or_init(|| {
         let mut last = String::new();
-        for so in sonames {
+        for so in &sonames {
             // SAFETY: loading the library runs its initialisers (no preconditions).
-            match unsafe { libloading::Library::new(so) } {
+            match unsafe { libloading::Library::new(so.as_str()) } {
                 Ok(lib) => {
                     // SAFETY: each symbol is declared with NCCL's C signature
                     // (nccl.h, NCCL 2.x; RCCL keeps the same API); the library

@@ -337,6 +337,7 @@ impl Gpu for HipGpu {
             multiprocessors: self.multiprocessors,
             memory_bandwidth: self.bandwidth,
             warp_size: self.wave,
+            vendor: Vendor::Hip,
         }
     }
 
