@@ -95,6 +95,9 @@ run_packed() {
   packed=$(cat "$pack/vendor" 2>/dev/null || echo cuda)
   [ "$packed" = "$vendor" ] || { echo "gpu-check: $pack holds a $packed build; run with SHARDGRAPH_GPU=$packed or pack again"; exit 1; }
   find_gpu
+  # A test that cannot open the GPU fails here instead of skipping or
+  # falling back to the emulator.
+  export SHARDGRAPH_REQUIRE_GPU=1
   export GGML_LIB_DIR="$PWD/$pack/ggml"
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$GGML_LIB_DIR"
   local log="$pack/log.txt" failed=0

@@ -29,6 +29,9 @@ mod qwen35_tiny;
 fn devices(n: usize) -> Option<Vec<CudaBackend>> {
     match CudaBackend::virtual_devices(0, n) {
         Ok(d) => Some(d),
+        Err(why) if std::env::var_os("SHARDGRAPH_REQUIRE_GPU").is_some() => {
+            panic!("cuda_backend: SHARDGRAPH_REQUIRE_GPU is set but no GPU opened: {why}")
+        }
         Err(why) => {
             #[cfg(feature = "cuda-emu")]
             {

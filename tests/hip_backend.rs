@@ -26,6 +26,10 @@ use rng::values;
 
 /// The number of AMD GPUs, or `None` with the reason printed.
 fn gpus(test: &str) -> Option<usize> {
+    if std::env::var_os("SHARDGRAPH_REQUIRE_GPU").is_some() {
+        let n = hip::device_count();
+        assert!(matches!(n, Ok(n) if n > 0), "{test}: SHARDGRAPH_REQUIRE_GPU is set but no AMD GPU: {n:?}");
+    }
     match hip::device_count() {
         Ok(n) if n > 0 => Some(n),
         Ok(_) => {

@@ -15,6 +15,18 @@
 
 use shardgraph::split::MetaExecutor;
 
+/// Called where a test would fall back to emulated GPUs or skip because
+/// no GPU opened: with `SHARDGRAPH_REQUIRE_GPU=1` (set by
+/// `scripts/gpu-check.sh` on a GPU machine) that is a failure naming
+/// `why`; otherwise it prints what happens instead.
+pub fn no_gpu(what: &str, why: &dyn std::fmt::Display, instead: &str) {
+    assert!(
+        std::env::var_os("SHARDGRAPH_REQUIRE_GPU").is_none(),
+        "{what}: SHARDGRAPH_REQUIRE_GPU is set but no GPU opened: {why}"
+    );
+    println!("{what}: no GPU ({why}); {instead}");
+}
+
 /// What `SHARDGRAPH_TEST_DEVICES` asks for ("cpu" by default).
 pub fn kind() -> String {
     std::env::var("SHARDGRAPH_TEST_DEVICES").unwrap_or_else(|_| "cpu".into())
@@ -37,7 +49,10 @@ pub fn executor(n: usize) -> MetaExecutor {
             let devs: Vec<Arc<dyn Backend>> = match CudaBackend::virtual_devices(0, n) {
                 Ok(d) => d.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect(),
                 #[cfg(feature = "cuda-emu")]
-                Err(_) => (0..n).map(|_| Arc::new(CudaBackend::emulated(1 << 30)) as Arc<dyn Backend>).collect(),
+                Err(e) => {
+                    no_gpu("SHARDGRAPH_TEST_DEVICES=cuda", &e, "emulated GPUs instead");
+                    (0..n).map(|_| Arc::new(CudaBackend::emulated(1 << 30)) as Arc<dyn Backend>).collect()
+                }
                 #[cfg(not(feature = "cuda-emu"))]
                 Err(e) => panic!("SHARDGRAPH_TEST_DEVICES=cuda but no GPU: {e}"),
             };
@@ -56,7 +71,10 @@ pub fn executor(n: usize) -> MetaExecutor {
             let devs: Vec<Arc<dyn Backend>> = match real {
                 Ok(d) => d.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect(),
                 #[cfg(feature = "cuda-emu")]
-                Err(_) => (0..n).map(|_| Arc::new(CudaBackend::emulated_hip(1 << 30)) as Arc<dyn Backend>).collect(),
+                Err(e) => {
+                    no_gpu("SHARDGRAPH_TEST_DEVICES=hip", &e, "emulated CDNA GPUs instead");
+                    (0..n).map(|_| Arc::new(CudaBackend::emulated_hip(1 << 30)) as Arc<dyn Backend>).collect()
+                }
                 #[cfg(not(feature = "cuda-emu"))]
                 Err(e) => panic!("SHARDGRAPH_TEST_DEVICES=hip but no AMD GPU: {e}"),
             };

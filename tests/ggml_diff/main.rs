@@ -92,6 +92,9 @@ fn cuda_diff() {
     let Some((g, cases)) = gpu_cases("cuda_diff") else { return };
     let backend = match CudaBackend::new(0) {
         Ok(b) => b,
+        Err(why) if std::env::var_os("SHARDGRAPH_REQUIRE_GPU").is_some() => {
+            panic!("cuda_diff: SHARDGRAPH_REQUIRE_GPU is set but no GPU opened: {why}")
+        }
         #[cfg(feature = "cuda-emu")]
         Err(why) => {
             println!("cuda_diff: no GPU ({why}); using the emulated GPU");
@@ -127,6 +130,9 @@ fn hip_diff() {
         Err(shardgraph::Error::Hip { detail: "built without the `hip` feature".into() });
     let backend = match gpu {
         Ok(b) => b,
+        Err(why) if std::env::var_os("SHARDGRAPH_REQUIRE_GPU").is_some() => {
+            panic!("hip_diff: SHARDGRAPH_REQUIRE_GPU is set but no AMD GPU opened: {why}")
+        }
         #[cfg(feature = "cuda-emu")]
         Err(why) => {
             println!("hip_diff: no AMD GPU ({why}); using the emulated CDNA GPU (64-wide waves)");
