@@ -78,6 +78,20 @@ pub(crate) struct GpuInfo {
     pub vendor: Vendor,
 }
 
+/// Peak memory bandwidth in bytes/s from the memory clock (kHz) and bus
+/// width (bits): clock × width / 8 × 2 (DDR), as `deviceQuery` reports it;
+/// 0 when either is unknown (negative or 0).
+pub(crate) fn peak_bandwidth(clock_khz: i32, bus_bits: i32) -> f64 {
+    clock_khz.max(0) as f64 * 1e3 * (bus_bits.max(0) as f64 / 8.0) * 2.0
+}
+
+/// The memory budget of each of `n` virtual devices on a GPU of `total`
+/// bytes: an equal share of 95% (the runtime's context, BLAS workspaces and
+/// the kernel modules need the rest).
+pub(crate) fn device_budget(total: usize, n: usize) -> usize {
+    total / 20 * 19 / n.max(1)
+}
+
 /// A column-major GEMM `C[m, n] = Aᵀ[m, k] · B[k, n]` over F32 or F16 data,
 /// batched with element strides, as ggml's CUDA backend calls cuBLAS for
 /// `mul_mat` (A is the weight `[k, m]`, B the activations `[k, n]`, both

@@ -76,10 +76,9 @@ impl DriverGpu {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_err(gpu("multiprocessor count"), e))?;
-        // Peak bandwidth: memory clock (kHz) × bus width (bits) × 2 (DDR).
         let clock = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0);
         let bus = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0);
-        let bandwidth = clock.max(0) as f64 * 1e3 * (bus.max(0) as f64 / 8.0) * 2.0;
+        let bandwidth = super::api::peak_bandwidth(clock, bus);
         let kernels = Arc::new(OnceLock::new());
         (0..n)
             .map(|_| {
@@ -89,8 +88,7 @@ impl DriverGpu {
                     ctx: ctx.clone(),
                     stream,
                     kernels: kernels.clone(),
-                    // 95%: the context, cuBLAS workspaces and NVRTC modules need the rest.
-                    budget: total / 20 * 19 / n,
+                    budget: super::api::device_budget(total, n),
                     used: AtomicUsize::new(0),
                     sizes: Mutex::new(HashMap::new()),
                     cublas: Mutex::new(None),

@@ -252,10 +252,9 @@ impl HipGpu {
         let name = rt.device_name(ordinal).unwrap_or_default();
         let name = if name.is_empty() { format!("AMD GPU ({arch})") } else { format!("{name} ({arch})") };
         let cus = rt.attribute(ordinal, runtime::attr::MULTIPROCESSOR_COUNT, "multiprocessor count")?;
-        // Peak bandwidth: memory clock (kHz) × bus width (bits) / 8 × 2 (DDR).
         let clock = rt.attribute(ordinal, runtime::attr::MEMORY_CLOCK_RATE, "memory clock").unwrap_or(0);
         let bus = rt.attribute(ordinal, runtime::attr::MEMORY_BUS_WIDTH, "memory bus width").unwrap_or(0);
-        let bandwidth = clock.max(0) as f64 * 1e3 * (bus.max(0) as f64 / 8.0) * 2.0;
+        let bandwidth = super::api::peak_bandwidth(clock, bus);
         let kernels = Arc::new(OnceLock::new());
         (0..n)
             .map(|_| {
@@ -266,8 +265,7 @@ impl HipGpu {
                     kernels: kernels.clone(),
                     arch: arch.clone(),
                     wave,
-                    // 95%: the runtime, hipBLAS workspaces and the modules need the rest.
-                    budget: total / 20 * 19 / n,
+                    budget: super::api::device_budget(total, n),
                     used: AtomicUsize::new(0),
                     sizes: Mutex::new(HashMap::new()),
                     blas: Mutex::new(None),
