@@ -44,41 +44,24 @@ pub fn executor(n: usize) -> MetaExecutor {
         #[cfg(feature = "cuda")]
         "cuda" => {
             use shardgraph::backend::cuda::CudaBackend;
-            use shardgraph::Backend;
-            use std::sync::Arc;
-            let devs: Vec<Arc<dyn Backend>> = match CudaBackend::virtual_devices(0, n) {
-                Ok(d) => d.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect(),
-                #[cfg(feature = "cuda-emu")]
-                Err(e) => {
-                    no_gpu("SHARDGRAPH_TEST_DEVICES=cuda", &e, "emulated GPUs instead");
-                    (0..n).map(|_| Arc::new(CudaBackend::emulated(1 << 30)) as Arc<dyn Backend>).collect()
-                }
-                #[cfg(not(feature = "cuda-emu"))]
-                Err(e) => panic!("SHARDGRAPH_TEST_DEVICES=cuda but no GPU: {e}"),
-            };
-            MetaExecutor::with_backends(devs).expect("CUDA devices")
+            #[cfg(feature = "cuda-emu")]
+            let emu = Some(CudaBackend::emulated as fn(usize) -> CudaBackend);
+            #[cfg(not(feature = "cuda-emu"))]
+            let emu = None;
+            gpu_executor("cuda", n, CudaBackend::virtual_devices(0, n), emu)
         }
         #[cfg(any(feature = "hip", feature = "cuda-emu"))]
         "hip" => {
             use shardgraph::backend::cuda::CudaBackend;
-            use shardgraph::Backend;
-            use std::sync::Arc;
             #[cfg(feature = "hip")]
             let real = CudaBackend::hip_virtual_devices(0, n);
             #[cfg(not(feature = "hip"))]
-            let real: shardgraph::Result<Vec<CudaBackend>> =
-                Err(shardgraph::Error::Hip { detail: "built without the `hip` feature".into() });
-            let devs: Vec<Arc<dyn Backend>> = match real {
-                Ok(d) => d.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect(),
-                #[cfg(feature = "cuda-emu")]
-                Err(e) => {
-                    no_gpu("SHARDGRAPH_TEST_DEVICES=hip", &e, "emulated CDNA GPUs instead");
-                    (0..n).map(|_| Arc::new(CudaBackend::emulated_hip(1 << 30)) as Arc<dyn Backend>).collect()
-                }
-                #[cfg(not(feature = "cuda-emu"))]
-                Err(e) => panic!("SHARDGRAPH_TEST_DEVICES=hip but no AMD GPU: {e}"),
-            };
-            MetaExecutor::with_backends(devs).expect("HIP devices")
+            let real = Err(shardgraph::Error::Hip { detail: "built without the `hip` feature".into() });
+            #[cfg(feature = "cuda-emu")]
+            let emu = Some(CudaBackend::emulated_hip as fn(usize) -> CudaBackend);
+            #[cfg(not(feature = "cuda-emu"))]
+            let emu = None;
+            gpu_executor("hip", n, real, emu)
         }
         other => {
             panic!(
@@ -108,4 +91,28 @@ pub fn tolerance(tol: f64) -> f64 {
     } else {
         tol.max(2e-3)
     }
+}
+
+/// An executor over `real` (a GPU's virtual devices), else over `n`
+/// devices made by `emulated` (1 GiB each; see [`no_gpu`]), else a panic
+/// saying there is no GPU (a test set-up error).
+#[cfg(sg_gpu)]
+fn gpu_executor(
+    kind: &str,
+    n: usize,
+    real: shardgraph::Result<Vec<shardgraph::backend::cuda::CudaBackend>>,
+    emulated: Option<fn(usize) -> shardgraph::backend::cuda::CudaBackend>,
+) -> MetaExecutor {
+    use shardgraph::Backend;
+    use std::sync::Arc;
+    let devs = match (real, emulated) {
+        (Ok(d), _) => d,
+        (Err(e), Some(emu)) => {
+            no_gpu(&format!("SHARDGRAPH_TEST_DEVICES={kind}"), &e, "emulated GPUs instead");
+            (0..n).map(|_| emu(1 << 30)).collect()
+        }
+        (Err(e), None) => panic!("SHARDGRAPH_TEST_DEVICES={kind} but no GPU: {e}"),
+    };
+    MetaExecutor::with_backends(devs.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect())
+        .unwrap_or_else(|e| panic!("{kind} devices: {e}"))
 }

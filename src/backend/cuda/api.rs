@@ -48,6 +48,14 @@ pub(crate) enum Vendor {
 }
 
 impl Vendor {
+    /// "CUDA" or "HIP": device names (`CUDA0`, `HIP1.0`) and buffer types.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Vendor::Cuda => "CUDA",
+            Vendor::Hip => "HIP",
+        }
+    }
+
     /// A failure of this vendor's runtime, compiler or library:
     /// [`crate::Error::Cuda`] or [`crate::Error::Hip`].
     pub(crate) fn error(self, detail: String) -> crate::Error {

@@ -133,18 +133,7 @@ impl CudaBackend {
     /// As [`CudaBackend::new`]; [`Error::Cuda`] for `n` outside 1..=64.
     #[cfg(feature = "cuda")]
     pub fn virtual_devices(ordinal: usize, n: usize) -> Result<Vec<Self>> {
-        if n == 0 || n > 64 {
-            return Err(Error::Cuda { detail: format!("{n} virtual devices: need 1..=64") });
-        }
-        let gpus = driver::DriverGpu::open(ordinal, n)?;
-        Ok(gpus
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| {
-                let name = if n == 1 { format!("CUDA{ordinal}") } else { format!("CUDA{ordinal}.{i}") };
-                Self::from_gpu(name, Arc::new(g))
-            })
-            .collect())
+        Self::open_virtual(Vendor::Cuda, ordinal, n, driver::DriverGpu::open)
     }
 
     /// The AMD GPU with HIP ordinal `ordinal`, with its own stream and
@@ -169,15 +158,26 @@ impl CudaBackend {
     /// As [`CudaBackend::hip`]; [`Error::Hip`] for `n` outside 1..=64.
     #[cfg(feature = "hip")]
     pub fn hip_virtual_devices(ordinal: usize, n: usize) -> Result<Vec<Self>> {
+        Self::open_virtual(Vendor::Hip, ordinal, n, hip::HipGpu::open)
+    }
+
+    /// `n` (1..=64) devices on GPU `ordinal` of `vendor`, opened by `open`,
+    /// named `<CUDA|HIP><ordinal>` (one) or `<CUDA|HIP><ordinal>.<i>`.
+    fn open_virtual<G: Gpu + 'static>(
+        vendor: Vendor,
+        ordinal: usize,
+        n: usize,
+        open: fn(usize, usize) -> Result<Vec<G>>,
+    ) -> Result<Vec<Self>> {
         if n == 0 || n > 64 {
-            return Err(Error::Hip { detail: format!("{n} virtual devices: need 1..=64") });
+            return Err(vendor.error(format!("{n} virtual devices: need 1..=64")));
         }
-        let gpus = hip::HipGpu::open(ordinal, n)?;
-        Ok(gpus
+        let prefix = vendor.name();
+        Ok(open(ordinal, n)?
             .into_iter()
             .enumerate()
             .map(|(i, g)| {
-                let name = if n == 1 { format!("HIP{ordinal}") } else { format!("HIP{ordinal}.{i}") };
+                let name = if n == 1 { format!("{prefix}{ordinal}") } else { format!("{prefix}{ordinal}.{i}") };
                 Self::from_gpu(name, Arc::new(g))
             })
             .collect())
@@ -311,11 +311,7 @@ impl Backend for CudaBackend {
     }
 
     fn buffer_type(&self) -> BufferType {
-        let name = match self.gpu.info().vendor {
-            Vendor::Cuda => "CUDA",
-            Vendor::Hip => "HIP",
-        };
-        BufferType { name: name.into(), alignment: CUDA_ALIGNMENT, max_size: usize::MAX / 2 }
+        BufferType { name: self.gpu.info().vendor.name().into(), alignment: CUDA_ALIGNMENT, max_size: usize::MAX / 2 }
     }
 
     fn alloc_buffer(&self, size: usize) -> Result<Arc<dyn Buffer>> {
