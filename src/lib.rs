@@ -79,6 +79,7 @@ pub mod tensor;
 pub use backend::cpu::{CpuBackend, CpuConfig};
 pub use backend::{Backend, TensorStorage};
 pub use error::{Error, Result};
+pub use graph::alloc::GraphAllocator;
 pub use graph::{Context, Graph};
 pub use ops::{GluOp, Op, OpFamily, RopeMode, RopeParams, SortOrder, UnaryOp};
 pub use tensor::{GgmlType, Tensor, TensorId};

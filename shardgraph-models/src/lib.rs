@@ -27,6 +27,7 @@
 use shardgraph::tensor::TensorId;
 
 pub mod dflash;
+pub mod engine;
 pub mod fit;
 pub mod generate;
 pub mod hparams;
@@ -36,6 +37,7 @@ pub mod policy;
 pub mod qwen3;
 pub mod qwen35;
 pub mod runner;
+pub mod sampling;
 pub mod speculative;
 
 /// Loads a session's long-lived tensors — the first `base_len` of `ctx`:

@@ -32,6 +32,7 @@
 mod comm;
 mod compile;
 mod cost;
+mod devices;
 mod exec;
 mod layout;
 mod lower;
@@ -46,6 +47,7 @@ mod store;
 pub use comm::NcclComm;
 pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
+pub use devices::{Devices, MAX_DEVICES};
 pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunReport};
 pub use layout::{assemble, local_ne, slice_local};
 pub use lower::{lower, Lowered, Step};

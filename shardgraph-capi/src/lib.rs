@@ -1,0 +1,2 @@
+//! The C ABI of shardgraph (`include/shardgraph.h`).
+#![deny(missing_docs)]

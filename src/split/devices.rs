@@ -1,0 +1,368 @@
+//! [`Devices`]: the one value a tensor-parallel run is configured by — the
+//! backends (one per rank), the tensor-split ratios, the threads of CPU
+//! devices and the communicator — from which the split policy, the store and
+//! the executor take their device count, so they cannot disagree.
+
+use super::{Comm, MetaExecutor, SplitPolicy, SplitStore};
+use crate::backend::cpu::{CpuBackend, CpuConfig};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// The most devices one tensor split takes.
+pub const MAX_DEVICES: usize = 64;
+
+/// The most worker threads of all CPU devices together.
+const MAX_CPU_THREADS: usize = 1024;
+
+/// N devices with their tensor-split ratios (llama.cpp's `--device`,
+/// `--tensor-split` and `--threads`): device `j` runs rank `j` of every plan
+/// and holds the share `ratios[j] / Σ ratios` of each split tensor.
+///
+/// ```
+/// use shardgraph::split::Devices;
+/// let devices = Devices::cpu(3, 1)?.with_tensor_split(&[2.0, 1.0, 1.0])?;
+/// let policy = devices.policy()?; // add the rules, then plan
+/// let store = devices.store(); // weights and caches on the 3 devices
+/// let exec = devices.executor()?; // runs plans on them
+/// assert_eq!((policy.n_devices(), store.n_devices(), exec.n_devices()), (3, 3, 3));
+/// # Ok::<(), shardgraph::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Devices {
+    backends: Vec<Arc<dyn Backend>>,
+    ratios: Vec<f32>,
+    threads: usize,
+    comm: Option<Arc<dyn Comm>>,
+}
+
+impl std::fmt::Debug for Devices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Devices")
+            .field("names", &self.names())
+            .field("ratios", &self.ratios)
+            .field("threads", &self.threads)
+            .field("comm", &self.comm.is_some())
+            .finish()
+    }
+}
+
+impl Devices {
+    /// `n` CPU devices with `threads` worker threads each, equal ratios.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for `n` outside `1..=64`, `threads` of 0, or more
+    /// than 1024 threads in all; CPU backend errors.
+    pub fn cpu(n: usize, threads: usize) -> Result<Self> {
+        check_count(n)?;
+        check_threads(n, threads)?;
+        let backends = (0..n).map(|_| cpu_device(threads)).collect::<Result<Vec<_>>>()?;
+        Ok(Devices { ratios: vec![1.0; n], threads, backends, comm: None })
+    }
+
+    /// The devices `names` lists, one per rank, equal ratios (llama.cpp's
+    /// `--device`, case-insensitive): `CPU` (a CPU device with `threads`
+    /// worker threads), `CUDA<i>` (NVIDIA GPU `i`, feature `cuda`), `HIP<i>`
+    /// (AMD GPU `i`, feature `hip`), where a GPU named k times gives k
+    /// virtual devices on it, each with its own stream and an equal share of
+    /// its memory; `EMU` and `EMUHIP` (an emulated NVIDIA GPU, an emulated
+    /// AMD CDNA GPU; feature `cuda-emu`, slow, for tests). `<i>` is 1 to 9
+    /// decimal digits.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for no names, more than 64, a name that is none of
+    /// these or that this build cannot open (saying which feature it needs),
+    /// a bad thread count; opening a GPU ([`Error::Cuda`], [`Error::Hip`]:
+    /// no driver, no such GPU).
+    pub fn open(names: &[&str], threads: usize) -> Result<Self> {
+        check_count(names.len())?;
+        let kinds = names.iter().map(|n| DeviceName::parse(n)).collect::<Result<Vec<_>>>()?;
+        let n_cpu = kinds.iter().filter(|k| **k == DeviceName::Cpu).count();
+        if n_cpu > 0 {
+            check_threads(n_cpu, threads)?;
+        }
+        let backends = open_backends(&kinds, threads)?;
+        let n = backends.len();
+        Ok(Devices { backends, ratios: vec![1.0; n], threads, comm: None })
+    }
+
+    /// [`Devices::open`] over a comma-separated list (`"CUDA0,CUDA1"`), as
+    /// llama.cpp's `--device` takes it.
+    ///
+    /// # Errors
+    /// As [`Devices::open`].
+    pub fn parse(list: &str, threads: usize) -> Result<Self> {
+        let names: Vec<&str> = list.split(',').map(str::trim).collect();
+        Self::open(&names, threads)
+    }
+
+    /// Devices you opened yourself, one per rank in plan order, equal ratios.
+    /// `threads` reports 0 unless every device is a CPU backend.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for no devices or more than 64.
+    pub fn from_backends(backends: Vec<Arc<dyn Backend>>) -> Result<Self> {
+        check_count(backends.len())?;
+        let n = backends.len();
+        Ok(Devices { backends, ratios: vec![1.0; n], threads: 0, comm: None })
+    }
+
+    /// The same devices with tensor-split ratios (llama.cpp's
+    /// `--tensor-split`): any non-negative numbers, not all zero; device `j`
+    /// gets the share `ratios[j] / Σ ratios` of every split tensor (a 0
+    /// gives it none).
+    ///
+    /// # Errors
+    /// [`Error::Split`] if there is not one ratio per device or a ratio is
+    /// negative, not finite, or all are zero.
+    pub fn with_tensor_split(mut self, ratios: &[f32]) -> Result<Self> {
+        if ratios.len() != self.backends.len() {
+            return Err(Error::Split {
+                detail: format!("tensor split of {} ratio(s) for {} device(s)", ratios.len(), self.backends.len()),
+            });
+        }
+        // The policy's own check, so the two cannot differ.
+        SplitPolicy::new(ratios)?;
+        self.ratios = ratios.to_vec();
+        Ok(self)
+    }
+
+    /// The same devices exchanging through `comm` (one rank per device; e.g.
+    /// an NCCL communicator made elsewhere). Without it, executors pick
+    /// their own: NCCL/RCCL across GPUs when it loads, else copies between
+    /// device buffers.
+    ///
+    /// # Errors
+    /// [`Error::Split`] if `comm` has another number of ranks.
+    pub fn with_comm(mut self, comm: Arc<dyn Comm>) -> Result<Self> {
+        if comm.n_ranks() != self.backends.len() {
+            return Err(Error::Split {
+                detail: format!("a communicator of {} ranks for {} devices", comm.n_ranks(), self.backends.len()),
+            });
+        }
+        self.comm = Some(comm);
+        Ok(self)
+    }
+
+    /// Number of devices (1 to 64).
+    pub fn n_devices(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// The tensor-split ratios, one per device.
+    pub fn ratios(&self) -> &[f32] {
+        &self.ratios
+    }
+
+    /// Worker threads per CPU device (0 for devices given by
+    /// [`Devices::from_backends`]).
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The backends, one per rank.
+    pub fn backends(&self) -> &[Arc<dyn Backend>] {
+        &self.backends
+    }
+
+    /// The devices' names (`CPU0`, `CUDA0.1`, …), one per rank.
+    pub fn names(&self) -> Vec<String> {
+        self.backends.iter().map(|b| b.device().name).collect()
+    }
+
+    /// True when every device is a CPU backend.
+    pub fn all_cpu(&self) -> bool {
+        self.backends.iter().all(|b| b.device().kind == crate::backend::DeviceKind::Cpu)
+    }
+
+    /// A split policy over these devices with their ratios and no rules yet
+    /// (add them with [`SplitPolicy::rule`]).
+    ///
+    /// # Errors
+    /// None in practice (the ratios were checked); kept a `Result` as
+    /// [`SplitPolicy::new`].
+    pub fn policy(&self) -> Result<SplitPolicy> {
+        SplitPolicy::new(&self.ratios)
+    }
+
+    /// An empty store for these devices' weights and caches.
+    pub fn store(&self) -> SplitStore {
+        SplitStore::new(self.backends.len())
+    }
+
+    /// An executor over these devices (with their communicator if one was
+    /// given). Executors made from one `Devices` share its backends.
+    ///
+    /// # Errors
+    /// As [`MetaExecutor::with_backends`].
+    pub fn executor(&self) -> Result<MetaExecutor> {
+        let mut exec = MetaExecutor::with_backends(self.backends.clone())?;
+        if let Some(c) = &self.comm {
+            exec.set_comm(Some(c.clone()))?;
+        }
+        Ok(exec)
+    }
+}
+
+fn check_count(n: usize) -> Result<()> {
+    if n == 0 || n > MAX_DEVICES {
+        return Err(Error::Split { detail: format!("{n} devices: need 1..={MAX_DEVICES}") });
+    }
+    Ok(())
+}
+
+fn check_threads(n: usize, threads: usize) -> Result<()> {
+    if threads == 0 || n.saturating_mul(threads) > MAX_CPU_THREADS {
+        return Err(Error::Split {
+            detail: format!(
+                "{n} CPU device(s) × {threads} thread(s): need at least 1 and at most {MAX_CPU_THREADS} in all"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn cpu_device(threads: usize) -> Result<Arc<dyn Backend>> {
+    Ok(Arc::new(CpuBackend::new(CpuConfig { n_threads: threads, ..CpuConfig::default() })?))
+}
+
+/// One `--device` name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum DeviceName {
+    Cpu,
+    Cuda(usize),
+    Hip(usize),
+    Emu,
+    EmuHip,
+}
+
+impl DeviceName {
+    fn parse(name: &str) -> Result<Self> {
+        let up = name.trim().to_uppercase();
+        let ordinal = |prefix: &str| {
+            let digits = up.strip_prefix(prefix)?;
+            (1..=9).contains(&digits.len()).then_some(())?;
+            digits.bytes().all(|b| b.is_ascii_digit()).then(|| digits.parse::<usize>().ok())?
+        };
+        let (d, built, feature) = match up.as_str() {
+            "CPU" => (DeviceName::Cpu, true, ""),
+            "EMU" => (DeviceName::Emu, cfg!(feature = "cuda-emu"), "cuda-emu"),
+            "EMUHIP" => (DeviceName::EmuHip, cfg!(feature = "cuda-emu"), "cuda-emu"),
+            _ => match (ordinal("CUDA"), ordinal("HIP")) {
+                (Some(i), _) => (DeviceName::Cuda(i), cfg!(feature = "cuda"), "cuda"),
+                (_, Some(i)) => (DeviceName::Hip(i), cfg!(feature = "hip"), "hip"),
+                _ => {
+                    return Err(Error::Split {
+                        detail: format!("device {name:?}: use CPU, CUDA<i>, HIP<i>, EMU or EMUHIP"),
+                    })
+                }
+            },
+        };
+        if !built {
+            return Err(Error::Split {
+                detail: format!("device {name:?}: this build cannot open it (build with the feature `{feature}`)"),
+            });
+        }
+        Ok(d)
+    }
+}
+
+/// Opens `names` in order: each GPU once, with as many virtual devices as
+/// it is named.
+#[cfg(sg_gpu)]
+fn open_backends(names: &[DeviceName], threads: usize) -> Result<Vec<Arc<dyn Backend>>> {
+    use crate::backend::cuda::CudaBackend;
+    use std::collections::HashMap;
+    let mut virtuals: HashMap<DeviceName, Vec<CudaBackend>> = HashMap::new();
+    for &d in names {
+        if virtuals.contains_key(&d) {
+            continue;
+        }
+        let k = names.iter().filter(|x| **x == d).count();
+        let opened = match d {
+            #[cfg(feature = "cuda")]
+            DeviceName::Cuda(i) => CudaBackend::virtual_devices(i, k)?,
+            #[cfg(feature = "hip")]
+            DeviceName::Hip(i) => CudaBackend::hip_virtual_devices(i, k)?,
+            _ => continue,
+        };
+        virtuals.insert(d, opened.into_iter().rev().collect());
+    }
+    let mut out: Vec<Arc<dyn Backend>> = Vec::with_capacity(names.len());
+    for &d in names {
+        let b: Arc<dyn Backend> = match d {
+            DeviceName::Cpu => cpu_device(threads)?,
+            #[cfg(feature = "cuda-emu")]
+            DeviceName::Emu => Arc::new(CudaBackend::emulated(8 << 30)),
+            #[cfg(feature = "cuda-emu")]
+            DeviceName::EmuHip => Arc::new(CudaBackend::emulated_hip(8 << 30)),
+            gpu => match virtuals.get_mut(&gpu).and_then(|v| v.pop()) {
+                Some(b) => Arc::new(b),
+                None => return Err(Error::Split { detail: format!("device {gpu:?}: this build cannot open it") }),
+            },
+        };
+        out.push(b);
+    }
+    Ok(out)
+}
+
+/// Without a GPU backend [`DeviceName::parse`] accepts only `CPU`.
+#[cfg(not(sg_gpu))]
+fn open_backends(names: &[DeviceName], threads: usize) -> Result<Vec<Arc<dyn Backend>>> {
+    names
+        .iter()
+        .map(|d| match d {
+            DeviceName::Cpu => cpu_device(threads),
+            other => Err(Error::Split { detail: format!("device {other:?}: this build cannot open it") }),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_count_for_policy_store_executor() {
+        let d = Devices::cpu(3, 1).unwrap().with_tensor_split(&[2.0, 1.0, 0.0]).unwrap();
+        assert_eq!(d.n_devices(), 3);
+        assert_eq!(d.policy().unwrap().ratios(), &[2.0, 1.0, 0.0]);
+        assert_eq!(d.store().n_devices(), 3);
+        assert_eq!(d.executor().unwrap().n_devices(), 3);
+        assert_eq!(d.names().len(), 3);
+        assert!(d.all_cpu());
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        assert!(Devices::cpu(0, 1).is_err());
+        assert!(Devices::cpu(65, 1).is_err());
+        assert!(Devices::cpu(2, 0).is_err());
+        assert!(Devices::cpu(64, 17).is_err());
+        let d = Devices::cpu(2, 1).unwrap();
+        for bad in [&[1.0][..], &[1.0, -1.0], &[0.0, 0.0], &[f32::NAN, 1.0], &[1.0, 1.0, 1.0]] {
+            let e = d.clone().with_tensor_split(bad).unwrap_err().to_string();
+            assert!(e.contains("split"), "{e}");
+        }
+        for bad in ["GPU0", "CUDA", "CUDA+0", "HIP0123456789", ""] {
+            let e = Devices::open(&[bad], 1).unwrap_err().to_string();
+            assert!(e.contains("device") || e.contains("build"), "{bad}: {e}");
+        }
+        assert!(Devices::open(&[], 1).is_err());
+    }
+
+    #[test]
+    fn names_open_cpu_devices() {
+        let d = Devices::parse("cpu, CPU", 2).unwrap();
+        assert_eq!(d.n_devices(), 2);
+        assert_eq!(d.threads(), 2);
+        assert!(d.all_cpu());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn gpu_names_need_their_feature() {
+        let e = Devices::open(&["CUDA0"], 1).unwrap_err().to_string();
+        assert!(e.contains("feature `cuda`"), "{e}");
+    }
+}
