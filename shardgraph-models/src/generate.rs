@@ -543,3 +543,35 @@ pub fn write_qwen35_gguf_with(
     };
     write_tensors(path, w, &tensors, seed, &damp, &special, &mut |_, _| {})
 }
+
+/// Writes a small example pair into `dir` and returns their paths (target,
+/// drafter): `shardgraph-tiny-qwen3.gguf`, a 4-layer `qwen3` (n_embd 256,
+/// 8 heads / 4 KV heads of 32, n_ff 512, vocabulary 2048, Q8_0, about
+/// 4 MB) whose greedy continuation follows a vocabulary permutation, and
+/// `shardgraph-tiny-dflash2.gguf`, a 2-layer DFlash2 drafter for it (block
+/// 8, taps of target layers 1 and 4, convolutions and candidate selector,
+/// Q8_0) built to predict that permutation, so most of its drafts are
+/// accepted. For quick starts and tests of the main job without real model
+/// files; deterministic (seed 1), written in well under a second.
+///
+/// # Errors
+/// GGUF write errors naming the path.
+pub fn write_example_pair(dir: &std::path::Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    use super::dflash::DflashHparams;
+    use super::hparams::HparamsCore;
+    let t = Qwen3Hparams { core: HparamsCore::qwen3(4, 256, 512, 8, 4, 32), n_vocab: 2048, n_ctx_train: 4096 };
+    let d = DflashHparams {
+        core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 8, 4, 32),
+        target_layers: vec![1, t.n_layer],
+        target_hidden: t.n_embd,
+        block_size: 8,
+        mask_token: (t.n_vocab - 1) as i32,
+        conv: Some((2, 16)),
+        selector: Some((32, 8)),
+    };
+    let target = dir.join("shardgraph-tiny-qwen3.gguf");
+    let drafter = dir.join("shardgraph-tiny-dflash2.gguf");
+    write_qwen3_gguf_with(&target, &t, &Qwen3Types::all(GgmlType::Q8_0), 1, Weights::Permutation)?;
+    write_dflash_gguf_with(&drafter, &d, GgmlType::Q8_0, t.n_vocab, 1, Weights::Permutation)?;
+    Ok((target, drafter))
+}
