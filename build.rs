@@ -15,6 +15,8 @@ fn main() {
     println!("cargo:rerun-if-changed=kernels-hip");
     // `sg_gpu`: the GPU backend (`backend::cuda`) is built, for CUDA, HIP or both.
     println!("cargo::rustc-check-cfg=cfg(sg_gpu)");
+    // `docsrs`: set by docs.rs (`[package.metadata.docs.rs]`) for `doc(cfg)` badges.
+    println!("cargo::rustc-check-cfg=cfg(docsrs)");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() || std::env::var_os("CARGO_FEATURE_HIP").is_some() {
         println!("cargo::rustc-cfg=sg_gpu");
     }

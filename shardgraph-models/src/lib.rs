@@ -17,8 +17,16 @@
 //! * [`generate`]: GGUF files with seeded weights for the tests and examples.
 //! * [`policy`]: llama.cpp's split states for these tensors.
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
-//!   (cached) and executed on N CPU devices.
-//! * [`speculative`]: draft, verify in one target batch, accept, roll back.
+//!   (cached) and executed on N devices (CPU instances or GPUs).
+//! * [`engine`]: the main job in one call — a target and its drafter (DFlash,
+//!   DFlash2, MTP or none) loaded from GGUF onto
+//!   [`shardgraph::split::Devices`], caches sized from one context size,
+//!   and `generate` with a sampler.
+//! * [`sampling`]: llama.cpp's sampler (greedy; top-k, top-p, min-p,
+//!   temperature with a seed).
+//! * [`speculative`]: draft, verify in one target batch, accept (greedy, or
+//!   sampled with the rejection rule that keeps the target's distribution),
+//!   roll back.
 //! * [`fit`]: a session's memory per device from plans and shapes, and the
 //!   largest context that fits the devices (before anything is allocated).
 

@@ -4,6 +4,7 @@
 
 pub mod cpu;
 #[cfg(sg_gpu)]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "cuda", feature = "hip"))))]
 pub mod cuda;
 mod storage;
 

@@ -1,6 +1,11 @@
-//! Tensor parallelism (docs/split-design.md): split states, the leaf split
-//! policy, the cost model and the planner.
+//! Tensor parallelism (docs/split-design.md): one graph on N devices of any
+//! backend (CPU instances, CUDA or HIP GPUs, virtual devices on one GPU),
+//! with a result equal to one device's.
 //!
+//! * [`Devices`] is the one value a run is configured by: the backends
+//!   (one per rank), the tensor-split ratios, CPU threads and the
+//!   communicator; [`Devices::policy`], [`Devices::store`] and
+//!   [`Devices::executor`] take their device count from it.
 //! * [`SplitState`] says how one logical tensor lies over N devices (split
 //!   along an axis with uneven/zero extents, segments and repeats; mirrored;
 //!   partial sum).
@@ -44,6 +49,7 @@ mod state;
 mod store;
 
 #[cfg(sg_gpu)]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "cuda", feature = "hip"))))]
 pub use comm::NcclComm;
 pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};

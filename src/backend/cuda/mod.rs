@@ -45,14 +45,18 @@
 
 mod api;
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod device;
 #[cfg(feature = "cuda")]
 mod driver;
 #[cfg(feature = "cuda-emu")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda-emu")))]
 pub mod emu;
 #[cfg(feature = "hip")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hip")))]
 pub mod hip;
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod nvrtc;
 mod ops;
 pub mod sources;
@@ -121,6 +125,7 @@ impl CudaBackend {
     /// [`Error::Cuda`] without a driver or NVRTC, for an ordinal the driver
     /// does not have, or when the context cannot be created.
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn new(ordinal: usize) -> Result<Self> {
         Ok(Self::virtual_devices(ordinal, 1)?.remove(0))
     }
@@ -132,6 +137,7 @@ impl CudaBackend {
     /// # Errors
     /// As [`CudaBackend::new`]; [`Error::Cuda`] for `n` outside 1..=64.
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn virtual_devices(ordinal: usize, n: usize) -> Result<Vec<Self>> {
         Self::open_virtual(Vendor::Cuda, ordinal, n, driver::DriverGpu::open)
     }
@@ -146,6 +152,7 @@ impl CudaBackend {
     /// for an ordinal the runtime does not have, or when the device
     /// cannot be initialised.
     #[cfg(feature = "hip")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "hip")))]
     pub fn hip(ordinal: usize) -> Result<Self> {
         Ok(Self::hip_virtual_devices(ordinal, 1)?.remove(0))
     }
@@ -157,6 +164,7 @@ impl CudaBackend {
     /// # Errors
     /// As [`CudaBackend::hip`]; [`Error::Hip`] for `n` outside 1..=64.
     #[cfg(feature = "hip")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "hip")))]
     pub fn hip_virtual_devices(ordinal: usize, n: usize) -> Result<Vec<Self>> {
         Self::open_virtual(Vendor::Hip, ordinal, n, hip::HipGpu::open)
     }
@@ -189,6 +197,7 @@ impl CudaBackend {
     /// separate device, named `EMU<i>`. For tests on machines without a
     /// GPU; slow.
     #[cfg(feature = "cuda-emu")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda-emu")))]
     pub fn emulated(memory: usize) -> Self {
         Self::emulated_with(memory, true)
     }
@@ -197,6 +206,7 @@ impl CudaBackend {
     /// cuBLAS: without it the backend's own GEMM kernels run, as on a GPU
     /// machine that has no `libcublas`.
     #[cfg(feature = "cuda-emu")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda-emu")))]
     pub fn emulated_with(memory: usize, blas: bool) -> Self {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -211,6 +221,7 @@ impl CudaBackend {
     /// backend's own GEMM kernels run). For tests on machines without a
     /// GPU; slow.
     #[cfg(feature = "cuda-emu")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda-emu")))]
     pub fn emulated_hip(memory: usize) -> Self {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
