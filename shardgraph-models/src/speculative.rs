@@ -1,12 +1,25 @@
 //! Speculative decoding (shardgraph-models/MODELS.md, section 6, llama.cpp's
 //! `common_speculative` loop): a drafter proposes tokens after the last
-//! accepted one, the target verifies them all in one batch, the longest prefix
-//! equal to the target's greedy choices is accepted plus the target's own next
-//! token (the correction, or a bonus when every draft matched), and the caches
-//! are rolled back to what was accepted. The output equals plain greedy
-//! decoding token for token.
+//! accepted one, the target verifies them all in one batch, and the caches
+//! are rolled back to what was accepted.
+//!
+//! Greedy ([`generate`], or [`generate_with`] and a greedy [`Sampler`]): the
+//! longest prefix equal to the target's greedy choices is accepted plus the
+//! target's own next token (the correction, or a bonus when every draft
+//! matched). The output equals plain greedy decoding token for token.
+//!
+//! Sampling ([`generate_with`] and `temp > 0`): speculative sampling
+//! (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+//! Decoding", algorithm 1; Chen et al. 2023, "Accelerating Large Language
+//! Model Decoding with Speculative Sampling"): draft `x` drawn from the
+//! drafter's `q` is accepted with probability `min(1, p(x) / q(x))` for the
+//! sampler's distribution `p` of the target's logits; the first rejected
+//! draft is replaced by a draw from `normalize(max(0, p - q))`, and when all
+//! are accepted a bonus token is drawn from the last row's `p`. The tokens
+//! are distributed exactly as plain sampling's, whatever the drafter.
 
 use super::qwen3::{Qwen3Session, StepOutput};
+use super::sampling::{Sampler, SamplerParams};
 use shardgraph::error::{Error, Result};
 
 /// A target model decoding one sequence: what the speculative loop needs
@@ -73,6 +86,16 @@ pub trait Drafter<T = Qwen3Session> {
     fn taps(&self) -> Vec<usize> {
         Vec::new()
     }
+
+    /// The distributions the last [`Drafter::draft`] call drew its tokens
+    /// from: one row of probabilities `[n_vocab]` per drafted token, in
+    /// order (the `q` of speculative sampling). `None` (the default): the
+    /// drafter is deterministic, each draft's `q` is one-hot at the token.
+    /// [`generate_with`] reads it right after `draft` when it samples
+    /// (`temp > 0`), never when greedy.
+    fn draft_probs(&self) -> Option<Vec<Vec<f32>>> {
+        None
+    }
 }
 
 /// The most tokens one speculative step may draft ([`SpecParams::n_max`]):
@@ -114,8 +137,9 @@ pub struct SpecStats {
 }
 
 /// Generates `n_gen` tokens after `prompt` with `drafter` proposing and the
-/// target verifying; returns them with the counts. The target's session
-/// must be empty or hold exactly what the caller wants kept before the prompt.
+/// target verifying, greedily; returns them with the counts. The target's
+/// session must be empty or hold exactly what the caller wants kept before
+/// the prompt. The same loop as [`generate_with`] with a greedy sampler.
 ///
 /// # Errors
 /// [`Error::Model`] for an empty prompt or an `n_max` over [`MAX_DRAFT`];
@@ -128,17 +152,57 @@ pub fn generate<T: Target>(
     n_gen: usize,
     params: SpecParams,
 ) -> Result<(Vec<i32>, SpecStats)> {
+    let mut greedy = Sampler::new(SamplerParams::greedy())?;
+    generate_with(target, drafter, prompt, n_gen, params, &mut greedy)
+}
+
+/// Generates `n_gen` tokens after `prompt` with `drafter` proposing, the
+/// target verifying and `sampler` choosing; returns them with the counts.
+/// The target's session must be empty or hold exactly what the caller wants
+/// kept before the prompt.
+///
+/// A greedy `sampler` ([`SamplerParams::is_greedy`]) gives [`generate`]'s
+/// tokens: the target's argmax, its logits never read back. Otherwise the
+/// target's logits `[n_vocab, T]` are read back each step, the first token
+/// is drawn from the prompt's last row, and drafts are verified by
+/// speculative sampling (module docs) with [`Drafter::draft_probs`] as `q`:
+/// the tokens are distributed as plain sampling's (`n_max` 0) with the same
+/// sampler options, though not the same draws for a seed.
+///
+/// # Errors
+/// [`Error::Model`] for an empty prompt or an `n_max` over [`MAX_DRAFT`];
+/// decode errors (a KV cache too small for the prompt and `n_gen` tokens
+/// among them, before the step that would overflow it); when sampling,
+/// [`Error::Model`] for a target whose logits are missing or not `n_vocab`
+/// per batch token, a drafter whose `draft_probs` has fewer rows than
+/// drafts, a row not `[n_vocab]`, a weight that is negative or not finite,
+/// or `q(x) = 0` at its own draft `x`, a draft outside the vocabulary, and
+/// the sampler's errors (NaN or all `-inf` logits).
+pub fn generate_with<T: Target>(
+    target: &mut T,
+    drafter: &mut dyn Drafter<T>,
+    prompt: &[i32],
+    n_gen: usize,
+    params: SpecParams,
+    sampler: &mut Sampler,
+) -> Result<(Vec<i32>, SpecStats)> {
     if prompt.is_empty() {
         return Err(Error::Model { detail: "speculative decoding needs a prompt".into() });
     }
     if params.n_max > MAX_DRAFT {
         return Err(Error::Model { detail: format!("n_max {} is over {MAX_DRAFT} drafts per step", params.n_max) });
     }
+    let greedy = sampler.params().is_greedy();
     let taps = drafter.taps();
     let start = target.n_past();
-    let out = target.decode(prompt, &taps, false)?;
+    let out = target.decode(prompt, &taps, !greedy)?;
     drafter.accept(target, prompt, start, &out, prompt.len())?;
-    let mut last = *out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?;
+    let mut last = if greedy {
+        *out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?
+    } else {
+        let rows = logit_rows(&out, prompt.len())?;
+        sampler.sample(rows[prompt.len() - 1])?
+    };
     let mut tokens = vec![last];
     let mut stats = SpecStats::default();
     while tokens.len() < n_gen {
@@ -148,10 +212,12 @@ pub fn generate<T: Target>(
         if drafts.len() < params.n_min {
             drafts.clear();
         }
+        // The drafter's q rows, read right after its draft (sampling only).
+        let q = if greedy || drafts.is_empty() { None } else { drafter.draft_probs() };
         stats.drafted += drafts.len();
         let mut batch = vec![last];
         batch.extend(&drafts);
-        let out = target.decode(&batch, &taps, false)?;
+        let out = target.decode(&batch, &taps, !greedy)?;
         if out.argmax.len() != batch.len() {
             return Err(Error::Model {
                 detail: format!(
@@ -162,14 +228,18 @@ pub fn generate<T: Target>(
             });
         }
         stats.target_steps += 1;
-        // Accept the longest prefix the target agrees with, then its own token.
-        let mut k = 0;
-        while k < drafts.len() && out.argmax[k] == drafts[k] {
-            k += 1;
-        }
+        let (k, next) = if greedy {
+            // Accept the longest prefix the target agrees with, then its own token.
+            let mut k = 0;
+            while k < drafts.len() && out.argmax[k] == drafts[k] {
+                k += 1;
+            }
+            (k, out.argmax[k])
+        } else {
+            verify_sampled(sampler, &logit_rows(&out, batch.len())?, &drafts, q.as_deref())?
+        };
         stats.accepted += k;
         tokens.extend(&drafts[..k]);
-        let next = out.argmax[k];
         log::debug!("speculative step at {pos}: drafted {}, accepted {k}, next token {next}", drafts.len());
         tokens.push(next);
         // The cache keeps `last` and the accepted drafts; `next` is not in it yet.
@@ -179,4 +249,106 @@ pub fn generate<T: Target>(
     }
     tokens.truncate(n_gen);
     Ok((tokens, stats))
+}
+
+/// The target's logits `[n_vocab, n_rows]` as `n_rows` rows `[n_vocab]`.
+///
+/// # Errors
+/// [`Error::Model`] for missing logits or a length that is not a positive
+/// multiple of `n_rows`.
+fn logit_rows(out: &StepOutput, n_rows: usize) -> Result<Vec<&[f32]>> {
+    let logits = out
+        .logits
+        .as_deref()
+        .ok_or_else(|| Error::Model { detail: "sampling: the target returned no logits".into() })?;
+    if n_rows == 0 || logits.is_empty() || logits.len() % n_rows != 0 {
+        return Err(Error::Model {
+            detail: format!("sampling: the target returned {} logits for a batch of {n_rows}", logits.len()),
+        });
+    }
+    Ok(logits.chunks_exact(logits.len() / n_rows).collect())
+}
+
+/// Speculative sampling of one verified batch: `rows` are the target's
+/// logits after `last` and each draft (`drafts.len() + 1` rows), `q` the
+/// drafter's distributions (`None`: one-hot at each draft). Returns how
+/// many drafts were accepted and the token that follows them (the draw
+/// from the residual at the first rejection, or the bonus token).
+///
+/// # Errors
+/// [`Error::Model`] for fewer `q` rows than drafts, a `q` row not
+/// `[n_vocab]` or with a weight that is negative or not finite, `q(x) = 0`
+/// at a draft `x`, a draft outside the vocabulary; the sampler's errors.
+fn verify_sampled(
+    sampler: &mut Sampler,
+    rows: &[&[f32]],
+    drafts: &[i32],
+    q: Option<&[Vec<f32>]>,
+) -> Result<(usize, i32)> {
+    let n_vocab = rows.first().map_or(0, |r| r.len());
+    if let Some(q) = q {
+        if q.len() < drafts.len() {
+            return Err(Error::Model {
+                detail: format!("sampling: the drafter gave {} q rows for {} drafts", q.len(), drafts.len()),
+            });
+        }
+    }
+    for (i, &x) in drafts.iter().enumerate() {
+        let xi = usize::try_from(x).ok().filter(|&t| t < n_vocab).ok_or_else(|| Error::Model {
+            detail: format!("sampling: draft {i} is token {x}, outside the vocabulary of {n_vocab}"),
+        })?;
+        let mut p = sampler.probs(rows[i])?;
+        let px = p[xi] as f64;
+        let accepted = match q {
+            Some(q) => {
+                let qi = &q[i];
+                if qi.len() != n_vocab {
+                    return Err(Error::Model {
+                        detail: format!("sampling: the drafter's q row {i} has {} entries, not {n_vocab}", qi.len()),
+                    });
+                }
+                if let Some((t, w)) = qi.iter().enumerate().find(|(_, w)| !(w.is_finite() && **w >= 0.0)) {
+                    return Err(Error::Model {
+                        detail: format!("sampling: the drafter's q row {i} gives token {t} the weight {w}"),
+                    });
+                }
+                let qx = qi[xi] as f64;
+                if qx <= 0.0 {
+                    return Err(Error::Model {
+                        detail: format!("sampling: the drafter's q row {i} gives its own draft {x} probability 0"),
+                    });
+                }
+                // Accept with probability min(1, p(x) / q(x)).
+                let accepted = sampler.uniform() * qx < px;
+                if !accepted {
+                    // Residual distribution max(0, p - q) (normalised by the draw).
+                    for (pt, &qt) in p.iter_mut().zip(qi) {
+                        *pt = (*pt - qt).max(0.0);
+                    }
+                }
+                accepted
+            }
+            None => {
+                // q one-hot at x: accept with probability p(x); the residual
+                // is p without x.
+                let accepted = sampler.uniform() < px;
+                if !accepted {
+                    p[xi] = 0.0;
+                }
+                accepted
+            }
+        };
+        if !accepted {
+            let next = if p.iter().any(|&w| w > 0.0) {
+                sampler.sample_from(&p)?
+            } else {
+                // p = q up to rounding: the residual vanished; p itself.
+                let p = sampler.probs(rows[i])?;
+                sampler.sample_from(&p)?
+            };
+            return Ok((i, next));
+        }
+    }
+    let p = sampler.probs(rows[drafts.len()])?;
+    Ok((drafts.len(), sampler.sample_from(&p)?))
 }
