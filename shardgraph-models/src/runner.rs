@@ -4,7 +4,9 @@
 
 use shardgraph::error::Result;
 use shardgraph::graph::{Context, Graph};
-use shardgraph::split::{LeafInfo, LinkModel, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore};
+use shardgraph::split::{
+    Devices, LeafInfo, LinkModel, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore,
+};
 use shardgraph::tensor::TensorId;
 
 /// N devices (CPU instances unless [`Runner::set_backends`] says otherwise)
@@ -39,6 +41,37 @@ impl Runner {
         let n = policy.n_devices();
         Ok(Runner {
             exec: MetaExecutor::new(n, threads)?,
+            planner: Planner::new(LinkModel::default()),
+            policy,
+            store: SplitStore::new(n),
+            bytes_moved: 0,
+            runs: 0,
+            placed: None,
+            graphs: super::GraphCache::default(),
+        })
+    }
+
+    /// A runner over `devices` (their backends, communicator and threads;
+    /// the executor is [`Devices::executor`]) with `policy` for the leaf
+    /// states, e.g. `devices.policy()?` with the model's rules added.
+    ///
+    /// # Errors
+    /// [`shardgraph::Error::Split`] if `policy.n_devices()` is not
+    /// `devices.n_devices()`; as [`Devices::executor`].
+    pub fn with_devices(policy: SplitPolicy, devices: &Devices) -> Result<Self> {
+        if policy.n_devices() != devices.n_devices() {
+            return Err(shardgraph::Error::Split {
+                detail: format!(
+                    "a split policy over {} devices for {} devices ({})",
+                    policy.n_devices(),
+                    devices.n_devices(),
+                    devices.names().join(", ")
+                ),
+            });
+        }
+        let n = devices.n_devices();
+        Ok(Runner {
+            exec: devices.executor()?,
             planner: Planner::new(LinkModel::default()),
             policy,
             store: SplitStore::new(n),
@@ -126,7 +159,8 @@ impl Runner {
 
     /// Plans (or reuses the plan of) `graph`, places leafs that are not
     /// placed yet, writes `inputs` (full single-device bytes per tensor) and
-    /// runs it; returns the outputs' single-device bytes. Outputs that are
+    /// runs it; returns the outputs' single-device bytes, types and shapes
+    /// (aligned with `outputs`; read them with `rep.f32(k)`, `rep.i32(k)`). Outputs that are
     /// writes into stored tensors (`cpy`/`set_rows` into a cache, listed so
     /// the graph orders them) are not read back: their entries are empty,
     /// and the caches stay where the devices keep them (read them with
@@ -161,9 +195,20 @@ impl Runner {
         let wanted: Vec<TensorId> = outputs.iter().filter(|o| !is_write(o)).copied().collect();
         let mut rep = exec.execute(ctx, graph, plan, store, &wanted)?;
         *placed = Some((graph.hash(), ctx.id(), ctx.generation(), store.binding_key()));
-        let mut got = std::mem::take(&mut rep.outputs).into_iter();
-        rep.outputs =
-            outputs.iter().map(|o| if is_write(o) { Vec::new() } else { got.next().unwrap_or_default() }).collect();
+        // Aligned with `outputs`: a write into a stored tensor has no bytes,
+        // and its own type and shape.
+        let mut got = std::mem::take(&mut rep.outputs)
+            .into_iter()
+            .zip(std::mem::take(&mut rep.output_types))
+            .zip(std::mem::take(&mut rep.output_ne));
+        for &o in outputs {
+            let t = ctx.tensor(o)?;
+            let ((bytes, ty), ne) =
+                if is_write(&o) { ((Vec::new(), t.ty), t.ne) } else { got.next().unwrap_or(((Vec::new(), t.ty), t.ne)) };
+            rep.outputs.push(bytes);
+            rep.output_types.push(ty);
+            rep.output_ne.push(ne);
+        }
         self.bytes_moved += rep.bytes_moved;
         self.runs += 1;
         Ok(rep)

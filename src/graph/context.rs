@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT_CONTEXT_ID: AtomicU32 = AtomicU32::new(1);
 
+/// Tensors [`Context::display_name`] visits at most looking for a name.
+const DISPLAY_NAME_VISITS: usize = 64;
+
 /// Largest element count accepted in one dimension and in total (2^48), so
 /// byte sizes never overflow `usize` arithmetic.
 pub const MAX_ELEMENTS: i64 = 1 << 48;
@@ -140,6 +143,72 @@ impl Context {
     /// `new_tensor(ty, &[ne0, ne1, ne2, ne3])`.
     pub fn new_tensor_4d(&mut self, ty: GgmlType, ne0: i64, ne1: i64, ne2: i64, ne3: i64) -> Result<TensorId> {
         self.new_tensor(ty, &[ne0, ne1, ne2, ne3])
+    }
+
+    /// [`Context::new_tensor`] named `name` (ggml's `ggml_new_tensor` then
+    /// `ggml_set_name`): a weight or cache under its GGUF name
+    /// (`blk.0.ffn_up.weight`). Names are what a
+    /// [`crate::split::SplitPolicy`]'s rules match (globs such as
+    /// `blk.*.ffn_up.weight`), what [`Context::find`] looks up, and what
+    /// plan reports print.
+    ///
+    /// # Errors
+    /// As [`Context::new_tensor`] (nothing is created on an error).
+    pub fn new_tensor_named(&mut self, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
+        let id = self.new_tensor(ty, ne)?;
+        self.tensors[id.idx as usize].name = name.to_string();
+        Ok(id)
+    }
+
+    /// [`Context::new_tensor_named`] marked as a graph input (`ggml_set_input`):
+    /// a tensor the caller writes before each run (`inp_embd`, `inp_pos`).
+    /// A split policy's rules match its name like any leaf's; an input no
+    /// rule covers is mirrored (every device gets all of it).
+    ///
+    /// # Errors
+    /// As [`Context::new_tensor`] (nothing is created on an error).
+    pub fn new_input(&mut self, ty: GgmlType, ne: &[i64], name: &str) -> Result<TensorId> {
+        let id = self.new_tensor_named(ty, ne, name)?;
+        self.tensors[id.idx as usize].flags.input = true;
+        Ok(id)
+    }
+
+    /// How reports print tensor `id`: its name if it has one; otherwise its
+    /// op with the nearest named tensor it is computed from and its index,
+    /// `mul_mat(blk.3.ffn_up.weight)#1091` (nearest: breadth-first through
+    /// the sources, ggml's `src[0]` first, visiting at most 64 tensors), or
+    /// `op#index` when none is found (`leaf#index` for an unnamed leaf).
+    /// Every plan, lowered-plan and DOT
+    /// report uses it. Never fails: an id of another context prints as
+    /// `#index`.
+    pub fn display_name(&self, id: TensorId) -> String {
+        let Ok(t) = self.tensor(id) else { return format!("#{}", id.index()) };
+        if !t.name.is_empty() {
+            return t.name.clone();
+        }
+        let mut queue: std::collections::VecDeque<TensorId> = t.src.iter().copied().collect();
+        let mut seen: Vec<TensorId> = vec![id];
+        let mut found = None;
+        while let Some(s) = queue.pop_front() {
+            if seen.len() >= DISPLAY_NAME_VISITS {
+                break;
+            }
+            if seen.contains(&s) {
+                continue;
+            }
+            seen.push(s);
+            let Ok(st) = self.tensor(s) else { continue };
+            if !st.name.is_empty() {
+                found = Some(st.name.as_str());
+                break;
+            }
+            queue.extend(st.src.iter().copied());
+        }
+        match found {
+            Some(n) => format!("{}({n})#{}", t.op.name(), id.index()),
+            None if t.op.is_leaf() => format!("leaf#{}", id.index()),
+            None => format!("{}#{}", t.op.name(), id.index()),
+        }
     }
 
     /// Sets a tensor's name (GGUF names for weights).

@@ -28,7 +28,7 @@ use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::{Backend, Buffer, TensorStorage};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
-use crate::tensor::TensorId;
+use crate::tensor::{GgmlType, TensorId};
 use std::sync::{Arc, Mutex};
 
 /// Programs kept per executor (least recently used dropped first).
@@ -73,6 +73,11 @@ pub struct RunReport {
     /// The requested outputs' full contiguous bytes, in logical element
     /// order, exactly what one device would hold.
     pub outputs: Vec<Vec<u8>>,
+    /// Each output's type, aligned with `outputs`.
+    pub output_types: Vec<GgmlType>,
+    /// Each output's shape (ggml order, `ne[0]` innermost), aligned with
+    /// `outputs`: `outputs[k]` holds it contiguously.
+    pub output_ne: Vec<[i64; 4]>,
     /// Bytes the communicator delivered, all devices together.
     pub bytes_moved: u64,
     /// Of those, bytes of conversions the plan did not contain (a view read
@@ -87,6 +92,60 @@ pub struct RunReport {
     /// This run's share of [`ExecCounters`] (allocations, copies into stored
     /// tensors, host reads; `compiles` is 1 if it compiled its program).
     pub counters: ExecCounters,
+}
+
+impl RunReport {
+    /// Output `k` (in the order the outputs were requested) as f32 values
+    /// in ggml order (`ne[0]` fastest), converted from its type: F32, F16,
+    /// BF16, F64, and block-quantized types dequantized as ggml's
+    /// `dequantize_row_*` ([`crate::tensor::quant::dequantize_row`]).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] if there is no output `k` (or the report has
+    /// no type for it); [`Error::UnsupportedType`] for an integer output
+    /// (use [`RunReport::i32`]); [`Error::DataMismatch`] if its bytes are
+    /// not its shape's size (a write into a stored tensor that a runner
+    /// did not read back has no bytes).
+    pub fn f32(&self, k: usize) -> Result<Vec<f32>> {
+        let (bytes, ty, ne) = self.output(k)?;
+        super::store::decode_f32_contiguous(ty, ne, bytes, &format!("run output {k}"))
+    }
+
+    /// Output `k` (in the order the outputs were requested) as i32 values
+    /// in ggml order (`ne[0]` fastest): argmax, top_k, argsort results.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] if there is no output `k`;
+    /// [`Error::UnsupportedType`] naming the type for an output that is not
+    /// I32; [`Error::DataMismatch`] if its bytes are not its shape's size.
+    pub fn i32(&self, k: usize) -> Result<Vec<i32>> {
+        let (bytes, ty, ne) = self.output(k)?;
+        if ty != GgmlType::I32 {
+            return Err(Error::unsupported_type(ty, format!("run output {k} is {ty}, not I32 (read it as f32)")));
+        }
+        let n: i64 = ne.iter().map(|&x| x.max(0)).product();
+        if bytes.len() as i64 != n * 4 {
+            return Err(Error::DataMismatch {
+                name: format!("run output {k}"),
+                detail: format!("{} bytes for {ty} {ne:?}, which needs {}", bytes.len(), n * 4),
+            });
+        }
+        Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// Output `k`'s bytes, type and shape.
+    fn output(&self, k: usize) -> Result<(&[u8], GgmlType, [i64; 4])> {
+        match (self.outputs.get(k), self.output_types.get(k), self.output_ne.get(k)) {
+            (Some(b), Some(&ty), Some(&ne)) => Ok((b, ty, ne)),
+            _ => Err(Error::OutOfBounds {
+                detail: format!(
+                    "run output {k}: the run has {} outputs ({} with a type and shape)",
+                    self.outputs.len(),
+                    self.output_types.len().min(self.output_ne.len())
+                ),
+            }),
+        }
+    }
 }
 
 /// What a compiled program does per run ([`MetaExecutor::prepare`]).
@@ -516,6 +575,8 @@ impl MetaExecutor {
         counters.store_bytes_copied += program.devices.iter().map(|d| d.writeback_bytes).sum::<u64>();
         let mut report = RunReport {
             outputs: Vec::with_capacity(outputs.len()),
+            output_types: Vec::with_capacity(outputs.len()),
+            output_ne: Vec::with_capacity(outputs.len()),
             bytes_moved: moved,
             unplanned_bytes: devs.iter().map(|d| d.unplanned).sum(),
             subgraphs: program.n_subgraphs,
@@ -526,6 +587,8 @@ impl MetaExecutor {
             let t = ctx.t(o.tensor);
             let parts: Vec<Vec<u8>> = devs.iter_mut().map(|d| std::mem::take(&mut d.outputs[k])).collect();
             report.outputs.push(assemble(t.ty, t.ne, &parts, &o.state)?);
+            report.output_types.push(t.ty);
+            report.output_ne.push(t.ne);
         }
         let c = *counters;
         report.counters = ExecCounters {

@@ -55,19 +55,21 @@ impl Lowered {
         self.steps.iter().filter(|s| matches!(s, Step::Compute(_))).count()
     }
 
-    /// One line per step.
+    /// One line per step; tensors named by [`Context::display_name`] (an
+    /// unnamed node as its op and nearest named source,
+    /// `mul_mat(blk.0.ffn_up.weight)#12`).
     pub fn describe(&self, ctx: &Context) -> String {
-        let name = |id: TensorId| match ctx.tensor(id) {
-            Ok(t) if !t.name.is_empty() => t.name.clone(),
-            _ => format!("#{}", id.index()),
-        };
+        let name = |id: TensorId| ctx.display_name(id);
         let op = |id: TensorId| ctx.tensor(id).map(|t| t.op.name()).unwrap_or("?");
         let mut s = String::new();
         for st in &self.steps {
             let _ = match st {
-                Step::Compute(v) => {
-                    writeln!(s, "subgraph of {} nodes (first {}, last {})", v.len(), name(v[0]), name(v[v.len() - 1]))
-                }
+                Step::Compute(v) => match (v.first(), v.last()) {
+                    (Some(&a), Some(&b)) => {
+                        writeln!(s, "subgraph of {} nodes (first {}, last {})", v.len(), name(a), name(b))
+                    }
+                    _ => writeln!(s, "subgraph of 0 nodes"),
+                },
                 Step::Convert { tensor, from, to, kind } => {
                     writeln!(s, "{} {} {} -> {}", kind.name(), name(*tensor), from.label(), to.label())
                 }

@@ -109,7 +109,7 @@ impl Plan {
 
     /// Graphviz DOT of the plan: tensors coloured by state (mirrored grey,
     /// split blue, partial orange), repartitions as red boxes on the edges
-    /// they sit on.
+    /// they sit on. Tensors are labelled by [`Context::display_name`].
     ///
     /// # Errors
     /// As [`Plan::check_graph`].
@@ -118,7 +118,7 @@ impl Plan {
         let mut s = String::from("digraph plan {\n  rankdir=TB;\n  node [shape=ellipse, style=filled, fontsize=10];\n");
         let label = |id: TensorId| {
             let t = ctx.t(id);
-            let name = if t.name.is_empty() { format!("#{}", id.index()) } else { t.name.clone() };
+            let name = ctx.display_name(id);
             let st = self.state(id).map(|s| s.label()).unwrap_or_default();
             format!("{name}\\n{} {}\\n{st}", t.op.name(), t.describe()).replace('"', "'")
         };
@@ -157,14 +157,12 @@ impl Plan {
     }
 
     /// A text report: every repartition with its bytes, then the total.
+    /// Tensors are named by [`Context::display_name`] (an unnamed node as
+    /// its op and nearest named source, `mul_mat(blk.0.ffn_up.weight)#12`).
     pub fn report(&self, ctx: &Context) -> String {
         let mut s = format!("plan over {} devices: {} repartitions\n", self.n_devices, self.repartitions.len());
         for r in &self.repartitions {
-            let name = |id: TensorId| {
-                ctx.tensor(id)
-                    .map(|t| if t.name.is_empty() { format!("#{}", id.index()) } else { t.name.clone() })
-                    .unwrap_or_default()
-            };
+            let name = |id: TensorId| ctx.display_name(id);
             let _ = writeln!(
                 s,
                 "  {:<14} {:>12} B  {} {} -> {} (for {})",

@@ -4,15 +4,18 @@
 //! whole or by byte range, through views and across segments, reads and
 //! writes exactly the bytes one device would hold (ggml's
 //! `ggml_backend_tensor_set`/`get` semantics: a byte range of the tensor's
-//! memory, which for a view is a range of its owner's memory).
+//! memory, which for a view is a range of its owner's memory). Typed access
+//! (`set_f32`/`get_f32`, `set_i32`/`get_i32`) takes and gives values in
+//! logical element order and converts them to and from the tensor's type
+//! (quantizing per device part on the way in).
 
 use super::comm::BufSlice;
-use super::layout::{box_bytes, boxes, local_ne, sum_addends};
+use super::layout::{box_bytes, boxes, local_ne, slice_local, sum_addends};
 use super::planner::Plan;
 use super::state::SplitState;
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
-use crate::tensor::{contiguous_strides, TensorId};
+use crate::tensor::{contiguous_strides, GgmlType, TensorId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -589,4 +592,422 @@ fn for_each_run(
         row += 1;
     }
     Ok(())
+}
+
+/// Typed host access: values in logical element order (ggml order, `ne[0]`
+/// fastest), converted to and from the tensor's type on the way.
+impl SplitStore {
+    /// Writes the whole of tensor `id` from `values`, one f32 per element in
+    /// logical order (ggml order: `ne[0]` fastest), converted to the
+    /// tensor's type: F32 as is, F16/BF16 rounded as ggml does, F64
+    /// widened, and every block-quantized type (Q4_0 … Q8_K) quantized
+    /// with ggml's reference quantizer (`ggml_quantize_chunk`, through
+    /// [`crate::tensor::quant::quantize_chunk`]). The stored bytes are
+    /// exactly what one device holds after [`crate::TensorStorage::set_f32`]
+    /// of the same values (ggml's `ggml_backend_tensor_set` of the
+    /// converted row data).
+    ///
+    /// Conversion happens per device part, on the way in: for a split
+    /// tensor, device `j`'s values ([`super::slice_local`] of `values` as
+    /// an F32 tensor of the same shape and state, segments and repeats
+    /// included) are converted row by row into that part's bytes, which
+    /// are written whole where the part lives (a device buffer in place, as
+    /// after a run, or host memory). The full single-device byte image of a
+    /// split tensor is never built: besides `values` (the caller's) and the
+    /// stored parts themselves, the peak extra host memory is one device's
+    /// local f32 values plus its converted bytes (for a part on a device,
+    /// freed once written). A mirrored tensor is converted once and every
+    /// device gets the same bytes (host parts share them); a partial one
+    /// puts the values on device 0 and zeros on the others, so the sum is
+    /// `values`.
+    ///
+    /// A view is accepted when it is contiguous, of its owner's type, and
+    /// covers whole rows of its owner (its bytes are then converted and
+    /// written with [`SplitStore::set_tensor`] through the view).
+    ///
+    /// # Errors
+    /// [`Error::DataMismatch`] naming the tensor and both counts for a
+    /// `values.len()` other than its element count;
+    /// [`Error::UnsupportedType`] for an integer tensor (use
+    /// [`SplitStore::set_i32`]); [`Error::Split`] naming the tensor if it is
+    /// not placed (or placed with another type or shape), its state is
+    /// `Unknown`, a split along axis 0 cuts inside a quantization block, or
+    /// it is a view of another kind; [`Error::ForeignTensor`] for a bad id;
+    /// device copy errors.
+    pub fn set_f32(&mut self, ctx: &Context, id: TensorId, values: &[f32]) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        check_count(t, values.len())?;
+        if !(t.ty.is_float() || t.ty.is_quantized()) {
+            return Err(Error::unsupported_type(
+                t.ty,
+                format!("set_f32 of tensor {:?} {}: needs a float or quantized tensor (set_i32 for I32)", t.name, t.describe()),
+            ));
+        }
+        let ty = t.ty;
+        if t.view_src.is_some() {
+            check_row_view(ctx, t, "set_f32")?;
+            let bytes = encode_f32_rows(ty, values, t.ne[0].max(0) as usize)?;
+            return self.set_tensor(ctx, id, 0, &bytes);
+        }
+        self.write_converted(ctx, id, bytemuck::cast_slice(values), &|local: Vec<u8>, ne0| match bytemuck::try_cast_slice::<u8, f32>(&local) {
+            Ok(v) => encode_f32_rows(ty, v, ne0),
+            // A byte buffer not aligned for f32 (the allocator's choice): decoded first.
+            Err(_) => {
+                let v: Vec<f32> = local.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                encode_f32_rows(ty, &v, ne0)
+            }
+        })
+    }
+
+    /// Reads the whole of tensor `id` as f32 values in logical element order
+    /// (ggml order, `ne[0]` fastest), converted from its type (F32, F16,
+    /// BF16, F64; block-quantized types dequantized as ggml's
+    /// `dequantize_row_*`, through [`crate::tensor::quant::dequantize_row`]):
+    /// split parts assembled, partial addends summed, a mirrored tensor read
+    /// from device 0, exactly as [`crate::TensorStorage::get_f32`] reads one
+    /// device. A view (strided or permuted too) reads its logical elements
+    /// from its owner's memory. Peak extra host memory: the tensor's bytes
+    /// (single-device size) plus the returned values.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedType`] for an integer tensor (use
+    /// [`SplitStore::get_i32`]); [`Error::Split`] if it is not placed, or a
+    /// quantized view whose rows are not packed; device copy errors.
+    pub fn get_f32(&self, ctx: &Context, id: TensorId) -> Result<Vec<f32>> {
+        let t = ctx.tensor(id)?;
+        if !(t.ty.is_float() || t.ty.is_quantized()) {
+            return Err(Error::unsupported_type(
+                t.ty,
+                format!("get_f32 of tensor {:?} {}: needs a float or quantized tensor (get_i32 for I32)", t.name, t.describe()),
+            ));
+        }
+        if t.nelements() <= 0 {
+            return Ok(Vec::new());
+        }
+        if t.ty.is_quantized() && !t.is_contiguous_rows() {
+            return Err(Error::Split {
+                detail: format!("get_f32 of {:?} {}: a quantized view with unpacked rows", t.name, t.describe()),
+            });
+        }
+        let mut raw = vec![0u8; t.nbytes()];
+        self.get_tensor(ctx, id, 0, &mut raw)?;
+        let ne = t.ne.map(|x| x.max(0) as usize);
+        let mut out = Vec::with_capacity(t.nelements() as usize);
+        let mut row = vec![0f32; ne[0]];
+        let (rb, ts) = (t.row_bytes(), t.ty.type_size());
+        let bad = || Error::Split { detail: format!("get_f32 of {:?}: bytes outside the tensor", t.name) };
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    let base = i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+                    if t.ty.is_quantized() || t.nb[0] == ts {
+                        decode_f32_run(t.ty, raw.get(base..base + rb).ok_or_else(bad)?, &mut row)?;
+                    } else {
+                        for (i0, r) in row.iter_mut().enumerate() {
+                            let o = base + i0 * t.nb[0];
+                            decode_f32_run(t.ty, raw.get(o..o + ts).ok_or_else(bad)?, std::slice::from_mut(r))?;
+                        }
+                    }
+                    out.extend_from_slice(&row);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes the whole of I32 tensor `id` from `values` in logical element
+    /// order (ggml order, `ne[0]` fastest): positions, token ids, row
+    /// indices. Per device part as [`SplitStore::set_f32`] (no full copy;
+    /// mirrored: the same bytes on every device; partial: device 0 holds
+    /// the values, the others zeros). A contiguous view writes its owner's
+    /// bytes through [`SplitStore::set_tensor`]. The stored bytes equal one
+    /// device's after [`crate::TensorStorage::set_i32`].
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedType`] naming the type for a tensor that is not
+    /// I32; [`Error::DataMismatch`] naming the tensor and both counts for a
+    /// wrong `values.len()`; [`Error::Split`] if it is not placed, its state
+    /// is `Unknown`, or it is a non-contiguous view; device copy errors.
+    pub fn set_i32(&mut self, ctx: &Context, id: TensorId, values: &[i32]) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        if t.ty != GgmlType::I32 {
+            return Err(Error::unsupported_type(
+                t.ty,
+                format!("set_i32 of tensor {:?} {}: needs an I32 tensor", t.name, t.describe()),
+            ));
+        }
+        check_count(t, values.len())?;
+        let le: Vec<u8>;
+        let bytes: &[u8] = if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(values)
+        } else {
+            le = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            &le
+        };
+        if t.view_src.is_some() {
+            if !t.is_contiguous() {
+                return Err(Error::Split {
+                    detail: format!("set_i32 of view {:?} {}: only a contiguous view", t.name, t.describe()),
+                });
+            }
+            return self.set_tensor(ctx, id, 0, bytes);
+        }
+        self.write_converted(ctx, id, bytes, &|local, _| Ok(local))
+    }
+
+    /// Reads the whole of I32 tensor `id` in logical element order (ggml
+    /// order, `ne[0]` fastest; a view reads its logical elements from its
+    /// owner), split parts assembled and partial addends summed.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedType`] naming the type for a tensor that is not
+    /// I32; [`Error::Split`] if it is not placed; device copy errors.
+    pub fn get_i32(&self, ctx: &Context, id: TensorId) -> Result<Vec<i32>> {
+        let t = ctx.tensor(id)?;
+        if t.ty != GgmlType::I32 {
+            return Err(Error::unsupported_type(
+                t.ty,
+                format!("get_i32 of tensor {:?} {}: needs an I32 tensor", t.name, t.describe()),
+            ));
+        }
+        if t.nelements() <= 0 {
+            return Ok(Vec::new());
+        }
+        let mut raw = vec![0u8; t.nbytes()];
+        self.get_tensor(ctx, id, 0, &mut raw)?;
+        let ne = t.ne.map(|x| x.max(0) as usize);
+        let mut out = Vec::with_capacity(t.nelements() as usize);
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    for i0 in 0..ne[0] {
+                        let o = i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+                        let c = raw.get(o..o + 4).ok_or_else(|| Error::Split {
+                            detail: format!("get_i32 of {:?}: bytes outside the tensor", t.name),
+                        })?;
+                        out.push(i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes every device part of non-view tensor `id` whole from `elems`,
+    /// the tensor's values as 4-byte units in logical order: device `j`'s
+    /// units ([`super::slice_local`] as an F32 tensor of the same shape and
+    /// state) go through `convert(units, local ne[0])` into its bytes. Every
+    /// check is made before any part is written.
+    fn write_converted(
+        &mut self,
+        ctx: &Context,
+        id: TensorId,
+        elems: &[u8],
+        convert: &dyn Fn(Vec<u8>, usize) -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        let bad = |d: String| Error::Split { detail: format!("tensor {:?} {}: {d}", t.name, t.describe()) };
+        let e = self.map.get_mut(&id).ok_or_else(|| bad("not placed on the devices".into()))?;
+        if e.layout.is_some_and(|l| l != (t.ty, t.ne)) {
+            return Err(bad("placed with another type or shape; place it again".into()));
+        }
+        let state = e.state.clone();
+        if let SplitState::Unknown = state {
+            return Err(bad("stored in the Unknown state".into()));
+        }
+        let bs = t.ty.block_size() as i64;
+        for (j, p) in e.locals.iter().enumerate() {
+            if let SplitState::Split(s) = &state {
+                if s.axis == 0 && s.ranges(j).iter().any(|&(a, b)| a % bs != 0 || b % bs != 0) {
+                    return Err(bad(format!(
+                        "device {j} holds elements {:?} of each row, which cut inside {}-element {} blocks",
+                        s.ranges(j),
+                        bs,
+                        t.ty
+                    )));
+                }
+            }
+            let want = box_bytes(t.ty, &boxes(t.ne, &state, j));
+            if p.len() != want {
+                return Err(bad(format!("device {j} holds {} bytes, its part is {want}", p.len())));
+            }
+        }
+        let ne0 = t.ne[0].max(0) as usize;
+        match &state {
+            SplitState::Split(_) => {
+                for (j, p) in e.locals.iter_mut().enumerate() {
+                    let local = slice_local(GgmlType::F32, t.ne, elems, &state, j).map_err(|x| bad(x.to_string()))?;
+                    let lne0 = local_ne(t.ne, &state, j)[0].max(0) as usize;
+                    write_whole(p, Arc::new(convert(local, lne0)?))?;
+                }
+            }
+            SplitState::Partial(_) => {
+                let bytes = Arc::new(convert(elems.to_vec(), ne0)?);
+                for (j, p) in e.locals.iter_mut().enumerate() {
+                    if j == 0 {
+                        write_whole(p, bytes.clone())?;
+                    } else {
+                        write_zeros(p)?;
+                    }
+                }
+            }
+            _ => {
+                // Mirrored: converted once, the same bytes on every device.
+                let bytes = Arc::new(convert(elems.to_vec(), ne0)?);
+                for p in e.locals.iter_mut() {
+                    write_whole(p, bytes.clone())?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Error::DataMismatch`] unless `got` is `t`'s element count.
+fn check_count(t: &crate::tensor::Tensor, got: usize) -> Result<()> {
+    if got as i64 != t.nelements() {
+        return Err(Error::DataMismatch {
+            name: t.name.clone(),
+            detail: format!("{got} values for {} ({} elements)", t.describe(), t.nelements()),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that view `t` is contiguous, of its owner's type, and covers
+/// whole rows of its owner, so its values convert on their own.
+fn check_row_view(ctx: &Context, t: &crate::tensor::Tensor, what: &str) -> Result<()> {
+    let Some(o) = t.view_src else { return Ok(()) };
+    let ot = ctx.tensor(o)?;
+    let rs = ot.row_bytes();
+    let whole_rows = rs > 0 && t.view_offs % rs == 0 && t.nbytes() % rs == 0;
+    if ot.view_src.is_some() || ot.ty != t.ty || !t.is_contiguous() || !whole_rows {
+        return Err(Error::Split {
+            detail: format!(
+                "{what} of view {:?} {} at byte {} of {:?} {}: only a contiguous view of whole rows of its owner, of the owner's type",
+                t.name,
+                t.describe(),
+                t.view_offs,
+                ot.name,
+                ot.describe()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Writes `bytes` as the whole of part `*p`, where it lives: a device part
+/// in place (no host copy kept; it is read back when needed), a host part
+/// replaced by `bytes` (shared between the mirrored copies).
+fn write_whole(p: &mut Arc<Part>, bytes: Arc<Vec<u8>>) -> Result<()> {
+    if bytes.len() != p.len {
+        return Err(Error::Split { detail: format!("{} converted bytes for a part of {}", bytes.len(), p.len) });
+    }
+    *p = match &p.dev {
+        Some((d, s)) => {
+            s.buf.set(s.offset, &bytes)?;
+            Part::device(*d, s.clone())
+        }
+        None => Part::host(bytes),
+    };
+    Ok(())
+}
+
+/// Zero-fills part `*p`: a device part in place (in chunks of at most 1 MiB),
+/// a host part becomes zeros allocated when first used.
+fn write_zeros(p: &mut Arc<Part>) -> Result<()> {
+    *p = match &p.dev {
+        Some((d, s)) => {
+            let zeros = vec![0u8; s.len.min(1 << 20)];
+            let mut at = 0;
+            while at < s.len {
+                let k = zeros.len().min(s.len - at);
+                s.buf.set(s.offset + at, &zeros[..k])?;
+                at += k;
+            }
+            Part::device(*d, s.clone())
+        }
+        None => Part::zeros(p.len),
+    };
+    Ok(())
+}
+
+/// `values` as bytes of `ty` in rows of `ne0` elements: F32, F16, BF16 and
+/// the block-quantized types through ggml's reference conversion
+/// ([`crate::tensor::quant::quantize_chunk`]), F64 widened.
+///
+/// # Errors
+/// [`Error::UnsupportedType`] for integer types; [`Error::DataMismatch`] if
+/// `values` is not whole rows of whole blocks.
+pub(crate) fn encode_f32_rows(ty: GgmlType, values: &[f32], ne0: usize) -> Result<Vec<u8>> {
+    if ty == GgmlType::F64 {
+        return Ok(values.iter().flat_map(|&x| f64::from(x).to_le_bytes()).collect());
+    }
+    if !(ty.is_float() || ty.is_quantized()) {
+        return Err(Error::unsupported_type(ty, "no conversion from f32"));
+    }
+    if values.is_empty() {
+        return Ok(Vec::new());
+    }
+    if ne0 == 0 || values.len() % ne0 != 0 {
+        return Err(Error::DataMismatch {
+            name: String::new(),
+            detail: format!("{} values are not whole rows of {ne0}", values.len()),
+        });
+    }
+    let nrows = values.len() / ne0;
+    let mut out = vec![0u8; ty.row_size(ne0 as i64)? * nrows];
+    crate::tensor::quant::quantize_chunk(ty, values, &mut out, nrows, ne0)?;
+    Ok(out)
+}
+
+/// Decodes a packed run of `ty` (whole blocks for block-quantized types)
+/// into `out`: ggml's `dequantize_row_*` ([`crate::tensor::quant::dequantize_row`]),
+/// F64 narrowed.
+///
+/// # Errors
+/// [`Error::UnsupportedType`] for integer types; [`Error::DataMismatch`] on
+/// a length that does not match `out`.
+pub(crate) fn decode_f32_run(ty: GgmlType, raw: &[u8], out: &mut [f32]) -> Result<()> {
+    if ty == GgmlType::F64 {
+        if raw.len() != out.len() * 8 {
+            return Err(Error::DataMismatch {
+                name: String::new(),
+                detail: format!("{} bytes for {} f64 values", raw.len(), out.len()),
+            });
+        }
+        for (o, c) in out.iter_mut().zip(raw.chunks_exact(8)) {
+            *o = f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32;
+        }
+        return Ok(());
+    }
+    crate::tensor::quant::dequantize_row(ty, raw, out)
+}
+
+/// The f32 values of a contiguous tensor of type `ty` and shape `ne` held
+/// in `bytes` (a run's output), in ggml order. `what` names it in errors.
+///
+/// # Errors
+/// [`Error::UnsupportedType`] for integer types; [`Error::DataMismatch`] if
+/// `bytes` is not the tensor's size.
+pub(crate) fn decode_f32_contiguous(ty: GgmlType, ne: [i64; 4], bytes: &[u8], what: &str) -> Result<Vec<f32>> {
+    if !(ty.is_float() || ty.is_quantized()) {
+        return Err(Error::unsupported_type(ty, format!("{what}: not a float or quantized tensor (read it as i32)")));
+    }
+    let ne = ne.map(|x| x.max(0) as usize);
+    let rows = ne[1] * ne[2] * ne[3];
+    let rs = ty.row_size(ne[0] as i64)?;
+    if bytes.len() != rs * rows {
+        return Err(Error::DataMismatch {
+            name: what.to_string(),
+            detail: format!("{} bytes for {ty} {ne:?}, which needs {}", bytes.len(), rs * rows),
+        });
+    }
+    let mut out = vec![0f32; ne[0] * rows];
+    if ne[0] > 0 {
+        for (o, r) in out.chunks_exact_mut(ne[0]).zip(bytes.chunks_exact(rs.max(1))) {
+            decode_f32_run(ty, r, o)?;
+        }
+    }
+    Ok(out)
 }
