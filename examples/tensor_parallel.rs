@@ -8,8 +8,8 @@
 //! `cargo run --release --example tensor_parallel -- --devices 3 --tensor-split 3,2,1`
 
 use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitStore};
-use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorId, TensorStorage};
+use shardgraph::split::{Devices, Planner, SplitSpec};
+use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
 
 #[path = "common/spec.rs"]
 mod spec;
@@ -32,20 +32,17 @@ fn main() {
 fn run(ratios: &[f32]) -> shardgraph::Result<()> {
     let n = ratios.len();
     let (e, f, vocab, t) = (256i64, 1024i64, 4096i64, 4i64);
+    // N CPU devices (2 worker threads each) holding the shares `ratios` of
+    // every split tensor: the policy, store and executor all come from it.
+    let devices = Devices::cpu(n, 2)?.with_tensor_split(ratios)?;
 
     // The graph: x → rms_norm → SwiGLU FFN → residual → output head → soft_max, argmax, top_k.
     let mut ctx = Context::new();
-    let named = |ctx: &mut Context, ty, ne: &[i64], name: &str| -> shardgraph::Result<TensorId> {
-        let id = ctx.new_tensor(ty, ne)?;
-        ctx.set_name(id, name)?;
-        Ok(id)
-    };
-    let x = named(&mut ctx, GgmlType::F32, &[e, t], "inp_embd")?;
-    ctx.set_input(x)?;
-    let wg = named(&mut ctx, GgmlType::Q8_0, &[e, f], "blk.0.ffn_gate.weight")?;
-    let wu = named(&mut ctx, GgmlType::Q8_0, &[e, f], "blk.0.ffn_up.weight")?;
-    let wd = named(&mut ctx, GgmlType::Q8_0, &[f, e], "blk.0.ffn_down.weight")?;
-    let head = named(&mut ctx, GgmlType::Q8_0, &[e, vocab], "output.weight")?;
+    let x = ctx.new_input(GgmlType::F32, &[e, t], "inp_embd")?;
+    let wg = ctx.new_tensor_named(GgmlType::Q8_0, &[e, f], "blk.0.ffn_gate.weight")?;
+    let wu = ctx.new_tensor_named(GgmlType::Q8_0, &[e, f], "blk.0.ffn_up.weight")?;
+    let wd = ctx.new_tensor_named(GgmlType::Q8_0, &[f, e], "blk.0.ffn_down.weight")?;
+    let head = ctx.new_tensor_named(GgmlType::Q8_0, &[e, vocab], "output.weight")?;
     let xn = ctx.rms_norm(x, 1e-6)?;
     let gate = ctx.mul_mat(wg, xn)?;
     let up = ctx.mul_mat(wu, xn)?;
@@ -59,15 +56,17 @@ fn run(ratios: &[f32]) -> shardgraph::Result<()> {
     let outputs = [probs, best, top];
     let graph = ctx.build_forward(&outputs)?;
 
-    // llama.cpp's tensor-split policy for these tensors.
+    // llama.cpp's tensor-split policy for these tensors (rules match names).
     let rows = |granule| SplitSpec::Axis { axis: 1, granule, segments: vec![] };
-    let policy = SplitPolicy::new(ratios)?
+    let policy = devices
+        .policy()?
         .rule("blk.*.ffn_gate.weight", rows(32))
         .rule("blk.*.ffn_up.weight", rows(32))
         .rule("blk.*.ffn_down.weight", SplitSpec::Axis { axis: 0, granule: 32, segments: vec![] })
         .rule("output.weight", rows(1));
     let plan = Planner::default().plan(&ctx, &graph, &policy, &[])?;
-    let lowered = MetaExecutor::new(n, 1)?.lower(&ctx, &graph, &plan)?;
+    let exec = devices.executor()?;
+    let lowered = exec.lower(&ctx, &graph, &plan)?;
     println!("{}", plan.describe(&ctx, &graph)?);
     println!(
         "lowered to {} steps, {} per-device subgraphs:\n{}",
@@ -76,36 +75,32 @@ fn run(ratios: &[f32]) -> shardgraph::Result<()> {
         lowered.describe(&ctx)
     );
 
-    // Leaf data, on one device and on the N devices.
+    // Leaf values, on one device and on the N devices: the store quantizes
+    // each device's share of a weight as it goes in.
     let cpu = CpuBackend::with_threads(2)?;
     let mut one = TensorStorage::new();
     one.alloc_tensors(&cpu, &ctx, graph.leafs())?;
-    let mut store = SplitStore::new(n);
+    let mut store = devices.store();
     store.place_leafs(&ctx, &graph, &plan)?;
     for (k, &l) in graph.leafs().iter().enumerate() {
-        let nel = ctx.tensor(l)?.nelements() as usize;
-        one.set_f32(&ctx, l, &values(nel, k as u32 * 7919))?;
-        let mut bytes = vec![0u8; ctx.tensor(l)?.nbytes()];
-        one.get_bytes(&ctx, l, 0, &mut bytes)?;
-        store.set_tensor(&ctx, l, 0, &bytes)?;
+        let v = values(ctx.tensor(l)?.nelements() as usize, k as u32 * 7919);
+        one.set_f32(&ctx, l, &v)?;
+        store.set_f32(&ctx, l, &v)?;
     }
     GraphAllocator::new(cpu.buffer_type()).alloc_graph(&cpu, &ctx, &graph, &mut one)?;
     cpu.compute(&ctx, &graph, &one)?;
 
-    let exec = MetaExecutor::new(n, 1)?;
     let start = std::time::Instant::now();
     let rep = exec.execute(&ctx, &graph, &plan, &mut store, &outputs)?;
     let secs = start.elapsed().as_secs_f64();
 
-    let f32s = |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>();
-    let i32s = |b: &[u8]| b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>();
     let want_p = one.get_f32(&ctx, probs)?;
-    let got_p = f32s(&rep.outputs[0]);
+    let got_p = rep.f32(0)?;
     let num: f64 = got_p.iter().zip(&want_p).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
     let den: f64 = want_p.iter().map(|b| (*b as f64).powi(2)).sum();
     let row_sums: Vec<f32> = got_p.chunks(vocab as usize).map(|r| r.iter().sum()).collect();
-    let same_argmax = i32s(&rep.outputs[1]) == one.get_i32(&ctx, best)?;
-    let same_top_k = i32s(&rep.outputs[2]) == one.get_i32(&ctx, top)?;
+    let same_argmax = rep.i32(1)? == one.get_i32(&ctx, best)?;
+    let same_top_k = rep.i32(2)? == one.get_i32(&ctx, top)?;
     println!("ran on {n} devices (tensor split {ratios:?}) in {:.1} ms", secs * 1e3);
     println!(
         "bytes moved: {} (plan: {}), soft_max rows sum to {row_sums:?}, NMSE vs one device {:.2e}",

@@ -12,16 +12,17 @@
 #[path = "common/rng.rs"]
 mod rng;
 
+use shardgraph::graph::GraphAllocator;
 use shardgraph::split::{
     local_ne, slice_local, AxisSplit, Devices, LeafInfo, Planner, SplitSpec, SplitState, SplitStore,
 };
-use shardgraph::graph::GraphAllocator;
 use shardgraph::{Backend, Context, CpuBackend, Error, GgmlType, TensorId, TensorStorage};
 
 use GgmlType::*;
 
 /// Every type `set_f32` converts to: the floats and every block type.
-const TYPES: [GgmlType; 16] = [F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K];
+const TYPES: [GgmlType; 16] =
+    [F32, F16, BF16, F64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K];
 
 const RATIOS: [f32; 3] = [2.0, 1.0, 1.0];
 
@@ -160,8 +161,10 @@ fn set_f32_after_a_run_writes_where_the_parts_live() {
         let y = ctx.mul_mat(w, x).unwrap();
         let best = ctx.argmax(y).unwrap();
         let graph = ctx.build_forward(&[y, best]).unwrap();
-        let policy =
-            devices.policy().unwrap().rule("blk.*.ffn_up.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
+        let policy = devices
+            .policy()
+            .unwrap()
+            .rule("blk.*.ffn_up.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
         let plan = Planner::default().plan(&ctx, &graph, &policy, &[]).unwrap();
         let mut store = devices.store();
         store.place_leafs(&ctx, &graph, &plan).unwrap();
@@ -344,8 +347,10 @@ fn reports_name_unnamed_nodes_by_op_and_nearest_named_source() {
     let p = ctx.soft_max(y).unwrap();
     let q = ctx.scale(p, 0.5).unwrap();
     let graph = ctx.build_forward(&[q]).unwrap();
-    let policy =
-        devices.policy().unwrap().rule("blk.*.ffn_up.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
+    let policy = devices
+        .policy()
+        .unwrap()
+        .rule("blk.*.ffn_up.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
     let plan = Planner::default().plan(&ctx, &graph, &policy, &[]).unwrap();
     assert_eq!(ctx.display_name(y), format!("mul_mat(blk.0.ffn_up.weight)#{}", y.index()));
     assert_eq!(ctx.display_name(p), format!("soft_max(blk.0.ffn_up.weight)#{}", p.index()));

@@ -203,8 +203,11 @@ impl Runner {
             .zip(std::mem::take(&mut rep.output_ne));
         for &o in outputs {
             let t = ctx.tensor(o)?;
-            let ((bytes, ty), ne) =
-                if is_write(&o) { ((Vec::new(), t.ty), t.ne) } else { got.next().unwrap_or(((Vec::new(), t.ty), t.ne)) };
+            let ((bytes, ty), ne) = if is_write(&o) {
+                ((Vec::new(), t.ty), t.ne)
+            } else {
+                got.next().unwrap_or(((Vec::new(), t.ty), t.ne))
+            };
             rep.outputs.push(bytes);
             rep.output_types.push(ty);
             rep.output_ne.push(ne);

@@ -640,7 +640,11 @@ impl SplitStore {
         if !(t.ty.is_float() || t.ty.is_quantized()) {
             return Err(Error::unsupported_type(
                 t.ty,
-                format!("set_f32 of tensor {:?} {}: needs a float or quantized tensor (set_i32 for I32)", t.name, t.describe()),
+                format!(
+                    "set_f32 of tensor {:?} {}: needs a float or quantized tensor (set_i32 for I32)",
+                    t.name,
+                    t.describe()
+                ),
             ));
         }
         let ty = t.ty;
@@ -649,12 +653,15 @@ impl SplitStore {
             let bytes = encode_f32_rows(ty, values, t.ne[0].max(0) as usize)?;
             return self.set_tensor(ctx, id, 0, &bytes);
         }
-        self.write_converted(ctx, id, bytemuck::cast_slice(values), &|local: Vec<u8>, ne0| match bytemuck::try_cast_slice::<u8, f32>(&local) {
-            Ok(v) => encode_f32_rows(ty, v, ne0),
-            // A byte buffer not aligned for f32 (the allocator's choice): decoded first.
-            Err(_) => {
-                let v: Vec<f32> = local.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                encode_f32_rows(ty, &v, ne0)
+        self.write_converted(ctx, id, bytemuck::cast_slice(values), &|local: Vec<u8>, ne0| {
+            match bytemuck::try_cast_slice::<u8, f32>(&local) {
+                Ok(v) => encode_f32_rows(ty, v, ne0),
+                // A byte buffer not aligned for f32 (the allocator's choice): decoded first.
+                Err(_) => {
+                    let v: Vec<f32> =
+                        local.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                    encode_f32_rows(ty, &v, ne0)
+                }
             }
         })
     }
@@ -678,7 +685,11 @@ impl SplitStore {
         if !(t.ty.is_float() || t.ty.is_quantized()) {
             return Err(Error::unsupported_type(
                 t.ty,
-                format!("get_f32 of tensor {:?} {}: needs a float or quantized tensor (get_i32 for I32)", t.name, t.describe()),
+                format!(
+                    "get_f32 of tensor {:?} {}: needs a float or quantized tensor (get_i32 for I32)",
+                    t.name,
+                    t.describe()
+                ),
             ));
         }
         if t.nelements() <= 0 {
