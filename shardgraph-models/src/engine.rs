@@ -1,3 +1,671 @@
 //! The main job in one call: a target and its drafter loaded from GGUF onto
 //! [`shardgraph::split::Devices`], caches sized from one context size, and
-//! generation with a sampler.
+//! generation with a sampler (llama.cpp's `llama-speculative-simple` /
+//! `llama-server` with `--model`, `--model-draft` or `--spec-type
+//! draft-mtp`, `--ctx-size`, `--cache-type-k`, `--spec-draft-n-max`,
+//! `--spec-draft-n-min`, `--spec-draft-p-min` and the sampling options).
+//!
+//! * The target is `qwen3` or `qwen35`, told by the GGUF's
+//!   `general.architecture` ([`super::qwen3`], [`super::qwen35`]).
+//! * The drafter ([`DraftModel`]) is a DFlash or DFlash2 GGUF (told apart by
+//!   its metadata: DFlash2 has the convolution or selector keys;
+//!   [`super::dflash`]), the `qwen35` target's own MTP (NextN) layer
+//!   ([`super::mtp`]), or none (plain decoding through the same loop).
+//! * Every cache is sized from one context size ([`EngineParams::ctx_size`]:
+//!   the cells a caller wants usable, prompt and generated tokens) plus the
+//!   drafter's block (DFlash: `block_size`; MTP: `n_max + 1`), so a draft
+//!   near the end of the context is never cut short; a `qwen35` target with
+//!   a drafter keeps per-token recurrent-state snapshots for the verified
+//!   batch ([`Qwen35Session::enable_snapshots`]).
+//! * [`Engine::generate`] runs [`super::speculative::generate_with`]: greedy
+//!   output equals plain greedy decoding token for token; sampled output
+//!   has the target's distribution (speculative sampling).
+//!
+//! Everything the files say is checked before anything is allocated, and a
+//! generation that would not fit the context is refused before any
+//! decoding.
+
+use super::dflash::{DflashDrafter, DflashHparams};
+use super::fit::{FitDraft, FitSpec, FitTarget, CTX_STEP};
+use super::mtp::MtpDrafter;
+use super::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use super::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use super::runner::Runner;
+use super::sampling::{Sampler, SamplerParams};
+use super::speculative::{generate_with, Drafter, SpecParams, SpecStats, MAX_DRAFT};
+use shardgraph::error::{Error, Result};
+use shardgraph::gguf::GgufFile;
+use shardgraph::split::{Devices, SplitPolicy};
+use shardgraph::tensor::GgmlType;
+use std::path::{Path, PathBuf};
+
+/// The drafter of an [`Engine`] (llama.cpp's `--model-draft` /
+/// `--spec-type`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DraftModel {
+    /// No drafter: plain decoding (llama.cpp without `--model-draft`).
+    #[default]
+    None,
+    /// A DFlash or DFlash2 drafter GGUF (`general.architecture` `dflash`;
+    /// DFlash2 when it has `dflash.conv_*` or `dflash.selector_*` keys),
+    /// built for the target: same hidden size and vocabulary, tapped layers
+    /// within the target's.
+    Gguf(PathBuf),
+    /// The target's own MTP (NextN) layer (a `qwen35` GGUF with
+    /// `qwen35.nextn_predict_layers` ≥ 1; llama.cpp's `--spec-type
+    /// draft-mtp`).
+    Mtp,
+}
+
+/// How an [`Engine`] is loaded (llama.cpp's names in brackets).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineParams {
+    /// KV cells the caller wants usable (`--ctx-size`): the prompt and the
+    /// generated tokens of all [`Engine::generate`] calls since the last
+    /// [`Engine::reset`]. Every cache gets this many cells plus the
+    /// drafter's block ([`Engine::kv_size`]). At least 1; see
+    /// [`Engine::fit_ctx_size`] for the largest that fits the devices.
+    pub ctx_size: i64,
+    /// KV cache type of the target and the drafter (`--cache-type-k`):
+    /// F16, Q8_0, Q4_0 (or F32).
+    pub cache_type_k: GgmlType,
+    /// Draft limits (`--spec-draft-n-max`, `--spec-draft-n-min`). `n_max` 0
+    /// takes the drafter's default: a DFlash block's `block_size − 1`, 3 for
+    /// MTP; a DFlash `n_max` above `block_size − 1` is capped there. At most
+    /// [`MAX_DRAFT`]; `n_min` at most the `n_max` used. Ignored without a
+    /// drafter.
+    pub spec: SpecParams,
+    /// Drafts whose drafter probability is below this are cut
+    /// (`--spec-draft-p-min`), a probability in `0..=1`; 0 keeps every
+    /// draft (the examples' default; llama.cpp's is 0.75).
+    pub p_min: f32,
+}
+
+impl Default for EngineParams {
+    /// `ctx_size` 4096 (llama.cpp's `--ctx-size` default), F16 caches, the
+    /// drafter's default `n_max`, `n_min` 0, `p_min` 0.
+    fn default() -> Self {
+        EngineParams {
+            ctx_size: 4096,
+            cache_type_k: GgmlType::F16,
+            spec: SpecParams { n_max: 0, n_min: 0 },
+            p_min: 0.0,
+        }
+    }
+}
+
+/// What one [`Engine::generate`] call returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Generation {
+    /// The generated tokens, `n_predict` of them.
+    pub tokens: Vec<i32>,
+    /// Drafted and accepted counts and target steps.
+    pub stats: SpecStats,
+}
+
+/// Proposes nothing: plain decoding through the speculative loop (every
+/// step verifies a batch of one token, the target's own choice).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoDraft;
+
+impl<T> Drafter<T> for NoDraft {
+    fn draft(&mut self, _: &mut T, _: i32, _: i64, _: usize) -> Result<Vec<i32>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The loaded target.
+#[derive(Debug)]
+enum Target {
+    Qwen3(Box<Qwen3Session>),
+    Qwen35(Box<Qwen35Session>),
+}
+
+/// The loaded drafter.
+#[derive(Debug)]
+enum Draft {
+    None,
+    Dflash(Box<DflashDrafter>),
+    Mtp(Box<MtpDrafter>),
+}
+
+/// A target and its drafter loaded on devices, decoding one sequence
+/// (llama.cpp's context with a speculative decoder attached).
+#[derive(Debug)]
+pub struct Engine {
+    target: Target,
+    draft: Draft,
+    kind: &'static str,
+    ctx_size: i64,
+    kv_size: i64,
+    spec: SpecParams,
+    p_min: f32,
+    /// The last generated token when the target has not decoded it yet
+    /// (the next [`Engine::generate`] decodes it before its prompt).
+    pending: Option<i32>,
+}
+
+/// The target's architecture and hyper-parameters, from its GGUF.
+enum Arch {
+    Qwen3 { hp: Qwen3Hparams, types: Qwen3Types },
+    Qwen35 { hp: Qwen35Hparams, types: Qwen35Types },
+}
+
+impl Arch {
+    fn n_vocab(&self) -> i64 {
+        match self {
+            Arch::Qwen3 { hp, .. } => hp.n_vocab,
+            Arch::Qwen35 { hp, .. } => hp.n_vocab,
+        }
+    }
+
+    fn n_embd(&self) -> i64 {
+        match self {
+            Arch::Qwen3 { hp, .. } => hp.n_embd,
+            Arch::Qwen35 { hp, .. } => hp.n_embd,
+        }
+    }
+
+    fn n_layer(&self) -> usize {
+        match self {
+            Arch::Qwen3 { hp, .. } => hp.n_layer,
+            Arch::Qwen35 { hp, .. } => hp.n_layer,
+        }
+    }
+}
+
+/// The drafter as its file (or the target) describes it.
+enum Planned {
+    None,
+    Dflash { file: Box<GgufFile>, hp: DflashHparams, weight_type: GgmlType },
+    Mtp,
+}
+
+/// Everything [`Engine::load`] and [`Engine::fit_ctx_size`] learn from the
+/// files and parameters before anything is allocated.
+struct Plan {
+    file: GgufFile,
+    arch: Arch,
+    draft: Planned,
+    kind: &'static str,
+    /// The draft limits used (`n_max` resolved).
+    spec: SpecParams,
+    /// Cells beyond `ctx_size` in every cache: the drafter's block.
+    extra: i64,
+}
+
+impl Plan {
+    /// Reads and checks the target's and drafter's files and `params`.
+    fn new(model: &Path, draft: &DraftModel, params: &EngineParams) -> Result<Plan> {
+        let kv = params.cache_type_k;
+        if !matches!(kv, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0) {
+            return Err(Error::Model { detail: format!("engine: cache_type_k {kv} (F16, Q8_0, Q4_0 or F32)") });
+        }
+        super::speculative::check_p_min("engine", params.p_min)?;
+        let SpecParams { n_max, n_min } = params.spec;
+        if n_max > MAX_DRAFT {
+            return Err(Error::Model { detail: format!("engine: n_max {n_max} is over {MAX_DRAFT} drafts per step") });
+        }
+        let file = GgufFile::open(model)?;
+        let arch_name = file.get_str("general.architecture")?;
+        let arch = match arch_name {
+            "qwen3" => Arch::Qwen3 { hp: Qwen3Hparams::from_gguf(&file)?, types: Qwen3Types::from_gguf(&file)? },
+            "qwen35" => {
+                let hp = Qwen35Hparams::from_gguf(&file)?;
+                Arch::Qwen35 { types: Qwen35Types::from_gguf(&file, &hp)?, hp }
+            }
+            other => {
+                return Err(Error::Model {
+                    detail: format!(
+                        "engine: {}: general.architecture {other:?} (the engine loads qwen3 or qwen35)",
+                        model.display()
+                    ),
+                })
+            }
+        };
+        let (planned, kind, n_max, extra) = match draft {
+            DraftModel::None => (Planned::None, "none", 0, 0),
+            DraftModel::Gguf(path) => {
+                let f = GgufFile::open(path)?;
+                let a = f.get_str("general.architecture")?;
+                if a != "dflash" {
+                    return Err(Error::Model {
+                        detail: format!(
+                            "engine: drafter {}: general.architecture {a:?} (a DFlash or DFlash2 GGUF: \"dflash\")",
+                            path.display()
+                        ),
+                    });
+                }
+                let (hp, vocab) = DflashHparams::read(&f)?;
+                check_dflash(path, &hp, vocab, &arch)?;
+                let weight_type = f.tensor("blk.0.attn_q.weight")?.info.ty;
+                let kind = if hp.conv.is_some() || hp.selector.is_some() { "dflash2" } else { "dflash" };
+                let most = hp.block_size - 1;
+                let n = if n_max == 0 { most } else { n_max.min(most) };
+                let extra = hp.block_size as i64;
+                (Planned::Dflash { file: Box::new(f), hp, weight_type }, kind, n, extra)
+            }
+            DraftModel::Mtp => {
+                match &arch {
+                    Arch::Qwen35 { hp, .. } if hp.n_nextn > 0 => {}
+                    Arch::Qwen35 { .. } => {
+                        return Err(Error::Model {
+                            detail: format!(
+                                "engine: MTP drafting needs a NextN (MTP) layer, and {} has none \
+                                 (qwen35.nextn_predict_layers = 0)",
+                                model.display()
+                            ),
+                        })
+                    }
+                    Arch::Qwen3 { .. } => {
+                        return Err(Error::Model {
+                            detail: format!(
+                                "engine: MTP drafting needs a qwen35 target with a NextN layer; {} is qwen3",
+                                model.display()
+                            ),
+                        })
+                    }
+                }
+                let n = if n_max == 0 { DEFAULT_MTP_N_MAX } else { n_max };
+                (Planned::Mtp, "mtp", n, n as i64 + 1)
+            }
+        };
+        let spec = match planned {
+            Planned::None => SpecParams { n_max: 0, n_min: 0 },
+            _ if n_min > n_max => {
+                return Err(Error::Model {
+                    detail: format!("engine: n_min {n_min} exceeds n_max {n_max}: nothing would be drafted"),
+                })
+            }
+            _ => SpecParams { n_max, n_min },
+        };
+        Ok(Plan { file, arch, draft: planned, kind, spec, extra })
+    }
+
+    /// Recurrent-state snapshot slots: a verification batch of a `qwen35`
+    /// target with a drafter (0 otherwise).
+    fn snapshot_slots(&self) -> usize {
+        match (&self.arch, &self.draft) {
+            (Arch::Qwen35 { .. }, Planned::Dflash { .. } | Planned::Mtp) if self.spec.n_max > 0 => self.spec.n_max + 1,
+            _ => 0,
+        }
+    }
+
+    /// Checks `ctx_size` and returns the cells of every cache.
+    fn kv_size(&self, ctx_size: i64) -> Result<i64> {
+        let most = super::MAX_CTX - self.extra;
+        if !(1..=most).contains(&ctx_size) {
+            return Err(Error::Model {
+                detail: format!(
+                    "engine: ctx_size {ctx_size} (1 to {most}: the caches hold it plus the drafter's block of {} \
+                     cells, at most {} in all)",
+                    self.extra,
+                    super::MAX_CTX
+                ),
+            });
+        }
+        Ok(ctx_size + self.extra)
+    }
+}
+
+/// MTP's default drafts per step (`n_max` 0): the examples' default.
+pub const DEFAULT_MTP_N_MAX: usize = 3;
+
+/// Checks a DFlash drafter's metadata against the target's before either is
+/// loaded (the attach checks it again, with the tensors).
+fn check_dflash(path: &Path, hp: &DflashHparams, vocab: Option<i64>, arch: &Arch) -> Result<()> {
+    let bad = |d: String| Err(Error::Model { detail: format!("engine: drafter {}: {d}", path.display()) });
+    if let Some(v) = vocab.filter(|&v| v != arch.n_vocab()) {
+        return bad(format!("vocab_size {v} differs from the target's {}: built for another target", arch.n_vocab()));
+    }
+    if hp.n_embd != arch.n_embd() || hp.target_hidden != arch.n_embd() {
+        return bad(format!(
+            "embedding_length {} / target_hidden_size {} differ from the target's embedding_length {}: built for \
+             another target",
+            hp.n_embd,
+            hp.target_hidden,
+            arch.n_embd()
+        ));
+    }
+    if let Some(l) = hp.target_layers.iter().find(|&&l| l > arch.n_layer()) {
+        return bad(format!(
+            "target_layers taps layer {l}, beyond the target's {} layers: built for another target",
+            arch.n_layer()
+        ));
+    }
+    if hp.block_size < 2 {
+        return bad(format!("block_size {} leaves nothing to draft (at least 2)", hp.block_size));
+    }
+    Ok(())
+}
+
+/// A runner for a model's `policy` on `devices` (one rank per device).
+///
+/// # Errors
+/// [`Error::Split`] if the policy is for other devices (count or ratios);
+/// executor errors.
+pub(crate) fn runner_on(policy: SplitPolicy, devices: &Devices) -> Result<Runner> {
+    if policy.n_devices() != devices.n_devices() || policy.ratios() != devices.ratios() {
+        return Err(Error::Split {
+            detail: format!(
+                "a policy over ratios {:?} for devices with ratios {:?}",
+                policy.ratios(),
+                devices.ratios()
+            ),
+        });
+    }
+    let mut runner = Runner::new(policy, devices.threads().max(1))?;
+    runner.set_backends(devices.backends().to_vec())?;
+    Ok(runner)
+}
+
+impl Engine {
+    /// Loads the target `model` (`qwen3` or `qwen35`, by its
+    /// `general.architecture`) and the drafter `draft` onto `devices` (split
+    /// with llama.cpp's `--split-mode tensor` policy at their ratios), every
+    /// cache of `params.ctx_size` cells plus the drafter's block of
+    /// `cache_type_k` ([`Engine::kv_size`]). Every file, hyper-parameter and
+    /// tensor is checked, and each device's memory, before anything is
+    /// allocated.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] naming a file that is missing or malformed, or a
+    /// missing or mistyped key; [`Error::Model`] for a target architecture
+    /// other than `qwen3`/`qwen35`, a drafter that is not a `dflash` GGUF or
+    /// was built for another target (vocabulary, hidden size, tapped
+    /// layers), MTP asked of a target without a NextN layer, a
+    /// `cache_type_k` other than F16/Q8_0/Q4_0/F32, a `p_min` outside
+    /// `0..=1`, an `n_max` over [`MAX_DRAFT`] or an `n_min` above the
+    /// `n_max` used, a `ctx_size` below 1 or whose caches would exceed
+    /// [`super::MAX_CTX`] cells, and the models' own checks (values out of
+    /// range, tensors missing, mismatched or unused, a split that leaves a
+    /// device without a head); [`Error::Split`] for ratios the policy
+    /// refuses; [`Error::OutOfMemory`] naming the device and the bytes.
+    pub fn load(devices: &Devices, model: &Path, draft: DraftModel, params: &EngineParams) -> Result<Engine> {
+        let plan = Plan::new(model, &draft, params)?;
+        let kv_size = plan.kv_size(params.ctx_size)?;
+        let kv = params.cache_type_k;
+        let slots = plan.snapshot_slots();
+        let (target, draft) = match (&plan.arch, &plan.draft) {
+            (Arch::Qwen3 { .. }, d) => {
+                let mut s = Qwen3Session::load_file(&plan.file, devices, kv, kv_size)?;
+                let draft = match d {
+                    Planned::Dflash { file, .. } => {
+                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, file, kv, params.p_min)?))
+                    }
+                    // Plan::new refused MTP on qwen3.
+                    _ => Draft::None,
+                };
+                (Target::Qwen3(Box::new(s)), draft)
+            }
+            (Arch::Qwen35 { .. }, d) => {
+                let mut s = Qwen35Session::load_file(&plan.file, devices, kv, kv_size)?;
+                let draft = match d {
+                    Planned::Dflash { file, .. } => {
+                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, file, kv, params.p_min)?))
+                    }
+                    Planned::Mtp => Draft::Mtp(Box::new(MtpDrafter::new(&s, params.p_min)?)),
+                    Planned::None => Draft::None,
+                };
+                // After the drafter: its policy is the one the snapshots are placed under.
+                if slots > 0 {
+                    s.enable_snapshots(slots)?;
+                }
+                (Target::Qwen35(Box::new(s)), draft)
+            }
+        };
+        log::info!(
+            "engine: {} with drafter {} on {} device(s), ctx_size {} (caches of {kv_size} cells, {kv}), n_max {}",
+            match target {
+                Target::Qwen3(_) => "qwen3",
+                Target::Qwen35(_) => "qwen35",
+            },
+            plan.kind,
+            devices.n_devices(),
+            params.ctx_size,
+            plan.spec.n_max
+        );
+        Ok(Engine {
+            target,
+            draft,
+            kind: plan.kind,
+            ctx_size: params.ctx_size,
+            kv_size,
+            spec: plan.spec,
+            p_min: params.p_min,
+            pending: None,
+        })
+    }
+
+    /// The largest `ctx_size` whose engine ([`Engine::load`] with these
+    /// arguments) fits every device of `devices` (llama.cpp's `--fit on`,
+    /// which it does not implement for `--split-mode tensor`): the caches'
+    /// cells are the largest multiple of 256 whose weights, caches and worst
+    /// steps — sized from shapes and plans, nothing allocated
+    /// ([`super::fit::fit_ctx_size`]) — fit, with target steps of up to
+    /// `n_batch` tokens (the longest prompt to decode at once); the result
+    /// is that minus the drafter's block, at most `params.ctx_size` (0: the
+    /// target's training context).
+    ///
+    /// # Errors
+    /// As [`Engine::load`] for the files and parameters;
+    /// [`Error::OutOfMemory`] naming the device if even 256 cells do not
+    /// fit; [`Error::Model`] for an `n_batch` below 1 or above the cells, or
+    /// no cell left after the drafter's block.
+    pub fn fit_ctx_size(
+        devices: &Devices,
+        model: &Path,
+        draft: &DraftModel,
+        params: &EngineParams,
+        n_batch: i64,
+    ) -> Result<i64> {
+        let plan = Plan::new(model, draft, params)?;
+        let target = match &plan.arch {
+            Arch::Qwen3 { hp, types } => FitTarget::Qwen3 { hp: hp.clone(), types: *types },
+            Arch::Qwen35 { hp, types } => FitTarget::Qwen35 { hp: hp.clone(), types: *types },
+        };
+        let fit_draft = match &plan.draft {
+            Planned::None => FitDraft::None,
+            Planned::Dflash { hp, weight_type, .. } => FitDraft::Dflash { hp: hp.clone(), weight_type: *weight_type },
+            Planned::Mtp => FitDraft::Mtp { n_max: plan.spec.n_max },
+        };
+        let spec = FitSpec {
+            target,
+            draft: fit_draft,
+            kv_type: params.cache_type_k,
+            ratios: devices.ratios().to_vec(),
+            n_batch,
+            snapshot_slots: plan.snapshot_slots(),
+        };
+        let bound = if params.ctx_size > 0 { params.ctx_size } else { spec.max_ctx() };
+        let max_kv = bound.saturating_add(plan.extra).clamp(CTX_STEP, super::MAX_CTX);
+        let kv = super::fit::fit_ctx_size(&spec, max_kv, &devices.executor()?)?;
+        let ctx = (kv - plan.extra).min(bound);
+        if ctx < 1 {
+            return Err(Error::Model {
+                detail: format!(
+                    "engine: caches of {kv} cells leave no cell beyond the drafter's block of {}",
+                    plan.extra
+                ),
+            });
+        }
+        Ok(ctx)
+    }
+
+    /// Generates `n_predict` tokens after `prompt` (token ids `[T]`) with
+    /// the loaded drafter proposing and `sampler` choosing
+    /// ([`super::speculative::generate_with`]): greedy (`temp` ≤ 0) output
+    /// equals plain greedy decoding token for token; sampled output has
+    /// plain sampling's distribution, and the same seed on the same devices
+    /// draws the same tokens. The sequence continues from the earlier calls
+    /// since the last [`Engine::reset`]: `prompt` follows the tokens the
+    /// last call generated (a chat's next turn), and the result equals one
+    /// generation over everything so far. `n_predict` 0 decodes the prompt
+    /// and returns no token.
+    ///
+    /// # Errors
+    /// Before any decoding: [`Error::Model`] for an empty prompt, a token
+    /// outside the vocabulary, or a prompt and `n_predict` that do not fit
+    /// the context after the sequence so far ([`Engine::n_ctx`],
+    /// [`Engine::n_past`]); the sampler's errors
+    /// ([`SamplerParams::validate`]). Then decode and device errors (after
+    /// which [`Engine::reset`] starts afresh).
+    pub fn generate(&mut self, prompt: &[i32], n_predict: usize, sampler: &SamplerParams) -> Result<Generation> {
+        let mut sampler = Sampler::new(*sampler)?;
+        if prompt.is_empty() {
+            return Err(Error::Model {
+                detail: "engine: an empty prompt (generation needs at least one token)".into(),
+            });
+        }
+        let n_vocab = self.n_vocab();
+        if let Some((i, bad)) = prompt.iter().enumerate().find(|(_, &x)| x < 0 || i64::from(x) >= n_vocab) {
+            return Err(Error::Model {
+                detail: format!("engine: prompt token {i} is {bad}, outside the vocabulary of {n_vocab}"),
+            });
+        }
+        let n_past = self.n_past();
+        let need = (n_past as u128) + prompt.len() as u128 + n_predict as u128;
+        if need > self.ctx_size as u128 {
+            let held = if n_past > 0 { format!(" after the {n_past} cells in use") } else { String::new() };
+            return Err(Error::Model {
+                detail: format!(
+                    "engine: a prompt of {} tokens and {n_predict} to generate need {need} cells{held}, more than \
+                     the context of {} (ctx_size; reset the engine or load it with a larger one)",
+                    prompt.len(),
+                    self.ctx_size
+                ),
+            });
+        }
+        // The last call's final token goes in first: the target never decoded it.
+        let full: Vec<i32> = self.pending.iter().copied().chain(prompt.iter().copied()).collect();
+        let start = self.decoded();
+        let spec = self.spec;
+        let s = &mut sampler;
+        let (tokens, stats) = match (&mut self.target, &mut self.draft) {
+            (Target::Qwen3(t), Draft::None) => generate_with(t.as_mut(), &mut NoDraft, &full, n_predict, spec, s)?,
+            (Target::Qwen3(t), Draft::Dflash(d)) => generate_with(t.as_mut(), d.as_mut(), &full, n_predict, spec, s)?,
+            (Target::Qwen35(t), Draft::None) => generate_with(t.as_mut(), &mut NoDraft, &full, n_predict, spec, s)?,
+            (Target::Qwen35(t), Draft::Dflash(d)) => generate_with(t.as_mut(), d.as_mut(), &full, n_predict, spec, s)?,
+            (Target::Qwen35(t), Draft::Mtp(d)) => generate_with(t.as_mut(), d.as_mut(), &full, n_predict, spec, s)?,
+            (Target::Qwen3(_), Draft::Mtp(_)) => {
+                return Err(Error::Model { detail: "engine: an MTP drafter on a qwen3 target".into() })
+            }
+        };
+        // The target holds the prompt and every token generated but the last,
+        // or the last too when a verified batch ended with it.
+        let cached = self.decoded() - start - full.len() as i64;
+        self.pending = match tokens.last() {
+            Some(&last) if cached + 1 == tokens.len() as i64 => Some(last),
+            _ if cached == tokens.len() as i64 => None,
+            _ => {
+                return Err(Error::Model {
+                    detail: format!(
+                        "engine: the target holds {cached} of the {} generated tokens after the prompt",
+                        tokens.len()
+                    ),
+                })
+            }
+        };
+        Ok(Generation { tokens, stats })
+    }
+
+    /// Positions the target has decoded.
+    fn decoded(&self) -> i64 {
+        match &self.target {
+            Target::Qwen3(s) => s.n_past,
+            Target::Qwen35(s) => s.n_past,
+        }
+    }
+
+    /// Forgets the sequence, as a new engine starts: no position in use,
+    /// a `qwen35` target's recurrent states zero, the MTP drafter's pending
+    /// hidden state zero (llama.cpp's `llama_memory_clear`). Caches are not
+    /// cleared: later steps overwrite the cells and the masks hide them
+    /// until then.
+    ///
+    /// # Errors
+    /// Device errors writing the recurrent states.
+    pub fn reset(&mut self) -> Result<()> {
+        self.pending = None;
+        match &mut self.target {
+            Target::Qwen3(s) => s.rollback(0)?,
+            Target::Qwen35(s) => {
+                s.reset()?;
+                if let Draft::Mtp(d) = &mut self.draft {
+                    **d = MtpDrafter::new(s, self.p_min)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// KV cells usable for prompts and generated tokens (`ctx_size`).
+    pub fn n_ctx(&self) -> i64 {
+        self.ctx_size
+    }
+
+    /// Cells of every cache: [`Engine::n_ctx`] plus the drafter's block
+    /// (DFlash: `block_size`; MTP: `n_max + 1`; none: 0).
+    pub fn kv_size(&self) -> i64 {
+        self.kv_size
+    }
+
+    /// Cells of the context in use: the prompts and generated tokens since
+    /// the last [`Engine::reset`] (the last generated token included,
+    /// though the target decodes it with the next prompt).
+    pub fn n_past(&self) -> i64 {
+        self.decoded() + i64::from(self.pending.is_some())
+    }
+
+    /// The target's vocabulary size V (token ids are `0..V`).
+    pub fn n_vocab(&self) -> i64 {
+        match &self.target {
+            Target::Qwen3(s) => s.model.hp.n_vocab,
+            Target::Qwen35(s) => s.model.hp.n_vocab,
+        }
+    }
+
+    /// The target's training context (`{arch}.context_length`).
+    pub fn n_ctx_train(&self) -> i64 {
+        match &self.target {
+            Target::Qwen3(s) => s.model.hp.n_ctx_train,
+            Target::Qwen35(s) => i64::from(s.model.hp.n_ctx_train),
+        }
+    }
+
+    /// Bytes moved between devices by every run so far (target and
+    /// drafter share one runner).
+    pub fn bytes_moved(&self) -> u64 {
+        match &self.target {
+            Target::Qwen3(s) => s.runner.bytes_moved,
+            Target::Qwen35(s) => s.runner.bytes_moved,
+        }
+    }
+
+    /// Number of devices.
+    pub fn n_devices(&self) -> usize {
+        match &self.target {
+            Target::Qwen3(s) => s.runner.n_devices(),
+            Target::Qwen35(s) => s.runner.n_devices(),
+        }
+    }
+
+    /// The target's architecture: `"qwen3"` or `"qwen35"`.
+    pub fn arch(&self) -> &str {
+        match &self.target {
+            Target::Qwen3(_) => "qwen3",
+            Target::Qwen35(_) => "qwen35",
+        }
+    }
+
+    /// The drafter: `"dflash2"`, `"dflash"`, `"mtp"` or `"none"`.
+    pub fn draft_kind(&self) -> &str {
+        self.kind
+    }
+
+    /// The draft limits in use (`n_max` resolved from the drafter's
+    /// default and capped at a DFlash block; 0 and 0 without a drafter).
+    pub fn spec_params(&self) -> SpecParams {
+        self.spec
+    }
+}

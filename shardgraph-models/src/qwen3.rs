@@ -10,6 +10,7 @@ use super::layers::{self, input, named, rms_norm_w, AttnShape, KvCache};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::ops::RopeParams;
+use shardgraph::split::Devices;
 use shardgraph::tensor::{GgmlType, TensorId};
 
 /// Hyper-parameters of a `qwen3` model: the shared core (`qwen3.*` keys,
@@ -640,19 +641,13 @@ impl Qwen3Session {
         Self::from_file(&shardgraph::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
     }
 
-    /// Builds the model of a parsed `qwen3` GGUF with a KV cache of
-    /// `kv_size` cells of `kv_type`, splits it over `ratios.len()` CPU
-    /// devices with llama.cpp's policy, and loads every weight straight from
-    /// the file into the devices' parts. Everything the file says is
-    /// checked before anything is allocated: the hyper-parameters' ranges,
-    /// every weight's presence, type and shape against them, no tensor the
-    /// model does not use, and each device's memory for weights and caches.
+    /// [`Qwen3Session::load_file`] on `ratios.len()` CPU devices with
+    /// `threads` worker threads each and tensor-split `ratios`
+    /// ([`Devices::cpu`] with [`Devices::with_tensor_split`]).
     ///
     /// # Errors
-    /// [`Error::Gguf`] naming a missing or mistyped key; [`Error::Model`]
-    /// for another architecture, a value out of range, a tensor missing,
-    /// mismatched or unused, or a tensor split that leaves a device without
-    /// a KV head; [`Error::OutOfMemory`] naming the device and bytes.
+    /// [`Error::Split`] for no ratios, more than 64, bad ratios or thread
+    /// counts (as [`Devices::cpu`]); as [`Qwen3Session::load_file`].
     pub fn from_file(
         file: &shardgraph::gguf::GgufFile,
         ratios: &[f32],
@@ -660,11 +655,47 @@ impl Qwen3Session {
         kv_type: GgmlType,
         kv_size: i64,
     ) -> Result<Self> {
+        let devices = Devices::cpu(ratios.len(), threads)?.with_tensor_split(ratios)?;
+        Self::load_file(file, &devices, kv_type, kv_size)
+    }
+
+    /// Opens a `qwen3` GGUF and loads it onto `devices` as
+    /// [`Qwen3Session::load_file`] does.
+    ///
+    /// # Errors
+    /// GGUF errors naming the file (missing, unreadable, malformed); as
+    /// [`Qwen3Session::load_file`].
+    pub fn load(path: impl AsRef<std::path::Path>, devices: &Devices, kv_type: GgmlType, kv_size: i64) -> Result<Self> {
+        Self::load_file(&shardgraph::gguf::GgufFile::open(path)?, devices, kv_type, kv_size)
+    }
+
+    /// Builds the model of a parsed `qwen3` GGUF with a KV cache of
+    /// `kv_size` cells of `kv_type` (llama.cpp's `--ctx-size` and
+    /// `--cache-type-k`), splits it over `devices` with llama.cpp's
+    /// `--split-mode tensor` policy at their tensor-split ratios, and loads
+    /// every weight straight from the file into the devices' parts.
+    /// Everything the file says is checked before anything is allocated:
+    /// the hyper-parameters' ranges, every weight's presence, type and shape
+    /// against them, no tensor the model does not use, and each device's
+    /// memory for weights and caches.
+    ///
+    /// # Errors
+    /// [`Error::Gguf`] naming a missing or mistyped key; [`Error::Model`]
+    /// for another architecture, a value out of range, a tensor missing,
+    /// mismatched or unused, or a tensor split that leaves a device without
+    /// a KV head; [`Error::OutOfMemory`] naming the device and bytes.
+    pub fn load_file(
+        file: &shardgraph::gguf::GgufFile,
+        devices: &Devices,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
         let hp = Qwen3Hparams::from_gguf(file)?;
         let types = Qwen3Types::from_gguf(file)?;
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
-        let mut runner = super::runner::Runner::new(super::policy::qwen3_policy(&hp, &types, ratios)?, threads)?;
+        let policy = super::policy::qwen3_policy(&hp, &types, devices.ratios())?;
+        let mut runner = super::engine::runner_on(policy, devices)?;
         let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
         super::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen3", &what)?;
         let base_len = model.base_len;

@@ -19,6 +19,7 @@ use super::{cell_bytes, f32_bytes, i32_bytes, imrope_positions, mask_bytes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::ops::{RopeMode, RopeParams};
+use shardgraph::split::Devices;
 use shardgraph::tensor::{GgmlType, TensorId};
 
 /// Hyper-parameters of a `qwen35` model (GGUF keys `qwen35.*`): the shared
@@ -1113,11 +1114,38 @@ impl Qwen35Session {
         Self::from_file(&shardgraph::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
     }
 
+    /// [`Qwen35Session::load_file`] on `ratios.len()` CPU devices with
+    /// `threads` worker threads each and tensor-split `ratios`
+    /// ([`Devices::cpu`] with [`Devices::with_tensor_split`]).
+    ///
+    /// # Errors
+    /// [`Error::Split`] for no ratios, more than 64, bad ratios or thread
+    /// counts (as [`Devices::cpu`]); as [`Qwen35Session::load_file`].
+    pub fn from_file(
+        file: &shardgraph::gguf::GgufFile,
+        ratios: &[f32],
+        threads: usize,
+        kv_type: GgmlType,
+        kv_size: i64,
+    ) -> Result<Self> {
+        let devices = Devices::cpu(ratios.len(), threads)?.with_tensor_split(ratios)?;
+        Self::load_file(file, &devices, kv_type, kv_size)
+    }
+
+    /// Opens a `qwen35` GGUF and loads it onto `devices` as
+    /// [`Qwen35Session::load_file`] does.
+    ///
+    /// # Errors
+    /// GGUF errors naming the file; as [`Qwen35Session::load_file`].
+    pub fn load(path: impl AsRef<std::path::Path>, devices: &Devices, kv_type: GgmlType, kv_size: i64) -> Result<Self> {
+        Self::load_file(&shardgraph::gguf::GgufFile::open(path)?, devices, kv_type, kv_size)
+    }
+
     /// Builds the model of a parsed `qwen35` GGUF (KV cache of `kv_size`
-    /// cells of `kv_type`), splits it over `ratios.len()` CPU devices with
-    /// llama.cpp's policy ([`super::policy::qwen35_policy`]), and loads
-    /// every weight from the file. As for `qwen3`
-    /// ([`super::qwen3::Qwen3Session::from_file`]), the hyper-parameters'
+    /// cells of `kv_type`), splits it over `devices` with llama.cpp's
+    /// policy ([`super::policy::qwen35_policy`]) at their tensor-split
+    /// ratios, and loads every weight from the file. As for `qwen3`
+    /// ([`super::qwen3::Qwen3Session::load_file`]), the hyper-parameters'
     /// ranges, every weight against them, unused tensors and each device's
     /// memory are checked before anything is allocated.
     ///
@@ -1127,10 +1155,9 @@ impl Qwen35Session {
     /// mismatched or unused (a NextN count that does not match the file
     /// among them), or a tensor split that leaves a device without a KV
     /// head or a delta-net key head; [`Error::OutOfMemory`].
-    pub fn from_file(
+    pub fn load_file(
         file: &shardgraph::gguf::GgufFile,
-        ratios: &[f32],
-        threads: usize,
+        devices: &Devices,
         kv_type: GgmlType,
         kv_size: i64,
     ) -> Result<Self> {
@@ -1138,8 +1165,8 @@ impl Qwen35Session {
         let types = Qwen35Types::from_gguf(file, &hp)?;
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
-        let policy = super::policy::qwen35_policy(&model.hp, &types, ratios)?;
-        let mut runner = super::runner::Runner::new(policy, threads)?;
+        let policy = super::policy::qwen35_policy(&model.hp, &types, devices.ratios())?;
+        let mut runner = super::engine::runner_on(policy, devices)?;
         let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
         super::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen35", &what).map_err(|e| match e {
             Error::Model { detail }
@@ -1176,12 +1203,14 @@ impl Qwen35Session {
     /// the recurrent states first (see [`Qwen35Session::rollback`]).
     ///
     /// # Errors
-    /// [`Error::Model`] for an empty batch or a full KV cache; execution errors.
+    /// [`Error::Model`] for an empty batch, a token outside the vocabulary
+    /// or a full KV cache; execution errors.
     pub fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
         let t = tokens.len() as i64;
         if t == 0 {
             return Err(Error::Model { detail: "qwen35: empty batch".into() });
         }
+        self.check_tokens(tokens)?;
         if self.n_past + t > self.model.kv_size {
             return Err(Error::Model {
                 detail: format!(
@@ -1239,6 +1268,39 @@ impl Qwen35Session {
         );
         self.n_past += t;
         Ok(super::step_output(outputs, &rep, step.argmax, &step.taps, want_logits.then_some(step.logits)))
+    }
+
+    /// Checks that every token is in the vocabulary (`0..n_vocab`).
+    ///
+    /// # Errors
+    /// [`Error::Model`] naming the first token outside it.
+    fn check_tokens(&self, tokens: &[i32]) -> Result<()> {
+        let n_vocab = self.model.hp.n_vocab;
+        if let Some(bad) = tokens.iter().find(|&&x| x < 0 || i64::from(x) >= n_vocab) {
+            return Err(Error::Model { detail: format!("qwen35: token {bad} outside the vocabulary of {n_vocab}") });
+        }
+        Ok(())
+    }
+
+    /// Forgets the whole sequence: `n_past` 0, the conv and recurrent
+    /// states zero again (as a new session's), no checkpoint or snapshot
+    /// batch to roll back into. The attention layers' KV cells are simply
+    /// overwritten by later steps (the mask hides them until then), as after
+    /// [`Qwen35Session::rollback`]; a rollback to 0 cannot do this, since
+    /// the recurrent states of position 0 are only known before the first
+    /// batch.
+    ///
+    /// # Errors
+    /// Copy errors writing the states on the devices.
+    pub fn reset(&mut self) -> Result<()> {
+        for id in self.recurrent_caches() {
+            let zeros = vec![0u8; self.ctx.tensor(id)?.nbytes()];
+            self.runner.store.set_tensor(&self.ctx, id, 0, &zeros)?;
+        }
+        self.n_past = 0;
+        self.checkpoint = None;
+        self.snap_batch = None;
+        Ok(())
     }
 
     /// Keeps the conv and recurrent state after every token of batches of
@@ -1353,8 +1415,8 @@ impl Qwen35Session {
     /// (writing its KV cache there): shardgraph-models/MODELS.md, section 5.2.
     ///
     /// # Errors
-    /// [`Error::Model`] without a NextN block, for mismatched lengths or a
-    /// full KV cache; execution errors.
+    /// [`Error::Model`] without a NextN block, for mismatched lengths, a
+    /// token outside the vocabulary or a full KV cache; execution errors.
     pub fn mtp_step(&mut self, tokens: &[i32], h: &[f32], start: i64) -> Result<MtpOutput> {
         let t = tokens.len() as i64;
         let e = self.model.hp.n_embd as usize;
@@ -1363,6 +1425,7 @@ impl Qwen35Session {
                 detail: format!("qwen35 MTP: {} tokens need {} hidden values, got {}", t, t as usize * e, h.len()),
             });
         }
+        self.check_tokens(tokens)?;
         if start < 0 || start + t > self.model.kv_size {
             return Err(Error::Model {
                 detail: format!(
@@ -1406,13 +1469,15 @@ impl Qwen35Session {
     /// each one's probability.
     ///
     /// # Errors
-    /// [`Error::Model`] without a NextN block, for a wrong `h` length or
-    /// positions beyond the cache; execution errors.
+    /// [`Error::Model`] without a NextN block, for a wrong `h` length, a
+    /// `last` outside the vocabulary or positions beyond the cache;
+    /// execution errors.
     pub fn mtp_chain(&mut self, last: i32, h: &[f32], start: i64, n: usize) -> Result<(Vec<i32>, Vec<f32>)> {
         let e = self.model.hp.n_embd as usize;
         if h.len() != e || n == 0 {
             return Err(Error::Model { detail: format!("qwen35 MTP chain: {n} steps from {} hidden values", h.len()) });
         }
+        self.check_tokens(&[last])?;
         if start < 0 || start + n as i64 > self.model.kv_size {
             return Err(Error::Model {
                 detail: format!(
