@@ -371,3 +371,40 @@ fn reports_name_unnamed_nodes_by_op_and_nearest_named_source() {
     assert!(all.contains("mul_mat(blk.0.ffn_up.weight)#"), "{all}");
     assert!(texts[0].1.contains("(blk.0.ffn_up.weight)#"), "{}", texts[0].1);
 }
+
+#[test]
+fn runner_with_devices_keeps_typed_outputs_aligned() {
+    use shardgraph_models::runner::Runner;
+    let devices = Devices::cpu(3, 1).unwrap().with_tensor_split(&RATIOS).unwrap();
+    let wrong = Devices::cpu(2, 1).unwrap().policy().unwrap();
+    let e = Runner::with_devices(wrong, &devices).unwrap_err().to_string();
+    assert!(e.contains("2 devices") && e.contains("3 devices"), "{e}");
+
+    let policy = devices.policy().unwrap().rule("cache", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
+    let mut runner = Runner::with_devices(policy, &devices).unwrap();
+    assert_eq!(runner.n_devices(), 3);
+    let mut ctx = Context::new();
+    let cache = ctx.new_tensor_named(F16, &[8, 4], "cache").unwrap();
+    runner.place(&ctx, cache).unwrap();
+    let x = ctx.new_input(F32, &[8, 1], "x").unwrap();
+    let at = ctx.new_input(I32, &[1], "at").unwrap();
+    let write = ctx.set_rows(cache, x, at).unwrap();
+    let y = ctx.scale(x, 2.0).unwrap();
+    let best = ctx.argmax(y).unwrap();
+    let graph = ctx.build_forward(&[write, y, best]).unwrap();
+    let xs: Vec<f32> = vec![0.5, -1.0, 2.0, 0.25, 3.0, -4.0, 1.5, 0.0];
+    let xb: Vec<u8> = xs.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let rep = runner.run(&ctx, &graph, &[(x, xb), (at, 2i32.to_le_bytes().to_vec())], &[write, y, best]).unwrap();
+    assert_eq!(rep.outputs.len(), 3);
+    assert!(rep.outputs[0].is_empty(), "a write into a cache is not read back");
+    assert_eq!(rep.output_types, vec![F16, F32, I32]);
+    assert_eq!(rep.output_ne, vec![[8, 4, 1, 1], [8, 1, 1, 1], [1, 1, 1, 1]]);
+    assert!(matches!(rep.f32(0), Err(Error::DataMismatch { .. })));
+    assert_eq!(rep.f32(1).unwrap(), xs.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+    assert_eq!(rep.i32(2).unwrap(), vec![4]);
+    // The cache row written on the devices, read back typed (exact in f16).
+    let c = runner.store.get_f32(&ctx, cache).unwrap();
+    let mut want = vec![0f32; 32];
+    want[16..24].copy_from_slice(&xs);
+    assert_eq!(c, want);
+}
