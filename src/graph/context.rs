@@ -355,3 +355,35 @@ pub(crate) fn check_shape(ty: GgmlType, ne: &[i64; MAX_DIMS]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_name_finds_the_nearest_named_source_within_64_tensors() {
+        let mut ctx = Context::new();
+        let w = ctx.new_tensor_named(GgmlType::F32, &[4, 3], "w").unwrap();
+        let x = ctx.new_input(GgmlType::F32, &[4, 2], "x").unwrap();
+        assert!(ctx.tensor(x).unwrap().flags.input && !ctx.tensor(w).unwrap().flags.input);
+        assert_eq!(ctx.find("x"), Some(x));
+        let anon = ctx.new_tensor(GgmlType::F32, &[4, 2]).unwrap();
+        assert_eq!(ctx.display_name(anon), format!("leaf#{}", anon.index()));
+        let y = ctx.mul_mat(w, x).unwrap();
+        assert_eq!(ctx.display_name(y), format!("mul_mat(w)#{}", y.index()));
+        // Breadth-first: the source one step away wins over a deeper one.
+        let s = ctx.add(anon, x).unwrap();
+        let z = ctx.add(s, anon).unwrap();
+        assert_eq!(ctx.display_name(z), format!("add(x)#{}", z.index()));
+        // 70 unnamed nodes above `x`: beyond the bound, no name.
+        let mut t = ctx.scale(x, 1.0).unwrap();
+        for _ in 0..70 {
+            t = ctx.scale(t, 1.0).unwrap();
+        }
+        assert_eq!(ctx.display_name(t), format!("scale#{}", t.index()));
+        assert!(ctx.new_tensor_named(GgmlType::Q8_0, &[31], "bad").is_err());
+        assert_eq!(ctx.find("bad"), None, "nothing is created on an error");
+        let other = Context::new();
+        assert_eq!(other.display_name(y), format!("#{}", y.index()));
+    }
+}
