@@ -240,16 +240,16 @@ pub extern "C" fn sg_policy_free(pol: *mut SgPolicy) -> sg_status {
 // Plans
 // ---------------------------------------------------------------------------
 
-/// `sg_plan`: plans `graph` of `ctx` under `pol` ([`Planner::plan`] with
+/// `sg_plan_new`: plans `graph` of `ctx` under `pol` ([`Planner::plan`] with
 /// the default link model; graph inputs no rule covers are mirrored).
 #[no_mangle]
-pub extern "C" fn sg_plan(
+pub extern "C" fn sg_plan_new(
     ctx: *const SgContext,
     graph: *const SgGraph,
     pol: *const SgPolicy,
     out: *mut *mut SgPlan,
 ) -> sg_status {
-    run("sg_plan", || {
+    run("sg_plan_new", || {
         let c = ptr::obj(ctx, "ctx")?;
         let g = ptr::obj(graph, "graph")?;
         let p = ptr::obj(pol, "pol")?;

@@ -69,6 +69,30 @@ pub enum sg_status {
     SG_ERR_PANIC = 17,
 }
 
+impl sg_status {
+    /// Every code, in numeric order (code `i` at index `i`).
+    pub const ALL: [sg_status; 18] = [
+        sg_status::SG_OK,
+        sg_status::SG_ERR_INVALID_ARGUMENT,
+        sg_status::SG_ERR_INVALID_OPERAND,
+        sg_status::SG_ERR_FOREIGN_TENSOR,
+        sg_status::SG_ERR_SHAPE,
+        sg_status::SG_ERR_UNSUPPORTED,
+        sg_status::SG_ERR_OUT_OF_BOUNDS,
+        sg_status::SG_ERR_NO_STORAGE,
+        sg_status::SG_ERR_DATA_MISMATCH,
+        sg_status::SG_ERR_ALLOC,
+        sg_status::SG_ERR_GRAPH,
+        sg_status::SG_ERR_SPLIT,
+        sg_status::SG_ERR_GGUF,
+        sg_status::SG_ERR_MODEL,
+        sg_status::SG_ERR_BACKEND,
+        sg_status::SG_ERR_OUT_OF_MEMORY,
+        sg_status::SG_ERR_COMPUTE,
+        sg_status::SG_ERR_PANIC,
+    ];
+}
+
 /// Why a call failed: a C-side argument error or a core error.
 #[derive(Debug)]
 pub(crate) enum Fail {
@@ -203,6 +227,36 @@ mod tests {
         assert_eq!(last(), "sg_c: panic in shardgraph: index 3 out of range");
         assert_eq!(run("sg_d", || arg("a\0b")), sg_status::SG_ERR_INVALID_ARGUMENT);
         assert_eq!(last(), "sg_d: invalid argument: a\\0b");
+    }
+
+    #[test]
+    fn all_lists_every_code_in_order() {
+        for (i, s) in sg_status::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{s:?}");
+        }
+        // An exhaustive match: a new code fails to compile here until it is
+        // added, and then must be in ALL.
+        let listed = |s: sg_status| match s {
+            sg_status::SG_OK
+            | sg_status::SG_ERR_INVALID_ARGUMENT
+            | sg_status::SG_ERR_INVALID_OPERAND
+            | sg_status::SG_ERR_FOREIGN_TENSOR
+            | sg_status::SG_ERR_SHAPE
+            | sg_status::SG_ERR_UNSUPPORTED
+            | sg_status::SG_ERR_OUT_OF_BOUNDS
+            | sg_status::SG_ERR_NO_STORAGE
+            | sg_status::SG_ERR_DATA_MISMATCH
+            | sg_status::SG_ERR_ALLOC
+            | sg_status::SG_ERR_GRAPH
+            | sg_status::SG_ERR_SPLIT
+            | sg_status::SG_ERR_GGUF
+            | sg_status::SG_ERR_MODEL
+            | sg_status::SG_ERR_BACKEND
+            | sg_status::SG_ERR_OUT_OF_MEMORY
+            | sg_status::SG_ERR_COMPUTE
+            | sg_status::SG_ERR_PANIC => sg_status::ALL.contains(&s),
+        };
+        assert!(sg_status::ALL.iter().all(|&s| listed(s)));
     }
 
     #[test]

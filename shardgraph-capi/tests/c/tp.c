@@ -1,0 +1,514 @@
+/*
+ * The C ABI from C (run by shardgraph-capi/tests/c_api.rs).
+ *
+ * `tp`: builds x -> rms_norm * norm weight -> SwiGLU FFN (Q8_0 gate/up
+ * split on rows, down on its input axis) -> residual -> a
+ * vocabulary-split Q8_0 output head -> soft_max, argmax, top_k; plans it on
+ * 3 CPU devices with tensor split 2,1,1 and rules by name, prints the plan
+ * report, runs it, runs the same graph on 1 device, and checks soft_max
+ * NMSE < 1e-6 and identical argmax and top_k. Then the error paths: a bad
+ * type id, NULL pointers, a shape mismatch in mul_mat, a tensor of another
+ * context, bad enum values, a rule the planner cannot honour, wrong output
+ * counts each return their code with a message from sg_last_error().
+ * Prints the struct layouts for the Rust side to compare.
+ *
+ * `tp engine TARGET DRAFTER N_PREDICT TOKEN...`: loads the target with the
+ * DFlash drafter on 2 CPU devices (names "CPU,CPU") and without a drafter on
+ * 1 device, generates greedily on both and prints the tokens; a seeded
+ * sampled generation repeats after sg_engine_reset.
+ *
+ * Exit status 0 when every check passes, 1 otherwise.
+ */
+#include "shardgraph.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        sg_status st_ = (call);                                                              \
+        if (st_ != SG_OK) {                                                                  \
+            fprintf(stderr, "%s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #call, (int)st_,    \
+                    sg_last_error());                                                        \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+/* A call expected to fail with `want` and a message containing `needle`. */
+#define EXPECT_ERR(want, needle, call) expect_err((want), (needle), (call), #call, __LINE__)
+
+static void expect_err(sg_status want, const char *needle, sg_status got, const char *what, int line) {
+    const char *msg = sg_last_error();
+    if (got != want || msg == NULL || strstr(msg, needle) == NULL) {
+        fprintf(stderr, "line %d: %s -> %d (want %d), message \"%s\" (want it to contain \"%s\")\n", line, what,
+                (int)got, (int)want, msg ? msg : "(null)", needle);
+        failures++;
+        return;
+    }
+    printf("error ok: %d %s\n", (int)got, msg);
+}
+
+static void expect(int ok, const char *what) {
+    if (!ok) {
+        fprintf(stderr, "check failed: %s\n", what);
+        failures++;
+    }
+}
+
+/* Deterministic values in [-1, 1]. */
+static float val(size_t i, unsigned seed) {
+    return (float)((unsigned)((i * 2654435761u + seed) % 2001u)) / 1000.0f - 1.0f;
+}
+
+enum { E = 64, F = 128, V = 512, T = 4, K = 5 };
+
+struct model {
+    sg_context *ctx;
+    sg_graph *graph;
+    sg_tensor leafs[6];
+    unsigned seeds[6];
+    sg_tensor outputs[3]; /* probs, best, top */
+};
+
+static sg_tensor named(sg_context *ctx, int32_t type, int32_t n_dims, int64_t ne0, int64_t ne1, const char *name) {
+    int64_t ne[2];
+    sg_tensor t;
+    ne[0] = ne0;
+    ne[1] = ne1;
+    CHECK(sg_new_tensor(ctx, type, n_dims, ne, name, &t));
+    return t;
+}
+
+static void build(struct model *m) {
+    sg_tensor x, nw, wg, wu, wd, head, xn, gate, up, act, down, h, logits;
+    int64_t ne[4];
+    size_t n_nodes, n_leafs;
+    int i;
+    CHECK(sg_context_new(&m->ctx));
+    x = named(m->ctx, SG_TYPE_F32, 2, E, T, "inp_embd");
+    CHECK(sg_set_input(m->ctx, x));
+    nw = named(m->ctx, SG_TYPE_F32, 1, E, 1, "blk.0.ffn_norm.weight");
+    wg = named(m->ctx, SG_TYPE_Q8_0, 2, E, F, "blk.0.ffn_gate.weight");
+    wu = named(m->ctx, SG_TYPE_Q8_0, 2, E, F, "blk.0.ffn_up.weight");
+    wd = named(m->ctx, SG_TYPE_Q8_0, 2, F, E, "blk.0.ffn_down.weight");
+    /* Unnamed at first: sg_set_name names it. */
+    CHECK(sg_new_tensor(m->ctx, SG_TYPE_Q8_0, 2, (const int64_t[]){E, V}, NULL, &head));
+    CHECK(sg_set_name(m->ctx, head, "output.weight"));
+
+    CHECK(sg_rms_norm(m->ctx, x, 1e-6f, &xn));
+    CHECK(sg_mul(m->ctx, xn, nw, &xn));
+    CHECK(sg_mul_mat(m->ctx, wg, xn, &gate));
+    CHECK(sg_mul_mat(m->ctx, wu, xn, &up));
+    CHECK(sg_swiglu_split(m->ctx, gate, up, &act));
+    CHECK(sg_mul_mat(m->ctx, wd, act, &down));
+    CHECK(sg_add(m->ctx, down, x, &h));
+    CHECK(sg_mul_mat(m->ctx, head, h, &logits)); /* [V, T], split on the vocabulary */
+    CHECK(sg_soft_max(m->ctx, logits, &m->outputs[0]));
+    CHECK(sg_argmax(m->ctx, logits, &m->outputs[1]));
+    CHECK(sg_top_k(m->ctx, logits, K, &m->outputs[2]));
+    for (i = 0; i < 3; i++) {
+        CHECK(sg_set_output(m->ctx, m->outputs[i]));
+    }
+    CHECK(sg_tensor_ne(m->ctx, logits, ne));
+    expect(ne[0] == V && ne[1] == T && ne[2] == 1 && ne[3] == 1, "logits are [V, T, 1, 1]");
+    {
+        int32_t ty = -1;
+        CHECK(sg_tensor_type(m->ctx, m->outputs[1], &ty));
+        expect(ty == SG_TYPE_I32, "argmax is I32");
+    }
+    CHECK(sg_graph_build(m->ctx, m->outputs, 3, &m->graph));
+    CHECK(sg_graph_size(m->graph, &n_nodes, &n_leafs));
+    printf("graph: %zu nodes, %zu leafs\n", n_nodes, n_leafs);
+    expect(n_leafs == 6, "6 leafs");
+
+    m->leafs[0] = x;
+    m->leafs[1] = nw;
+    m->leafs[2] = wg;
+    m->leafs[3] = wu;
+    m->leafs[4] = wd;
+    m->leafs[5] = head;
+    for (i = 0; i < 6; i++) {
+        m->seeds[i] = 7919u * (unsigned)(i + 1);
+    }
+}
+
+struct result {
+    float probs[V * T];
+    int32_t best[T];
+    int32_t top[K * T];
+    uint64_t moved, planned;
+    size_t repartitions;
+};
+
+/* Plans, loads and runs the model on n CPU devices with `ratios`. */
+static void run(const struct model *m, int n, const float *ratios, int print, struct result *r) {
+    sg_devices *devs;
+    sg_policy *pol;
+    sg_plan *plan;
+    sg_store *store;
+    sg_executor *exec;
+    sg_report *rep;
+    size_t count, needed, k, n_out;
+    int i;
+
+    CHECK(sg_devices_cpu(n, 1, &devs));
+    CHECK(sg_devices_set_tensor_split(devs, ratios, (size_t)n));
+    CHECK(sg_devices_count(devs, &count));
+    expect(count == (size_t)n, "device count");
+
+    /* llama.cpp's --split-mode tensor rules for these tensors. */
+    CHECK(sg_policy_new(devs, &pol));
+    CHECK(sg_policy_rule_axis(pol, "blk.*.ffn_gate.weight", 1, 32));
+    CHECK(sg_policy_rule_axis(pol, "blk.*.ffn_up.weight", 1, 32));
+    CHECK(sg_policy_rule_axis(pol, "blk.*.ffn_down.weight", 0, 32));
+    CHECK(sg_policy_rule_axis(pol, "output.weight", 1, 1));
+    CHECK(sg_policy_rule_mirrored(pol, "*norm*"));
+    CHECK(sg_plan_new(m->ctx, m->graph, pol, &plan));
+    CHECK(sg_plan_bytes_moved(plan, &r->planned));
+    CHECK(sg_plan_n_repartitions(plan, &r->repartitions));
+
+    /* The report, snprintf-style: ask for the length, then fetch. */
+    CHECK(sg_plan_describe(plan, m->ctx, m->graph, NULL, 0, &needed));
+    {
+        char *text = (char *)malloc(needed);
+        char small[10];
+        size_t again = 0;
+        expect(text != NULL, "malloc");
+        CHECK(sg_plan_describe(plan, m->ctx, m->graph, text, needed, &again));
+        expect(again == needed && strlen(text) + 1 == needed, "plan report length");
+        expect(strstr(text, "blk.0.ffn_gate.weight") != NULL, "the report names the weights");
+        if (print) {
+            printf("--- plan on %d devices ---\n%s--- end of plan ---\n", n, text);
+        }
+        /* A short buffer gets a cut, NUL-terminated prefix. */
+        CHECK(sg_plan_describe(plan, m->ctx, m->graph, small, sizeof small, &again));
+        expect(strlen(small) == sizeof small - 1 && strncmp(small, text, sizeof small - 1) == 0,
+               "a short buffer holds a prefix");
+        free(text);
+    }
+
+    CHECK(sg_store_new(devs, &store));
+    CHECK(sg_store_place_leafs(store, m->ctx, m->graph, plan));
+    for (i = 0; i < 6; i++) {
+        int64_t ne[4];
+        size_t nel, j;
+        float *v;
+        float *back;
+        double err = 0.0;
+        CHECK(sg_tensor_ne(m->ctx, m->leafs[i], ne));
+        nel = (size_t)(ne[0] * ne[1] * ne[2] * ne[3]);
+        v = (float *)malloc(nel * sizeof *v);
+        back = (float *)malloc(nel * sizeof *back);
+        expect(v != NULL && back != NULL, "malloc");
+        for (j = 0; j < nel; j++) {
+            v[j] = val(j, m->seeds[i]);
+            if (i == 1) {
+                v[j] = 1.0f + 0.1f * v[j]; /* norm weight near 1 */
+            }
+        }
+        CHECK(sg_store_set_f32(store, m->ctx, m->leafs[i], v, nel));
+        /* Read back through the split store: F32 exact, Q8_0 within half a
+         * quantization step plus the F16 rounding of the block scale d
+         * (values in [-1, 1]: d <= 1/127, |x - q*d16| <= d/2 + 127*d*2^-11). */
+        CHECK(sg_store_get_f32(store, m->ctx, m->leafs[i], back, nel));
+        for (j = 0; j < nel; j++) {
+            double d = fabs((double)back[j] - (double)v[j]);
+            err = d > err ? d : err;
+        }
+        if (print) {
+            printf("store read-back of leaf %d: max |error| %.3e\n", i, err);
+        }
+        expect(i < 2 ? err == 0.0 : err <= 1.0 / 254.0 + 1.0 / 2048.0, "store read-back");
+        free(v);
+        free(back);
+    }
+
+    CHECK(sg_executor_new(devs, &exec));
+    CHECK(sg_execute(exec, m->ctx, m->graph, plan, store, m->outputs, 3, &rep));
+    CHECK(sg_report_n_outputs(rep, &n_out));
+    expect(n_out == 3, "3 outputs");
+    CHECK(sg_report_output_f32(rep, 0, r->probs, V * T));
+    CHECK(sg_report_output_i32(rep, 1, r->best, T));
+    CHECK(sg_report_output_i32(rep, 2, r->top, K * T));
+    CHECK(sg_report_bytes_moved(rep, &r->moved));
+    CHECK(sg_report_output_bytes(rep, 1, NULL, 0, &k));
+    expect(k == T * sizeof(int32_t), "argmax bytes");
+    /* Errors of the report: a wrong count, a wrong type, an index past the end. */
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "elements", sg_report_output_f32(rep, 0, r->probs, V));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "not f32", sg_report_output_f32(rep, 1, r->probs, T));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "output 3", sg_report_output_i32(rep, 3, r->best, T));
+    CHECK(sg_report_free(rep));
+
+    /* A second run reuses the compiled program and gives the same result. */
+    {
+        int32_t best2[T];
+        CHECK(sg_execute(exec, m->ctx, m->graph, plan, store, &m->outputs[1], 1, &rep));
+        CHECK(sg_report_output_i32(rep, 0, best2, T));
+        expect(memcmp(best2, r->best, sizeof best2) == 0, "second run");
+        CHECK(sg_report_free(rep));
+    }
+
+    CHECK(sg_executor_free(exec));
+    CHECK(sg_store_free(store));
+    CHECK(sg_plan_free(plan));
+    CHECK(sg_policy_free(pol));
+    CHECK(sg_devices_free(devs));
+}
+
+static void error_paths(const struct model *m) {
+    sg_context *ctx, *other;
+    sg_tensor a, b, c, t;
+    sg_devices *devs;
+    sg_policy *pol;
+    sg_plan *plan = NULL;
+    const int64_t ne_a[2] = {64, 8};
+    const int64_t ne_b[2] = {32, 4};
+    const int64_t ne_partial[2] = {33, 4};
+    const char *name;
+
+    CHECK(sg_context_new(&ctx));
+    CHECK(sg_context_new(&other));
+    CHECK(sg_new_tensor(ctx, SG_TYPE_F32, 2, ne_a, "a", &a));
+    CHECK(sg_new_tensor(ctx, SG_TYPE_F32, 2, ne_b, "b", &b));
+    CHECK(sg_new_tensor(other, SG_TYPE_F32, 2, ne_a, "c", &c));
+
+    /* Bad type ids: outside ggml's enum, and one ggml had but this library does not implement. */
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "type id 1000", sg_new_tensor(ctx, 1000, 2, ne_a, NULL, &t));
+    EXPECT_ERR(SG_ERR_UNSUPPORTED, "id 4", sg_new_tensor(ctx, 4, 2, ne_a, NULL, &t));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "type id -1", sg_type_name(-1, &name));
+    CHECK(sg_type_name(SG_TYPE_Q4_K, &name));
+    expect(strcmp(name, "q4_K") == 0, "type name");
+    /* NULL pointers. */
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "ne is NULL", sg_new_tensor(ctx, SG_TYPE_F32, 2, NULL, NULL, &t));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "ctx is NULL", sg_mul_mat(NULL, a, b, &t));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "out is NULL", sg_mul_mat(ctx, a, b, NULL));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "out is NULL", sg_context_new(NULL));
+    /* Bad shapes. */
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "n_dims = 5", sg_new_tensor(ctx, SG_TYPE_F32, 5, ne_a, NULL, &t));
+    EXPECT_ERR(SG_ERR_SHAPE, "block size", sg_new_tensor(ctx, SG_TYPE_Q8_0, 2, ne_partial, NULL, &t));
+    /* A shape mismatch in mul_mat: K = 64 against K = 32. */
+    EXPECT_ERR(SG_ERR_INVALID_OPERAND, "mul_mat", sg_mul_mat(ctx, a, b, &t));
+    /* A tensor of another context; no tensor where one is needed. */
+    EXPECT_ERR(SG_ERR_FOREIGN_TENSOR, "context", sg_add(ctx, a, c, &t));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "SG_TENSOR_NONE", sg_add(ctx, a, SG_TENSOR_NONE, &t));
+    /* Bad enum values and strings. */
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "unary op 99", sg_unary(ctx, a, 99, &t));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "sort order", sg_argsort(ctx, a, 7, &t));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "not UTF-8", sg_set_name(ctx, a, "\xff\xfe"));
+    {
+        sg_rope_params p;
+        CHECK(sg_rope_params_default(&p));
+        p.mode = 3;
+        EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "rope mode 3", sg_rope_ext(ctx, a, b, SG_TENSOR_NONE, &p, &t));
+    }
+    /* The ops that succeed still work after failures, and the message stays until the next failure. */
+    CHECK(sg_unary(ctx, a, SG_UNARY_SILU, &t));
+    expect(strstr(sg_last_error(), "sg_rope_ext") != NULL, "the last error stays after a success");
+
+    /* Devices and policies. */
+    EXPECT_ERR(SG_ERR_SPLIT, "GPU7", sg_devices_open("CPU,GPU7", 1, &devs));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "threads = 0", sg_devices_cpu(2, 0, &devs));
+    CHECK(sg_devices_open("cpu, CPU", 1, &devs));
+    {
+        char dev_name[16];
+        size_t need = 0;
+        CHECK(sg_devices_name(devs, 1, dev_name, sizeof dev_name, &need));
+        printf("device 1: %s\n", dev_name);
+        expect(strncmp(dev_name, "CPU", 3) == 0 && need == strlen(dev_name) + 1, "device name");
+    }
+    EXPECT_ERR(SG_ERR_SPLIT, "ratio", sg_devices_set_tensor_split(devs, (const float[]){1.0f}, 1));
+    CHECK(sg_policy_new(devs, &pol));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "axis 4", sg_policy_rule_axis(pol, "x", 4, 1));
+    /* A Q8_0 row split on single elements: not on 32-element block boundaries. */
+    CHECK(sg_policy_rule_axis(pol, "blk.0.ffn_down.weight", 0, 1));
+    CHECK(sg_policy_rule_mirrored(pol, "*"));
+    EXPECT_ERR(SG_ERR_SPLIT, "blk.0.ffn_down.weight", sg_plan_new(m->ctx, m->graph, pol, &plan));
+    expect(plan == NULL, "no plan on failure");
+    /* A graph with another context. */
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "another context", sg_plan_new(ctx, m->graph, pol, &plan));
+    CHECK(sg_policy_free(pol));
+    CHECK(sg_devices_free(devs));
+
+    /* Free functions take NULL. */
+    CHECK(sg_graph_free(NULL));
+    CHECK(sg_context_free(other));
+    CHECK(sg_context_free(ctx));
+}
+
+static double nmse(const float *got, const float *want, size_t n) {
+    double num = 0.0, den = 0.0;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)want[i];
+        num += d * d;
+        den += (double)want[i] * (double)want[i];
+    }
+    return num / den;
+}
+
+static int graph_main(void) {
+    struct model m;
+    static struct result split, one;
+    const float ratios3[3] = {2.0f, 1.0f, 1.0f};
+    const float ratios1[1] = {1.0f};
+    double e;
+    int t;
+
+    printf("shardgraph %s (header %s)\n", sg_version(), SG_VERSION);
+    expect(strcmp(sg_version(), SG_VERSION) == 0, "library and header versions");
+    printf("layout: sg_rope_params %zu sg_engine_params %zu sg_sampler_params %zu sg_sampler_params.seed %zu "
+           "sg_spec_stats %zu sg_status %zu\n",
+           sizeof(sg_rope_params), sizeof(sg_engine_params), sizeof(sg_sampler_params),
+           offsetof(sg_sampler_params, seed), sizeof(sg_spec_stats), sizeof(sg_status));
+
+    build(&m);
+    run(&m, 3, ratios3, 1, &split);
+    run(&m, 1, ratios1, 0, &one);
+
+    e = nmse(split.probs, one.probs, V * T);
+    printf("3 devices (2,1,1): %zu repartitions, %llu bytes moved (plan: %llu); 1 device: %llu bytes moved\n",
+           split.repartitions, (unsigned long long)split.moved, (unsigned long long)split.planned,
+           (unsigned long long)one.moved);
+    printf("soft_max NMSE vs 1 device: %.3e\n", e);
+    printf("argmax:");
+    for (t = 0; t < T; t++) {
+        printf(" %d/%d", (int)split.best[t], (int)one.best[t]);
+    }
+    printf("\n");
+    expect(e < 1e-6, "soft_max NMSE < 1e-6");
+    expect(memcmp(split.best, one.best, sizeof split.best) == 0, "identical argmax");
+    expect(memcmp(split.top, one.top, sizeof split.top) == 0, "identical top_k");
+    expect(split.moved == split.planned && split.moved > 0, "bytes moved as planned");
+    expect(one.moved == 0 && one.repartitions == 0, "one device moves nothing");
+    {
+        double sum = 0.0;
+        int i;
+        for (i = 0; i < V; i++) {
+            sum += split.probs[i];
+        }
+        expect(fabs(sum - 1.0) < 1e-4, "a soft_max row sums to 1");
+    }
+    printf("argmax identical: %s\n", memcmp(split.best, one.best, sizeof split.best) == 0 ? "yes" : "no");
+
+    error_paths(&m);
+
+    CHECK(sg_graph_free(m.graph));
+    CHECK(sg_context_free(m.ctx));
+    return failures == 0 ? 0 : 1;
+}
+
+static void print_tokens(const char *label, const int32_t *tokens, size_t n) {
+    size_t i;
+    printf("%s:", label);
+    for (i = 0; i < n; i++) {
+        printf(" %d", (int)tokens[i]);
+    }
+    printf("\n");
+}
+
+static int engine_main(int argc, char **argv) {
+    const char *target = argv[2];
+    const char *drafter = argv[3];
+    size_t n_predict = (size_t)atoi(argv[4]);
+    size_t n_prompt = (size_t)(argc - 5);
+    int32_t prompt[64];
+    int32_t *spec_tokens, *plain_tokens, *sampled, *sampled2;
+    size_t i, n_out = 0, n_plain = 0, n_s = 0;
+    sg_devices *two, *one;
+    sg_engine *spec, *plain;
+    sg_engine_params params;
+    sg_sampler_params sp;
+    sg_spec_stats stats;
+    int64_t n_past = 0, n_vocab = 0;
+    uint64_t moved = 0;
+
+    if (n_prompt == 0 || n_prompt > 64) {
+        fprintf(stderr, "1 to 64 prompt tokens\n");
+        return 1;
+    }
+    for (i = 0; i < n_prompt; i++) {
+        prompt[i] = (int32_t)atoi(argv[5 + i]);
+    }
+    spec_tokens = (int32_t *)calloc(n_predict + 1, sizeof(int32_t));
+    plain_tokens = (int32_t *)calloc(n_predict + 1, sizeof(int32_t));
+    sampled = (int32_t *)calloc(n_predict + 1, sizeof(int32_t));
+    sampled2 = (int32_t *)calloc(n_predict + 1, sizeof(int32_t));
+    expect(spec_tokens && plain_tokens && sampled && sampled2, "calloc");
+
+    CHECK(sg_engine_params_default(&params));
+    params.ctx_size = (int64_t)(n_prompt + n_predict);
+
+    /* The drafter on 2 devices (by name), split 1:1. */
+    CHECK(sg_devices_open("CPU,CPU", 1, &two));
+    CHECK(sg_devices_set_tensor_split(two, (const float[]){1.0f, 1.0f}, 2));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "needs draft_path",
+               sg_engine_load(two, target, SG_DRAFT_GGUF, NULL, &params, &spec));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "draft kind 9", sg_engine_load(two, target, 9, NULL, &params, &spec));
+    EXPECT_ERR(SG_ERR_GGUF, "no-such-file.gguf",
+               sg_engine_load(two, "no-such-file.gguf", SG_DRAFT_NONE, NULL, &params, &spec));
+    CHECK(sg_engine_load(two, target, SG_DRAFT_GGUF, drafter, &params, &spec));
+    CHECK(sg_engine_n_vocab(spec, &n_vocab));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "out_cap",
+               sg_engine_generate(spec, prompt, n_prompt, n_predict, NULL, spec_tokens, n_predict - 1, &n_out, NULL));
+    CHECK(sg_engine_generate(spec, prompt, n_prompt, n_predict, NULL, spec_tokens, n_predict + 1, &n_out, &stats));
+    CHECK(sg_engine_n_past(spec, &n_past));
+    CHECK(sg_engine_bytes_moved(spec, &moved));
+    print_tokens("engine dflash 2 devices", spec_tokens, n_out);
+    printf("stats: drafted %llu accepted %llu target_steps %llu, n_past %lld, n_vocab %lld, bytes moved %llu\n",
+           (unsigned long long)stats.drafted, (unsigned long long)stats.accepted,
+           (unsigned long long)stats.target_steps, (long long)n_past, (long long)n_vocab, (unsigned long long)moved);
+    expect(n_out == n_predict, "n_predict tokens");
+    expect(stats.drafted > 0 && moved > 0, "drafts on 2 devices");
+    /* The context is full now: one more token is refused before decoding. */
+    EXPECT_ERR(SG_ERR_MODEL, "ctx_size", sg_engine_generate(spec, prompt, 1, 1, NULL, spec_tokens, 1, &n_out, NULL));
+
+    /* A seeded sampled generation repeats after a reset. */
+    CHECK(sg_sampler_params_default(&sp));
+    sp.temp = 0.8f;
+    sp.seed = 1234;
+    CHECK(sg_engine_reset(spec));
+    CHECK(sg_engine_generate(spec, prompt, n_prompt, n_predict, &sp, sampled, n_predict, &n_s, NULL));
+    CHECK(sg_engine_reset(spec));
+    CHECK(sg_engine_generate(spec, prompt, n_prompt, n_predict, &sp, sampled2, n_predict, &n_s, NULL));
+    print_tokens("engine sampled", sampled, n_s);
+    expect(memcmp(sampled, sampled2, n_predict * sizeof(int32_t)) == 0, "a seeded generation repeats");
+    sp.top_p = 2.0f;
+    EXPECT_ERR(SG_ERR_MODEL, "top_p", sg_engine_generate(spec, prompt, n_prompt, 1, &sp, sampled, 1, &n_s, NULL));
+    CHECK(sg_engine_free(spec));
+    CHECK(sg_devices_free(two));
+
+    /* No drafter on 1 device. */
+    CHECK(sg_devices_cpu(1, 1, &one));
+    CHECK(sg_engine_load(one, target, SG_DRAFT_NONE, NULL, NULL, &plain));
+    CHECK(sg_engine_generate(plain, prompt, n_prompt, n_predict, NULL, plain_tokens, n_predict, &n_plain, NULL));
+    print_tokens("engine plain 1 device", plain_tokens, n_plain);
+    expect(n_plain == n_out && memcmp(plain_tokens, spec_tokens, n_out * sizeof(int32_t)) == 0,
+           "speculative greedy equals plain greedy");
+    CHECK(sg_engine_free(plain));
+    CHECK(sg_devices_free(one));
+
+    free(spec_tokens);
+    free(plain_tokens);
+    free(sampled);
+    free(sampled2);
+    return failures == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    int rc;
+    if (argc >= 6 && strcmp(argv[1], "engine") == 0) {
+        rc = engine_main(argc, argv);
+    } else if (argc == 1) {
+        rc = graph_main();
+    } else {
+        fprintf(stderr, "usage: %s | %s engine TARGET DRAFTER N_PREDICT TOKEN...\n", argv[0], argv[0]);
+        return 2;
+    }
+    printf("%s (%d failed checks)\n", rc == 0 ? "ALL OK" : "FAILED", failures);
+    return rc;
+}
