@@ -273,10 +273,10 @@ impl TensorStorage {
 pub(crate) fn encode_f32(ty: GgmlType, data: &[f32], ne0: usize) -> Result<Vec<u8>> {
     Ok(match ty {
         GgmlType::F32 => bytemuck::cast_slice(data).to_vec(),
-        GgmlType::F16 => data.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes()).collect(),
-        GgmlType::BF16 => data.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
         GgmlType::F64 => data.iter().flat_map(|&x| (x as f64).to_le_bytes()).collect(),
-        t if t.is_quantized() => {
+        // F16/BF16 through the same conversion as the quant types (ggml's: a
+        // NaN becomes the canonical quiet NaN, as `SplitStore::set_f32` writes).
+        t if t.is_quantized() || t == GgmlType::F16 || t == GgmlType::BF16 => {
             let nrows = data.len().checked_div(ne0).unwrap_or(0);
             let rs = t.row_size(ne0 as i64)?;
             let mut out = vec![0u8; rs * nrows];

@@ -100,7 +100,7 @@ impl Plan {
         let mut s = String::from("tensors:\n");
         for &id in graph.leafs().iter().chain(graph.nodes()) {
             let t = ctx.tensor(id)?;
-            let name = if t.name.is_empty() { format!("#{}", id.index()) } else { t.name.clone() };
+            let name = ctx.display_name(id);
             let st = self.state(id).cloned().unwrap_or(SplitState::Mirrored);
             let ext = match &st {
                 SplitState::Split(a) => {
