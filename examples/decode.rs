@@ -18,7 +18,7 @@
 //! decode step: tokens, position, bytes moved, time.
 
 use shardgraph::GgmlType;
-use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
+use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
 use shardgraph_models::generate::{write_qwen3_gguf_progress, Weights};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
@@ -80,6 +80,7 @@ fn run() -> shardgraph::Result<()> {
         bad(format!("no context can hold {n_prompt} prompt and {n_tokens} generated tokens"))
     };
     spec::ctx_request(&args, 4096, needed);
+    let devices = spec::open_devices(&args, &ratios, threads)?;
     let path = match spec::given_file(&args, "--model") {
         Some(p) => p,
         None => {
@@ -96,17 +97,19 @@ fn run() -> shardgraph::Result<()> {
     // The model's dimensions come from the file (the generated one or --model).
     let file = shardgraph::gguf::GgufFile::open(&path)?;
     let (hp, types) = (Qwen3Hparams::from_gguf(&file)?, Qwen3Types::from_gguf(&file)?);
-    let ctx_size = spec::ctx_size(&args, 4096, needed, threads, || {
-        Ok(FitSpec {
+    let ctx_size = spec::ctx_size(&args, 4096, needed, |max| {
+        let spec = FitSpec {
             target: FitTarget::Qwen3 { hp: hp.clone(), types },
             draft: FitDraft::None,
             kv_type: GgmlType::F16,
             ratios: ratios.clone(),
             n_batch: n_prompt.min(ubatch) as i64,
             snapshot_slots: 0,
-        })
+        };
+        let max = if max > 0 { max } else { spec.max_ctx() }.max(CTX_STEP);
+        fit_ctx_size(&spec, max, &devices.executor()?)
     })?;
-    let mut s = Qwen3Session::from_file(&file, &ratios, threads, GgmlType::F16, ctx_size)?;
+    let mut s = Qwen3Session::load_file(&file, &devices, GgmlType::F16, ctx_size)?;
     drop(file);
     let prompt: Vec<i32> = (0..n_prompt).map(|i| ((i * 97 + 5) % hp.n_vocab as usize) as i32).collect();
     // Warm-up, as llama.cpp's context creation: the weights move onto the

@@ -1,6 +1,7 @@
 //! The main job: speculative decoding with a DFlash2 drafter (block
 //! diffusion, dynamic convolutions, candidate selector) and a `qwen3`
-//! target, tensor-parallel on N CPU devices.
+//! target, tensor-parallel on N devices (CPU by default), through
+//! `shardgraph_models::engine::Engine` on `shardgraph::split::Devices`.
 //!
 //! `cargo run --release --example dflash2 -- --devices 2 --tensor-split 1,1 --verify`
 //!
@@ -9,11 +10,15 @@
 //! layout whose greedy continuation follows a vocabulary permutation except
 //! where its first layer's attention settles on an earlier token, and a
 //! 66 MB Q8_0 DFlash2 drafter built to predict the permutation (so it is
-//! right often, and wrong where the target's attention intervenes). It then decodes the same
-//! prompt twice on the same devices — plain greedy, then speculative — and
-//! prints tokens/s, drafted and accepted counts and the speed-up; with
-//! `--verify` it checks the speculative output against plain greedy
-//! decoding on one device and ends with `verify: identical`.
+//! right often, and wrong where the target's attention intervenes). It then
+//! decodes the same prompt twice on the same devices — plain, then
+//! speculative, each after a short warm-up — and prints tokens/s, drafted
+//! and accepted counts and the speed-up; greedy (the default) the two
+//! outputs must be equal, and with `--verify` it checks the speculative
+//! output against plain greedy decoding on one CPU device and ends with
+//! `verify: identical`. With `--temp` above 0 both runs sample (the
+//! speculative one by speculative sampling, so its tokens have the
+//! target's distribution but are other draws), and `--verify` is refused.
 //!
 //! `--target qwen35` runs the same against the example `qwen35` hybrid
 //! (Gated-DeltaNet and gated attention layers; ~175 MB, Q8_0, written on
@@ -21,37 +26,42 @@
 //! rolled back after rejected drafts.
 //!
 //! Options (llama.cpp's names where it has one):
-//! `--target qwen3|qwen35` (default qwen3), `--devices N` (default 2), `--tensor-split r0,r1,..` (default equal),
-//! `--split-mode none|tensor` (default tensor; `none` runs on one device),
-//! `--device CPU|CUDA<i>|EMU,..` (one name per device, default CPU; naming a
-//! GPU k times gives k virtual devices on it; needs `--features cuda`, EMU
-//! `--features cuda-emu`; `--verify` then compares with a one-device CPU run),
+//! `--target qwen3|qwen35` (default qwen3), `--devices N` (default 2),
+//! `--tensor-split r0,r1,..` (default equal), `--split-mode none|tensor`
+//! (default tensor; `none` runs on one device),
+//! `--device CPU|CUDA<i>|HIP<i>|EMU|EMUHIP,..` (one name per device, default
+//! CPU; naming a GPU k times gives k virtual devices on it; needs
+//! `--features cuda` / `hip`, EMU and EMUHIP `--features cuda-emu`;
+//! `--verify` then compares with a one-device CPU run),
 //! `--spec-draft-n-max` (default: the drafter's block size − 1),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
 //! `--cache-type-k f16|q8_0|q4_0` (KV caches of both models, default f16),
 //! `--n-predict` (tokens to generate, default 96), `--ctx-size` (KV cells
-//! of the target and the drafter, default the fewest the run needs),
-//! `--fit on|off` (on: the largest context of 256-cell steps that fits
-//! every device, at most `--ctx-size` or the training context, sized from
-//! the plans before anything is allocated; default off), `--threads` (per
-//! device, default 1, at most 1024), `--model PATH`, `--model-draft PATH`,
-//! `--verify`.
+//! for the prompt and the generated tokens, default what the run needs: 16
+//! plus `--n-predict`; every cache gets the drafter's block on top),
+//! `--fit on|off` (on: the largest context that fits every device, caches
+//! in steps of 256 cells, at most `--ctx-size` or the training context,
+//! sized from the plans before anything is allocated; default off),
+//! `--threads` (per device, default 1, at most 1024), `--temp` (default 0:
+//! greedy; above 0 samples with `--top-k` (default 40), `--top-p` (default
+//! 0.95), `--min-p` (default 0.05) and `--seed` (default 4294967295), and
+//! speculative sampling keeps the target's distribution), `--model PATH`,
+//! `--model-draft PATH` (a DFlash or DFlash2 GGUF), `--verify` (greedy
+//! only).
 //! `RUST_LOG=debug` logs every speculative step.
 
-use shardgraph::gguf::GgufFile;
 use shardgraph::GgmlType;
-use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
-use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
+use shardgraph_models::dflash::DflashHparams;
+use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen3_gguf_progress, Weights};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
 use shardgraph_models::speculative::SpecParams;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 #[path = "common/spec.rs"]
 mod spec;
-use spec::{arg, bench, check_options, parsed, progress, Bench};
+use spec::{arg, check_options, parsed, progress, Bench};
 
 /// The options this example takes (each followed by a value, except `--verify`).
 const OPTIONS: &[&str] = &[
@@ -68,6 +78,11 @@ const OPTIONS: &[&str] = &[
     "--ctx-size",
     "--fit",
     "--threads",
+    "--temp",
+    "--top-k",
+    "--top-p",
+    "--min-p",
+    "--seed",
     "--model",
     "--model-draft",
 ];
@@ -132,71 +147,61 @@ fn run() -> shardgraph::Result<()> {
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);
     let n_min: usize = parsed(&args, "--spec-draft-n-min", 0);
     spec::check_counts(n_gen, threads, n_min.max(1), n_min, p_min);
+    let sampler = spec::sampler(&args);
     let verify = args.iter().any(|a| a == "--verify");
+    spec::check_verify(verify, &sampler);
+    let target_kind = arg(&args, "--target").unwrap_or_else(|| "qwen3".into());
+    if target_kind != "qwen3" && target_kind != "qwen35" {
+        eprintln!("--target {target_kind}: use qwen3 or qwen35");
+        std::process::exit(2);
+    }
+    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
+    // Cells for the prompt and the generated tokens (the engine adds the drafter's block).
+    let need = (prompt.len() + n_gen) as i64;
+    // --ctx-size and --device before any output or work.
+    spec::ctx_request(&args, need, need);
+    let devices = spec::open_devices(&args, &ratios, threads)?;
     // The example models are generated when absent; paths given by the user must exist.
     let dir = std::env::temp_dir();
     let given = |name: &str| spec::given_file(&args, name);
-    let target_kind = arg(&args, "--target").unwrap_or_else(|| "qwen3".into());
-    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
-    // --ctx-size before any output (a drafter's block adds at least 2 cells).
-    spec::ctx_request(&args, 0, (prompt.len() + n_gen + 2) as i64);
-    let describe = |target: &PathBuf, draft: &PathBuf| {
-        println!(
-            "target {}, drafter {} (DFlash2), KV cache {kv_type}",
-            target.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
-            draft.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
-        );
-        println!(
-            "{n} device(s), --split-mode {mode}{}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated",
-            if mode == "none" { " (one device; --devices and --tensor-split ignored)" } else { "" },
-            prompt.len()
-        );
+    let (target, draft_path) = if target_kind == "qwen3" {
+        let target = match given("--model") {
+            Some(p) => p,
+            None => {
+                let p = dir.join("shardgraph-example-qwen3-q4_k_m.gguf");
+                ensure_target(&p)?;
+                p
+            }
+        };
+        let draft = match given("--model-draft") {
+            Some(p) => p,
+            None => {
+                let p = dir.join("shardgraph-example-dflash2-q8_0.gguf");
+                ensure_drafter(&p)?;
+                p
+            }
+        };
+        (target, draft)
+    } else {
+        let target = match given("--model") {
+            Some(p) => p,
+            None => {
+                let p = dir.join("shardgraph-example-qwen35-q8_0.gguf");
+                spec::ensure_qwen35(&p)?;
+                p
+            }
+        };
+        let draft = match given("--model-draft") {
+            Some(p) => p,
+            None => {
+                let p = dir.join("shardgraph-example-dflash2-qwen35-q8_0.gguf");
+                spec::ensure_qwen35_drafter(&p)?;
+                p
+            }
+        };
+        (target, draft)
     };
-    let (target, draft_path) = match target_kind.as_str() {
-        "qwen3" => {
-            let target = match given("--model") {
-                Some(p) => p,
-                None => {
-                    let p = dir.join("shardgraph-example-qwen3-q4_k_m.gguf");
-                    ensure_target(&p)?;
-                    p
-                }
-            };
-            let draft = match given("--model-draft") {
-                Some(p) => p,
-                None => {
-                    let p = dir.join("shardgraph-example-dflash2-q8_0.gguf");
-                    ensure_drafter(&p)?;
-                    p
-                }
-            };
-            (target, draft)
-        }
-        "qwen35" => {
-            let target = match given("--model") {
-                Some(p) => p,
-                None => {
-                    let p = dir.join("shardgraph-example-qwen35-q8_0.gguf");
-                    spec::ensure_qwen35(&p)?;
-                    p
-                }
-            };
-            let draft = match given("--model-draft") {
-                Some(p) => p,
-                None => {
-                    let p = dir.join("shardgraph-example-dflash2-qwen35-q8_0.gguf");
-                    spec::ensure_qwen35_drafter(&p)?;
-                    p
-                }
-            };
-            (target, draft)
-        }
-        other => {
-            eprintln!("--target {other}: use qwen3 or qwen35");
-            std::process::exit(2);
-        }
-    };
-    // Check the drafter's metadata before spending time on the baseline.
+    // The drafter's block before spending time on the baseline (the engine checks the rest).
     let dhp = DflashHparams::from_gguf(&shardgraph::gguf::GgufFile::open(&draft_path)?)?;
     if dhp.block_size < 2 {
         eprintln!("{}: block_size {} leaves nothing to draft", draft_path.display(), dhp.block_size);
@@ -208,53 +213,39 @@ fn run() -> shardgraph::Result<()> {
         eprintln!("--spec-draft-n-max {asked} capped at {n_max} (the drafter's block size {} − 1)", dhp.block_size);
     }
     spec::check_counts(n_gen, threads, n_max, n_min, p_min);
-    // Cache cells for the prompt, the generated tokens and one block beyond them.
-    let need = (prompt.len() + n_gen + dhp.block_size + 1) as i64;
-    let kv_size = spec::ctx_size(&args, need, need, threads, || {
-        let (t, d) = (GgufFile::open(&target)?, GgufFile::open(&draft_path)?);
-        let draft = FitDraft::Dflash { hp: dhp.clone(), weight_type: d.tensor("blk.0.attn_q.weight")?.info.ty };
-        let target = if target_kind == "qwen3" {
-            FitTarget::Qwen3 { hp: Qwen3Hparams::from_gguf(&t)?, types: Qwen3Types::from_gguf(&t)? }
-        } else {
-            let hp = Qwen35Hparams::from_gguf(&t)?;
-            FitTarget::Qwen35 { types: Qwen35Types::from_gguf(&t, &hp)?, hp }
-        };
-        Ok(FitSpec { target, draft, kv_type, ratios: ratios.clone(), n_batch: prompt.len() as i64, snapshot_slots: 0 })
+    let draft = DraftModel::Gguf(draft_path.clone());
+    let params = EngineParams { ctx_size: need, cache_type_k: kv_type, spec: SpecParams { n_max, n_min }, p_min };
+    let ctx_size = spec::ctx_size(&args, need, need, |max| {
+        Engine::fit_ctx_size(&devices, &target, &draft, &EngineParams { ctx_size: max, ..params }, prompt.len() as i64)
     })?;
-    let b = Bench {
-        ratios: ratios.clone(),
-        prompt: prompt.clone(),
+    println!(
+        "target {}, drafter {} ({}), KV cache {kv_type}, ctx-size {ctx_size} (+ the block of {} in every cache)",
+        name(&target),
+        name(&draft_path),
+        if dhp.conv.is_some() || dhp.selector.is_some() { "DFlash2" } else { "DFlash" },
+        dhp.block_size
+    );
+    println!(
+        "{n} device(s) {:?}, --split-mode {mode}{}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated, {}",
+        devices.names(),
+        if mode == "none" { " (one device; --devices and --tensor-split ignored)" } else { "" },
+        prompt.len(),
+        spec::describe_sampler(&sampler)
+    );
+    spec::bench(&Bench {
+        devices: &devices,
+        model: &target,
+        draft,
+        params: EngineParams { ctx_size, ..params },
+        prompt,
         n_gen,
-        params: SpecParams { n_max, n_min },
+        sampler,
         verify,
-        label: "dflash2",
-        accelerated: spec::backends(&args, n)?.is_some(),
-    };
-    describe(&target, &draft_path);
-    if target_kind == "qwen3" {
-        bench::<Qwen3Session>(
-            &b,
-            &|r| {
-                let mut s = Qwen3Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
-                spec::use_devices(&args, &mut s.runner, r.len())?;
-                Ok(s)
-            },
-            &|| Qwen3Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),
-            &|s| Ok(Box::new(DflashDrafter::attach_gguf(s, &draft_path, kv_type, p_min)?)),
-            &|s| s.runner.bytes_moved,
-        )?;
-    } else {
-        bench::<Qwen35Session>(
-            &b,
-            &|r| {
-                let mut s = Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
-                spec::use_devices(&args, &mut s.runner, r.len())?;
-                Ok(s)
-            },
-            &|| Qwen35Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),
-            &|s| Ok(Box::new(DflashDrafter::attach_gguf(s, &draft_path, kv_type, p_min)?)),
-            &|s| s.runner.bytes_moved,
-        )?;
-    }
-    Ok(())
+        threads,
+    })
+}
+
+/// A path's file name, for the report.
+fn name(p: &Path) -> &str {
+    p.file_name().and_then(|f| f.to_str()).unwrap_or("?")
 }

@@ -1,5 +1,7 @@
 //! Speculative decoding with a `qwen35` target's own MTP (NextN) head
-//! (llama.cpp's `--spec-type draft-mtp`), tensor-parallel on N CPU devices.
+//! (llama.cpp's `--spec-type draft-mtp`), tensor-parallel on N devices (CPU
+//! by default), through `shardgraph_models::engine::Engine` on
+//! `shardgraph::split::Devices`.
 //!
 //! `cargo run --release --example mtp -- --devices 3 --tensor-split 1,1,1 --verify`
 //!
@@ -7,21 +9,27 @@
 //! (8 layers: 6 Gated-DeltaNet + 2 gated attention, n_embd 1024, vocabulary
 //! 8192, an MTP layer; Q8_0, ~175 MB; its greedy continuation follows a
 //! vocabulary permutation, which the MTP head predicts). It decodes the same
-//! prompt plain-greedy and then with MTP drafting on the same devices,
-//! prints tokens/s, drafted and accepted counts and the speed-up, and with
-//! `--verify` checks the output against plain greedy decoding on one device
-//! (`verify: identical`).
+//! prompt plain and then with MTP drafting on the same devices (each after
+//! a short warm-up), prints tokens/s, drafted and accepted counts and the
+//! speed-up, and greedy (the default) checks that the two outputs are equal
+//! and with `--verify` that they equal plain greedy decoding on one CPU
+//! device (`verify: identical`). With `--temp` above 0 both runs sample
+//! (speculative sampling keeps the target's distribution, with other
+//! draws), and `--verify` is refused.
 //!
 //! Options: `--devices N` (default 3), `--tensor-split r0,r1,..` (default
-//! equal), `--split-mode none|tensor`, `--device CPU|CUDA<i>|EMU,..` (as in
-//! the dflash2 example), `--spec-draft-n-max` (default 3),
+//! equal), `--split-mode none|tensor`, `--device CPU|CUDA<i>|HIP<i>|EMU|EMUHIP,..`
+//! (as in the dflash2 example), `--spec-draft-n-max` (default 3),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
 //! `--cache-type-k f16|q8_0|q4_0`, `--n-predict` (default 96), `--ctx-size`
-//! and `--fit on|off` (as in the dflash2 example), `--threads`,
-//! `--model PATH`, `--verify`.
+//! (cells for the prompt and the generated tokens, default 16 +
+//! `--n-predict`; the caches get `n_max + 1` more) and `--fit on|off` (as in
+//! the dflash2 example), `--threads`, `--temp` (default 0: greedy),
+//! `--top-k` (default 40), `--top-p` (default 0.95), `--min-p` (default
+//! 0.05), `--seed` (default 4294967295), `--model PATH` (a `qwen35` GGUF
+//! with an MTP layer), `--verify` (greedy only).
 
-use shardgraph_models::mtp::MtpDrafter;
-use shardgraph_models::qwen35::Qwen35Session;
+use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::speculative::SpecParams;
 
 #[path = "common/spec.rs"]
@@ -41,6 +49,11 @@ const OPTIONS: &[&str] = &[
     "--ctx-size",
     "--fit",
     "--threads",
+    "--temp",
+    "--top-k",
+    "--top-p",
+    "--min-p",
+    "--seed",
     "--model",
 ];
 
@@ -64,7 +77,15 @@ fn run() -> shardgraph::Result<()> {
     let n_min: usize = parsed(&args, "--spec-draft-n-min", 0);
     let n_max: usize = parsed(&args, "--spec-draft-n-max", 3);
     spec::check_counts(n_gen, threads, n_max, n_min, p_min);
+    let sampler = spec::sampler(&args);
     let verify = args.iter().any(|a| a == "--verify");
+    spec::check_verify(verify, &sampler);
+    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
+    // Cells for the prompt and the generated tokens (the engine adds a draft's).
+    let need = (prompt.len() + n_gen) as i64;
+    // --ctx-size and --device before any output or work.
+    spec::ctx_request(&args, need, need);
+    let devices = spec::open_devices(&args, &ratios, threads)?;
     let target = match spec::given_file(&args, "--model") {
         Some(p) => p,
         None => {
@@ -73,46 +94,32 @@ fn run() -> shardgraph::Result<()> {
             p
         }
     };
-    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
-    // Cache cells for the prompt, the generated tokens and one draft beyond them.
-    // The model's metadata before anything is printed about it.
-    let file = shardgraph::gguf::GgufFile::open(&target)?;
-    let hp = shardgraph_models::qwen35::Qwen35Hparams::from_gguf(&file)?;
-    let need = (prompt.len() + n_gen + n_max + 1) as i64;
-    let kv_size = spec::ctx_size(&args, need, need, threads, || {
-        use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
-        let types = shardgraph_models::qwen35::Qwen35Types::from_gguf(&file, &hp)?;
-        Ok(FitSpec {
-            target: FitTarget::Qwen35 { hp: hp.clone(), types },
-            draft: FitDraft::Mtp { n_max },
-            kv_type,
-            ratios: ratios.clone(),
-            n_batch: prompt.len() as i64,
-            snapshot_slots: 0,
-        })
+    let params = EngineParams { ctx_size: need, cache_type_k: kv_type, spec: SpecParams { n_max, n_min }, p_min };
+    let ctx_size = spec::ctx_size(&args, need, need, |max| {
+        let fit = EngineParams { ctx_size: max, ..params };
+        Engine::fit_ctx_size(&devices, &target, &DraftModel::Mtp, &fit, prompt.len() as i64)
     })?;
-    drop(file);
     println!(
-        "target {} (qwen35 with its MTP layer), KV cache {kv_type}",
-        target.file_name().and_then(|f| f.to_str()).unwrap_or("?")
+        "target {} (qwen35 with its MTP layer), KV cache {kv_type}, ctx-size {ctx_size} (+ {} cells for a draft)",
+        target.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
+        n_max + 1
     );
     println!(
-        "{n} device(s), --split-mode {mode}{}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated",
+        "{n} device(s) {:?}, --split-mode {mode}{}, tensor split {ratios:?}, {threads} thread(s) each; prompt {} tokens, {n_gen} generated, {}",
+        devices.names(),
         if mode == "none" { " (one device; --devices and --tensor-split ignored)" } else { "" },
-        prompt.len()
+        prompt.len(),
+        spec::describe_sampler(&sampler)
     );
-    let accelerated = spec::backends(&args, n)?.is_some();
-    let b =
-        spec::Bench { ratios, prompt, n_gen, params: SpecParams { n_max, n_min }, verify, label: "mtp", accelerated };
-    spec::bench::<Qwen35Session>(
-        &b,
-        &|r| {
-            let mut s = Qwen35Session::from_gguf(&target, r, threads, kv_type, kv_size)?;
-            spec::use_devices(&args, &mut s.runner, r.len())?;
-            Ok(s)
-        },
-        &|| Qwen35Session::from_gguf(&target, &[1.0], threads, kv_type, kv_size),
-        &|s| Ok(Box::new(MtpDrafter::new(s, p_min)?)),
-        &|s| s.runner.bytes_moved,
-    )
+    spec::bench(&spec::Bench {
+        devices: &devices,
+        model: &target,
+        draft: DraftModel::Mtp,
+        params: EngineParams { ctx_size, ..params },
+        prompt,
+        n_gen,
+        sampler,
+        verify,
+        threads,
+    })
 }

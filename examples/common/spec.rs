@@ -1,20 +1,19 @@
-//! What the speculative-decoding examples share: the generated example
-//! models, a progress display, and the measurement (plain greedy, then
-//! speculative, on the same devices; optional check against one device).
+//! What the speculative-decoding examples share: option parsing (devices,
+//! context, sampling), the generated example models, a progress display,
+//! and the measurement with [`Engine`] (plain, then speculative, on the same
+//! devices; optional check against one device).
 
 #![allow(dead_code)] // each example uses part of it
 
-use shardgraph::split::MetaExecutor;
-use shardgraph::{Backend, GgmlType};
+use shardgraph::split::Devices;
+use shardgraph::GgmlType;
 use shardgraph_models::dflash::DflashHparams;
-use shardgraph_models::fit::{fit_ctx_size, FitSpec, CTX_STEP};
+use shardgraph_models::engine::{DraftModel, Engine, EngineParams, Generation};
 use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
-use shardgraph_models::runner::Runner;
-use shardgraph_models::speculative::{generate, Drafter, SpecParams, SpecStats, Target};
+use shardgraph_models::sampling::SamplerParams;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// The value after option `name`, if given.
@@ -59,9 +58,6 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
             }
         }
     }
-    if let Some(list) = arg(args, "--device") {
-        device_names(&list);
-    }
 }
 
 /// The most devices a tensor split takes (the library's limit).
@@ -104,192 +100,90 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
     (ratios, mode)
 }
 
-/// `--device` (llama.cpp's option): comma-separated device names, one per
-/// device of the tensor split: `CPU` (the default for every device),
-/// `CUDA<i>` (NVIDIA GPU `i`; `--features cuda`), `HIP<i>` (AMD GPU `i`;
-/// `--features hip`) — a GPU named k times gives k virtual devices on it,
-/// each with its own stream and share of memory — `EMU` (an emulated
-/// NVIDIA GPU: the kernels as host C++, slow) and `EMUHIP` (an emulated AMD
-/// CDNA GPU, 64-wide waves), both `--features cuda-emu`. Returns the
-/// devices to run on, or `None` for CPU devices; exits with status 2 on a
-/// name this build cannot open ([`check_options`] checks the names first,
-/// before any work).
-pub fn backends(args: &[String], n: usize) -> shardgraph::Result<Option<Vec<Arc<dyn Backend>>>> {
-    let Some(list) = arg(args, "--device") else { return Ok(None) };
-    let mut names: Vec<Device> = device_names(&list);
-    if names.len() != n {
-        if n != 1 {
-            eprintln!("--device names {} device(s) for {n}", names.len());
-            std::process::exit(2);
+/// The devices of the run (llama.cpp's `--device`, `--devices`,
+/// `--tensor-split`, `--threads`): `ratios` from [`devices`], one device per
+/// ratio. `--device` lists comma-separated names, one per device: `CPU` (the
+/// default for every device), `CUDA<i>` (NVIDIA GPU `i`; `--features
+/// cuda`), `HIP<i>` (AMD GPU `i`; `--features hip`) — a GPU named k times
+/// gives k virtual devices on it, each with its own stream and share of
+/// memory — `EMU` (an emulated NVIDIA GPU: the kernels as host C++, slow)
+/// and `EMUHIP` (an emulated AMD CDNA GPU, 64-wide waves), both
+/// `--features cuda-emu` ([`Devices::open`]). With `--split-mode none` (one
+/// ratio) only the first name is used. Exits with status 2 and a message
+/// naming the value for a name that is none of these or that this build
+/// cannot open; call it before any work.
+///
+/// # Errors
+/// Opening a GPU (no driver, no such GPU).
+pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgraph::Result<Devices> {
+    let fail = |what: String, e: &shardgraph::Error| -> ! {
+        match e {
+            shardgraph::Error::Split { detail } => eprintln!("{what}: {detail}"),
+            e => eprintln!("{what}: {e}"),
         }
-        // --split-mode none: the main (first) device only.
-        names.truncate(1);
-    }
-    if names.iter().all(|d| *d == Device::Cpu) {
-        return Ok(None);
-    }
-    open_devices(&names).map(Some)
-}
-
-/// One `--device` name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Device {
-    /// `CPU`.
-    Cpu,
-    /// `CUDA<i>`: NVIDIA GPU `i`.
-    Cuda(usize),
-    /// `HIP<i>`: AMD GPU `i`.
-    Hip(usize),
-    /// `EMU`: an emulated NVIDIA GPU.
-    Emu,
-    /// `EMUHIP`: an emulated AMD CDNA GPU.
-    EmuHip,
-}
-
-/// The devices `--device list` names (case-insensitive; `<i>` is 1 to 9
-/// decimal digits); exits with status 2 on a name that is none of them or
-/// that this build cannot open.
-pub fn device_names(list: &str) -> Vec<Device> {
-    list.split(',').map(|x| device(x.trim())).collect()
-}
-
-fn device(name: &str) -> Device {
-    let up = name.to_uppercase();
-    let ordinal = |prefix: &str| {
-        let digits = up.strip_prefix(prefix)?;
-        (1..=9).contains(&digits.len()).then_some(())?;
-        digits.bytes().all(|b| b.is_ascii_digit()).then(|| digits.parse::<usize>().ok())?
-    };
-    let (d, built) = match up.as_str() {
-        "CPU" => (Device::Cpu, true),
-        "EMU" => (Device::Emu, cfg!(feature = "cuda-emu")),
-        "EMUHIP" => (Device::EmuHip, cfg!(feature = "cuda-emu")),
-        _ => match (ordinal("CUDA"), ordinal("HIP")) {
-            (Some(i), _) => (Device::Cuda(i), cfg!(feature = "cuda")),
-            (_, Some(i)) => (Device::Hip(i), cfg!(feature = "hip")),
-            _ => {
-                eprintln!("--device {name}: use CPU, CUDA<i>, HIP<i>, EMU or EMUHIP");
-                std::process::exit(2)
-            }
-        },
-    };
-    if !built {
-        eprintln!(
-            "--device {name}: this build cannot open it (CUDA<i> needs --features cuda, HIP<i> --features hip, \
-             EMU and EMUHIP --features cuda-emu)"
-        );
         std::process::exit(2)
-    }
-    d
-}
-
-/// Opens the named devices (each GPU once, with as many virtual devices as
-/// it is named).
-#[cfg(sg_gpu)]
-fn open_devices(names: &[Device]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
-    use shardgraph::backend::cuda::CudaBackend;
-    use std::collections::HashMap;
-    let mut virtuals: HashMap<Device, Vec<CudaBackend>> = HashMap::new();
-    for &d in names {
-        if virtuals.contains_key(&d) {
-            continue;
-        }
-        let k = names.iter().filter(|x| **x == d).count();
-        let opened = match d {
-            #[cfg(feature = "cuda")]
-            Device::Cuda(i) => CudaBackend::virtual_devices(i, k)?,
-            #[cfg(feature = "hip")]
-            Device::Hip(i) => CudaBackend::hip_virtual_devices(i, k)?,
-            _ => continue,
-        };
-        virtuals.insert(d, opened.into_iter().rev().collect());
-    }
-    let mut out: Vec<Arc<dyn Backend>> = Vec::new();
-    for &d in names {
-        let b: Arc<dyn Backend> = match d {
-            Device::Cpu => Arc::new(shardgraph::CpuBackend::with_threads(1)?),
-            #[cfg(feature = "cuda-emu")]
-            Device::Emu => Arc::new(CudaBackend::emulated(8 << 30)),
-            #[cfg(feature = "cuda-emu")]
-            Device::EmuHip => Arc::new(CudaBackend::emulated_hip(8 << 30)),
-            gpu => match virtuals.get_mut(&gpu).and_then(|v| v.pop()) {
-                Some(b) => Arc::new(b),
-                // `device` refused names this build cannot open.
-                None => {
-                    eprintln!("--device {gpu:?}: this build cannot open it");
-                    std::process::exit(2)
+    };
+    let n = ratios.len();
+    let devices = match arg(args, "--device") {
+        Some(list) => {
+            let mut names: Vec<&str> = list.split(',').map(str::trim).collect();
+            if names.len() != n {
+                if n != 1 {
+                    eprintln!("--device names {} device(s) for {n}", names.len());
+                    std::process::exit(2);
                 }
-            },
-        };
-        out.push(b);
-    }
-    Ok(out)
+                // --split-mode none: the main (first) device only.
+                names.truncate(1);
+            }
+            match Devices::open(&names, threads) {
+                Ok(d) => d,
+                Err(e @ shardgraph::Error::Split { .. }) => fail(format!("--device {list}"), &e),
+                Err(e) => return Err(e),
+            }
+        }
+        None => Devices::cpu(n, threads).unwrap_or_else(|e| fail(format!("--devices {n} --threads {threads}"), &e)),
+    };
+    Ok(devices.with_tensor_split(ratios).unwrap_or_else(|e| fail(format!("--tensor-split {ratios:?}"), &e)))
 }
 
-#[cfg(not(sg_gpu))]
-fn open_devices(_: &[Device]) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
-    // `device` refused every name but CPU in this build, and CPU-only lists
-    // return before opening.
-    Ok(Vec::new())
-}
-
-/// Moves a session's runner onto the `--device` devices for `n` devices
-/// (nothing for CPU devices). Exits on a bad name, as [`backends`].
-///
-/// # Errors
-/// Opening the devices (no GPU, no driver); a device count the runner's
-/// policy does not have.
-pub fn use_devices(args: &[String], runner: &mut Runner, n: usize) -> shardgraph::Result<()> {
-    if let Some(d) = backends(args, n)? {
-        runner.set_backends(d)?;
-    }
-    Ok(())
-}
-
-/// `--ctx-size` (llama.cpp's: KV cells per cache) with `--fit on|off`
-/// (llama.cpp's flag, which llama.cpp does not implement for
-/// `--split-mode tensor`; default off here, so a run's context is what it
-/// asks for):
+/// `--ctx-size` (llama.cpp's: the KV cells a run can use, prompt and
+/// generated tokens; a drafter's caches add its block) with `--fit on|off`
+/// (llama.cpp's flag, which llama.cpp does not implement for `--split-mode
+/// tensor`; default off here, so a run's context is what it asks for):
 /// * off: `--ctx-size`, or `default` when not given;
-/// * on: the largest context of 256-cell steps whose session — the
-///   weights, caches and worst steps of `spec()`, sized from plans before
-///   anything is allocated ([`shardgraph_models::fit::fit_ctx_size`]) —
-///   fits every device of the run (`--device`, `--threads`), at most
-///   `--ctx-size` if given, else at most the model's training context.
+/// * on: `fit(max)`, the largest context whose session — weights, caches
+///   and worst steps, sized from plans before anything is allocated
+///   ([`shardgraph_models::fit::fit_ctx_size`], [`Engine::fit_ctx_size`]) —
+///   fits every device of the run, at most `max`: `--ctx-size` if given,
+///   else 0 (the model's training context).
 ///
-/// Exits with a message when the context is below `need` (the prompt, the
-/// generated tokens and a draft beyond them) or `--fit` has another value.
+/// Exits with a message when the context is below `need` (the prompt and
+/// the generated tokens) or `--fit` has another value.
 ///
 /// # Errors
-/// [`shardgraph::Error::OutOfMemory`] naming the device when even 256
-/// cells do not fit; the model's and the devices' errors.
+/// `fit`'s: [`shardgraph::Error::OutOfMemory`] naming the device when even
+/// 256 cells do not fit; the model's and the devices' errors.
 pub fn ctx_size(
     args: &[String],
     default: i64,
     need: i64,
-    threads: usize,
-    spec: impl FnOnce() -> shardgraph::Result<FitSpec>,
+    fit: impl FnOnce(i64) -> shardgraph::Result<i64>,
 ) -> shardgraph::Result<i64> {
     let asked = ctx_request(args, default, need);
     // ctx_request allowed only on and off.
     let n = match arg(args, "--fit").as_deref() {
         Some("on") => {
-            let spec = spec()?;
-            let exec = match backends(args, spec.ratios.len())? {
-                Some(devices) => MetaExecutor::with_backends(devices)?,
-                None => MetaExecutor::new(spec.ratios.len(), threads)?,
-            };
-            let max = asked.unwrap_or_else(|| spec.max_ctx()).max(CTX_STEP);
-            let n = fit_ctx_size(&spec, max, &exec)?;
+            let n = fit(asked.unwrap_or(0))?;
+            let max = asked.map_or("the training context".to_string(), |a| a.to_string());
             println!(
-                "--fit on: ctx-size {n} (the largest multiple of {CTX_STEP} cells up to {max} that fits every device)"
+                "--fit on: ctx-size {n} (the largest up to {max} that fits every device, caches in steps of 256 cells)"
             );
             n
         }
         _ => asked.unwrap_or(default),
     };
     if n < need {
-        eprintln!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens, a draft)");
+        eprintln!("--ctx-size {n} is too small: this run needs {need} cells (prompt and generated tokens)");
         std::process::exit(2);
     }
     Ok(n)
@@ -310,16 +204,14 @@ pub fn ctx_request(args: &[String], default: i64, need: i64) -> Option<i64> {
     }
     let max = shardgraph_models::MAX_CTX;
     if need > max {
-        bad(format!(
-            "this run needs {need} cells (prompt, generated tokens, a draft): more than a KV cache holds ({max})"
-        ));
+        bad(format!("this run needs {need} cells (prompt and generated tokens): more than a KV cache holds ({max})"));
     }
     let asked: Option<i64> = arg(args, "--ctx-size").map(|_| parsed(args, "--ctx-size", default));
     if let Some(n) = asked.filter(|&n| n > max) {
         bad(format!("--ctx-size {n} is too large: a KV cache holds 1 to {max} cells"));
     }
     if let Some(n) = asked.filter(|&n| n < need) {
-        bad(format!("--ctx-size {n} is too small: this run needs {need} cells (prompt, generated tokens, a draft)"));
+        bad(format!("--ctx-size {n} is too small: this run needs {need} cells (prompt and generated tokens)"));
     }
     asked
 }
@@ -334,15 +226,6 @@ pub fn cache_type(args: &[String]) -> GgmlType {
             eprintln!("--cache-type-k {other}: use f16, q8_0 or q4_0");
             std::process::exit(2);
         }
-    }
-}
-
-/// Proposes nothing: plain greedy decoding through the same loop.
-pub struct NoDraft;
-
-impl<T> Drafter<T> for NoDraft {
-    fn draft(&mut self, _: &mut T, _: i32, _: i64, _: usize) -> shardgraph::Result<Vec<i32>> {
-        Ok(Vec::new())
     }
 }
 
@@ -462,9 +345,6 @@ pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
     })
 }
 
-/// Creates a drafter in a target session.
-pub type Attach<'a, T> = dyn Fn(&mut T) -> shardgraph::Result<Box<dyn Drafter<T>>> + 'a;
-
 /// Exits with a message naming the first out-of-range count and its value.
 pub fn check_counts(n_gen: usize, threads: usize, n_max: usize, n_min: usize, p_min: f32) {
     use shardgraph_models::speculative::MAX_DRAFT;
@@ -503,81 +383,157 @@ fn rate(x: f64) -> String {
     }
 }
 
+/// llama.cpp's sampling options: `--temp` (default 0: greedy; llama.cpp's
+/// is 0.8), `--top-k` (default 40, 0 off), `--top-p` (default 0.95, 1
+/// off), `--min-p` (default 0.05, 0 off), `--seed` (default 4294967295,
+/// llama.cpp's `LLAMA_DEFAULT_SEED`, used as given). The filters apply once
+/// `--temp` is above 0. Exits with status 2 and a message naming the option
+/// and its value for a value that is not a number or out of range
+/// (`--temp` not finite, `--top-p` outside (0, 1], `--min-p` outside [0, 1]).
+pub fn sampler(args: &[String]) -> SamplerParams {
+    let d = SamplerParams::default();
+    let p = SamplerParams {
+        temp: parsed(args, "--temp", d.temp),
+        top_k: parsed(args, "--top-k", d.top_k),
+        top_p: parsed(args, "--top-p", d.top_p),
+        min_p: parsed(args, "--min-p", d.min_p),
+        seed: parsed(args, "--seed", d.seed),
+    };
+    let bad = |m: String| -> ! {
+        eprintln!("{m}");
+        std::process::exit(2)
+    };
+    if !p.temp.is_finite() {
+        bad(format!("--temp {}: must be a finite number (0 or less: greedy)", p.temp));
+    }
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        bad(format!("--top-p {}: must be within (0, 1]", p.top_p));
+    }
+    if !(0.0..=1.0).contains(&p.min_p) {
+        bad(format!("--min-p {}: must be within [0, 1]", p.min_p));
+    }
+    if let Err(e) = p.validate() {
+        bad(format!("sampling options: {e}"));
+    }
+    p
+}
+
+/// Describes the sampling of a run: `greedy` or the options.
+pub fn describe_sampler(p: &SamplerParams) -> String {
+    if p.is_greedy() {
+        "greedy".into()
+    } else {
+        format!("sampled: temp {}, top-k {}, top-p {}, min-p {}, seed {}", p.temp, p.top_k, p.top_p, p.min_p, p.seed)
+    }
+}
+
+/// Refuses `--verify` with `--temp` above 0 (exit status 2, before any
+/// work): the check compares with plain decoding on one device, which only
+/// greedy decoding reproduces token for token — speculative sampling draws
+/// other tokens than plain sampling for the same seed (with the target's
+/// distribution, not its draws), and N devices' logits differ from one
+/// device's in their last bits, which can move a draw.
+pub fn check_verify(verify: bool, sampler: &SamplerParams) {
+    if verify && !sampler.is_greedy() {
+        eprintln!(
+            "--verify needs --temp 0 (greedy), given --temp {}: speculative sampling has plain sampling's \
+             distribution, not its tokens",
+            sampler.temp
+        );
+        std::process::exit(2);
+    }
+}
+
 /// One measurement's setting.
 pub struct Bench<'a> {
-    /// Tensor-split ratios of the devices.
-    pub ratios: Vec<f32>,
+    /// The devices of the run.
+    pub devices: &'a Devices,
+    /// The target GGUF.
+    pub model: &'a Path,
+    /// The drafter.
+    pub draft: DraftModel,
+    /// Context, cache type and draft limits.
+    pub params: EngineParams,
     /// The prompt.
     pub prompt: Vec<i32>,
     /// Tokens to generate.
     pub n_gen: usize,
-    /// Draft limits.
-    pub params: SpecParams,
-    /// Check against plain greedy decoding on one device.
+    /// Greedy or sampled.
+    pub sampler: SamplerParams,
+    /// Check against plain greedy decoding on one CPU device.
     pub verify: bool,
-    /// The drafter's name in the report.
-    pub label: &'a str,
-    /// The devices are not CPU devices (`--device`): verify against a CPU run.
-    pub accelerated: bool,
+    /// Worker threads of the one-device check.
+    pub threads: usize,
 }
 
-/// Plain greedy decoding (after a short warm-up run), then speculative
-/// decoding, on sessions from `open(ratios)`; prints tokens/s, drafted and
-/// accepted counts, the speed-up and the bytes moved (`moved` reads a
-/// session's counter), and with `verify` a last line `verify: identical`
-/// (or exits with status 1 on a mismatch).
-pub fn bench<T: Target>(
-    b: &Bench<'_>,
-    open: &dyn Fn(&[f32]) -> shardgraph::Result<T>,
-    reference: &dyn Fn() -> shardgraph::Result<T>,
-    attach: &Attach<'_, T>,
-    moved: &dyn Fn(&T) -> u64,
-) -> shardgraph::Result<()> {
-    let plain_params = SpecParams { n_max: 0, n_min: 0 };
-    let mut s = open(&b.ratios)?;
-    generate(&mut s, &mut NoDraft, &b.prompt, b.n_gen.min(8), plain_params)?;
-    drop(s);
-    let mut s = open(&b.ratios)?;
+/// Loads `b.model` with `b.draft` on `b.devices` and times a generation of
+/// `b.n_gen` tokens after a warm-up of up to 8 (then a reset); returns the
+/// engine, what it generated, the seconds it took and the bytes it moved
+/// between devices.
+fn timed(b: &Bench<'_>, draft: DraftModel) -> shardgraph::Result<(Engine, Generation, f64, u64)> {
+    let mut e = Engine::load(b.devices, b.model, draft, &b.params)?;
+    e.generate(&b.prompt, b.n_gen.min(8), &b.sampler)?;
+    e.reset()?;
+    let before = e.bytes_moved();
     let t = Instant::now();
-    let (plain, _) = generate(&mut s, &mut NoDraft, &b.prompt, b.n_gen, plain_params)?;
-    let plain_s = t.elapsed().as_secs_f64();
-    drop(s);
-    let mut s = open(&b.ratios)?;
-    let mut d = attach(&mut s)?;
-    let before = moved(&s);
-    let t = Instant::now();
-    let (tokens, st): (Vec<i32>, SpecStats) = generate(&mut s, d.as_mut(), &b.prompt, b.n_gen, b.params)?;
-    let spec_s = t.elapsed().as_secs_f64();
-    let bytes = moved(&s) - before;
+    let g = e.generate(&b.prompt, b.n_gen, &b.sampler)?;
+    let s = t.elapsed().as_secs_f64();
+    let bytes = e.bytes_moved() - before;
+    Ok((e, g, s, bytes))
+}
+
+/// Plain decoding, then speculative decoding, each with [`Engine`] on the
+/// same devices (after a short warm-up); prints tokens/s, drafted and
+/// accepted counts, the speed-up and the bytes moved between devices. When
+/// greedy, the two outputs must be equal (else `verify: MISMATCH` and exit
+/// status 1), and with `verify` a last line `verify: identical` says they
+/// equal plain greedy decoding on one CPU device.
+pub fn bench(b: &Bench<'_>) -> shardgraph::Result<()> {
+    let greedy = b.sampler.is_greedy();
+    let how = if greedy { "greedy" } else { "sampling" };
+    // One engine at a time: the plain one is dropped before the other loads.
+    let (plain, plain_s) = {
+        let (_, g, s, _) = timed(b, DraftModel::None)?;
+        (g.tokens, s)
+    };
+    let (e, g, spec_s, bytes) = timed(b, b.draft.clone())?;
+    let st = g.stats;
     let (plain_tps, spec_tps) = (b.n_gen as f64 / plain_s, b.n_gen as f64 / spec_s);
-    println!("plain greedy: {} tokens/s", rate(plain_tps));
+    println!("plain {how}: {} tokens/s", rate(plain_tps));
     println!(
         "{:<13} {} tokens/s; drafted {}, accepted {} ({:.0}%), {} target steps ({:.2} tokens per step), n_max {}",
-        format!("{}:", b.label),
+        format!("{}:", e.draft_kind()),
         rate(spec_tps),
         st.drafted,
         st.accepted,
         100.0 * st.accepted as f64 / st.drafted.max(1) as f64,
         st.target_steps,
         b.n_gen.saturating_sub(1) as f64 / st.target_steps.max(1) as f64,
-        b.params.n_max
+        e.spec_params().n_max
     );
     println!(
-        "speed-up over plain greedy: {:.2}x; {bytes} bytes moved between devices ({:.0} per token)",
+        "speed-up over plain {how}: {:.2}x; {bytes} bytes moved between devices ({:.0} per token)",
         spec_tps / plain_tps,
         bytes as f64 / b.n_gen as f64
     );
+    let tokens = g.tokens;
+    drop(e);
+    if !greedy {
+        println!("tokens (first 8): {:?}", &tokens[..tokens.len().min(8)]);
+        return Ok(());
+    }
     if plain != tokens {
         let i = plain.iter().zip(&tokens).position(|(a, b)| a != b).unwrap_or(0);
         println!("verify: MISMATCH between plain greedy and speculative on the same devices at token {i}");
         std::process::exit(1);
     }
     if b.verify {
-        let reference = if b.ratios.len() == 1 && !b.accelerated {
+        let reference = if b.devices.n_devices() == 1 && b.devices.all_cpu() {
             plain
         } else {
-            let mut one = reference()?;
-            generate(&mut one, &mut NoDraft, &b.prompt, b.n_gen, plain_params)?.0
+            let one = Devices::cpu(1, b.threads)?;
+            let mut e = Engine::load(&one, b.model, DraftModel::None, &b.params)?;
+            e.generate(&b.prompt, b.n_gen, &b.sampler)?.tokens
         };
         match reference.iter().zip(&tokens).position(|(a, b)| a != b) {
             None if reference.len() == tokens.len() => println!(

@@ -30,12 +30,11 @@ use super::fit::{FitDraft, FitSpec, FitTarget, CTX_STEP};
 use super::mtp::MtpDrafter;
 use super::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use super::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
-use super::runner::Runner;
 use super::sampling::{Sampler, SamplerParams};
 use super::speculative::{generate_with, Drafter, SpecParams, SpecStats, MAX_DRAFT};
 use shardgraph::error::{Error, Result};
 use shardgraph::gguf::GgufFile;
-use shardgraph::split::{Devices, SplitPolicy};
+use shardgraph::split::Devices;
 use shardgraph::tensor::GgmlType;
 use std::path::{Path, PathBuf};
 
@@ -337,26 +336,6 @@ fn check_dflash(path: &Path, hp: &DflashHparams, vocab: Option<i64>, arch: &Arch
         return bad(format!("block_size {} leaves nothing to draft (at least 2)", hp.block_size));
     }
     Ok(())
-}
-
-/// A runner for a model's `policy` on `devices` (one rank per device).
-///
-/// # Errors
-/// [`Error::Split`] if the policy is for other devices (count or ratios);
-/// executor errors.
-pub(crate) fn runner_on(policy: SplitPolicy, devices: &Devices) -> Result<Runner> {
-    if policy.n_devices() != devices.n_devices() || policy.ratios() != devices.ratios() {
-        return Err(Error::Split {
-            detail: format!(
-                "a policy over ratios {:?} for devices with ratios {:?}",
-                policy.ratios(),
-                devices.ratios()
-            ),
-        });
-    }
-    let mut runner = Runner::new(policy, devices.threads().max(1))?;
-    runner.set_backends(devices.backends().to_vec())?;
-    Ok(runner)
 }
 
 impl Engine {

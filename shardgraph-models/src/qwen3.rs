@@ -695,7 +695,7 @@ impl Qwen3Session {
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
         let policy = super::policy::qwen3_policy(&hp, &types, devices.ratios())?;
-        let mut runner = super::engine::runner_on(policy, devices)?;
+        let mut runner = super::runner::Runner::with_devices(policy, devices)?;
         let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
         super::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen3", &what)?;
         let base_len = model.base_len;

@@ -1166,7 +1166,7 @@ impl Qwen35Session {
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
         let policy = super::policy::qwen35_policy(&model.hp, &types, devices.ratios())?;
-        let mut runner = super::engine::runner_on(policy, devices)?;
+        let mut runner = super::runner::Runner::with_devices(policy, devices)?;
         let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
         super::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen35", &what).map_err(|e| match e {
             Error::Model { detail }
