@@ -280,6 +280,36 @@ fn sampler_distributions_equal_hand_computed_ones() {
     assert_probs(&sampler(1.0, 0, 1.0, 0.0).probs(&l).unwrap(), &[0.0, 0.5, 0.0, 0.5], "-inf");
 }
 
+/// top-p on a row over 1024 tokens (the sampler sorts the 256 best first,
+/// as llama.cpp) against an independent full sort in f64: the kept set
+/// reached inside the 256 and past them.
+#[test]
+fn top_p_on_a_large_row_equals_a_full_sort() {
+    let n = 5000usize;
+    // Logits -0.01 * rank, the ranks scattered over the ids.
+    let logits: Vec<f32> = (0..n).map(|i| -0.01 * ((i * 2749) % n) as f32).collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap());
+    let w: Vec<f64> = logits.iter().map(|&l| (l as f64).exp()).collect();
+    let z: f64 = w.iter().sum();
+    let cum = |k: usize| order[..k].iter().map(|&i| w[i] / z).sum::<f64>();
+    // top-p halfway between the sums of the 19 and 20 best (inside the
+    // 256), of the 299 and 300 best (past them).
+    for (kept, temp) in [(20usize, 1.0f32), (300, 1.0), (300, 0.5)] {
+        let top_p = ((cum(kept - 1) + cum(kept)) / 2.0) as f32;
+        assert!(cum(kept) - cum(kept - 1) > 4e-4, "a step of the sum, far above f32 rounding");
+        let zk: f64 = order[..kept].iter().map(|&i| (w[i].ln() / temp as f64).exp()).sum();
+        let mut want = vec![0.0f64; n];
+        for &i in &order[..kept] {
+            want[i] = (w[i].ln() / temp as f64).exp() / zk;
+        }
+        println!("top-p {top_p} of {n} tokens: {kept} kept");
+        let got = sampler(temp, 0, top_p, 0.0).probs(&logits).unwrap();
+        assert_eq!(got.iter().filter(|&&p| p > 0.0).count(), kept, "top-p {top_p}");
+        assert_probs(&got, &want, &format!("top-p {top_p} temp {temp}"));
+    }
+}
+
 #[test]
 fn greedy_is_the_first_argmax_without_a_draw() {
     let mut g = Sampler::new(SamplerParams::greedy()).unwrap();

@@ -162,35 +162,55 @@ impl Sampler {
     /// logit at least. `-inf` tokens (probability 0) are never candidates.
     fn filter(&self, logits: &[f32]) -> Vec<usize> {
         let desc = |&a: &usize, &b: &usize| -> Ordering { logits[b].total_cmp(&logits[a]).then(a.cmp(&b)) };
+        let max_of = |c: &[usize]| c.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
         let mut cand: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] > f32::NEG_INFINITY).collect();
-        // top-k (the k best, sorted).
+        let mut sorted = false;
+        // top-k: the k best, sorted.
         let k = self.params.top_k;
         if k > 0 && k < cand.len() {
             cand.select_nth_unstable_by(k - 1, desc);
             cand.truncate(k);
+            cand.sort_unstable_by(desc);
+            sorted = true;
         }
-        cand.sort_unstable_by(desc);
-        // top-p: f32 softmax and running sum, as llama.cpp's.
-        if self.params.top_p < 1.0 {
-            let max = logits[cand[0]];
-            let e: Vec<f32> = cand.iter().map(|&i| (logits[i] - max).exp()).collect();
-            let sum: f32 = e.iter().sum();
-            let mut cum = 0.0f32;
-            let mut last = cand.len();
-            for (j, &w) in e.iter().enumerate() {
-                cum += w / sum;
-                if cum >= self.params.top_p {
-                    last = j + 1;
-                    break;
-                }
+        // top-p: f32 softmax of the candidates and a running sum over them
+        // most likely first, as llama.cpp's.
+        let top_p = self.params.top_p;
+        if top_p < 1.0 {
+            let max = max_of(&cand);
+            let sum: f32 = cand.iter().map(|&i| (logits[i] - max).exp()).sum();
+            // How many of `sorted_head` reach `top_p`, if they do.
+            let cut = |sorted_head: &[usize]| {
+                let mut cum = 0.0f32;
+                sorted_head.iter().position(|&i| {
+                    cum += (logits[i] - max).exp() / sum;
+                    cum >= top_p
+                })
+            };
+            // As llama.cpp: a large unsorted row sorts its 256 best first,
+            // and all of it only when those do not reach top_p.
+            const HEAD: usize = 256;
+            let mut n = None;
+            if !sorted && cand.len() > 4 * HEAD {
+                cand.select_nth_unstable_by(HEAD - 1, desc);
+                cand[..HEAD].sort_unstable_by(desc);
+                n = cut(&cand[..HEAD]);
             }
-            cand.truncate(last);
+            if n.is_none() {
+                if !sorted {
+                    cand.sort_unstable_by(desc);
+                }
+                n = cut(&cand);
+            }
+            // At least one token (llama.cpp's min_keep); all when rounding
+            // keeps the sum under top_p.
+            cand.truncate(n.map_or(cand.len(), |j| j + 1));
         }
-        // min-p on logits: p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p).
+        // min-p on logits: p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p)
+        // (the maximum always stays).
         if self.params.min_p > 0.0 {
-            let min_logit = logits[cand[0]] + self.params.min_p.ln();
-            let n = cand.iter().take_while(|&&i| logits[i] >= min_logit).count().max(1);
-            cand.truncate(n);
+            let min_logit = max_of(&cand) + self.params.min_p.ln();
+            cand.retain(|&i| logits[i] >= min_logit);
         }
         cand
     }
