@@ -166,7 +166,9 @@ pub extern "C" fn sg_engine_load(
             (SG_DRAFT_GGUF, Some(p)) => DraftModel::Gguf(PathBuf::from(p)),
             (SG_DRAFT_GGUF, None) => return arg("SG_DRAFT_GGUF needs draft_path"),
             (SG_DRAFT_NONE | SG_DRAFT_MTP, Some(p)) => {
-                return arg(format!("draft_path {p:?} given with draft kind {draft_kind} (only SG_DRAFT_GGUF takes one)"))
+                return arg(format!(
+                    "draft_path {p:?} given with draft kind {draft_kind} (only SG_DRAFT_GGUF takes one)"
+                ))
             }
             (k, _) => return arg(format!("draft kind {k} (SG_DRAFT_NONE 0, SG_DRAFT_GGUF 1, SG_DRAFT_MTP 2)")),
         };
@@ -202,7 +204,8 @@ pub extern "C" fn sg_engine_generate(
         let out = ptr::slice_mut(out_tokens, out_cap, "out_tokens")?;
         let n_out = ptr::slot(n_out, "n_out")?;
         let stats = if stats.is_null() { None } else { Some(ptr::slot(stats, "stats")?) };
-        let sampler = if sampler.is_null() { SamplerParams::greedy() } else { ptr::obj(sampler, "sampler")?.to_rust()? };
+        let sampler =
+            if sampler.is_null() { SamplerParams::greedy() } else { ptr::obj(sampler, "sampler")?.to_rust()? };
         let g = e.engine.generate(prompt, n_predict, &sampler)?;
         let Some(dst) = out.get_mut(..g.tokens.len()) else {
             return arg(format!("{} tokens generated for out_cap {out_cap}", g.tokens.len()));

@@ -46,13 +46,15 @@ impl SgContext {
             return arg(format!("{what} is SG_TENSOR_NONE"));
         }
         let (ctx, idx) = ((h >> 32) as u32, (h & 0xffff_ffff) as u32);
-        let foreign = |detail: String| Fail::Core(shardgraph::Error::ForeignTensor { id: idx, ctx: self.ctx.id(), detail });
+        let foreign =
+            |detail: String| Fail::Core(shardgraph::Error::ForeignTensor { id: idx, ctx: self.ctx.id(), detail });
         if ctx != self.ctx.id() {
             return Err(foreign(format!("{what}: a handle of context {ctx}")));
         }
-        self.ids.get(idx as usize).copied().ok_or_else(|| {
-            foreign(format!("{what}: index out of range (the context has {} tensors)", self.ids.len()))
-        })
+        self.ids
+            .get(idx as usize)
+            .copied()
+            .ok_or_else(|| foreign(format!("{what}: index out of range (the context has {} tensors)", self.ids.len())))
     }
 
     /// [`SgContext::id`], with `SG_TENSOR_NONE` meaning "none".
@@ -122,7 +124,12 @@ fn count(n: i64, what: &str) -> R<usize> {
 
 /// Runs an op constructor: `f` gets the context, and the result's handle
 /// goes to `*out` (checked for NULL before the op runs).
-fn op(name: &str, ctx: *mut SgContext, out: *mut sg_tensor, f: impl FnOnce(&mut SgContext) -> R<TensorId>) -> sg_status {
+fn op(
+    name: &str,
+    ctx: *mut SgContext,
+    out: *mut sg_tensor,
+    f: impl FnOnce(&mut SgContext) -> R<TensorId>,
+) -> sg_status {
     run(name, || {
         let c = ptr::obj_mut(ctx, "ctx")?;
         let out = ptr::slot(out, "out")?;
@@ -667,7 +674,13 @@ pub extern "C" fn sg_argsort(ctx: *mut SgContext, a: sg_tensor, order: i32, out:
 
 /// `sg_concat`: [`Context::concat`] along `dim` (0..=3).
 #[no_mangle]
-pub extern "C" fn sg_concat(ctx: *mut SgContext, a: sg_tensor, b: sg_tensor, dim: i32, out: *mut sg_tensor) -> sg_status {
+pub extern "C" fn sg_concat(
+    ctx: *mut SgContext,
+    a: sg_tensor,
+    b: sg_tensor,
+    dim: i32,
+    out: *mut sg_tensor,
+) -> sg_status {
     op("sg_concat", ctx, out, |c| {
         let (a, b) = (c.id(a, "a")?, c.id(b, "b")?);
         let dim = count(dim.into(), "dim")?;
@@ -718,7 +731,13 @@ pub extern "C" fn sg_reshape_1d(ctx: *mut SgContext, a: sg_tensor, ne0: i64, out
 
 /// `sg_reshape_2d`: [`Context::reshape_2d`].
 #[no_mangle]
-pub extern "C" fn sg_reshape_2d(ctx: *mut SgContext, a: sg_tensor, ne0: i64, ne1: i64, out: *mut sg_tensor) -> sg_status {
+pub extern "C" fn sg_reshape_2d(
+    ctx: *mut SgContext,
+    a: sg_tensor,
+    ne0: i64,
+    ne1: i64,
+    out: *mut sg_tensor,
+) -> sg_status {
     op("sg_reshape_2d", ctx, out, |c| {
         let a = c.id(a, "a")?;
         Ok(c.ctx.reshape_2d(a, ne0, ne1)?)
@@ -811,7 +830,13 @@ pub extern "C" fn sg_cont_4d(
 
 /// `sg_view_1d`: [`Context::view_1d`].
 #[no_mangle]
-pub extern "C" fn sg_view_1d(ctx: *mut SgContext, a: sg_tensor, ne0: i64, offset: usize, out: *mut sg_tensor) -> sg_status {
+pub extern "C" fn sg_view_1d(
+    ctx: *mut SgContext,
+    a: sg_tensor,
+    ne0: i64,
+    offset: usize,
+    out: *mut sg_tensor,
+) -> sg_status {
     op("sg_view_1d", ctx, out, |c| {
         let a = c.id(a, "a")?;
         Ok(c.ctx.view_1d(a, ne0, offset)?)
@@ -972,10 +997,8 @@ pub extern "C" fn sg_graph_build(
     run("sg_graph_build", || {
         let c = ptr::obj(ctx, "ctx")?;
         let out = ptr::slot(out, "out")?;
-        let ids = ptr::slice(outputs, n_outputs, "outputs")?
-            .iter()
-            .map(|&h| c.id(h, "outputs[]"))
-            .collect::<R<Vec<_>>>()?;
+        let ids =
+            ptr::slice(outputs, n_outputs, "outputs")?.iter().map(|&h| c.id(h, "outputs[]")).collect::<R<Vec<_>>>()?;
         let graph = c.ctx.build_forward(&ids)?;
         out.write(ptr::into_handle(SgGraph { graph }));
         Ok(())

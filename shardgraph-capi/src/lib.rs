@@ -5,7 +5,7 @@
 //! Every entry point is `extern "C"`, `#[no_mangle]`, prefixed `sg_`, and
 //! returns an [`status::sg_status`] (except `sg_last_error` and
 //! `sg_version`, which return strings). Its body runs inside
-//! [`status::run`]: errors become status codes with a per-thread message
+//! `status::run`: errors become status codes with a per-thread message
 //! (`sg_last_error`), and a panic is contained (`SG_ERR_PANIC`), never
 //! unwinding into C. Pointers from C become references only in [`ptr`],
 //! the crate's one module with `unsafe` code, after NULL, alignment,
@@ -95,6 +95,22 @@ fn type_name_c(t: shardgraph::GgmlType) -> &'static std::ffi::CStr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The header's thread rules: any handle may move between threads, and
+    /// `const` calls on one handle may run concurrently.
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<graph::SgContext>();
+        check::<graph::SgGraph>();
+        check::<split::SgDevices>();
+        check::<split::SgPolicy>();
+        check::<split::SgPlan>();
+        check::<split::SgStore>();
+        check::<split::SgExecutor>();
+        check::<split::SgReport>();
+        check::<engine::SgEngine>();
+    }
 
     #[test]
     fn type_names_are_ggmls() {

@@ -1,7 +1,7 @@
 //! Pointer helpers: the crate's only `unsafe` code. Each function turns a
 //! pointer a C caller passed into a Rust reference, slice or string after
 //! checking what can be checked here — NULL, alignment, a length whose
-//! bytes fit `isize`, UTF-8 — and returns [`crate::status::Fail::Arg`]
+//! bytes fit `isize`, UTF-8 — and returns `Fail::Arg`
 //! (`SG_ERR_INVALID_ARGUMENT`) otherwise. What cannot be checked is the C
 //! caller's contract, stated once in `include/shardgraph.h`: a non-NULL
 //! pointer points to live memory of the documented type and length,

@@ -191,7 +191,12 @@ fn axis_granule(axis: i32, granule: i64) -> R<usize> {
 /// characters) split along `axis` on multiples of `granule` elements
 /// ([`SplitSpec::Axis`] without segments).
 #[no_mangle]
-pub extern "C" fn sg_policy_rule_axis(pol: *mut SgPolicy, pattern: *const c_char, axis: i32, granule: i64) -> sg_status {
+pub extern "C" fn sg_policy_rule_axis(
+    pol: *mut SgPolicy,
+    pattern: *const c_char,
+    axis: i32,
+    granule: i64,
+) -> sg_status {
     run("sg_policy_rule_axis", || {
         let axis = axis_granule(axis, granule)?;
         add_rule(pol, pattern, SplitSpec::Axis { axis, granule, segments: Vec::new() })
@@ -351,7 +356,11 @@ pub extern "C" fn sg_store_place_leafs(
 }
 
 /// The store and tensor id of a store call.
-fn store_tensor<'a>(store: *mut SgStore, ctx: *const SgContext, t: sg_tensor) -> R<(&'a mut SgStore, &'a SgContext, TensorId)> {
+fn store_tensor<'a>(
+    store: *mut SgStore,
+    ctx: *const SgContext,
+    t: sg_tensor,
+) -> R<(&'a mut SgStore, &'a SgContext, TensorId)> {
     let s = ptr::obj_mut(store, "store")?;
     let c = ptr::obj(ctx, "ctx")?;
     let id = c.id(t, "t")?;
@@ -359,7 +368,11 @@ fn store_tensor<'a>(store: *mut SgStore, ctx: *const SgContext, t: sg_tensor) ->
 }
 
 /// The store (shared) and tensor id of a store read.
-fn store_tensor_ref<'a>(store: *const SgStore, ctx: *const SgContext, t: sg_tensor) -> R<(&'a SgStore, &'a SgContext, TensorId)> {
+fn store_tensor_ref<'a>(
+    store: *const SgStore,
+    ctx: *const SgContext,
+    t: sg_tensor,
+) -> R<(&'a SgStore, &'a SgContext, TensorId)> {
     let s = ptr::obj(store, "store")?;
     let c = ptr::obj(ctx, "ctx")?;
     let id = c.id(t, "t")?;
@@ -544,14 +557,10 @@ pub extern "C" fn sg_execute(
         let s = ptr::obj_mut(store, "store")?;
         let out = ptr::slot(out, "out")?;
         g.check(c)?;
-        let ids = ptr::slice(outputs, n_outputs, "outputs")?
-            .iter()
-            .map(|&h| c.id(h, "outputs[]"))
-            .collect::<R<Vec<_>>>()?;
-        let layouts = ids
-            .iter()
-            .map(|&id| c.ctx.tensor(id).map(|t| (t.ty, t.ne)))
-            .collect::<shardgraph::Result<Vec<_>>>()?;
+        let ids =
+            ptr::slice(outputs, n_outputs, "outputs")?.iter().map(|&h| c.id(h, "outputs[]")).collect::<R<Vec<_>>>()?;
+        let layouts =
+            ids.iter().map(|&id| c.ctx.tensor(id).map(|t| (t.ty, t.ne))).collect::<shardgraph::Result<Vec<_>>>()?;
         let report = e.exec.execute(&c.ctx, &g.graph, &p.plan, &mut s.store, &ids)?;
         out.write(ptr::into_handle(SgReport { report, layouts }));
         Ok(())

@@ -1,4 +1,4 @@
-//! Status codes, the per-thread last error message and [`run`], the guard
+//! Status codes, the per-thread last error message and `run`, the guard
 //! every entry point's body runs in: it maps `Err` values to status codes
 //! and contains panics, so no panic crosses the C boundary.
 
@@ -227,6 +227,20 @@ mod tests {
         assert_eq!(last(), "sg_c: panic in shardgraph: index 3 out of range");
         assert_eq!(run("sg_d", || arg("a\0b")), sg_status::SG_ERR_INVALID_ARGUMENT);
         assert_eq!(last(), "sg_d: invalid argument: a\\0b");
+    }
+
+    #[test]
+    fn the_last_error_is_per_thread() {
+        assert_eq!(run("sg_main", || arg("main thread")), sg_status::SG_ERR_INVALID_ARGUMENT);
+        let other = std::thread::spawn(|| {
+            let before = last();
+            run("sg_other", || arg("other thread"));
+            (before, last())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(other, (String::new(), "sg_other: invalid argument: other thread".to_string()));
+        assert_eq!(last(), "sg_main: invalid argument: main thread");
     }
 
     #[test]

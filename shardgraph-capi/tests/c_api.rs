@@ -17,7 +17,8 @@
 //!   the permutation chain, the Rust engine's on 1 device, and plain
 //!   decoding from C.
 //!
-//! Also: the header declares exactly the functions the library exports and
+//! Also: the README's example compiles and prints the right product; the
+//! header declares exactly the functions the library exports and
 //! the source defines (both directions), its status codes are the crate's,
 //! the C structs have the Rust layouts, and the header compiles as C99 and
 //! C++.
@@ -247,7 +248,10 @@ fn header_compiles_as_c99_and_cpp() {
     std::fs::write(&src, "#include \"shardgraph.h\"\nint main(void) { return SG_OK; }\n").expect("h.c");
     let inc = workspace().join("include");
     run_ok(
-        Command::new("cc").args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"]).arg(&inc).arg(&src),
+        Command::new("cc")
+            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"])
+            .arg(&inc)
+            .arg(&src),
         "cc -std=c99 shardgraph.h",
     );
     if Command::new("c++").arg("--version").output().is_ok_and(|o| o.status.success()) {
@@ -261,6 +265,34 @@ fn header_compiles_as_c99_and_cpp() {
     } else {
         eprintln!("no c++ compiler: the C++ check was skipped");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn readme_example_compiles_and_prints_the_product() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).expect("README.md");
+    let start = readme.find("```c\n").expect("a C example in the README") + "```c\n".len();
+    let code = &readme[start..start + readme[start..].find("```").expect("the example's end")];
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_api-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a folder");
+    let (src, exe) = (dir.join("example.c"), dir.join("example"));
+    std::fs::write(&src, code).expect("example.c");
+    let lib = lib_dir();
+    run_ok(
+        Command::new("cc")
+            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"])
+            .arg(workspace().join("include"))
+            .arg(&src)
+            .arg("-L")
+            .arg(&lib)
+            .arg("-lshardgraph_capi")
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-o")
+            .arg(&exe),
+        "cc README example",
+    );
+    // w = the first 3 rows of the identity: y = x's first 3 values per column.
+    assert_eq!(run_ok(&mut Command::new(&exe), "README example").trim(), "1 2 3 5 6 7");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -364,7 +396,13 @@ fn c_program_generates_with_the_engine() {
     assert_eq!(plain_c, rust, "C plain decoding against the Rust engine");
     let accepted: u64 = field(&out, "stats:", "accepted ").parse().expect("accepted");
     let drafted: u64 = field(&out, "stats:", "drafted ").parse().expect("drafted");
-    assert!(accepted * 2 >= drafted && drafted > 0, "a drafter that follows the target: {drafted} drafted, {accepted} accepted");
-    eprintln!("engine from C: {n} tokens, {accepted}/{drafted} drafts accepted, {:.2} s", start.elapsed().as_secs_f64());
+    assert!(
+        accepted * 2 >= drafted && drafted > 0,
+        "a drafter that follows the target: {drafted} drafted, {accepted} accepted"
+    );
+    eprintln!(
+        "engine from C: {n} tokens, {accepted}/{drafted} drafts accepted, {:.2} s",
+        start.elapsed().as_secs_f64()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
