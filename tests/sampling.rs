@@ -762,6 +762,19 @@ fn drafter_distributions_are_checked() {
     let want = generate(&mut Mock::default(), &mut d, &PROMPT, 4, SpecParams { n_max: 0, n_min: 0 }).unwrap().0;
     assert_eq!(t, want);
 
+    // A one-token prompt (no first batch) samples as by hand.
+    let mut s = Sampler::new(params).unwrap();
+    let mut d = QDrafter::new(0, false);
+    let sp = SpecParams { n_max: 0, n_min: 0 };
+    let got = generate_with(&mut Mock::default(), &mut d, &[5], 4, sp, &mut s).unwrap().0;
+    let mut s = Sampler::new(params).unwrap();
+    let mut h = vec![-1, 5];
+    for _ in 0..4 {
+        let t = s.sample(&mock_logits(h[h.len() - 2], h[h.len() - 1])).unwrap();
+        h.push(t);
+    }
+    assert_eq!(got, h[2..]);
+
     /// A target returning no logits, or too few.
     struct Short(Mock, usize);
     impl Target for Short {
@@ -782,7 +795,7 @@ fn drafter_distributions_are_checked() {
             self.0.rollback(n)
         }
     }
-    for (cut, why) in [(1, "returned 23 logits for a batch of 2"), (usize::MAX, "no logits")] {
+    for (cut, why) in [(1, "returned 35 logits for a batch of 3 (n_vocab 11)"), (usize::MAX, "no logits")] {
         let mut s = Sampler::new(params).unwrap();
         let mut d = QDrafter::new(0, true);
         let sp = SpecParams { n_max: 2, n_min: 0 };

@@ -163,18 +163,20 @@ pub fn generate<T: Target>(
 ///
 /// A greedy `sampler` ([`SamplerParams::is_greedy`]) gives [`generate`]'s
 /// tokens: the target's argmax, its logits never read back. Otherwise the
-/// target's logits `[n_vocab, T]` are read back each step, the first token
-/// is drawn from the prompt's last row, and drafts are verified by
-/// speculative sampling (module docs) with [`Drafter::draft_probs`] as `q`:
-/// the tokens are distributed as plain sampling's (`n_max` 0) with the same
-/// sampler options, though not the same draws for a seed.
+/// target's logits `[n_vocab, T]` are read back each step, the prompt is
+/// decoded in two batches (all but its last token, then that token, whose
+/// logits give the first token; the drafter's `accept` sees both), and
+/// drafts are verified by speculative sampling (module docs) with
+/// [`Drafter::draft_probs`] as `q`: the tokens are distributed as plain
+/// sampling's (`n_max` 0) with the same sampler options, though not the
+/// same draws for a seed.
 ///
 /// # Errors
 /// [`Error::Model`] for an empty prompt or an `n_max` over [`MAX_DRAFT`];
 /// decode errors (a KV cache too small for the prompt and `n_gen` tokens
 /// among them, before the step that would overflow it); when sampling,
-/// [`Error::Model`] for a target whose logits are missing or not `n_vocab`
-/// per batch token, a drafter whose `draft_probs` has fewer rows than
+/// [`Error::Model`] for a target whose logits are missing or not the same
+/// `n_vocab` per batch token every step, a drafter whose `draft_probs` has fewer rows than
 /// drafts, a row not `[n_vocab]`, a weight that is negative or not finite,
 /// or `q(x) = 0` at its own draft `x`, a draft outside the vocabulary, and
 /// the sampler's errors (NaN or all `-inf` logits).
@@ -195,13 +197,23 @@ pub fn generate_with<T: Target>(
     let greedy = sampler.params().is_greedy();
     let taps = drafter.taps();
     let start = target.n_past();
-    let out = target.decode(prompt, &taps, !greedy)?;
-    drafter.accept(target, prompt, start, &out, prompt.len())?;
+    // The logits per token, from the first logits read back (sampling).
+    let mut n_vocab = None;
     let mut last = if greedy {
+        let out = target.decode(prompt, &taps, false)?;
+        drafter.accept(target, prompt, start, &out, prompt.len())?;
         *out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?
     } else {
-        let rows = logit_rows(&out, prompt.len())?;
-        sampler.sample(rows[prompt.len() - 1])?
+        // The prompt's last token alone reads its logits back (not
+        // `[n_vocab, prompt.len()]` of them); the drafter sees both parts.
+        let (head, tail) = prompt.split_at(prompt.len() - 1);
+        if !head.is_empty() {
+            let out = target.decode(head, &taps, false)?;
+            drafter.accept(target, head, start, &out, head.len())?;
+        }
+        let out = target.decode(tail, &taps, true)?;
+        drafter.accept(target, tail, start + head.len() as i64, &out, 1)?;
+        sampler.sample(logit_rows(&out, 1, &mut n_vocab)?[0])?
     };
     let mut tokens = vec![last];
     let mut stats = SpecStats::default();
@@ -236,7 +248,7 @@ pub fn generate_with<T: Target>(
             }
             (k, out.argmax[k])
         } else {
-            verify_sampled(sampler, &logit_rows(&out, batch.len())?, &drafts, q.as_deref())?
+            verify_sampled(sampler, &logit_rows(&out, batch.len(), &mut n_vocab)?, &drafts, q.as_deref())?
         };
         stats.accepted += k;
         tokens.extend(&drafts[..k]);
@@ -251,22 +263,29 @@ pub fn generate_with<T: Target>(
     Ok((tokens, stats))
 }
 
-/// The target's logits `[n_vocab, n_rows]` as `n_rows` rows `[n_vocab]`.
+/// The target's logits `[n_vocab, n_rows]` as `n_rows` rows `[n_vocab]`;
+/// `n_vocab` is set by the first call and checked by the others.
 ///
 /// # Errors
-/// [`Error::Model`] for missing logits or a length that is not a positive
-/// multiple of `n_rows`.
-fn logit_rows(out: &StepOutput, n_rows: usize) -> Result<Vec<&[f32]>> {
+/// [`Error::Model`] for missing logits, or a length that is not a positive
+/// multiple of `n_rows` or not `n_vocab` per row.
+fn logit_rows<'a>(out: &'a StepOutput, n_rows: usize, n_vocab: &mut Option<usize>) -> Result<Vec<&'a [f32]>> {
     let logits = out
         .logits
         .as_deref()
         .ok_or_else(|| Error::Model { detail: "sampling: the target returned no logits".into() })?;
-    if n_rows == 0 || logits.is_empty() || logits.len() % n_rows != 0 {
+    let per_row = logits.len().checked_div(n_rows).unwrap_or(0);
+    let want = n_vocab.get_or_insert(per_row);
+    if per_row == 0 || per_row * n_rows != logits.len() || per_row != *want {
         return Err(Error::Model {
-            detail: format!("sampling: the target returned {} logits for a batch of {n_rows}", logits.len()),
+            detail: format!(
+                "sampling: the target returned {} logits for a batch of {n_rows} (n_vocab {})",
+                logits.len(),
+                *want
+            ),
         });
     }
-    Ok(logits.chunks_exact(logits.len() / n_rows).collect())
+    Ok(logits.chunks_exact(per_row).collect())
 }
 
 /// Speculative sampling of one verified batch: `rows` are the target's
