@@ -288,14 +288,8 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
     use shardgraph_models::mtp::MtpDrafter;
     use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
-    use shardgraph_models::speculative::{generate, Drafter, SpecParams};
+    use shardgraph_models::speculative::{generate, Drafter, NoDraft, SpecParams};
 
-    struct NoDraft;
-    impl Drafter<Qwen35Session> for NoDraft {
-        fn draft(&mut self, _: &mut Qwen35Session, _: i32, _: i64, _: usize) -> shardgraph::Result<Vec<i32>> {
-            Ok(Vec::new())
-        }
-    }
     /// Wrong at the last token of every draft of two or more, so verify
     /// rejects it and the recurrent states roll back (from snapshots).
     struct Spoil<D>(D);

@@ -31,7 +31,7 @@ use super::mtp::MtpDrafter;
 use super::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use super::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 use super::sampling::{Sampler, SamplerParams};
-use super::speculative::{generate_with, Drafter, SpecParams, SpecStats, MAX_DRAFT};
+use super::speculative::{generate_with, NoDraft, SpecParams, SpecStats, MAX_DRAFT};
 use shardgraph::error::{Error, Result};
 use shardgraph::gguf::GgufFile;
 use shardgraph::split::Devices;
@@ -100,17 +100,6 @@ pub struct Generation {
     pub tokens: Vec<i32>,
     /// Drafted and accepted counts and target steps.
     pub stats: SpecStats,
-}
-
-/// Proposes nothing: plain decoding through the speculative loop (every
-/// step verifies a batch of one token, the target's own choice).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NoDraft;
-
-impl<T> Drafter<T> for NoDraft {
-    fn draft(&mut self, _: &mut T, _: i32, _: i64, _: usize) -> Result<Vec<i32>> {
-        Ok(Vec::new())
-    }
 }
 
 /// The loaded target.

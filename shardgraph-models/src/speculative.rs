@@ -98,6 +98,17 @@ pub trait Drafter<T = Qwen3Session> {
     }
 }
 
+/// Proposes nothing: plain decoding through the speculative loop (every
+/// step verifies a batch of one token, the target's own choice).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoDraft;
+
+impl<T> Drafter<T> for NoDraft {
+    fn draft(&mut self, _: &mut T, _: i32, _: i64, _: usize) -> Result<Vec<i32>> {
+        Ok(Vec::new())
+    }
+}
+
 /// The most tokens one speculative step may draft ([`SpecParams::n_max`]):
 /// a draft is verified in one target batch, so this bounds the batch (and
 /// an MTP chain's graph) whatever a caller asks for.
