@@ -17,7 +17,8 @@
  * CONVENTIONS
  *
  * Status. Every function returns an sg_status (SG_OK = 0), except
- * sg_last_error() and sg_version(), which return strings. Results are
+ * sg_last_error(), sg_version() and sg_build_features(), which return
+ * strings. Results are
  * written through out-parameters, only on success. On failure,
  * sg_last_error() returns a message naming the function and what was wrong
  * (the op, operand and shapes; the tensor and split rule; the file and
@@ -136,6 +137,13 @@ const char *sg_last_error(void);
 
 /** The library version ("0.1.0"), a static string. */
 const char *sg_version(void);
+
+/**
+ * The cargo features the library was built with, a static comma-separated
+ * list of "cuda", "hip" and "cuda-emu" ("" for CPU devices only): which
+ * device names sg_devices_open can open (CUDA<i>; HIP<i>; EMU and EMUHIP).
+ */
+const char *sg_build_features(void);
 
 /* ======================================================================= */
 /* Handles and enums                                                       */

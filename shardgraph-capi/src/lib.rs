@@ -3,8 +3,8 @@
 //! tensor-parallel on N devices, or load a model and generate.
 //!
 //! Every entry point is `extern "C"`, `#[no_mangle]`, prefixed `sg_`, and
-//! returns an [`status::sg_status`] (except `sg_last_error` and
-//! `sg_version`, which return strings). Its body runs inside
+//! returns an [`status::sg_status`] (except `sg_last_error`, `sg_version`
+//! and `sg_build_features`, which return strings). Its body runs inside
 //! `status::run`: errors become status codes with a per-thread message
 //! (`sg_last_error`), and a panic is contained (`SG_ERR_PANIC`), never
 //! unwinding into C. Pointers from C become references only in [`ptr`],
@@ -39,6 +39,26 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 #[no_mangle]
 pub extern "C" fn sg_version() -> *const c_char {
     VERSION.as_ptr().cast()
+}
+
+/// `sg_build_features`: the cargo features this library was built with, a
+/// static comma-separated list of `cuda`, `hip`, `cuda-emu` (empty: CPU
+/// devices only), which say which device names `sg_devices_open` can open.
+#[no_mangle]
+pub extern "C" fn sg_build_features() -> *const c_char {
+    build_features().as_ptr()
+}
+
+/// The features as a C string (`cuda-emu` implies `cuda`).
+fn build_features() -> &'static std::ffi::CStr {
+    match (cfg!(feature = "cuda"), cfg!(feature = "hip"), cfg!(feature = "cuda-emu")) {
+        (_, false, true) => c"cuda,cuda-emu",
+        (_, true, true) => c"cuda,hip,cuda-emu",
+        (true, true, false) => c"cuda,hip",
+        (true, false, false) => c"cuda",
+        (false, true, false) => c"hip",
+        (false, false, false) => c"",
+    }
 }
 
 /// `sg_last_error`: the message of the last failed `sg_*` call on this
@@ -117,6 +137,9 @@ mod tests {
         for t in shardgraph::tensor::ALL_TYPES {
             assert_eq!(type_name_c(t).to_str().unwrap(), t.name());
         }
+        let f = ptr::string(sg_build_features(), "features").unwrap();
+        assert_eq!(f.split(',').any(|x| x == "cuda-emu"), cfg!(feature = "cuda-emu"), "{f}");
+        assert_eq!(f.split(',').any(|x| x == "hip"), cfg!(feature = "hip"), "{f}");
         let v = ptr::string(sg_version(), "version").unwrap();
         assert_eq!(v, env!("CARGO_PKG_VERSION"));
     }

@@ -11,6 +11,9 @@
 //!   error paths (bad type ids, NULL pointers, a mul_mat shape mismatch, a
 //!   tensor of another context, bad enums, a split rule the planner refuses,
 //!   wrong output counts) each with its code and message;
+//! * the same graph on devices opened by name (emulated GPUs with the
+//!   `cuda-emu` feature, `SHARDGRAPH_CAPI_DEVICES` to choose, e.g. real
+//!   GPUs), against the first of them alone;
 //! * the engine on generated GGUF files (a `qwen3` target whose greedy
 //!   continuation is a known permutation chain and a DFlash2 drafter built
 //!   to follow it): greedy tokens from C on 2 devices with the drafter equal
@@ -75,6 +78,31 @@ fn lib_dir() -> PathBuf {
     candidates.into_iter().find(|d| d.join(lib_file()).is_file()).expect("the cdylib after cargo build")
 }
 
+/// A private copy of the cdylib, made once per test process, that the C
+/// programs link and load: every build in the target folder writes the one
+/// `deps/libshardgraph_capi.so` (its name has no hash), so a build running
+/// next to this test (other features, another package's tests) could
+/// replace it between linking and loading.
+fn lib_copy() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_api-lib-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a folder for the library");
+        let from = lib_dir().join(lib_file());
+        std::fs::copy(&from, dir.join(lib_file())).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
+        dir
+    })
+}
+
+/// A command running the C program `exe` with the library copy: without
+/// cargo's `LD_LIBRARY_PATH` (it names `target/<profile>/deps`, and the
+/// loader prefers it to the program's run path).
+fn c_command(exe: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.env_remove("LD_LIBRARY_PATH").env_remove("DYLD_LIBRARY_PATH").env_remove("DYLD_FALLBACK_LIBRARY_PATH");
+    cmd
+}
+
 /// Runs `cmd`, returning stdout; panics with both streams on failure.
 fn run_ok(cmd: &mut Command, what: &str) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
@@ -91,7 +119,7 @@ fn tp() -> &'static Path {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("c_api-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a folder for the C program");
         let exe = dir.join("tp");
-        let lib = lib_dir();
+        let lib = lib_copy();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("c").join("tp.c");
         let mut cc = Command::new("cc");
         cc.args(["-std=c99", "-O1", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"])
@@ -177,7 +205,7 @@ fn source_functions() -> BTreeSet<String> {
 
 /// The `sg_*` symbols the built library exports (`nm -D`), if `nm` runs.
 fn exported_functions() -> Option<BTreeSet<String>> {
-    let lib = lib_dir().join(lib_file());
+    let lib = lib_copy().join(lib_file());
     let out = Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output().ok()?;
     if !out.status.success() {
         return None;
@@ -277,7 +305,7 @@ fn readme_example_compiles_and_prints_the_product() {
     std::fs::create_dir_all(&dir).expect("a folder");
     let (src, exe) = (dir.join("example.c"), dir.join("example"));
     std::fs::write(&src, code).expect("example.c");
-    let lib = lib_dir();
+    let lib = lib_copy();
     run_ok(
         Command::new("cc")
             .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I"])
@@ -292,7 +320,7 @@ fn readme_example_compiles_and_prints_the_product() {
         "cc README example",
     );
     // w = the first 3 rows of the identity: y = x's first 3 values per column.
-    assert_eq!(run_ok(&mut Command::new(&exe), "README example").trim(), "1 2 3 5 6 7");
+    assert_eq!(run_ok(&mut c_command(&exe), "README example").trim(), "1 2 3 5 6 7");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -306,7 +334,7 @@ fn field<'a>(out: &'a str, prefix: &str, key: &str) -> &'a str {
 #[test]
 fn c_program_runs_a_tensor_parallel_graph_and_its_error_paths() {
     let start = std::time::Instant::now();
-    let out = run_ok(&mut Command::new(tp()), "tp");
+    let out = run_ok(&mut c_command(tp()), "tp");
     println!("{out}");
     assert!(out.contains("ALL OK (0 failed checks)"), "{out}");
     // The struct layouts C sees are the Rust ones.
@@ -322,7 +350,7 @@ fn c_program_runs_a_tensor_parallel_graph_and_its_error_paths() {
     let nmse: f64 = field(&out, "soft_max NMSE", "device: ").parse().expect("the NMSE");
     assert!(nmse < 1e-6, "NMSE {nmse}");
     assert!(out.contains("argmax identical: yes"), "{out}");
-    let moved: u64 = field(&out, "3 devices (2,1,1)", "repartitions, ").parse().expect("bytes moved");
+    let moved: u64 = field(&out, "3 devices (CPU x3, split 2,1,1)", "repartitions, ").parse().expect("bytes moved");
     assert!(moved > 0, "{out}");
     // Every error path printed its code and message.
     for code in [
@@ -336,6 +364,38 @@ fn c_program_runs_a_tensor_parallel_graph_and_its_error_paths() {
         assert!(out.contains(&format!("error ok: {} ", code as i32)), "{code:?} not seen:\n{out}");
     }
     eprintln!("tp: NMSE {nmse:.3e}, {moved} bytes moved, {:.2} s", start.elapsed().as_secs_f64());
+}
+
+/// The same graph on devices opened by name through `sg_devices_open`:
+/// `SHARDGRAPH_CAPI_DEVICES` if set (e.g. `CUDA0,CUDA0,CUDA0` on a GPU
+/// machine), else an emulated NVIDIA GPU, a CPU and an emulated AMD GPU
+/// when the library has the `cuda-emu` feature (the C program asks it:
+/// `sg_build_features`), else three CPU devices; against the first device
+/// alone.
+#[test]
+fn c_program_runs_the_graph_on_devices_opened_by_name() {
+    let names = std::env::var("SHARDGRAPH_CAPI_DEVICES").unwrap_or_else(|_| "auto".to_string());
+    let start = std::time::Instant::now();
+    let out = run_ok(c_command(tp()).arg("devices").arg(&names), "tp devices");
+    println!("{out}");
+    assert!(out.contains("ALL OK (0 failed checks)"), "{out}");
+    let features = field(&out, "features:", "features: ").trim_matches('"').to_string();
+    let emu = features.split(',').any(|f| f == "cuda-emu");
+    if emu != cfg!(feature = "cuda-emu") {
+        // One cdylib file per target folder whatever the features: a build
+        // with other features since this test's build replaced it.
+        eprintln!("note: the library has features {features:?}, this test was built with others");
+    }
+    let names = match names.as_str() {
+        "auto" if emu => "EMU,CPU,EMUHIP".to_string(),
+        "auto" => "CPU,cpu,CPU".to_string(),
+        n => n.to_string(),
+    };
+    assert!(out.contains(&format!("({names}): ")), "{out}");
+    let nmse: f64 = field(&out, "soft_max NMSE", "device: ").parse().expect("the NMSE");
+    assert!(nmse < 1e-6, "{names}: NMSE {nmse}");
+    assert!(out.contains("argmax identical: yes"), "{out}");
+    eprintln!("tp devices {names}: NMSE {nmse:.3e}, {:.2} s", start.elapsed().as_secs_f64());
 }
 
 fn tokens(out: &str, prefix: &str) -> Vec<i32> {
@@ -368,7 +428,7 @@ fn c_program_generates_with_the_engine() {
     let prompt = [5, 77, 123, 9, 64];
     let n = 16;
 
-    let mut cmd = Command::new(tp());
+    let mut cmd = c_command(tp());
     cmd.arg("engine").arg(&target).arg(&drafter).arg(n.to_string());
     cmd.args(prompt.iter().map(|t| t.to_string()));
     let out = run_ok(&mut cmd, "tp engine");

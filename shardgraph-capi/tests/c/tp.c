@@ -17,6 +17,12 @@
  * 1 device, generates greedily on both and prints the tokens; a seeded
  * sampled generation repeats after sg_engine_reset.
  *
+ * `tp devices NAMES`: the same graph and checks on the devices NAMES
+ * lists (sg_devices_open, e.g. "EMU,EMU,EMU" or "CUDA0,CUDA0"; 3 devices
+ * get the split 2,1,1) against the first of them alone; NAMES "auto" is
+ * "EMU,CPU,EMUHIP" when sg_build_features() has cuda-emu, else
+ * "CPU,cpu,CPU".
+ *
  * Exit status 0 when every check passes, 1 otherwise.
  */
 #include "shardgraph.h"
@@ -145,21 +151,36 @@ struct result {
     size_t repartitions;
 };
 
-/* Plans, loads and runs the model on n CPU devices with `ratios`. */
-static void run(const struct model *m, int n, const float *ratios, int print, struct result *r) {
+/* Opens the devices: `names` (sg_devices_open) or, when NULL, n CPU
+ * devices; with 3 devices the tensor split is 2,1,1. */
+static sg_devices *open_devices(const char *names, int n) {
     sg_devices *devs;
+    size_t count;
+    if (names != NULL) {
+        CHECK(sg_devices_open(names, 1, &devs));
+    } else {
+        CHECK(sg_devices_cpu(n, 1, &devs));
+    }
+    CHECK(sg_devices_count(devs, &count));
+    if (count == 3) {
+        const float ratios[3] = {2.0f, 1.0f, 1.0f};
+        CHECK(sg_devices_set_tensor_split(devs, ratios, 3));
+    }
+    return devs;
+}
+
+/* Plans, loads and runs the model on `devs` (freed here). */
+static void run(const struct model *m, sg_devices *devs, int print, struct result *r) {
     sg_policy *pol;
     sg_plan *plan;
     sg_store *store;
     sg_executor *exec;
     sg_report *rep;
     size_t count, needed, k, n_out;
-    int i;
+    int i, n;
 
-    CHECK(sg_devices_cpu(n, 1, &devs));
-    CHECK(sg_devices_set_tensor_split(devs, ratios, (size_t)n));
     CHECK(sg_devices_count(devs, &count));
-    expect(count == (size_t)n, "device count");
+    n = (int)count;
 
     /* llama.cpp's --split-mode tensor rules for these tensors. */
     CHECK(sg_policy_new(devs, &pol));
@@ -351,11 +372,14 @@ static double nmse(const float *got, const float *want, size_t n) {
     return num / den;
 }
 
-static int graph_main(void) {
+/* The split run on `names` (NULL: 3 CPU devices) against the first of
+ * those devices alone (NULL: 1 CPU device). */
+static int graph_main(const char *names) {
     struct model m;
     static struct result split, one;
-    const float ratios3[3] = {2.0f, 1.0f, 1.0f};
-    const float ratios1[1] = {1.0f};
+    char first[64];
+    size_t n_split;
+    sg_devices *devs;
     double e;
     int t;
 
@@ -367,12 +391,20 @@ static int graph_main(void) {
            offsetof(sg_sampler_params, seed), sizeof(sg_spec_stats), sizeof(sg_status));
 
     build(&m);
-    run(&m, 3, ratios3, 1, &split);
-    run(&m, 1, ratios1, 0, &one);
+    devs = open_devices(names, 3);
+    CHECK(sg_devices_count(devs, &n_split));
+    run(&m, devs, 1, &split);
+    if (names != NULL) {
+        size_t len = strcspn(names, ",");
+        expect(len < sizeof first, "a short first device name");
+        memcpy(first, names, len < sizeof first ? len : sizeof first - 1);
+        first[len < sizeof first ? len : sizeof first - 1] = 0;
+    }
+    run(&m, open_devices(names != NULL ? first : NULL, 1), 0, &one);
 
     e = nmse(split.probs, one.probs, V * T);
-    printf("3 devices (2,1,1): %zu repartitions, %llu bytes moved (plan: %llu); 1 device: %llu bytes moved\n",
-           split.repartitions, (unsigned long long)split.moved, (unsigned long long)split.planned,
+    printf("%zu devices (%s): %zu repartitions, %llu bytes moved (plan: %llu); 1 device: %llu bytes moved\n",
+           n_split, names != NULL ? names : "CPU x3, split 2,1,1", split.repartitions, (unsigned long long)split.moved, (unsigned long long)split.planned,
            (unsigned long long)one.moved);
     printf("soft_max NMSE vs 1 device: %.3e\n", e);
     printf("argmax:");
@@ -504,9 +536,16 @@ int main(int argc, char **argv) {
     if (argc >= 6 && strcmp(argv[1], "engine") == 0) {
         rc = engine_main(argc, argv);
     } else if (argc == 1) {
-        rc = graph_main();
+        rc = graph_main(NULL);
+    } else if (argc == 3 && strcmp(argv[1], "devices") == 0) {
+        const char *names = argv[2];
+        printf("features: \"%s\"\n", sg_build_features());
+        if (strcmp(names, "auto") == 0) {
+            names = strstr(sg_build_features(), "cuda-emu") != NULL ? "EMU,CPU,EMUHIP" : "CPU,cpu,CPU";
+        }
+        rc = graph_main(names);
     } else {
-        fprintf(stderr, "usage: %s | %s engine TARGET DRAFTER N_PREDICT TOKEN...\n", argv[0], argv[0]);
+        fprintf(stderr, "usage: %s | %s devices NAMES|auto | %s engine TARGET DRAFTER N_PREDICT TOKEN...\n", argv[0], argv[0], argv[0]);
         return 2;
     }
     printf("%s (%d failed checks)\n", rc == 0 ? "ALL OK" : "FAILED", failures);
