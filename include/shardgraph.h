@@ -325,7 +325,7 @@ sg_status sg_sub(sg_context *ctx, sg_tensor a, sg_tensor b, sg_tensor *out);
 sg_status sg_mul(sg_context *ctx, sg_tensor a, sg_tensor b, sg_tensor *out);
 /** a / b element-wise, broadcast as sg_add (ggml_div). */
 sg_status sg_div(sg_context *ctx, sg_tensor a, sg_tensor b, sg_tensor *out);
-/** a + b[0], b a one-element tensor (ggml_add1). */
+/** a + b[0] with b a one-element tensor (ggml_add1). */
 sg_status sg_add1(sg_context *ctx, sg_tensor a, sg_tensor b, sg_tensor *out);
 /** a * s (ggml_scale). */
 sg_status sg_scale(sg_context *ctx, sg_tensor a, float s, sg_tensor *out);
@@ -333,7 +333,7 @@ sg_status sg_scale(sg_context *ctx, sg_tensor a, float s, sg_tensor *out);
 sg_status sg_scale_bias(sg_context *ctx, sg_tensor a, float s, float b, sg_tensor *out);
 /** min(max(a, min), max) (ggml_clamp). */
 sg_status sg_clamp(sg_context *ctx, sg_tensor a, float min, float max, sg_tensor *out);
-/** a tensor of a's shape filled with c (ggml_fill). */
+/** A tensor of a's type and shape filled with c (ggml_fill; a F32/F16, contiguous, not read). */
 sg_status sg_fill(sg_context *ctx, sg_tensor a, float c, sg_tensor *out);
 /** a^2 (ggml_sqr). */
 sg_status sg_sqr(sg_context *ctx, sg_tensor a, sg_tensor *out);
@@ -396,11 +396,11 @@ sg_status sg_add_id(sg_context *ctx, sg_tensor a, sg_tensor b, sg_tensor ids, sg
 
 /* --- normalisation and softmax ----------------------------------------- */
 
-/** Each row divided by its root mean square + eps (ggml_rms_norm); a F32. */
+/** x / sqrt(mean(x^2) + eps) over each row (ggml_rms_norm); a F32, eps >= 0. */
 sg_status sg_rms_norm(sg_context *ctx, sg_tensor a, float eps, sg_tensor *out);
-/** Each row minus its mean, divided by its standard deviation + eps (ggml_norm). */
+/** (x - mean) / sqrt(var + eps) over each row, no affine parameters (ggml_norm); a F32. */
 sg_status sg_norm(sg_context *ctx, sg_tensor a, float eps, sg_tensor *out);
-/** Each row divided by max(L2 norm, eps) (ggml_l2_norm). */
+/** x / max(||x||_2, eps) over each row (ggml_l2_norm); a F32. */
 sg_status sg_l2_norm(sg_context *ctx, sg_tensor a, float eps, sg_tensor *out);
 /** Softmax of each row (ggml_soft_max). */
 sg_status sg_soft_max(sg_context *ctx, sg_tensor a, sg_tensor *out);
@@ -455,17 +455,17 @@ sg_status sg_flash_attn_ext_add_sinks(sg_context *ctx, sg_tensor a, sg_tensor si
 
 /* --- reductions -------------------------------------------------------- */
 
-/** The sum of all elements, [1] (ggml_sum). */
+/** The sum of all elements, [1, 1, 1, 1] of a's type (ggml_sum; F32, F16, BF16). */
 sg_status sg_sum(sg_context *ctx, sg_tensor a, sg_tensor *out);
-/** The sum of each row, [1, ne1, ne2, ne3] (ggml_sum_rows). */
+/** The sum of each row, [1, ne1, ne2, ne3] (ggml_sum_rows; a F32). */
 sg_status sg_sum_rows(sg_context *ctx, sg_tensor a, sg_tensor *out);
-/** The mean of each row, [1, ne1, ne2, ne3] (ggml_mean). */
+/** The mean of each row, [1, ne1, ne2, ne3] (ggml_mean; a F32). */
 sg_status sg_mean(sg_context *ctx, sg_tensor a, sg_tensor *out);
-/** The index of each row's maximum, I32 [ne1] (ggml_argmax; a 2-d F32). */
+/** The index of each row's maximum (the last one on ties, as ggml), I32 [ne1] (ggml_argmax; a F32 [ne0, ne1]). */
 sg_status sg_argmax(sg_context *ctx, sg_tensor a, sg_tensor *out);
-/** The indices of each row's k largest values, I32 [k, ne1, ...] (ggml_top_k). */
+/** The indices of each row's k largest values, I32 [k, ne1, ne2, ne3], descending by value (ggml_top_k; a F32, 0 <= k <= ne0). */
 sg_status sg_top_k(sg_context *ctx, sg_tensor a, int32_t k, sg_tensor *out);
-/** The indices that sort each row, I32 (ggml_argsort); order SG_SORT_ASC or SG_SORT_DESC. */
+/** The indices that sort each row (stable), I32 of a's shape (ggml_argsort; a F32); order SG_SORT_ASC or SG_SORT_DESC. */
 sg_status sg_argsort(sg_context *ctx, sg_tensor a, int32_t order, sg_tensor *out);
 
 /* --- data movement and views ------------------------------------------- */

@@ -244,6 +244,29 @@ static void run(const struct model *m, sg_devices *devs, int print, struct resul
         if (print) {
             printf("store read-back of leaf %d: max |error| %.3e\n", i, err);
         }
+        if (i == 2) {
+            /* The stored Q8_0 bytes are ggml's reference quantization
+             * (sg_quantize), assembled from the 3 devices' row parts; writing
+             * them back raw changes nothing. */
+            size_t row = 0, nbytes = 0;
+            unsigned char *q, *stored;
+            CHECK(sg_row_size(SG_TYPE_Q8_0, ne[0], &row));
+            CHECK(sg_tensor_nbytes(m->ctx, m->leafs[i], &nbytes));
+            expect(row == (size_t)ne[0] / 32 * 34 && nbytes == row * (size_t)ne[1], "Q8_0 row size");
+            q = (unsigned char *)malloc(nbytes);
+            stored = (unsigned char *)malloc(nbytes);
+            expect(q != NULL && stored != NULL, "malloc");
+            CHECK(sg_quantize(SG_TYPE_Q8_0, v, ne[1], ne[0], q, nbytes));
+            CHECK(sg_store_get_bytes(store, m->ctx, m->leafs[i], 0, stored, nbytes));
+            expect(memcmp(q, stored, nbytes) == 0, "stored bytes are sg_quantize's");
+            CHECK(sg_store_set_bytes(store, m->ctx, m->leafs[i], 0, q, nbytes));
+            CHECK(sg_store_get_f32(store, m->ctx, m->leafs[i], v, nel));
+            expect(memcmp(v, back, nel * sizeof *v) == 0, "raw bytes written back read the same");
+            EXPECT_ERR(SG_ERR_DATA_MISMATCH, "quantize", sg_quantize(SG_TYPE_Q8_0, v, ne[1], ne[0], q, nbytes - 1));
+            EXPECT_ERR(SG_ERR_UNSUPPORTED, "i32", sg_quantize(SG_TYPE_I32, v, 1, 4, q, 16));
+            free(q);
+            free(stored);
+        }
         expect(i < 2 ? err == 0.0 : err <= 1.0 / 254.0 + 1.0 / 2048.0, "store read-back");
         free(v);
         free(back);
