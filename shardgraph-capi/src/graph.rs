@@ -78,10 +78,10 @@ impl SgContext {
         ((id.context_id() as u64) << 32) | id.index() as u64
     }
 
-    /// The handle of a tensor of this context, for callers outside the crate
-    /// (tests): `None` if `id` is not one of its tensors.
-    pub fn handle_of(&mut self, id: TensorId) -> Option<sg_tensor> {
-        (id.context_id() == self.ctx.id() && id.index() < self.ctx.len()).then(|| self.handle(id))
+    /// The context (read-only; for Rust code that made this value itself
+    /// and passes `&mut` of it to the `sg_*` functions, as the tests do).
+    pub fn context(&self) -> &Context {
+        &self.ctx
     }
 }
 

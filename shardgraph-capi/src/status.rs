@@ -161,6 +161,12 @@ pub(crate) fn last_error_ptr() -> *const c_char {
     LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
 
+/// This thread's last error message, for Rust callers of the `sg_*`
+/// functions (what `sg_last_error()` points to, copied).
+pub fn last_error() -> String {
+    LAST_ERROR.try_with(|slot| slot.borrow().to_string_lossy().into_owned()).unwrap_or_default()
+}
+
 /// The text of a panic payload.
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
