@@ -384,6 +384,84 @@ static void error_paths(const struct model *m) {
     CHECK(sg_context_free(ctx));
 }
 
+/* A fused up|gate weight split by segments (sg_policy_rule_segments) on 2
+ * devices, I32 row indices (sg_store_set_i32/get_i32): mul_mat against
+ * plain loops in C, get_rows against the weight's rows. */
+static void segments_and_i32(void) {
+    enum { KK = 8, M = 12, N = 2 };
+    sg_context *ctx;
+    sg_graph *graph;
+    sg_devices *devs;
+    sg_policy *pol;
+    sg_plan *plan;
+    sg_store *store;
+    sg_executor *exec;
+    sg_report *rep;
+    sg_tensor w, x, ids, out[2];
+    const int64_t segments[2] = {6, 6};
+    float wv[KK * M], xv[KK * N], y[M * N], rows[KK * N];
+    int32_t idv[N] = {11, 2}, idback[N] = {0, 0};
+    double err = 0.0;
+    int i, j, k;
+
+    CHECK(sg_context_new(&ctx));
+    CHECK(sg_new_tensor(ctx, SG_TYPE_F32, 2, (const int64_t[]){KK, M}, "blk.0.ffn_up_gate.weight", &w));
+    CHECK(sg_new_tensor(ctx, SG_TYPE_F32, 2, (const int64_t[]){KK, N}, "x", &x));
+    CHECK(sg_new_tensor(ctx, SG_TYPE_I32, 1, (const int64_t[]){N}, "rows", &ids));
+    CHECK(sg_set_input(ctx, x));
+    CHECK(sg_set_input(ctx, ids));
+    CHECK(sg_mul_mat(ctx, w, x, &out[0]));
+    CHECK(sg_get_rows(ctx, w, ids, &out[1]));
+    CHECK(sg_graph_build(ctx, out, 2, &graph));
+
+    CHECK(sg_devices_cpu(2, 1, &devs));
+    CHECK(sg_policy_new(devs, &pol));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "no segments", sg_policy_rule_segments(pol, "x", 1, 1, segments, 0));
+    CHECK(sg_policy_rule_segments(pol, "blk.*.ffn_up_gate.weight", 1, 1, segments, 2));
+    CHECK(sg_plan_new(ctx, graph, pol, &plan));
+    CHECK(sg_store_new(devs, &store));
+    CHECK(sg_store_place_leafs(store, ctx, graph, plan));
+    for (i = 0; i < KK * M; i++) {
+        wv[i] = val((size_t)i, 11u);
+    }
+    for (i = 0; i < KK * N; i++) {
+        xv[i] = val((size_t)i, 13u);
+    }
+    CHECK(sg_store_set_f32(store, ctx, w, wv, KK * M));
+    CHECK(sg_store_set_f32(store, ctx, x, xv, KK * N));
+    EXPECT_ERR(SG_ERR_UNSUPPORTED, "set_i32", sg_store_set_i32(store, ctx, x, idv, KK * N));
+    CHECK(sg_store_set_i32(store, ctx, ids, idv, N));
+    CHECK(sg_store_get_i32(store, ctx, ids, idback, N));
+    expect(idback[0] == 11 && idback[1] == 2, "I32 read-back");
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "values for tensor", sg_store_set_i32(store, ctx, ids, idv, 1));
+
+    CHECK(sg_executor_new(devs, &exec));
+    CHECK(sg_execute(exec, ctx, graph, plan, store, out, 2, &rep));
+    CHECK(sg_report_output_f32(rep, 0, y, M * N));
+    CHECK(sg_report_output_f32(rep, 1, rows, KK * N));
+    for (j = 0; j < N; j++) {
+        for (i = 0; i < M; i++) {
+            double want = 0.0;
+            for (k = 0; k < KK; k++) {
+                want += (double)wv[i * KK + k] * (double)xv[j * KK + k];
+            }
+            err = fabs(want - (double)y[j * M + i]) > err ? fabs(want - (double)y[j * M + i]) : err;
+        }
+        expect(memcmp(&rows[j * KK], &wv[idv[j] * KK], KK * sizeof(float)) == 0, "get_rows rows");
+    }
+    printf("segments: mul_mat on 2 devices vs C loops, max |error| %.3e\n", err);
+    expect(err < 1e-5, "fused up|gate mul_mat");
+
+    CHECK(sg_report_free(rep));
+    CHECK(sg_executor_free(exec));
+    CHECK(sg_store_free(store));
+    CHECK(sg_plan_free(plan));
+    CHECK(sg_policy_free(pol));
+    CHECK(sg_devices_free(devs));
+    CHECK(sg_graph_free(graph));
+    CHECK(sg_context_free(ctx));
+}
+
 static double nmse(const float *got, const float *want, size_t n) {
     double num = 0.0, den = 0.0;
     size_t i;
@@ -451,6 +529,7 @@ static int graph_main(const char *names) {
     printf("argmax identical: %s\n", memcmp(split.best, one.best, sizeof split.best) == 0 ? "yes" : "no");
 
     error_paths(&m);
+    segments_and_i32();
 
     CHECK(sg_graph_free(m.graph));
     CHECK(sg_context_free(m.ctx));
@@ -508,6 +587,11 @@ static int engine_main(int argc, char **argv) {
                sg_engine_load(two, "no-such-file.gguf", SG_DRAFT_NONE, NULL, &params, &spec));
     CHECK(sg_engine_load(two, target, SG_DRAFT_GGUF, drafter, &params, &spec));
     CHECK(sg_engine_n_vocab(spec, &n_vocab));
+    {
+        int64_t n_ctx = 0;
+        CHECK(sg_engine_n_ctx(spec, &n_ctx));
+        expect(n_ctx == params.ctx_size, "n_ctx is ctx_size");
+    }
     EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "out_cap",
                sg_engine_generate(spec, prompt, n_prompt, n_predict, NULL, spec_tokens, n_predict - 1, &n_out, NULL));
     CHECK(sg_engine_generate(spec, prompt, n_prompt, n_predict, NULL, spec_tokens, n_predict + 1, &n_out, &stats));
