@@ -10,7 +10,7 @@
  * speculative decoding in one call.
  *
  * Build and link: `cargo build --release -p shardgraph-capi` gives
- * target/release/libshardgraph_capi.so (and .a);
+ * target/release/libshardgraph_capi.so;
  * `cc -I include app.c -L target/release -lshardgraph_capi`.
  * C99; usable from C++ (extern "C").
  *
@@ -23,7 +23,9 @@
  * sg_last_error() returns a message naming the function and what was wrong
  * (the op, operand and shapes; the tensor and split rule; the file and
  * key). Errors never abort the process and no panic crosses the boundary:
- * an internal panic is contained and returned as SG_ERR_PANIC.
+ * an internal panic is contained and returned as SG_ERR_PANIC. (A failed
+ * host allocation aborts, as it does in Rust; device memory is checked
+ * before allocating: SG_ERR_OUT_OF_MEMORY.)
  *
  * Arguments. A NULL pointer where one is needed, a bad count or length, an
  * enum value outside its range, a string that is not UTF-8, a tensor of
@@ -46,8 +48,8 @@
  * memory after a call returns. Strings returned (sg_last_error,
  * sg_version, sg_type_name) are owned by the library.
  *
- * Threads. Handles have no hidden global state and may be used from any
- * thread. Calls that take a handle as `const` only read it and may run
+ * Threads. Handles share no state with each other and may be used from
+ * any thread. Calls that take a handle as `const` only read it and may run
  * concurrently on it; a call that takes a handle non-const must not run
  * concurrently with any other call on that handle. sg_execute takes the
  * executor `const`: runs on one executor are serialised inside it, so one
