@@ -16,7 +16,7 @@ use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::generate::{write_dflash_gguf, write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
 use shardgraph_models::generate::{write_qwen35_gguf, write_qwen3_gguf_with};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Session, Qwen3Types};
 use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 use shardgraph_models::sampling::SamplerParams;
 use shardgraph_models::speculative::SpecParams;
@@ -25,22 +25,9 @@ use std::path::{Path, PathBuf};
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
 
-fn qwen3_hp() -> Qwen3Hparams {
-    Qwen3Hparams { core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32), n_vocab: 200, n_ctx_train: 4096 }
-}
-
-/// A DFlash drafter for [`qwen3_hp`] (v1: no convolution, no selector).
-fn dflash_hp() -> DflashHparams {
-    DflashHparams {
-        core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32),
-        target_layers: vec![1, 2],
-        target_hidden: 128,
-        block_size: 5,
-        mask_token: 199,
-        conv: None,
-        selector: None,
-    }
-}
+#[path = "common/spec_models.rs"]
+mod spec_models;
+use spec_models::{dflash_hp, qwen3_hp};
 
 /// A DFlash2 drafter for a target of hidden size `e`, vocabulary `v` and
 /// last layer `last` (the generator's permutation-following weights need
@@ -107,25 +94,11 @@ fn plain_greedy(model: &Path, prompt: &[i32], n: usize) -> Vec<i32> {
     let f = shardgraph::gguf::GgufFile::open(model).unwrap();
     let arch = f.get_str("general.architecture").unwrap().to_string();
     let kv = (prompt.len() + n) as i64;
-    let mut out = Vec::with_capacity(n);
     if arch == "qwen3" {
-        let mut s = Qwen3Session::from_file(&f, &[1.0], 1, GgmlType::F16, kv).unwrap();
-        let mut last = *s.decode(prompt, &[], false).unwrap().argmax.last().unwrap();
-        out.push(last);
-        while out.len() < n {
-            last = s.decode(&[last], &[], false).unwrap().argmax[0];
-            out.push(last);
-        }
+        spec_models::plain_greedy(&mut Qwen3Session::from_file(&f, &[1.0], 1, GgmlType::F16, kv).unwrap(), prompt, n)
     } else {
-        let mut s = Qwen35Session::from_file(&f, &[1.0], 1, GgmlType::F16, kv).unwrap();
-        let mut last = *s.decode(prompt, &[], false).unwrap().argmax.last().unwrap();
-        out.push(last);
-        while out.len() < n {
-            last = s.decode(&[last], &[], false).unwrap().argmax[0];
-            out.push(last);
-        }
+        spec_models::plain_greedy(&mut Qwen35Session::from_file(&f, &[1.0], 1, GgmlType::F16, kv).unwrap(), prompt, n)
     }
-    out
 }
 
 #[test]

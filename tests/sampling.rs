@@ -811,15 +811,14 @@ fn drafter_distributions_are_checked() {
 // ---------------------------------------------------------------------------
 // The tiny qwen3.
 
-use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
+use shardgraph_models::dflash::DflashDrafter;
 use shardgraph_models::generate::{write_dflash_gguf, write_qwen3_gguf_with, Weights};
-use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Session, Qwen3Types};
 
 /// tests/speculative.rs's tiny target (2 layers, E 128, vocabulary 200).
-fn tiny_hp() -> Qwen3Hparams {
-    Qwen3Hparams { core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32), n_vocab: 200, n_ctx_train: 4096 }
-}
+#[path = "common/spec_models.rs"]
+mod spec_models;
+use spec_models::{dflash_hp, plain_greedy, qwen3_hp as tiny_hp};
 
 /// A scratch directory removed on drop.
 struct Dir(std::path::PathBuf);
@@ -838,33 +837,13 @@ impl Drop for Dir {
     }
 }
 
-/// Greedy decoding by hand: the prompt, then one token at a time, each the
-/// target's argmax (no speculative code).
-fn plain_greedy(s: &mut Qwen3Session, prompt: &[i32], n_gen: usize) -> Vec<i32> {
-    let mut last = *s.decode(prompt, &[], false).unwrap().argmax.last().unwrap();
-    let mut out = vec![last];
-    while out.len() < n_gen {
-        last = s.decode(&[last], &[], false).unwrap().argmax[0];
-        out.push(last);
-    }
-    out
-}
-
 #[test]
 fn greedy_sampler_keeps_the_greedy_loop_on_two_devices() {
     let dir = Dir::new("greedy");
     let target = dir.0.join("target.gguf");
     let kind = Weights::PermutationWithAttention { attention: 2.0 };
     write_qwen3_gguf_with(&target, &tiny_hp(), &Qwen3Types::all(GgmlType::Q8_0), 13, kind).unwrap();
-    let dhp = DflashHparams {
-        core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32),
-        target_layers: vec![1, 2],
-        target_hidden: 128,
-        block_size: 5,
-        mask_token: 199,
-        conv: None,
-        selector: None,
-    };
+    let dhp = dflash_hp();
     let drafter = dir.0.join("drafter.gguf");
     write_dflash_gguf(&drafter, &dhp, GgmlType::Q8_0, tiny_hp().n_vocab, 17).unwrap();
     let prompt = [3, 14, 15, 92, 65];

@@ -33,9 +33,9 @@ impl Drafter for PermDrafter {
     }
 }
 
-fn hp() -> Qwen3Hparams {
-    Qwen3Hparams { core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32), n_vocab: 200, n_ctx_train: 4096 }
-}
+#[path = "common/spec_models.rs"]
+mod spec_models;
+use spec_models::{dflash_hp, qwen3_hp as hp};
 
 #[test]
 fn speculative_output_equals_plain_greedy() {
@@ -83,15 +83,7 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("target.gguf");
     write_qwen3_gguf_with(&path, &hp(), &Qwen3Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
-    let dhp = DflashHparams {
-        core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32),
-        target_layers: vec![1, 2],
-        target_hidden: 128,
-        block_size: 5,
-        mask_token: 199,
-        conv: None,
-        selector: None,
-    };
+    let dhp = dflash_hp();
     let drafter = dir.join("drafter.gguf");
     write_dflash_gguf(&drafter, &dhp, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
     // DFlash2's convolutions in the drafter too.
