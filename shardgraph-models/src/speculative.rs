@@ -307,7 +307,8 @@ fn logit_rows<'a>(out: &'a StepOutput, n_rows: usize, n_vocab: &mut Option<usize
 ///
 /// # Errors
 /// [`Error::Model`] for fewer `q` rows than drafts, a `q` row not
-/// `[n_vocab]` or with a weight that is negative or not finite, `q(x) = 0`
+/// `[n_vocab]` or with a weight that is negative or not finite (rows are
+/// normalised: they need not sum to 1), `q(x) = 0`
 /// at a draft `x`, a draft outside the vocabulary; the sampler's errors.
 fn verify_sampled(
     sampler: &mut Sampler,
@@ -342,7 +343,9 @@ fn verify_sampled(
                         detail: format!("sampling: the drafter's q row {i} gives token {t} the weight {w}"),
                     });
                 }
-                let qx = qi[xi] as f64;
+                // q as a distribution: a drafter's row need not sum to 1 exactly.
+                let q_sum: f64 = qi.iter().map(|&w| w as f64).sum();
+                let qx = if q_sum > 0.0 { qi[xi] as f64 / q_sum } else { 0.0 };
                 if qx <= 0.0 {
                     return Err(Error::Model {
                         detail: format!("sampling: the drafter's q row {i} gives its own draft {x} probability 0"),
@@ -353,7 +356,7 @@ fn verify_sampled(
                 if !accepted {
                     // Residual distribution max(0, p - q) (normalised by the draw).
                     for (pt, &qt) in p.iter_mut().zip(qi) {
-                        *pt = (*pt - qt).max(0.0);
+                        *pt = (*pt as f64 - qt as f64 / q_sum).max(0.0) as f32;
                     }
                 }
                 accepted
