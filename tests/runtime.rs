@@ -3,7 +3,8 @@
 //! allocates nothing, copies nothing into the caches, reads to the host
 //! only the output it asks for, and moves exactly its plan's bytes; and a
 //! step's work follows the KV cells in use, not the allocated context — a
-//! decode in a 65536-cell cache gives the tokens and logits of a 512-cell one.
+//! decode in a cache of any size (65536, 4104, 600 cells) gives the tokens,
+//! logits and bytes moved of a 512-cell one.
 
 use shardgraph::split::Planner;
 use shardgraph::{Context, GgmlType};
@@ -63,7 +64,7 @@ fn a_decode_step_allocates_copies_and_reads_nothing_but_its_output() {
 /// The steps' window: 256 cells while fewer are used, then 512 — the same
 /// tokens and logits as with a small cache, on 1 and 2 devices.
 #[test]
-fn decoding_in_a_65536_cell_cache_gives_the_tokens_of_a_512_cell_cache() {
+fn decoding_in_a_cache_of_any_size_gives_the_tokens_and_bytes_of_a_512_cell_cache() {
     assert_eq!(kv_window(65536, 1), 256);
     assert_eq!(kv_window(65536, 256), 256);
     assert_eq!(kv_window(65536, 257), 512);
@@ -71,11 +72,14 @@ fn decoding_in_a_65536_cell_cache_gives_the_tokens_of_a_512_cell_cache() {
     let prompt: Vec<i32> = (0..250).map(|i| (i * 37 + 11) % 96).collect();
     for ratios in [vec![1.0], vec![1.0, 1.0]] {
         let mut runs = Vec::new();
-        for kv in [512, 65536] {
+        // Caches of any size: 4104 and 600 cells are not multiples of the
+        // 256-cell window (a cache with a drafter's block on top).
+        for kv in [512, 65536, 4104, 600] {
             let mut s = session(&ratios, kv);
             let out = s.decode(&prompt, &[], true).unwrap();
             let mut logits = vec![out.logits.unwrap()];
             let mut tokens = vec![*out.argmax.last().unwrap()];
+            let before = s.runner.bytes_moved;
             // Across the window's edge at 256 cells.
             for _ in 0..12 {
                 let o = s.decode(&[*tokens.last().unwrap()], &[], true).unwrap();
@@ -83,12 +87,18 @@ fn decoding_in_a_65536_cell_cache_gives_the_tokens_of_a_512_cell_cache() {
                 logits.push(o.logits.unwrap());
             }
             assert_eq!(s.n_past, 262);
-            runs.push((tokens, logits));
+            runs.push((kv, tokens, logits, s.runner.bytes_moved - before));
         }
-        assert_eq!(runs[0].0, runs[1].0, "{ratios:?}: tokens with 512 and 65536 cells");
-        for (a, b) in runs[0].1.iter().zip(&runs[1].1) {
-            let e = nmse(a, b);
-            assert!(e <= 1e-12, "{ratios:?}: logits NMSE {e:.3e} between 512 and 65536 cells");
+        let (_, tokens, logits, moved) = &runs[0];
+        for (kv, t, l, m) in &runs[1..] {
+            assert_eq!(t, tokens, "{ratios:?}: tokens with 512 and {kv} cells");
+            for (a, b) in logits.iter().zip(l) {
+                let e = nmse(a, b);
+                assert!(e <= 1e-12, "{ratios:?}: logits NMSE {e:.3e} between 512 and {kv} cells");
+            }
+            // The steps move the same bytes whatever the cache's size (no
+            // cache is gathered).
+            assert_eq!(m, moved, "{ratios:?}: bytes moved by 12 steps with 512 and {kv} cells");
         }
     }
 }

@@ -227,3 +227,40 @@ fn a_zero_ratio_device_does_not_make_the_others_relayout_weights() {
         );
     }
 }
+
+/// A window of the first `n_kv` cells of a head-split KV cache (a view
+/// `[D, H_kv, n_kv]` of `[D·H_kv, kv]`, as the models read it) stays split
+/// whatever the cache size: a cache of 4104 cells (4096 + a drafter's block
+/// of 8) or 300 plans the same bytes as one of 4096 and gathers nothing.
+/// (The view's geometry used to take the cache's shape from the window's
+/// own outer stride, which fits only caches of a multiple of the window:
+/// every step all-gathered the whole cache.)
+#[test]
+fn kv_window_of_any_cache_size_stays_split() {
+    let plan_bytes = |kv: i64, n_kv: i64| {
+        let mut ctx = Context::new();
+        let cache = named(&mut ctx, GgmlType::F16, &[256, kv], "cache_k_l0"); // 2 KV heads of 128
+        let row = ctx.tensor(cache).unwrap().nb[1];
+        let win = ctx.view_3d(cache, 128, 2, n_kv, 128 * 2, row, 0).unwrap(); // [D, H_kv, n_kv]
+        let q = input(&mut ctx, GgmlType::F32, &[128, 1, 4], "q"); // [D, T, H]
+        let k = ctx.permute(win, [0, 2, 1, 3]).unwrap(); // [D, n_kv, H_kv]
+        let kq = ctx.mul_mat(k, q).unwrap();
+        let g = ctx.build_forward(&[kq]).unwrap();
+        let policy = SplitPolicy::new(&[1.0, 1.0])
+            .unwrap()
+            .rule("cache_k_l*", SplitSpec::Axis { axis: 0, granule: 128, segments: vec![] });
+        let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+        // The window is read where it lies (the mirrored q's heads make
+        // the product gather the window's scores, not the cache).
+        assert!(matches!(plan.state(win), Some(SplitState::Split(_))), "kv {kv}:\n{}", plan.report(&ctx));
+        assert!(!plan.report(&ctx).contains("cache_k_l0 split"), "kv {kv}: the cache moves:\n{}", plan.report(&ctx));
+        plan.total_bytes()
+    };
+    for n_kv in [1, 256, 512] {
+        let want = plan_bytes(4096, n_kv);
+        for kv in [4104, 4097, 4352, 65544, 600] {
+            assert_eq!(plan_bytes(kv, n_kv), want, "kv {kv}, window {n_kv}");
+        }
+    }
+    plan_bytes(300, 300);
+}

@@ -194,19 +194,25 @@ pub(crate) fn view_geometry(p: &Tensor, t: &Tensor, s: &AxisSplit) -> Option<(Te
     if t.nb[0] != ts {
         return None;
     }
+    // Up to the view's outermost axis with more than one element (`top`)
+    // the strides give the extents; that axis takes the rest of the parent.
+    // (A view's strides above `top` are products of its own extents — a
+    // window of 256 cells of a 4104-cell cache has nb[3] = 256 rows — and
+    // say nothing of the parent's shape.)
+    let top = (0..4).rev().find(|&k| t.ne[k] > 1).unwrap_or(0);
     let mut ne = [1i64; 4];
-    for (k, e) in ne.iter_mut().take(3).enumerate() {
+    for (k, e) in ne.iter_mut().take(top).enumerate() {
         if t.nb[k] == 0 || t.nb[k + 1] % t.nb[k] != 0 {
             return None;
         }
         *e = (t.nb[k + 1] / t.nb[k]) as i64 * if k == 0 { bs } else { 1 };
     }
     let total: i64 = p.ne.iter().product();
-    let inner: i64 = ne[..3].iter().product();
+    let inner: i64 = ne[..top].iter().product();
     if inner <= 0 || total % inner != 0 {
         return None;
     }
-    ne[3] = total / inner;
+    ne[top] = total / inner;
     let q = Tensor { ne, nb: crate::tensor::contiguous_strides(p.ty, &ne), ..p.clone() };
     let sq = if ne == p.ne { s.clone() } else { reshape_split(s, &p.ne, &ne)? };
     let st = box_starts(&q, t)?;
