@@ -146,7 +146,10 @@ fn run() -> shardgraph::Result<()> {
     let threads: usize = parsed(&args, "--threads", 1);
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);
     let n_min: usize = parsed(&args, "--spec-draft-n-min", 0);
-    spec::check_counts(n_gen, threads, n_min.max(1), n_min, p_min);
+    // --spec-draft-n-max's range now, before any model is written (the
+    // drafter's block caps it later).
+    let asked_n_max: usize = parsed(&args, "--spec-draft-n-max", n_min.max(1));
+    spec::check_counts(n_gen, threads, asked_n_max, n_min.min(asked_n_max), p_min);
     let sampler = spec::sampler(&args);
     let verify = args.iter().any(|a| a == "--verify");
     spec::check_verify(verify, &sampler);

@@ -804,9 +804,10 @@ sg_status sg_engine_load(const sg_devices *devs, const char *model_path, int32_t
  * (out_cap >= n_predict entries), *n_out the count written, *stats (if
  * not NULL) the draft counts; sampler NULL is greedy. Greedy output equals
  * plain greedy decoding token for token; sampled output has the target's
- * distribution. The sequence continues across calls (every earlier token
- * but the last generated one, which is passed first in the next prompt)
- * until sg_engine_reset.
+ * distribution. The sequence continues across calls until
+ * sg_engine_reset: each prompt follows the tokens the previous call
+ * generated (the engine feeds the last generated token to the model
+ * itself; do not pass it again).
  * Errors: SG_ERR_INVALID_ARGUMENT (out_cap < n_predict, negative top_k);
  * SG_ERR_MODEL (an empty prompt, a token outside the vocabulary, a prompt
  * and n_predict over the context, bad sampler values), device errors.

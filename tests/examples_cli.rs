@@ -26,7 +26,11 @@ fn bad_options_exit_with_the_value_in_the_message() {
     let nope_s = nope.to_str().unwrap().to_string();
     let cases: Vec<(&str, Vec<&str>, &str)> = vec![
         ("dflash2", vec!["--tensor-split", "0,0"], "--tensor-split needs non-negative numbers, not all zero"),
-        ("dflash2", vec!["--tensor-split", "1,nan"], "--tensor-split"),
+        ("dflash2", vec!["--tensor-split", "1,nan"], "--tensor-split 1,nan: \"nan\" is not a finite number"),
+        ("dflash2", vec!["--tensor-split", "1,x"], "--tensor-split 1,x: \"x\" is not a finite number"),
+        ("dflash2", vec!["--tensor-split", "1,,1"], "--tensor-split 1,,1: \"\" is not a finite number"),
+        ("mtp", vec!["--tensor-split", "1e40,1"], "\"1e40\" is not a finite number"),
+        ("dflash2", vec!["--spec-draft-n-max", "257"], "--spec-draft-n-max 257: must be within 1..=256"),
         ("dflash2", vec!["--devices", "65"], "--devices 65: 1 to 64"),
         ("dflash2", vec!["--devices", "1000"], "--devices 1000: 1 to 64"),
         ("dflash2", vec!["--devices", "2", "--tensor-split", "1,1,1"], "3 ratio(s) for 2 device(s)"),
@@ -57,7 +61,11 @@ fn bad_options_exit_with_the_value_in_the_message() {
         ("dflash2", vec!["--ctx-size", "99999999999999"], "--ctx-size 99999999999999 is too large"),
         ("dflash2", vec!["--n-predict", "2147483647"], "this run needs 2147483663 cells"),
         ("mtp", vec!["--ctx-size", "2147483648"], "--ctx-size 2147483648 is too large"),
-        ("dflash2", vec!["--device", "HIP"], "--device HIP: device \"HIP\": use CPU, CUDA<i>, HIP<i>, EMU or EMUHIP"),
+        (
+            "dflash2",
+            vec!["--device", "HIP"],
+            "--device HIP: device \"HIP\": use CPU, CUDA<i>, HIP<i> (i: 1 to 9 decimal digits), EMU or EMUHIP",
+        ),
         ("dflash2", vec!["--device", "CPU,HIP+0"], "device \"HIP+0\": use CPU"),
         ("mtp", vec!["--device", "hip-1,hip-1"], "device \"hip-1\": use CPU"),
         ("mtp", vec!["--device", "HIP1234567890"], "device \"HIP1234567890\": use CPU"),

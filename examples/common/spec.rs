@@ -9,7 +9,9 @@ use shardgraph::split::Devices;
 use shardgraph::GgmlType;
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::engine::{DraftModel, Engine, EngineParams, Generation};
-use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+use shardgraph_models::generate::{
+    write_dflash_gguf_with, write_qwen35_gguf_with, Weights, GENERATOR_KEY, GENERATOR_VERSION,
+};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
 use shardgraph_models::sampling::SamplerParams;
@@ -81,8 +83,17 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
         other => fail(format!("--split-mode {other}: use none or tensor")),
     }
     let listed = arg(args, "--device").map(|l| l.split(',').count());
-    let split: Option<Vec<f32>> =
-        arg(args, "--tensor-split").map(|s| s.split(',').map(|x| x.trim().parse().unwrap_or(f32::NAN)).collect());
+    let split: Option<Vec<f32>> = arg(args, "--tensor-split").map(|s| {
+        s.split(',')
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .ok()
+                    .filter(|r: &f32| r.is_finite())
+                    .unwrap_or_else(|| fail(format!("--tensor-split {s}: {:?} is not a finite number", x.trim())))
+            })
+            .collect()
+    });
     let n: usize = parsed(args, "--devices", listed.or(split.as_ref().map(Vec::len)).unwrap_or(default_n));
     if !(1..=MAX_DEVICES).contains(&n) {
         fail(format!("--devices {n}: 1 to {MAX_DEVICES}"));
@@ -246,8 +257,10 @@ pub fn progress(what: &str) -> impl FnMut(u64, u64) + '_ {
 
 /// Writes the generated example model `path` with `write` (through a
 /// `.partial` file, renamed when complete) unless it exists and `current`
-/// accepts it; a cached file that does not parse or is not the model this
-/// build generates (an older version, a damaged copy) is written again.
+/// accepts it and carries this build's generator version
+/// ([`GENERATOR_VERSION`]); a cached file that does not parse or is not the
+/// model this build generates (another version, a damaged copy) is written
+/// again.
 /// Only for the examples' own files in the temp folder: a `--model` path is
 /// the user's and is never written.
 pub fn ensure(
@@ -257,7 +270,7 @@ pub fn ensure(
 ) -> shardgraph::Result<()> {
     if path.exists() {
         match shardgraph::gguf::GgufFile::open(path) {
-            Ok(f) if current(&f) => return Ok(()),
+            Ok(f) if current(&f) && f.get_str(GENERATOR_KEY).is_ok_and(|v| v == GENERATOR_VERSION) => return Ok(()),
             Ok(_) => eprintln!("{}: not the model this build generates; writing it again", path.display()),
             Err(e) => eprintln!("{}: {e}; writing it again", path.display()),
         }

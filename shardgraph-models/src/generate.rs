@@ -209,6 +209,15 @@ type RowFill<'a> = dyn Fn(&str, usize, &mut [f32]) -> bool + 'a;
 /// Streams `tensors` into a GGUF with `w`'s metadata: each row from
 /// `special`, or seeded uniform values in ±√(3/n_in)·`damp(name)` (norm
 /// weights 1 ± 0.1), quantized to the tensor's type.
+/// The metadata key every generated file carries [`GENERATOR_VERSION`]
+/// under (a key of this crate's own; llama.cpp ignores it).
+pub const GENERATOR_KEY: &str = "shardgraph.generator";
+
+/// The generators' version, changed whenever what they write changes
+/// (weights, keys, layouts), so a copy cached by another build can be told
+/// apart and written again (the examples' models in the temp folder).
+pub const GENERATOR_VERSION: &str = "shardgraph-models generate 2";
+
 fn write_tensors(
     path: impl AsRef<std::path::Path>,
     mut w: GgufWriter,
@@ -218,6 +227,7 @@ fn write_tensors(
     special: &RowFill<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
+    w.add_kv(GENERATOR_KEY, GENERATOR_VERSION)?;
     for (name, ty, ne) in tensors {
         if ne[0] % ty.block_size() as i64 != 0 {
             return Err(Error::Model { detail: format!("{name}: rows of {} do not fit {ty} blocks", ne[0]) });

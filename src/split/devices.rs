@@ -253,7 +253,9 @@ impl DeviceName {
                 (_, Some(i)) => (DeviceName::Hip(i), cfg!(feature = "hip"), "hip"),
                 _ => {
                     return Err(Error::Split {
-                        detail: format!("device {name:?}: use CPU, CUDA<i>, HIP<i>, EMU or EMUHIP"),
+                        detail: format!(
+                            "device {name:?}: use CPU, CUDA<i>, HIP<i> (i: 1 to 9 decimal digits), EMU or EMUHIP"
+                        ),
                     })
                 }
             },

@@ -625,6 +625,13 @@ impl SplitStore {
     /// covers whole rows of its owner (its bytes are then converted and
     /// written with [`SplitStore::set_tensor`] through the view).
     ///
+    /// Non-finite values are converted as ggml converts them, not refused:
+    /// F16/BF16 keep ±inf and NaN (and round values beyond their range to
+    /// ±inf); a quantized block with a NaN or ±inf among its values takes
+    /// whatever ggml's quantizer makes of it (a Q8_0 block with an inf
+    /// reads back as NaN, a Q4_K block with a NaN as zeros). Check the
+    /// values first if they may hold such numbers.
+    ///
     /// # Errors
     /// [`Error::DataMismatch`] naming the tensor and both counts for a
     /// `values.len()` other than its element count;

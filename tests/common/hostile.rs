@@ -266,7 +266,10 @@ pub fn cases(base: &Base, sink: &mut dyn FnMut(Case)) {
         }
         let mut k = kvs.clone();
         k.remove(i);
+        // Optional keys: names, the generator's version, and what the
+        // loaders default as llama.cpp does.
         let required = !key.starts_with("general.name")
+            && key != shardgraph_models::generate::GENERATOR_KEY
             && !key.starts_with("tokenizer.ggml.model")
             && !key.ends_with(".vocab_size")
             && !key.ends_with(".rope.freq_base")
