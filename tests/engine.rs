@@ -154,7 +154,7 @@ fn greedy_engine_equals_plain_decoding_with_every_drafter() {
             // The context is full: one more token is refused before decoding.
             assert_eq!(e.n_past(), ctx, "{what}");
             let err = e.generate(&[1], 0, &greedy).unwrap_err().to_string();
-            assert!(err.contains("ctx_size") && err.contains("cells in use"), "{what}: {err}");
+            assert!(err.contains("ctx_size") && err.contains("in use already"), "{what}: {err}");
             assert_eq!(e.n_past(), ctx, "{what}");
             // Reset: the same tokens again, as from a new engine.
             e.reset().unwrap();

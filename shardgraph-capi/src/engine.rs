@@ -128,7 +128,7 @@ pub struct SgEngine {
 #[no_mangle]
 pub extern "C" fn sg_engine_params_default(out: *mut SgEngineParams) -> sg_status {
     run("sg_engine_params_default", || {
-        ptr::slot(out, "out")?.write(EngineParams::default().into());
+        ptr::slot(out, "p")?.write(EngineParams::default().into());
         Ok(())
     })
 }
@@ -138,7 +138,7 @@ pub extern "C" fn sg_engine_params_default(out: *mut SgEngineParams) -> sg_statu
 #[no_mangle]
 pub extern "C" fn sg_sampler_params_default(out: *mut SgSamplerParams) -> sg_status {
     run("sg_sampler_params_default", || {
-        ptr::slot(out, "out")?.write(SamplerParams::default().into());
+        ptr::slot(out, "p")?.write(SamplerParams::default().into());
         Ok(())
     })
 }
@@ -157,7 +157,7 @@ pub extern "C" fn sg_engine_load(
 ) -> sg_status {
     run("sg_engine_load", || {
         let d = ptr::obj(devs, "devs")?;
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "engine")?;
         let model = PathBuf::from(ptr::string(model_path, "model_path")?);
         let draft_path = ptr::opt_string(draft_path, "draft_path")?;
         let draft = match (draft_kind, draft_path) {
@@ -234,7 +234,7 @@ pub extern "C" fn sg_engine_reset(engine: *mut SgEngine) -> sg_status {
 pub extern "C" fn sg_engine_n_vocab(engine: *const SgEngine, out: *mut i64) -> sg_status {
     run("sg_engine_n_vocab", || {
         let e = ptr::obj(engine, "engine")?;
-        ptr::slot(out, "out")?.write(e.engine.n_vocab());
+        ptr::slot(out, "n")?.write(e.engine.n_vocab());
         Ok(())
     })
 }
@@ -244,7 +244,7 @@ pub extern "C" fn sg_engine_n_vocab(engine: *const SgEngine, out: *mut i64) -> s
 pub extern "C" fn sg_engine_n_past(engine: *const SgEngine, out: *mut i64) -> sg_status {
     run("sg_engine_n_past", || {
         let e = ptr::obj(engine, "engine")?;
-        ptr::slot(out, "out")?.write(e.engine.n_past());
+        ptr::slot(out, "n")?.write(e.engine.n_past());
         Ok(())
     })
 }
@@ -254,7 +254,7 @@ pub extern "C" fn sg_engine_n_past(engine: *const SgEngine, out: *mut i64) -> sg
 pub extern "C" fn sg_engine_n_ctx(engine: *const SgEngine, out: *mut i64) -> sg_status {
     run("sg_engine_n_ctx", || {
         let e = ptr::obj(engine, "engine")?;
-        ptr::slot(out, "out")?.write(e.engine.n_ctx());
+        ptr::slot(out, "n")?.write(e.engine.n_ctx());
         Ok(())
     })
 }
@@ -264,7 +264,7 @@ pub extern "C" fn sg_engine_n_ctx(engine: *const SgEngine, out: *mut i64) -> sg_
 pub extern "C" fn sg_engine_bytes_moved(engine: *const SgEngine, out: *mut u64) -> sg_status {
     run("sg_engine_bytes_moved", || {
         let e = ptr::obj(engine, "engine")?;
-        ptr::slot(out, "out")?.write(e.engine.bytes_moved());
+        ptr::slot(out, "bytes")?.write(e.engine.bytes_moved());
         Ok(())
     })
 }

@@ -148,7 +148,7 @@ fn op(
 #[no_mangle]
 pub extern "C" fn sg_context_new(out: *mut *mut SgContext) -> sg_status {
     run("sg_context_new", || {
-        ptr::slot(out, "out")?.write(ptr::into_handle(SgContext::default()));
+        ptr::slot(out, "ctx")?.write(ptr::into_handle(SgContext::default()));
         Ok(())
     })
 }
@@ -168,7 +168,7 @@ pub extern "C" fn sg_context_free(ctx: *mut SgContext) -> sg_status {
 pub extern "C" fn sg_context_n_tensors(ctx: *const SgContext, out: *mut usize) -> sg_status {
     run("sg_context_n_tensors", || {
         let c = ptr::obj(ctx, "ctx")?;
-        ptr::slot(out, "out")?.write(c.ctx.len());
+        ptr::slot(out, "n")?.write(c.ctx.len());
         Ok(())
     })
 }
@@ -270,7 +270,7 @@ pub extern "C" fn sg_tensor_nbytes(ctx: *const SgContext, t: sg_tensor, out: *mu
     run("sg_tensor_nbytes", || {
         let c = ptr::obj(ctx, "ctx")?;
         let id = c.id(t, "t")?;
-        ptr::slot(out, "out")?.write(c.ctx.tensor(id)?.nbytes());
+        ptr::slot(out, "bytes")?.write(c.ctx.tensor(id)?.nbytes());
         Ok(())
     })
 }
@@ -605,7 +605,7 @@ impl SgRopeParams {
 #[no_mangle]
 pub extern "C" fn sg_rope_params_default(out: *mut SgRopeParams) -> sg_status {
     run("sg_rope_params_default", || {
-        ptr::slot(out, "out")?.write(RopeParams::default().into());
+        ptr::slot(out, "p")?.write(RopeParams::default().into());
         Ok(())
     })
 }
@@ -996,7 +996,7 @@ pub extern "C" fn sg_graph_build(
 ) -> sg_status {
     run("sg_graph_build", || {
         let c = ptr::obj(ctx, "ctx")?;
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "graph")?;
         let ids =
             ptr::slice(outputs, n_outputs, "outputs")?.iter().map(|&h| c.id(h, "outputs[]")).collect::<R<Vec<_>>>()?;
         let graph = c.ctx.build_forward(&ids)?;
@@ -1036,7 +1036,7 @@ pub extern "C" fn sg_graph_size(graph: *const SgGraph, n_nodes: *mut usize, n_le
 pub extern "C" fn sg_row_size(ty: i32, ne0: i64, out: *mut usize) -> sg_status {
     run("sg_row_size", || {
         let ty = ggml_type(ty)?;
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "bytes")?;
         out.write(ty.row_size(ne0)?);
         Ok(())
     })

@@ -74,7 +74,7 @@ fn write_opt<T>(p: *mut T, v: T, what: &str) -> R {
 #[no_mangle]
 pub extern "C" fn sg_devices_cpu(n: i32, threads: i32, out: *mut *mut SgDevices) -> sg_status {
     run("sg_devices_cpu", || {
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "devs")?;
         let devices = Devices::cpu(positive(n, "n")?, positive(threads, "threads")?)?;
         out.write(ptr::into_handle(SgDevices { devices }));
         Ok(())
@@ -86,7 +86,7 @@ pub extern "C" fn sg_devices_cpu(n: i32, threads: i32, out: *mut *mut SgDevices)
 #[no_mangle]
 pub extern "C" fn sg_devices_open(names: *const c_char, threads: i32, out: *mut *mut SgDevices) -> sg_status {
     run("sg_devices_open", || {
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "devs")?;
         let names = ptr::string(names, "names")?;
         let devices = Devices::parse(names, positive(threads, "threads")?)?;
         out.write(ptr::into_handle(SgDevices { devices }));
@@ -112,7 +112,7 @@ pub extern "C" fn sg_devices_set_tensor_split(devs: *mut SgDevices, ratios: *con
 pub extern "C" fn sg_devices_count(devs: *const SgDevices, out: *mut usize) -> sg_status {
     run("sg_devices_count", || {
         let d = ptr::obj(devs, "devs")?;
-        ptr::slot(out, "out")?.write(d.devices.n_devices());
+        ptr::slot(out, "n")?.write(d.devices.n_devices());
         Ok(())
     })
 }
@@ -158,7 +158,7 @@ pub extern "C" fn sg_devices_free(devs: *mut SgDevices) -> sg_status {
 pub extern "C" fn sg_policy_new(devs: *const SgDevices, out: *mut *mut SgPolicy) -> sg_status {
     run("sg_policy_new", || {
         let d = ptr::obj(devs, "devs")?;
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "pol")?;
         let policy = d.devices.policy()?;
         out.write(ptr::into_handle(SgPolicy { policy: Some(policy) }));
         Ok(())
@@ -258,7 +258,7 @@ pub extern "C" fn sg_plan_new(
         let c = ptr::obj(ctx, "ctx")?;
         let g = ptr::obj(graph, "graph")?;
         let p = ptr::obj(pol, "pol")?;
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "plan")?;
         g.check(c)?;
         let Some(policy) = p.policy.as_ref() else {
             return arg("the policy was left unusable by an earlier panic");
@@ -297,7 +297,7 @@ pub extern "C" fn sg_plan_describe(
 pub extern "C" fn sg_plan_bytes_moved(plan: *const SgPlan, out: *mut u64) -> sg_status {
     run("sg_plan_bytes_moved", || {
         let p = ptr::obj(plan, "plan")?;
-        ptr::slot(out, "out")?.write(p.plan.total_bytes());
+        ptr::slot(out, "bytes")?.write(p.plan.total_bytes());
         Ok(())
     })
 }
@@ -308,7 +308,7 @@ pub extern "C" fn sg_plan_bytes_moved(plan: *const SgPlan, out: *mut u64) -> sg_
 pub extern "C" fn sg_plan_n_repartitions(plan: *const SgPlan, out: *mut usize) -> sg_status {
     run("sg_plan_n_repartitions", || {
         let p = ptr::obj(plan, "plan")?;
-        ptr::slot(out, "out")?.write(p.plan.repartitions.len());
+        ptr::slot(out, "n")?.write(p.plan.repartitions.len());
         Ok(())
     })
 }
@@ -331,7 +331,7 @@ pub extern "C" fn sg_plan_free(plan: *mut SgPlan) -> sg_status {
 pub extern "C" fn sg_store_new(devs: *const SgDevices, out: *mut *mut SgStore) -> sg_status {
     run("sg_store_new", || {
         let d = ptr::obj(devs, "devs")?;
-        ptr::slot(out, "out")?.write(ptr::into_handle(SgStore { store: d.devices.store() }));
+        ptr::slot(out, "store")?.write(ptr::into_handle(SgStore { store: d.devices.store() }));
         Ok(())
     })
 }
@@ -518,7 +518,7 @@ pub extern "C" fn sg_store_free(store: *mut SgStore) -> sg_status {
 pub extern "C" fn sg_executor_new(devs: *const SgDevices, out: *mut *mut SgExecutor) -> sg_status {
     run("sg_executor_new", || {
         let d = ptr::obj(devs, "devs")?;
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "exec")?;
         let exec = d.devices.executor()?;
         out.write(ptr::into_handle(SgExecutor { exec }));
         Ok(())
@@ -555,7 +555,7 @@ pub extern "C" fn sg_execute(
         let g = ptr::obj(graph, "graph")?;
         let p = ptr::obj(plan, "plan")?;
         let s = ptr::obj_mut(store, "store")?;
-        let out = ptr::slot(out, "out")?;
+        let out = ptr::slot(out, "report")?;
         g.check(c)?;
         let ids =
             ptr::slice(outputs, n_outputs, "outputs")?.iter().map(|&h| c.id(h, "outputs[]")).collect::<R<Vec<_>>>()?;
@@ -597,7 +597,7 @@ impl SgReport {
 pub extern "C" fn sg_report_n_outputs(report: *const SgReport, out: *mut usize) -> sg_status {
     run("sg_report_n_outputs", || {
         let r = ptr::obj(report, "report")?;
-        ptr::slot(out, "out")?.write(r.layouts.len());
+        ptr::slot(out, "n")?.write(r.layouts.len());
         Ok(())
     })
 }
@@ -654,7 +654,7 @@ pub extern "C" fn sg_report_output_bytes(
 pub extern "C" fn sg_report_bytes_moved(report: *const SgReport, out: *mut u64) -> sg_status {
     run("sg_report_bytes_moved", || {
         let r = ptr::obj(report, "report")?;
-        ptr::slot(out, "out")?.write(r.report.bytes_moved);
+        ptr::slot(out, "bytes")?.write(r.report.bytes_moved);
         Ok(())
     })
 }

@@ -494,11 +494,11 @@ impl Engine {
         let n_past = self.n_past();
         let need = (n_past as u128) + prompt.len() as u128 + n_predict as u128;
         if need > self.ctx_size as u128 {
-            let held = if n_past > 0 { format!(" after the {n_past} cells in use") } else { String::new() };
+            let held = if n_past > 0 { format!(" ({n_past} in use already)") } else { String::new() };
             return Err(Error::Model {
                 detail: format!(
-                    "engine: a prompt of {} tokens and {n_predict} to generate need {need} cells{held}, more than \
-                     the context of {} (ctx_size; reset the engine or load it with a larger one)",
+                    "engine: a prompt of {} tokens and {n_predict} to generate need {need} cells in all{held}, more \
+                     than the context of {} (ctx_size; reset the engine or load it with a larger one)",
                     prompt.len(),
                     self.ctx_size
                 ),

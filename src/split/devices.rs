@@ -96,8 +96,8 @@ impl Devices {
         Self::open(&names, threads)
     }
 
-    /// Devices you opened yourself, one per rank in plan order, equal ratios.
-    /// `threads` reports 0 unless every device is a CPU backend.
+    /// Devices you opened yourself, one per rank in plan order, equal ratios
+    /// ([`Devices::threads`] reports 0: their threads are their own).
     ///
     /// # Errors
     /// [`Error::Split`] for no devices or more than 64.
@@ -165,7 +165,10 @@ impl Devices {
         &self.backends
     }
 
-    /// The devices' names (`CPU0`, `CUDA0.1`, …), one per rank.
+    /// The devices' names, one per rank: the backends' own names, unique in
+    /// the process (`CPU5` is the sixth CPU backend made, `CUDA0.1` the
+    /// second virtual device on GPU 0), for messages and logs; not the
+    /// names [`Devices::open`] takes.
     pub fn names(&self) -> Vec<String> {
         self.backends.iter().map(|b| b.device().name).collect()
     }

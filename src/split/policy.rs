@@ -93,12 +93,19 @@ impl SplitPolicy {
     /// [`Error::Split`] for no ratios, more than 64 devices, negative or
     /// non-finite ratios, or all zero.
     pub fn new(ratios: &[f32]) -> Result<Self> {
-        if ratios.is_empty()
-            || ratios.len() > 64
-            || ratios.iter().any(|r| !r.is_finite() || *r < 0.0)
-            || ratios.iter().all(|r| *r == 0.0)
-        {
-            return Err(Error::Split { detail: format!("invalid tensor split ratios {ratios:?} (1 to 64 devices)") });
+        let why = if ratios.is_empty() || ratios.len() > 64 {
+            Some("1 to 64 devices")
+        } else if ratios.iter().any(|r| !r.is_finite()) {
+            Some("a ratio is not finite")
+        } else if ratios.iter().any(|r| *r < 0.0) {
+            Some("a ratio is negative")
+        } else if ratios.iter().all(|r| *r == 0.0) {
+            Some("all ratios are zero")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(Error::Split { detail: format!("invalid tensor split ratios {ratios:?}: {why}") });
         }
         Ok(SplitPolicy { ratios: ratios.to_vec(), rules: Vec::new(), callback: None, id: next_policy_id() })
     }

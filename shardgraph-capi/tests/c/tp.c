@@ -331,7 +331,7 @@ static void error_paths(const struct model *m) {
     EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "ne is NULL", sg_new_tensor(ctx, SG_TYPE_F32, 2, NULL, NULL, &t));
     EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "ctx is NULL", sg_mul_mat(NULL, a, b, &t));
     EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "out is NULL", sg_mul_mat(ctx, a, b, NULL));
-    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "out is NULL", sg_context_new(NULL));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "ctx is NULL", sg_context_new(NULL));
     /* Bad shapes. */
     EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "n_dims = 5", sg_new_tensor(ctx, SG_TYPE_F32, 5, ne_a, NULL, &t));
     EXPECT_ERR(SG_ERR_SHAPE, "block size", sg_new_tensor(ctx, SG_TYPE_Q8_0, 2, ne_partial, NULL, &t));
