@@ -62,9 +62,6 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
     }
 }
 
-/// The most devices a tensor split takes (the library's limit).
-pub const MAX_DEVICES: usize = 64;
-
 /// `--devices`, `--tensor-split` and `--split-mode` (llama.cpp's: `none` is
 /// one device, and the other two are then ignored): the tensor-split
 /// ratios, one per device, and the mode. The device count is `--devices`,
@@ -95,8 +92,8 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
             .collect()
     });
     let n: usize = parsed(args, "--devices", listed.or(split.as_ref().map(Vec::len)).unwrap_or(default_n));
-    if !(1..=MAX_DEVICES).contains(&n) {
-        fail(format!("--devices {n}: 1 to {MAX_DEVICES}"));
+    if !(1..=shardgraph::split::MAX_DEVICES).contains(&n) {
+        fail(format!("--devices {n}: 1 to {}", shardgraph::split::MAX_DEVICES));
     }
     if listed.is_some_and(|k| k != n) {
         fail(format!("--device names {} device(s) but --devices is {n}", listed.unwrap_or(0)));

@@ -36,19 +36,11 @@ impl Runner {
     /// threads each.
     ///
     /// # Errors
-    /// As [`MetaExecutor::new`].
+    /// As [`Devices::cpu`] (a device count outside 1..=64, a thread count
+    /// of 0 or over 1024 in all).
     pub fn new(policy: SplitPolicy, threads: usize) -> Result<Self> {
-        let n = policy.n_devices();
-        Ok(Runner {
-            exec: MetaExecutor::new(n, threads)?,
-            planner: Planner::new(LinkModel::default()),
-            policy,
-            store: SplitStore::new(n),
-            bytes_moved: 0,
-            runs: 0,
-            placed: None,
-            graphs: super::GraphCache::default(),
-        })
+        let devices = Devices::cpu(policy.n_devices(), threads)?;
+        Self::with_devices(policy, &devices)
     }
 
     /// A runner over `devices` (their backends, communicator and threads;
