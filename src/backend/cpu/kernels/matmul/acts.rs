@@ -369,6 +369,22 @@ mod x86 {
         }
     }
 
+    /// True if a lane of `i` is `i32::MIN`: what `rne` gives a NaN or a
+    /// value out of the i32 range, which finite inputs scaled to ±127 never
+    /// produce (such blocks go to the portable path, which decides them).
+    #[inline(always)]
+    unsafe fn any_invalid(i: &[__m256i; 4]) -> bool {
+        // SAFETY: AVX2.
+        unsafe {
+            let m = _mm256_set1_epi32(i32::MIN);
+            let hit = _mm256_or_si256(
+                _mm256_or_si256(_mm256_cmpeq_epi32(i[0], m), _mm256_cmpeq_epi32(i[1], m)),
+                _mm256_or_si256(_mm256_cmpeq_epi32(i[2], m), _mm256_cmpeq_epi32(i[3], m)),
+            );
+            _mm256_movemask_epi8(hit) != 0
+        }
+    }
+
     /// Rounds to nearest, ties to even (ggml's `_mm256_round_ps(.., _MM_ROUND_NEAREST)` / `nearest_int`).
     #[inline(always)]
     unsafe fn rne(v: __m256) -> __m256i {
@@ -403,6 +419,15 @@ mod x86 {
                     rne(_mm256_mul_ps(v[2], id)),
                     rne(_mm256_mul_ps(v[3], id)),
                 ];
+                if any_invalid(&i) {
+                    // A NaN or an infinity in the block: the portable path
+                    // decides it (its quants saturate, its sum cannot overflow).
+                    let (dv, sum) =
+                        super::quantize_q8_block(&x[QK8 * blk..QK8 * (blk + 1)], &mut q[QK8 * blk..QK8 * (blk + 1)]);
+                    d[blk] = dv;
+                    c[blk] = -corr_mul * sum;
+                    continue;
+                }
                 let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
                 _mm256_storeu_si256(q.as_mut_ptr().add(QK8 * blk) as *mut __m256i, pack32(i[0], i[1], i[2], i[3]));
                 d[blk] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(dv))));
@@ -437,11 +462,19 @@ mod x86 {
                 let is = _mm256_set1_ps(iscale);
                 let hi = _mm256_set1_epi32(127);
                 let lo = _mm256_set1_epi32(-128);
+                let mut invalid = false;
                 for g in 0..8 {
                     let mut i = [_mm256_setzero_si256(); 4];
                     for (u, iu) in i.iter_mut().enumerate() {
                         let v = _mm256_loadu_ps(p.add(32 * g + 8 * u));
-                        *iu = _mm256_max_epi32(_mm256_min_epi32(rne(_mm256_mul_ps(v, is)), hi), lo);
+                        *iu = rne(_mm256_mul_ps(v, is));
+                    }
+                    if any_invalid(&i) {
+                        invalid = true;
+                        break;
+                    }
+                    for iu in i.iter_mut() {
+                        *iu = _mm256_max_epi32(_mm256_min_epi32(*iu, hi), lo);
                     }
                     let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
                     bs[8 * sb + g] = sum as i16;
@@ -450,7 +483,13 @@ mod x86 {
                         pack32(i[0], i[1], i[2], i[3]),
                     );
                 }
-                d[sb] = 1.0 / iscale;
+                d[sb] = if invalid {
+                    // A NaN or an infinity the maximum missed: the portable path decides the block.
+                    let sums = &mut bs[8 * sb..8 * sb + 8];
+                    super::quantize_q8k_block(xs, &mut q[QKK * sb..QKK * (sb + 1)], sums)
+                } else {
+                    1.0 / iscale
+                };
             }
         }
     }
@@ -481,6 +520,36 @@ mod tests {
             *dd = quantize_q8k_block(xs, qs, ss);
         }
         assert_eq!((q1, d1, s1), (q2, d2, s2));
+    }
+
+    /// Activations with NaN or ±inf (a caller's input) quantize without
+    /// overflowing (the SIMD sum of `i32::MIN` lanes used to overflow the
+    /// correction) and the same on every path.
+    #[test]
+    fn non_finite_activations_quantize_alike_on_every_path() {
+        for (pos, bad) in
+            [(0, f32::NAN), (5, f32::INFINITY), (31, f32::NEG_INFINITY), (300, f32::NAN), (700, f32::INFINITY)]
+        {
+            let mut x: Vec<f32> = (0..1024).map(|i| (i as f32 * 0.37).sin()).collect();
+            x[pos] = bad;
+            let (mut q1, mut d1, mut c1) = (vec![0i8; 1024], vec![0f32; 32], vec![0i32; 32]);
+            quantize_q8_row(&x, &mut q1, &mut d1, &mut c1, 16);
+            let (mut q2, mut d2, mut c2) = (vec![0i8; 1024], vec![0f32; 32], vec![0i32; 32]);
+            for (((xs, qs), dd), cc) in x.chunks(32).zip(q2.chunks_mut(32)).zip(d2.iter_mut()).zip(c2.iter_mut()) {
+                let (d, s) = quantize_q8_block(xs, qs);
+                *dd = d;
+                *cc = -16 * s;
+            }
+            let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!((&q1, bits(&d1), &c1), (&q2, bits(&d2), &c2), "q8, {bad} at {pos}");
+            let (mut q1, mut d1, mut s1) = (vec![0i8; 1024], vec![0f32; 4], vec![0i16; 32]);
+            quantize_q8k_row(&x, &mut q1, &mut d1, &mut s1);
+            let (mut q2, mut d2, mut s2) = (vec![0i8; 1024], vec![0f32; 4], vec![0i16; 32]);
+            for (((xs, qs), dd), ss) in x.chunks(256).zip(q2.chunks_mut(256)).zip(d2.iter_mut()).zip(s2.chunks_mut(8)) {
+                *dd = quantize_q8k_block(xs, qs, ss);
+            }
+            assert_eq!((&q1, bits(&d1), &s1), (&q2, bits(&d2), &s2), "q8_K, {bad} at {pos}");
+        }
     }
 
     #[test]
