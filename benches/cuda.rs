@@ -17,6 +17,7 @@
 
 use shardgraph::backend::cuda::CudaBackend;
 use shardgraph::graph::alloc::GraphAllocator;
+use shardgraph::split::Devices;
 use shardgraph::tensor::quant;
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
 use shardgraph_models::hparams::HparamsCore;
@@ -150,16 +151,12 @@ fn main() -> shardgraph::Result<()> {
     println!("| devices | tokens/s | tokens |");
     println!("|---|---|---|");
     let run = |label: &str, ratios: &[f32], devs: Option<Vec<Arc<dyn Backend>>>| -> shardgraph::Result<Vec<i32>> {
-        let mut s = Qwen3Session::from_gguf(
-            &path,
-            ratios,
-            cpu.n_threads() / ratios.len().max(1),
-            GgmlType::F16,
-            (prompt.len() + n_tok + 1) as i64,
-        )?;
-        if let Some(d) = devs {
-            s.runner.set_backends(d)?;
-        }
+        let devices = match devs {
+            Some(d) => Devices::from_backends(d)?,
+            None => Devices::cpu(ratios.len(), cpu.n_threads() / ratios.len().max(1))?,
+        };
+        let devices = devices.with_tensor_split(ratios)?;
+        let mut s = Qwen3Session::load(&path, &devices, GgmlType::F16, (prompt.len() + n_tok + 1) as i64)?;
         let mut tok = *s.decode(&prompt, &[], false)?.argmax.last().unwrap_or(&0);
         let mut out = vec![tok];
         let t = Instant::now();

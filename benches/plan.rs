@@ -73,7 +73,7 @@ fn step_overhead_qwen3_32b(_: &mut Criterion) {
     let model = Qwen3::new(&mut ctx, hp.clone(), types, GgmlType::F16, 65536).expect("model");
     let base = ctx.len();
     let ratios = [1.0, 1.0];
-    let policy = shardgraph_models::policy::qwen3_policy(&hp, &types, &ratios).expect("policy");
+    let policy = shardgraph_models::qwen3::qwen3_policy(&hp, &types, &ratios).expect("policy");
     let exec = MetaExecutor::new(2, 1).expect("executor");
     let mut planner = Planner::default();
     let (pos, n_kv) = (4000i32, shardgraph_models::kv_window(65536, 4001));

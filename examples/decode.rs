@@ -123,7 +123,7 @@ fn run() -> shardgraph::Result<()> {
         last = *s.decode(chunk, &[], false)?.argmax.last().unwrap_or(&0);
     }
     let prompt_s = t.elapsed().as_secs_f64();
-    let moved_before = s.runner.bytes_moved;
+    let moved_before = s.runner().bytes_moved();
     let t = Instant::now();
     for _ in 0..n_tokens {
         last = s.decode(&[last], &[], false)?.argmax[0];
@@ -134,7 +134,7 @@ fn run() -> shardgraph::Result<()> {
         prompt.len(),
         prompt.len() as f64 / prompt_s,
         n_tokens as f64 / dec,
-        (s.runner.bytes_moved - moved_before) / n_tokens.max(1) as u64
+        (s.runner().bytes_moved() - moved_before) / n_tokens.max(1) as u64
     );
     Ok(())
 }

@@ -23,12 +23,10 @@
 
 use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
-use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::policy::{qwen35_dflash_policy, qwen35_policy};
-use shardgraph_models::policy::{qwen3_dflash_policy, qwen3_policy};
-use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
-use shardgraph_models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Types};
+use shardgraph_models::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams, Qwen35Types};
 
 #[path = "common/spec.rs"]
 mod spec;

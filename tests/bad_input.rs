@@ -124,10 +124,13 @@ fn model_functions_refuse_degenerate_parameters() {
     use shardgraph::GgmlType;
     use shardgraph_models::dflash::DflashHparams;
     use shardgraph_models::generate::{write_dflash_gguf_with, Weights};
-    use shardgraph_models::policy::{attention_granules, qwen35_policy, qwen3_policy};
-    use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types, StepOutput};
+    use shardgraph_models::policy::attention_granules;
+    use shardgraph_models::qwen3::{qwen3_policy, Qwen3Hparams, Qwen3Types};
+    use shardgraph_models::qwen35::qwen35_policy;
     use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
-    use shardgraph_models::speculative::{generate, Drafter, SpecParams, Target};
+    use shardgraph_models::speculative::{generate, SpecParams};
+    use shardgraph_models::step::StepOutput;
+    use shardgraph_models::step::{Drafter, Target};
     let q3 = Qwen3Hparams {
         core: HparamsCore {
             n_layer: 1,

@@ -10,6 +10,7 @@
 
 use shardgraph::backend::cuda::CudaBackend;
 use shardgraph::graph::alloc::GraphAllocator;
+use shardgraph::split::Devices;
 use shardgraph::{Backend, Context, GgmlType, TensorStorage};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
@@ -17,6 +18,8 @@ use std::sync::Arc;
 
 #[path = "common/decode.rs"]
 mod decode;
+#[path = "common/devices.rs"]
+mod devices;
 #[path = "common/fixtures.rs"]
 mod fixtures;
 use decode::{generate, nmse};
@@ -70,13 +73,15 @@ fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
         let path = dir.join(format!("m-{weights:?}-{}.gguf", types.attn).replace([' ', '{', '}', ':'], ""));
         write_qwen3_gguf_with(&path, &hp(), &types, 7, weights).unwrap();
         let prompt = [5, 17, 42, 3];
-        let mut cpu = Qwen3Session::from_gguf(&path, &[1.0], 1, kv, 32).unwrap();
+        let mut cpu = Qwen3Session::load(&path, &devices::cpu(&[1.0]), kv, 32).unwrap();
         let (want, want_logits) = generate(&mut cpu, &prompt, 6);
         for ratios in [vec![1.0f32], vec![1.0, 1.0]].into_iter().take(splits) {
             let Some(devs) = devices(ratios.len()) else { return };
             let devs: Vec<Arc<CudaBackend>> = devs.into_iter().map(Arc::new).collect();
-            let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, kv, 32).unwrap();
-            s.runner.set_backends(devs.iter().map(|d| d.clone() as Arc<dyn Backend>).collect()).unwrap();
+            let on_cuda = Devices::from_backends(devs.iter().map(|d| d.clone() as Arc<dyn Backend>).collect())
+                .and_then(|d| d.with_tensor_split(&ratios))
+                .unwrap();
+            let mut s = Qwen3Session::load(&path, &on_cuda, kv, 32).unwrap();
             let (got, logits) = generate(&mut s, &prompt, 6);
             let worst = logits.iter().zip(&want_logits).map(|(a, b)| nmse(a, b)).fold(0.0, f64::max);
             let stats: Vec<_> = devs.iter().map(|d| d.stats()).collect();
@@ -89,7 +94,7 @@ fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
             assert!(worst <= tol, "{weights:?} {types:?} on {ratios:?}: logits NMSE {worst:.3e} > {tol:e}");
             assert!(stats.iter().all(|s| s.device_nodes > 0), "kernels ran on every device: {stats:?}");
             // The KV caches stay in device memory between steps.
-            let kept = s.runner.store.device_bytes();
+            let kept = s.runner().store().device_bytes();
             assert!(kept.iter().all(|&b| b > 0), "device-resident cache bytes {kept:?}");
         }
     }
@@ -288,7 +293,8 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
     use shardgraph_models::mtp::MtpDrafter;
     use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
-    use shardgraph_models::speculative::{generate, Drafter, NoDraft, SpecParams};
+    use shardgraph_models::speculative::{generate, NoDraft, SpecParams};
+    use shardgraph_models::step::Drafter;
 
     /// Wrong at the last token of every draft of two or more, so verify
     /// rejects it and the recurrent states roll back (from snapshots).
@@ -307,7 +313,7 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
             t: &mut Qwen35Session,
             batch: &[i32],
             start: i64,
-            out: &shardgraph_models::qwen3::StepOutput,
+            out: &shardgraph_models::step::StepOutput,
             kept: usize,
         ) -> shardgraph::Result<()> {
             self.0.accept(t, batch, start, out, kept)
@@ -335,14 +341,13 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, hp.n_vocab, 13, Weights::Permutation).unwrap();
     let (prompt, n_gen, kv) = ([3, 14, 15, 92, 65, 35], 10, GgmlType::F16);
     let plain = {
-        let mut s = Qwen35Session::from_gguf(&target, &[1.0], 1, kv, 40).unwrap();
+        let mut s = Qwen35Session::load(&target, &devices::cpu(&[1.0]), kv, 40).unwrap();
         generate(&mut s, &mut NoDraft, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
     };
     let on_cuda = || {
         let devs = devices(2).unwrap();
-        let mut s = Qwen35Session::from_gguf(&target, &[1.0, 1.0], 1, kv, 40).unwrap();
-        s.runner.set_backends(devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect()).unwrap();
-        s
+        let devs = Devices::from_backends(devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect()).unwrap();
+        Qwen35Session::load(&target, &devs, kv, 40).unwrap()
     };
     let mut s = on_cuda();
     s.enable_snapshots(4).unwrap();

@@ -22,6 +22,8 @@ use shardgraph_models::sampling::SamplerParams;
 use shardgraph_models::speculative::SpecParams;
 use std::path::{Path, PathBuf};
 
+#[path = "common/devices.rs"]
+mod devices;
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
 
@@ -95,9 +97,17 @@ fn plain_greedy(model: &Path, prompt: &[i32], n: usize) -> Vec<i32> {
     let arch = f.get_str("general.architecture").unwrap().to_string();
     let kv = (prompt.len() + n) as i64;
     if arch == "qwen3" {
-        spec_models::plain_greedy(&mut Qwen3Session::from_file(&f, &[1.0], 1, GgmlType::F16, kv).unwrap(), prompt, n)
+        spec_models::plain_greedy(
+            &mut Qwen3Session::load_file(&f, &devices::cpu(&[1.0]), GgmlType::F16, kv).unwrap(),
+            prompt,
+            n,
+        )
     } else {
-        spec_models::plain_greedy(&mut Qwen35Session::from_file(&f, &[1.0], 1, GgmlType::F16, kv).unwrap(), prompt, n)
+        spec_models::plain_greedy(
+            &mut Qwen35Session::load_file(&f, &devices::cpu(&[1.0]), GgmlType::F16, kv).unwrap(),
+            prompt,
+            n,
+        )
     }
 }
 

@@ -147,7 +147,7 @@ fn bad_specs_are_errors() {
     // Sizes beyond what a session may take are errors, not panics or
     // million-tensor graphs: MTP chains over MAX_DRAFT, snapshot slots over
     // MAX_DRAFT + 1, batches larger than the context, contexts over MAX_CTX.
-    use shardgraph_models::speculative::MAX_DRAFT;
+    use shardgraph_models::step::MAX_DRAFT;
     let q35 = || qwen35_target();
     for n_max in [0, MAX_DRAFT + 1, usize::MAX] {
         let e = spec(q35(), FitDraft::Mtp { n_max }, 0).memory(256).unwrap_err();

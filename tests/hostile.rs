@@ -139,9 +139,11 @@ fn every_hostile_model_file_is_an_error_not_a_crash() {
 #[test]
 fn sizes_from_callers_are_bounded() {
     use shardgraph::gguf::GgufFile;
+    use shardgraph::split::Devices;
     use shardgraph::GgmlType;
     use shardgraph_models::qwen3::Qwen3Session;
-    use shardgraph_models::speculative::{generate, SpecParams, MAX_DRAFT};
+    use shardgraph_models::speculative::{generate, SpecParams};
+    use shardgraph_models::step::MAX_DRAFT;
     let target = hostile::bases().swap_remove(0).bytes;
     let f = GgufFile::from_bytes(target, "qwen3.gguf").unwrap();
     // A cache no device can hold is refused before anything is allocated,
@@ -149,26 +151,33 @@ fn sizes_from_callers_are_bounded() {
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
     for kv in [100_000_025i64, i32::MAX as i64] {
-        match Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, kv) {
+        match Qwen3Session::load_file(&f, &Devices::cpu(2, 1).unwrap(), GgmlType::F16, kv) {
             Err(shardgraph::Error::OutOfMemory { needed, available, .. }) => assert!(needed > available, "{kv}"),
             other => panic!("kv_size {kv}: {:?}", other.map(|_| ())),
         }
     }
     assert!(PEAK.load(Ordering::Relaxed) - before < CASE_PEAK, "refusing took heap");
     for kv in [0, -1, 1 << 40, i64::MAX] {
-        assert!(Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, kv).is_err(), "kv_size {kv}");
+        assert!(Qwen3Session::load_file(&f, &Devices::cpu(2, 1).unwrap(), GgmlType::F16, kv).is_err(), "kv_size {kv}");
     }
-    // Ratios: negative, NaN, all zero, too many devices, a device without a head.
+    // Ratios: negative, NaN, all zero, too many devices, a device without a
+    // head; thread counts: none, too many.
+    let load = |ratios: &[f32], threads: usize| {
+        Devices::cpu(ratios.len(), threads)
+            .and_then(|d| d.with_tensor_split(ratios))
+            .and_then(|d| Qwen3Session::load_file(&f, &d, GgmlType::F16, 256))
+            .map(|_| ())
+    };
     for ratios in [vec![0.0, 0.0], vec![-1.0, 1.0], vec![f32::NAN, 1.0], vec![f32::INFINITY, 1.0], vec![1e-45, 1.0]] {
-        let e = Qwen3Session::from_file(&f, &ratios, 1, GgmlType::F16, 256).map(|_| ()).unwrap_err();
+        let e = load(&ratios, 1).unwrap_err();
         assert!(!e.to_string().is_empty(), "{ratios:?}");
     }
-    assert!(Qwen3Session::from_file(&f, &[1.0; 65], 1, GgmlType::F16, 256).is_err());
-    assert!(Qwen3Session::from_file(&f, &[1.0], 0, GgmlType::F16, 256).is_err());
-    assert!(Qwen3Session::from_file(&f, &[1.0], 100_000, GgmlType::F16, 256).is_err());
+    assert!(load(&[1.0; 65], 1).is_err());
+    assert!(load(&[1.0], 0).is_err());
+    assert!(load(&[1.0], 100_000).is_err());
     // Drafts per step are bounded, and a generation longer than the cache
     // stops with an error at the step that would overflow it.
-    let mut s = Qwen3Session::from_file(&f, &[1.0, 1.0], 1, GgmlType::F16, 256).unwrap();
+    let mut s = Qwen3Session::load_file(&f, &Devices::cpu(2, 1).unwrap(), GgmlType::F16, 256).unwrap();
     let mut d = shardgraph_models::dflash::DflashDrafter::attach_file(
         &mut s,
         &GgufFile::from_bytes(hostile::bases().swap_remove(2).bytes, "dflash.gguf").unwrap(),
@@ -183,13 +192,14 @@ fn sizes_from_callers_are_bounded() {
     // p_min is a probability.
     let drafter = GgufFile::from_bytes(hostile::bases().swap_remove(2).bytes, "dflash.gguf").unwrap();
     for p_min in [f32::NAN, -0.5, 2.0] {
-        let mut s = Qwen3Session::from_file(&f, &[1.0], 1, GgmlType::F16, 256).unwrap();
+        let mut s = Qwen3Session::load_file(&f, &Devices::cpu(1, 1).unwrap(), GgmlType::F16, 256).unwrap();
         let e = shardgraph_models::dflash::DflashDrafter::attach_file(&mut s, &drafter, GgmlType::F16, p_min);
         assert!(e.is_err(), "p_min {p_min}");
     }
     // Snapshot slots are bounded (a verification batch's rows).
     let q35 = GgufFile::from_bytes(hostile::bases().swap_remove(1).bytes, "qwen35.gguf").unwrap();
-    let mut s35 = shardgraph_models::qwen35::Qwen35Session::from_file(&q35, &[1.0], 1, GgmlType::F16, 256).unwrap();
+    let one = Devices::cpu(1, 1).unwrap();
+    let mut s35 = shardgraph_models::qwen35::Qwen35Session::load_file(&q35, &one, GgmlType::F16, 256).unwrap();
     for slots in [1, MAX_DRAFT + 2, usize::MAX] {
         assert!(s35.enable_snapshots(slots).is_err(), "{slots} slots");
     }

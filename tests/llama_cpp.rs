@@ -19,6 +19,8 @@ use std::process::Command;
 
 #[path = "common/decode.rs"]
 mod decode;
+#[path = "common/devices.rs"]
+mod devices;
 use decode::nmse;
 
 /// `.venv/bin/python` with `llama_cpp` importable, or why not.
@@ -144,7 +146,7 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
         write_qwen3_gguf_with(&path, &hp, &types, 7, weights).unwrap();
         let (want, want_gen) = llama_cpp(&py, &path, &tokens, n_gen);
         for ratios in [vec![1.0], vec![1.0, 1.0]] {
-            let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, GgmlType::F32, 64).unwrap();
+            let mut s = Qwen3Session::load(&path, &devices::cpu(&ratios), GgmlType::F32, 64).unwrap();
             let out = s.decode(&tokens, &[], true).unwrap();
             let logits = out.logits.unwrap();
             let v = hp.n_vocab as usize;
@@ -213,7 +215,7 @@ fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
     let tokens = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5, 17, 250, 1, 77, 300, 8];
     let n_gen = 12;
     let (want, want_gen) = llama_cpp(&py, &path, &tokens, n_gen);
-    let mut s = Qwen35Session::from_gguf(&path, &[1.0], 1, GgmlType::F32, 64).unwrap();
+    let mut s = Qwen35Session::load(&path, &devices::cpu(&[1.0]), GgmlType::F32, 64).unwrap();
     let out = s.decode(&tokens, &[], true).unwrap();
     let logits = out.logits.unwrap();
     let all_want: Vec<f32> = want.iter().flatten().copied().collect();

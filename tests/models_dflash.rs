@@ -13,12 +13,11 @@ mod rng;
 use fixtures::OneCpu;
 use nmse::nmse;
 use rng::values;
-use shardgraph::split::{Collective, LinkModel, Planner};
+use shardgraph::split::{Collective, Devices, LinkModel, Planner};
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
-use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::dflash::{qwen3_dflash_policy, Dflash, DflashHparams};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::policy::qwen3_dflash_policy;
 use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use shardgraph_models::runner::Runner;
 
@@ -61,11 +60,11 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
     let dft = Dflash::new(&mut ctx, &target, hp, GgmlType::Q8_0, GgmlType::F16, 16).unwrap();
     let base = ctx.len();
     let policy = qwen3_dflash_policy(&target.hp, &types, &dft.hp, GgmlType::Q8_0, ratios).unwrap();
-    let mut runner = Runner::new(policy, 1).unwrap();
+    let mut runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
     // Bytes, not latency, decide (as at real sizes, where the logits are
     // megabytes): on these tiny shapes a latency-bound link would rather
     // gather 3 KB of logits than all-reduce the candidates' 160-byte logits.
-    runner.planner = Planner::new(bandwidth_bound());
+    *runner.planner_mut() = Planner::new(bandwidth_bound());
     let ids: Vec<_> = ctx.ids().take(base).collect();
     for (k, &id) in ids.iter().enumerate() {
         runner.place(&ctx, id).unwrap();
@@ -81,7 +80,7 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
         };
         let mut bytes = vec![0u8; t.nbytes()];
         quantize_chunk(t.ty, &v, &mut bytes, n / t.ne[0] as usize, t.ne[0] as usize).unwrap();
-        runner.store.set_tensor(&ctx, id, 0, &bytes).unwrap();
+        runner.store_mut().set_tensor(&ctx, id, 0, &bytes).unwrap();
     }
     let i32b = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let i64b = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
@@ -127,7 +126,7 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
     }
     let cache = dft.layers[0].cache_k;
     let mut cb = vec![0u8; ctx.tensor(cache).unwrap().nbytes()];
-    runner.store.get_tensor(&ctx, cache, 0, &mut cb).unwrap();
+    runner.store().get_tensor(&ctx, cache, 0, &mut cb).unwrap();
     ctx.truncate(base);
     (logits, argmax, cb, runner, ctx, dft, lattice)
 }
@@ -176,7 +175,7 @@ fn drafter_graphs_on_n_devices_equal_one_device() {
             let mut outs = vec![b.argmax, b.top_prob];
             outs.extend(b.lattice);
             let g = ctx.build_forward(&outs).unwrap();
-            let plan = Planner::new(bandwidth_bound()).plan(&ctx, &g, &runner.policy, &[]).unwrap();
+            let plan = Planner::new(bandwidth_bound()).plan(&ctx, &g, runner.policy(), &[]).unwrap();
             assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
             for r in &plan.repartitions {
                 let t = ctx.tensor(r.tensor).unwrap();
@@ -209,7 +208,7 @@ fn a_drafter_for_another_target_is_an_error() {
 #[test]
 fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
     use shardgraph::split::{MetaExecutor, SplitPolicy, SplitSpec};
-    use shardgraph_models::dflash::dflash2_conv;
+    use shardgraph_models::decoder::dflash2_conv;
     let (e, group, k, bl, nb) = (64i64, 16i64, 2i64, 4i64, 3i64);
     let (gc, t) = (e / group, bl * nb);
     let xs = values((e * t) as usize, 1, 1.0, 0.0);

@@ -6,11 +6,12 @@
 
 use shardgraph::split::{Collective, Planner};
 use shardgraph::{Context, GgmlType};
-use shardgraph_models::policy::qwen3_policy;
-use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 
 #[path = "common/decode.rs"]
 mod decode;
+#[path = "common/devices.rs"]
+mod devices;
 use decode::{generate, nmse};
 
 fn hp() -> Qwen3Hparams {
@@ -50,17 +51,18 @@ fn tensor_parallel_decoding_equals_one_device() {
                 assert!(e <= 1e-6, "{ratios:?} {types:?}: logits NMSE {e:.3e}");
             }
             // Prompt and decode plans are cached, not re-planned per step.
-            assert_eq!(s.runner.planner.cached(), 2);
-            // A decode step: caches stay split by heads, the vocabulary-split
-            // head is never gathered (argmax combines 8 bytes per row), two
-            // all-reduces per layer.
-            let base = s.model.base_len;
-            s.ctx.truncate(base);
-            let step = s.model.build(&mut s.ctx, 1, &[]).unwrap();
-            let g = s.ctx.build_forward(&step.outputs()).unwrap();
-            let plan = Planner::default().plan(&s.ctx, &g, &s.runner.policy, &[]).unwrap();
-            assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&s.ctx));
-            assert_eq!(plan.count(Collective::AllReduce), 2 * hp().n_layer, "{}", plan.report(&s.ctx));
+            assert_eq!(s.runner().planner().cached(), 2);
+            // A decode step under the session's policy (the step graph built
+            // in a context of its own): caches stay split by heads, the
+            // vocabulary-split head is never gathered (argmax combines 8 bytes
+            // per row), two all-reduces per layer.
+            let mut ctx = Context::new();
+            let model = Qwen3::new(&mut ctx, hp(), types, kv, 32).unwrap();
+            let step = model.build(&mut ctx, 1, &[]).unwrap();
+            let g = ctx.build_forward(&step.outputs()).unwrap();
+            let plan = Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap();
+            assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
+            assert_eq!(plan.count(Collective::AllReduce), 2 * hp().n_layer, "{}", plan.report(&ctx));
         }
     }
 }
@@ -84,7 +86,7 @@ fn rollback_then_redecode_gives_the_same_tokens() {
     // Bad input: out-of-vocabulary token, a cache too small, rollback forward.
     assert!(s.decode(&[1000], &[], false).is_err());
     assert!(s.decode(&[1; 64], &[], false).is_err());
-    assert!(s.rollback(s.n_past + 1).is_err());
+    assert!(s.rollback(s.n_past() + 1).is_err());
     // A tensor split that leaves a device without a KV head.
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp(), types, GgmlType::F16, 8).unwrap();
@@ -101,7 +103,7 @@ fn generated_gguf_loads_and_decodes_the_same_on_one_and_two_devices() {
     let types = Qwen3Types::all(GgmlType::Q8_0);
     write_qwen3_gguf(&path, &hp(), &types, 3).unwrap();
     let run = |ratios: &[f32]| {
-        let mut s = Qwen3Session::from_gguf(&path, ratios, 1, GgmlType::Q8_0, 32).unwrap();
+        let mut s = Qwen3Session::load(&path, &devices::cpu(ratios), GgmlType::Q8_0, 32).unwrap();
         generate(&mut s, &[1, 2, 3, 4], 6).0
     };
     let one = run(&[1.0]);
@@ -111,12 +113,12 @@ fn generated_gguf_loads_and_decodes_the_same_on_one_and_two_devices() {
     let bytes = std::fs::read(&path).unwrap();
     let cut = dir.join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    assert!(Qwen3Session::from_gguf(&cut, &[1.0], 1, GgmlType::F16, 8).is_err());
+    assert!(Qwen3Session::load(&cut, &devices::cpu(&[1.0]), GgmlType::F16, 8).is_err());
     let mut w = shardgraph::gguf::GgufWriter::new();
     w.add_kv("general.architecture", "llama").unwrap();
     let other = dir.join("llama.gguf");
     w.write_file(&other, |_, _| Ok(())).unwrap();
-    let e = Qwen3Session::from_gguf(&other, &[1.0], 1, GgmlType::F16, 8).unwrap_err();
+    let e = Qwen3Session::load(&other, &devices::cpu(&[1.0]), GgmlType::F16, 8).unwrap_err();
     assert!(e.to_string().contains("llama"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -132,7 +134,7 @@ fn structured_weights_continue_along_the_permutation() {
     write_qwen3_gguf_with(&path, &h, &Qwen3Types::all(GgmlType::Q8_0), 5, Weights::Permutation).unwrap();
     let perm = permutation(h.n_vocab, 5);
     for ratios in [vec![1.0], vec![1.0, 1.0, 1.0]] {
-        let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, GgmlType::F16, 40).unwrap();
+        let mut s = Qwen3Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 40).unwrap();
         let (tokens, _) = generate(&mut s, &[9, 30, 2], 12);
         // The greedy rule of the generated model: each token is followed by its image.
         let mut want = vec![perm[2] as i32];

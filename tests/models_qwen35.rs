@@ -11,6 +11,8 @@ use shardgraph::GgmlType;
 use shardgraph_models::generate::write_qwen35_gguf;
 use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
 
+#[path = "common/devices.rs"]
+mod devices;
 #[path = "common/nmse.rs"]
 mod nmse;
 #[path = "common/qwen35_tiny.rs"]
@@ -19,7 +21,7 @@ use nmse::nmse;
 use qwen35_tiny::tiny;
 
 fn run(path: &std::path::Path, ratios: &[f32], kv: GgmlType) -> (Vec<f32>, Vec<i32>) {
-    let mut s = Qwen35Session::from_gguf(path, ratios, 1, kv, 64).unwrap();
+    let mut s = Qwen35Session::load(path, &devices::cpu(ratios), kv, 64).unwrap();
     let prompt = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5];
     let out = s.decode(&prompt, &[], true).unwrap();
     let mut gen = vec![*out.argmax.last().unwrap()];
@@ -47,7 +49,7 @@ fn qwen35_on_n_devices_equals_one_device() {
         }
     }
     // Four devices cannot each hold a key head (6 heads of 64 in granules of 128 rows).
-    let e = Qwen35Session::from_gguf(&path, &[1.0; 4], 1, GgmlType::F16, 64).unwrap_err();
+    let e = Qwen35Session::load(&path, &devices::cpu(&[1.0; 4]), GgmlType::F16, 64).unwrap_err();
     assert!(e.to_string().contains("key heads") || e.to_string().contains("KV heads"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -61,7 +63,7 @@ fn qwen35_on_n_devices_equals_one_device() {
 fn qwen35_decode_plan_moves_two_all_reduces_per_layer() {
     use shardgraph::split::{Collective, Planner};
     use shardgraph::Context;
-    use shardgraph_models::policy::qwen35_policy;
+    use shardgraph_models::qwen35::qwen35_policy;
     use shardgraph_models::qwen35::Qwen35;
     let hp = tiny();
     let types = Qwen35Types::all(GgmlType::Q8_0);
@@ -107,14 +109,14 @@ fn a_claimed_but_missing_mtp_layer_is_an_error() {
     }
     let bad = dir.join("claims-mtp.gguf");
     w.write_file(&bad, |info, sink| sink.put(file.tensor(&info.name)?.data)).unwrap();
-    let e = Qwen35Session::from_gguf(&bad, &[1.0], 1, GgmlType::F16, 64).unwrap_err();
+    let e = Qwen35Session::load(&bad, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("blk.4.") && msg.contains("NextN"), "{msg}");
     // Truncated: a GGUF error naming the file.
     let bytes = std::fs::read(&plain).unwrap();
     let cut = dir.join("cut.gguf");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let e = Qwen35Session::from_gguf(&cut, &[1.0], 1, GgmlType::F16, 64).unwrap_err();
+    let e = Qwen35Session::load(&cut, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap_err();
     assert!(e.to_string().contains("cut.gguf"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -132,11 +134,11 @@ fn snapshot_rollback_equals_decoding_the_kept_tokens() {
     write_qwen35_gguf(&path, &tiny(), &Qwen35Types::all(GgmlType::F32), 5).unwrap();
     let states = |s: &Qwen35Session| -> Vec<Vec<u8>> {
         let mut v = Vec::new();
-        for l in &s.model.layers {
+        for l in &s.model().layers {
             if let Qwen35Mixer::DeltaNet { cache_r, cache_s, .. } = l.mixer {
                 for id in [cache_r, cache_s] {
-                    let mut b = vec![0u8; s.ctx.tensor(id).unwrap().nbytes()];
-                    s.runner.store.get_tensor(&s.ctx, id, 0, &mut b).unwrap();
+                    let mut b = vec![0u8; s.ctx().tensor(id).unwrap().nbytes()];
+                    s.runner().store().get_tensor(s.ctx(), id, 0, &mut b).unwrap();
                     v.push(b);
                 }
             }
@@ -146,16 +148,16 @@ fn snapshot_rollback_equals_decoding_the_kept_tokens() {
     let toks = [3, 14, 15, 92, 65, 35, 8, 9, 10, 11];
     for ratios in [vec![1.0], vec![1.0, 1.0]] {
         for keep in 1..4usize {
-            let mut want = Qwen35Session::from_gguf(&path, &ratios, 1, GgmlType::F16, 64).unwrap();
+            let mut want = Qwen35Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 64).unwrap();
             want.decode(&toks[..6], &[], false).unwrap();
             want.decode(&toks[6..6 + keep], &[], false).unwrap();
-            let mut got = Qwen35Session::from_gguf(&path, &ratios, 1, GgmlType::F16, 64).unwrap();
+            let mut got = Qwen35Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 64).unwrap();
             got.enable_snapshots(5).unwrap();
             got.decode(&toks[..6], &[], false).unwrap();
             got.decode(&toks[6..10], &[], false).unwrap();
             got.rollback(6 + keep as i64).unwrap();
             assert_eq!(states(&got), states(&want), "{ratios:?}: keep {keep}");
-            assert_eq!(got.n_past, 6 + keep as i64);
+            assert_eq!(got.n_past(), 6 + keep as i64);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -6,13 +6,12 @@
 //! counted on devices that count their buffers (never timed). The table
 //! prints with `--nocapture`.
 
-use shardgraph::split::SplitPolicy;
+use shardgraph::split::{Devices, SplitPolicy};
 use shardgraph::{Context, GgmlType, Graph, TensorId};
-use shardgraph_models::dflash::{Dflash, DflashHparams};
+use shardgraph_models::dflash::{qwen35_dflash_policy, Dflash, DflashHparams};
 use shardgraph_models::fit::session_memory;
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::policy::{qwen35_dflash_policy, qwen3_policy};
-use shardgraph_models::qwen3::{Qwen3, Qwen3Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Types};
 use shardgraph_models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
 use shardgraph_models::runner::Runner;
 
@@ -34,8 +33,7 @@ fn planned_and_measured(
 ) -> Vec<(u64, u64)> {
     let n = policy.n_devices();
     let (devs, counters) = counting::devices(n, None);
-    let mut runner = Runner::new(policy, 1).unwrap();
-    runner.set_backends(devs).unwrap();
+    let mut runner = Runner::new(policy, &Devices::from_backends(devs).unwrap()).unwrap();
     let ids: Vec<TensorId> = ctx.ids().take(base_len).collect();
     runner.place_all(ctx, &ids, "the model").unwrap();
     runner.upload().unwrap();
@@ -43,8 +41,9 @@ fn planned_and_measured(
         runner.run(ctx, g, &[], outs).unwrap();
     }
     let graphs: Vec<&Graph> = steps.iter().map(|s| &s.0).collect();
-    let Runner { policy, planner, .. } = &mut runner;
-    let planned = session_memory(ctx, base_len, policy, planner, &graphs).unwrap();
+    // The planner that planned the runs, with their plans.
+    let mut planner = std::mem::take(runner.planner_mut());
+    let planned = session_memory(ctx, base_len, runner.policy(), &mut planner, &graphs).unwrap();
     planned.iter().zip(&counters).map(|(p, c)| (p.total(), c.peak())).collect()
 }
 

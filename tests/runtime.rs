@@ -6,11 +6,10 @@
 //! decode in a cache of any size (65536, 4104, 600 cells) gives the tokens,
 //! logits and bytes moved of a 512-cell one.
 
-use shardgraph::split::Planner;
+use shardgraph::split::{Devices, Planner};
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::kv_window;
-use shardgraph_models::policy::qwen3_policy;
-use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph_models::runner::Runner;
 
 #[path = "common/decode.rs"]
@@ -39,21 +38,21 @@ fn a_decode_step_allocates_copies_and_reads_nothing_but_its_output() {
         let plan_bytes = {
             let mut ctx = Context::new();
             let m = Qwen3::new(&mut ctx, hp(), Qwen3Types::all(GgmlType::Q8_0), GgmlType::F16, 1024).unwrap();
-            let step = m.build_window(&mut ctx, 1, kv_window(1024, s.n_past + 1), &[]).unwrap();
+            let step = m.build_window(&mut ctx, 1, kv_window(1024, s.n_past() + 1), &[]).unwrap();
             let g = ctx.build_forward(&step.outputs()).unwrap();
-            Planner::default().plan(&ctx, &g, &s.runner.policy, &[]).unwrap().total_bytes()
+            Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap().total_bytes()
         };
         for step in 0..12 {
-            let (before, moved) = (s.runner.exec.counters(), s.runner.bytes_moved);
+            let (before, moved) = (s.runner().exec().counters(), s.runner().bytes_moved());
             last = s.decode(&[last], &[], false).unwrap().argmax[0];
-            let c = s.runner.exec.counters();
+            let c = s.runner().exec().counters();
             let what = format!("{ratios:?}, step {step}");
             assert_eq!(c.compiles - before.compiles, 0, "{what}: compiled");
             assert_eq!(c.bytes_allocated - before.bytes_allocated, 0, "{what}: bytes allocated");
             assert_eq!(c.store_bytes_copied - before.store_bytes_copied, 0, "{what}: bytes copied into the caches");
             // The greedy token (one I32), read from one device.
             assert_eq!(c.host_bytes_read - before.host_bytes_read, 4, "{what}: bytes read to the host");
-            assert_eq!(s.runner.bytes_moved - moved, plan_bytes, "{what}: bytes moved vs the plan");
+            assert_eq!(s.runner().bytes_moved() - moved, plan_bytes, "{what}: bytes moved vs the plan");
             if n > 1 {
                 assert!(plan_bytes > 0, "{what}: a split decode step exchanges");
             }
@@ -79,15 +78,15 @@ fn decoding_in_a_cache_of_any_size_gives_the_tokens_and_bytes_of_a_512_cell_cach
             let out = s.decode(&prompt, &[], true).unwrap();
             let mut logits = vec![out.logits.unwrap()];
             let mut tokens = vec![*out.argmax.last().unwrap()];
-            let before = s.runner.bytes_moved;
+            let before = s.runner().bytes_moved();
             // Across the window's edge at 256 cells.
             for _ in 0..12 {
                 let o = s.decode(&[*tokens.last().unwrap()], &[], true).unwrap();
                 tokens.push(o.argmax[0]);
                 logits.push(o.logits.unwrap());
             }
-            assert_eq!(s.n_past, 262);
-            runs.push((kv, tokens, logits, s.runner.bytes_moved - before));
+            assert_eq!(s.n_past(), 262);
+            runs.push((kv, tokens, logits, s.runner().bytes_moved() - before));
         }
         let (_, tokens, logits, moved) = &runs[0];
         for (kv, t, l, m) in &runs[1..] {
@@ -114,7 +113,7 @@ fn a_ctx_size_that_does_not_fit_is_an_error_before_allocating() {
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp(), types, GgmlType::F16, i32::MAX as i64).unwrap();
         let policy = qwen3_policy(&model.hp, &types, &ratios).unwrap();
-        let runner = Runner::new(policy, 1).unwrap();
+        let runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
         match Qwen3Session::new(model, ctx, runner) {
             Err(shardgraph::Error::OutOfMemory { device, needed, available, detail }) => {
                 assert!(device.contains("CPU"), "{device}");

@@ -22,10 +22,12 @@
 //! `--nocapture` prints them with their bounds.
 
 use shardgraph::GgmlType;
-use shardgraph_models::qwen3::StepOutput;
 use shardgraph_models::sampling::{Sampler, SamplerParams};
-use shardgraph_models::speculative::{generate, generate_with, Drafter, SpecParams, Target};
+use shardgraph_models::speculative::{generate, generate_with, SpecParams};
+use shardgraph_models::step::{Drafter, StepOutput, Target};
 
+#[path = "common/devices.rs"]
+mod devices;
 #[path = "common/rng.rs"]
 mod rng;
 use rng::Rng;
@@ -849,10 +851,13 @@ fn greedy_sampler_keeps_the_greedy_loop_on_two_devices() {
     let prompt = [3, 14, 15, 92, 65];
     let n_gen = 16;
     let sp = SpecParams { n_max: 4, n_min: 1 };
-    let want =
-        plain_greedy(&mut Qwen3Session::from_gguf(&target, &[1.0], 1, GgmlType::F16, 64).unwrap(), &prompt, n_gen);
+    let want = plain_greedy(
+        &mut Qwen3Session::load(&target, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap(),
+        &prompt,
+        n_gen,
+    );
     let run = |sampler: Option<SamplerParams>| {
-        let mut s = Qwen3Session::from_gguf(&target, &[1.0, 1.0], 1, GgmlType::F16, 64).unwrap();
+        let mut s = Qwen3Session::load(&target, &devices::cpu(&[1.0, 1.0]), GgmlType::F16, 64).unwrap();
         let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, GgmlType::F16, 0.0).unwrap();
         match sampler {
             None => generate(&mut s, &mut d, &prompt, n_gen, sp).unwrap(),
@@ -888,13 +893,13 @@ fn greedy_sampler_keeps_the_greedy_loop_on_two_devices() {
         }
     }
     let perm = shardgraph_models::generate::permutation(tiny_hp().n_vocab, 13);
-    let mut s = Qwen3Session::from_gguf(&target, &[1.0, 1.0], 1, GgmlType::F16, 64).unwrap();
+    let mut s = Qwen3Session::load(&target, &devices::cpu(&[1.0, 1.0]), GgmlType::F16, 64).unwrap();
     let (tokens, st) = generate(&mut s, &mut Chain(perm.clone()), &prompt, n_gen, sp).unwrap();
     println!("greedy on 2 devices, permutation drafter: {st:?}");
     assert_eq!(tokens, want, "{st:?}");
     assert!(st.accepted > 0 && st.accepted < st.drafted, "{st:?}");
     for p in greedy {
-        let mut s = Qwen3Session::from_gguf(&target, &[1.0, 1.0], 1, GgmlType::F16, 64).unwrap();
+        let mut s = Qwen3Session::load(&target, &devices::cpu(&[1.0, 1.0]), GgmlType::F16, 64).unwrap();
         let mut sm = Sampler::new(p).unwrap();
         let (t, s2) = generate_with(&mut s, &mut Chain(perm.clone()), &prompt, n_gen, sp, &mut sm).unwrap();
         assert_eq!((t, s2), (want.clone(), st), "{p:?}");
@@ -961,7 +966,7 @@ fn speculative_sampling_on_the_tiny_qwen3_keeps_its_distribution() {
     let dir = Dir::new("dist");
     let target = dir.0.join("target.gguf");
     write_qwen3_gguf_with(&target, &tiny_hp(), &Qwen3Types::all(GgmlType::Q8_0), 29, Weights::Random).unwrap();
-    let mut s = Qwen3Session::from_gguf(&target, &[1.0], 1, GgmlType::F16, 32).unwrap();
+    let mut s = Qwen3Session::load(&target, &devices::cpu(&[1.0]), GgmlType::F16, 32).unwrap();
     let prompt = [5, 77, 123, 9];
     let (n_gen, runs, v) = (3, 1000u64, 200usize);
     let params = SamplerParams { temp: 1.0, top_k: 4, top_p: 1.0, min_p: 0.0, seed: 0 };

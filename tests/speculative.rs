@@ -9,7 +9,8 @@ use shardgraph::GgmlType;
 use shardgraph_models::generate::{permutation, write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
-use shardgraph_models::speculative::{generate, Drafter, SpecParams};
+use shardgraph_models::speculative::{generate, SpecParams};
+use shardgraph_models::step::Drafter;
 
 /// Drafts the permutation's continuation, wrong at every position `p` with
 /// `p % every == 0` (never wrong when `every == 0`), or always wrong.
@@ -19,7 +20,7 @@ struct PermDrafter {
     all_wrong: bool,
 }
 
-impl Drafter for PermDrafter {
+impl Drafter<Qwen3Session> for PermDrafter {
     fn draft(&mut self, _: &mut Qwen3Session, last: i32, pos: i64, n_max: usize) -> shardgraph::Result<Vec<i32>> {
         let v = self.perm.len() as i64;
         let mut out = Vec::new();
@@ -33,6 +34,8 @@ impl Drafter for PermDrafter {
     }
 }
 
+#[path = "common/devices.rs"]
+mod devices;
 #[path = "common/spec_models.rs"]
 mod spec_models;
 use spec_models::{dflash_hp, qwen3_hp as hp};
@@ -47,7 +50,7 @@ fn speculative_output_equals_plain_greedy() {
     let prompt = [5, 77, 123, 9];
     let n_gen = 20;
     let plain = {
-        let mut s = Qwen3Session::from_gguf(&path, &[1.0], 1, GgmlType::F16, 64).unwrap();
+        let mut s = Qwen3Session::load(&path, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
         let mut d = PermDrafter { perm: perm.clone(), every: 0, all_wrong: false };
         generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
     };
@@ -58,7 +61,7 @@ fn speculative_output_equals_plain_greedy() {
         (vec![1.0, 1.0, 1.0], GgmlType::Q4_0),
     ] {
         for (every, all_wrong) in [(0, false), (3, false), (0, true)] {
-            let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+            let mut s = Qwen3Session::load(&path, &devices::cpu(&ratios), kv, 64).unwrap();
             let mut d = PermDrafter { perm: perm.clone(), every, all_wrong };
             let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
             assert_eq!(tokens, plain, "{ratios:?} kv {kv} every {every} all_wrong {all_wrong}: {st:?}");
@@ -105,14 +108,14 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
         (vec![1.0, 1.0, 1.0], GgmlType::F16, &drafter),
         (vec![1.0, 1.0], GgmlType::F16, &drafter2),
     ] {
-        let mut s = Qwen3Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+        let mut s = Qwen3Session::load(&path, &devices::cpu(&ratios), kv, 64).unwrap();
         // A generated drafter GGUF (seeded random weights: drafts are mostly
         // rejected, which exercises the rollback of both caches every step).
         let mut d = DflashDrafter::attach_gguf(&mut s, file, kv, 0.0).unwrap();
         let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
         assert!(st.drafted > 0, "{st:?}");
         let want = plain.get_or_insert_with(|| {
-            let mut s = Qwen3Session::from_gguf(&path, &[1.0], 1, GgmlType::F16, 64).unwrap();
+            let mut s = Qwen3Session::load(&path, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
             let mut none = PermDrafter { perm: vec![], every: 0, all_wrong: false };
             generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
         });
@@ -121,7 +124,7 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     // A drafter built for another target (vocabulary, hidden size) is refused.
     let other = dir.join("other.gguf");
     write_dflash_gguf(&other, &dhp, GgmlType::Q8_0, 1000, 17).unwrap();
-    let mut s = Qwen3Session::from_gguf(&path, &[1.0], 1, GgmlType::F16, 64).unwrap();
+    let mut s = Qwen3Session::load(&path, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
     let e = DflashDrafter::attach_gguf(&mut s, &other, GgmlType::F16, 0.0).unwrap_err();
     assert!(e.to_string().contains("vocab_size"), "{e}");
     let mut wide = dhp.clone();
@@ -194,14 +197,14 @@ fn dflash2_seed_configuration_accepts_drafts_and_stays_greedy() {
         write_qwen3_gguf_with(&target, &thp, &types, 23, kind).unwrap();
         // Plain greedy on one device with the same KV cache type.
         let plain = |kv| {
-            let mut s = Qwen3Session::from_gguf(&target, &[1.0], 1, kv, 96).unwrap();
+            let mut s = Qwen3Session::load(&target, &devices::cpu(&[1.0]), kv, 96).unwrap();
             let mut none = PermDrafter { perm: vec![], every: 0, all_wrong: false };
             generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
         };
         let (plain_f16, plain_q4_0) = (plain(f16), plain(q4_0));
         for (ratios, kv) in runs {
             let plain = if kv == f16 { &plain_f16 } else { &plain_q4_0 };
-            let mut s = Qwen3Session::from_gguf(&target, &ratios, 1, kv, 96).unwrap();
+            let mut s = Qwen3Session::load(&target, &devices::cpu(&ratios), kv, 96).unwrap();
             let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
             let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 5, n_min: 1 }).unwrap();
             eprintln!("{name} {ratios:?} kv {kv}: {st:?}");

@@ -11,8 +11,11 @@ use shardgraph::GgmlType;
 use shardgraph_models::generate::write_qwen35_gguf;
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
-use shardgraph_models::speculative::{generate, Drafter, SpecParams};
+use shardgraph_models::speculative::{generate, SpecParams};
+use shardgraph_models::step::Drafter;
 
+#[path = "common/devices.rs"]
+mod devices;
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
 
@@ -49,7 +52,7 @@ fn speculative_on_qwen35_equals_plain_greedy_with_recurrent_rollback() {
     let n_gen = 24;
     for kv in [GgmlType::F16, GgmlType::Q4_0] {
         let plain = {
-            let mut s = Qwen35Session::from_gguf(&path, &[1.0], 1, kv, 64).unwrap();
+            let mut s = Qwen35Session::load(&path, &devices::cpu(&[1.0]), kv, 64).unwrap();
             let mut none = OracleDrafter { reference: vec![], offset: 0, every: 0, all_wrong: false };
             generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
         };
@@ -59,7 +62,7 @@ fn speculative_on_qwen35_equals_plain_greedy_with_recurrent_rollback() {
             for (every, all_wrong, snapshots) in
                 [(0, false, false), (3, false, false), (5, false, true), (3, false, true), (0, true, true)]
             {
-                let mut s = Qwen35Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+                let mut s = Qwen35Session::load(&path, &devices::cpu(&ratios), kv, 64).unwrap();
                 if snapshots {
                     // Rollback copies a device-side snapshot back instead of re-decoding.
                     s.enable_snapshots(5).unwrap();
@@ -100,12 +103,12 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
     let n_gen = 24;
     for kv in [GgmlType::F16, GgmlType::Q4_0] {
         let plain = {
-            let mut s = Qwen35Session::from_gguf(&path, &[1.0], 1, kv, 64).unwrap();
+            let mut s = Qwen35Session::load(&path, &devices::cpu(&[1.0]), kv, 64).unwrap();
             let mut none = OracleDrafter { reference: vec![], offset: 0, every: 0, all_wrong: false };
             generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
         };
         for ratios in [vec![1.0], vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
-            let mut s = Qwen35Session::from_gguf(&path, &ratios, 1, kv, 64).unwrap();
+            let mut s = Qwen35Session::load(&path, &devices::cpu(&ratios), kv, 64).unwrap();
             s.enable_snapshots(4).unwrap();
             let mut d = MtpDrafter::new(&s, 0.0).unwrap();
             let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 3, n_min: 1 }).unwrap();
@@ -117,7 +120,7 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
     // No MTP layer: a clear error.
     let plain_path = dir.join("qwen35-no-mtp.gguf");
     write_qwen35_gguf(&plain_path, &qwen35_tiny::tiny(), &Qwen35Types::all(GgmlType::Q8_0), 7).unwrap();
-    let s = Qwen35Session::from_gguf(&plain_path, &[1.0], 1, GgmlType::F16, 64).unwrap();
+    let s = Qwen35Session::load(&plain_path, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
     let e = MtpDrafter::new(&s, 0.0).unwrap_err();
     assert!(e.to_string().contains("MTP"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -154,12 +157,12 @@ fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
     let n_gen = 24;
     let kv = GgmlType::Q4_0;
     let plain = {
-        let mut s = Qwen35Session::from_gguf(&target, &[1.0], 1, kv, 64).unwrap();
+        let mut s = Qwen35Session::load(&target, &devices::cpu(&[1.0]), kv, 64).unwrap();
         let mut none = OracleDrafter { reference: vec![], offset: 0, every: 0, all_wrong: false };
         generate(&mut s, &mut none, &prompt, n_gen, SpecParams { n_max: 0, n_min: 0 }).unwrap().0
     };
     for ratios in [vec![1.0], vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
-        let mut s = Qwen35Session::from_gguf(&target, &ratios, 1, kv, 64).unwrap();
+        let mut s = Qwen35Session::load(&target, &devices::cpu(&ratios), kv, 64).unwrap();
         let mut d = DflashDrafter::attach_gguf(&mut s, &drafter, kv, 0.0).unwrap();
         let (tokens, st) = generate(&mut s, &mut d, &prompt, n_gen, SpecParams { n_max: 4, n_min: 1 }).unwrap();
         eprintln!("dflash2 on qwen35 {ratios:?}: {st:?}");
@@ -170,7 +173,7 @@ fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
     let other = dir.join("other.gguf");
     let wrong = DflashHparams { mask_token: 999, ..dhp.clone() };
     write_dflash_gguf_with(&other, &wrong, GgmlType::Q8_0, 1000, 13, Weights::Random).unwrap();
-    let mut s = Qwen35Session::from_gguf(&target, &[1.0], 1, kv, 64).unwrap();
+    let mut s = Qwen35Session::load(&target, &devices::cpu(&[1.0]), kv, 64).unwrap();
     let e = DflashDrafter::attach_gguf(&mut s, &other, kv, 0.0).unwrap_err();
     assert!(e.to_string().contains("vocab_size"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);

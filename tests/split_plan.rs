@@ -191,7 +191,7 @@ fn plan_memory_per_device_is_known_before_allocation() {
 /// device.
 #[test]
 fn a_zero_ratio_device_does_not_make_the_others_relayout_weights() {
-    use shardgraph_models::policy::qwen3_policy;
+    use shardgraph_models::qwen3::qwen3_policy;
     use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
     let hp = Qwen3Hparams { core: HparamsCore::qwen3(4, 1024, 2816, 16, 8, 64), n_vocab: 8192, n_ctx_train: 4096 };
     let types = Qwen3Types::q4_k_m();

@@ -377,11 +377,11 @@ fn runner_with_devices_keeps_typed_outputs_aligned() {
     use shardgraph_models::runner::Runner;
     let devices = Devices::cpu(3, 1).unwrap().with_tensor_split(&RATIOS).unwrap();
     let wrong = Devices::cpu(2, 1).unwrap().policy().unwrap();
-    let e = Runner::with_devices(wrong, &devices).unwrap_err().to_string();
+    let e = Runner::new(wrong, &devices).unwrap_err().to_string();
     assert!(e.contains("2 devices") && e.contains("3 devices"), "{e}");
 
     let policy = devices.policy().unwrap().rule("cache", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] });
-    let mut runner = Runner::with_devices(policy, &devices).unwrap();
+    let mut runner = Runner::new(policy, &devices).unwrap();
     assert_eq!(runner.n_devices(), 3);
     let mut ctx = Context::new();
     let cache = ctx.new_tensor_named(F16, &[8, 4], "cache").unwrap();
@@ -403,7 +403,7 @@ fn runner_with_devices_keeps_typed_outputs_aligned() {
     assert_eq!(rep.f32(1).unwrap(), xs.iter().map(|v| v * 2.0).collect::<Vec<_>>());
     assert_eq!(rep.i32(2).unwrap(), vec![4]);
     // The cache row written on the devices, read back typed (exact in f16).
-    let c = runner.store.get_f32(&ctx, cache).unwrap();
+    let c = runner.store().get_f32(&ctx, cache).unwrap();
     let mut want = vec![0f32; 32];
     want[16..24].copy_from_slice(&xs);
     assert_eq!(c, want);

@@ -357,7 +357,7 @@ pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
 
 /// Exits with a message naming the first out-of-range count and its value.
 pub fn check_counts(n_gen: usize, threads: usize, n_max: usize, n_min: usize, p_min: f32) {
-    use shardgraph_models::speculative::MAX_DRAFT;
+    use shardgraph_models::step::MAX_DRAFT;
     let bad = |m: &str| -> ! {
         eprintln!("{m}");
         std::process::exit(2)

@@ -10,12 +10,26 @@
 //! each layer's K/V written into the drafter's caches at the target
 //! positions) and the block graph (the block's own K/V written after the
 //! context, attention over context + block, logits for every row).
+//! The layers are the shared Qwen3-style decoder layer ([`super::decoder`],
+//! with DFlash2's convolutions around its sublayers); DFlash2's candidate
+//! selector is here.
+//!
+//! Also here: [`DflashDrafter`], the drafter in the speculative loop
+//! ([`Drafter`]) attached to a target session ([`DraftHost`]), and the
+//! split policy of a target with its drafter ([`qwen3_dflash_policy`],
+//! [`qwen35_dflash_policy`]: the target's rules plus the drafter's).
 
+use super::decoder::{decoder_layer, kv_rows, new_layer, LayerConv, LayerShape, Qwen3Layer};
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model, DIM};
 use super::layers::{self, input, named, rms_norm_w};
-use super::qwen3::{decoder_layer, f32s, new_layer, write_kv, LayerConv, LayerShape, Qwen3, Qwen3Layer};
+use super::policy::{attention_granules, ffn_granule, layer_rules};
+use super::qwen3::{qwen3_policy, qwen3_rules, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use super::qwen35::{qwen35_rules, Qwen35, Qwen35Hparams, Qwen35Session, Qwen35Types};
+use super::runner::Runner;
+use super::step::{cell_bytes, check_p_min, f32s, i32_bytes, i32s, mask_bytes, Drafter, StepOutput};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
+use shardgraph::split::{SplitPolicy, SplitSpec};
 use shardgraph::tensor::{GgmlType, TensorId};
 
 /// What a DFlash drafter borrows from and checks against its target.
@@ -45,8 +59,8 @@ impl From<&Qwen3> for TargetInfo {
     }
 }
 
-impl From<&super::qwen35::Qwen35> for TargetInfo {
-    fn from(t: &super::qwen35::Qwen35) -> Self {
+impl From<&Qwen35> for TargetInfo {
+    fn from(t: &Qwen35) -> Self {
         TargetInfo {
             n_embd: t.hp.n_embd,
             n_vocab: t.hp.n_vocab,
@@ -66,7 +80,7 @@ pub trait DraftHost {
     /// KV cache cells (the drafter's caches get as many).
     fn kv_size(&self) -> i64;
     /// The context, the runner, and the length of the long-lived part.
-    fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize);
+    fn parts(&mut self) -> (&mut Context, &mut Runner, &mut usize);
     /// The split policy for the target with the drafter `hp` (weights of
     /// `weight_type`) in its context.
     ///
@@ -75,35 +89,35 @@ pub trait DraftHost {
     fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy>;
 }
 
-impl DraftHost for super::qwen3::Qwen3Session {
+impl DraftHost for Qwen3Session {
     fn info(&self) -> TargetInfo {
         (&self.model).into()
     }
     fn kv_size(&self) -> i64 {
         self.model.kv_size
     }
-    fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize) {
+    fn parts(&mut self) -> (&mut Context, &mut Runner, &mut usize) {
         (&mut self.ctx, &mut self.runner, &mut self.base_len)
     }
     fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy> {
-        let ratios = self.runner.policy.ratios().to_vec();
-        super::policy::qwen3_dflash_policy(&self.model.hp, &self.model_types()?, hp, weight_type, &ratios)
+        let ratios = self.runner.policy().ratios().to_vec();
+        qwen3_dflash_policy(&self.model.hp, &self.model_types()?, hp, weight_type, &ratios)
     }
 }
 
-impl DraftHost for super::qwen35::Qwen35Session {
+impl DraftHost for Qwen35Session {
     fn info(&self) -> TargetInfo {
         (&self.model).into()
     }
     fn kv_size(&self) -> i64 {
         self.model.kv_size
     }
-    fn parts(&mut self) -> (&mut Context, &mut super::runner::Runner, &mut usize) {
+    fn parts(&mut self) -> (&mut Context, &mut Runner, &mut usize) {
         (&mut self.ctx, &mut self.runner, &mut self.base_len)
     }
     fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy> {
-        let ratios = self.runner.policy.ratios().to_vec();
-        super::policy::qwen35_dflash_policy(&self.model.hp, &self.model.types, hp, weight_type, &ratios)
+        let ratios = self.runner.policy().ratios().to_vec();
+        qwen35_dflash_policy(&self.model.hp, &self.model.types, hp, weight_type, &ratios)
     }
 }
 
@@ -164,8 +178,8 @@ impl DflashHparams {
         if self.n_layer == 0 || self.n_ff <= 0 || self.head_dim <= 0 || self.head_dim % 2 != 0 {
             return bad("block_count, feed_forward_length and an even key_length must be positive".into());
         }
-        if self.n_layer > super::MAX_LAYERS {
-            return bad(format!("block_count {} is over {}", self.n_layer, super::MAX_LAYERS));
+        if self.n_layer > crate::MAX_LAYERS {
+            return bad(format!("block_count {} is over {}", self.n_layer, crate::MAX_LAYERS));
         }
         if !self.heads_divide() {
             return bad(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_head_kv));
@@ -241,8 +255,8 @@ impl DflashHparams {
             Ok(v) => v.into_iter().map(i64::from).collect(),
             Err(_) => f.get_arr_i32(key)?.into_iter().map(i64::from).collect(),
         };
-        let max = super::MAX_LAYERS as i64;
-        if layers.is_empty() || layers.len() > super::MAX_LAYERS || layers.iter().any(|l| !(0..=max).contains(l)) {
+        let max = crate::MAX_LAYERS as i64;
+        if layers.is_empty() || layers.len() > crate::MAX_LAYERS || layers.iter().any(|l| !(0..=max).contains(l)) {
             return Err(Error::Model {
                 detail: format!(
                     "dflash: {key} needs 1 to {max} layer numbers of 0..={max}, got {} value(s)",
@@ -487,7 +501,8 @@ impl Dflash {
         let mut writes = Vec::new();
         let shape = hp.shape(self.kv_type, self.kv_size);
         for w in &self.layers {
-            let (wk, wv) = write_kv(ctx, w, g, (pos, kv_idxs), n_tokens, &shape)?;
+            let rows = kv_rows(ctx, w, g, pos, n_tokens, &shape)?;
+            let (wk, wv) = layers::write_kv(ctx, w.cache(), rows, kv_idxs)?;
             writes.push(wk);
             writes.push(wv);
         }
@@ -507,7 +522,7 @@ impl Dflash {
     }
 
     /// [`Dflash::build_block`] with attention over the first `n_kv` cells of
-    /// the drafter's cache (the used window, [`super::kv_window`]) and a
+    /// the drafter's cache (the used window, [`crate::kv_window`]) and a
     /// mask `[n_kv, B]`.
     ///
     /// # Errors
@@ -518,7 +533,7 @@ impl Dflash {
         if block < 1 {
             return Err(Error::Model { detail: "dflash: a block needs ≥ 1 row".into() });
         }
-        super::check_window("dflash", n_kv, self.kv_size)?;
+        crate::check_window("dflash", n_kv, self.kv_size)?;
         let tokens = input(ctx, GgmlType::I32, &[block], "dft.tokens")?;
         let pos = input(ctx, GgmlType::I32, &[block], "dft.block_pos")?;
         let mask = input(ctx, GgmlType::F16, &[n_kv, block], "dft.kq_mask")?;
@@ -674,7 +689,7 @@ impl DflashDrafter {
     /// Adds a DFlash drafter to `target`'s context and devices: creates its
     /// tensors, extends the split policy with llama.cpp's rules for it, and
     /// places its weights and caches (zero-filled; write them with
-    /// [`super::qwen3::Qwen3Session::set_weight`] under their `dft.` names).
+    /// [`Qwen3Session::set_weight`] under their `dft.` names).
     ///
     /// # Errors
     /// [`Error::Model`] for a `p_min` outside `0..=1`; as [`Dflash::new`]
@@ -700,7 +715,7 @@ impl DflashDrafter {
         p_min: f32,
         file: Option<&shardgraph::gguf::GgufFile>,
     ) -> Result<Self> {
-        super::speculative::check_p_min("dflash drafter", p_min)?;
+        check_p_min("dflash drafter", p_min)?;
         let info = target.info();
         let kv_size = target.kv_size();
         let policy = target.policy_with(&hp, weight_type)?;
@@ -710,7 +725,7 @@ impl DflashDrafter {
         let model = Dflash::new(ctx, info, hp, weight_type, kv_type, kv_size);
         let ids: Vec<TensorId> = ctx.ids().skip(start).collect();
         let checked = model.and_then(|m| match file {
-            Some(f) => super::check_file_tensors(f, ctx, &ids, "dft.", "dflash drafter").map(|()| m),
+            Some(f) => crate::check_file_tensors(f, ctx, &ids, "dft.", "dflash drafter").map(|()| m),
             None => Ok(m),
         });
         let model = match checked {
@@ -721,7 +736,7 @@ impl DflashDrafter {
                 return Err(e);
             }
         };
-        runner.policy = policy;
+        runner.set_policy(policy);
         runner.place_all(ctx, &ids, &format!("the drafter's weights and KV caches of {kv_size} cells"))?;
         *base_len = ctx.len();
         Ok(DflashDrafter { model, p_min })
@@ -782,7 +797,7 @@ impl DflashDrafter {
             })
             .collect();
         for (name, id) in names {
-            shardgraph::gguf::load_tensor_into_split_store(file, &name, ctx, id, &mut runner.store)
+            shardgraph::gguf::load_tensor_into_split_store(file, &name, ctx, id, runner.store_mut())
                 .map_err(|e| Error::Model { detail: format!("dflash drafter: {e}") })?;
         }
         runner.upload()?;
@@ -798,7 +813,7 @@ fn sanitize(x: f32) -> f32 {
     }
 }
 
-impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
+impl<T: DraftHost> Drafter<T> for DflashDrafter {
     fn taps(&self) -> Vec<usize> {
         self.model.hp.target_layers.clone()
     }
@@ -811,7 +826,7 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
             return Ok(Vec::new());
         }
         let (ctx, runner, base_len) = target.parts();
-        let n_kv = super::kv_window(self.model.kv_size, pos + rows);
+        let n_kv = crate::kv_window(self.model.kv_size, pos + rows);
         let (model, with_prob) = (&self.model, self.p_min > 0.0);
         let sg = runner.graphs.get_or_build(ctx, *base_len, ("dflash block", rows, n_kv, with_prob), |ctx| {
             let b = model.build_block_window(ctx, rows, n_kv)?;
@@ -835,12 +850,12 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
         toks.extend(std::iter::repeat_n(hp.mask_token, n));
         let positions: Vec<i32> = (0..rows).map(|i| (pos + i) as i32).collect();
         // Non-causal: every row sees the context and the whole block.
-        let mask = super::mask_bytes(n_kv, std::iter::repeat_n(pos + rows - 1, rows as usize));
+        let mask = mask_bytes(n_kv, std::iter::repeat_n(pos + rows - 1, rows as usize));
         let inputs = vec![
-            (b.tokens, super::i32_bytes(&toks)),
-            (b.pos, super::i32_bytes(&positions)),
+            (b.tokens, i32_bytes(&toks)),
+            (b.pos, i32_bytes(&positions)),
             (b.mask, mask),
-            (b.kv_idxs, super::cell_bytes(&positions)),
+            (b.kv_idxs, cell_bytes(&positions)),
         ];
         let rep = runner.run(ctx, g, &inputs, outs)?;
         let k = b.writes.len();
@@ -849,8 +864,7 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
             let top_k = self.model.selector.map_or(1, |s| s.top_k) as usize;
             return Ok(best_path(&lattice, hp.n_embd as usize, top_k, n, self.p_min));
         }
-        let best: Vec<i32> =
-            rep.outputs[k].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let best = i32s(&rep.outputs[k]);
         let top_prob: Option<Vec<f32>> = (self.p_min > 0.0).then(|| f32s(&rep.outputs[k + 1]));
         let mut drafts = Vec::with_capacity(n);
         for (r, &tok) in best.iter().enumerate().take(n + 1).skip(1) {
@@ -864,14 +878,7 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
         Ok(drafts)
     }
 
-    fn accept(
-        &mut self,
-        target: &mut T,
-        _batch: &[i32],
-        start: i64,
-        out: &super::qwen3::StepOutput,
-        kept: usize,
-    ) -> Result<()> {
+    fn accept(&mut self, target: &mut T, _batch: &[i32], start: i64, out: &StepOutput, kept: usize) -> Result<()> {
         // Inject the kept rows' features (layer-major per row) at their positions.
         let hp = &self.model.hp;
         let et = hp.target_hidden as usize;
@@ -906,76 +913,82 @@ impl<T: DraftHost> super::speculative::Drafter<T> for DflashDrafter {
     }
 }
 
-/// DFlash2's grouped dynamic two-tap depthwise convolution
-/// (shardgraph-models/MODELS.md, section 4.6, `CONV(hidden, δ, base, side)`):
-/// for every block of `t / n_blocks` rows,
-/// `out[i, c] = Σ_τ (base[c, τ, side] + δ[g(c), τ, side, i]) · x[i − τ, c]`
-/// with `g(c) = c / group` and taps that do not reach across the block start.
-///
-/// Shapes: `hidden` F32 `[E, T]`, `delta` F32 `[2·k·E/group, T]`
-/// (layout `[E/group, k, 2]` per row), `base` F32 `[E, k, 2]`; `side` 0 is
-/// the convolution before a sublayer, 1 the one after. Returns `[E, T]`.
+/// [`qwen3_policy`] for a target with a DFlash drafter in the same context (its
+/// tensors named `dft.` + the GGUF name): the drafter's layers and caches split
+/// like the target's (shardgraph-models/MODELS.md, section 7.5), `fc` and the
+/// norms mirrored.
 ///
 /// # Errors
-/// [`Error::Model`] if `group` does not divide E, `n_blocks` does not divide
-/// T, or the shapes disagree; constructor errors.
-pub fn dflash2_conv(
-    ctx: &mut Context,
-    hidden: TensorId,
-    delta: TensorId,
-    base: TensorId,
-    side: usize,
-    n_blocks: i64,
-    group: i64,
-) -> Result<TensorId> {
-    let (x, dt, bt) = (ctx.tensor(hidden)?.clone(), ctx.tensor(delta)?.clone(), ctx.tensor(base)?.clone());
-    let (e, t) = (x.ne[0], x.ne[1]);
-    let k = bt.ne[1];
-    let bad = |d: String| Error::Model { detail: format!("dflash2 conv: {d}") };
-    if group < 1 || e % group != 0 || n_blocks < 1 || t % n_blocks != 0 || side > 1 || k < 1 {
-        return Err(bad(format!("E {e}, group {group}, T {t}, blocks {n_blocks}, side {side}, taps {k}")));
+/// As [`qwen3_policy`], for either model's heads.
+pub fn qwen3_dflash_policy(
+    hp: &Qwen3Hparams,
+    types: &Qwen3Types,
+    drafter: &DflashHparams,
+    drafter_type: GgmlType,
+    ratios: &[f32],
+) -> Result<SplitPolicy> {
+    check_dflash_heads(drafter, drafter_type, hp.n_vocab, ratios)?;
+    let policy = qwen3_rules(hp, types, ratios)?;
+    Ok(dflash_rules(policy, drafter, drafter_type, ratios.len()).rule("*", SplitSpec::Mirrored))
+}
+
+/// Checks that a DFlash drafter's heads give every device with a non-zero
+/// ratio a KV head too (as a `qwen3` target's must), before either model's
+/// rules are made.
+///
+/// # Errors
+/// As [`qwen3_policy`], the message naming the drafter's heads.
+fn check_dflash_heads(drafter: &DflashHparams, drafter_type: GgmlType, n_vocab: i64, ratios: &[f32]) -> Result<()> {
+    let dhp = drafter_as_qwen3(drafter, n_vocab);
+    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios).map(drop).map_err(|e| drafter_error(&dhp, e))
+}
+
+/// The DFlash drafter's rules on top of its target's `policy`
+/// (shardgraph-models/MODELS.md, section 7.5): its tensors are named `dft.` +
+/// the GGUF name, its layers and caches split like a `qwen3` target's, with
+/// its own granules; `fc`, the norms and DFlash2's convolution and selector
+/// tensors are left to the caller's final "everything else mirrored".
+fn dflash_rules(policy: SplitPolicy, drafter: &DflashHparams, drafter_type: GgmlType, n_dev: usize) -> SplitPolicy {
+    let g = attention_granules(&drafter.core, drafter_type, n_dev);
+    layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type))
+}
+
+/// [`qwen35_policy`] for a target with a DFlash drafter in the same context
+/// (`dft.` names): the drafter's layers and caches split like a `qwen3`
+/// target's (shardgraph-models/MODELS.md, section 7.5), `fc`, norms,
+/// convolution and selector tensors mirrored.
+///
+/// # Errors
+/// As [`qwen35_policy`], and for the drafter's heads.
+pub fn qwen35_dflash_policy(
+    hp: &Qwen35Hparams,
+    types: &Qwen35Types,
+    drafter: &DflashHparams,
+    drafter_type: GgmlType,
+    ratios: &[f32],
+) -> Result<SplitPolicy> {
+    check_dflash_heads(drafter, drafter_type, hp.n_vocab, ratios)?;
+    let policy = qwen35_rules(hp, types, ratios)?;
+    // On one device qwen35_rules has no rules (nothing is split), nor does the drafter.
+    let policy = if ratios.len() > 1 { dflash_rules(policy, drafter, drafter_type, ratios.len()) } else { policy };
+    Ok(policy.rule("*", SplitSpec::Mirrored))
+}
+
+/// Says that a policy error is about the drafter's heads, not the target's.
+fn drafter_error(dhp: &Qwen3Hparams, e: Error) -> Error {
+    let inner = match e {
+        Error::Model { detail } => detail,
+        other => other.to_string(),
+    };
+    Error::Model {
+        detail: format!(
+            "dflash drafter ({} heads / {} KV heads of {}): {inner}",
+            dhp.n_head, dhp.n_head_kv, dhp.head_dim
+        ),
     }
-    let gc = e / group;
-    if dt.ne[0] != 2 * k * gc || dt.ne[1] != t || bt.ne[0] != e || bt.ne[2] != 2 {
-        return Err(bad(format!("δ {:?} and base {:?} do not fit hidden {:?}", dt.ne, bt.ne, x.ne)));
-    }
-    let bl = t / n_blocks;
-    let f = 4usize; // F32
-                    // Per-row kernel W[gs, Gc, k, T] = δ (this side, repeated over each group) + base (this side).
-    let d4 = ctx.reshape_4d(delta, gc, k, 2, t)?;
-    let nb3 = ctx.tensor(d4)?.nb[3];
-    let c = ctx.view_3d(d4, gc, k, t, gc as usize * f, nb3, side * (gc * k) as usize * f)?;
-    let c = ctx.cont(c)?;
-    let c = ctx.reshape_4d(c, 1, gc, k, t)?;
-    let c = ctx.repeat_4d(c, group, gc, k, t)?;
-    let b = ctx.view_1d(base, e * k, side * (e * k) as usize * f)?;
-    let b = ctx.reshape_4d(b, group, gc, k, 1)?;
-    let w = ctx.add(c, b)?;
-    let blocks = ctx.reshape_3d(hidden, e, bl, n_blocks)?;
-    let wt = ctx.tensor(w)?.clone();
-    let bnb = ctx.tensor(blocks)?.nb;
-    let mut out: Option<TensorId> = None;
-    for tap in 0..k.min(bl) {
-        // The tap's kernel as [E, T].
-        let wtap = ctx.view_3d(w, group, gc, t, wt.nb[1], wt.nb[3], tap as usize * wt.nb[2])?;
-        let wtap = ctx.cont(wtap)?;
-        let wtap = ctx.reshape_2d(wtap, e, t)?;
-        // x shifted down by `tap` rows inside each block, zeros first.
-        let shifted = if tap == 0 {
-            ctx.reshape_2d(blocks, e, t)?
-        } else {
-            let head = ctx.view_3d(blocks, e, tap, n_blocks, bnb[1], bnb[2], 0)?;
-            let head = ctx.cont(head)?;
-            let zeros = ctx.fill(head, 0.0)?;
-            let body = ctx.view_3d(blocks, e, bl - tap, n_blocks, bnb[1], bnb[2], 0)?;
-            let s = ctx.concat(zeros, body, 1)?;
-            ctx.reshape_2d(s, e, t)?
-        };
-        let term = ctx.mul(wtap, shifted)?;
-        out = Some(match out {
-            None => term,
-            Some(acc) => ctx.add(acc, term)?,
-        });
-    }
-    out.ok_or_else(|| bad("no taps".into()))
+}
+
+/// A DFlash drafter's layer shapes as a `qwen3` model's (for the check of its heads).
+fn drafter_as_qwen3(drafter: &DflashHparams, n_vocab: i64) -> Qwen3Hparams {
+    Qwen3Hparams { core: drafter.core.clone(), n_vocab, n_ctx_train: 4096 }
 }

@@ -31,7 +31,8 @@ use super::mtp::MtpDrafter;
 use super::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use super::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
 use super::sampling::{Sampler, SamplerParams};
-use super::speculative::{generate_with, NoDraft, SpecParams, SpecStats, MAX_DRAFT};
+use super::speculative::{generate_with, NoDraft, SpecParams, SpecStats};
+use super::step::{check_p_min, MAX_DRAFT};
 use shardgraph::error::{Error, Result};
 use shardgraph::gguf::GgufFile;
 use shardgraph::split::Devices;
@@ -189,7 +190,7 @@ impl Plan {
         if !matches!(kv, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0) {
             return Err(Error::Model { detail: format!("engine: cache_type_k {kv} (F16, Q8_0, Q4_0 or F32)") });
         }
-        super::speculative::check_p_min("engine", params.p_min)?;
+        check_p_min("engine", params.p_min)?;
         let SpecParams { n_max, n_min } = params.spec;
         if n_max > MAX_DRAFT {
             return Err(Error::Model { detail: format!("engine: n_max {n_max} is over {MAX_DRAFT} drafts per step") });
@@ -540,8 +541,8 @@ impl Engine {
     /// Positions the target has decoded.
     fn decoded(&self) -> i64 {
         match &self.target {
-            Target::Qwen3(s) => s.n_past,
-            Target::Qwen35(s) => s.n_past,
+            Target::Qwen3(s) => s.n_past(),
+            Target::Qwen35(s) => s.n_past(),
         }
     }
 
@@ -588,16 +589,16 @@ impl Engine {
     /// The target's vocabulary size V (token ids are `0..V`).
     pub fn n_vocab(&self) -> i64 {
         match &self.target {
-            Target::Qwen3(s) => s.model.hp.n_vocab,
-            Target::Qwen35(s) => s.model.hp.n_vocab,
+            Target::Qwen3(s) => s.model().hp.n_vocab,
+            Target::Qwen35(s) => s.model().hp.n_vocab,
         }
     }
 
     /// The target's training context (`{arch}.context_length`).
     pub fn n_ctx_train(&self) -> i64 {
         match &self.target {
-            Target::Qwen3(s) => s.model.hp.n_ctx_train,
-            Target::Qwen35(s) => i64::from(s.model.hp.n_ctx_train),
+            Target::Qwen3(s) => s.model().hp.n_ctx_train,
+            Target::Qwen35(s) => i64::from(s.model().hp.n_ctx_train),
         }
     }
 
@@ -605,16 +606,16 @@ impl Engine {
     /// drafter share one runner).
     pub fn bytes_moved(&self) -> u64 {
         match &self.target {
-            Target::Qwen3(s) => s.runner.bytes_moved,
-            Target::Qwen35(s) => s.runner.bytes_moved,
+            Target::Qwen3(s) => s.runner().bytes_moved(),
+            Target::Qwen35(s) => s.runner().bytes_moved(),
         }
     }
 
     /// Number of devices.
     pub fn n_devices(&self) -> usize {
         match &self.target {
-            Target::Qwen3(s) => s.runner.n_devices(),
-            Target::Qwen35(s) => s.runner.n_devices(),
+            Target::Qwen3(s) => s.runner().n_devices(),
+            Target::Qwen35(s) => s.runner().n_devices(),
         }
     }
 

@@ -13,10 +13,10 @@
 //!   devices of a [`MetaExecutor`], or [`Error::OutOfMemory`] naming the
 //!   device when even 256 cells do not.
 
-use super::dflash::{Dflash, DflashHparams};
-use super::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
-use super::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
-use super::speculative::MAX_DRAFT;
+use super::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams};
+use super::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Types};
+use super::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams, Qwen35Types};
+use super::step::MAX_DRAFT;
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::{Context, Graph};
 use shardgraph::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitPolicy, SplitState};
@@ -39,8 +39,9 @@ pub const CTX_STEP: i64 = 256;
 /// step's inputs placed); `compute` the largest compute peak of the steps
 /// ([`shardgraph::split::Plan::memory`]: the executor's compute arena is shared
 /// by its programs and grown to the largest). The plans come from
-/// `planner` (pass the session's `runner.planner` to size the plans its
-/// runs use; they are cached there).
+/// `planner`: a fresh one for a session not made yet, or a session's own
+/// (taken with `std::mem::take(runner.planner_mut())`), which holds the
+/// plans its runs used.
 ///
 /// # Errors
 /// [`Error::Model`] for `base_len` beyond the context; policy errors naming
@@ -166,13 +167,13 @@ impl FitSpec {
         let r = &self.ratios;
         match (&self.target, &self.draft, &model.dflash) {
             (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { weight_type, .. }, Some(d)) => {
-                super::policy::qwen3_dflash_policy(hp, types, &d.hp, *weight_type, r)
+                qwen3_dflash_policy(hp, types, &d.hp, *weight_type, r)
             }
             (FitTarget::Qwen35 { hp, types }, FitDraft::Dflash { weight_type, .. }, Some(d)) => {
-                super::policy::qwen35_dflash_policy(hp, types, &d.hp, *weight_type, r)
+                qwen35_dflash_policy(hp, types, &d.hp, *weight_type, r)
             }
-            (FitTarget::Qwen3 { hp, types }, _, _) => super::policy::qwen3_policy(hp, types, r),
-            (FitTarget::Qwen35 { hp, types }, _, _) => super::policy::qwen35_policy(hp, types, r),
+            (FitTarget::Qwen3 { hp, types }, _, _) => qwen3_policy(hp, types, r),
+            (FitTarget::Qwen35 { hp, types }, _, _) => qwen35_policy(hp, types, r),
         }
     }
 

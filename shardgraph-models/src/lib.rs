@@ -34,6 +34,7 @@
 
 use shardgraph::tensor::TensorId;
 
+pub mod decoder;
 pub mod dflash;
 pub mod engine;
 pub mod fit;
@@ -47,6 +48,7 @@ pub mod qwen35;
 pub mod runner;
 pub mod sampling;
 pub mod speculative;
+pub mod step;
 
 /// Loads a session's long-lived tensors — the first `base_len` of `ctx`:
 /// weights and caches — from `file` onto `runner`'s devices: checks the
@@ -70,7 +72,7 @@ pub(crate) fn place_and_load(
     check_file_tensors(file, ctx, &ids, "", model)?;
     runner.place_all(ctx, &ids, what)?;
     let start = std::time::Instant::now();
-    let report = shardgraph::gguf::load_into_split_store(file, ctx, &mut runner.store)?;
+    let report = shardgraph::gguf::load_into_split_store(file, ctx, runner.store_mut())?;
     log::info!(
         "{model}: loaded {} tensors ({:.1} MB) onto {} device(s) in {:.2} s",
         report.loaded.len(),
@@ -186,141 +188,4 @@ pub(crate) fn check_window(model: &str, n_kv: i64, kv_size: i64) -> shardgraph::
         });
     }
     Ok(())
-}
-
-/// A step graph kept for later steps (llama.cpp's graph reuse): its key
-/// (what shapes it: tokens per step, KV window, taps…), the step's tensors,
-/// the outputs to read, and the graph.
-#[derive(Debug)]
-pub(crate) struct StepGraph<K, S> {
-    key: K,
-    /// The step's tensors.
-    pub step: S,
-    /// What the caller reads back, in its order.
-    pub outputs: Vec<TensorId>,
-    /// The graph.
-    pub graph: shardgraph::graph::Graph,
-}
-
-/// The step graphs built on top of a session's long-lived tensors, kept
-/// while the context holds them: a step whose key was seen (a decode step
-/// in the same KV window, a drafter's block, a verification batch of the
-/// same length) reuses its graph — and so its plan and compiled program —
-/// and only writes its inputs. Graphs are appended to the context; when it
-/// has grown by [`GraphCache::MAX_TENSORS`] tensors or holds
-/// [`GraphCache::MAX_GRAPHS`] graphs, it is cut back to the long-lived
-/// tensors and the cache starts afresh, so their number stays bounded.
-#[derive(Debug, Default)]
-pub(crate) struct GraphCache {
-    /// (context id, generation, base length) the entries were built in.
-    built_in: Option<(u32, u64, usize)>,
-    entries: Vec<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
-}
-
-impl GraphCache {
-    /// Most graphs kept.
-    pub const MAX_GRAPHS: usize = 32;
-    /// Most tensors the kept graphs may add to the context.
-    pub const MAX_TENSORS: usize = 1 << 18;
-
-    /// The kept graph of `key`, or the one `build` makes (appended to the
-    /// context, above its first `base_len` tensors).
-    ///
-    /// # Errors
-    /// `build`'s errors; [`shardgraph::Error::Graph`] for no outputs.
-    pub(crate) fn get_or_build<K, S>(
-        &mut self,
-        ctx: &mut shardgraph::graph::Context,
-        base_len: usize,
-        key: K,
-        build: impl FnOnce(&mut shardgraph::graph::Context) -> shardgraph::Result<(S, Vec<TensorId>)>,
-    ) -> shardgraph::Result<std::sync::Arc<StepGraph<K, S>>>
-    where
-        K: PartialEq + Send + Sync + 'static,
-        S: Send + Sync + 'static,
-    {
-        let here = (ctx.id(), ctx.generation(), base_len);
-        if self.built_in != Some(here) || ctx.len() < base_len {
-            self.entries.clear();
-        }
-        for e in &self.entries {
-            let hit = e.downcast_ref::<StepGraph<K, S>>().is_some_and(|sg| sg.key == key && sg.graph.built_from(ctx));
-            if hit {
-                if let Ok(sg) = e.clone().downcast::<StepGraph<K, S>>() {
-                    return Ok(sg);
-                }
-            }
-        }
-        if self.entries.len() >= Self::MAX_GRAPHS || ctx.len().saturating_sub(base_len) > Self::MAX_TENSORS {
-            self.entries.clear();
-        }
-        if self.entries.is_empty() {
-            ctx.truncate(base_len);
-        }
-        let (step, outputs) = build(ctx)?;
-        let graph = ctx.build_forward(&outputs)?;
-        let sg = std::sync::Arc::new(StepGraph { key, step, outputs, graph });
-        self.entries.push(sg.clone());
-        self.built_in = Some((ctx.id(), ctx.generation(), base_len));
-        Ok(sg)
-    }
-}
-
-/// A decode step's result from its run: `read` lists the outputs read back
-/// (`rep.outputs` in that order); the greedy tokens of `argmax`, the hidden
-/// states of `taps`, and the logits if `logits` was read.
-pub(crate) fn step_output(
-    read: &[TensorId],
-    rep: &shardgraph::split::RunReport,
-    argmax: TensorId,
-    taps: &[(usize, TensorId)],
-    logits: Option<TensorId>,
-) -> qwen3::StepOutput {
-    let at = |id: TensorId| read.iter().position(|&o| o == id).and_then(|k| rep.outputs.get(k));
-    let argmax = at(argmax)
-        .map(|b| b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-        .unwrap_or_default();
-    let taps = taps.iter().map(|&(l, id)| (l, at(id).map(|b| qwen3::f32s(b)).unwrap_or_default())).collect();
-    let logits = logits.and_then(|id| at(id).map(|b| qwen3::f32s(b)));
-    qwen3::StepOutput { argmax, logits, taps }
-}
-
-/// Little-endian bytes of I32 values (a graph input).
-pub(crate) fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Little-endian bytes of F32 values (a graph input).
-pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// The KV cells written at `positions` (cell = position), as the I64
-/// `k_idxs` input of `set_rows`.
-pub(crate) fn cell_bytes(positions: &[i32]) -> Vec<u8> {
-    positions.iter().flat_map(|&p| (p as i64).to_le_bytes()).collect()
-}
-
-/// An F16 attention mask `[n_kv, rows]`: row `r` sees the cells
-/// `0..=last[r]` (0) and not the others (−inf).
-pub(crate) fn mask_bytes(n_kv: i64, last: impl IntoIterator<Item = i64>) -> Vec<u8> {
-    let mut mask = Vec::new();
-    for l in last {
-        for c in 0..n_kv {
-            let v = if c <= l { half::f16::ZERO } else { half::f16::NEG_INFINITY };
-            mask.extend(v.to_le_bytes());
-        }
-    }
-    mask
-}
-
-/// IMROPE's four position streams for text tokens (shardgraph-models/MODELS.md,
-/// section 1.1): the position in the first three, zero in the fourth,
-/// stream-major.
-pub(crate) fn imrope_positions(positions: &[i32]) -> Vec<i32> {
-    let mut out = Vec::with_capacity(4 * positions.len());
-    for stream in 0..4 {
-        out.extend(positions.iter().map(|&p| if stream < 3 { p } else { 0 }));
-    }
-    out
 }

@@ -8,9 +8,8 @@
 //! graph (llama.cpp's chain variant), cut on the host at the first step whose
 //! probability is below `p_min`.
 
-use super::qwen3::StepOutput;
 use super::qwen35::Qwen35Session;
-use super::speculative::Drafter;
+use super::step::{check_p_min, Drafter, StepOutput};
 use shardgraph::error::{Error, Result};
 
 /// The MTP drafter; its weights and KV cache are the target's NextN block.
@@ -32,16 +31,16 @@ impl MtpDrafter {
     /// [`Error::Model`] if the target's GGUF has no NextN (MTP) layer or
     /// `p_min` is outside `0..=1`.
     pub fn new(target: &Qwen35Session, p_min: f32) -> Result<Self> {
-        super::speculative::check_p_min("mtp", p_min)?;
-        if target.model.nextn.is_none() {
+        check_p_min("mtp", p_min)?;
+        if target.model().nextn.is_none() {
             return Err(Error::Model {
                 detail: "qwen35: the model has no NextN (MTP) layer (qwen35.nextn_predict_layers = 0)".into(),
             });
         }
         Ok(MtpDrafter {
             p_min,
-            pending_h: vec![0.0; target.model.hp.n_embd as usize],
-            n_layer: target.model.hp.n_layer,
+            pending_h: vec![0.0; target.model().hp.n_embd as usize],
+            n_layer: target.model().hp.n_layer,
         })
     }
 }
@@ -53,7 +52,7 @@ impl Drafter<Qwen35Session> for MtpDrafter {
 
     fn draft(&mut self, target: &mut Qwen35Session, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>> {
         // All steps in one graph run; p_min cuts the chain on the host.
-        let n = n_max.min((target.model.kv_size - pos).max(0) as usize);
+        let n = n_max.min((target.model().kv_size - pos).max(0) as usize);
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -76,8 +75,8 @@ impl Drafter<Qwen35Session> for MtpDrafter {
         out: &StepOutput,
         kept: usize,
     ) -> Result<()> {
-        let n_layer = target.model.hp.n_layer;
-        let e = target.model.hp.n_embd as usize;
+        let n_layer = target.model().hp.n_layer;
+        let e = target.model().hp.n_embd as usize;
         let hs = &out
             .taps
             .iter()

@@ -5,12 +5,16 @@
 //! metadata keys are llama.cpp's (`blk.N.attn_q.weight`,
 //! `qwen3.embedding_length`, ...).
 
+use super::decoder::{decoder_layer, new_layer, LayerShape, Qwen3Layer};
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model};
-use super::layers::{self, input, named, rms_norm_w, AttnShape, KvCache};
+use super::layers::{input, named, rms_norm_w};
+use super::policy::{attention_granules, ffn_granule, layer_rules};
+use super::runner::Runner;
+use super::step::{cell_bytes, i32_bytes, mask_bytes, step_output, StepOutput, Target};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::ops::RopeParams;
-use shardgraph::split::Devices;
+use shardgraph::split::{split_extents, Devices, SplitPolicy, SplitSpec};
 use shardgraph::tensor::{GgmlType, TensorId};
 
 /// Hyper-parameters of a `qwen3` model: the shared core (`qwen3.*` keys,
@@ -76,8 +80,8 @@ impl Qwen3Hparams {
         if self.n_layer == 0 || self.n_embd <= 0 || self.n_ff <= 0 || self.n_vocab <= 0 {
             return bad("block_count, embedding_length, feed_forward_length and vocab_size must be positive");
         }
-        if self.n_layer > super::MAX_LAYERS {
-            return bad(&format!("block_count {} is over {}", self.n_layer, super::MAX_LAYERS));
+        if self.n_layer > crate::MAX_LAYERS {
+            return bad(&format!("block_count {} is over {}", self.n_layer, crate::MAX_LAYERS));
         }
         if !self.heads_divide() {
             return bad(&format!(
@@ -146,37 +150,6 @@ impl Qwen3Hparams {
     pub fn rope(&self) -> RopeParams {
         self.core.neox_rope(self.n_ctx_train as i32)
     }
-}
-
-/// The long-lived tensors of one layer.
-#[derive(Clone, Debug)]
-pub struct Qwen3Layer {
-    /// `blk.N.attn_norm.weight` `[E]`.
-    pub attn_norm: TensorId,
-    /// `blk.N.attn_q.weight` `[E, H·D]`.
-    pub wq: TensorId,
-    /// `blk.N.attn_k.weight` `[E, Hkv·D]`.
-    pub wk: TensorId,
-    /// `blk.N.attn_v.weight` `[E, Hkv·D]`.
-    pub wv: TensorId,
-    /// `blk.N.attn_output.weight` `[H·D, E]`.
-    pub wo: TensorId,
-    /// `blk.N.attn_q_norm.weight` `[D]`.
-    pub q_norm: TensorId,
-    /// `blk.N.attn_k_norm.weight` `[D]`.
-    pub k_norm: TensorId,
-    /// `blk.N.ffn_norm.weight` `[E]`.
-    pub ffn_norm: TensorId,
-    /// `blk.N.ffn_gate.weight` `[E, F]`.
-    pub ffn_gate: TensorId,
-    /// `blk.N.ffn_up.weight` `[E, F]`.
-    pub ffn_up: TensorId,
-    /// `blk.N.ffn_down.weight` `[F, E]`.
-    pub ffn_down: TensorId,
-    /// `cache_k_lN` `[Hkv·D, kv_size]`.
-    pub cache_k: TensorId,
-    /// `cache_v_lN` `[Hkv·D, kv_size]`.
-    pub cache_v: TensorId,
 }
 
 /// Weight types of a model: one per tensor role (a Q4_K_M-like file mixes them).
@@ -298,7 +271,7 @@ impl Qwen3 {
     ///
     /// # Errors
     /// [`Error::Model`] for inconsistent hyper-parameters, a `kv_size` outside
-    /// `1..=`[`super::MAX_CTX`], or
+    /// `1..=`[`crate::MAX_CTX`], or
     /// a weight/KV type whose block does not divide the rows it stores.
     pub fn new(
         ctx: &mut Context,
@@ -308,7 +281,7 @@ impl Qwen3 {
         kv_size: i64,
     ) -> Result<Self> {
         hp.validate()?;
-        super::check_kv_size("qwen3", kv_size)?;
+        crate::check_kv_size("qwen3", kv_size)?;
         if !matches!(kv_type, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0) {
             return Err(Error::Model { detail: format!("qwen3: KV cache type {kv_type} (F32, F16, Q8_0 or Q4_0)") });
         }
@@ -355,7 +328,7 @@ impl Qwen3 {
     /// cache cells given by `k_idxs`, attention over the first `n_kv` cells
     /// under `kq_mask` `[n_kv, T]`), final norm and logits for every token.
     /// `taps` lists the layers whose input hidden state is exported (for a
-    /// drafter). `n_kv` is the window of used cells ([`super::kv_window`]):
+    /// drafter). `n_kv` is the window of used cells ([`crate::kv_window`]):
     /// a step's cost follows the cells in use, not the cache's size.
     ///
     /// # Errors
@@ -366,7 +339,7 @@ impl Qwen3 {
         if n_tokens < 1 {
             return Err(Error::Model { detail: format!("qwen3: a step needs ≥ 1 token, got {n_tokens}") });
         }
-        super::check_window("qwen3", n_kv, self.kv_size)?;
+        crate::check_window("qwen3", n_kv, self.kv_size)?;
         if let Some(&t) = taps.iter().find(|&&t| t > hp.n_layer) {
             return Err(Error::Model { detail: format!("qwen3: tap of layer {t} beyond {} layers", hp.n_layer) });
         }
@@ -398,227 +371,40 @@ impl Qwen3 {
     }
 }
 
-/// What a Qwen3-style decoder layer needs besides its weights (the target's
-/// layers and the DFlash drafter's share it).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LayerShape {
-    /// Heads and the KV cache's type.
-    pub attn: AttnShape,
-    /// RMSNorm ε (the layer norms and the q/k head norms).
-    pub rms_eps: f32,
-    /// Rope of Q and K.
-    pub rope: RopeParams,
-    /// KV cache cells.
-    pub kv_size: i64,
-}
-
-impl LayerShape {
-    /// The layers of `hp` with rope `rope` and KV caches of `kv_size` cells of `kv_type`.
-    pub(crate) fn new(hp: &HparamsCore, rope: RopeParams, kv_type: GgmlType, kv_size: i64) -> Self {
-        let attn = AttnShape { head_dim: hp.head_dim, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv_type };
-        LayerShape { attn, rms_eps: hp.rms_eps, rope, kv_size }
-    }
-}
-
-impl Qwen3Layer {
-    /// The layer's KV cache.
-    pub(crate) fn cache(&self) -> KvCache {
-        KvCache { k: self.cache_k, v: self.cache_v }
-    }
-}
-
-/// Creates one layer's weights (`{prefix}blk.{il}.*`) and caches
-/// (`{prefix}cache_k_l{il}`, `{prefix}cache_v_l{il}`, `[Hkv·D, kv_size]`).
-pub(crate) fn new_layer(
-    ctx: &mut Context,
-    prefix: &str,
-    il: usize,
-    (e, f): (i64, i64),
-    s: &LayerShape,
-    (attn, attn_v, ffn, ffn_down): (GgmlType, GgmlType, GgmlType, GgmlType),
-) -> Result<Qwen3Layer> {
-    let a = &s.attn;
-    let (d, qd, kvd) = (a.head_dim, a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
-    let b = |n: &str| format!("{prefix}blk.{il}.{n}");
-    Ok(Qwen3Layer {
-        attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
-        wq: named(ctx, attn, &[e, qd], &b("attn_q.weight"))?,
-        wk: named(ctx, attn, &[e, kvd], &b("attn_k.weight"))?,
-        wv: named(ctx, attn_v, &[e, kvd], &b("attn_v.weight"))?,
-        wo: named(ctx, attn, &[qd, e], &b("attn_output.weight"))?,
-        q_norm: named(ctx, GgmlType::F32, &[d], &b("attn_q_norm.weight"))?,
-        k_norm: named(ctx, GgmlType::F32, &[d], &b("attn_k_norm.weight"))?,
-        ffn_norm: named(ctx, GgmlType::F32, &[e], &b("ffn_norm.weight"))?,
-        ffn_gate: named(ctx, ffn, &[e, f], &b("ffn_gate.weight"))?,
-        ffn_up: named(ctx, ffn, &[e, f], &b("ffn_up.weight"))?,
-        ffn_down: named(ctx, ffn_down, &[f, e], &b("ffn_down.weight"))?,
-        cache_k: named(ctx, a.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_k_l{il}"))?,
-        cache_v: named(ctx, a.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_v_l{il}"))?,
-    })
-}
-
-/// `n` heads of `x` `[E, T]` projected by `w`, each RMS-normed with `norm`
-/// and NEOX-roped at `pos`: `[D, n, T]` (Q and K alike).
-fn normed_heads(
-    ctx: &mut Context,
-    (w, norm): (TensorId, TensorId),
-    x: TensorId,
-    pos: TensorId,
-    (n, t): (i64, i64),
-    s: &LayerShape,
-) -> Result<TensorId> {
-    let h = layers::heads(ctx, w, x, (s.attn.head_dim, n, t))?;
-    let h = rms_norm_w(ctx, h, norm, s.rms_eps)?;
-    ctx.rope_ext(h, pos, None, s.rope)
-}
-
-/// The K (per-head RMSNorm, rope) and V rows `[Hkv·D, T]` of hidden states
-/// `h` `[E, T]` at `pos`, as the caches store them (V goes through a
-/// `reshape_2d` to its own shape: `qwen35`'s layers write V without it, so
-/// this stays here rather than in [`layers::write_kv`], and both graphs
-/// keep their nodes).
-fn kv_rows(
-    ctx: &mut Context,
-    w: &Qwen3Layer,
-    h: TensorId,
-    pos: TensorId,
-    t: i64,
-    s: &LayerShape,
-) -> Result<(TensorId, TensorId)> {
-    let kvd = s.attn.n_head_kv * s.attn.head_dim;
-    let k = normed_heads(ctx, (w.wk, w.k_norm), h, pos, (s.attn.n_head_kv, t), s)?;
-    let v = ctx.mul_mat(w.wv, h)?;
-    Ok((ctx.reshape_2d(k, kvd, t)?, ctx.reshape_2d(v, kvd, t)?))
-}
-
-/// K (per-head RMSNorm, rope) and V of hidden states `h` `[E, T]` at `pos`,
-/// written into the layer's caches at cells `kv_idxs`; returns the writes.
-pub(crate) fn write_kv(
-    ctx: &mut Context,
-    w: &Qwen3Layer,
-    h: TensorId,
-    (pos, kv_idxs): (TensorId, TensorId),
-    t: i64,
-    s: &LayerShape,
-) -> Result<(TensorId, TensorId)> {
-    let rows = kv_rows(ctx, w, h, pos, t, s)?;
-    layers::write_kv(ctx, w.cache(), rows, kv_idxs)
-}
-
-/// DFlash2's convolutions around a layer's two sublayers
-/// (shardgraph-models/MODELS.md, section 4.6).
-#[derive(Clone, Copy, Debug)]
-pub struct LayerConv {
-    /// `blk.N.attn_conv_base` `[E, k, 2]`.
-    pub attn_base: TensorId,
-    /// `blk.N.attn_conv_proj.weight` `[E, 2·k·E/group]`.
-    pub attn_proj: TensorId,
-    /// `blk.N.ffn_conv_base` `[E, k, 2]`.
-    pub ffn_base: TensorId,
-    /// `blk.N.ffn_conv_proj.weight` `[E, 2·k·E/group]`.
-    pub ffn_proj: TensorId,
-    /// Channels per group (16).
-    pub group: i64,
-    /// Blocks in the batch (rows are split evenly among them).
-    pub n_blocks: i64,
-}
-
-/// One Qwen3-style decoder layer over `x` `[E, T]`: RMSNorm, Q (per-head
-/// norm, rope) and K/V written to the caches, flash attention over the
-/// cache's window under `mask` (causal for the target, the whole block for
-/// the DFlash drafter), output projection, residual; RMSNorm, SwiGLU FFN,
-/// residual. With `conv` (DFlash2) each sublayer's input and output go
-/// through the dynamic convolution. Returns the layer's output and its two
-/// cache writes.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn decoder_layer(
-    ctx: &mut Context,
-    w: &Qwen3Layer,
-    x: TensorId,
-    pos: TensorId,
-    mask: TensorId,
-    kv_idxs: TensorId,
-    t: i64,
-    s: &LayerShape,
-    conv: Option<&LayerConv>,
-) -> Result<(TensorId, TensorId, TensorId)> {
-    let xn = rms_norm_w(ctx, x, w.attn_norm, s.rms_eps)?;
-    let (a, writes) = with_conv(ctx, conv.map(|c| (c, c.attn_proj, c.attn_base)), xn, |ctx, xn| {
-        let q = normed_heads(ctx, (w.wq, w.q_norm), xn, pos, (s.attn.n_head, t), s)?;
-        let rows = kv_rows(ctx, w, xn, pos, t, s)?;
-        let (a, wk, wv) = layers::attention(ctx, q, rows, w.cache(), kv_idxs, mask, &s.attn)?;
-        Ok((ctx.mul_mat(w.wo, a)?, (wk, wv)))
-    })?;
-    let hres = ctx.add(a, x)?;
-    let hn = rms_norm_w(ctx, hres, w.ffn_norm, s.rms_eps)?;
-    let (down, ()) = with_conv(ctx, conv.map(|c| (c, c.ffn_proj, c.ffn_base)), hn, |ctx, hn| {
-        Ok((layers::swiglu_ffn(ctx, hn, w.ffn_gate, w.ffn_up, w.ffn_down)?, ()))
-    })?;
-    Ok((ctx.add(down, hres)?, writes.0, writes.1))
-}
-
-/// The sublayer `f` of `x`; with DFlash2's convolution (`conv`, its
-/// sublayer's projection and base) its input and output go through
-/// [`super::dflash::dflash2_conv`] with the δ projected from its input.
-/// Returns `f`'s output and what else it returns.
-fn with_conv<R>(
-    ctx: &mut Context,
-    conv: Option<(&LayerConv, TensorId, TensorId)>,
-    x: TensorId,
-    f: impl FnOnce(&mut Context, TensorId) -> Result<(TensorId, R)>,
-) -> Result<(TensorId, R)> {
-    use super::dflash::dflash2_conv;
-    let Some((c, proj, base)) = conv else { return f(ctx, x) };
-    let delta = ctx.mul_mat(proj, x)?;
-    let x = dflash2_conv(ctx, x, delta, base, 0, c.n_blocks, c.group)?;
-    let (y, r) = f(ctx, x)?;
-    Ok((dflash2_conv(ctx, y, delta, base, 1, c.n_blocks, c.group)?, r))
-}
-
-/// What one decode step returns.
-#[derive(Clone, Debug, Default)]
-pub struct StepOutput {
-    /// The greedy token after each input token.
-    pub argmax: Vec<i32>,
-    /// Logits `[V, T]` (column per token), if asked for.
-    pub logits: Option<Vec<f32>>,
-    /// Hidden states entering the tapped layers, `[E, T]` each.
-    pub taps: Vec<(usize, Vec<f32>)>,
-}
-
 /// A `qwen3` model decoding one sequence on N devices: the model's tensors
-/// in a context, a [`Runner`](super::runner::Runner), and the number of
-/// positions already in the KV cache (cache cell = position).
+/// in a context, a [`Runner`], and the number of positions already in the
+/// KV cache (cache cell = position).
+///
+/// Made by [`Qwen3Session::load`] (a GGUF path) or
+/// [`Qwen3Session::load_file`] (a parsed GGUF) onto [`Devices`], or by
+/// [`Qwen3Session::new`] over a model built by hand. Read it through
+/// [`Qwen3Session::model`], [`Qwen3Session::ctx`], [`Qwen3Session::runner`]
+/// and [`Qwen3Session::n_past`].
 #[derive(Debug)]
 pub struct Qwen3Session {
     /// The model.
-    pub model: Qwen3,
+    pub(crate) model: Qwen3,
     /// The context holding the model's tensors (step graphs are built on top).
-    pub ctx: Context,
+    pub(crate) ctx: Context,
     /// Devices, plans and storage.
-    pub runner: super::runner::Runner,
+    pub(crate) runner: Runner,
     /// Positions in the cache.
-    pub n_past: i64,
+    pub(crate) n_past: i64,
     /// Length of the context with only long-lived tensors (the target's,
     /// and a drafter's once added); step graphs are built after it.
-    pub base_len: usize,
-}
-
-/// Little-endian F32 bytes as values.
-pub(crate) fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    pub(crate) base_len: usize,
 }
 
 impl Qwen3Session {
-    /// A session over a model whose tensors are in `ctx`; places weights and
-    /// caches on the runner's devices (zero-filled; write weights with
-    /// [`Qwen3Session::set_weight`]).
+    /// A session over a model whose tensors are in `ctx` (built by hand with
+    /// [`Qwen3::new`]); places weights and caches on the runner's devices
+    /// (zero-filled; write weights with [`Qwen3Session::set_weight`]).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when a device cannot hold the weights and
     /// caches (checked before anything is allocated); placement errors (a
     /// policy that cannot split a tensor names it).
-    pub fn new(model: Qwen3, ctx: Context, mut runner: super::runner::Runner) -> Result<Self> {
+    pub fn new(model: Qwen3, ctx: Context, mut runner: Runner) -> Result<Self> {
         let ids: Vec<TensorId> = ctx.ids().take(model.base_len).collect();
         let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
         runner.place_all(&ctx, &ids, &what)?;
@@ -626,41 +412,32 @@ impl Qwen3Session {
         Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len })
     }
 
-    /// Opens a `qwen3` GGUF and loads it as [`Qwen3Session::from_file`] does.
-    ///
-    /// # Errors
-    /// GGUF errors naming the file (missing, unreadable, malformed); as
-    /// [`Qwen3Session::from_file`].
-    pub fn from_gguf(
-        path: impl AsRef<std::path::Path>,
-        ratios: &[f32],
-        threads: usize,
-        kv_type: GgmlType,
-        kv_size: i64,
-    ) -> Result<Self> {
-        Self::from_file(&shardgraph::gguf::GgufFile::open(path)?, ratios, threads, kv_type, kv_size)
-    }
-
-    /// [`Qwen3Session::load_file`] on `ratios.len()` CPU devices with
-    /// `threads` worker threads each and tensor-split `ratios`
-    /// ([`Devices::cpu`] with [`Devices::with_tensor_split`]).
-    ///
-    /// # Errors
-    /// [`Error::Split`] for no ratios, more than 64, bad ratios or thread
-    /// counts (as [`Devices::cpu`]); as [`Qwen3Session::load_file`].
-    pub fn from_file(
-        file: &shardgraph::gguf::GgufFile,
-        ratios: &[f32],
-        threads: usize,
-        kv_type: GgmlType,
-        kv_size: i64,
-    ) -> Result<Self> {
-        let devices = Devices::cpu(ratios.len(), threads)?.with_tensor_split(ratios)?;
-        Self::load_file(file, &devices, kv_type, kv_size)
-    }
-
     /// Opens a `qwen3` GGUF and loads it onto `devices` as
     /// [`Qwen3Session::load_file`] does.
+    ///
+    /// # Example
+    /// A generated model ([`crate::generate::write_example_pair`]) on two CPU
+    /// devices, split 1:1; its greedy continuation follows a vocabulary
+    /// permutation.
+    /// ```
+    /// use shardgraph::split::Devices;
+    /// use shardgraph::GgmlType;
+    /// use shardgraph_models::generate::{permutation, write_example_pair};
+    /// use shardgraph_models::qwen3::Qwen3Session;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = std::env::temp_dir().join(format!("sg-doc-qwen3-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// let (model, _drafter) = write_example_pair(&dir)?;
+    /// let devices = Devices::cpu(2, 1)?.with_tensor_split(&[1.0, 1.0])?;
+    /// let mut s = Qwen3Session::load(&model, &devices, GgmlType::F16, 256)?;
+    /// let out = s.decode(&[5, 6, 7], &[], false)?;
+    /// assert_eq!((out.argmax.len(), s.n_past()), (3, 3));
+    /// assert_eq!(i64::from(out.argmax[2]), permutation(s.model().hp.n_vocab, 1)[7]);
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// GGUF errors naming the file (missing, unreadable, malformed); as
@@ -694,12 +471,34 @@ impl Qwen3Session {
         let types = Qwen3Types::from_gguf(file)?;
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
-        let policy = super::policy::qwen3_policy(&hp, &types, devices.ratios())?;
-        let mut runner = super::runner::Runner::with_devices(policy, devices)?;
+        let policy = qwen3_policy(&hp, &types, devices.ratios())?;
+        let mut runner = Runner::new(policy, devices)?;
         let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
-        super::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen3", &what)?;
+        crate::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen3", &what)?;
         let base_len = model.base_len;
         Ok(Qwen3Session { model, ctx, runner, n_past: 0, base_len })
+    }
+
+    /// The model: hyper-parameters, weights and caches (their ids in
+    /// [`Qwen3Session::ctx`]), cache size and type.
+    pub fn model(&self) -> &Qwen3 {
+        &self.model
+    }
+
+    /// The context holding the model's tensors (a drafter's after them, once
+    /// attached) and the step graphs built on top.
+    pub fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The devices, split policy, plans and device-resident storage.
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+
+    /// Positions decoded (the next token's position; cache cell = position).
+    pub fn n_past(&self) -> i64 {
+        self.n_past
     }
 
     /// The model's weight types (from its tensors).
@@ -730,7 +529,7 @@ impl Qwen3Session {
         if bytes.len() != want {
             return Err(Error::Model { detail: format!("qwen3: {name} takes {want} bytes, given {}", bytes.len()) });
         }
-        self.runner.store.set_tensor(&self.ctx, id, 0, bytes)
+        self.runner.store_mut().set_tensor(&self.ctx, id, 0, bytes)
     }
 
     /// Runs `tokens` at positions `n_past..n_past + T`, writes their K/V,
@@ -757,7 +556,7 @@ impl Qwen3Session {
                 ),
             });
         }
-        let n_kv = super::kv_window(self.model.kv_size, self.n_past + t);
+        let n_kv = crate::kv_window(self.model.kv_size, self.n_past + t);
         let key = (t, n_kv, taps.to_vec(), want_logits);
         let (model, base) = (&self.model, self.base_len);
         let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, key, |ctx| {
@@ -771,7 +570,6 @@ impl Qwen3Session {
             Ok((step, outputs))
         })?;
         let (step, outputs, graph) = (&sg.step, &sg.outputs, &sg.graph);
-        use super::{cell_bytes, i32_bytes, mask_bytes};
         let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
         let mask = mask_bytes(n_kv, pos.iter().map(|&p| p as i64));
         let inputs = vec![
@@ -790,7 +588,7 @@ impl Qwen3Session {
             start.elapsed().as_secs_f64() * 1e3
         );
         self.n_past += t;
-        Ok(super::step_output(outputs, &rep, step.argmax, &step.taps, want_logits.then_some(step.logits)))
+        Ok(step_output(outputs, &rep, step.argmax, &step.taps, want_logits.then_some(step.logits)))
     }
 
     /// Forgets every position from `n_past` on (llama.cpp's
@@ -806,4 +604,57 @@ impl Qwen3Session {
         self.n_past = n_past;
         Ok(())
     }
+}
+
+impl Target for Qwen3Session {
+    fn n_past(&self) -> i64 {
+        self.n_past
+    }
+
+    fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        Qwen3Session::decode(self, tokens, taps, want_logits)
+    }
+
+    fn rollback(&mut self, n_past: i64) -> Result<()> {
+        Qwen3Session::rollback(self, n_past)
+    }
+}
+
+/// The split policy llama.cpp assigns a `qwen3` model under
+/// `--split-mode tensor` with tensor split `ratios`: Q/K/V and FFN gate/up
+/// split on their output rows (axis 1) by whole GQA groups, heads and
+/// `lcm(block, 128)` rows; the output projection and FFN down on their input
+/// axis (0); KV caches on axis 0 by heads; the output head on the
+/// vocabulary; everything else mirrored. (llama.cpp also rotates uneven
+/// remainders per layer; this policy gives the remainder to the last device.)
+///
+/// # Errors
+/// [`Error::Model`] if the ratios give a device with a non-zero ratio no
+/// KV head (a tensor split finer than the heads), or invalid ratios.
+pub fn qwen3_policy(hp: &Qwen3Hparams, types: &Qwen3Types, ratios: &[f32]) -> Result<SplitPolicy> {
+    Ok(qwen3_rules(hp, types, ratios)?.rule("*", SplitSpec::Mirrored))
+}
+
+/// The rules of [`qwen3_policy`] without the final "everything else mirrored"
+/// (a DFlash drafter's are added to them).
+pub(crate) fn qwen3_rules(hp: &Qwen3Hparams, types: &Qwen3Types, ratios: &[f32]) -> Result<SplitPolicy> {
+    hp.validate()?;
+    let n = ratios.len();
+    let (g_q, g_kv) = attention_granules(hp, types.attn, n);
+    let kvd = hp.n_head_kv * hp.head_dim;
+    if n > 1 {
+        let ext = split_extents(kvd, ratios, g_kv).map_err(|e| Error::Model {
+            detail: format!("tensor split {ratios:?} over {} KV heads: {e}", hp.n_head_kv),
+        })?;
+        if let Some(j) = (0..n).find(|&j| ratios[j] > 0.0 && ext[j] == 0) {
+            return Err(Error::Model {
+                detail: format!(
+                    "tensor split {ratios:?} gives device {j} no KV head ({} heads in granules of {} rows); use fewer devices or other ratios",
+                    hp.n_head_kv, g_kv
+                ),
+            });
+        }
+    }
+    let policy = layer_rules(SplitPolicy::new(ratios)?, "", (g_q, g_kv), ffn_granule(hp.n_ff, types.ffn_down));
+    Ok(policy.rule("output.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] }))
 }

@@ -1,6 +1,8 @@
 //! Running per-step graphs on N devices: weights and caches stay placed in a
-//! [`SplitStore`]; each step's graph is planned (cached by structure, so a
-//! repeated decode step does not re-plan), its inputs written, and executed.
+//! [`SplitStore`]; each step's graph is built once and kept
+//! ([`GraphCache`]), planned (cached by structure, so a repeated decode
+//! step does not re-plan), its inputs written, and executed. Below every
+//! model: it knows graphs, policies and devices, not models.
 
 use shardgraph::error::Result;
 use shardgraph::graph::{Context, Graph};
@@ -9,48 +11,42 @@ use shardgraph::split::{
 };
 use shardgraph::tensor::TensorId;
 
-/// N devices (CPU instances unless [`Runner::set_backends`] says otherwise)
-/// with a split policy, a plan cache and device-resident storage.
+/// N devices with a split policy, a plan cache and device-resident storage:
+/// what a model session runs its steps on.
+///
+/// Made by [`Runner::new`] over [`Devices`] (CPU instances, GPUs, virtual
+/// devices on one GPU). Its parts are read through [`Runner::policy`],
+/// [`Runner::planner`], [`Runner::store`], [`Runner::exec`] and
+/// [`Runner::bytes_moved`]; [`Runner::store_mut`] writes tensors and
+/// [`Runner::planner_mut`] replaces or takes the planner.
 #[derive(Debug)]
 pub struct Runner {
     /// The executor (one backend per device).
-    pub exec: MetaExecutor,
+    exec: MetaExecutor,
     /// Plans, cached by graph structure and leaf states.
-    pub planner: Planner,
+    planner: Planner,
     /// Leaf split states.
-    pub policy: SplitPolicy,
+    policy: SplitPolicy,
     /// Weights, caches and inputs on the devices.
-    pub store: SplitStore,
+    store: SplitStore,
     /// Bytes moved by all runs so far.
-    pub bytes_moved: u64,
-    /// Graph runs so far.
-    pub runs: u64,
+    bytes_moved: u64,
     /// The last graph run and the store it ran on (its leafs are placed).
     placed: Option<(u64, u32, u64, (u64, u64))>,
     /// Step graphs kept for reuse (the models' decode, draft and verify steps).
-    pub(crate) graphs: super::GraphCache,
+    pub(crate) graphs: GraphCache,
 }
 
 impl Runner {
-    /// A runner over `policy.n_devices()` CPU devices with `threads` worker
-    /// threads each.
-    ///
-    /// # Errors
-    /// As [`Devices::cpu`] (a device count outside 1..=64, a thread count
-    /// of 0 or over 1024 in all).
-    pub fn new(policy: SplitPolicy, threads: usize) -> Result<Self> {
-        let devices = Devices::cpu(policy.n_devices(), threads)?;
-        Self::with_devices(policy, &devices)
-    }
-
     /// A runner over `devices` (their backends, communicator and threads;
     /// the executor is [`Devices::executor`]) with `policy` for the leaf
-    /// states, e.g. `devices.policy()?` with the model's rules added.
+    /// states, e.g. `devices.policy()?` with the model's rules added, or a
+    /// model's policy at `devices.ratios()`.
     ///
     /// # Errors
     /// [`shardgraph::Error::Split`] if `policy.n_devices()` is not
     /// `devices.n_devices()`; as [`Devices::executor`].
-    pub fn with_devices(policy: SplitPolicy, devices: &Devices) -> Result<Self> {
+    pub fn new(policy: SplitPolicy, devices: &Devices) -> Result<Self> {
         if policy.n_devices() != devices.n_devices() {
             return Err(shardgraph::Error::Split {
                 detail: format!(
@@ -68,27 +64,55 @@ impl Runner {
             policy,
             store: SplitStore::new(n),
             bytes_moved: 0,
-            runs: 0,
             placed: None,
-            graphs: super::GraphCache::default(),
+            graphs: GraphCache::default(),
         })
     }
 
-    /// Runs on `devices` from now on (CUDA devices, virtual devices on one
-    /// GPU, CPU instances), one per rank of the policy. Weights and caches
-    /// already placed are copied onto the new devices now.
-    ///
-    /// # Errors
-    /// [`shardgraph::Error::Split`] if the number of devices is not the policy's.
-    pub fn set_backends(&mut self, devices: Vec<std::sync::Arc<dyn shardgraph::backend::Backend>>) -> Result<()> {
-        if devices.len() != self.policy.n_devices() {
-            return Err(shardgraph::Error::Split {
-                detail: format!("{} devices for a policy over {}", devices.len(), self.policy.n_devices()),
-            });
-        }
-        self.exec = MetaExecutor::with_backends(devices)?;
-        // What the store held on the old devices moves now, not at the first step.
-        self.upload()
+    /// The split policy: the leaf states of weights, caches and inputs.
+    pub fn policy(&self) -> &SplitPolicy {
+        &self.policy
+    }
+
+    /// Replaces the policy (a drafter's rules added to its target's), before
+    /// the new tensors it covers are placed; the tensors placed already keep
+    /// their states.
+    pub(crate) fn set_policy(&mut self, policy: SplitPolicy) {
+        self.policy = policy;
+    }
+
+    /// The planner and its cached plans (one per step graph and policy).
+    pub fn planner(&self) -> &Planner {
+        &self.planner
+    }
+
+    /// The planner, to replace it (another link model) before the first
+    /// step is planned, or to take it with its plans
+    /// (`fit::session_memory` sizes them).
+    pub fn planner_mut(&mut self) -> &mut Planner {
+        &mut self.planner
+    }
+
+    /// The device-resident storage of weights, caches and inputs (read a
+    /// tensor's single-device bytes with `store().get_tensor`).
+    pub fn store(&self) -> &SplitStore {
+        &self.store
+    }
+
+    /// The storage, to write a tensor's single-device bytes (`set_tensor`).
+    pub fn store_mut(&mut self) -> &mut SplitStore {
+        &mut self.store
+    }
+
+    /// The executor (its devices, and counters of what it allocated and
+    /// copied: `exec().counters()`).
+    pub fn exec(&self) -> &MetaExecutor {
+        &self.exec
+    }
+
+    /// Bytes moved between devices by all runs so far.
+    pub fn bytes_moved(&self) -> u64 {
+        self.bytes_moved
     }
 
     /// Number of devices.
@@ -156,7 +180,7 @@ impl Runner {
     /// writes into stored tensors (`cpy`/`set_rows` into a cache, listed so
     /// the graph orders them) are not read back: their entries are empty,
     /// and the caches stay where the devices keep them (read them with
-    /// `store.get_tensor`).
+    /// `store().get_tensor`).
     ///
     /// # Errors
     /// Planning, placement and execution errors.
@@ -205,7 +229,84 @@ impl Runner {
             rep.output_ne.push(ne);
         }
         self.bytes_moved += rep.bytes_moved;
-        self.runs += 1;
         Ok(rep)
+    }
+}
+
+/// A step graph kept for later steps (llama.cpp's graph reuse): its key
+/// (what shapes it: tokens per step, KV window, taps…), the step's tensors,
+/// the outputs to read, and the graph.
+#[derive(Debug)]
+pub(crate) struct StepGraph<K, S> {
+    key: K,
+    /// The step's tensors.
+    pub step: S,
+    /// What the caller reads back, in its order.
+    pub outputs: Vec<TensorId>,
+    /// The graph.
+    pub graph: Graph,
+}
+
+/// The step graphs built on top of a session's long-lived tensors, kept
+/// while the context holds them: a step whose key was seen (a decode step
+/// in the same KV window, a drafter's block, a verification batch of the
+/// same length) reuses its graph — and so its plan and compiled program —
+/// and only writes its inputs. Graphs are appended to the context; when it
+/// has grown by [`GraphCache::MAX_TENSORS`] tensors or holds
+/// [`GraphCache::MAX_GRAPHS`] graphs, it is cut back to the long-lived
+/// tensors and the cache starts afresh, so their number stays bounded.
+#[derive(Debug, Default)]
+pub(crate) struct GraphCache {
+    /// (context id, generation, base length) the entries were built in.
+    built_in: Option<(u32, u64, usize)>,
+    entries: Vec<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl GraphCache {
+    /// Most graphs kept.
+    pub const MAX_GRAPHS: usize = 32;
+    /// Most tensors the kept graphs may add to the context.
+    pub const MAX_TENSORS: usize = 1 << 18;
+
+    /// The kept graph of `key`, or the one `build` makes (appended to the
+    /// context, above its first `base_len` tensors).
+    ///
+    /// # Errors
+    /// `build`'s errors; [`shardgraph::Error::Graph`] for no outputs.
+    pub(crate) fn get_or_build<K, S>(
+        &mut self,
+        ctx: &mut Context,
+        base_len: usize,
+        key: K,
+        build: impl FnOnce(&mut Context) -> Result<(S, Vec<TensorId>)>,
+    ) -> Result<std::sync::Arc<StepGraph<K, S>>>
+    where
+        K: PartialEq + Send + Sync + 'static,
+        S: Send + Sync + 'static,
+    {
+        let here = (ctx.id(), ctx.generation(), base_len);
+        if self.built_in != Some(here) || ctx.len() < base_len {
+            self.entries.clear();
+        }
+        for e in &self.entries {
+            let hit = e.downcast_ref::<StepGraph<K, S>>().is_some_and(|sg| sg.key == key && sg.graph.built_from(ctx));
+            if hit {
+                if let Ok(sg) = e.clone().downcast::<StepGraph<K, S>>() {
+                    return Ok(sg);
+                }
+            }
+        }
+        if self.entries.len() >= Self::MAX_GRAPHS || ctx.len().saturating_sub(base_len) > Self::MAX_TENSORS {
+            self.entries.clear();
+        }
+        if self.entries.is_empty() {
+            ctx.truncate(base_len);
+        }
+        let (step, outputs) = build(ctx)?;
+        let graph = ctx.build_forward(&outputs)?;
+        let sg = std::sync::Arc::new(StepGraph { key, step, outputs, graph });
+        self.entries.push(sg.clone());
+        self.built_in = Some((ctx.id(), ctx.generation(), base_len));
+        Ok(sg)
     }
 }

@@ -17,86 +17,13 @@
 //! draft is replaced by a draw from `normalize(max(0, p - q))`, and when all
 //! are accepted a bonus token is drawn from the last row's `p`. The tokens
 //! are distributed exactly as plain sampling's, whatever the drafter.
+//!
+//! The loop drives any [`Target`] and [`Drafter`] (their traits, the step
+//! output and [`MAX_DRAFT`] are in [`super::step`], below the models).
 
-use super::qwen3::{Qwen3Session, StepOutput};
 use super::sampling::{Sampler, SamplerParams};
+use super::step::{Drafter, StepOutput, Target, MAX_DRAFT};
 use shardgraph::error::{Error, Result};
-
-/// A target model decoding one sequence: what the speculative loop needs
-/// of it. Implemented by [`Qwen3Session`] and
-/// [`super::qwen35::Qwen35Session`].
-pub trait Target {
-    /// Positions already decoded (the next token's position).
-    fn n_past(&self) -> i64;
-
-    /// Decodes `tokens` at the next positions: the greedy token after each,
-    /// the logits if `want_logits`, and the hidden states `taps` asks for
-    /// (layer `l`'s input; `l = n_layer`: the last layer's output, before
-    /// the final norm for `qwen3` and after it for `qwen35`, whose NextN
-    /// head reads the normed state).
-    ///
-    /// # Errors
-    /// The target's decode errors.
-    fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput>;
-
-    /// Forgets every position from `n_past` on.
-    ///
-    /// # Errors
-    /// The target's rollback errors.
-    fn rollback(&mut self, n_past: i64) -> Result<()>;
-}
-
-impl Target for Qwen3Session {
-    fn n_past(&self) -> i64 {
-        self.n_past
-    }
-
-    fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
-        Qwen3Session::decode(self, tokens, taps, want_logits)
-    }
-
-    fn rollback(&mut self, n_past: i64) -> Result<()> {
-        Qwen3Session::rollback(self, n_past)
-    }
-}
-
-/// Proposes draft tokens for a target of type `T`.
-pub trait Drafter<T = Qwen3Session> {
-    /// Up to `n_max` tokens to follow `last` (the target's latest token, at
-    /// position `pos`, not yet in the target's cache). A drafter whose model
-    /// lives in the target's context runs it through `target`'s runner.
-    ///
-    /// # Errors
-    /// Whatever the drafter's own model returns.
-    fn draft(&mut self, target: &mut T, last: i32, pos: i64, n_max: usize) -> Result<Vec<i32>>;
-
-    /// Called after each verification with the target's step output for the
-    /// verified batch (hidden-state taps included) and how many of its rows
-    /// were kept (`1 + accepted`), so a drafter can inject context and roll
-    /// its own caches back.
-    ///
-    /// # Errors
-    /// Whatever the drafter's own model returns.
-    fn accept(&mut self, target: &mut T, batch: &[i32], start: i64, out: &StepOutput, kept: usize) -> Result<()> {
-        let _ = (target, batch, start, out, kept);
-        Ok(())
-    }
-
-    /// Target layers whose input hidden states the drafter needs (DFlash taps).
-    fn taps(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
-    /// The distributions the last [`Drafter::draft`] call drew its tokens
-    /// from: one row of probabilities `[n_vocab]` per drafted token, in
-    /// order (the `q` of speculative sampling). `None` (the default): the
-    /// drafter is deterministic, each draft's `q` is one-hot at the token.
-    /// [`generate_with`] reads it right after `draft` when it samples
-    /// (`temp > 0`), never when greedy.
-    fn draft_probs(&self) -> Option<Vec<Vec<f32>>> {
-        None
-    }
-}
 
 /// Proposes nothing: plain decoding through the speculative loop (every
 /// step verifies a batch of one token, the target's own choice).
@@ -107,22 +34,6 @@ impl<T> Drafter<T> for NoDraft {
     fn draft(&mut self, _: &mut T, _: i32, _: i64, _: usize) -> Result<Vec<i32>> {
         Ok(Vec::new())
     }
-}
-
-/// The most tokens one speculative step may draft ([`SpecParams::n_max`]):
-/// a draft is verified in one target batch, so this bounds the batch (and
-/// an MTP chain's graph) whatever a caller asks for.
-pub const MAX_DRAFT: usize = 256;
-
-/// Checks a drafter's `--spec-draft-p-min`: a probability, `0..=1`.
-///
-/// # Errors
-/// [`Error::Model`] naming `drafter` and the value otherwise (NaN included).
-pub(crate) fn check_p_min(drafter: &str, p_min: f32) -> Result<()> {
-    if !(0.0..=1.0).contains(&p_min) {
-        return Err(Error::Model { detail: format!("{drafter}: p_min {p_min} is not a probability (0 to 1)") });
-    }
-    Ok(())
 }
 
 /// llama.cpp's `--spec-draft-n-max`, `--spec-draft-n-min` (and the drafter

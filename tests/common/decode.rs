@@ -2,11 +2,11 @@
 //! the model tests.
 #![allow(dead_code)]
 
+use shardgraph::split::Devices;
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::policy::qwen3_policy;
-use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
 use shardgraph_models::runner::Runner;
 
 #[path = "nmse.rs"]
@@ -31,12 +31,13 @@ pub fn seeded_session(hp: Qwen3Hparams, ratios: &[f32], types: Qwen3Types, kv: G
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp, types, kv, kv_size).unwrap();
     let policy = qwen3_policy(&model.hp, &types, ratios).unwrap();
-    let mut s = Qwen3Session::new(model, ctx, Runner::new(policy, 1).unwrap()).unwrap();
+    let runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
+    let mut s = Qwen3Session::new(model, ctx, runner).unwrap();
     let weights: Vec<(String, GgmlType, [i64; 4])> = s
-        .ctx
+        .ctx()
         .ids()
-        .take(s.model.base_len)
-        .map(|id| s.ctx.tensor(id).unwrap())
+        .take(s.model().base_len)
+        .map(|id| s.ctx().tensor(id).unwrap())
         .filter(|t| !t.name.starts_with("cache_"))
         .map(|t| (t.name.clone(), t.ty, t.ne))
         .collect();

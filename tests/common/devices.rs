@@ -13,7 +13,18 @@
 //! GPU devices against the single-device CPU results.
 #![allow(dead_code)]
 
-use shardgraph::split::MetaExecutor;
+use shardgraph::split::{Devices, MetaExecutor};
+
+/// `ratios.len()` CPU devices with one worker thread each and tensor-split
+/// `ratios`: what the model tests load a session onto.
+///
+/// # Panics
+/// For a device count or ratios [`Devices`] refuses (a test set-up error).
+pub fn cpu(ratios: &[f32]) -> Devices {
+    Devices::cpu(ratios.len(), 1)
+        .and_then(|d| d.with_tensor_split(ratios))
+        .unwrap_or_else(|e| panic!("CPU devices at {ratios:?}: {e}"))
+}
 
 /// Called where a test would fall back to emulated GPUs or skip because
 /// no GPU opened: with `SHARDGRAPH_REQUIRE_GPU=1` (set by

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 use shardgraph::gguf::{GgufFile, GgufWriter, MetaValue, ValueType};
+use shardgraph::split::Devices;
 use shardgraph::GgmlType;
 use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
 use shardgraph_models::generate::{write_dflash_gguf, write_qwen35_gguf, write_qwen3_gguf};
@@ -123,12 +124,13 @@ pub fn load(bytes: &[u8], target: &[u8]) -> shardgraph::Result<()> {
 /// without it).
 pub fn load_with(bytes: &[u8], target: &[u8], decode: bool) -> shardgraph::Result<()> {
     let f = GgufFile::from_bytes(bytes.to_vec(), "case.gguf")?;
-    let ratios = [1.0, 1.0];
-    let step = |r: shardgraph::Result<shardgraph_models::qwen3::StepOutput>| r.map(drop);
+    // Two CPU devices, equal ratios (made once the architecture is known).
+    let devices = || Devices::cpu(2, 1);
+    let step = |r: shardgraph::Result<shardgraph_models::step::StepOutput>| r.map(drop);
     match f.get_str("general.architecture")? {
         "qwen35" => {
-            let mut s = Qwen35Session::from_file(&f, &ratios, 1, GgmlType::F16, 256)?;
-            if s.model.nextn.is_some() {
+            let mut s = Qwen35Session::load_file(&f, &devices()?, GgmlType::F16, 256)?;
+            if s.model().nextn.is_some() {
                 MtpDrafter::new(&s, 0.0)?;
             }
             if decode {
@@ -137,7 +139,7 @@ pub fn load_with(bytes: &[u8], target: &[u8], decode: bool) -> shardgraph::Resul
         }
         "dflash" => {
             let t = GgufFile::from_bytes(target.to_vec(), "target.gguf")?;
-            let mut s = Qwen3Session::from_file(&t, &ratios, 1, GgmlType::F16, 256)?;
+            let mut s = Qwen3Session::load_file(&t, &devices()?, GgmlType::F16, 256)?;
             DflashDrafter::attach_file(&mut s, &f, GgmlType::F16, 0.0)?;
             if decode {
                 step(s.decode(&[1], &[], false))?;
@@ -145,7 +147,7 @@ pub fn load_with(bytes: &[u8], target: &[u8], decode: bool) -> shardgraph::Resul
         }
         // Anything else goes through the qwen3 loader (which names the architecture).
         _ => {
-            let mut s = Qwen3Session::from_file(&f, &ratios, 1, GgmlType::F16, 256)?;
+            let mut s = Qwen3Session::load_file(&f, &devices()?, GgmlType::F16, 256)?;
             if decode {
                 step(s.decode(&[1], &[], false))?;
             }

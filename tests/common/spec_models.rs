@@ -6,7 +6,7 @@
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::Qwen3Hparams;
-use shardgraph_models::speculative::Target;
+use shardgraph_models::step::Target;
 
 /// A `qwen3` of 2 layers, n_embd 128, n_ff 256, 6 heads / 3 KV heads of 32,
 /// vocabulary 200.
