@@ -13,10 +13,14 @@
 //! `--n-prompt N` (prompt tokens,
 //! default 16; processed in batches of `--ubatch-size`, default 512),
 //! `--n-predict N` (tokens decoded, default 32; `--tokens` is the same),
-//! `--model PATH`. The result line reads `… ctx-size N: prompt N tokens X
-//! tokens/s; decode N tokens Y tokens/s; …`. `RUST_LOG=debug` logs every
-//! decode step: tokens, position, bytes moved, time.
+//! `--model PATH`, `--verify` (then the greedy tokens of the run are compared
+//! with a run of the same file on one CPU device: `verify: identical`, or
+//! `verify: MISMATCH` naming the first token that differs and exit status 1).
+//! The result line reads `… ctx-size N: prompt N tokens X tokens/s; decode N
+//! tokens Y tokens/s; …`. `RUST_LOG=debug` logs every decode step: tokens,
+//! position, bytes moved, time.
 
+use shardgraph::split::Devices;
 use shardgraph::GgmlType;
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
 use shardgraph_models::generate::{write_qwen3_gguf_progress, Weights};
@@ -60,6 +64,7 @@ fn main() {
 fn run() -> shardgraph::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     check_options(&args, "decode", OPTIONS);
+    let verify = args.iter().any(|a| a == "--verify");
     let (ratios, _) = spec::devices(&args, 1);
     let n = ratios.len();
     let n_tokens: usize = parsed(&args, "--n-predict", parsed(&args, "--tokens", 32usize));
@@ -117,24 +122,68 @@ fn run() -> shardgraph::Result<()> {
     let first = s.decode(&prompt[..prompt.len().min(ubatch)], &[], false)?;
     s.decode(&first.argmax[first.argmax.len() - 1..], &[], false)?;
     s.rollback(0)?;
+    let run = greedy(&mut s, &prompt, ubatch, n_tokens)?;
+    println!(
+        "{n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
+        prompt.len(),
+        prompt.len() as f64 / run.prompt_s,
+        n_tokens as f64 / run.decode_s,
+        run.bytes_moved / n_tokens.max(1) as u64
+    );
+    drop(s);
+    if verify {
+        let reference = if devices.n_devices() == 1 && devices.all_cpu() {
+            run.tokens.clone()
+        } else {
+            let one = Devices::cpu(1, threads)?;
+            greedy(&mut Qwen3Session::load(&path, &one, GgmlType::F16, ctx_size)?, &prompt, ubatch, n_tokens)?.tokens
+        };
+        match reference.iter().zip(&run.tokens).position(|(a, b)| a != b) {
+            None if reference.len() == run.tokens.len() => println!(
+                "verify: identical — {} greedy tokens equal those of one CPU device (first: {:?})",
+                run.tokens.len(),
+                &run.tokens[..run.tokens.len().min(8)]
+            ),
+            i => {
+                let i = i.unwrap_or(reference.len().min(run.tokens.len()));
+                println!(
+                    "verify: MISMATCH with one-CPU-device greedy decoding at token {i}: {:?} here, {:?} on one device",
+                    run.tokens.get(i),
+                    reference.get(i)
+                );
+                std::process::exit(1);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A timed greedy run: its tokens, the seconds of the prompt and of the
+/// decode steps, and the bytes the decode steps moved between devices.
+struct Run {
+    /// The greedy token after the prompt, then after each decoded token.
+    tokens: Vec<i32>,
+    prompt_s: f64,
+    decode_s: f64,
+    bytes_moved: u64,
+}
+
+/// Decodes `prompt` in batches of `ubatch`, then `n` tokens one at a time,
+/// each the greedy token after the previous one.
+fn greedy(s: &mut Qwen3Session, prompt: &[i32], ubatch: usize, n: usize) -> shardgraph::Result<Run> {
     let t = Instant::now();
     let mut last = 0;
     for chunk in prompt.chunks(ubatch) {
         last = *s.decode(chunk, &[], false)?.argmax.last().unwrap_or(&0);
     }
     let prompt_s = t.elapsed().as_secs_f64();
+    let mut tokens = vec![last];
     let moved_before = s.runner().bytes_moved();
     let t = Instant::now();
-    for _ in 0..n_tokens {
+    for _ in 0..n {
         last = s.decode(&[last], &[], false)?.argmax[0];
+        tokens.push(last);
     }
-    let dec = t.elapsed().as_secs_f64();
-    println!(
-        "{n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
-        prompt.len(),
-        prompt.len() as f64 / prompt_s,
-        n_tokens as f64 / dec,
-        (s.runner().bytes_moved() - moved_before) / n_tokens.max(1) as u64
-    );
-    Ok(())
+    let decode_s = t.elapsed().as_secs_f64();
+    Ok(Run { tokens, prompt_s, decode_s, bytes_moved: s.runner().bytes_moved() - moved_before })
 }

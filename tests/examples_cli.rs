@@ -2,7 +2,8 @@
 //! with status 2 and a message that echoes the option and its value, before
 //! any model is generated or loaded (`cargo test` builds the examples next
 //! to the test binaries; run alone with `--test examples_cli` they may be
-//! missing, and the test says so and fails).
+//! missing, and the test says so and fails). And `decode --verify` on a
+//! tiny model: its tokens equal one CPU device's.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -100,4 +101,25 @@ fn bad_options_exit_with_the_value_in_the_message() {
         assert!(out.stdout.is_empty(), "{what}: printed before refusing: {}", String::from_utf8_lossy(&out.stdout));
     }
     assert!(!nope.exists(), "--model wrote {}", nope.display());
+}
+
+/// `decode --verify` on two devices compares its greedy tokens with a run of
+/// the same file on one CPU device and says they are identical (exit 0).
+#[test]
+fn decode_verify_compares_with_one_device() {
+    use shardgraph::GgmlType;
+    use shardgraph_models::generate::write_qwen3_gguf;
+    use shardgraph_models::hparams::HparamsCore;
+    use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
+    let dir = std::env::temp_dir().join(format!("shardgraph-decode-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("tiny.gguf");
+    let hp = Qwen3Hparams { core: HparamsCore::qwen3(2, 64, 128, 6, 3, 32), n_vocab: 96, n_ctx_train: 4096 };
+    write_qwen3_gguf(&model, &hp, &Qwen3Types::all(GgmlType::Q8_0), 3).unwrap();
+    let args = ["--model", model.to_str().unwrap(), "--devices", "2", "--n-prompt", "5", "--n-predict", "6"];
+    let out = Command::new(example("decode")).args(args).args(["--ctx-size", "256", "--verify"]).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "stdout {stdout}, stderr {stderr}");
+    assert!(stdout.contains("verify: identical — 7 greedy tokens"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,8 +7,9 @@
 //! DFlash2's dynamic convolutions around its two sublayers
 //! ([`LayerConv`], [`dflash2_conv`]).
 //!
-//! Built from [`super::layers`]; `qwen35`'s gated attention makes its Q, K
-//! and V otherwise and does not use this layer.
+//! Built from the crate's shared graph builders (`layers.rs`); `qwen35`'s
+//! gated attention makes its Q, K and V otherwise and does not use this
+//! layer.
 
 use super::hparams::HparamsCore;
 use super::layers::{self, named, rms_norm_w, AttnShape, KvCache};

@@ -953,13 +953,14 @@ fn dflash_rules(policy: SplitPolicy, drafter: &DflashHparams, drafter_type: Ggml
     layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type))
 }
 
-/// [`qwen35_policy`] for a target with a DFlash drafter in the same context
-/// (`dft.` names): the drafter's layers and caches split like a `qwen3`
-/// target's (shardgraph-models/MODELS.md, section 7.5), `fc`, norms,
-/// convolution and selector tensors mirrored.
+/// [`qwen35_policy`](crate::qwen35::qwen35_policy) for a target with a DFlash
+/// drafter in the same context (`dft.` names): the drafter's layers and
+/// caches split like a `qwen3` target's (shardgraph-models/MODELS.md,
+/// section 7.5), `fc`, norms, convolution and selector tensors mirrored.
 ///
 /// # Errors
-/// As [`qwen35_policy`], and for the drafter's heads.
+/// As [`qwen35_policy`](crate::qwen35::qwen35_policy), and for the drafter's
+/// heads.
 pub fn qwen35_dflash_policy(
     hp: &Qwen35Hparams,
     types: &Qwen35Types,

@@ -337,6 +337,36 @@ impl Engine {
     /// tensor is checked, and each device's memory, before anything is
     /// allocated.
     ///
+    /// # Example
+    /// A generated `qwen3` target and its DFlash2 drafter
+    /// ([`crate::generate::write_example_pair`]) on two CPU devices: greedy
+    /// speculative decoding gives plain greedy decoding's tokens.
+    /// ```
+    /// use shardgraph::split::Devices;
+    /// use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
+    /// use shardgraph_models::generate::write_example_pair;
+    /// use shardgraph_models::sampling::SamplerParams;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = std::env::temp_dir().join(format!("sg-doc-engine-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// let (model, draft) = write_example_pair(&dir)?;
+    /// let devices = Devices::cpu(2, 1)?;
+    /// let params = EngineParams { ctx_size: 256, ..EngineParams::default() };
+    /// let greedy = SamplerParams::greedy();
+    ///
+    /// let mut engine = Engine::load(&devices, &model, DraftModel::Gguf(draft), &params)?;
+    /// assert_eq!((engine.arch(), engine.draft_kind()), ("qwen3", "dflash2"));
+    /// let out = engine.generate(&[1, 2, 3], 16, &greedy)?;
+    /// assert!(out.stats.accepted > 0, "{:?}", out.stats);
+    ///
+    /// let mut plain = Engine::load(&devices, &model, DraftModel::None, &params)?;
+    /// assert_eq!(plain.generate(&[1, 2, 3], 16, &greedy)?.tokens, out.tokens);
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::Gguf`] naming a file that is missing or malformed, or a
     /// missing or mistyped key; [`Error::Model`] for a target architecture

@@ -564,6 +564,26 @@ pub fn write_qwen35_gguf_with(
 /// accepted. For quick starts and tests of the main job without real model
 /// files; deterministic (seed 1), written in well under a second.
 ///
+/// # Example
+/// ```
+/// use shardgraph::gguf::GgufFile;
+/// use shardgraph_models::dflash::DflashHparams;
+/// use shardgraph_models::generate::write_example_pair;
+/// use shardgraph_models::qwen3::Qwen3Hparams;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = std::env::temp_dir().join(format!("sg-doc-pair-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let (target, drafter) = write_example_pair(&dir)?;
+/// let t = Qwen3Hparams::from_gguf(&GgufFile::open(&target)?)?;
+/// let d = DflashHparams::from_gguf(&GgufFile::open(&drafter)?)?;
+/// assert_eq!((t.n_layer, t.n_embd, t.n_vocab), (4, 256, 2048));
+/// assert_eq!((d.block_size, d.target_layers.clone(), d.n_embd), (8, vec![1, 4], t.n_embd));
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Errors
 /// GGUF write errors naming the path.
 pub fn write_example_pair(dir: &std::path::Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {

@@ -3,32 +3,48 @@
 //! Example models on [`shardgraph`]: model graphs built from its ops, with
 //! llama.cpp's tensor names, GGUF keys and `--split-mode tensor` policy
 //! (shardgraph-models/MODELS.md), and a runner that decodes them on N devices.
-//! Each model owns its split policy ([`policy`]); the generic machinery
+//! Each model owns its split policy (beside the model; the granules they
+//! share are in [`policy`]); the generic machinery
 //! ([`shardgraph::split::SplitPolicy`]) is the core's.
 //!
-//! * [`qwen3`]: the `qwen3` dense target.
-//! * [`qwen35`]: the `qwen35` hybrid target (gated attention + Gated DeltaNet).
-//! * [`dflash`]: the DFlash block-diffusion drafter's graphs.
-//! * [`mtp`]: the `qwen35` target's native MTP (NextN) drafter.
-//! * [`hparams`]: the hyper-parameters every model shares and the one table
-//!   of the GGUF keys they are read from.
+//! The main job in one call is [`engine::Engine`] (its
+//! [`load`](engine::Engine::load) shows it on a generated pair); a model alone
+//! is a session ([`qwen3::Qwen3Session::load`], [`qwen35::Qwen35Session`]);
+//! [`generate::write_example_pair`] writes a small target and drafter to try
+//! them on.
+//!
+//! The modules, bottom up (each imports only modules listed before it):
+//!
+//! * [`step`]: what a decode step returns ([`step::StepOutput`]), what the
+//!   speculative loop asks of a target and a drafter ([`step::Target`],
+//!   [`step::Drafter`]) and [`step::MAX_DRAFT`].
 //! * layers (crate-private): the graph builders the models share (RMSNorm,
-//!   SwiGLU FFN, attention over a KV cache).
-//! * [`generate`]: GGUF files with seeded weights for the tests and examples.
-//! * [`policy`]: llama.cpp's split states for these tensors.
+//!   SwiGLU FFN, the K/V cache write, attention over a KV cache).
 //! * [`runner`]: per-step graphs over long-lived weights and caches, planned
 //!   (cached) and executed on N devices (CPU instances or GPUs).
+//! * [`sampling`]: llama.cpp's sampler (greedy; top-k, top-p, min-p,
+//!   temperature with a seed).
+//! * [`hparams`]: the hyper-parameters every model shares and the one table
+//!   of the GGUF keys they are read from.
+//! * [`policy`]: the granules and layer rules of llama.cpp's split states
+//!   that the models' policies share.
+//! * [`decoder`]: the Qwen3-style decoder layer of the `qwen3` target and the
+//!   DFlash drafters, with DFlash2's convolutions.
+//! * [`qwen3`]: the `qwen3` dense target.
+//! * [`qwen35`]: the `qwen35` hybrid target (gated attention + Gated DeltaNet)
+//!   and its NextN (MTP) head's graphs.
+//! * [`dflash`]: the DFlash and DFlash2 block-diffusion drafters.
+//! * [`mtp`]: the `qwen35` target's native MTP (NextN) drafter.
+//! * [`speculative`]: draft, verify in one target batch, accept (greedy, or
+//!   sampled with the rejection rule that keeps the target's distribution),
+//!   roll back.
+//! * [`generate`]: GGUF files with seeded weights for the tests and examples.
+//! * [`fit`]: a session's memory per device from plans and shapes, and the
+//!   largest context that fits the devices (before anything is allocated).
 //! * [`engine`]: the main job in one call — a target and its drafter (DFlash,
 //!   DFlash2, MTP or none) loaded from GGUF onto
 //!   [`shardgraph::split::Devices`], caches sized from one context size,
 //!   and `generate` with a sampler.
-//! * [`sampling`]: llama.cpp's sampler (greedy; top-k, top-p, min-p,
-//!   temperature with a seed).
-//! * [`speculative`]: draft, verify in one target batch, accept (greedy, or
-//!   sampled with the rejection rule that keeps the target's distribution),
-//!   roll back.
-//! * [`fit`]: a session's memory per device from plans and shapes, and the
-//!   largest context that fits the devices (before anything is allocated).
 
 #![deny(missing_docs)]
 

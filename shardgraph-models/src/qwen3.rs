@@ -4,6 +4,12 @@
 //! read by `flash_attn_ext`, SwiGLU FFN, untied output head. Tensor names and
 //! metadata keys are llama.cpp's (`blk.N.attn_q.weight`,
 //! `qwen3.embedding_length`, ...).
+//!
+//! Here: the hyper-parameters and weight types, the model's tensors and a
+//! step's graph ([`Qwen3`], its layers the shared [`super::decoder`] layer),
+//! the session that decodes one sequence on N devices ([`Qwen3Session`],
+//! the speculative loop's [`Target`]) and llama.cpp's split policy for the
+//! model ([`qwen3_policy`]).
 
 use super::decoder::{decoder_layer, new_layer, LayerShape, Qwen3Layer};
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model};

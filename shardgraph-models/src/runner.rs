@@ -1,6 +1,6 @@
 //! Running per-step graphs on N devices: weights and caches stay placed in a
-//! [`SplitStore`]; each step's graph is built once and kept
-//! ([`GraphCache`]), planned (cached by structure, so a repeated decode
+//! [`SplitStore`]; each step's graph is built once and kept (the
+//! crate's graph cache), planned (cached by structure, so a repeated decode
 //! step does not re-plan), its inputs written, and executed. Below every
 //! model: it knows graphs, policies and devices, not models.
 

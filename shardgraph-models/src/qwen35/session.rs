@@ -67,7 +67,7 @@ impl Qwen35Session {
     /// cells of `kv_type`), splits it over `devices` with llama.cpp's
     /// policy ([`qwen35_policy`](super::qwen35_policy)) at their tensor-split
     /// ratios, and loads every weight from the file. As for `qwen3`
-    /// ([`super::qwen3::Qwen3Session::load_file`]), the hyper-parameters'
+    /// (`Qwen3Session::load_file`), the hyper-parameters'
     /// ranges, every weight against them, unused tensors and each device's
     /// memory are checked before anything is allocated.
     ///
