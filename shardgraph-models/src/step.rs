@@ -46,7 +46,9 @@ pub trait Target {
     fn rollback(&mut self, n_past: i64) -> Result<()>;
 }
 
-/// Proposes draft tokens for a target of type `T`.
+/// Proposes draft tokens for a target of type `T` (`DflashDrafter` for any
+/// session it can live in, `MtpDrafter` for a `qwen35` session,
+/// `speculative::NoDraft` for any).
 pub trait Drafter<T> {
     /// Up to `n_max` tokens to follow `last` (the target's latest token, at
     /// position `pos`, not yet in the target's cache). A drafter whose model
