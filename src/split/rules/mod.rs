@@ -94,7 +94,14 @@ pub(crate) fn holds_packed(p: &Tensor) -> bool {
 pub(crate) fn packed_view(ctx: &Context, p: &Tensor, t: &Tensor, sp: &AxisSplit) -> Option<PackedView> {
     match p.op.family() {
         OpFamily::Ssm => ssm::packed_view(ctx, p, t, sp),
-        _ => None,
+        OpFamily::Elementwise
+        | OpFamily::Reduce
+        | OpFamily::Norm
+        | OpFamily::Rope
+        | OpFamily::Matmul
+        | OpFamily::Attn
+        | OpFamily::Data
+        | OpFamily::Distributed => None,
     }
 }
 

@@ -4,10 +4,22 @@
 //! finish: `ops/distributed.rs`); whole rows on each device keep the split.
 
 use super::{row_combine, Candidate, Node};
+use crate::ops::{ops_outside, Op};
 use crate::split::state::{AxisSplit, SplitState};
 
 /// The candidates of a norm-family node (the replicated one is added by the caller).
 pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
+    match &x.t.op {
+        // One rule for every row normalisation.
+        Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } | Op::SoftMax { .. } => row_op(x, out),
+        // Not a norm op: `Op::family` routes none here.
+        ops_outside!(norm) => {}
+    }
+}
+
+/// A row normalisation: split rows (axis 0) combine, whole rows on each
+/// device keep the split.
+fn row_op(x: &Node, out: &mut Vec<Candidate>) {
     let SplitState::Split(s) = &x.cur[0] else { return };
     // ALiBi slopes depend on the global head index (axis 2).
     let alibi = x.t.op.has_alibi();

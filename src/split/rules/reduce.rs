@@ -4,7 +4,7 @@
 //! (compiled into `row_stats` + exchange + `row_finish`, `ops/distributed.rs`).
 
 use super::{row_combine, Candidate, Node};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::split::state::SplitState;
 
 /// The candidates of a reduce node (the replicated one is added by the caller).
@@ -17,7 +17,7 @@ pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
         // A sort needs whole rows: no combine.
         Op::Argsort { .. } => row_reduce(x, out, None, false),
         // Not a reduce op: `Op::family` routes none here.
-        _ => {}
+        ops_outside!(reduce) => {}
     }
 }
 
