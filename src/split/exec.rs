@@ -108,7 +108,7 @@ impl RunReport {
     /// did not read back has no bytes).
     pub fn f32(&self, k: usize) -> Result<Vec<f32>> {
         let (bytes, ty, ne) = self.output(k)?;
-        super::store::decode_f32_contiguous(ty, ne, bytes, &format!("run output {k}"))
+        crate::tensor::convert::read_contiguous(ty, ne, bytes, &format!("run output {k}"))
     }
 
     /// Output `k` (in the order the outputs were requested) as i32 values
