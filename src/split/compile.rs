@@ -19,9 +19,10 @@
 //! the same way and marked unplanned, so their bytes are reported apart.
 
 use super::layout::{box_bytes, boxes, intersect, lens, local_ne, Boxes};
-use super::lower::{covers_owner, folds, lower, owner_state_after_write, scratch_copy, Step};
+use super::lower::{folds, lower, Step};
 use super::planner::Plan;
 use super::state::{AxisSplit, SplitState};
+use super::writes::{covers_owner, owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::ops::distributed::local_pos;
