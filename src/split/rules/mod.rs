@@ -119,8 +119,3 @@ fn keep_unary(x: &Node, out: &mut Vec<Candidate>) {
         out.push(Candidate::new(vec![p.clone()], p));
     }
 }
-
-/// Bytes of a per-row combine: `bytes_per_row` per row from every device.
-fn row_combine(a: &Tensor, n: usize, bytes_per_row: u64) -> u64 {
-    (a.nrows().max(0) as u64) * bytes_per_row * n as u64
-}
