@@ -86,7 +86,7 @@ impl Runner {
                 detail: format!("{} devices for a policy over {}", devices.len(), self.policy.n_devices()),
             });
         }
-        self.exec = MetaExecutor::with_backends(devices)?;
+        self.exec = Devices::from_backends(devices).and_then(|d| d.executor())?;
         // What the store held on the old devices moves now, not at the first step.
         self.upload()
     }
