@@ -2,7 +2,9 @@
 //! input must be in and the state the output then has (in the manner of
 //! DTensor's per-op strategy tables). One file per op family (the families
 //! of [`crate::ops::OpFamily`]); [`candidates`] dispatches on the family with
-//! an exhaustive match, so a new family cannot lack a rule file. Every op
+//! an exhaustive match, so a new family cannot lack a rule file, and each
+//! file matches its family's ops one by one (the others through
+//! `ops_outside!`), so a new op cannot lack an arm in its rule. Every op
 //! has the replicated strategy (all inputs mirrored → mirrored), added here
 //! last, so every graph has a plan. Candidates are derived from the inputs'
 //! current states; the planner prices the conversions and picks the
