@@ -11,7 +11,7 @@ mod qwen3;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use qwen3::{qwen3_layers, qwen3_policy, Dims};
-use shardgraph::split::{MetaExecutor, Planner, SplitState, SplitStore};
+use shardgraph::split::{Devices, Planner, SplitState, SplitStore};
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
 use std::time::Instant;
@@ -74,7 +74,7 @@ fn step_overhead_qwen3_32b(_: &mut Criterion) {
     let base = ctx.len();
     let ratios = [1.0, 1.0];
     let policy = shardgraph_models::qwen3::qwen3_policy(&hp, &types, &ratios).expect("policy");
-    let exec = MetaExecutor::new(2, 1).expect("executor");
+    let exec = Devices::cpu(2, 1).and_then(|d| d.executor()).expect("executor");
     let mut planner = Planner::default();
     let (pos, n_kv) = (4000i32, shardgraph_models::kv_window(65536, 4001));
     let build = |ctx: &mut Context| {

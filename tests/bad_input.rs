@@ -82,7 +82,7 @@ fn concurrent_computes_on_one_storage_serialise() {
 #[test]
 fn graphs_built_before_a_truncate_are_errors() {
     use shardgraph::graph::alloc::GraphAllocator;
-    use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitStore};
+    use shardgraph::split::{Devices, Planner, SplitPolicy, SplitStore};
     use shardgraph::{Backend, CpuBackend, TensorStorage};
     let mut ctx = Context::new();
     let w = ctx.new_tensor_2d(GgmlType::F32, 4, 4).unwrap();
@@ -106,13 +106,18 @@ fn graphs_built_before_a_truncate_are_errors() {
     assert!(Planner::default().plan(&ctx, &stale, &SplitPolicy::new(&[1.0, 1.0]).unwrap(), &[]).is_err());
     if let Ok(plan) = plan {
         let mut store = SplitStore::new(2);
-        assert!(MetaExecutor::new(2, 1).unwrap().execute(&ctx, &stale, &plan, &mut store, &[y]).is_err());
+        assert!(Devices::cpu(2, 1)
+            .and_then(|d| d.executor())
+            .unwrap()
+            .execute(&ctx, &stale, &plan, &mut store, &[y])
+            .is_err());
     }
     // The fresh graph plans and runs; the store re-places the reused input index.
     let policy = SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("*", shardgraph::split::SplitSpec::Mirrored);
     let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
     let mut store = SplitStore::new(2);
-    let rep = MetaExecutor::new(2, 1).unwrap().execute(&ctx, &g, &plan, &mut store, &[y]).unwrap();
+    let rep =
+        Devices::cpu(2, 1).and_then(|d| d.executor()).unwrap().execute(&ctx, &g, &plan, &mut store, &[y]).unwrap();
     assert_eq!(rep.outputs[0].len(), 4 * 3 * 4);
 }
 
@@ -273,7 +278,7 @@ fn corrupt_counts_and_overflowing_splits_are_errors() {
 
 #[test]
 fn executor_misuse_is_an_error() {
-    use shardgraph::split::{MetaExecutor, Planner, SplitPolicy};
+    use shardgraph::split::{Devices, Planner, SplitPolicy};
     let mut ctx = Context::new();
     let a = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
     let other = ctx.new_tensor(GgmlType::F32, &[8, 6]).unwrap();
@@ -281,7 +286,7 @@ fn executor_misuse_is_an_error() {
     let b = ctx.scale(a, 2.0).unwrap();
     let g = ctx.build_forward(&[b]).unwrap();
     let plan = Planner::default().plan(&ctx, &g, &SplitPolicy::new(&[1.0, 1.0]).unwrap(), &[]).unwrap();
-    let exec = MetaExecutor::new(2, 1).unwrap();
+    let exec = Devices::cpu(2, 1).and_then(|d| d.executor()).unwrap();
     let full: Vec<u8> = (0..48).flat_map(|i| (i as f32).to_le_bytes()).collect();
     // Leaf data shorter than the leaf.
     let e = exec.run(&ctx, &g, &plan, &|_| Some(full[..3].to_vec()), &[b]).unwrap_err();

@@ -371,13 +371,13 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
 /// device-to-device copies (no communicator set, activations on the devices).
 #[test]
 fn nccl_is_refused_for_virtual_and_emulated_devices() {
-    use shardgraph::split::MetaExecutor;
+    use shardgraph::split::Devices;
     use shardgraph::split::NcclComm;
     let Some(devs) = devices(2) else { return };
     let devs: Vec<Arc<dyn Backend>> = devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect();
     let e = NcclComm::for_backends(&devs).unwrap_err().to_string();
     assert!(e.contains("one rank per GPU") || e.contains("needs a real GPU"), "{e}");
-    let exec = MetaExecutor::with_backends(devs).unwrap();
+    let exec = Devices::from_backends(devs).and_then(|d| d.executor()).unwrap();
     assert!(!exec.has_comm());
     assert!(exec.device_data());
     // CPU devices are not CUDA devices.
@@ -386,7 +386,7 @@ fn nccl_is_refused_for_virtual_and_emulated_devices() {
         .collect();
     let e = NcclComm::for_backends(&cpu).unwrap_err().to_string();
     assert!(e.contains("needs GPU devices"), "{e}");
-    assert!(!MetaExecutor::with_backends(cpu).unwrap().device_data());
+    assert!(!Devices::from_backends(cpu).and_then(|d| d.executor()).unwrap().device_data());
     // Emulated HIP devices: no RCCL either, device-to-device copies between them.
     #[cfg(feature = "cuda-emu")]
     {
@@ -394,7 +394,7 @@ fn nccl_is_refused_for_virtual_and_emulated_devices() {
             (0..3).map(|_| Arc::new(CudaBackend::emulated_hip(1 << 30)) as Arc<dyn Backend>).collect();
         let e = NcclComm::for_backends(&hip).unwrap_err().to_string();
         assert!(e.contains("needs a real GPU"), "{e}");
-        let exec = MetaExecutor::with_backends(hip).unwrap();
+        let exec = Devices::from_backends(hip).and_then(|d| d.executor()).unwrap();
         assert!(!exec.has_comm());
         assert!(exec.device_data());
     }

@@ -6,7 +6,7 @@
 //! context fits and 256 cells more do not; a device too small for 256
 //! cells is an error naming it; nothing is allocated on the devices.
 
-use shardgraph::split::MetaExecutor;
+use shardgraph::split::Devices;
 use shardgraph::GgmlType;
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
@@ -76,7 +76,7 @@ fn the_chosen_ctx_size_fits_and_256_cells_more_do_not() {
             let memory: Vec<usize> =
                 (0..n).map(|j| if j + 1 == n && n > 1 { small[j] } else { big[j] } as usize).collect();
             let (devs, counters) = counting::devices(n, Some(&memory));
-            let exec = MetaExecutor::with_backends(devs).unwrap();
+            let exec = Devices::from_backends(devs).and_then(|d| d.executor()).unwrap();
             let ctx = fit_ctx_size(&spec, spec.max_ctx(), &exec).unwrap();
             let what = format!("{name} on {n} device(s), memory {memory:?}");
             assert_eq!(ctx % CTX_STEP, 0, "{what}: {ctx}");
@@ -96,13 +96,13 @@ fn the_chosen_ctx_size_fits_and_256_cells_more_do_not() {
 fn the_requested_maximum_bounds_the_choice() {
     let (_, spec) = specs(2).remove(1);
     let huge = vec![usize::MAX / 4; 2];
-    let exec = MetaExecutor::with_backends(counting::devices(2, Some(&huge)).0).unwrap();
+    let exec = Devices::from_backends(counting::devices(2, Some(&huge)).0).and_then(|d| d.executor()).unwrap();
     assert_eq!(fit_ctx_size(&spec, 1000, &exec).unwrap(), 768);
     assert_eq!(fit_ctx_size(&spec, spec.max_ctx(), &exec).unwrap(), 8192);
     assert_eq!(fit_ctx_size(&spec, 256, &exec).unwrap(), 256);
     assert!(matches!(fit_ctx_size(&spec, 255, &exec), Err(shardgraph::Error::Model { .. })));
     // A spec for another number of devices.
-    let exec3 = MetaExecutor::with_backends(counting::devices(3, Some(&[1 << 40; 3])).0).unwrap();
+    let exec3 = Devices::from_backends(counting::devices(3, Some(&[1 << 40; 3])).0).and_then(|d| d.executor()).unwrap();
     assert!(fit_ctx_size(&spec, 4096, &exec3).is_err());
 }
 
@@ -112,7 +112,7 @@ fn a_device_too_small_for_256_cells_is_named() {
         let need = totals(&spec, 256);
         // Device 1 is one byte short of 256 cells.
         let memory = vec![need[0] as usize * 4, need[1] as usize - 1];
-        let exec = MetaExecutor::with_backends(counting::devices(2, Some(&memory)).0).unwrap();
+        let exec = Devices::from_backends(counting::devices(2, Some(&memory)).0).and_then(|d| d.executor()).unwrap();
         match fit_ctx_size(&spec, 4096, &exec) {
             Err(shardgraph::Error::OutOfMemory { device, needed, available, detail }) => {
                 assert_eq!(device, "device 1 (COUNT1)", "{name}");
@@ -163,7 +163,7 @@ fn bad_specs_are_errors() {
     let e = spec(qwen3_target(), FitDraft::None, 0).memory(i64::MAX).unwrap_err();
     assert!(e.to_string().contains("positions are 32-bit"), "{e}");
     // A requested maximum beyond MAX_CTX is clamped, not a shape error.
-    let exec = MetaExecutor::with_backends(counting::devices(1, Some(&[1 << 30])).0).unwrap();
+    let exec = Devices::from_backends(counting::devices(1, Some(&[1 << 30])).0).and_then(|d| d.executor()).unwrap();
     let n = fit_ctx_size(&spec(qwen3_target(), FitDraft::None, 0), i64::MAX, &exec).unwrap();
     assert!(n % CTX_STEP == 0 && n <= shardgraph_models::MAX_CTX, "{n}");
     // Figures that overflow a u64 fit no device.

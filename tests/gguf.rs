@@ -40,7 +40,7 @@ use shardgraph::gguf::{
     Value, ValueType, ALL_VALUE_TYPES,
 };
 use shardgraph::graph::alloc::GraphAllocator;
-use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore};
+use shardgraph::split::{Devices, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore};
 use shardgraph::{Backend, Context, Error, GgmlType, TensorId, TensorStorage};
 use std::collections::HashMap;
 use std::io::Write;
@@ -1370,7 +1370,11 @@ fn load_into_one_device_and_split_devices() {
         assert_eq!(b, data[&ctx.tensor(id).unwrap().name]);
     }
     store.set_tensor(ctx, m.x, 0, &x_bytes).unwrap();
-    let out = MetaExecutor::new(n, 1).unwrap().execute(ctx, &m.graph, &plan, &mut store, &[m.y]).unwrap();
+    let out = Devices::cpu(n, 1)
+        .and_then(|d| d.executor())
+        .unwrap()
+        .execute(ctx, &m.graph, &plan, &mut store, &[m.y])
+        .unwrap();
     let got: Vec<f32> = out.outputs[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let e = nmse(&got, &want);
     assert!(e < 1e-10, "3 devices from GGUF: NMSE {e}");

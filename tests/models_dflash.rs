@@ -207,7 +207,7 @@ fn a_drafter_for_another_target_is_an_error() {
 
 #[test]
 fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
-    use shardgraph::split::{MetaExecutor, SplitPolicy, SplitSpec};
+    use shardgraph::split::{Devices, SplitPolicy, SplitSpec};
     use shardgraph_models::decoder::dflash2_conv;
     let (e, group, k, bl, nb) = (64i64, 16i64, 2i64, 4i64, 3i64);
     let (gc, t) = (e / group, bl * nb);
@@ -260,7 +260,8 @@ fn dflash2_conv_matches_its_formula_on_one_and_two_devices() {
             .plan(&ctx, &g, &policy, &[(x, shardgraph::split::SplitState::split(0, vec![32, 32]))])
             .unwrap();
         let data = [(x, f(&xs)), (d, f(&ds)), (b, f(&bs))];
-        let two = MetaExecutor::new(2, 1)
+        let two = Devices::cpu(2, 1)
+            .and_then(|d| d.executor())
             .unwrap()
             .run(&ctx, &g, &plan, &|l| data.iter().find(|(i, _)| *i == l).map(|(_, v)| v.clone()), &[out])
             .unwrap();

@@ -310,7 +310,7 @@ fn qwen3_layers_move_exactly_the_megatron_minimum() {
 /// path with a device path; there is one data path now.)
 #[test]
 fn device_side_collectives_equal_one_device() {
-    use shardgraph::split::MetaExecutor;
+    use shardgraph::split::Devices;
     for n in [2usize, 3] {
         let dm = Dims { e: 96, h: 6, hkv: 3, d: 16, f: 192, t: 3 };
         let mut ctx = Context::new();
@@ -360,7 +360,7 @@ fn device_side_collectives_equal_one_device() {
             } else {
                 plan.clone()
             };
-            let exec = MetaExecutor::new(devices, 1).unwrap();
+            let exec = Devices::cpu(devices, 1).and_then(|d| d.executor()).unwrap();
             let mut store = SplitStore::new(devices);
             store.place_leafs(&ctx, &g, &plan).unwrap();
             for &l in g.leafs() {
@@ -956,7 +956,7 @@ fn sec5_concat_along_the_split_axis() {
 /// another number of ranks is refused.
 #[test]
 fn a_failed_run_drops_its_communicator_and_later_runs_work() {
-    use shardgraph::split::{HostComm, MetaExecutor};
+    use shardgraph::split::{Devices, HostComm, MetaExecutor};
     use std::sync::Arc;
     let mut ctx = Context::new();
     let emb = named(&mut ctx, GgmlType::F32, &[16, 10], "token_embd.weight");
@@ -971,7 +971,7 @@ fn a_failed_run_drops_its_communicator_and_later_runs_work() {
         .rule("w", SplitSpec::Axis { axis: 0, granule: 1, segments: vec![] })
         .rule("token_embd.weight", SplitSpec::Mirrored);
     let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
-    let mut exec = MetaExecutor::new(2, 1).unwrap();
+    let mut exec = Devices::cpu(2, 1).and_then(|d| d.executor()).unwrap();
     assert!(!exec.has_comm());
     assert!(exec.set_comm(Some(Arc::new(HostComm::new(3)))).is_err());
     exec.set_comm(Some(Arc::new(HostComm::new(2)))).unwrap();

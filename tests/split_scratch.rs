@@ -7,7 +7,7 @@
 #[path = "common/fixtures.rs"]
 mod fixtures;
 use fixtures::{f32_bytes, input, named};
-use shardgraph::split::{MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitStore};
+use shardgraph::split::{Devices, Planner, SplitPolicy, SplitSpec, SplitStore};
 use shardgraph::{Context, GgmlType, TensorId};
 
 /// `y = x + x`, `cpy(y, buf)` into a stored leaf nothing else reads, and
@@ -32,7 +32,7 @@ fn run(n: usize, spec: SplitSpec) -> (Vec<u8>, Vec<u8>, bool) {
     let (ctx, g, x, buf, _, c) = graph();
     let policy = SplitPolicy::new(&vec![1.0; n]).unwrap().rule("buf", spec);
     let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
-    let exec = MetaExecutor::new(n, 1).unwrap();
+    let exec = Devices::cpu(n, 1).and_then(|d| d.executor()).unwrap();
     let mut store = SplitStore::new(n);
     store.place_leafs(&ctx, &g, &plan).unwrap();
     let xs: Vec<f32> = (0..48).map(|i| i as f32 * 0.25 - 3.0).collect();

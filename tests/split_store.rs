@@ -919,10 +919,10 @@ fn new_weights_reach_the_next_run_of_the_same_executor() {
 /// the store holds the copied values afterwards, in the part on the device,
 /// and a later run reads them; a clone of the store taken before keeps the
 /// old bytes (a snapshot, also when the part lives in a device buffer —
-/// found by a newcomer's review), with device data on and off.
+/// found by a newcomer's review).
 #[test]
 fn a_cpy_into_a_stored_cache_nothing_else_reads_is_written_and_clones_keep_theirs() {
-    use shardgraph::split::MetaExecutor;
+    use shardgraph::split::Devices;
     let mut ctx = Context::new();
     let leaf = |ctx: &mut Context, name: &str, ne: &[i64]| named(ctx, GgmlType::F32, ne, name);
     let (cache, rows, x) = (leaf(&mut ctx, "cache", &[4]), leaf(&mut ctx, "rows", &[4, 1]), leaf(&mut ctx, "x", &[4]));
@@ -938,23 +938,20 @@ fn a_cpy_into_a_stored_cache_nothing_else_reads_is_written_and_clones_keep_their
     let plan = |g| Planner::default().plan(&ctx, g, &pol, &[]).unwrap();
     let (p1, p2, p3) = (plan(&g1), plan(&g2), plan(&g3));
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    for data in [false, true] {
-        let mut exec = MetaExecutor::new(2, 1).unwrap();
-        exec.set_device_data(data);
-        let mut store = SplitStore::new(2);
-        store.place_leafs(&ctx, &g1, &p1).unwrap();
-        store.place_leafs(&ctx, &g2, &p2).unwrap();
-        store.set_tensor(&ctx, x, 0, &f32s(&[1.0, 2.0, 3.0, 4.0])).unwrap();
-        store.set_tensor(&ctx, rows, 0, &f32s(&[9.0; 4])).unwrap();
-        exec.execute(&ctx, &g1, &p1, &mut store, &[w]).unwrap();
-        let snapshot = store.clone();
-        let got = exec.execute(&ctx, &g2, &p2, &mut store, &[y]).unwrap();
-        assert_eq!(got.outputs[0], f32s(&[18.0; 4]), "device data {data}");
-        let later = exec.execute(&ctx, &g3, &p3, &mut store, &[r]).unwrap();
-        let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
-        store.get_tensor(&ctx, cache, 0, &mut a).unwrap();
-        snapshot.get_tensor(&ctx, cache, 0, &mut b).unwrap();
-        let (old, new) = (f32s(&[1.0, 2.0, 3.0, 4.0]), f32s(&[9.0; 4]));
-        assert_eq!((later.outputs[0].clone(), a, b), (new.clone(), new, old), "device data {data}");
-    }
+    let exec = Devices::cpu(2, 1).and_then(|d| d.executor()).unwrap();
+    let mut store = SplitStore::new(2);
+    store.place_leafs(&ctx, &g1, &p1).unwrap();
+    store.place_leafs(&ctx, &g2, &p2).unwrap();
+    store.set_tensor(&ctx, x, 0, &f32s(&[1.0, 2.0, 3.0, 4.0])).unwrap();
+    store.set_tensor(&ctx, rows, 0, &f32s(&[9.0; 4])).unwrap();
+    exec.execute(&ctx, &g1, &p1, &mut store, &[w]).unwrap();
+    let snapshot = store.clone();
+    let got = exec.execute(&ctx, &g2, &p2, &mut store, &[y]).unwrap();
+    assert_eq!(got.outputs[0], f32s(&[18.0; 4]));
+    let later = exec.execute(&ctx, &g3, &p3, &mut store, &[r]).unwrap();
+    let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
+    store.get_tensor(&ctx, cache, 0, &mut a).unwrap();
+    snapshot.get_tensor(&ctx, cache, 0, &mut b).unwrap();
+    let (old, new) = (f32s(&[1.0, 2.0, 3.0, 4.0]), f32s(&[9.0; 4]));
+    assert_eq!((later.outputs[0].clone(), a, b), (new.clone(), new, old));
 }

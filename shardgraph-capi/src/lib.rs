@@ -19,6 +19,7 @@
 //!
 //! Modules: [`status`] (codes, last error, the guard), [`ptr`] (pointer
 //! helpers), [`graph`] (contexts, tensors, ops, graphs, types),
+//! [`op_table`] (which `sg_*` functions build each op),
 //! [`split`] (devices, policies, plans, stores, execution), [`engine`]
 //! (the speculative-decoding engine).
 
@@ -26,6 +27,7 @@
 
 pub mod engine;
 pub mod graph;
+pub mod op_table;
 pub mod ptr;
 pub mod split;
 pub mod status;

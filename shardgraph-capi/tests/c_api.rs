@@ -22,7 +22,8 @@
 //!
 //! Also: the README's example compiles and prints the right product; the
 //! header declares exactly the functions the library exports and
-//! the source defines (both directions), its status codes are the crate's,
+//! the source defines (both directions), and every function the op table
+//! (`op_table`) names, its status codes are the crate's,
 //! the C structs have the Rust layouts, and the header compiles as C99 and
 //! C++.
 
@@ -248,6 +249,30 @@ fn header_declares_exactly_the_exported_functions() {
         None => eprintln!("nm is not available: the exports were not compared"),
     }
     eprintln!("{} functions in the header, the source and the library", declared.len());
+}
+
+/// Every function the op table names (`shardgraph_capi::op_table`, one
+/// exhaustive match over `Op`) is declared in the header and exported by
+/// the library, and no row that has C constructors names none.
+#[test]
+fn the_op_tables_functions_are_declared_and_exported() {
+    use shardgraph_capi::op_table::{CAbi, OP_ROWS};
+    let declared = header_functions();
+    let exported = exported_functions();
+    let mut n = 0;
+    for row in OP_ROWS {
+        if let CAbi::Fns(fns) = row.c {
+            assert!(!fns.is_empty(), "{}: no function named", row.pattern);
+        }
+        for &f in row.c.functions() {
+            assert!(declared.contains(f), "{}: {f} is not declared in include/shardgraph.h", row.pattern);
+            if let Some(e) = &exported {
+                assert!(e.contains(f), "{}: the library does not export {f}", row.pattern);
+            }
+            n += 1;
+        }
+    }
+    eprintln!("{} op rows, {n} op functions, all in the header and the library", OP_ROWS.len());
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! That checks each wrapper's argument order and conversions (ggml enum
 //! ids, rope parameters, optional operands, counts). Also: optional
 //! operands given as `SG_TENSOR_NONE`, and the wrappers' own argument
-//! errors.
+//! errors; and that the sequence builds every op of the C ABI's op table.
 
 use shardgraph::{Context, GgmlType, GluOp, RopeMode, RopeParams, SortOrder, TensorId, UnaryOp};
 use shardgraph_capi::graph::*;
@@ -394,6 +394,25 @@ fn every_op_function_builds_what_its_constructor_builds() {
         assert_eq!(ta.flags, tb.flags, "{what}");
     }
     eprintln!("{} tensors built alike through the C ABI and the Rust constructors", c.len());
+}
+
+/// The sequence builds every op that the C ABI's op table
+/// (`shardgraph_capi::op_table`) gives C constructors, so an op added to
+/// the table is added to this test too.
+#[test]
+fn the_sequence_builds_every_op_the_table_gives_c_constructors() {
+    use shardgraph_capi::op_table::{op_row, CAbi, OP_ROWS};
+    use std::collections::BTreeSet;
+    let c = build_c();
+    let c = c.context();
+    let built: BTreeSet<&str> = c.ids().map(|i| op_row(&c.tensor(i).unwrap().op).pattern).collect();
+    let want: BTreeSet<&str> = OP_ROWS.iter().filter(|r| r.c != CAbi::MetaBackendOnly).map(|r| r.pattern).collect();
+    let missing: Vec<&&str> = want.difference(&built).collect();
+    let unlisted: Vec<&&str> = built.difference(&want).collect();
+    assert!(
+        missing.is_empty() && unlisted.is_empty(),
+        "rows with C constructors the sequence does not build: {missing:?}; ops it builds without such a row: {unlisted:?}"
+    );
 }
 
 #[test]

@@ -4,8 +4,7 @@
 use super::{Backend, Buffer};
 use crate::error::{Error, Result};
 use crate::graph::Context;
-use crate::tensor::{GgmlType, TensorId};
-use half::{bf16, f16};
+use crate::tensor::{convert, GgmlType, TensorId};
 use std::sync::Arc;
 
 /// Tensor → (buffer, offset) placements for one context, plus the buffers.
@@ -180,7 +179,7 @@ impl TensorStorage {
                 detail: format!("{} values for {} (contiguous: {})", data.len(), t.describe(), t.is_contiguous()),
             });
         }
-        let bytes = encode_f32(t.ty, data, t.ne[0] as usize)?;
+        let bytes = convert::encode_rows(t.ty, data, t.ne[0] as usize)?;
         self.set_bytes(ctx, id, 0, &bytes)
     }
 
@@ -189,39 +188,16 @@ impl TensorStorage {
     /// permuted tensors read their logical elements).
     ///
     /// # Errors
-    /// [`Error::NoStorage`]; [`Error::UnsupportedType`] for integer types (use [`Self::get_i32`]).
+    /// [`Error::NoStorage`]; [`Error::UnsupportedType`] for integer types (use [`Self::get_i32`]);
+    /// [`Error::DataMismatch`] for a quantized view whose rows are not packed.
     pub fn get_f32(&self, ctx: &Context, id: TensorId) -> Result<Vec<f32>> {
-        let t = ctx.tensor(id)?.clone();
+        let t = ctx.tensor(id)?;
         if t.nelements() == 0 {
             return Ok(Vec::new());
         }
-        let span = t.nbytes();
-        let mut raw = vec![0u8; span];
+        let mut raw = vec![0u8; t.nbytes()];
         self.get_bytes(ctx, id, 0, &mut raw)?;
-        let ne0 = t.ne[0] as usize;
-        let mut out = Vec::with_capacity(t.nelements().max(0) as usize);
-        let mut row = vec![0f32; ne0];
-        let rb = t.row_bytes();
-        for i3 in 0..t.ne[3] as usize {
-            for i2 in 0..t.ne[2] as usize {
-                for i1 in 0..t.ne[1] as usize {
-                    let base = i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
-                    if t.ty.is_quantized() || t.nb[0] == t.ty.type_size() {
-                        decode_f32(t.ty, &raw[base..base + rb], &mut row)?;
-                    } else {
-                        let ts = t.ty.type_size();
-                        for (i0, r) in row.iter_mut().enumerate() {
-                            let o = base + i0 * t.nb[0];
-                            let mut v = [0f32; 1];
-                            decode_f32(t.ty, &raw[o..o + ts], &mut v)?;
-                            *r = v[0];
-                        }
-                    }
-                    out.extend_from_slice(&row);
-                }
-            }
-        }
-        Ok(out)
+        convert::read_elements(t, &raw)
     }
 
     /// Writes I32 values into a contiguous I32 tensor (positions, row ids).
@@ -267,51 +243,4 @@ impl TensorStorage {
         self.get_bytes(ctx, id, 0, &mut raw)?;
         Ok(raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     }
-}
-
-/// Encodes f32 values as `ty` (rows of `ne0` for quantized types).
-pub(crate) fn encode_f32(ty: GgmlType, data: &[f32], ne0: usize) -> Result<Vec<u8>> {
-    Ok(match ty {
-        GgmlType::F32 => bytemuck::cast_slice(data).to_vec(),
-        GgmlType::F64 => data.iter().flat_map(|&x| (x as f64).to_le_bytes()).collect(),
-        // F16/BF16 through the same conversion as the quant types (ggml's: a
-        // NaN becomes the canonical quiet NaN, as `SplitStore::set_f32` writes).
-        t if t.is_quantized() || t == GgmlType::F16 || t == GgmlType::BF16 => {
-            let nrows = data.len().checked_div(ne0).unwrap_or(0);
-            let rs = t.row_size(ne0 as i64)?;
-            let mut out = vec![0u8; rs * nrows];
-            crate::tensor::quant::quantize_chunk(t, data, &mut out, nrows, ne0)?;
-            out
-        }
-        t => return Err(Error::unsupported_type(t, "set_f32 needs a float or quantized tensor")),
-    })
-}
-
-/// Decodes a packed run of `ty` values (whole blocks for quantized types) into `out`.
-pub(crate) fn decode_f32(ty: GgmlType, raw: &[u8], out: &mut [f32]) -> Result<()> {
-    match ty {
-        GgmlType::F32 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        GgmlType::F16 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
-                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        GgmlType::BF16 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
-                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        GgmlType::F64 => {
-            for (o, c) in out.iter_mut().zip(raw.chunks_exact(8)) {
-                *o = f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32;
-            }
-        }
-        t if t.is_quantized() => crate::tensor::quant::dequantize_row(t, raw, out)?,
-        t => return Err(Error::unsupported_type(t, "not a float type")),
-    }
-    Ok(())
 }

@@ -11,8 +11,10 @@
 //!   devices (docs/split-design.md#6-per-row-ops-over-a-split-axis): each
 //!   device reduces its part of every row to a few numbers (`row_stats`),
 //!   the devices all-gather them, and each device finishes its part of the
-//!   rows from the gathered numbers (`row_finish`). The numbers per row
-//!   ([`RowReduce::words`]) are what the planner charges for the combine.
+//!   rows from the gathered numbers (`row_finish`). Which row ops combine
+//!   this way ([`RowReduce::of`]) and the bytes their numbers take
+//!   ([`RowReduce::combine_bytes`]) are decided here alone: the split
+//!   rules price the combine with them and the compiler builds it.
 //! * `add_n`: the sum of a partial tensor's addends (a reduction's last
 //!   step), for every type a partial sum may have (integers included).
 //! * `get_rows_part`: `get_rows` from a table of which this device holds
@@ -22,8 +24,8 @@
 
 use crate::error::{Error, Result};
 use crate::graph::Context;
-use crate::ops::Op;
-use crate::tensor::{GgmlType, TensorId};
+use crate::ops::{attn_ops, data_ops, distributed_ops, elementwise_ops, matmul_ops, rope_ops, ssm_ops, Op};
+use crate::tensor::{GgmlType, Tensor, TensorId};
 
 /// What a distributed row op computes. Statistics are F32 words per row
 /// ([`RowReduce::words`]); sums are carried as an f64 split into two f32
@@ -83,6 +85,20 @@ impl RowReduce {
         }
     }
 
+    /// Bytes of statistics one device gives per row (per tensor for
+    /// [`RowReduce::Sum`]): [`RowReduce::words`] F32 words.
+    pub fn stat_bytes(&self) -> u64 {
+        4 * self.words() as u64
+    }
+
+    /// Bytes the combine over `x`'s split rows gathers: every device's
+    /// statistics of every row of `x` (one set for [`RowReduce::Sum`]),
+    /// from `n` devices together. What the planner charges for it.
+    pub fn combine_bytes(&self, x: &Tensor, n: usize) -> u64 {
+        let rows = if *self == RowReduce::Sum { 1 } else { x.nrows().max(0) as u64 };
+        rows * self.stat_bytes() * n as u64
+    }
+
     /// The name of the row op it distributes (ggml's).
     pub fn name(&self) -> &'static str {
         match self {
@@ -98,19 +114,41 @@ impl RowReduce {
         }
     }
 
-    /// The distributed form of row op `op`, if it has one.
-    pub fn of(op: &Op) -> Option<RowReduce> {
+    /// The distributed form of a node with op `op` and sources `src` (src0
+    /// the rows) when its rows are split along ne0, if it has one: the one
+    /// place that decides which row ops combine over a split row (the split
+    /// rules price the candidate, the compiler builds it). The norms,
+    /// `argmax`, `top_k`, `sum_rows`, `mean`, `sum` (over any split), and
+    /// `soft_max` without ALiBi (whose slopes need the global head index),
+    /// without sinks, with no mask or a 2-D one as long as the row.
+    /// `argsort` needs whole rows: none.
+    pub fn of(op: &Op, src: &[&Tensor]) -> Option<RowReduce> {
         Some(match op {
             Op::RmsNorm { eps } => RowReduce::RmsNorm { eps: *eps },
             Op::L2Norm { eps } => RowReduce::L2Norm { eps: *eps },
             Op::Norm { eps } => RowReduce::Norm { eps: *eps },
-            Op::SoftMax { scale, max_bias } if *max_bias <= 0.0 => RowReduce::SoftMax { scale: *scale },
+            Op::SoftMax { scale, max_bias } if *max_bias <= 0.0 && src.len() <= 2 => {
+                let mask_2d =
+                    |m: &&Tensor| m.ne[2] == 1 && m.ne[3] == 1 && src.first().is_some_and(|x| m.ne[0] == x.ne[0]);
+                if !src.get(1).is_none_or(mask_2d) {
+                    return None;
+                }
+                RowReduce::SoftMax { scale: *scale }
+            }
             Op::Argmax => RowReduce::Argmax,
             Op::TopK { k } => RowReduce::TopK { k: *k },
             Op::SumRows => RowReduce::SumRows,
             Op::Mean => RowReduce::Mean,
             Op::Sum => RowReduce::Sum,
-            _ => return None,
+            // ALiBi or sinks; a sort.
+            Op::SoftMax { .. } | Op::Argsort { .. } => return None,
+            elementwise_ops!()
+            | rope_ops!()
+            | matmul_ops!()
+            | attn_ops!()
+            | data_ops!()
+            | ssm_ops!()
+            | distributed_ops!() => return None,
         })
     }
 

@@ -391,6 +391,213 @@ impl OpFamily {
     }
 }
 
+// The family macros: each expands, in pattern position, to the pattern of
+// one family's ops, and `Op::family` is written with them. A family's files
+// in every layer (CPU kernels, CUDA dispatch, split rules) match their own
+// ops one by one and every other family through `ops_outside!(<family>)`,
+// so an op added to family F compiles everywhere but in F's files, until
+// each of them says what it does with it (ggml keeps
+// `static_assert(GGML_OP_COUNT == N)` beside each table for the same end).
+
+/// The element-wise family's ops, as a pattern ([`OpFamily::Elementwise`]).
+macro_rules! elementwise_ops {
+    () => {
+        $crate::ops::Op::Add
+            | $crate::ops::Op::Sub
+            | $crate::ops::Op::Mul
+            | $crate::ops::Op::Div
+            | $crate::ops::Op::Add1
+            | $crate::ops::Op::Scale { .. }
+            | $crate::ops::Op::Clamp { .. }
+            | $crate::ops::Op::Sqr
+            | $crate::ops::Op::Sqrt
+            | $crate::ops::Op::Unary(_)
+            | $crate::ops::Op::Glu { .. }
+            | $crate::ops::Op::Fill { .. }
+    };
+}
+
+/// The reduce family's ops, as a pattern ([`OpFamily::Reduce`]).
+macro_rules! reduce_ops {
+    () => {
+        $crate::ops::Op::Sum
+            | $crate::ops::Op::SumRows
+            | $crate::ops::Op::Mean
+            | $crate::ops::Op::Argmax
+            | $crate::ops::Op::TopK { .. }
+            | $crate::ops::Op::Argsort { .. }
+    };
+}
+
+/// The norm family's ops, as a pattern ([`OpFamily::Norm`]).
+macro_rules! norm_ops {
+    () => {
+        $crate::ops::Op::RmsNorm { .. }
+            | $crate::ops::Op::Norm { .. }
+            | $crate::ops::Op::L2Norm { .. }
+            | $crate::ops::Op::SoftMax { .. }
+    };
+}
+
+/// The rope family's ops, as a pattern ([`OpFamily::Rope`]).
+macro_rules! rope_ops {
+    () => {
+        $crate::ops::Op::Rope(_)
+    };
+}
+
+/// The matmul family's ops, as a pattern ([`OpFamily::Matmul`]).
+macro_rules! matmul_ops {
+    () => {
+        $crate::ops::Op::MulMat | $crate::ops::Op::MulMatId | $crate::ops::Op::AddId
+    };
+}
+
+/// The attention family's ops, as a pattern ([`OpFamily::Attn`]).
+macro_rules! attn_ops {
+    () => {
+        $crate::ops::Op::FlashAttnExt { .. }
+    };
+}
+
+/// The data family's ops, as a pattern ([`OpFamily::Data`]).
+macro_rules! data_ops {
+    () => {
+        $crate::ops::Op::None
+            | $crate::ops::Op::Reshape
+            | $crate::ops::Op::View
+            | $crate::ops::Op::Permute { .. }
+            | $crate::ops::Op::Transpose
+            | $crate::ops::Op::Dup
+            | $crate::ops::Op::Cpy
+            | $crate::ops::Op::Cont
+            | $crate::ops::Op::GetRows
+            | $crate::ops::Op::SetRows
+            | $crate::ops::Op::Concat { .. }
+            | $crate::ops::Op::Repeat
+            | $crate::ops::Op::Pad { .. }
+    };
+}
+
+/// The ssm family's ops, as a pattern ([`OpFamily::Ssm`]).
+macro_rules! ssm_ops {
+    () => {
+        $crate::ops::Op::SsmConv | $crate::ops::Op::GatedDeltaNet { .. }
+    };
+}
+
+/// The distributed family's ops, as a pattern ([`OpFamily::Distributed`]).
+macro_rules! distributed_ops {
+    () => {
+        $crate::ops::Op::Exchange
+            | $crate::ops::Op::RowStats { .. }
+            | $crate::ops::Op::RowFinish { .. }
+            | $crate::ops::Op::GetRowsPart { .. }
+            | $crate::ops::Op::AddN
+    };
+}
+
+/// Every op outside family `$f` (`elementwise`, `reduce`, `norm`, `rope`,
+/// `matmul`, `attn`, `data`, `ssm`, `distributed`), as a pattern: the arm
+/// by which a family's file says "not mine" without a catch-all.
+macro_rules! ops_outside {
+    (elementwise) => {
+        $crate::ops::reduce_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::ssm_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (reduce) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::ssm_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (norm) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::reduce_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::ssm_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (rope) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::reduce_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::ssm_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (matmul) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::reduce_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::ssm_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (attn) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::reduce_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::ssm_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (data) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::reduce_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::ssm_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (ssm) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::reduce_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::distributed_ops!()
+    };
+    (distributed) => {
+        $crate::ops::elementwise_ops!()
+            | $crate::ops::reduce_ops!()
+            | $crate::ops::norm_ops!()
+            | $crate::ops::rope_ops!()
+            | $crate::ops::matmul_ops!()
+            | $crate::ops::attn_ops!()
+            | $crate::ops::data_ops!()
+            | $crate::ops::ssm_ops!()
+    };
+}
+
+pub(crate) use {
+    attn_ops, data_ops, distributed_ops, elementwise_ops, matmul_ops, norm_ops, ops_outside, reduce_ops, rope_ops,
+    ssm_ops,
+};
+
 impl Op {
     /// ggml's op name in lower case (`"mul_mat"`, `"unary"` ops by their function).
     pub fn name(&self) -> &'static str {
@@ -446,43 +653,20 @@ impl Op {
     }
 
     /// The op's family (see [`OpFamily`]): the one table every layer
-    /// dispatches on.
+    /// dispatches on, written with the crate's family macros
+    /// (`elementwise_ops!()` and the others), so an op in none of them does
+    /// not compile.
     pub fn family(&self) -> OpFamily {
         match self {
-            Op::Add
-            | Op::Sub
-            | Op::Mul
-            | Op::Div
-            | Op::Add1
-            | Op::Scale { .. }
-            | Op::Clamp { .. }
-            | Op::Sqr
-            | Op::Sqrt
-            | Op::Unary(_)
-            | Op::Glu { .. }
-            | Op::Fill { .. } => OpFamily::Elementwise,
-            Op::Sum | Op::SumRows | Op::Mean | Op::Argmax | Op::TopK { .. } | Op::Argsort { .. } => OpFamily::Reduce,
-            Op::RmsNorm { .. } | Op::Norm { .. } | Op::L2Norm { .. } | Op::SoftMax { .. } => OpFamily::Norm,
-            Op::Rope(_) => OpFamily::Rope,
-            Op::MulMat | Op::MulMatId | Op::AddId => OpFamily::Matmul,
-            Op::FlashAttnExt { .. } => OpFamily::Attn,
-            Op::None
-            | Op::Reshape
-            | Op::View
-            | Op::Permute { .. }
-            | Op::Transpose
-            | Op::Dup
-            | Op::Cpy
-            | Op::Cont
-            | Op::GetRows
-            | Op::SetRows
-            | Op::Concat { .. }
-            | Op::Repeat
-            | Op::Pad { .. } => OpFamily::Data,
-            Op::SsmConv | Op::GatedDeltaNet { .. } => OpFamily::Ssm,
-            Op::Exchange | Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => {
-                OpFamily::Distributed
-            }
+            elementwise_ops!() => OpFamily::Elementwise,
+            reduce_ops!() => OpFamily::Reduce,
+            norm_ops!() => OpFamily::Norm,
+            rope_ops!() => OpFamily::Rope,
+            matmul_ops!() => OpFamily::Matmul,
+            attn_ops!() => OpFamily::Attn,
+            data_ops!() => OpFamily::Data,
+            ssm_ops!() => OpFamily::Ssm,
+            distributed_ops!() => OpFamily::Distributed,
         }
     }
 

@@ -19,9 +19,10 @@
 //! the same way and marked unplanned, so their bytes are reported apart.
 
 use super::layout::{box_bytes, boxes, intersect, lens, local_ne, Boxes};
-use super::lower::{covers_owner, folds, lower, owner_state_after_write, scratch_copy, Step};
+use super::lower::{folds, lower, Step};
 use super::planner::Plan;
 use super::state::{AxisSplit, SplitState};
+use super::writes::{covers_owner, owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::ops::distributed::local_pos;
@@ -797,7 +798,8 @@ impl<'a> Compiler<'a> {
         let Some(SplitState::Split(s)) = needs.first().cloned() else {
             return Err(Error::Split { detail: format!("{}: row combine of an unsplit input", t.op.name()) });
         };
-        let Some(reduce) = RowReduce::of(&t.op) else {
+        let srcs: Vec<&Tensor> = t.src.iter().map(|&s| ctx.t(s)).collect();
+        let Some(reduce) = RowReduce::of(&t.op, &srcs) else {
             return Err(Error::Split {
                 detail: format!(
                     "{} has no distributed row combine (soft_max: a 2-D mask without ALiBi or sinks)",
@@ -805,11 +807,6 @@ impl<'a> Compiler<'a> {
                 ),
             });
         };
-        if matches!(reduce, RowReduce::SoftMax { .. }) && t.src.len() > 2 {
-            return Err(Error::Split {
-                detail: "distributed soft_max supports a 2-D mask without ALiBi or sinks".into(),
-            });
-        }
         if !reduce.finishes_from_x() && out_state != SplitState::Mirrored {
             return Err(Error::Split { detail: format!("{} combine must give a mirrored result", t.op.name()) });
         }

@@ -194,10 +194,12 @@ impl Devices {
     }
 
     /// An executor over these devices (with their communicator if one was
-    /// given). Executors made from one `Devices` share its backends.
+    /// given): the one way to make a [`MetaExecutor`]. Executors made from
+    /// one `Devices` share its backends.
     ///
     /// # Errors
-    /// As [`MetaExecutor::with_backends`].
+    /// [`Error::Split`] for no devices or more than [`MAX_DEVICES`] (which
+    /// every constructor of `Devices` refuses already).
     pub fn executor(&self) -> Result<MetaExecutor> {
         let mut exec = MetaExecutor::with_backends(self.backends.clone())?;
         if let Some(c) = &self.comm {

@@ -1,6 +1,6 @@
-//! The executor of plans on N devices: N backend instances (CPU instances by
-//! default; CUDA devices, or virtual devices on one GPU, through
-//! [`MetaExecutor::with_backends`]).
+//! The executor of plans on N devices: N backend instances (CPU instances,
+//! CUDA or HIP devices, virtual devices on one GPU, or a mix), made by
+//! [`super::Devices::executor`].
 //!
 //! A plan is compiled once ([`super::compile`]) into one local graph per
 //! device with the collectives as exchanges between its stages; the
@@ -24,7 +24,6 @@ use super::lower::{lower, Lowered};
 use super::memory::DeviceMemory;
 use super::planner::Plan;
 use super::store::{Part, SplitStore, Stored};
-use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::{Backend, Buffer, TensorStorage};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
@@ -34,7 +33,9 @@ use std::sync::{Arc, Mutex};
 /// Programs kept per executor (least recently used dropped first).
 const MAX_PROGRAMS: usize = 64;
 
-/// N devices that execute plans.
+/// N devices that execute plans, made by [`super::Devices::executor`]
+/// (the devices, their order and their communicator come from the
+/// [`super::Devices`]).
 pub struct MetaExecutor {
     devices: Vec<Arc<dyn Backend>>,
     /// Per device: a process-unique id (stored parts in its buffers carry it).
@@ -108,7 +109,7 @@ impl RunReport {
     /// did not read back has no bytes).
     pub fn f32(&self, k: usize) -> Result<Vec<f32>> {
         let (bytes, ty, ne) = self.output(k)?;
-        super::store::decode_f32_contiguous(ty, ne, bytes, &format!("run output {k}"))
+        crate::tensor::convert::read_contiguous(ty, ne, bytes, &format!("run output {k}"))
     }
 
     /// Output `k` (in the order the outputs were requested) as i32 values
@@ -226,39 +227,18 @@ struct DeviceOut {
 }
 
 impl MetaExecutor {
-    /// `n` CPU devices with `threads` worker threads each.
-    ///
-    /// # Errors
-    /// [`Error::Split`] for `n == 0` or `n > 64`; backend creation errors.
-    pub fn new(n: usize, threads: usize) -> Result<Self> {
-        if n == 0 || n > 64 {
-            return Err(Error::Split { detail: format!("{n} devices: need 1..=64") });
-        }
-        if n.saturating_mul(threads.max(1)) > 1024 {
-            return Err(Error::Split {
-                detail: format!("{n} devices × {threads} threads: at most 1024 worker threads in all"),
-            });
-        }
-        let devices = (0..n)
-            .map(|_| {
-                CpuBackend::new(CpuConfig { n_threads: threads, ..CpuConfig::default() })
-                    .map(|b| Arc::new(b) as Arc<dyn Backend>)
-            })
-            .collect::<Result<_>>()?;
-        Self::with_backends(devices)
-    }
-
     /// An executor over the given devices, one per rank, in plan order
     /// (device `j` runs rank `j`'s part): CUDA devices, virtual devices on
     /// one GPU, CPU instances, or a mix. Stored parts and activations live
-    /// in each device's buffers.
+    /// in each device's buffers. What [`super::Devices::executor`] calls.
     ///
     /// # Errors
-    /// [`Error::Split`] for no devices or more than 64.
-    pub fn with_backends(devices: Vec<Arc<dyn Backend>>) -> Result<Self> {
+    /// [`Error::Split`] for no devices or more than
+    /// [`super::MAX_DEVICES`].
+    pub(crate) fn with_backends(devices: Vec<Arc<dyn Backend>>) -> Result<Self> {
         let n = devices.len();
-        if n == 0 || n > 64 {
-            return Err(Error::Split { detail: format!("{n} devices: need 1..=64") });
+        if n == 0 || n > super::MAX_DEVICES {
+            return Err(Error::Split { detail: format!("{n} devices: need 1..={}", super::MAX_DEVICES) });
         }
         let comm = Mutex::new(Self::native_comm(&devices));
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -305,13 +285,6 @@ impl MetaExecutor {
     /// found at creation (NCCL).
     pub fn has_comm(&self) -> bool {
         self.comm.lock().unwrap_or_else(|p| p.into_inner()).is_some()
-    }
-
-    /// Kept for compatibility: every device keeps its parts and activations
-    /// in its own buffers and exchanges move them buffer to buffer, whatever
-    /// this is set to (there is one data path).
-    pub fn set_device_data(&mut self, on: bool) {
-        let _ = on;
     }
 
     /// True when every device is a GPU, so parts and activations live in

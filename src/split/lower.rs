@@ -6,10 +6,10 @@
 use super::cost::Collective;
 use super::planner::Plan;
 use super::state::SplitState;
+use super::writes::{owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
-use crate::ops::Op;
-use crate::tensor::{contiguous_strides, TensorId};
+use crate::tensor::TensorId;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -82,31 +82,6 @@ impl Lowered {
     }
 }
 
-/// True if view-like node `t` covers all of its owner's bytes contiguously
-/// (the owner is then replaced by what a write through `t` produced).
-pub(crate) fn covers_owner(ctx: &Context, t: &crate::tensor::Tensor) -> bool {
-    let Some(o) = t.view_src else { return false };
-    let ot = ctx.t(o);
-    t.view_offs == 0 && t.ty == ot.ty && t.nb == contiguous_strides(t.ty, &t.ne) && t.nbytes() == ot.nbytes()
-}
-
-/// The state the owner of write node `t` is in after the write, given the
-/// write's output state: the output's own state when the write covers the
-/// owner with the same shape; mirrored otherwise.
-pub(crate) fn owner_state_after_write(ctx: &Context, t: &crate::tensor::Tensor, out: &SplitState) -> SplitState {
-    let Some(o) = t.view_src else { return SplitState::Mirrored };
-    let ot = ctx.t(o);
-    if !covers_owner(ctx, t) {
-        return SplitState::Mirrored;
-    }
-    match out {
-        SplitState::Split(s) if ot.ne != t.ne => {
-            super::rules::reshape_split(s, &t.ne, &ot.ne).map(SplitState::Split).unwrap_or(SplitState::Mirrored)
-        }
-        s => s.clone(),
-    }
-}
-
 /// True if the conversion `from` → `to` of a `ty` tensor needs no
 /// communication and is done inside a subgraph by local ops: a local slice
 /// of a mirrored tensor (views of this device's ranges), or a mirrored
@@ -118,16 +93,6 @@ pub(crate) fn folds(from: &SplitState, to: &SplitState, ty: crate::tensor::GgmlT
         (SplitState::Mirrored, SplitState::Partial(_)) => matches!(ty, GgmlType::F32 | GgmlType::F16),
         _ => false,
     }
-}
-
-/// True if `cpy` node `node` writes a scratch destination (the leaf
-/// [`Context::cast`] makes, flagged [`crate::tensor::TensorFlags::scratch`]):
-/// an ordinary node into a fresh intermediate, not a write into storage.
-/// The one place the planner, lowering, compiler, store and memory report
-/// ask; every other `cpy` into a leaf is a [`Step::Write`].
-pub(crate) fn scratch_copy(ctx: &Context, node: TensorId) -> bool {
-    let t = ctx.t(node);
-    t.op == Op::Cpy && t.view_src.is_some_and(|o| t.src.get(1) == Some(&o) && ctx.t(o).flags.scratch)
 }
 
 /// Lowers `plan` for `graph` of `ctx` to steps.

@@ -47,6 +47,7 @@ mod policy;
 mod rules;
 mod state;
 mod store;
+mod writes;
 
 #[cfg(sg_gpu)]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "cuda", feature = "hip"))))]

@@ -9,6 +9,7 @@ use super::cost::{conversion, Collective, LinkModel, Traffic};
 use super::policy::{LeafInfo, SplitPolicy};
 use super::rules::{candidates, packed_view};
 use super::state::SplitState;
+use super::writes::{owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::tensor::TensorId;
@@ -316,7 +317,7 @@ impl Planner {
         for &node in graph.nodes() {
             let t = ctx.t(node);
             let cur = w.current(t);
-            let scratch = super::lower::scratch_copy(ctx, node);
+            let scratch = scratch_copy(ctx, node);
             let cands = w.candidates(node, &cur, scratch);
             let best = cands
                 .iter()
@@ -491,7 +492,7 @@ impl Walk<'_> {
         }
         if t.op.writes_through_view() {
             if let Some(o) = t.view_src {
-                let after = super::lower::owner_state_after_write(ctx, t, &c.output);
+                let after = owner_state_after_write(ctx, t, &c.output);
                 self.have.insert(o.index(), vec![after.clone()]);
                 self.written.insert(o.index(), after);
             }

@@ -15,7 +15,7 @@ use super::planner::Plan;
 use super::state::SplitState;
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
-use crate::tensor::{contiguous_strides, GgmlType, TensorId};
+use crate::tensor::{contiguous_strides, convert, GgmlType, TensorId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -657,17 +657,17 @@ impl SplitStore {
         let ty = t.ty;
         if t.view_src.is_some() {
             check_row_view(ctx, t, "set_f32")?;
-            let bytes = encode_f32_rows(ty, values, t.ne[0].max(0) as usize)?;
+            let bytes = convert::encode_rows(ty, values, t.ne[0].max(0) as usize)?;
             return self.set_tensor(ctx, id, 0, &bytes);
         }
         self.write_converted(ctx, id, bytemuck::cast_slice(values), &|local: Vec<u8>, ne0| {
             match bytemuck::try_cast_slice::<u8, f32>(&local) {
-                Ok(v) => encode_f32_rows(ty, v, ne0),
+                Ok(v) => convert::encode_rows(ty, v, ne0),
                 // A byte buffer not aligned for f32 (the allocator's choice): decoded first.
                 Err(_) => {
                     let v: Vec<f32> =
                         local.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                    encode_f32_rows(ty, &v, ne0)
+                    convert::encode_rows(ty, &v, ne0)
                 }
             }
         })
@@ -709,28 +709,7 @@ impl SplitStore {
         }
         let mut raw = vec![0u8; t.nbytes()];
         self.get_tensor(ctx, id, 0, &mut raw)?;
-        let ne = t.ne.map(|x| x.max(0) as usize);
-        let mut out = Vec::with_capacity(t.nelements() as usize);
-        let mut row = vec![0f32; ne[0]];
-        let (rb, ts) = (t.row_bytes(), t.ty.type_size());
-        let bad = || Error::Split { detail: format!("get_f32 of {:?}: bytes outside the tensor", t.name) };
-        for i3 in 0..ne[3] {
-            for i2 in 0..ne[2] {
-                for i1 in 0..ne[1] {
-                    let base = i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
-                    if t.ty.is_quantized() || t.nb[0] == ts {
-                        decode_f32_run(t.ty, raw.get(base..base + rb).ok_or_else(bad)?, &mut row)?;
-                    } else {
-                        for (i0, r) in row.iter_mut().enumerate() {
-                            let o = base + i0 * t.nb[0];
-                            decode_f32_run(t.ty, raw.get(o..o + ts).ok_or_else(bad)?, std::slice::from_mut(r))?;
-                        }
-                    }
-                    out.extend_from_slice(&row);
-                }
-            }
-        }
-        Ok(out)
+        convert::read_elements(t, &raw)
     }
 
     /// Writes the whole of I32 tensor `id` from `values` in logical element
@@ -948,84 +927,4 @@ fn write_zeros(p: &mut Arc<Part>) -> Result<()> {
         None => Part::zeros(p.len),
     };
     Ok(())
-}
-
-/// `values` as bytes of `ty` in rows of `ne0` elements: F32, F16, BF16 and
-/// the block-quantized types through ggml's reference conversion
-/// ([`crate::tensor::quant::quantize_chunk`]), F64 widened.
-///
-/// # Errors
-/// [`Error::UnsupportedType`] for integer types; [`Error::DataMismatch`] if
-/// `values` is not whole rows of whole blocks.
-pub(crate) fn encode_f32_rows(ty: GgmlType, values: &[f32], ne0: usize) -> Result<Vec<u8>> {
-    if ty == GgmlType::F64 {
-        return Ok(values.iter().flat_map(|&x| f64::from(x).to_le_bytes()).collect());
-    }
-    if !(ty.is_float() || ty.is_quantized()) {
-        return Err(Error::unsupported_type(ty, "no conversion from f32"));
-    }
-    if values.is_empty() {
-        return Ok(Vec::new());
-    }
-    if ne0 == 0 || values.len() % ne0 != 0 {
-        return Err(Error::DataMismatch {
-            name: String::new(),
-            detail: format!("{} values are not whole rows of {ne0}", values.len()),
-        });
-    }
-    let nrows = values.len() / ne0;
-    let mut out = vec![0u8; ty.row_size(ne0 as i64)? * nrows];
-    crate::tensor::quant::quantize_chunk(ty, values, &mut out, nrows, ne0)?;
-    Ok(out)
-}
-
-/// Decodes a packed run of `ty` (whole blocks for block-quantized types)
-/// into `out`: ggml's `dequantize_row_*` ([`crate::tensor::quant::dequantize_row`]),
-/// F64 narrowed.
-///
-/// # Errors
-/// [`Error::UnsupportedType`] for integer types; [`Error::DataMismatch`] on
-/// a length that does not match `out`.
-pub(crate) fn decode_f32_run(ty: GgmlType, raw: &[u8], out: &mut [f32]) -> Result<()> {
-    if ty == GgmlType::F64 {
-        if raw.len() != out.len() * 8 {
-            return Err(Error::DataMismatch {
-                name: String::new(),
-                detail: format!("{} bytes for {} f64 values", raw.len(), out.len()),
-            });
-        }
-        for (o, c) in out.iter_mut().zip(raw.chunks_exact(8)) {
-            *o = f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32;
-        }
-        return Ok(());
-    }
-    crate::tensor::quant::dequantize_row(ty, raw, out)
-}
-
-/// The f32 values of a contiguous tensor of type `ty` and shape `ne` held
-/// in `bytes` (a run's output), in ggml order. `what` names it in errors.
-///
-/// # Errors
-/// [`Error::UnsupportedType`] for integer types; [`Error::DataMismatch`] if
-/// `bytes` is not the tensor's size.
-pub(crate) fn decode_f32_contiguous(ty: GgmlType, ne: [i64; 4], bytes: &[u8], what: &str) -> Result<Vec<f32>> {
-    if !(ty.is_float() || ty.is_quantized()) {
-        return Err(Error::unsupported_type(ty, format!("{what}: not a float or quantized tensor (read it as i32)")));
-    }
-    let ne = ne.map(|x| x.max(0) as usize);
-    let rows = ne[1] * ne[2] * ne[3];
-    let rs = ty.row_size(ne[0] as i64)?;
-    if bytes.len() != rs * rows {
-        return Err(Error::DataMismatch {
-            name: what.to_string(),
-            detail: format!("{} bytes for {ty} {ne:?}, which needs {}", bytes.len(), rs * rows),
-        });
-    }
-    let mut out = vec![0f32; ne[0] * rows];
-    if ne[0] > 0 {
-        for (o, r) in out.chunks_exact_mut(ne[0]).zip(bytes.chunks_exact(rs.max(1))) {
-            decode_f32_run(ty, r, o)?;
-        }
-    }
-    Ok(out)
 }

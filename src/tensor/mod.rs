@@ -7,6 +7,7 @@
 //! A [`Tensor`] is a descriptor in a [`crate::Context`] arena, addressed by a
 //! [`TensorId`]. Its data lives in a backend buffer.
 
+pub(crate) mod convert;
 pub mod quant;
 mod types;
 

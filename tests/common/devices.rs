@@ -50,8 +50,8 @@ pub fn kind() -> String {
 /// set-up error, reported as such).
 pub fn executor(n: usize) -> MetaExecutor {
     match kind().as_str() {
-        "cpu" => MetaExecutor::new(n, 1).expect("CPU devices"),
-        "cpu-data" => MetaExecutor::new(n, 1).expect("CPU devices"),
+        "cpu" => Devices::cpu(n, 1).and_then(|d| d.executor()).expect("CPU devices"),
+        "cpu-data" => Devices::cpu(n, 1).and_then(|d| d.executor()).expect("CPU devices"),
         #[cfg(feature = "cuda")]
         "cuda" => {
             use shardgraph::backend::cuda::CudaBackend;
@@ -124,6 +124,7 @@ fn gpu_executor(
         }
         (Err(e), None) => panic!("SHARDGRAPH_TEST_DEVICES={kind} but no GPU: {e}"),
     };
-    MetaExecutor::with_backends(devs.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect())
+    Devices::from_backends(devs.into_iter().map(|b| Arc::new(b) as Arc<dyn Backend>).collect())
+        .and_then(|d| d.executor())
         .unwrap_or_else(|e| panic!("{kind} devices: {e}"))
 }

@@ -1,7 +1,17 @@
 //! Split rules of the attention family (`ops/attn.rs`): `flash_attn_ext`.
 
 use super::{Candidate, Node};
+use crate::ops::{ops_outside, Op};
 use crate::split::state::{AxisSplit, SplitState};
+
+/// The candidates of an attention-family node (the replicated one is added by the caller).
+pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
+    match &x.t.op {
+        Op::FlashAttnExt { .. } => flash_attn_ext(x, out),
+        // Not an attention op: `Op::family` routes none here.
+        ops_outside!(attn) => {}
+    }
+}
 
 /// The candidates of a `flash_attn_ext` node (q `[d, n_q, n_head, n_seq]`,
 /// k/v `[d, n_kv, n_head_kv, n_seq]`, mask `[n_kv, n_q, …]`, sinks
@@ -9,7 +19,7 @@ use crate::split::state::{AxisSplit, SplitState};
 /// or sequences split (K/V whole or split by sequence alike), or heads
 /// split with K/V split by whole GQA groups (not with ALiBi, whose slopes
 /// depend on the global head index).
-pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
+fn flash_attn_ext(x: &Node, out: &mut Vec<Candidate>) {
     let (t, src, cur) = (x.t, &x.src, x.cur);
     let (q, k) = (src[0], src[1]);
     let m = SplitState::Mirrored;

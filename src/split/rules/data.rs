@@ -5,13 +5,12 @@
 //! partial sum (each device looks up the rows it holds).
 
 use super::{keep_unary, Candidate, Node};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::split::state::{AxisSplit, SplitState};
 use crate::tensor::{GgmlType, Tensor};
 
 /// The candidates of a data-family node (the replicated one is added by the caller).
 pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
-    let p = SplitState::partial();
     match &x.t.op {
         Op::Cont | Op::Dup => {
             keep_unary(x, out);
@@ -29,31 +28,29 @@ pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
         Op::View => view(x, out),
         Op::Concat { dim } => concat(x, *dim, out),
         Op::GetRows => get_rows(x, out),
-        Op::Permute { .. } | Op::Transpose | Op::Reshape | Op::Repeat => {
-            let axis_map = |s: &AxisSplit| -> Option<AxisSplit> {
-                let mut o = s.clone();
-                match &x.t.op {
-                    Op::Permute { axes } => o.axis = axes[s.axis],
-                    Op::Transpose => o.axis = [1, 0, 2, 3][s.axis],
-                    Op::Reshape => return reshape_split(s, &x.src[0].ne, &x.t.ne),
-                    // Tiling along other axes keeps a split of an axis that is not repeated.
-                    _ => return (x.t.ne[s.axis] == x.src[0].ne[s.axis]).then_some(o),
-                }
-                Some(o)
-            };
-            if let SplitState::Split(s) = &x.cur[0] {
-                if let Some(o) = axis_map(s) {
-                    out.push(Candidate::new(vec![x.cur[0].clone()], SplitState::Split(o)));
-                }
-            }
-            if x.cur[0] == p {
-                out.push(Candidate::new(vec![p.clone()], p));
-            }
-        }
+        Op::Permute { axes } => keep_mapped(x, out, |s| Some(AxisSplit { axis: axes[s.axis], ..s.clone() })),
+        Op::Transpose => keep_mapped(x, out, |s| Some(AxisSplit { axis: [1, 0, 2, 3][s.axis], ..s.clone() })),
+        Op::Reshape => keep_mapped(x, out, |s| reshape_split(s, &x.src[0].ne, &x.t.ne)),
+        // Tiling along other axes keeps a split of an axis that is not repeated.
+        Op::Repeat => keep_mapped(x, out, |s| (x.t.ne[s.axis] == x.src[0].ne[s.axis]).then(|| s.clone())),
         // A `cpy` between shapes that differ, `pad` and leafs: replicated only.
         Op::Cpy | Op::Pad { .. } | Op::None => {}
         // Not a data op: `Op::family` routes none here.
-        _ => {}
+        ops_outside!(data) => {}
+    }
+}
+
+/// Shape ops and `repeat`: a split is kept where `axis_map` maps it onto
+/// an axis split of the result; a partial sum stays partial.
+fn keep_mapped(x: &Node, out: &mut Vec<Candidate>, axis_map: impl Fn(&AxisSplit) -> Option<AxisSplit>) {
+    if let SplitState::Split(s) = &x.cur[0] {
+        if let Some(o) = axis_map(s) {
+            out.push(Candidate::new(vec![x.cur[0].clone()], SplitState::Split(o)));
+        }
+    }
+    let p = SplitState::partial();
+    if x.cur[0] == p {
+        out.push(Candidate::new(vec![p.clone()], p));
     }
 }
 

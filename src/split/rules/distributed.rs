@@ -5,6 +5,13 @@
 //! built them by hand, and then they run replicated.
 
 use super::{Candidate, Node};
+use crate::ops::{ops_outside, Op};
 
 /// No candidate besides the replicated one the caller adds.
-pub(super) fn candidates(_x: &Node, _out: &mut [Candidate]) {}
+pub(super) fn candidates(x: &Node, _out: &mut [Candidate]) {
+    match &x.t.op {
+        Op::Exchange | Op::RowStats { .. } | Op::RowFinish { .. } | Op::GetRowsPart { .. } | Op::AddN => {}
+        // Not a distributed op: `Op::family` routes none here.
+        ops_outside!(distributed) => {}
+    }
+}

@@ -2,7 +2,7 @@
 //! functions, `scale`, `clamp`, `fill`, the binary arithmetic and the GLUs.
 
 use super::{keep_unary, Candidate, Node};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::split::state::SplitState;
 
 /// The candidates of an element-wise node (the replicated one is added by the caller).
@@ -21,7 +21,7 @@ pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
         // `add1`: replicated only (a scalar added to every element).
         Op::Add1 => {}
         // Not an element-wise op: `Op::family` routes none here.
-        _ => {}
+        ops_outside!(elementwise) => {}
     }
 }
 

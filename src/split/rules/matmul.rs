@@ -2,7 +2,7 @@
 //! `mul_mat_id` and `add_id` run replicated.
 
 use super::{Candidate, Node};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::split::state::{AxisSplit, SplitState};
 
 /// The candidates of a matmul-family node (the replicated one is added by the caller).
@@ -12,7 +12,7 @@ pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
         // Expert products and their bias: replicated only.
         Op::MulMatId | Op::AddId => {}
         // Not a matmul op: `Op::family` routes none here.
-        _ => {}
+        ops_outside!(matmul) => {}
     }
 }
 

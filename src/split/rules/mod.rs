@@ -2,7 +2,9 @@
 //! input must be in and the state the output then has (in the manner of
 //! DTensor's per-op strategy tables). One file per op family (the families
 //! of [`crate::ops::OpFamily`]); [`candidates`] dispatches on the family with
-//! an exhaustive match, so a new family cannot lack a rule file. Every op
+//! an exhaustive match, so a new family cannot lack a rule file, and each
+//! file matches its family's ops one by one (the others through
+//! `ops_outside!`), so a new op cannot lack an arm in its rule. Every op
 //! has the replicated strategy (all inputs mirrored → mirrored), added here
 //! last, so every graph has a plan. Candidates are derived from the inputs'
 //! current states; the planner prices the conversions and picks the
@@ -94,7 +96,14 @@ pub(crate) fn holds_packed(p: &Tensor) -> bool {
 pub(crate) fn packed_view(ctx: &Context, p: &Tensor, t: &Tensor, sp: &AxisSplit) -> Option<PackedView> {
     match p.op.family() {
         OpFamily::Ssm => ssm::packed_view(ctx, p, t, sp),
-        _ => None,
+        OpFamily::Elementwise
+        | OpFamily::Reduce
+        | OpFamily::Norm
+        | OpFamily::Rope
+        | OpFamily::Matmul
+        | OpFamily::Attn
+        | OpFamily::Data
+        | OpFamily::Distributed => None,
     }
 }
 
@@ -111,9 +120,4 @@ fn keep_unary(x: &Node, out: &mut Vec<Candidate>) {
     if x.t.op.is_linear_unary() && x.cur[0] == p && x.src[0].ne == x.t.ne {
         out.push(Candidate::new(vec![p.clone()], p));
     }
-}
-
-/// Bytes of a per-row combine: `bytes_per_row` per row from every device.
-fn row_combine(a: &Tensor, n: usize, bytes_per_row: u64) -> u64 {
-    (a.nrows().max(0) as u64) * bytes_per_row * n as u64
 }

@@ -3,50 +3,49 @@
 //! a local reduction per device and a row combine of the small results
 //! (compiled into `row_stats` + exchange + `row_finish`, `ops/distributed.rs`).
 
-use super::{row_combine, Candidate, Node};
-use crate::ops::Op;
+use super::{Candidate, Node};
+use crate::ops::{ops_outside, Op, RowReduce};
 use crate::split::state::SplitState;
 
 /// The candidates of a reduce node (the replicated one is added by the caller).
 pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
     match &x.t.op {
         Op::Sum => sum(x, out),
-        Op::Argmax => row_reduce(x, out, Some(1), false),
-        Op::TopK { k } => row_reduce(x, out, Some((*k).max(0) as u64), false),
-        Op::SumRows | Op::Mean => row_reduce(x, out, Some(1), true),
-        // A sort needs whole rows: no combine.
-        Op::Argsort { .. } => row_reduce(x, out, None, false),
+        Op::Argmax | Op::TopK { .. } => row_reduce(x, out, false),
+        Op::SumRows | Op::Mean => row_reduce(x, out, true),
+        // A sort needs whole rows: no combine (`RowReduce::of` has none).
+        Op::Argsort { .. } => row_reduce(x, out, false),
         // Not a reduce op: `Op::family` routes none here.
-        _ => {}
+        ops_outside!(reduce) => {}
     }
 }
 
 /// `sum`: a partial sum stays partial; a split sums locally and combines
-/// one F32 per device.
+/// the devices' sums ([`RowReduce::combine_bytes`]).
 fn sum(x: &Node, out: &mut Vec<Candidate>) {
     let p = SplitState::partial();
     if x.cur[0] == p {
         out.push(Candidate::new(vec![p.clone()], p));
     }
-    if let SplitState::Split(_) = &x.cur[0] {
+    if let (SplitState::Split(_), Some(r)) = (&x.cur[0], RowReduce::of(&x.t.op, &x.src)) {
         out.push(Candidate {
-            combine_bytes: Some(4 * x.n as u64),
+            combine_bytes: Some(r.combine_bytes(x.src[0], x.n)),
             ..Candidate::new(vec![x.cur[0].clone()], SplitState::Mirrored)
         });
     }
 }
 
-/// Row reductions: a split row combines `8·k` bytes per row and device
-/// (`k` results per row; `None` for an op with no combine); whole rows on
-/// each device keep the split (`argmax`'s result `[ne1]` takes a split of
-/// rows to axis 0). `linear` ops (`sum_rows`, `mean`) keep a partial sum.
-fn row_reduce(x: &Node, out: &mut Vec<Candidate>, k: Option<u64>, linear: bool) {
+/// Row reductions: a split row combines the statistics
+/// [`RowReduce::of`] gives the op (none for a sort); whole rows on each
+/// device keep the split (`argmax`'s result `[ne1]` takes a split of rows
+/// to axis 0). `linear` ops (`sum_rows`, `mean`) keep a partial sum.
+fn row_reduce(x: &Node, out: &mut Vec<Candidate>, linear: bool) {
     if let SplitState::Split(s) = &x.cur[0] {
-        match k {
-            Some(k) if s.axis == 0 => {
+        match RowReduce::of(&x.t.op, &x.src) {
+            Some(r) if s.axis == 0 => {
                 // Local reduction per device, then combine N small results per row.
                 out.push(Candidate {
-                    combine_bytes: Some(row_combine(x.src[0], x.n, 8 * k)),
+                    combine_bytes: Some(r.combine_bytes(x.src[0], x.n)),
                     ..Candidate::new(vec![x.cur[0].clone()], SplitState::Mirrored)
                 });
             }

@@ -1,7 +1,7 @@
 //! Split rules of the rope family (`ops/rope.rs`).
 
 use super::{Candidate, Node};
-use crate::ops::{Op, RopeMode};
+use crate::ops::{ops_outside, Op, RopeMode, RopeParams};
 use crate::split::state::{AxisSplit, SplitState};
 
 /// The candidates of a rope node (the replicated one is added by the
@@ -10,7 +10,15 @@ use crate::split::state::{AxisSplit, SplitState};
 /// multi-section rope, whose positions are 4 per token); rotation is linear
 /// in x, so a partial sum stays partial.
 pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
-    let Op::Rope(rp) = &x.t.op else { return };
+    match &x.t.op {
+        Op::Rope(rp) => rope(x, rp, out),
+        // Not a rope op: `Op::family` routes none here.
+        ops_outside!(rope) => {}
+    }
+}
+
+/// `rope` with parameters `rp` (see [`candidates`]).
+fn rope(x: &Node, rp: &RopeParams, out: &mut Vec<Candidate>) {
     let m = SplitState::Mirrored;
     let rest = vec![m.clone(); x.src.len().saturating_sub(2)];
     let with_rest = |a: SplitState, b: SplitState| {

@@ -4,7 +4,7 @@
 
 use super::{Candidate, Node};
 use crate::graph::Context;
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::split::state::{AxisSplit, SplitState};
 use crate::tensor::Tensor;
 
@@ -14,7 +14,7 @@ pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
         Op::SsmConv => ssm_conv(x, out),
         Op::GatedDeltaNet { .. } => gated_delta_net(x, out),
         // Not an ssm op: `Op::family` routes none here.
-        _ => {}
+        ops_outside!(ssm) => {}
     }
 }
 

@@ -39,7 +39,7 @@ pub(crate) mod vec;
 
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::quant::{self, VecDotFn};
 use crate::tensor::GgmlType;
 use half::{bf16, slice::HalfFloatSliceExt};
@@ -61,7 +61,8 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
         Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
             flash_attn_ext(op, dst, src, Params { scale, max_bias, logit_softcap })
         }
-        _ => Err(unsupported(op, dst, src)),
+        // Not an attention op: `kernels::compute` routes none here.
+        ops_outside!(attn) => Err(unsupported(op, dst, src)),
     }
 }
 

@@ -16,7 +16,7 @@
 
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::GgmlType;
 use rayon::prelude::*;
 
@@ -30,7 +30,11 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
         Op::Concat { dim } => concat(dst, s0, src.get(1).ok_or_else(|| unsupported(op, dst, src))?, *dim),
         Op::Repeat => repeat(dst, s0),
         Op::Pad { lp, rp } => pad(dst, s0, lp, rp),
-        _ => Err(unsupported(op, dst, src)),
+        // Leafs and shape-only ops run no kernel (`kernels::compute` takes
+        // them before this file), and no other family is routed here.
+        Op::None | Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose | ops_outside!(data) => {
+            Err(unsupported(op, dst, src))
+        }
     }
 }
 

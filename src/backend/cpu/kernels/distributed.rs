@@ -15,7 +15,7 @@ use super::reduce::{desc_key, top_k_row};
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
 use crate::ops::distributed::{global_pos, local_pos};
-use crate::ops::{Op, RowReduce};
+use crate::ops::{ops_outside, Op, RowReduce};
 use crate::tensor::GgmlType;
 
 /// Runs one op of this family.
@@ -25,7 +25,9 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
         Op::RowFinish { reduce, lens } => row_finish(op, *reduce, lens, dst, src),
         Op::GetRowsPart { ranges, n_rows } => get_rows_part(op, ranges, *n_rows, dst, src),
         Op::AddN => add_n(op, dst, src),
-        _ => Err(unsupported(op, dst, src)),
+        // `exchange` is filled by the executor between local graphs, never
+        // computed; no other family is routed here.
+        Op::Exchange | ops_outside!(distributed) => Err(unsupported(op, dst, src)),
     }
 }
 

@@ -12,7 +12,7 @@
 
 use super::{unsupported, TView};
 use crate::error::Result;
-use crate::ops::{GluOp, Op, UnaryOp};
+use crate::ops::{ops_outside, GluOp, Op, UnaryOp};
 use crate::tensor::GgmlType;
 use half::f16;
 use rayon::prelude::*;
@@ -87,7 +87,8 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
         Op::Unary(u) => unary(op, *u, dst, src),
         Op::Glu { op: g, swapped } => glu(op, *g, *swapped, dst, src),
         Op::Fill { c } => fill(op, *c, dst, src),
-        _ => Err(unsupported(op, dst, src)),
+        // Not an element-wise op: `kernels::compute` routes none here.
+        ops_outside!(elementwise) => Err(unsupported(op, dst, src)),
     }
 }
 

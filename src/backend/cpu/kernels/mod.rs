@@ -1,5 +1,7 @@
 //! CPU kernels, one module per op family (the same families as `crate::ops`).
-//! Each family exposes `compute(op, dst, src)` and `supports(ctx, t)`.
+//! Each family exposes `compute(op, dst, src)`, whose match names every op of
+//! the family (the others through `ops_outside!`, no catch-all), so a new op
+//! does not compile until its family's kernel file says what it does.
 //! Multi-threading: kernels run inside the backend's rayon pool and split
 //! work by destination rows (see `access.rs` for the memory invariants).
 

@@ -10,7 +10,7 @@
 use super::elementwise::{par_rows, transform_rows as rows};
 use super::{unsupported, TView};
 use crate::error::Result;
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 
 #[path = "simd/norm_avx2.rs"]
 pub(super) mod simd;
@@ -55,7 +55,8 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
             })
         }
         Op::SoftMax { scale, max_bias } => soft_max(op, *scale, *max_bias, ops, dst, src, a),
-        _ => Err(unsupported(op, dst, src)),
+        // Not a norm op: `kernels::compute` routes none here.
+        ops_outside!(norm) => Err(unsupported(op, dst, src)),
     }
 }
 

@@ -13,7 +13,7 @@
 use super::elementwise::par_rows;
 use super::{unsupported, TView};
 use crate::error::Result;
-use crate::ops::{Op, SortOrder};
+use crate::ops::{ops_outside, Op, SortOrder};
 use crate::tensor::GgmlType;
 use rayon::prelude::*;
 
@@ -24,11 +24,13 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     };
     match op {
         Op::Sum => sum(op, dst, src, a),
-        Op::SumRows | Op::Mean => row_sums(op, dst, src, a, matches!(op, Op::Mean)),
+        Op::SumRows => row_sums(op, dst, src, a, false),
+        Op::Mean => row_sums(op, dst, src, a, true),
         Op::Argmax => argmax(op, dst, src, a),
         Op::TopK { k } => top_k(op, *k, dst, src, a),
         Op::Argsort { order } => argsort(op, *order, dst, src, a),
-        _ => Err(unsupported(op, dst, src)),
+        // Not a reduce op: `kernels::compute` routes none here.
+        ops_outside!(reduce) => Err(unsupported(op, dst, src)),
     }
 }
 

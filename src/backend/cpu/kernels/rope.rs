@@ -11,7 +11,7 @@
 use super::data::{load_f32, store_f32, HalfScratch};
 use super::{unsupported, TView};
 use crate::error::Result;
-use crate::ops::{Op, RopeMode, RopeParams};
+use crate::ops::{ops_outside, Op, RopeMode, RopeParams};
 use rayon::prelude::*;
 use std::f32::consts::PI;
 
@@ -129,9 +129,16 @@ fn fill_cache(cache: &mut [f32], p: &RopeParams, k: &Consts, theta_scale: f32, p
 
 /// Runs one op of this family.
 pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
-    let Op::Rope(p) = op else {
-        return Err(unsupported(op, dst, src));
-    };
+    match op {
+        Op::Rope(p) => rope(op, p, dst, src),
+        // Not a rope op: `kernels::compute` routes none here.
+        ops_outside!(rope) => Err(unsupported(op, dst, src)),
+    }
+}
+
+/// `rope` with parameters `p`: src0 x, src1 positions, optional src2
+/// frequency factors.
+fn rope(op: &Op, p: &RopeParams, dst: &TView, src: &[TView]) -> Result<()> {
     let (Some(a), Some(pos)) = (src.first(), src.get(1)) else {
         return Err(unsupported(op, dst, src));
     };

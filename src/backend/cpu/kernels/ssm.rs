@@ -5,7 +5,7 @@
 use super::attn::vec::VecOps;
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::GgmlType;
 use rayon::prelude::*;
 
@@ -17,7 +17,8 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     match *op {
         Op::SsmConv => ssm_conv(op, dst, src),
         Op::GatedDeltaNet { k_snapshots } => gated_delta_net(op, dst, src, k_snapshots),
-        _ => Err(unsupported(op, dst, src)),
+        // Not an ssm op: `kernels::compute` routes none here.
+        ops_outside!(ssm) => Err(unsupported(op, dst, src)),
     }
 }
 

@@ -8,7 +8,7 @@
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::GgmlType::{self, BF16, F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Threads per block (one block per query row).
@@ -38,7 +38,19 @@ fn kernel(k: GgmlType, v: GgmlType) -> Option<String> {
 }
 
 pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
-    let Op::FlashAttnExt { scale, max_bias, logit_softcap } = *op else { return Ok(false) };
+    match *op {
+        Op::FlashAttnExt { scale, max_bias, logit_softcap } => {
+            flash_attn_ext(cx, [scale, max_bias, logit_softcap], dst, src)
+        }
+        // Not an attention op: `ops::run` routes none here.
+        ops_outside!(attn) => Ok(false),
+    }
+}
+
+/// `flash_attn_ext` with `[scale, max_bias, logit_softcap]`: src0 q, src1
+/// k, src2 v, optional src3 mask and src4 sinks.
+fn flash_attn_ext(cx: &Cx, params: [f32; 3], dst: &T, src: &[T]) -> Result<bool> {
+    let [scale, max_bias, logit_softcap] = params;
     let (Some(q), Some(k), Some(v)) = (src.first(), src.get(1), src.get(2)) else { return Ok(false) };
     let mask = src.get(3);
     let sinks = src.get(4);

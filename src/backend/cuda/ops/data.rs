@@ -19,7 +19,7 @@
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Threads per block of the get_rows launch.
@@ -30,17 +30,29 @@ const B_SET: u32 = 128;
 const B: u32 = 256;
 
 pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
-    // A leaf holds its data and a shape-only op is its source's memory:
-    // nothing to launch, the node is done.
-    if op.is_leaf() || op.is_shape_only() {
-        return Ok(true);
-    }
     match (op, src) {
+        // A leaf holds its data and a shape-only op is its source's memory:
+        // nothing to launch, the node is done.
+        (Op::None | Op::Reshape | Op::View | Op::Permute { .. } | Op::Transpose, _) => Ok(true),
         (Op::GetRows, [a, idx, ..]) => get_rows(cx, dst, a, idx),
         (Op::SetRows, [rows, idx, ..]) => set_rows(cx, dst, rows, idx),
         (Op::Dup | Op::Cont | Op::Cpy, [s, ..]) => cpy(cx, dst, s),
-        (Op::Concat { .. } | Op::Repeat | Op::Pad { .. }, _) => move_elements(cx, op, dst, src),
-        _ => Ok(false),
+        (Op::Concat { dim }, [a, b, ..]) => move_elements(cx, Move::Concat { b, dim: *dim }, dst, a),
+        (Op::Repeat, [a, ..]) => move_elements(cx, Move::Repeat, dst, a),
+        (Op::Pad { lp, rp }, [a, ..]) => move_elements(cx, Move::Pad { lp, rp }, dst, a),
+        // Too few sources; no other family is routed here (`ops::run`).
+        (
+            Op::GetRows
+            | Op::SetRows
+            | Op::Dup
+            | Op::Cont
+            | Op::Cpy
+            | Op::Concat { .. }
+            | Op::Repeat
+            | Op::Pad { .. }
+            | ops_outside!(data),
+            _,
+        ) => Ok(false),
     }
 }
 
@@ -266,9 +278,18 @@ fn move_suffix(t: &T) -> Option<&'static str> {
     }
 }
 
-/// `concat`, `repeat` or `pad` (`kernels-cuda/concat_repeat_pad.cu`).
-fn move_elements(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
-    let Some(a) = src.first() else { return Ok(false) };
+/// What [`move_elements`] does with src0.
+enum Move<'a, 'b> {
+    /// `concat` with src1 `b` along `dim`.
+    Concat { b: &'a T<'b>, dim: usize },
+    /// `repeat` (tiled to the result's shape).
+    Repeat,
+    /// `pad` by `lp` before and `rp` after along each dim.
+    Pad { lp: &'a [i32; 4], rp: &'a [i32; 4] },
+}
+
+/// `concat`, `repeat` or `pad` of src0 `a` (`kernels-cuda/concat_repeat_pad.cu`).
+fn move_elements(cx: &Cx, what: Move, dst: &T, a: &T) -> Result<bool> {
     if a.ty() != dst.ty() {
         return Ok(false);
     }
@@ -277,10 +298,8 @@ fn move_elements(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
     // concat_repeat_pad.cu's row launch over the destination.
     let grid = [cx.blocks(ne[0], B as i64, 1024), cx.blocks(dst.nrows(), 1, 65535), 1];
     let mut args = Vec::with_capacity(32);
-    let name = match op {
-        Op::Concat { dim } => {
-            let Some(b) = src.get(1) else { return Ok(false) };
-            let d = *dim;
+    let name = match what {
+        Move::Concat { b, dim: d } => {
             if d > 3 || b.ty() != dst.ty() {
                 return Ok(false);
             }
@@ -303,7 +322,7 @@ fn move_elements(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
             args.push(KArg::I32(d as i32));
             format!("sg_concat_{sfx}")
         }
-        Op::Repeat => {
+        Move::Repeat => {
             if (0..4).any(|k| ane[k] <= 0 || ne[k] % ane[k] != 0) {
                 return Ok(false);
             }
@@ -311,7 +330,7 @@ fn move_elements(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
             args.extend(dst.ne().into_iter().chain(a.ne()).chain(a.nb()).chain(dst.nb()));
             format!("sg_repeat_{sfx}")
         }
-        Op::Pad { lp, rp } => {
+        Move::Pad { lp, rp } => {
             if (0..4).any(|k| lp[k] < 0 || rp[k] < 0 || ne[k] != ane[k] + i64::from(lp[k]) + i64::from(rp[k])) {
                 return Ok(false);
             }
@@ -324,7 +343,6 @@ fn move_elements(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
             args.push(KArg::I32(0)); // zero padding (not circular)
             format!("sg_pad_{sfx}")
         }
-        _ => return Ok(false),
     };
     cx.launch(&name, grid, [B, 1, 1], &args)?;
     Ok(true)

@@ -7,7 +7,7 @@
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::{Op, RowReduce};
+use crate::ops::{ops_outside, Op, RowReduce};
 use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64};
 
 const B: u32 = 256;
@@ -19,8 +19,8 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
         Op::GetRowsPart { ranges, n_rows } => get_rows_part(cx, ranges, *n_rows, dst, src),
         Op::AddN => add_n(cx, dst, src),
         // `exchange`: the executor fills it between local graphs; a backend
-        // never runs it.
-        _ => Ok(false),
+        // never runs it. No other family is routed here (`ops::run`).
+        Op::Exchange | ops_outside!(distributed) => Ok(false),
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::{GluOp, Op, UnaryOp};
+use crate::ops::{ops_outside, GluOp, Op, UnaryOp};
 use crate::tensor::GgmlType::{self, BF16, F16, F32, Q4_0, Q8_0};
 
 const B: u32 = 256;
@@ -52,103 +52,109 @@ fn pair_suffix(a: GgmlType, b: GgmlType) -> Option<&'static str> {
     }
 }
 
-/// Unary ops with a BF16 kernel (`sg_<op>_bf16`): every one the graph
-/// takes on BF16 (gelu, gelu_quick and silu are F32/F16 only, as in ggml).
-fn has_bf16(op: &Op) -> bool {
+/// Unary functions with a BF16 kernel (`sg_<op>_bf16`): every one the
+/// graph takes on BF16 (gelu, gelu_quick and silu are F32/F16 only, as in
+/// ggml).
+fn unary_has_bf16(u: UnaryOp) -> bool {
     use UnaryOp::*;
-    match op {
-        Op::Sqr | Op::Sqrt => true,
-        Op::Unary(u) => matches!(u, Neg | Abs | Exp | Relu | Sigmoid | Tanh | Softplus),
-        _ => false,
-    }
+    matches!(u, Neg | Abs | Exp | Relu | Sigmoid | Tanh | Softplus)
+}
+
+/// True if src0 is a Q8_0 / Q4_0 tensor (`add` and `add1` by [`add_quant`]).
+fn quant_src0(src: &[T]) -> bool {
+    src.first().is_some_and(|a| matches!(a.ty(), Q8_0 | Q4_0))
 }
 
 pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
     match op {
-        Op::Add1 if src.first().is_some_and(|a| matches!(a.ty(), Q8_0 | Q4_0)) => add_quant(cx, dst, src),
-        Op::Add if src.first().is_some_and(|a| matches!(a.ty(), Q8_0 | Q4_0)) => add_quant(cx, dst, src),
-        Op::Add | Op::Sub | Op::Mul | Op::Div => {
-            let (Some(a), Some(b)) = (src.first(), src.get(1)) else { return Ok(false) };
-            let Some(pair) = pair_suffix(a.ty(), b.ty()) else { return Ok(false) };
-            if dst.ty() != a.ty() || a.t.ne != dst.t.ne {
-                return Ok(false);
-            }
-            if (0..4).any(|k| b.t.ne[k] <= 0 || a.t.ne[k] % b.t.ne[k] != 0) {
-                return Ok(false);
-            }
-            let base = match op {
-                Op::Add => "add",
-                Op::Sub => "sub",
-                Op::Mul => "mul",
-                _ => "div",
+        Op::Add1 | Op::Add if quant_src0(src) => add_quant(cx, dst, src),
+        Op::Add | Op::Sub | Op::Mul | Op::Div => binary(cx, op.name(), dst, src),
+        Op::Add1 => add1(cx, dst, src),
+        Op::Unary(u) => {
+            let base = match (u, dst.ty()) {
+                // ggml's CPU evaluates these through its F16 tables.
+                (UnaryOp::Gelu, F32) => "gelu_lut",
+                (UnaryOp::GeluQuick, F32) => "gelu_quick_lut",
+                (u, _) => u.name(),
             };
-            let name = if pair == "f32_f32" { format!("sg_{base}_f32") } else { format!("sg_{base}_{pair}") };
-            let args = binary_args(a, b, dst);
-            cx.launch(&name, row_grid(cx, dst), [B, 1, 1], &args)?;
-            Ok(true)
+            map(cx, base, unary_has_bf16(*u), vec![], dst, src)
         }
-        Op::Add1 => {
-            let (Some(a), Some(b)) = (src.first(), src.get(1)) else { return Ok(false) };
-            let Some(pair) = pair_suffix(a.ty(), b.ty()) else { return Ok(false) };
-            if dst.ty() != a.ty() || a.t.ne != dst.t.ne || b.nelements() != 1 {
-                return Ok(false);
-            }
-            let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
-            args.extend(dst.ne());
-            args.extend(a.nb());
-            args.extend(dst.nb());
-            cx.launch(&format!("sg_add1_{pair}"), row_grid(cx, dst), [B, 1, 1], &args)?;
-            Ok(true)
-        }
-        Op::Unary(_) | Op::Sqr | Op::Sqrt | Op::Scale { .. } | Op::Clamp { .. } => {
-            let Some(s) = src.first() else { return Ok(false) };
-            if s.ty() != dst.ty() || s.t.ne != dst.t.ne {
-                return Ok(false);
-            }
-            let sfx = match dst.ty() {
-                BF16 if has_bf16(op) => "bf16",
-                t => match suffix(t) {
-                    Some(x) => x,
-                    None => return Ok(false),
-                },
-            };
-            let (base, extra): (&str, Vec<super::KArg>) = match op {
-                Op::Unary(u) => (
-                    match (u, dst.ty()) {
-                        // ggml's CPU evaluates these through its F16 tables.
-                        (UnaryOp::Gelu, F32) => "gelu_lut",
-                        (UnaryOp::GeluQuick, F32) => "gelu_quick_lut",
-                        (u, _) => u.name(),
-                    },
-                    vec![],
-                ),
-                Op::Sqr => ("sqr", vec![]),
-                Op::Sqrt => ("sqrt", vec![]),
-                Op::Scale { s, b } if dst.ty() == F32 => ("scale", vec![super::KArg::F32(*s), super::KArg::F32(*b)]),
-                Op::Clamp { min, max } => ("clamp", vec![super::KArg::F32(*min), super::KArg::F32(*max)]),
-                _ => return Ok(false),
-            };
-            let name = format!("sg_{base}_{sfx}");
-            let mut args = vec![s.ptr(), dst.ptr()];
-            args.extend(dst.ne());
-            args.extend(s.nb());
-            args.extend(dst.nb());
-            args.extend(extra);
-            cx.launch(&name, row_grid(cx, dst), [B, 1, 1], &args)?;
-            Ok(true)
-        }
+        Op::Sqr => map(cx, "sqr", true, vec![], dst, src),
+        Op::Sqrt => map(cx, "sqrt", true, vec![], dst, src),
+        Op::Scale { s, b } if dst.ty() == F32 => map(cx, "scale", false, vec![KArg::F32(*s), KArg::F32(*b)], dst, src),
+        // `scale` of F16: the host runs it.
+        Op::Scale { .. } => Ok(false),
+        Op::Clamp { min, max } => map(cx, "clamp", false, vec![KArg::F32(*min), KArg::F32(*max)], dst, src),
         Op::Fill { c } => {
             let Some(sfx) = suffix(dst.ty()) else { return Ok(false) };
             let mut args = vec![dst.ptr()];
             args.extend(dst.ne());
             args.extend(dst.nb());
-            args.push(super::KArg::F32(*c));
+            args.push(KArg::F32(*c));
             cx.launch(&format!("sg_fill_{sfx}"), row_grid(cx, dst), [B, 1, 1], &args)?;
             Ok(true)
         }
         Op::Glu { op: g, swapped } => glu(cx, *g, *swapped, dst, src),
-        _ => Ok(false),
+        // Not an element-wise op: `ops::run` routes none here.
+        ops_outside!(elementwise) => Ok(false),
     }
+}
+
+/// `add`, `sub`, `mul` or `div` (`base`, the kernel's stem) with src1
+/// broadcast over src0 (`sg_<base>_<pair>`).
+fn binary(cx: &Cx, base: &str, dst: &T, src: &[T]) -> Result<bool> {
+    let (Some(a), Some(b)) = (src.first(), src.get(1)) else { return Ok(false) };
+    let Some(pair) = pair_suffix(a.ty(), b.ty()) else { return Ok(false) };
+    if dst.ty() != a.ty() || a.t.ne != dst.t.ne {
+        return Ok(false);
+    }
+    if (0..4).any(|k| b.t.ne[k] <= 0 || a.t.ne[k] % b.t.ne[k] != 0) {
+        return Ok(false);
+    }
+    let name = if pair == "f32_f32" { format!("sg_{base}_f32") } else { format!("sg_{base}_{pair}") };
+    let args = binary_args(a, b, dst);
+    cx.launch(&name, row_grid(cx, dst), [B, 1, 1], &args)?;
+    Ok(true)
+}
+
+/// `add1`: src0 plus the one value of src1 (`sg_add1_<pair>`).
+fn add1(cx: &Cx, dst: &T, src: &[T]) -> Result<bool> {
+    let (Some(a), Some(b)) = (src.first(), src.get(1)) else { return Ok(false) };
+    let Some(pair) = pair_suffix(a.ty(), b.ty()) else { return Ok(false) };
+    if dst.ty() != a.ty() || a.t.ne != dst.t.ne || b.nelements() != 1 {
+        return Ok(false);
+    }
+    let mut args = vec![a.ptr(), b.ptr(), dst.ptr()];
+    args.extend(dst.ne());
+    args.extend(a.nb());
+    args.extend(dst.nb());
+    cx.launch(&format!("sg_add1_{pair}"), row_grid(cx, dst), [B, 1, 1], &args)?;
+    Ok(true)
+}
+
+/// A one-source element-wise kernel `sg_<base>_<type>` (unary functions,
+/// `sqr`, `sqrt`, `scale`, `clamp`) of src0's type and shape, `extra`
+/// arguments after the strides; `bf16`: the kernel exists for BF16.
+fn map(cx: &Cx, base: &str, bf16: bool, extra: Vec<KArg>, dst: &T, src: &[T]) -> Result<bool> {
+    let Some(s) = src.first() else { return Ok(false) };
+    if s.ty() != dst.ty() || s.t.ne != dst.t.ne {
+        return Ok(false);
+    }
+    let sfx = match dst.ty() {
+        BF16 if bf16 => "bf16",
+        t => match suffix(t) {
+            Some(x) => x,
+            None => return Ok(false),
+        },
+    };
+    let name = format!("sg_{base}_{sfx}");
+    let mut args = vec![s.ptr(), dst.ptr()];
+    args.extend(dst.ne());
+    args.extend(s.nb());
+    args.extend(dst.nb());
+    args.extend(extra);
+    cx.launch(&name, row_grid(cx, dst), [B, 1, 1], &args)?;
+    Ok(true)
 }
 
 /// `add` / `add1` of a Q8_0 / Q4_0 src0 (and dst) and an F32 src1: blocks

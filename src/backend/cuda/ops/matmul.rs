@@ -24,7 +24,7 @@
 use super::super::api::Gemm;
 use super::{Cx, KArg, T};
 use crate::error::{Error, Result};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
 
 /// Most activation columns for which `mul_mat` uses the matrix-vector kernels.
@@ -70,7 +70,8 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
         }
         (Op::MulMatId, [a, b, ids, ..]) => mul_mat_id(cx, dst, a, b, ids),
         (Op::AddId, [a, b, ids, ..]) => add_id(cx, dst, a, b, ids),
-        _ => Ok(false),
+        // Too few sources; no other family is routed here (`ops::run`).
+        (Op::MulMat | Op::MulMatId | Op::AddId | ops_outside!(matmul), _) => Ok(false),
     }
 }
 

@@ -2,8 +2,10 @@
 //! node, with which launch shape and arguments. One file per op family
 //! ([`OpFamily`], the same names as `ops/<family>.rs` and the CPU kernels);
 //! [`run`] dispatches on [`Op::family`] with an exhaustive match. Each
-//! family's `run` returns `Ok(false)` for a node it has no kernel for (the
-//! backend then computes it on the host), and `Ok(true)` once launched.
+//! family's `run` matches every op of its family (the others through
+//! `ops_outside!`, no catch-all) and returns `Ok(false)` for a node it has
+//! no kernel for (the backend then computes it on the host), and
+//! `Ok(true)` once launched.
 //!
 //! The `.cu` files are not split by family; where each family's kernels
 //! live ([`kernel_files`], which `kernels-cuda/README.md` repeats):

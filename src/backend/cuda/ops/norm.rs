@@ -8,7 +8,7 @@
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::GgmlType::{F16, F32};
 
 const B: u32 = 256;
@@ -22,7 +22,8 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
             let Some(a) = src.first() else { return Ok(false) };
             return soft_max(cx, *scale, *max_bias, dst, a, src.get(1), src.get(2));
         }
-        _ => return Ok(false),
+        // Not a norm op: `ops::run` routes none here.
+        ops_outside!(norm) => return Ok(false),
     };
     let Some(s) = src.first() else { return Ok(false) };
     if s.ty() != F32 || dst.ty() != F32 || s.t.ne != dst.t.ne {

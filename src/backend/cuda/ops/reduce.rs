@@ -7,7 +7,7 @@
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::{Op, SortOrder};
+use crate::ops::{ops_outside, Op, SortOrder};
 use crate::tensor::GgmlType::{BF16, F16, F32, I32};
 
 const B: u32 = 256;
@@ -16,11 +16,13 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
     let Some(a) = src.first() else { return Ok(false) };
     match op {
         Op::Sum => sum(cx, dst, a),
-        Op::SumRows | Op::Mean => sum_rows(cx, op, dst, a),
+        Op::SumRows => sum_rows(cx, "sg_sum_rows_f32", dst, a),
+        Op::Mean => sum_rows(cx, "sg_mean_f32", dst, a),
         Op::Argsort { order } => argsort(cx, *order, dst, a),
         Op::Argmax => argmax(cx, dst, a),
         Op::TopK { k } => top_k(cx, i64::from(*k), dst, a),
-        _ => Ok(false),
+        // Not a reduce op: `ops::run` routes none here.
+        ops_outside!(reduce) => Ok(false),
     }
 }
 
@@ -53,13 +55,13 @@ fn sum(cx: &Cx, dst: &T, a: &T) -> Result<bool> {
     Ok(true)
 }
 
-fn sum_rows(cx: &Cx, op: &Op, dst: &T, a: &T) -> Result<bool> {
+/// `sum_rows` or `mean` (kernel `name`) of an F32 src0.
+fn sum_rows(cx: &Cx, name: &str, dst: &T, a: &T) -> Result<bool> {
     if a.ty() != F32 || dst.ty() != F32 || dst.t.ne != [1, a.t.ne[1], a.t.ne[2], a.t.ne[3]] {
         return Ok(false);
     }
     let mut args = head_args(a, dst);
     args.extend(dst.nb());
-    let name = if *op == Op::Mean { "sg_mean_f32" } else { "sg_sum_rows_f32" };
     cx.launch(name, grid(cx, a.nrows()), [B, 1, 1], &args)?;
     Ok(true)
 }

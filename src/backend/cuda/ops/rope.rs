@@ -4,7 +4,7 @@
 use super::{Cx, KArg, T};
 use crate::backend::cpu::kernels::rope::corr_dims;
 use crate::error::Result;
-use crate::ops::{Op, RopeMode};
+use crate::ops::{ops_outside, Op, RopeMode, RopeParams};
 use crate::tensor::GgmlType::{F16, F32, I32};
 
 /// Threads per block (one block per token).
@@ -13,7 +13,16 @@ const B: u32 = 128;
 const MAX_DIMS: i32 = 1024;
 
 pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
-    let Op::Rope(p) = op else { return Ok(false) };
+    match op {
+        Op::Rope(p) => rope(cx, p, dst, src),
+        // Not a rope op: `ops::run` routes none here.
+        ops_outside!(rope) => Ok(false),
+    }
+}
+
+/// `rope` with parameters `p`: src0 x, src1 positions, optional src2
+/// frequency factors.
+fn rope(cx: &Cx, p: &RopeParams, dst: &T, src: &[T]) -> Result<bool> {
     let (Some(a), Some(pos)) = (src.first(), src.get(1)) else { return Ok(false) };
     let ff = src.get(2);
     let name = match (a.ty(), dst.ty()) {

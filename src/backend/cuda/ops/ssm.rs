@@ -4,7 +4,7 @@
 
 use super::{Cx, KArg, T};
 use crate::error::Result;
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::GgmlType::F32;
 
 /// Threads per block of `ssm_conv`.
@@ -16,7 +16,8 @@ pub(super) fn run(cx: &Cx, op: &Op, dst: &T, src: &[T]) -> Result<bool> {
     match *op {
         Op::SsmConv => ssm_conv(cx, dst, src),
         Op::GatedDeltaNet { k_snapshots } => gated_delta_net(cx, dst, src, k_snapshots),
-        _ => Ok(false),
+        // Not an ssm op: `ops::run` routes none here.
+        ops_outside!(ssm) => Ok(false),
     }
 }
 

@@ -38,7 +38,7 @@ mod packed;
 
 use super::{unsupported, TView};
 use crate::error::{Error, Result};
-use crate::ops::Op;
+use crate::ops::{ops_outside, Op};
 use crate::tensor::{quant, GgmlType};
 use acts::{ActKind, Acts, SrcRow};
 use kern::{Fmt, Isa, KernFn, Tile, MR, NR};
@@ -51,7 +51,8 @@ pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
         (Op::MulMat, [a, b, ..]) => mul_mat(dst, a, b).map_err(|e| annotate(e, op, dst, src)),
         (Op::MulMatId, [a, b, ids, ..]) => mul_mat_id(dst, a, b, ids).map_err(|e| annotate(e, op, dst, src)),
         (Op::AddId, [a, b, ids, ..]) => add_id(dst, a, b, ids).map_err(|e| annotate(e, op, dst, src)),
-        _ => Err(unsupported(op, dst, src)),
+        // Too few sources; no other family is routed here (`kernels::compute`).
+        (Op::MulMat | Op::MulMatId | Op::AddId | ops_outside!(matmul), _) => Err(unsupported(op, dst, src)),
     }
 }
 

@@ -1,0 +1,47 @@
+//! Write semantics: what a write through a view (`cpy`, `set_rows`, the
+//! ops [`crate::ops::Op::writes_through_view`] names) does to the tensor
+//! whose storage it writes. The planner (the states it walks and prices),
+//! the lowering (which nodes are a [`Step::Write`](super::Step::Write)) and
+//! the compiler ask here, so they agree on which copies write storage and
+//! what state the written owner is in afterwards.
+
+use super::state::SplitState;
+use crate::graph::Context;
+use crate::ops::Op;
+use crate::tensor::{contiguous_strides, Tensor, TensorId};
+
+/// True if view-like node `t` covers all of its owner's bytes contiguously
+/// (the owner is then replaced by what a write through `t` produced).
+pub(crate) fn covers_owner(ctx: &Context, t: &Tensor) -> bool {
+    let Some(o) = t.view_src else { return false };
+    let ot = ctx.t(o);
+    t.view_offs == 0 && t.ty == ot.ty && t.nb == contiguous_strides(t.ty, &t.ne) && t.nbytes() == ot.nbytes()
+}
+
+/// The state the owner of write node `t` is in after the write, given the
+/// write's output state: the output's own state when the write covers the
+/// owner with the same shape; mirrored otherwise.
+pub(crate) fn owner_state_after_write(ctx: &Context, t: &Tensor, out: &SplitState) -> SplitState {
+    let Some(o) = t.view_src else { return SplitState::Mirrored };
+    let ot = ctx.t(o);
+    if !covers_owner(ctx, t) {
+        return SplitState::Mirrored;
+    }
+    match out {
+        SplitState::Split(s) if ot.ne != t.ne => {
+            super::rules::reshape_split(s, &t.ne, &ot.ne).map(SplitState::Split).unwrap_or(SplitState::Mirrored)
+        }
+        s => s.clone(),
+    }
+}
+
+/// True if `cpy` node `node` writes a scratch destination (the leaf
+/// [`Context::cast`] makes, flagged [`crate::tensor::TensorFlags::scratch`]):
+/// an ordinary node into a fresh intermediate, not a write into storage.
+/// The planner, the lowering and the compiler ask here (the store and the
+/// memory report skip scratch destinations by their flag); every other
+/// `cpy` into a leaf is a [`Step::Write`](super::Step::Write).
+pub(crate) fn scratch_copy(ctx: &Context, node: TensorId) -> bool {
+    let t = ctx.t(node);
+    t.op == Op::Cpy && t.view_src.is_some_and(|o| t.src.get(1) == Some(&o) && ctx.t(o).flags.scratch)
+}
