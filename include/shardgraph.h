@@ -676,6 +676,8 @@ sg_status sg_store_place_leafs(sg_store *store, const sg_context *ctx, const sg_
  * Writes all n elements of t from F32 values in ggml order (ne[0]
  * fastest), converted to t's type: F16/BF16 rounded, block types quantized
  * with ggml's reference quantizers, exactly as one device would hold them.
+ * Errors: SG_ERR_FOREIGN_TENSOR when the store was placed from another
+ * context (as for every sg_store_* call taking a tensor).
  */
 sg_status sg_store_set_f32(sg_store *store, const sg_context *ctx, sg_tensor t, const float *values, size_t n);
 

@@ -118,7 +118,7 @@ fn graphs_built_before_a_truncate_are_errors() {
     let mut store = SplitStore::new(2);
     let rep =
         Devices::cpu(2, 1).and_then(|d| d.executor()).unwrap().execute(&ctx, &g, &plan, &mut store, &[y]).unwrap();
-    assert_eq!(rep.outputs[0].len(), 4 * 3 * 4);
+    assert_eq!(rep.outputs[0].bytes.len(), 4 * 3 * 4);
 }
 
 /// The model-level public functions refuse hyper-parameters that would

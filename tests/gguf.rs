@@ -1375,7 +1375,8 @@ fn load_into_one_device_and_split_devices() {
         .unwrap()
         .execute(ctx, &m.graph, &plan, &mut store, &[m.y])
         .unwrap();
-    let got: Vec<f32> = out.outputs[0].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let got: Vec<f32> =
+        out.outputs[0].bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let e = nmse(&got, &want);
     assert!(e < 1e-10, "3 devices from GGUF: NMSE {e}");
 

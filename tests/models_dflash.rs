@@ -113,12 +113,13 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
         vec![(b.tokens, i32b(&toks)), (b.pos, i32b(&bpos)), (b.mask, mask), (b.kv_idxs, i64b(&[6, 7, 8, 9, 10]))];
     let rep = runner.run(&ctx, &g, &inputs, &outs).unwrap();
     let n = outs.len();
-    let logits = f32s(&rep.outputs[n - 3]);
-    let argmax = rep.outputs[n - 2].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let lattice = if b.lattice.is_some() { f32s(&rep.outputs[n - 4]) } else { vec![] };
+    let logits = f32s(&rep.outputs[n - 3].bytes);
+    let argmax =
+        rep.outputs[n - 2].bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let lattice = if b.lattice.is_some() { f32s(&rep.outputs[n - 4].bytes) } else { vec![] };
     // v1's p_min reads each row's top probability, computed on the devices:
     // it equals 1 / Σ exp(logit − max) of the row.
-    let top_prob = f32s(&rep.outputs[n - 1]);
+    let top_prob = f32s(&rep.outputs[n - 1].bytes);
     for (r, row) in logits.chunks(160).enumerate() {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let want = 1.0 / row.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>();

@@ -248,7 +248,7 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         if specials || aliased {
             continue;
         }
-        let got = rep.outputs;
+        let got: Vec<Vec<u8>> = rep.outputs.into_iter().map(|o| o.bytes).collect();
         for (k, &o) in accepted.iter().enumerate() {
             let t = ctx.tensor(o).unwrap();
             let have: Vec<f64> = match t.ty {

@@ -379,7 +379,7 @@ fn device_side_collectives_equal_one_device() {
         assert!(dev.device_conversions >= 5, "{n} devices: {} device conversions", dev.device_conversions);
         assert_eq!((dev.bytes_moved, dev.unplanned_bytes), (plan.total_bytes(), 0), "{n} devices");
         for (k, (a, b)) in one.outputs.iter().zip(&dev.outputs).enumerate() {
-            let (a, b) = (f32s(a), f32s(b));
+            let (a, b) = (f32s(&a.bytes), f32s(&b.bytes));
             let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             // Partial sums add in another order than one device's dot products.
             assert!(err <= 1e-5, "{n} devices, output {k}: max error {err}");

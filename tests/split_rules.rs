@@ -1251,7 +1251,7 @@ fn run_case(r: &Reference, states: &[SplitState], exec: &MetaExecutor, n: usize)
         ));
     }
     let t = ctx.tensor(r.out).unwrap();
-    let got = &rep.outputs[0];
+    let got = &rep.outputs[0].bytes;
     if let Some(want) = &r.want_i {
         let have: Vec<i32> = got.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
         if have != *want {

@@ -47,7 +47,7 @@ fn run(n: usize, spec: SplitSpec) -> (Vec<u8>, Vec<u8>, bool) {
     let on_devices: u64 = store.device_bytes().iter().sum();
     // Only the cast's destination (48 F16 values per device) stays off the devices.
     let untouched = probe.iter().all(|&b| b == 0) && stored_parts - on_devices == 48 * 2 * n as u64;
-    (stored, rep.outputs[0].clone(), untouched)
+    (stored, rep.outputs[0].bytes.clone(), untouched)
 }
 
 #[test]

@@ -624,7 +624,7 @@ fn kv_cache_written_by_set_rows_saves_and_restores_in_single_device_bytes() {
                 let rep = exec
                     .execute(&ctx, &g, &plan, store, &[w])
                     .unwrap_or_else(|e| panic!("{what}: execute: {e}\n{}", plan.report(&ctx)));
-                rep.outputs[0].clone()
+                rep.outputs[0].bytes.clone()
             };
 
             // Step 1 writes cells 5, 0, 3.
@@ -906,7 +906,7 @@ fn new_weights_reach_the_next_run_of_the_same_executor() {
     for scale in [1.0f32, 2.0, -3.0] {
         let wv: Vec<f32> = (0..48).map(|i| i as f32 * scale).collect();
         store.set_tensor(&ctx, w, 0, &f(&wv)).unwrap();
-        let out = exec.execute(&ctx, &g, &plan, &mut store, &[y]).unwrap().outputs.remove(0);
+        let out = exec.execute(&ctx, &g, &plan, &mut store, &[y]).unwrap().outputs.remove(0).bytes;
         let got: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         let want: Vec<f32> =
             (0..2).flat_map(|_| (0..6).map(|r| (0..8).map(|k| ((r * 8 + k) as f32) * scale).sum::<f32>())).collect();
@@ -947,11 +947,47 @@ fn a_cpy_into_a_stored_cache_nothing_else_reads_is_written_and_clones_keep_their
     exec.execute(&ctx, &g1, &p1, &mut store, &[w]).unwrap();
     let snapshot = store.clone();
     let got = exec.execute(&ctx, &g2, &p2, &mut store, &[y]).unwrap();
-    assert_eq!(got.outputs[0], f32s(&[18.0; 4]));
+    assert_eq!(got.outputs[0].bytes, f32s(&[18.0; 4]));
     let later = exec.execute(&ctx, &g3, &p3, &mut store, &[r]).unwrap();
     let (mut a, mut b) = (vec![0u8; 16], vec![0u8; 16]);
     store.get_tensor(&ctx, cache, 0, &mut a).unwrap();
     snapshot.get_tensor(&ctx, cache, 0, &mut b).unwrap();
     let (old, new) = (f32s(&[1.0, 2.0, 3.0, 4.0]), f32s(&[9.0; 4]));
-    assert_eq!((later.outputs[0].clone(), a, b), (new.clone(), new, old));
+    assert_eq!((later.outputs[0].bytes.clone(), a, b), (new.clone(), new, old));
+}
+
+/// A store placed from one context, asked about a tensor of another: the
+/// error says the tensor is foreign to the store (`Error::ForeignTensor`,
+/// `SG_ERR_FOREIGN_TENSOR` in the C ABI), not that it is not placed; a
+/// tensor of the store's own context that was never placed is still
+/// `Error::Split` "not placed".
+#[test]
+fn a_tensor_of_another_context_is_foreign_to_the_store() {
+    let build = || {
+        let mut ctx = Context::new();
+        let w = named(&mut ctx, F32, &[8, 4], "w");
+        let x = input(&mut ctx, F32, &[8, 2], "x");
+        let y = ctx.mul_mat(w, x).unwrap();
+        let g = ctx.build_forward(&[y]).unwrap();
+        (ctx, w, g)
+    };
+    let (ctx, _, g) = build();
+    let policy = SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("w", SplitSpec::Mirrored);
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+    let mut store = SplitStore::new(2);
+    store.place_leafs(&ctx, &g, &plan).unwrap();
+    let (other, w2, _) = build();
+    let vals = vec![1.0f32; 32];
+    let e = store.set_f32(&other, w2, &vals).unwrap_err();
+    assert!(matches!(e, shardgraph::Error::ForeignTensor { .. }), "set_f32: {e}");
+    let e = store.get_f32(&other, w2).unwrap_err();
+    assert!(matches!(e, shardgraph::Error::ForeignTensor { .. }), "get_f32: {e}");
+    let mut buf = vec![0u8; 4];
+    let e = store.get_tensor(&other, w2, 0, &mut buf).unwrap_err();
+    assert!(matches!(e, shardgraph::Error::ForeignTensor { .. }), "get_tensor: {e}");
+    // The store's own context: an unplaced tensor is "not placed".
+    let mut ctx = ctx;
+    let z = named(&mut ctx, F32, &[8], "z");
+    let e = store.set_f32(&ctx, z, &[0.0; 8]).unwrap_err();
+    assert!(matches!(e, shardgraph::Error::Split { .. }) && e.to_string().contains("not placed"), "{e}");
 }

@@ -176,8 +176,8 @@ fn set_f32_after_a_run_writes_where_the_parts_live() {
             store.set_f32(&ctx, w, &ws).unwrap();
             let rep = exec.execute(&ctx, &graph, &plan, &mut store, &[y, best]).unwrap();
             assert!(store.device_bytes().iter().all(|&b| b > 0), "{ty}: parts on the devices after a run");
-            assert_eq!(rep.output_types, vec![F32, I32]);
-            assert_eq!(rep.output_ne, vec![[m, t, 1, 1], [t, 1, 1, 1]]);
+            assert_eq!(rep.outputs.iter().map(|o| o.ty).collect::<Vec<_>>(), vec![F32, I32]);
+            assert_eq!(rep.outputs.iter().map(|o| o.ne).collect::<Vec<_>>(), vec![[m, t, 1, 1], [t, 1, 1, 1]]);
             // One CPU device with the same values.
             let cpu = CpuBackend::with_threads(1).unwrap();
             let mut one = TensorStorage::new();
@@ -324,7 +324,7 @@ fn run_report_typed_outputs_and_errors() {
     let av: Vec<f32> = vec![0.5, 1.0, -3.0, 2.0, 0.25, 0.0, 7.0, 1.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -7.0, -8.0];
     store.set_f32(&ctx, a, &av).unwrap();
     let rep = exec.execute(&ctx, &graph, &plan, &mut store, &[s, best]).unwrap();
-    assert_eq!(rep.output_types, vec![F16, I32]);
+    assert_eq!(rep.outputs.iter().map(|o| o.ty).collect::<Vec<_>>(), vec![F16, I32]);
     // Exact in f16: doubling.
     assert_eq!(rep.f32(0).unwrap(), av.iter().map(|v| v * 2.0).collect::<Vec<_>>());
     assert_eq!(rep.i32(1).unwrap(), vec![6, 5]);
@@ -332,7 +332,7 @@ fn run_report_typed_outputs_and_errors() {
     assert!(matches!(rep.i32(0), Err(Error::UnsupportedType { ref ty, .. }) if ty == "f16"));
     assert!(matches!(rep.f32(1), Err(Error::UnsupportedType { ref ty, .. }) if ty == "i32"));
     let mut cut = rep.clone();
-    cut.outputs[0].truncate(3);
+    cut.outputs[0].bytes.truncate(3);
     assert!(matches!(cut.f32(0), Err(Error::DataMismatch { .. })));
     assert!(shardgraph::split::RunReport::default().f32(0).is_err());
 }
@@ -396,9 +396,11 @@ fn runner_with_devices_keeps_typed_outputs_aligned() {
     let xb: Vec<u8> = xs.iter().flat_map(|v| v.to_le_bytes()).collect();
     let rep = runner.run(&ctx, &graph, &[(x, xb), (at, 2i32.to_le_bytes().to_vec())], &[write, y, best]).unwrap();
     assert_eq!(rep.outputs.len(), 3);
-    assert!(rep.outputs[0].is_empty(), "a write into a cache is not read back");
-    assert_eq!(rep.output_types, vec![F16, F32, I32]);
-    assert_eq!(rep.output_ne, vec![[8, 4, 1, 1], [8, 1, 1, 1], [1, 1, 1, 1]]);
+    assert!(rep.outputs[0].bytes.is_empty(), "a write into a cache is not read back");
+    assert_eq!(rep.outputs.iter().map(|o| o.id).collect::<Vec<_>>(), vec![write, y, best]);
+    assert_eq!(rep.get(y).map(|o| o.f32().unwrap()), Some(xs.iter().map(|v| v * 2.0).collect::<Vec<_>>()));
+    assert_eq!(rep.outputs.iter().map(|o| o.ty).collect::<Vec<_>>(), vec![F16, F32, I32]);
+    assert_eq!(rep.outputs.iter().map(|o| o.ne).collect::<Vec<_>>(), vec![[8, 4, 1, 1], [8, 1, 1, 1], [1, 1, 1, 1]]);
     assert!(matches!(rep.f32(0), Err(Error::DataMismatch { .. })));
     assert_eq!(rep.f32(1).unwrap(), xs.iter().map(|v| v * 2.0).collect::<Vec<_>>());
     assert_eq!(rep.i32(2).unwrap(), vec![4]);

@@ -571,7 +571,7 @@ impl SgReport {
     /// Output `k`'s bytes and layout.
     fn output(&self, k: usize) -> R<(&[u8], GgmlType, [i64; 4])> {
         match (self.report.outputs.get(k), self.layouts.get(k)) {
-            (Some(b), Some(&(ty, ne))) => Ok((b, ty, ne)),
+            (Some(o), Some(&(ty, ne))) => Ok((&o.bytes, ty, ne)),
             _ => arg(format!("output {k} of a report with {} outputs", self.layouts.len())),
         }
     }

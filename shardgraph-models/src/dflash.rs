@@ -860,12 +860,12 @@ impl<T: DraftHost> Drafter<T> for DflashDrafter {
         let rep = runner.run(ctx, g, &inputs, outs)?;
         let k = b.writes.len();
         if b.lattice.is_some() {
-            let lattice = f32s(&rep.outputs[k]);
+            let lattice = f32s(&rep.outputs[k].bytes);
             let top_k = self.model.selector.map_or(1, |s| s.top_k) as usize;
             return Ok(best_path(&lattice, hp.n_embd as usize, top_k, n, self.p_min));
         }
-        let best = i32s(&rep.outputs[k]);
-        let top_prob: Option<Vec<f32>> = (self.p_min > 0.0).then(|| f32s(&rep.outputs[k + 1]));
+        let best = i32s(&rep.outputs[k].bytes);
+        let top_prob: Option<Vec<f32>> = (self.p_min > 0.0).then(|| f32s(&rep.outputs[k + 1].bytes));
         let mut drafts = Vec::with_capacity(n);
         for (r, &tok) in best.iter().enumerate().take(n + 1).skip(1) {
             if let Some(p) = &top_prob {

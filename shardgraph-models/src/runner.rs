@@ -213,20 +213,18 @@ impl Runner {
         *placed = Some((graph.hash(), ctx.id(), ctx.generation(), store.binding_key()));
         // Aligned with `outputs`: a write into a stored tensor has no bytes,
         // and its own type and shape.
-        let mut got = std::mem::take(&mut rep.outputs)
-            .into_iter()
-            .zip(std::mem::take(&mut rep.output_types))
-            .zip(std::mem::take(&mut rep.output_ne));
+        let mut got = std::mem::take(&mut rep.outputs).into_iter();
         for &o in outputs {
             let t = ctx.tensor(o)?;
-            let ((bytes, ty), ne) = if is_write(&o) {
-                ((Vec::new(), t.ty), t.ne)
-            } else {
-                got.next().unwrap_or(((Vec::new(), t.ty), t.ne))
+            let unread = || shardgraph::split::RunOutput {
+                id: o,
+                name: ctx.display_name(o),
+                ty: t.ty,
+                ne: t.ne,
+                bytes: Vec::new(),
             };
-            rep.outputs.push(bytes);
-            rep.output_types.push(ty);
-            rep.output_ne.push(ne);
+            let out = if is_write(&o) { unread() } else { got.next().unwrap_or_else(unread) };
+            rep.outputs.push(out);
         }
         self.bytes_moved += rep.bytes_moved;
         Ok(rep)

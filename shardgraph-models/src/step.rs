@@ -112,7 +112,7 @@ pub(crate) fn step_output(
     taps: &[(usize, TensorId)],
     logits: Option<TensorId>,
 ) -> StepOutput {
-    let at = |id: TensorId| read.iter().position(|&o| o == id).and_then(|k| rep.outputs.get(k));
+    let at = |id: TensorId| read.iter().position(|&o| o == id).and_then(|k| rep.outputs.get(k)).map(|o| &o.bytes);
     let argmax = at(argmax).map(|b| i32s(b)).unwrap_or_default();
     let taps = taps.iter().map(|&(l, id)| (l, at(id).map(|b| f32s(b)).unwrap_or_default())).collect();
     let logits = logits.and_then(|id| at(id).map(|b| f32s(b)));

@@ -68,17 +68,69 @@ pub struct ExecCounters {
     pub runs: u64,
 }
 
+/// One output of a run: which tensor it is, its type and shape, and its
+/// bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunOutput {
+    /// The tensor read back (an id of the run's context).
+    pub id: TensorId,
+    /// Its name in reports ([`Context::display_name`]: its own name, or its
+    /// op and nearest named source).
+    pub name: String,
+    /// Its type.
+    pub ty: GgmlType,
+    /// Its shape (ggml order, `ne[0]` innermost); `bytes` holds it
+    /// contiguously.
+    pub ne: [i64; 4],
+    /// Its full contiguous bytes in logical element order, exactly what one
+    /// device would hold; empty for a write into a stored tensor that the
+    /// caller did not read back.
+    pub bytes: Vec<u8>,
+}
+
+impl RunOutput {
+    /// The values as f32 in ggml order (`ne[0]` fastest), converted from
+    /// its type: F32, F16, BF16, F64, and block-quantized types dequantized
+    /// as ggml's `dequantize_row_*` ([`crate::tensor::quant::dequantize_row`]).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedType`] for an integer output (use
+    /// [`RunOutput::i32`]); [`Error::DataMismatch`] if its bytes are not its
+    /// shape's size (a write into a stored tensor not read back has none).
+    pub fn f32(&self) -> Result<Vec<f32>> {
+        crate::tensor::convert::read_contiguous(self.ty, self.ne, &self.bytes, &format!("run output {}", self.name))
+    }
+
+    /// The values as i32 in ggml order (`ne[0]` fastest): argmax, top_k,
+    /// argsort results.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedType`] naming the type for an output that is not
+    /// I32; [`Error::DataMismatch`] if its bytes are not its shape's size.
+    pub fn i32(&self) -> Result<Vec<i32>> {
+        let (ty, ne) = (self.ty, self.ne);
+        if ty != GgmlType::I32 {
+            return Err(Error::unsupported_type(
+                ty,
+                format!("run output {} is {ty}, not I32 (read it as f32)", self.name),
+            ));
+        }
+        let n: i64 = ne.iter().map(|&x| x.max(0)).product();
+        if self.bytes.len() as i64 != n * 4 {
+            return Err(Error::DataMismatch {
+                name: self.name.clone(),
+                detail: format!("{} bytes for {ty} {ne:?}, which needs {}", self.bytes.len(), n * 4),
+            });
+        }
+        Ok(self.bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
+
 /// What one run did.
 #[derive(Clone, Debug, Default)]
 pub struct RunReport {
-    /// The requested outputs' full contiguous bytes, in logical element
-    /// order, exactly what one device would hold.
-    pub outputs: Vec<Vec<u8>>,
-    /// Each output's type, aligned with `outputs`.
-    pub output_types: Vec<GgmlType>,
-    /// Each output's shape (ggml order, `ne[0]` innermost), aligned with
-    /// `outputs`: `outputs[k]` holds it contiguously.
-    pub output_ne: Vec<[i64; 4]>,
+    /// The requested outputs, in the order they were requested.
+    pub outputs: Vec<RunOutput>,
     /// Bytes the communicator delivered, all devices together.
     pub bytes_moved: u64,
     /// Of those, bytes of conversions the plan did not contain (a view read
@@ -97,55 +149,39 @@ pub struct RunReport {
 
 impl RunReport {
     /// Output `k` (in the order the outputs were requested) as f32 values
-    /// in ggml order (`ne[0]` fastest), converted from its type: F32, F16,
-    /// BF16, F64, and block-quantized types dequantized as ggml's
-    /// `dequantize_row_*` ([`crate::tensor::quant::dequantize_row`]).
+    /// ([`RunOutput::f32`]).
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] if there is no output `k` (or the report has
-    /// no type for it); [`Error::UnsupportedType`] for an integer output
-    /// (use [`RunReport::i32`]); [`Error::DataMismatch`] if its bytes are
-    /// not its shape's size (a write into a stored tensor that a runner
-    /// did not read back has no bytes).
+    /// [`Error::OutOfBounds`] if there is no output `k`; as
+    /// [`RunOutput::f32`].
     pub fn f32(&self, k: usize) -> Result<Vec<f32>> {
-        let (bytes, ty, ne) = self.output(k)?;
-        crate::tensor::convert::read_contiguous(ty, ne, bytes, &format!("run output {k}"))
+        self.output(k)?.f32()
     }
 
     /// Output `k` (in the order the outputs were requested) as i32 values
-    /// in ggml order (`ne[0]` fastest): argmax, top_k, argsort results.
+    /// ([`RunOutput::i32`]).
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] if there is no output `k`;
-    /// [`Error::UnsupportedType`] naming the type for an output that is not
-    /// I32; [`Error::DataMismatch`] if its bytes are not its shape's size.
+    /// [`Error::OutOfBounds`] if there is no output `k`; as
+    /// [`RunOutput::i32`].
     pub fn i32(&self, k: usize) -> Result<Vec<i32>> {
-        let (bytes, ty, ne) = self.output(k)?;
-        if ty != GgmlType::I32 {
-            return Err(Error::unsupported_type(ty, format!("run output {k} is {ty}, not I32 (read it as f32)")));
-        }
-        let n: i64 = ne.iter().map(|&x| x.max(0)).product();
-        if bytes.len() as i64 != n * 4 {
-            return Err(Error::DataMismatch {
-                name: format!("run output {k}"),
-                detail: format!("{} bytes for {ty} {ne:?}, which needs {}", bytes.len(), n * 4),
-            });
-        }
-        Ok(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        self.output(k)?.i32()
     }
 
-    /// Output `k`'s bytes, type and shape.
-    fn output(&self, k: usize) -> Result<(&[u8], GgmlType, [i64; 4])> {
-        match (self.outputs.get(k), self.output_types.get(k), self.output_ne.get(k)) {
-            (Some(b), Some(&ty), Some(&ne)) => Ok((b, ty, ne)),
-            _ => Err(Error::OutOfBounds {
-                detail: format!(
-                    "run output {k}: the run has {} outputs ({} with a type and shape)",
-                    self.outputs.len(),
-                    self.output_types.len().min(self.output_ne.len())
-                ),
-            }),
-        }
+    /// Output `k`, in the order the outputs were requested.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] if the run has no output `k`.
+    pub fn output(&self, k: usize) -> Result<&RunOutput> {
+        self.outputs.get(k).ok_or_else(|| Error::OutOfBounds {
+            detail: format!("run output {k}: the run has {} outputs", self.outputs.len()),
+        })
+    }
+
+    /// The output that read tensor `id` (the first, if it was asked for
+    /// twice), or `None` if the run did not read it.
+    pub fn get(&self, id: TensorId) -> Option<&RunOutput> {
+        self.outputs.iter().find(|o| o.id == id)
     }
 }
 
@@ -404,7 +440,7 @@ impl MetaExecutor {
                 store.set_tensor(ctx, l, 0, &b)?;
             }
         }
-        Ok(self.execute(ctx, graph, plan, &mut store, outputs)?.outputs)
+        Ok(self.execute(ctx, graph, plan, &mut store, outputs)?.outputs.into_iter().map(|o| o.bytes).collect())
     }
 
     /// Runs `plan` for `graph`: leafs are read from `store` (leafs not
@@ -548,8 +584,6 @@ impl MetaExecutor {
         counters.store_bytes_copied += program.devices.iter().map(|d| d.writeback_bytes).sum::<u64>();
         let mut report = RunReport {
             outputs: Vec::with_capacity(outputs.len()),
-            output_types: Vec::with_capacity(outputs.len()),
-            output_ne: Vec::with_capacity(outputs.len()),
             bytes_moved: moved,
             unplanned_bytes: devs.iter().map(|d| d.unplanned).sum(),
             subgraphs: program.n_subgraphs,
@@ -559,9 +593,9 @@ impl MetaExecutor {
         for (k, o) in program.outputs.iter().enumerate() {
             let t = ctx.t(o.tensor);
             let parts: Vec<Vec<u8>> = devs.iter_mut().map(|d| std::mem::take(&mut d.outputs[k])).collect();
-            report.outputs.push(assemble(t.ty, t.ne, &parts, &o.state)?);
-            report.output_types.push(t.ty);
-            report.output_ne.push(t.ne);
+            let bytes = assemble(t.ty, t.ne, &parts, &o.state)?;
+            let name = ctx.display_name(o.tensor);
+            report.outputs.push(RunOutput { id: o.tensor, name, ty: t.ty, ne: t.ne, bytes });
         }
         let c = *counters;
         report.counters = ExecCounters {
@@ -659,9 +693,7 @@ impl MetaExecutor {
         let n = self.devices.len();
         for b in &program.bindings {
             let t = ctx.t(b.tensor);
-            let s = store
-                .get_stored(b.tensor)
-                .ok_or_else(|| Error::Split { detail: format!("{:?} is not placed", t.name) })?;
+            let s = store.get_stored(b.tensor).ok_or_else(|| store.not_placed(ctx, b.tensor))?;
             if s.state != b.state {
                 // Kept in another state than planned: laid out anew (host memory, once).
                 let parts: Vec<Vec<u8>> =

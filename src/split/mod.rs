@@ -55,7 +55,7 @@ pub use comm::NcclComm;
 pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
 pub use devices::{Devices, MAX_DEVICES};
-pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunReport};
+pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunOutput, RunReport};
 pub use layout::{assemble, local_ne, slice_local};
 pub use lower::{lower, Lowered, Step};
 pub use memory::DeviceMemory;

@@ -500,6 +500,27 @@ impl SplitStore {
         })
     }
 
+    /// The error for a tensor the store does not hold: [`Error::ForeignTensor`]
+    /// when the store holds tensors of other contexts only (the caller passed
+    /// a context other than the one the store was placed from), else
+    /// [`Error::Split`] naming the tensor as not placed.
+    pub(crate) fn not_placed(&self, ctx: &Context, id: TensorId) -> Error {
+        let foreign = !self.map.is_empty() && self.map.keys().all(|k| k.ctx != id.ctx);
+        if foreign {
+            let other = self.map.keys().next().map_or(0, |k| k.ctx);
+            return Error::ForeignTensor {
+                id: id.idx,
+                ctx: id.ctx,
+                detail: format!(
+                    "the store holds the tensors of context {other}, not of context {} (tensor {:?})",
+                    id.ctx,
+                    ctx.t(id).name
+                ),
+            };
+        }
+        Error::Split { detail: format!("tensor {:?} is not placed on the devices", ctx.t(id).name) }
+    }
+
     /// The non-view owner of `id` and the byte offset in it, checked against its placement.
     fn resolve(&self, ctx: &Context, id: TensorId, offset: usize, len: usize) -> Result<(TensorId, usize)> {
         let t = ctx.tensor(id)?;
@@ -508,9 +529,7 @@ impl SplitStore {
             None => (id, 0),
         };
         if !self.map.contains_key(&owner) {
-            return Err(Error::Split {
-                detail: format!("tensor {:?} is not placed on the devices", ctx.t(owner).name),
-            });
+            return Err(self.not_placed(ctx, owner));
         }
         let size = ctx.t(owner).nbytes();
         let own_len = t.nbytes();
@@ -804,6 +823,9 @@ impl SplitStore {
     ) -> Result<()> {
         let t = ctx.tensor(id)?;
         let bad = |d: String| Error::Split { detail: format!("tensor {:?} {}: {d}", t.name, t.describe()) };
+        if !self.map.contains_key(&id) {
+            return Err(self.not_placed(ctx, id));
+        }
         let e = self.map.get_mut(&id).ok_or_else(|| bad("not placed on the devices".into()))?;
         if e.layout.is_some_and(|l| l != (t.ty, t.ne)) {
             return Err(bad("placed with another type or shape; place it again".into()));

@@ -434,6 +434,16 @@ static void segments_and_i32(void) {
     CHECK(sg_store_get_i32(store, ctx, ids, idback, N));
     expect(idback[0] == 11 && idback[1] == 2, "I32 read-back");
     EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "values for tensor", sg_store_set_i32(store, ctx, ids, idv, 1));
+    {
+        /* The store was placed from ctx: a tensor of another context is foreign, not "not placed". */
+        sg_context *ctx2 = NULL;
+        sg_tensor w2;
+        CHECK(sg_context_new(&ctx2));
+        CHECK(sg_new_tensor(ctx2, SG_TYPE_F32, 2, (const int64_t[]){KK, M}, "blk.0.ffn_up_gate.weight", &w2));
+        EXPECT_ERR(SG_ERR_FOREIGN_TENSOR, "context", sg_store_set_f32(store, ctx2, w2, wv, KK * M));
+        EXPECT_ERR(SG_ERR_FOREIGN_TENSOR, "context", sg_store_get_f32(store, ctx2, w2, wv, KK * M));
+        CHECK(sg_context_free(ctx2));
+    }
 
     CHECK(sg_executor_new(devs, &exec));
     CHECK(sg_execute(exec, ctx, graph, plan, store, out, 2, &rep));

@@ -399,9 +399,9 @@ impl Qwen35Session {
         let rep = self.runner.run(&self.ctx, graph, &inputs, outputs)?;
         let n = outputs.len();
         Ok(MtpOutput {
-            h: f32s(&rep.outputs[n - 3]),
-            argmax: i32s(&rep.outputs[n - 2]),
-            top_prob: f32s(&rep.outputs[n - 1]),
+            h: f32s(&rep.outputs[n - 3].bytes),
+            argmax: i32s(&rep.outputs[n - 2].bytes),
+            top_prob: f32s(&rep.outputs[n - 1].bytes),
         })
     }
 }
@@ -455,9 +455,9 @@ impl Qwen35Session {
         let mut toks = Vec::with_capacity(n);
         let mut probs = Vec::with_capacity(n);
         for i in 0..n {
-            let a = &rep.outputs[k + 2 * i];
+            let a = &rep.outputs[k + 2 * i].bytes;
             toks.push(i32::from_le_bytes([a[0], a[1], a[2], a[3]]));
-            probs.push(f32s(&rep.outputs[k + 2 * i + 1]).first().copied().unwrap_or(f32::NAN));
+            probs.push(f32s(&rep.outputs[k + 2 * i + 1].bytes).first().copied().unwrap_or(f32::NAN));
         }
         Ok((toks, probs))
     }
