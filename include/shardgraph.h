@@ -620,6 +620,15 @@ sg_status sg_policy_rule_segments(sg_policy *pol, const char *pattern, int32_t a
 /** Leafs whose name matches `pattern` are whole on every device (norm weights, small tensors). */
 sg_status sg_policy_rule_mirrored(sg_policy *pol, const char *pattern);
 
+/**
+ * Memory first (keep non-zero): a weight the policy splits (a leaf it gives
+ * a split state that is not a graph input) stays split; the planner picks
+ * the strategies that read it where it lies (partial sums) even where the
+ * cost model prices a gather cheaper, and converts it only for an op with no
+ * such strategy. Off by default (the cost model decides).
+ */
+sg_status sg_policy_keep_weights_split(sg_policy *pol, int32_t keep);
+
 /** Frees a policy (NULL: nothing). */
 sg_status sg_policy_free(sg_policy *pol);
 

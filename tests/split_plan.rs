@@ -264,3 +264,49 @@ fn kv_window_of_any_cache_size_stays_split() {
     }
     plan_bytes(300, 300);
 }
+
+/// A weight split along K for memory, with an output much larger than the
+/// weight: the cost model alone all-gathers the weight (fewer bytes than
+/// reducing the partial sums), putting all of it in every device's compute
+/// memory. With `keep_weights_split` the planner reads it where it lies
+/// (partial sums, then their reduction), and the run still equals one
+/// device with the plan's bytes moved.
+#[test]
+fn keep_weights_split_never_gathers_a_split_weight() {
+    use shardgraph::split::Devices;
+    let (k, m, t) = (256i64, 1024i64, 64i64);
+    let mut ctx = Context::new();
+    let w = named(&mut ctx, GgmlType::Q8_0, &[k, m], "w");
+    let x = input(&mut ctx, GgmlType::F32, &[k, t], "x");
+    let y = ctx.mul_mat(w, x).unwrap();
+    let out = ctx.sum_rows(y).unwrap();
+    let g = ctx.build_forward(&[out]).unwrap();
+    let devices = Devices::cpu(3, 1).unwrap();
+    let rule = |p: SplitPolicy| p.rule("w", SplitSpec::Axis { axis: 0, granule: 32, segments: vec![] });
+    let gathers_w = |plan: &shardgraph::split::Plan| plan.repartitions.iter().filter(|r| r.tensor == w).count();
+    let free = rule(devices.policy().unwrap());
+    let plan_free = Planner::default().plan(&ctx, &g, &free, &[]).unwrap();
+    assert_eq!(gathers_w(&plan_free), 1, "the cost model gathers w here:\n{}", plan_free.report(&ctx));
+    let kept = rule(devices.policy().unwrap()).keep_weights_split(true);
+    assert!(kept.keeps_weights_split());
+    let plan = Planner::default().plan(&ctx, &g, &kept, &[]).unwrap();
+    assert_eq!(gathers_w(&plan), 0, "w is converted:\n{}", plan.report(&ctx));
+    assert!(matches!(plan.state(y), Some(SplitState::Partial(_))), "{}", plan.report(&ctx));
+    // Executed: equal to one device, bytes as planned.
+    let values = |n: i64, s: f32| (0..n).map(|i| ((i as f32) * s).sin() / 4.0).collect::<Vec<f32>>();
+    let run = |devices: &Devices, plan: &shardgraph::split::Plan| {
+        let mut store = devices.store();
+        store.place_leafs(&ctx, &g, plan).unwrap();
+        store.set_f32(&ctx, w, &values(k * m, 0.37)).unwrap();
+        store.set_f32(&ctx, x, &values(k * t, 1.3)).unwrap();
+        let rep = devices.executor().unwrap().execute(&ctx, &g, plan, &mut store, &[out]).unwrap();
+        assert_eq!(rep.bytes_moved, plan.total_bytes());
+        rep.f32(0).unwrap()
+    };
+    let one = Devices::cpu(1, 1).unwrap();
+    let plan_one =
+        Planner::default().plan(&ctx, &g, &one.policy().unwrap().rule("w", SplitSpec::Mirrored), &[]).unwrap();
+    let (want, got) = (run(&one, &plan_one), run(&devices, &plan));
+    let err = want.iter().zip(&got).map(|(a, b)| (a - b).abs() / a.abs().max(1.0)).fold(0f32, f32::max);
+    assert!(err < 1e-4, "max relative error {err}");
+}

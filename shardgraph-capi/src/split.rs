@@ -232,6 +232,21 @@ pub extern "C" fn sg_policy_rule_mirrored(pol: *mut SgPolicy, pattern: *const c_
     run("sg_policy_rule_mirrored", || add_rule(pol, pattern, SplitSpec::Mirrored))
 }
 
+/// `sg_policy_keep_weights_split`: memory first (`keep` non-zero): the
+/// planner does not gather a weight the policy splits
+/// ([`SplitPolicy::keep_weights_split`](shardgraph::split::SplitPolicy::keep_weights_split)).
+#[no_mangle]
+pub extern "C" fn sg_policy_keep_weights_split(pol: *mut SgPolicy, keep: i32) -> sg_status {
+    run("sg_policy_keep_weights_split", || {
+        let p = ptr::obj_mut(pol, "pol")?;
+        let Some(policy) = p.policy.take() else {
+            return arg("the policy was left unusable by an earlier panic");
+        };
+        p.policy = Some(policy.keep_weights_split(keep != 0));
+        Ok(())
+    })
+}
+
 /// `sg_policy_free`: frees a policy (NULL: nothing).
 #[no_mangle]
 pub extern "C" fn sg_policy_free(pol: *mut SgPolicy) -> sg_status {

@@ -47,6 +47,14 @@ impl Collective {
 
 /// Link model: a collective of `s` steps moving `b` bytes per device costs
 /// `s · latency_s + b / bandwidth`.
+///
+/// The planner picks the cheapest strategy by this model alone, so it may
+/// all-gather a weight the policy split (its whole bytes then sit in every
+/// device's compute memory for the step) when that moves fewer bytes than
+/// reducing partial sums. A caller that split weights to fit memory turns
+/// that off with [`super::SplitPolicy::keep_weights_split`] (memory first:
+/// split weights are read where they lie wherever an op has such a
+/// strategy).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkModel {
     /// Latency per collective step, seconds (default 10 µs).

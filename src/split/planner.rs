@@ -256,13 +256,17 @@ impl Planner {
         explicit: &[(TensorId, SplitState)],
     ) -> Result<(u64, u64)> {
         let leaf_states = leaf_states(ctx, graph, policy, explicit)?;
+        let pinned = pinned_weights(ctx, graph, policy, explicit, &leaf_states);
         let mut h = std::collections::hash_map::DefaultHasher::new();
         std::hash::Hash::hash(&leaf_states, &mut h);
+        let mut pinned_sorted: Vec<usize> = pinned.iter().copied().collect();
+        pinned_sorted.sort_unstable();
+        std::hash::Hash::hash(&pinned_sorted, &mut h);
         std::hash::Hash::hash(&policy.n_devices(), &mut h);
         std::hash::Hash::hash(&self.link.key_bits(), &mut h);
         let key = (graph.hash(), std::hash::Hasher::finish(&h));
         if !self.cache.contains_key(&key) {
-            let plan = self.plan_with_leafs(ctx, graph, policy.n_devices(), leaf_states)?;
+            let plan = self.plan_with_leafs(ctx, graph, policy.n_devices(), leaf_states, pinned)?;
             if self.cache.len() >= MAX_PLANS {
                 self.cache.clear();
                 self.known.clear();
@@ -290,13 +294,21 @@ impl Planner {
         explicit: &[(TensorId, SplitState)],
     ) -> Result<Plan> {
         let leafs = leaf_states(ctx, graph, policy, explicit)?;
-        self.plan_with_leafs(ctx, graph, policy.n_devices(), leafs)
+        let pinned = pinned_weights(ctx, graph, policy, explicit, &leafs);
+        self.plan_with_leafs(ctx, graph, policy.n_devices(), leafs, pinned)
     }
 
     /// The planning walk: for each node in order, the inputs' current
     /// states, the rule's candidates (filtered), each priced, the cheapest
     /// recorded with its repartitions.
-    fn plan_with_leafs(&self, ctx: &Context, graph: &Graph, n: usize, leafs: Vec<SplitState>) -> Result<Plan> {
+    fn plan_with_leafs(
+        &self,
+        ctx: &Context,
+        graph: &Graph,
+        n: usize,
+        leafs: Vec<SplitState>,
+        pinned: HashSet<usize>,
+    ) -> Result<Plan> {
         self.link.validate()?;
         let mut w = Walk {
             ctx,
@@ -310,6 +322,7 @@ impl Planner {
             written: HashMap::new(),
             readers: None,
             packed: HashSet::new(),
+            pinned,
         };
         for (&l, st) in graph.leafs().iter().zip(leafs) {
             w.states[l.index()] = Some(st);
@@ -362,7 +375,16 @@ struct Walk<'a> {
     readers: Option<HashMap<usize, Vec<TensorId>>>,
     /// Nodes whose result is held in a device-local packing: never converted.
     packed: HashSet<usize>,
+    /// Split weights the policy keeps split ([`SplitPolicy::keep_weights_split`]):
+    /// converting one costs [`KEEP_SPLIT_PENALTY`] on top of its traffic.
+    pinned: HashSet<usize>,
 }
+
+/// What converting a weight the policy keeps split costs the walk, in
+/// seconds: more than any strategy's traffic, so every candidate that reads
+/// the weight where it lies wins, yet finite, so an op with no such
+/// strategy still gets a plan (the gather it needs).
+const KEEP_SPLIT_PENALTY: f64 = 1e9;
 
 impl Walk<'_> {
     /// The current state of each of `t`'s sources (a written owner's state
@@ -431,6 +453,9 @@ impl Walk<'_> {
             }
             let bytes = self.ctx.t(s).data_bytes() as u64;
             if let Some(tr) = conversion(&cur[k], need, bytes, n) {
+                if self.pinned.contains(&s.index()) {
+                    cost += KEEP_SPLIT_PENALTY;
+                }
                 cost += tr.time(link) + 1e-12; // any conversion loses a tie
                 if tr.kind != Collective::MirroredToPartial {
                     cost += bytes as f64 / link.local_bandwidth;
@@ -544,6 +569,32 @@ fn only_cpy_destination(ctx: &Context, graph: &Graph, l: TensorId) -> bool {
         }
     }
     any
+}
+
+/// The leafs (by index) that [`SplitPolicy::keep_weights_split`] keeps
+/// split: with the option on, every leaf whose state (`states`, in
+/// `graph.leafs()` order) the policy made a split, that is not a graph
+/// input; none with the option off.
+fn pinned_weights(
+    ctx: &Context,
+    graph: &Graph,
+    policy: &SplitPolicy,
+    explicit: &[(TensorId, SplitState)],
+    states: &[SplitState],
+) -> HashSet<usize> {
+    if !policy.keeps_weights_split() {
+        return HashSet::new();
+    }
+    graph
+        .leafs()
+        .iter()
+        .zip(states)
+        .filter(|(l, s)| {
+            let t = ctx.t(**l);
+            matches!(s, SplitState::Split(_)) && !t.flags.input && !explicit.iter().any(|(id, _)| id == *l)
+        })
+        .map(|(l, _)| l.index())
+        .collect()
 }
 
 /// The state of every leaf of `graph` (in `graph.leafs()` order): explicit,

@@ -64,6 +64,9 @@ pub struct SplitPolicy {
     ratios: Vec<f32>,
     rules: Vec<SplitRule>,
     callback: Option<Callback>,
+    /// Memory first: the planner may not convert (gather) a split weight
+    /// ([`SplitPolicy::keep_weights_split`]).
+    keep_weights_split: bool,
     /// Process-unique, renewed by every change: what plan caches key the
     /// leaf states this policy gives by.
     id: u64,
@@ -79,6 +82,7 @@ impl std::fmt::Debug for SplitPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SplitPolicy")
             .field("ratios", &self.ratios)
+            .field("keep_weights_split", &self.keep_weights_split)
             .field("rules", &self.rules)
             .field("callback", &self.callback.is_some())
             .finish()
@@ -107,7 +111,34 @@ impl SplitPolicy {
         if let Some(why) = why {
             return Err(Error::Split { detail: format!("invalid tensor split ratios {ratios:?}: {why}") });
         }
-        Ok(SplitPolicy { ratios: ratios.to_vec(), rules: Vec::new(), callback: None, id: next_policy_id() })
+        Ok(SplitPolicy {
+            ratios: ratios.to_vec(),
+            rules: Vec::new(),
+            callback: None,
+            keep_weights_split: false,
+            id: next_policy_id(),
+        })
+    }
+
+    /// Memory first (`keep = true`): a weight this policy splits — a leaf
+    /// it gives a split state to that is not a graph input — stays split.
+    /// The planner does not convert it to another state (an all-gather
+    /// would hold the whole weight, or another layout of it, in every
+    /// device's compute memory for the step), and chooses the strategies
+    /// that read it where it lies (partial sums, row-split outputs) even
+    /// when the link model ([`super::LinkModel`]) prices a gather cheaper.
+    /// Only where no strategy of the op reads it in place is it still
+    /// converted (correctness first); [`super::Plan::report`] lists every
+    /// conversion. Off by default: the cost model alone decides.
+    pub fn keep_weights_split(mut self, keep: bool) -> Self {
+        self.keep_weights_split = keep;
+        self.id = next_policy_id();
+        self
+    }
+
+    /// Whether [`SplitPolicy::keep_weights_split`] is on.
+    pub fn keeps_weights_split(&self) -> bool {
+        self.keep_weights_split
     }
 
     /// Number of devices.

@@ -418,6 +418,9 @@ static void segments_and_i32(void) {
     CHECK(sg_policy_new(devs, &pol));
     EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "no segments", sg_policy_rule_segments(pol, "x", 1, 1, segments, 0));
     CHECK(sg_policy_rule_segments(pol, "blk.*.ffn_up_gate.weight", 1, 1, segments, 2));
+    /* Memory first: the fused weight is read where it lies (the results below are unchanged). */
+    CHECK(sg_policy_keep_weights_split(pol, 1));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "pol", sg_policy_keep_weights_split(NULL, 1));
     CHECK(sg_plan_new(ctx, graph, pol, &plan));
     CHECK(sg_store_new(devs, &store));
     CHECK(sg_store_place_leafs(store, ctx, graph, plan));
