@@ -154,8 +154,9 @@ failure_lines() {
   awk '
     after { print; after = 0; next }
     /panicked at/ { print; after = 1; next }
-    /^ +FAIL |^error|[Ee]rror: |test result: FAILED|^---- .* ----$|minimal failing input|Test failed|CUDA_ERROR|HIP_ERROR|hipError|Segmentation fault|core dumped|Aborted|SHARDGRAPH_REQUIRE/ { print }
-  ' "$1" | cut -c1-300 | head -n 16
+    /^ +FAIL |^error|[Ee]rror: |^---- .* ----$|minimal failing input|Test failed|CUDA_ERROR|HIP_ERROR|hipError|Segmentation fault|core dumped|Aborted|SHARDGRAPH_REQUIRE/ { print }
+  ' "$1" | cut -c1-300 | head -n 14
+  grep -E 'test result: FAILED|^(cuda_diff|hip_diff|ggml_diff): .* failures' "$1" | cut -c1-300 | tail -n 2
 }
 result_lines() {
   grep -E '^(cuda_kernels|cuda_diff|cuda_backend|hip_backend|hip_diff|qwen3 |mtp|dflash2|verify:|speed-up|plain greedy|device:|tokens equal|nvrtc:|wrote |target |decode)|test result:|^\| [A-Z]' "$1" |
