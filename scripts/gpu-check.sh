@@ -188,8 +188,12 @@ step() {
   { echo "==== $id: $label (limit $t s) $(date -u +%T)"; echo "==== $*"; } > "$cur"
   { cat "$sum"; echo "running $id (limit $t s) since $(date -u +%T)"; } > "$OUT/summary.txt"
   t0=$(date +%s)
-  timeout -k 10 "$t" "$@" >> "$cur" 2>&1 < /dev/null
+  # In the background, so a signal to this script reaches `on_signal` at once.
+  timeout -k 10 "$t" "$@" >> "$cur" 2>&1 < /dev/null &
+  child=$! current="$id"
+  wait "$child"
   rc=$?
+  child=""
   dt=$(( $(date +%s) - t0 ))
   case "$rc" in
     0) status=ok; passed=$((passed + 1)) ;;
@@ -218,8 +222,19 @@ step() {
   cp "$sum" "$OUT/summary.txt"
 }
 
+# The script killed (the device call's limit): the running step's process
+# (`timeout`, which passes the signal on) ended too, and a last summary line.
+on_signal() {
+  [ -n "${child:-}" ] && kill -TERM "$child" 2>/dev/null
+  echo "KILLED  ${current:-?} (this script was stopped after $(( $(date +%s) - start )) s)" | tee -a "$sum"
+  cp "$sum" "$OUT/summary.txt" 2>/dev/null
+  exit 143
+}
+
 run_packed() {
   local dry=0 a
+  child="" current=""
+  trap on_signal TERM INT HUP
   echo_only=0
   for a in "$@"; do
     case "$a" in
@@ -253,7 +268,7 @@ run_packed() {
     [ "$dry" = 1 ] && export SHARDGRAPH_BENCH_EMU=1
   else
     # (Into a file, not $(...): find_gpu's exports must stay in this shell.)
-    find_gpu > "$pack/gpu.txt" || { cat "$pack/gpu.txt"; exit 1; }
+    find_gpu > "$pack/gpu.txt" || { tee "$OUT/summary.txt" < "$pack/gpu.txt"; exit 1; }
     gpu_line=$(cat "$pack/gpu.txt")
     dev=CUDA0; [ "$vendor" = hip ] && dev=HIP0
     export SHARDGRAPH_REQUIRE_GPU=1
