@@ -160,7 +160,7 @@ failure_lines() {
 }
 result_lines() {
   grep -E '^(cuda_kernels|cuda_diff|cuda_backend|hip_backend|hip_diff|qwen3 |mtp|dflash2|verify:|speed-up|plain greedy|device:|tokens equal|nvrtc:|wrote |target |decode)|test result:|^\| [A-Z]' "$1" |
-    cut -c1-240 | tail -n 8
+    cut -c1-240 | tail -n 10
 }
 
 # step <id> <seconds> <label> <command...>: runs the command under `timeout`
@@ -262,10 +262,12 @@ run_packed() {
   budget="${SHARDGRAPH_GPU_CHECK_BUDGET:-480}"
   passed=0 failed=0 skipped=0 limits=0
   local dev gpu_line=""
-  if [ "$dry" = 1 ] || [ "$echo_only" = 1 ]; then
+  if [ "$dry" = 1 ]; then
     dev=EMU; [ "$vendor" = hip ] && dev=EMUHIP
-    [ "$dry" = 1 ] && gpu_line="dry run: no GPU, emulated devices ($dev); REQUIRE_GPU ${SHARDGRAPH_REQUIRE_GPU:-unset}"
-    [ "$dry" = 1 ] && export SHARDGRAPH_BENCH_EMU=1
+    gpu_line="dry run: no GPU, emulated devices ($dev); REQUIRE_GPU ${SHARDGRAPH_REQUIRE_GPU:-unset}"
+    export SHARDGRAPH_BENCH_EMU=1
+  elif [ "$echo_only" = 1 ]; then
+    dev=CUDA0; [ "$vendor" = hip ] && dev=HIP0
   else
     # (Into a file, not $(...): find_gpu's exports must stay in this shell.)
     find_gpu > "$pack/gpu.txt" || { tee "$OUT/summary.txt" < "$pack/gpu.txt"; exit 1; }

@@ -66,12 +66,11 @@ fn cuda_err(what: impl std::fmt::Display, e: impl std::fmt::Debug) -> Error {
     Error::Cuda { detail: format!("{what}: {e:?}") }
 }
 
-/// Whether environment variable `name` is set to a "yes" (anything but
-/// empty, `0`, `off`, `false`, `no`).
+/// Environment variable `name` as a switch: `None` when unset or empty,
+/// else on unless `0`, `off`, `false` or `no`.
 fn env_on(name: &str) -> Option<bool> {
-    std::env::var(name)
-        .ok()
-        .map(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "off" | "false" | "no"))
+    let v = std::env::var(name).ok()?.trim().to_ascii_lowercase();
+    (!v.is_empty()).then(|| !matches!(v.as_str(), "0" | "off" | "false" | "no"))
 }
 
 impl DriverGpu {
