@@ -70,7 +70,7 @@ fn cuda_err(what: impl std::fmt::Display, e: impl std::fmt::Debug) -> Error {
 /// else on unless `0`, `off`, `false` or `no`.
 fn env_on(name: &str) -> Option<bool> {
     let v = std::env::var(name).ok()?.trim().to_ascii_lowercase();
-    (!v.is_empty()).then(|| !matches!(v.as_str(), "0" | "off" | "false" | "no"))
+    (!v.is_empty()).then_some(!matches!(v.as_str(), "0" | "off" | "false" | "no"))
 }
 
 impl DriverGpu {
