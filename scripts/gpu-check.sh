@@ -119,7 +119,7 @@ for line in sys.stdin:
   if [ "$total" -ge "$carry_limit" ]; then
     echo "gpu-check: too large to carry"; exit 1
   fi
-  echo "gpu-check: device call: carry [\"$pack\"], command: scripts/gpu-check.sh run, timeout_s 600"
+  echo "gpu-check: device call: carry [\"$pack\"], command: scripts/gpu-check.sh run, timeout_s 540 to 600 (the run keeps to SHARDGRAPH_GPU_CHECK_BUDGET, default 480 s)"
 }
 
 # The GPU and its libraries: NVIDIA (nvidia-smi; NVRTC and cuBLAS from the
@@ -160,7 +160,7 @@ failure_lines() {
 }
 result_lines() {
   grep -E '^(cuda_kernels|cuda_diff|cuda_backend|hip_backend|hip_diff|qwen3 |mtp|dflash2|verify:|speed-up|plain greedy|device:|tokens equal|nvrtc:|wrote |target |decode)|test result:|^\| [A-Z]' "$1" |
-    cut -c1-240 | tail -n 10
+    cut -c1-240 | tail -n 14
 }
 
 # step <id> <seconds> <label> <command...>: runs the command under `timeout`

@@ -29,20 +29,25 @@ fn every_kernel_compiles_for_sm_86_and_sm_90() {
         .unwrap_or_else(|_| vec!["sm_86".into(), "sm_90".into()]);
     assert!(!archs.is_empty(), "SHARDGRAPH_NVRTC_ARCHS names no architecture");
     let (mut kernels, mut failures) = (0usize, Vec::new());
-    for &(name, src) in KERNEL_SOURCES {
-        for arch in archs.iter().map(String::as_str) {
-            match compile(name, src, arch) {
-                Ok(c) => {
-                    let e = c.entries();
-                    assert!(!c.cubin.is_empty(), "{name}.cu for {arch}: no CUBIN");
-                    assert!(!e.is_empty(), "{name}.cu for {arch}: no kernel entry point in the PTX");
-                    if arch == archs[0] {
-                        println!("{name}.cu: {} kernels: {}", e.len(), e.join(", "));
-                        kernels += e.len();
-                    }
+    // Every (file, architecture) compiled in parallel, checked in order.
+    let jobs: Vec<(&str, &str, &str)> =
+        KERNEL_SOURCES.iter().flat_map(|&(name, src)| archs.iter().map(move |a| (name, src, a.as_str()))).collect();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = jobs.iter().map(|&(name, src, arch)| s.spawn(move || compile(name, src, arch))).collect();
+        hs.into_iter().map(|h| h.join().expect("a compile thread panicked")).collect()
+    });
+    for (&(name, _, arch), result) in jobs.iter().zip(results) {
+        match result {
+            Ok(c) => {
+                let e = c.entries();
+                assert!(!c.cubin.is_empty(), "{name}.cu for {arch}: no CUBIN");
+                assert!(!e.is_empty(), "{name}.cu for {arch}: no kernel entry point in the PTX");
+                if arch == archs[0] {
+                    println!("{name}.cu: {} kernels: {}", e.len(), e.join(", "));
+                    kernels += e.len();
                 }
-                Err(e) => failures.push(e.to_string()),
             }
+            Err(e) => failures.push(e.to_string()),
         }
     }
     for f in &failures {
