@@ -13,13 +13,26 @@
 //! exits; `SHARDGRAPH_BENCH_EMU=1` with `--features cuda-emu` runs it on the
 //! emulated GPU at toy sizes (checks the bench itself; its numbers mean
 //! nothing). `SHARDGRAPH_BENCH_K`/`_M` set the matrix shape (default 4096 ×
-//! 4096), `SHARDGRAPH_BENCH_SECS` the time per measurement (default 1).
+//! 4096), `SHARDGRAPH_BENCH_SECS` the time per measurement (default 1),
+//! `SHARDGRAPH_BENCH_CPU=0` leaves out the CPU's matrix-vector timings,
+//! `SHARDGRAPH_BENCH_MODEL=small` decodes the small `qwen3` of
+//! [`small_target`] (4 layers, ~12 MB) instead of the 16-layer one (~1 GB
+//! to write). `scripts/gpu-check.sh` uses all three.
+//!
+//! `SHARDGRAPH_BENCH_WRITE_MODELS=DIR` (no GPU needed) only writes the small
+//! `qwen3` target and its DFlash2 drafter ([`small_drafter`]) to
+//! `DIR/qwen3-small.gguf` and `DIR/dflash2-small.gguf` and exits: the
+//! models `scripts/gpu-check.sh` runs the `dflash2` example on
+//! (`--model`, `--model-draft`), seconds to write instead of the example's
+//! own ~260 MB.
 
 use shardgraph::backend::cuda::CudaBackend;
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::Devices;
 use shardgraph::tensor::quant;
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
+use shardgraph_models::dflash::DflashHparams;
+use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
 use std::sync::Arc;
@@ -27,6 +40,45 @@ use std::time::{Duration, Instant};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// The small `qwen3` target: 4 layers, n_embd 512, n_ff 1536, 8 heads / 4
+/// KV heads of 64, vocabulary 8192 (the `dflash2` example's prompt ids are
+/// below 8000), in the example's Q4_K_M-like mix (~12 MB).
+fn small_target() -> Qwen3Hparams {
+    Qwen3Hparams { core: HparamsCore::qwen3(4, 512, 1536, 8, 4, 64), n_vocab: 8192, n_ctx_train: 4096 }
+}
+
+/// The DFlash2 drafter for [`small_target`], shaped as the `dflash2`
+/// example's for its target: 2 layers, block 8, taps of target layers 2
+/// and 4, conv k = 2 over groups of 16, selector rank 64 and top 16 (~27 MB, Q8_0).
+fn small_drafter() -> DflashHparams {
+    let t = small_target();
+    DflashHparams {
+        core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 8, 4, 64),
+        target_layers: vec![2, t.n_layer],
+        target_hidden: t.n_embd,
+        block_size: 8,
+        mask_token: (t.n_vocab - 1) as i32,
+        conv: Some((2, 16)),
+        selector: Some((64, 16)),
+    }
+}
+
+/// Writes [`small_target`] and [`small_drafter`] into `dir` as the
+/// `dflash2` example builds its own (weights following a vocabulary
+/// permutation, the target's first layer attending).
+fn write_small_models(dir: &std::path::Path) -> shardgraph::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| shardgraph::Error::Model { detail: format!("creating {}: {e}", dir.display()) })?;
+    let t = small_target();
+    let target = dir.join("qwen3-small.gguf");
+    let kind = Weights::PermutationWithAttention { attention: 6.0 };
+    let a = write_qwen3_gguf_with(&target, &t, &Qwen3Types::q4_k_m(), 1, kind)?;
+    let drafter = dir.join("dflash2-small.gguf");
+    let b = write_dflash_gguf_with(&drafter, &small_drafter(), GgmlType::Q8_0, t.n_vocab, 1, Weights::Permutation)?;
+    println!("wrote {} ({a} bytes) and {} ({b} bytes)", target.display(), drafter.display());
+    Ok(())
 }
 
 /// Fastest of repeated runs of `f` for about `budget` (at least 3), seconds.
@@ -83,7 +135,12 @@ fn devices(n: usize, emu: bool) -> shardgraph::Result<Vec<Arc<dyn Backend>>> {
 }
 
 fn main() -> shardgraph::Result<()> {
+    if let Some(dir) = std::env::var_os("SHARDGRAPH_BENCH_WRITE_MODELS") {
+        return write_small_models(std::path::Path::new(&dir));
+    }
     let emu = std::env::var("SHARDGRAPH_BENCH_EMU").is_ok();
+    let with_cpu = std::env::var("SHARDGRAPH_BENCH_CPU").map_or(true, |v| v != "0");
+    let small = std::env::var("SHARDGRAPH_BENCH_MODEL").is_ok_and(|v| v == "small");
     let gpu = match CudaBackend::new(0) {
         Ok(b) => b,
         #[cfg(feature = "cuda-emu")]
@@ -117,21 +174,23 @@ fn main() -> shardgraph::Result<()> {
     for ty in [F32, F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K] {
         let bytes = (ty.row_size(k)? * m as usize) as f64;
         let g = matvec_seconds(&gpu, ty, k, m, budget)?;
-        let c = matvec_seconds(&cpu, ty, k, m, budget)?;
+        let c = if with_cpu { Some(matvec_seconds(&cpu, ty, k, m, budget)?) } else { None };
         println!(
-            "| {ty} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {:.2} |",
+            "| {ty} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
             bytes / 1e6,
             g * 1e6,
             bytes / g / 1e9,
             if peak > 0.0 { format!("{:.0}%", 100.0 * bytes / g / peak) } else { "n/a".into() },
-            bytes / c / 1e9,
-            c / g
+            c.map_or("n/a".into(), |c| format!("{:.1}", bytes / c / 1e9)),
+            c.map_or("n/a".into(), |c| format!("{:.2}", c / g))
         );
     }
 
     // Decode tokens/s of a generated qwen3 (Q8_0).
     let hp = if emu {
         Qwen3Hparams { core: HparamsCore::qwen3(2, 256, 256, 2, 2, 128), n_vocab: 96, n_ctx_train: 4096 }
+    } else if small {
+        small_target()
     } else {
         Qwen3Hparams { core: HparamsCore::qwen3(16, 2048, 6144, 16, 8, 128), n_vocab: 32000, n_ctx_train: 4096 }
     };

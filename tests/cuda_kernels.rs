@@ -1,13 +1,20 @@
 //! Compiles every CUDA kernel source in `kernels-cuda/` with NVRTC to PTX
-//! for sm_86 and sm_90, on any machine (no GPU needed: NVRTC comes from the
-//! `nvidia-cuda-nvrtc` wheel `scripts/setup.sh` installs), so a syntax or
-//! type error in a kernel fails CI. Ends with
-//! `cuda_kernels: <n> kernels compiled, <failures> failures`.
+//! and CUBIN for sm_86 and sm_90, on any machine (no GPU needed: NVRTC
+//! comes from the `nvidia-cuda-nvrtc` wheel `scripts/setup.sh` installs), so
+//! a syntax or type error in a kernel fails CI. Ends with
+//! `cuda_kernels: <n> kernels compiled, <failures> failures` and the
+//! process's compile counts (`nvrtc: <c> compiles, <d> disk-cache hits, ...`:
+//! each (file, architecture) compiled at most once; with a warm disk cache
+//! none is compiled). `versions` prints the NVRTC loaded and, with a GPU,
+//! the driver, the device and what was loaded on it.
+//!
+//! `SHARDGRAPH_NVRTC_ARCHS=sm_90` (a comma-separated list) compiles for
+//! those architectures only (`scripts/gpu-check.sh` on an sm_90 GPU).
 //!
 //! Without NVRTC the test prints `SKIPPED` with the reason, unless
 //! `SHARDGRAPH_REQUIRE_GGML` is set (as `.ci/run` does), when it fails.
 
-use shardgraph::backend::cuda::nvrtc::{compile, entries, is_cached, load, KERNEL_SOURCES};
+use shardgraph::backend::cuda::nvrtc::{compile, describe, is_cached, load, stats, supported_archs, KERNEL_SOURCES};
 
 #[test]
 fn every_kernel_compiles_for_sm_86_and_sm_90() {
@@ -17,20 +24,30 @@ fn every_kernel_compiles_for_sm_86_and_sm_90() {
         return;
     }
     assert!(!KERNEL_SOURCES.is_empty(), "kernels-cuda/ holds no .cu file");
+    let archs: Vec<String> = std::env::var("SHARDGRAPH_NVRTC_ARCHS")
+        .map(|v| v.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect())
+        .unwrap_or_else(|_| vec!["sm_86".into(), "sm_90".into()]);
+    assert!(!archs.is_empty(), "SHARDGRAPH_NVRTC_ARCHS names no architecture");
     let (mut kernels, mut failures) = (0usize, Vec::new());
-    for &(name, src) in KERNEL_SOURCES {
-        for arch in ["sm_86", "sm_90"] {
-            match compile(name, src, arch) {
-                Ok(ptx) => {
-                    let e = entries(&ptx);
-                    assert!(!e.is_empty(), "{name}.cu for {arch}: no kernel entry point in the PTX");
-                    if arch == "sm_86" {
-                        println!("{name}.cu: {} kernels: {}", e.len(), e.join(", "));
-                        kernels += e.len();
-                    }
+    // Every (file, architecture) compiled in parallel, checked in order.
+    let jobs: Vec<(&str, &str, &str)> =
+        KERNEL_SOURCES.iter().flat_map(|&(name, src)| archs.iter().map(move |a| (name, src, a.as_str()))).collect();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = jobs.iter().map(|&(name, src, arch)| s.spawn(move || compile(name, src, arch))).collect();
+        hs.into_iter().map(|h| h.join().expect("a compile thread panicked")).collect()
+    });
+    for (&(name, _, arch), result) in jobs.iter().zip(results) {
+        match result {
+            Ok(c) => {
+                let e = c.entries();
+                assert!(!c.cubin.is_empty(), "{name}.cu for {arch}: no CUBIN");
+                assert!(!e.is_empty(), "{name}.cu for {arch}: no kernel entry point in the PTX");
+                if arch == archs[0] {
+                    println!("{name}.cu: {} kernels: {}", e.len(), e.join(", "));
+                    kernels += e.len();
                 }
-                Err(e) => failures.push(e.to_string()),
             }
+            Err(e) => failures.push(e.to_string()),
         }
     }
     for f in &failures {
@@ -40,10 +57,36 @@ fn every_kernel_compiles_for_sm_86_and_sm_90() {
     assert!(failures.is_empty(), "{} kernel files failed to compile", failures.len());
     // Every source compiled above is cached: a second compile is a lookup.
     for (name, src) in KERNEL_SOURCES {
-        assert!(is_cached(src, "sm_86") && is_cached(src, "sm_90"), "{name} is not in the NVRTC cache");
+        assert!(archs.iter().all(|a| is_cached(src, a)), "{name} is not in the NVRTC cache");
     }
     let (name, src) = KERNEL_SOURCES[0];
-    assert_eq!(compile(name, src, "sm_86").unwrap(), compile(name, src, "sm_86").unwrap());
+    assert_eq!(compile(name, src, &archs[0]).unwrap(), compile(name, src, &archs[0]).unwrap());
+    // No (file, architecture) was compiled twice in this process, whichever
+    // test asked first (the tests run concurrently).
+    let st = stats();
+    println!("cuda_kernels: {st}");
+    assert!(st.max_runs_per_key <= 1, "{st}");
+}
+
+/// The NVRTC this process loaded (file and version, checked against the
+/// build's) and its architectures; with a GPU, the driver, each device and
+/// the kernels loaded on it (CUBIN for its architecture).
+#[test]
+fn versions() {
+    match describe() {
+        Ok(d) => println!("cuda_kernels: NVRTC: {d}; architectures {:?}", supported_archs().unwrap_or_default()),
+        Err(e) => println!("cuda_kernels: NVRTC: not loaded: {e}"),
+    }
+    use shardgraph::backend::cuda::device::{describe_device, device_count, driver_version};
+    match (driver_version(), device_count()) {
+        (Ok((major, minor)), Ok(n)) => {
+            println!("cuda_kernels: driver: CUDA {major}.{minor}, {n} device(s)");
+            for d in 0..n {
+                println!("cuda_kernels: {}", describe_device(d).unwrap());
+            }
+        }
+        (v, n) => println!("cuda_kernels: no GPU: {}", v.err().or(n.err()).map(|e| e.to_string()).unwrap_or_default()),
+    }
 }
 
 #[test]
@@ -87,7 +130,7 @@ fn the_emulator_has_every_kernel() {
     if load().is_err() {
         return;
     }
-    let n: usize = KERNEL_SOURCES.iter().map(|&(name, src)| entries(&compile(name, src, "sm_86").unwrap()).len()).sum();
+    let n: usize = KERNEL_SOURCES.iter().map(|&(name, src)| compile(name, src, "sm_86").unwrap().entries().len()).sum();
     assert_eq!(kernel_count(EmuKind::Cuda), n);
     assert_eq!(kernel_count(EmuKind::HipCdna), n);
     println!("cuda_kernels: the emulator has all {n} kernels for CUDA and for HIP (CDNA) devices");

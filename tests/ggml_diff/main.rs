@@ -85,13 +85,21 @@ fn ggml_diff() {
 /// the emulated GPU (`cuda-emu` feature), else skipped with a message. Ends
 /// with `cuda_diff: <cases> cases, <failures> failures, <n> cases with host
 /// nodes` and lists the ops that ran on the host (no kernel for their types).
+/// On a GPU, `SHARDGRAPH_CUBLAS=0` turns cuBLAS off, so the mul_mat cases run
+/// the backend's own GEMM kernels (`scripts/gpu-check.sh` runs both); the
+/// emulator runs the mul_mat cases both ways in one run.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_diff() {
     use shardgraph::backend::cuda::CudaBackend;
+    use shardgraph::Backend;
     let Some((g, cases)) = gpu_cases("cuda_diff") else { return };
     let backend = match CudaBackend::new(0) {
-        Ok(b) => b,
+        Ok(b) => {
+            let blas = std::env::var("SHARDGRAPH_CUBLAS").map_or("on when installed".into(), |v| format!("{v:?}"));
+            println!("cuda_diff: on {} ({}), SHARDGRAPH_CUBLAS {blas}", b.name(), b.device().description);
+            b
+        }
         Err(why) if std::env::var_os("SHARDGRAPH_REQUIRE_GPU").is_some() => {
             panic!("cuda_diff: SHARDGRAPH_REQUIRE_GPU is set but no GPU opened: {why}")
         }

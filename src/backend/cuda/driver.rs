@@ -2,41 +2,50 @@
 //! (cudarc's raw `result` layer). One `DriverGpu` per (virtual) device:
 //! its own non-blocking stream on the GPU's primary context, its own memory
 //! budget (a virtual device gets an equal share of the GPU's memory, so one
-//! cannot starve the others), and the kernel modules compiled by NVRTC for
-//! the GPU's compute capability and loaded once per context.
+//! cannot starve the others). The context and the kernel modules (CUBIN
+//! for the GPU's architecture) are the process's, kept per GPU by
+//! [`super::device`]: every device of every executor on a GPU shares them.
 //!
 //! Work is queued on the stream in order; `read` and `synchronize` wait for
-//! it. cuBLAS (`libcublas.so.13`, probed first) does F32/F16 GEMM when
-//! present; without it the backend uses its own kernels.
+//! it. cuBLAS (`libcublas.so.13`, probed first) does F32 GEMM when present
+//! and not switched off (`SHARDGRAPH_CUBLAS=0`: the backend's own GEMM
+//! kernels run, as on a GPU without cuBLAS); its handle is created with
+//! the device's context current and bound to the device's stream.
+//!
+//! A kernel fault surfaces at the next synchronisation; its error names
+//! the last kernel queued on the stream. `SHARDGRAPH_GPU_SYNC_EACH_OP=1`
+//! synchronises after every launch, so the failing kernel (and, through
+//! the backend, its graph node) is named exactly (slow; for debugging).
 //!
 //! This file has only been compiled, never run: the machines this crate was
 //! written on have no GPU (`scripts/gpu-check.sh` runs it on one).
 
 use super::api::{DevPtr, Gemm, Gpu, GpuInfo, KArg, Vendor};
+use super::device::Kernels;
 use crate::error::{Error, Result};
-use cudarc::driver::{result as cu, sys, CudaContext, CudaModule, CudaStream};
+use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// Kernels of one context: name → function (modules kept alive with them).
-#[derive(Default)]
-struct Kernels {
-    modules: Vec<Arc<CudaModule>>,
-    functions: HashMap<String, cudarc::driver::CudaFunction>,
-}
 
 /// One (virtual) device on a GPU.
 pub(crate) struct DriverGpu {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    kernels: Arc<OnceLock<std::result::Result<Mutex<Kernels>, String>>>,
+    /// The GPU's kernels (the process's, per GPU), fetched on first launch.
+    kernels: OnceLock<Arc<Kernels>>,
     budget: usize,
     used: AtomicUsize,
     sizes: Mutex<HashMap<DevPtr, usize>>,
     cublas: Mutex<Option<CublasHandle>>,
+    /// cuBLAS may be used (not switched off by `SHARDGRAPH_CUBLAS`).
+    use_cublas: bool,
+    /// Synchronise after every launch (`SHARDGRAPH_GPU_SYNC_EACH_OP`).
+    sync_each_op: bool,
+    /// The last kernel queued on the stream, for fault messages.
+    last_kernel: Mutex<String>,
     name: String,
     multiprocessors: u32,
     bandwidth: f64,
@@ -57,20 +66,21 @@ fn cuda_err(what: impl std::fmt::Display, e: impl std::fmt::Debug) -> Error {
     Error::Cuda { detail: format!("{what}: {e:?}") }
 }
 
+/// Environment variable `name` as a switch: `None` when unset or empty,
+/// else on unless `0`, `off`, `false` or `no`.
+fn env_on(name: &str) -> Option<bool> {
+    let v = std::env::var(name).ok()?.trim().to_ascii_lowercase();
+    (!v.is_empty()).then_some(!matches!(v.as_str(), "0" | "off" | "false" | "no"))
+}
+
 impl DriverGpu {
     /// `n` devices on GPU `ordinal`, each with its own stream and an equal
     /// share of the GPU's memory.
     pub(crate) fn open(ordinal: usize, n: usize) -> Result<Vec<DriverGpu>> {
         super::device::driver()?;
         super::nvrtc::load()?;
-        let count = super::device::device_count()?;
-        if ordinal >= count {
-            return Err(Error::Cuda { detail: format!("GPU {ordinal} requested; the driver sees {count}") });
-        }
+        let ctx = super::device::context(ordinal)?;
         let gpu = |what: &str| format!("GPU {ordinal}: {what}");
-        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
-            .map_err(|_| Error::Cuda { detail: gpu("the CUDA driver could not be bound") })?
-            .map_err(|e| cuda_err(gpu("creating a context"), e))?;
         let total = ctx.total_mem().map_err(|e| cuda_err(gpu("memory size"), e))?;
         let name = ctx.name().unwrap_or_else(|_| "NVIDIA GPU".into());
         let sms = ctx
@@ -79,7 +89,8 @@ impl DriverGpu {
         let clock = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).unwrap_or(0);
         let bus = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).unwrap_or(0);
         let bandwidth = super::api::peak_bandwidth(clock, bus);
-        let kernels = Arc::new(OnceLock::new());
+        let use_cublas = env_on("SHARDGRAPH_CUBLAS").unwrap_or(true);
+        let sync_each_op = env_on("SHARDGRAPH_GPU_SYNC_EACH_OP").unwrap_or(false);
         (0..n)
             .map(|_| {
                 let stream = ctx.new_stream().map_err(|e| cuda_err(gpu("creating a stream"), e))?;
@@ -87,11 +98,14 @@ impl DriverGpu {
                     ordinal,
                     ctx: ctx.clone(),
                     stream,
-                    kernels: kernels.clone(),
+                    kernels: OnceLock::new(),
                     budget: super::api::device_budget(total, n),
                     used: AtomicUsize::new(0),
                     sizes: Mutex::new(HashMap::new()),
                     cublas: Mutex::new(None),
+                    use_cublas,
+                    sync_each_op,
+                    last_kernel: Mutex::new(String::new()),
                     name: name.clone(),
                     multiprocessors: sms.max(1) as u32,
                     bandwidth,
@@ -105,64 +119,46 @@ impl DriverGpu {
         self.ctx.bind_to_thread().map_err(|e| cuda_err(format!("GPU {}: binding the context", self.ordinal), e))
     }
 
-    fn arch(&self) -> Result<&'static str> {
-        use sys::CUdevice_attribute as A;
-        let major = self
-            .ctx
-            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-            .map_err(|e| cuda_err("compute capability", e))?;
-        let minor = self
-            .ctx
-            .attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
-            .map_err(|e| cuda_err("compute capability", e))?;
-        Ok(super::device::arch_name(major, minor))
-    }
-
-    /// The function for `kernel`, compiling and loading every family on first use.
+    /// The function for `kernel` (the GPU's kernels compiled and loaded on
+    /// first use, once per process).
     fn function(&self, kernel: &str) -> Result<sys::CUfunction> {
-        let k = self.kernels.get_or_init(|| {
-            let load = || -> Result<Kernels> {
-                let arch = self.arch()?;
-                let mut ks = Kernels::default();
-                // NVRTC compiles the files in parallel (one thread each); loading is serial.
-                let ptxs: Vec<Result<String>> = std::thread::scope(|sc| {
-                    let hs: Vec<_> = super::nvrtc::KERNEL_SOURCES
-                        .iter()
-                        .map(|&(fam, src)| sc.spawn(move || super::nvrtc::compile(fam, src, arch)))
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| {
-                            h.join().unwrap_or_else(|_| Err(Error::Cuda { detail: "NVRTC thread panicked".into() }))
-                        })
-                        .collect()
-                });
-                for (&(fam, _), ptx) in super::nvrtc::KERNEL_SOURCES.iter().zip(ptxs) {
-                    let ptx = ptx?;
-                    let names = super::nvrtc::entries(&ptx);
-                    let module = self
-                        .ctx
-                        .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                        .map_err(|e| cuda_err(format!("loading kernels-cuda/{fam}.cu ({arch})"), e))?;
-                    for n in names {
-                        let f = module.load_function(&n).map_err(|e| cuda_err(format!("{fam}.cu: {n}"), e))?;
-                        ks.functions.insert(n, f);
-                    }
-                    ks.modules.push(module);
-                }
-                Ok(ks)
-            };
-            load().map(Mutex::new).map_err(|e| e.to_string())
-        });
-        let k = k.as_ref().map_err(|e| Error::Cuda { detail: format!("GPU {}: {e}", self.ordinal) })?;
-        let k = k.lock().unwrap_or_else(|p| p.into_inner());
+        let k = match self.kernels.get() {
+            Some(k) => k,
+            None => {
+                let k = super::device::kernels(self.ordinal)?;
+                self.kernels.get_or_init(|| k)
+            }
+        };
         k.functions
             .get(kernel)
             .map(|f| f.cu_function())
             .ok_or_else(|| Error::Cuda { detail: format!("no kernel named {kernel} in kernels-cuda") })
     }
 
+    /// The error of a failed synchronisation `what`, naming the last
+    /// kernel queued on this stream (a kernel fault shows up here).
+    fn fault(&self, what: &str, e: impl std::fmt::Debug) -> Error {
+        let last = self.last_kernel.lock().unwrap_or_else(|p| p.into_inner());
+        let hint = if last.is_empty() {
+            String::new()
+        } else if self.sync_each_op {
+            format!(" (the last kernel queued on this stream: {last})")
+        } else {
+            format!(
+                " (the last kernel queued on this stream: {last}; SHARDGRAPH_GPU_SYNC_EACH_OP=1 names the failing one)"
+            )
+        };
+        Error::Cuda { detail: format!("GPU {}: {what}: {e:?}{hint}", self.ordinal) }
+    }
+
+    /// This device's cuBLAS handle (created on first use, with the
+    /// context current, bound to this device's stream), or `None` without
+    /// cuBLAS or with it switched off.
     fn cublas(&self) -> Option<std::sync::MutexGuard<'_, Option<CublasHandle>>> {
         static PROBE: OnceLock<bool> = OnceLock::new();
+        if !self.use_cublas {
+            return None;
+        }
         let present = *PROBE.get_or_init(|| {
             // SAFETY: loading cuBLAS runs its initialisers (no preconditions);
             // leaked so cudarc's later load by the same name finds it.
@@ -179,9 +175,15 @@ impl DriverGpu {
         }
         let mut g = self.cublas.lock().unwrap_or_else(|p| p.into_inner());
         if g.is_none() {
+            // cublasCreate attaches the handle to the current context's device.
+            self.bind().ok()?;
             let h = std::panic::catch_unwind(cudarc::cublas::result::create_handle).ok()?.ok()?;
             // SAFETY: a fresh handle and this device's live stream.
-            unsafe { cudarc::cublas::result::set_stream(h, self.stream.cu_stream() as _) }.ok()?;
+            if unsafe { cudarc::cublas::result::set_stream(h, self.stream.cu_stream() as _) }.is_err() {
+                // SAFETY: the handle just made, not used again.
+                let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
+                return None;
+            }
             *g = Some(CublasHandle(h));
         }
         Some(g)
@@ -190,9 +192,12 @@ impl DriverGpu {
 
 impl Drop for DriverGpu {
     fn drop(&mut self) {
-        if let Some(h) = self.cublas.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            // SAFETY: the handle was created by this device and is not used again.
-            let _ = unsafe { cudarc::cublas::result::destroy_handle(h.0) };
+        if let Some(h) = self.cublas.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            // cuBLAS destroys a handle in the context it was made in.
+            if self.bind().is_ok() {
+                // SAFETY: the handle was created by this device and is not used again.
+                let _ = unsafe { cudarc::cublas::result::destroy_handle(h.0) };
+            }
         }
     }
 }
@@ -228,10 +233,22 @@ impl Gpu for DriverGpu {
         if used.checked_add(bytes).is_none_or(|end| end > self.budget) {
             return Err(oom(format!("{used} of this device's {} in use", self.budget)));
         }
-        self.bind()?;
+        if let Err(e) = self.bind() {
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(e);
+        }
+        let s = self.stream.cu_stream();
         // SAFETY: this device's live stream; the memory is only used on it
         // (reads synchronise it).
-        let p = match unsafe { cu::malloc_async(self.stream.cu_stream(), bytes) } {
+        let mut r = unsafe { cu::malloc_async(s, bytes) };
+        if r.as_ref().is_err_and(|e| e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY) {
+            // Memory the pool keeps for reuse (freed on other streams) back
+            // to the driver, then once more.
+            super::device::trim_pool(&self.ctx);
+            // SAFETY: as above.
+            r = unsafe { cu::malloc_async(s, bytes) };
+        }
+        let p = match r {
             Ok(p) => p,
             Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => return Err(oom("the driver's".into())),
             Err(e) => {
@@ -240,8 +257,12 @@ impl Gpu for DriverGpu {
             }
         };
         // SAFETY: the allocation just made, on the same stream.
-        unsafe { cu::memset_d8_async(p, 0, bytes, self.stream.cu_stream()) }
-            .map_err(|e| cuda_err("zero-filling a new buffer", e))?;
+        if let Err(e) = unsafe { cu::memset_d8_async(p, 0, bytes, s) } {
+            // SAFETY: the allocation just made, not handed out; stream-ordered.
+            let _ = unsafe { cu::free_async(p, s) };
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(cuda_err(format!("GPU {}: zero-filling a new buffer of {bytes} bytes", self.ordinal), e));
+        }
         self.sizes.lock().unwrap_or_else(|p| p.into_inner()).insert(p, bytes);
         Ok(p)
     }
@@ -267,7 +288,7 @@ impl Gpu for DriverGpu {
         unsafe { cu::memcpy_htod_async(dst, src, s) }
             .map_err(|e| cuda_err(format!("GPU {}: copy to device", self.ordinal), e))?;
         // SAFETY: this device's live stream.
-        unsafe { cu::stream::synchronize(s) }.map_err(|e| cuda_err(format!("GPU {}: copy to device", self.ordinal), e))
+        unsafe { cu::stream::synchronize(s) }.map_err(|e| self.fault("copy to device", e))
     }
 
     unsafe fn read(&self, src: DevPtr, dst: &mut [u8]) -> Result<()> {
@@ -278,8 +299,7 @@ impl Gpu for DriverGpu {
         unsafe { cu::memcpy_dtoh_async(dst, src, s) }
             .map_err(|e| cuda_err(format!("GPU {}: copy to host", self.ordinal), e))?;
         // SAFETY: this device's live stream.
-        unsafe { cu::stream::synchronize(s) }
-            .map_err(|e| cuda_err(format!("GPU {}: a kernel or copy failed", self.ordinal), e))
+        unsafe { cu::stream::synchronize(s) }.map_err(|e| self.fault("a kernel or copy failed", e))
     }
 
     unsafe fn memset(&self, dst: DevPtr, value: u8, n: usize) -> Result<()> {
@@ -288,9 +308,16 @@ impl Gpu for DriverGpu {
         unsafe { cu::memset_d8_async(dst, value, n, self.stream.cu_stream()) }.map_err(|e| cuda_err("memset", e))
     }
 
+    /// With `SHARDGRAPH_GPU_SYNC_EACH_OP`, waits for the kernel and names it
+    /// (launch shape too) when it faults.
     unsafe fn launch(&self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: &[KArg]) -> Result<()> {
         let f = self.function(kernel)?;
         self.bind()?;
+        {
+            let mut last = self.last_kernel.lock().unwrap_or_else(|p| p.into_inner());
+            last.clear();
+            last.push_str(kernel);
+        }
         let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         // SAFETY: `f` is a loaded function of this context; the parameter
@@ -306,14 +333,20 @@ impl Gpu for DriverGpu {
                 &mut params,
             )
         }
-        .map_err(|e| cuda_err(format!("GPU {}: launching {kernel} grid {grid:?} block {block:?}", self.ordinal), e))
+        .map_err(|e| cuda_err(format!("GPU {}: launching {kernel} grid {grid:?} block {block:?}", self.ordinal), e))?;
+        if self.sync_each_op {
+            // SAFETY: this device's live stream.
+            unsafe { cu::stream::synchronize(self.stream.cu_stream()) }.map_err(|e| {
+                cuda_err(format!("GPU {}: kernel {kernel} grid {grid:?} block {block:?} failed", self.ordinal), e)
+            })?;
+        }
+        Ok(())
     }
 
     fn synchronize(&self) -> Result<()> {
         self.bind()?;
         // SAFETY: this device's live stream.
-        unsafe { cu::stream::synchronize(self.stream.cu_stream()) }
-            .map_err(|e| cuda_err(format!("GPU {}: a kernel failed", self.ordinal), e))
+        unsafe { cu::stream::synchronize(self.stream.cu_stream()) }.map_err(|e| self.fault("a kernel failed", e))
     }
 
     /// Stream-ordered on both sides with two events: this stream waits for

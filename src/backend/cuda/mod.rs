@@ -1,9 +1,12 @@
 //! The GPU backend: NVIDIA GPUs through CUDA (cargo feature `cuda`) and
 //! AMD GPUs through HIP (cargo feature `hip`), one Rust code base and one
 //! kernel source for both. Kernel sources live in `kernels-cuda/`; CUDA
-//! compiles them with NVRTC (`nvrtc`), HIP with hipRTC behind the
-//! portability header `kernels-hip/sg_hip.h` (`hip`), both at first use,
-//! cached per architecture and source hash ([`sources`] embeds them). The
+//! compiles them with NVRTC (`nvrtc`: CUBIN for the GPU's architecture,
+//! once per process per architecture, source hash and NVRTC version, and
+//! kept on disk), HIP with hipRTC behind the portability header
+//! `kernels-hip/sg_hip.h` (`hip`), both at first use ([`sources`] embeds
+//! them); each NVIDIA GPU's context and loaded kernels are the process's
+//! (`device`). The
 //! op dispatch (`ops/`) has one file per op family
 //! ([`crate::ops::OpFamily`]); its module doc maps each family to the `.cu`
 //! files its kernels live in. The vendor libraries (cudarc for CUDA; the

@@ -42,6 +42,10 @@ struct Lib {
     vendor: Vendor,
     init_all: unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> c_int,
     destroy: unsafe extern "C" fn(RawComm) -> c_int,
+    /// `ncclCommAbort`: frees a communicator whose operations may never
+    /// complete (a failed or aborted exchange), where `ncclCommDestroy`
+    /// would wait for them.
+    abort: unsafe extern "C" fn(RawComm) -> c_int,
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
     send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, *mut c_void) -> c_int,
@@ -81,6 +85,7 @@ fn lib(vendor: Vendor) -> Result<&'static Lib> {
                             vendor,
                             init_all: *lib.get(b"ncclCommInitAll\0").map_err(|e| e.to_string())?,
                             destroy: *lib.get(b"ncclCommDestroy\0").map_err(|e| e.to_string())?,
+                            abort: *lib.get(b"ncclCommAbort\0").map_err(|e| e.to_string())?,
                             group_start: *lib.get(b"ncclGroupStart\0").map_err(|e| e.to_string())?,
                             group_end: *lib.get(b"ncclGroupEnd\0").map_err(|e| e.to_string())?,
                             send: *lib.get(b"ncclSend\0").map_err(|e| e.to_string())?,
@@ -205,12 +210,59 @@ impl NcclComm {
 }
 
 impl Drop for NcclComm {
+    /// `ncclCommDestroy` for each rank, or `ncclCommAbort` after a failed
+    /// or aborted exchange (whose queued operations may never complete).
     fn drop(&mut self) {
-        for r in &self.ranks {
+        let aborted = self.is_aborted();
+        for (r, d) in self.ranks.iter().zip(&self.devices) {
             let r = r.lock().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: created by ncclCommInitAll, destroyed once.
-            let _ = unsafe { (self.lib.destroy)(r.0) };
+            // The rank's GPU current, as NCCL expects for its teardown.
+            let _ = d.bind_stream();
+            let free = if aborted { self.lib.abort } else { self.lib.destroy };
+            // SAFETY: created by ncclCommInitAll, freed once.
+            let _ = unsafe { free(r.0) };
         }
+    }
+}
+
+impl NcclComm {
+    /// One NCCL group of `posts` (send?, peer, device pointer, bytes) on
+    /// `stream`. Once `ncclGroupStart` succeeded, `ncclGroupEnd` is always
+    /// called (a group left open would swallow the process's later NCCL
+    /// calls); the first error is returned after it.
+    ///
+    /// # Safety
+    /// Every pointer lies in a live buffer of the rank's device for `len`
+    /// bytes until the queued operations complete; `comm` is this rank's
+    /// communicator and `stream` its device's stream.
+    unsafe fn group(
+        &self,
+        what: &str,
+        comm: RawComm,
+        stream: *mut c_void,
+        posts: &[(bool, usize, u64, usize)],
+    ) -> Result<()> {
+        let lib = self.lib;
+        // SAFETY: no arguments.
+        check(lib, what, unsafe { (lib.group_start)() })?;
+        let mut first = Ok(());
+        for &(is_send, peer, p, len) in posts {
+            // SAFETY: the caller's guarantees.
+            let rc = unsafe {
+                if is_send {
+                    (lib.send)(p as *const c_void, len, NCCL_UINT8, peer as c_int, comm, stream)
+                } else {
+                    (lib.recv)(p as *mut c_void, len, NCCL_UINT8, peer as c_int, comm, stream)
+                }
+            };
+            first = check(lib, what, rc);
+            if first.is_err() {
+                break;
+            }
+        }
+        // SAFETY: closes the group opened above.
+        let end = check(lib, what, unsafe { (lib.group_end)() });
+        first.and(end)
     }
 }
 
@@ -260,18 +312,7 @@ impl Comm for NcclComm {
         // SAFETY: a group of point-to-point calls; every pointer lies in a
         // live buffer of this rank's device (checked by `ptr`), kept alive by
         // the compiled program that owns the slices until its run ends.
-        let r = (|| unsafe {
-            check(self.lib, &what, (self.lib.group_start)())?;
-            for &(is_send, peer, p, len) in &posts {
-                let rc = if is_send {
-                    (self.lib.send)(p as *const c_void, len, NCCL_UINT8, peer as c_int, comm.0, stream)
-                } else {
-                    (self.lib.recv)(p as *mut c_void, len, NCCL_UINT8, peer as c_int, comm.0, stream)
-                };
-                check(self.lib, &what, rc)?;
-            }
-            check(self.lib, &what, (self.lib.group_end)())
-        })();
+        let r = unsafe { self.group(&what, comm.0, stream, &posts) };
         if r.is_err() {
             self.abort();
         }
