@@ -21,7 +21,8 @@ use shardgraph::split::Devices;
 use shardgraph::tensor::quant;
 use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
+use shardgraph_models::types::TensorTypes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -136,7 +137,7 @@ fn main() -> shardgraph::Result<()> {
         Qwen3Hparams { core: HparamsCore::qwen3(16, 2048, 6144, 16, 8, 128), n_vocab: 32000, n_ctx_train: 4096 }
     };
     let path = std::env::temp_dir().join(format!("shardgraph-bench-cuda-{}-{}.gguf", hp.n_embd, hp.n_layer));
-    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
     if !path.exists() {
         shardgraph_models::generate::write_qwen3_gguf(&path, &hp, &types, 1)?;
     }

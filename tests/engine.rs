@@ -16,10 +16,11 @@ use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::generate::{write_dflash_gguf, write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
 use shardgraph_models::generate::{write_qwen35_gguf, write_qwen3_gguf_with};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Session, Qwen3Types};
-use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use shardgraph_models::qwen3::Qwen3Session;
+use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session};
 use shardgraph_models::sampling::SamplerParams;
 use shardgraph_models::speculative::SpecParams;
+use shardgraph_models::types::TensorTypes;
 use std::path::{Path, PathBuf};
 
 #[path = "common/devices.rs"]
@@ -78,15 +79,16 @@ fn files(name: &str) -> Files {
     let q8 = GgmlType::Q8_0;
     let hp = qwen3_hp();
     let kind = Weights::PermutationWithAttention { attention: 2.0 };
-    write_qwen3_gguf_with(&f.qwen3, &hp, &Qwen3Types::all(q8), 23, kind).unwrap();
-    write_dflash_gguf(&f.dflash, &dflash_hp(), q8, hp.n_vocab, 17).unwrap();
+    write_qwen3_gguf_with(&f.qwen3, &hp, &TensorTypes::uniform(q8), 23, kind).unwrap();
+    write_dflash_gguf(&f.dflash, &dflash_hp(), &TensorTypes::uniform(q8), hp.n_vocab, 17).unwrap();
     let d2 = dflash2_hp(hp.n_embd, hp.n_vocab, hp.n_layer);
-    write_dflash_gguf_with(&f.dflash2, &d2, q8, hp.n_vocab, 23, Weights::Permutation).unwrap();
+    write_dflash_gguf_with(&f.dflash2, &d2, &TensorTypes::uniform(q8), hp.n_vocab, 23, Weights::Permutation).unwrap();
     let h35 = Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
-    write_qwen35_gguf_with(&f.qwen35, &h35, &Qwen35Types::all(q8), 7, Weights::Permutation).unwrap();
+    write_qwen35_gguf_with(&f.qwen35, &h35, &TensorTypes::uniform(q8), 7, Weights::Permutation).unwrap();
     let d35 = dflash2_hp(h35.n_embd, h35.n_vocab, h35.n_layer);
-    write_dflash_gguf_with(&f.qwen35_dflash2, &d35, q8, h35.n_vocab, 7, Weights::Permutation).unwrap();
-    write_qwen35_gguf(&f.qwen35_no_mtp, &qwen35_tiny::tiny(), &Qwen35Types::all(q8), 7).unwrap();
+    write_dflash_gguf_with(&f.qwen35_dflash2, &d35, &TensorTypes::uniform(q8), h35.n_vocab, 7, Weights::Permutation)
+        .unwrap();
+    write_qwen35_gguf(&f.qwen35_no_mtp, &qwen35_tiny::tiny(), &TensorTypes::uniform(q8), 7).unwrap();
     f
 }
 
@@ -247,15 +249,21 @@ fn bad_files_and_parameters_are_typed_errors() {
     };
     // A drafter built for another target: vocabulary, then hidden size.
     let other = f.dir.join("other.gguf");
-    write_dflash_gguf(&other, &dflash_hp(), GgmlType::Q8_0, 1000, 17).unwrap();
+    write_dflash_gguf(&other, &dflash_hp(), &TensorTypes::uniform(GgmlType::Q8_0), 1000, 17).unwrap();
     let e = load(&f.qwen3, DraftModel::Gguf(other.clone()), &p);
     assert!(matches!(e, shardgraph::Error::Model { .. }) && e.to_string().contains("vocab_size 1000"), "{e}");
     let msg = load(&f.qwen35, DraftModel::Gguf(f.dflash2.clone()), &p).to_string();
     assert!(msg.contains("another target"), "{msg}");
     // Taps beyond the target's layers.
     let deep = f.dir.join("deep.gguf");
-    write_dflash_gguf(&deep, &DflashHparams { target_layers: vec![1, 7], ..dflash_hp() }, GgmlType::Q8_0, 200, 3)
-        .unwrap();
+    write_dflash_gguf(
+        &deep,
+        &DflashHparams { target_layers: vec![1, 7], ..dflash_hp() },
+        &TensorTypes::uniform(GgmlType::Q8_0),
+        200,
+        3,
+    )
+    .unwrap();
     let msg = load(&f.qwen3, DraftModel::Gguf(deep), &p).to_string();
     assert!(msg.contains("layer 7"), "{msg}");
     // A drafter file that is not a DFlash GGUF, and one that is missing.
@@ -311,7 +319,8 @@ fn seeded_sampling_repeats_and_stays_in_the_vocabulary() {
     // Random weights spread the target's distribution (the permutation
     // models are nearly one-hot, so any seed draws the same tokens there).
     let random = f.dir.join("qwen3-random.gguf");
-    shardgraph_models::generate::write_qwen3_gguf(&random, &qwen3_hp(), &Qwen3Types::all(GgmlType::Q8_0), 5).unwrap();
+    shardgraph_models::generate::write_qwen3_gguf(&random, &qwen3_hp(), &TensorTypes::uniform(GgmlType::Q8_0), 5)
+        .unwrap();
     for (model, draft, spread) in [
         (&f.qwen3, DraftModel::Gguf(f.dflash2.clone()), false),
         (&f.qwen35, DraftModel::Mtp, false),

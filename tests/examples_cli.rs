@@ -110,12 +110,13 @@ fn decode_verify_compares_with_one_device() {
     use shardgraph::GgmlType;
     use shardgraph_models::generate::write_qwen3_gguf;
     use shardgraph_models::hparams::HparamsCore;
-    use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
+    use shardgraph_models::qwen3::Qwen3Hparams;
+    use shardgraph_models::types::TensorTypes;
     let dir = std::env::temp_dir().join(format!("shardgraph-decode-verify-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("tiny.gguf");
     let hp = Qwen3Hparams { core: HparamsCore::qwen3(2, 64, 128, 6, 3, 32), n_vocab: 96, n_ctx_train: 4096 };
-    write_qwen3_gguf(&model, &hp, &Qwen3Types::all(GgmlType::Q8_0), 3).unwrap();
+    write_qwen3_gguf(&model, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
     let args = ["--model", model.to_str().unwrap(), "--devices", "2", "--n-prompt", "5", "--n-predict", "6"];
     let out = Command::new(example("decode")).args(args).args(["--ctx-size", "256", "--verify"]).output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

@@ -13,7 +13,8 @@
 use shardgraph::GgmlType;
 use shardgraph_models::generate::{write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
+use shardgraph_models::types::TensorTypes;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -127,20 +128,20 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
     // of later steps are near-ties, so there only F32 and Q8_0 must give the
     // same tokens (Q4_K departs after 3 tokens, at 6e-4 NMSE).
     for (types, tol, weights, greedy) in [
-        (Qwen3Types::all(GgmlType::F32), 1e-6, Weights::Random, true),
-        (Qwen3Types::all(GgmlType::Q8_0), 5e-4, Weights::Random, true),
-        (Qwen3Types::all(GgmlType::Q4_K), 1e-3, Weights::Random, false),
-        (Qwen3Types::all(GgmlType::F32), 1e-6, Weights::Permutation, true),
-        (Qwen3Types::all(GgmlType::Q8_0), 5e-4, Weights::Permutation, true),
-        (Qwen3Types::all(GgmlType::Q4_K), 1e-3, Weights::Permutation, true),
+        (TensorTypes::uniform(GgmlType::F32), 1e-6, Weights::Random, true),
+        (TensorTypes::uniform(GgmlType::Q8_0), 5e-4, Weights::Random, true),
+        (TensorTypes::uniform(GgmlType::Q4_K), 1e-3, Weights::Random, false),
+        (TensorTypes::uniform(GgmlType::F32), 1e-6, Weights::Permutation, true),
+        (TensorTypes::uniform(GgmlType::Q8_0), 5e-4, Weights::Permutation, true),
+        (TensorTypes::uniform(GgmlType::Q4_K), 1e-3, Weights::Permutation, true),
         // F16 weights: llama.cpp rounds activations to F16 for their products as we do
         // (measured 1.2e-6).
-        (Qwen3Types::all(GgmlType::F16), 1e-5, Weights::Random, true),
-        (Qwen3Types::all(GgmlType::F16), 1e-5, Weights::Permutation, true),
+        (TensorTypes::uniform(GgmlType::F16), 1e-5, Weights::Random, true),
+        (TensorTypes::uniform(GgmlType::F16), 1e-5, Weights::Permutation, true),
         // The Q4_K_M-like mixed layout (Q4_K, Q6_K, Q8_0), and the example
         // target's weights, whose first layer's attention matters.
-        (Qwen3Types::q4_k_m(), 1e-3, Weights::Random, false),
-        (Qwen3Types::q4_k_m(), 1e-3, Weights::PermutationWithAttention { attention: 2.0 }, true),
+        (TensorTypes::q4_k_m(), 1e-3, Weights::Random, false),
+        (TensorTypes::q4_k_m(), 1e-3, Weights::PermutationWithAttention { attention: 2.0 }, true),
     ] {
         let path = dir.join(format!("qwen3-{types:?}-{weights:?}.gguf").replace([' ', '{', '}', ':', ','], ""));
         write_qwen3_gguf_with(&path, &hp, &types, 7, weights).unwrap();
@@ -156,19 +157,33 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
             let worst = (0..want.len()).map(|i| nmse(&logits[i * v..(i + 1) * v], &want[i])).fold(0.0, f64::max);
             println!(
                 "qwen3 {} {weights:?} weights on {} device(s): logits NMSE vs llama.cpp {all:.2e} (worst row {worst:.2e})",
-                if types == Qwen3Types::q4_k_m() { "Q4_K_M-like".to_string() } else { types.attn.to_string() },
+                if types == TensorTypes::q4_k_m() { "Q4_K_M-like".to_string() } else { types.get("blk.0.attn_q.weight").unwrap().to_string() },
                 ratios.len()
             );
-            assert!(all <= tol, "{} on {ratios:?}: NMSE {all:.3e} > {tol:e}", types.attn);
+            assert!(
+                all <= tol,
+                "{} on {ratios:?}: NMSE {all:.3e} > {tol:e}",
+                types.get("blk.0.attn_q.weight").unwrap()
+            );
             let mut gen = vec![*out.argmax.last().unwrap()];
             while gen.len() < n_gen {
                 let o = s.decode(&[*gen.last().unwrap()], &[], false).unwrap();
                 gen.push(o.argmax[0]);
             }
             if greedy {
-                assert_eq!(gen, want_gen, "{} on {ratios:?}: greedy continuation differs from llama.cpp", types.attn);
+                assert_eq!(
+                    gen,
+                    want_gen,
+                    "{} on {ratios:?}: greedy continuation differs from llama.cpp",
+                    types.get("blk.0.attn_q.weight").unwrap()
+                );
             } else {
-                assert_eq!(gen[..3], want_gen[..3], "{} on {ratios:?}: first greedy tokens differ", types.attn);
+                assert_eq!(
+                    gen[..3],
+                    want_gen[..3],
+                    "{} on {ratios:?}: first greedy tokens differ",
+                    types.get("blk.0.attn_q.weight").unwrap()
+                );
             }
         }
     }
@@ -184,7 +199,7 @@ fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
 #[test]
 fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
     use shardgraph_models::generate::write_qwen35_gguf;
-    use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+    use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session};
     let Some(py) = python_or_skip("qwen35_logits_and_greedy_tokens_match_llama_cpp") else { return };
     let hp = Qwen35Hparams {
         core: HparamsCore {
@@ -211,7 +226,7 @@ fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
     let dir = std::env::temp_dir().join(format!("shardgraph-llama-qwen35-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen35-f32.gguf");
-    write_qwen35_gguf(&path, &hp, &Qwen35Types::all(GgmlType::F32), 9).unwrap();
+    write_qwen35_gguf(&path, &hp, &TensorTypes::uniform(GgmlType::F32), 9).unwrap();
     let tokens = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5, 17, 250, 1, 77, 300, 8];
     let n_gen = 12;
     let (want, want_gen) = llama_cpp(&py, &path, &tokens, n_gen);
