@@ -262,6 +262,11 @@ pub fn generate_hooked<T: Target>(
         let new: Vec<i32> = drafts[..k].iter().copied().chain([next]).collect();
         let mut returned = new.len();
         for (i, &t) in new.iter().enumerate() {
+            if g.tokens.len() == n_gen {
+                // Only `next` can lie beyond `n_gen` (the drafts were cut to
+                // fit): it is not returned, and the cache is as if it were.
+                break;
+            }
             g.tokens.push(t);
             if hooks.logits {
                 g.logits.push(rows[i].to_vec());
