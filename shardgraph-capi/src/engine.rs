@@ -268,7 +268,7 @@ pub extern "C" fn sg_engine_generate_ex(
         let n_vocab = usize::try_from(e.engine.n_vocab()).unwrap_or(usize::MAX);
         let logits = match &opts {
             Some(o) if !o.out_logits.is_null() => {
-                let need = n_predict.checked_mul(n_vocab).unwrap_or(usize::MAX);
+                let need = n_predict.saturating_mul(n_vocab);
                 if o.logits_cap < need {
                     return arg(format!(
                         "opts->logits_cap {} is less than n_predict {n_predict} × n_vocab {n_vocab}",

@@ -216,8 +216,15 @@ impl Arch {
 /// The drafter as its file (or the target) describes it.
 enum Planned {
     None,
-    Dflash { file: Box<GgufFile>, hp: DflashHparams, types: TensorTypes },
+    Dflash(Box<DraftFile>),
     Mtp,
+}
+
+/// A DFlash drafter's file, hyper-parameters and weight types.
+struct DraftFile {
+    file: GgufFile,
+    hp: DflashHparams,
+    types: TensorTypes,
 }
 
 /// Everything [`Engine::load`] and [`Engine::fit_ctx_size`] learn from the
@@ -285,7 +292,7 @@ impl Plan {
                 let most = hp.block_size - 1;
                 let n = if n_max == 0 { most } else { n_max.min(most) };
                 let extra = hp.block_size as i64;
-                (Planned::Dflash { file: Box::new(f), hp, types }, kind, n, extra)
+                (Planned::Dflash(Box::new(DraftFile { file: f, hp, types })), kind, n, extra)
             }
             DraftModel::Mtp => {
                 match &arch {
@@ -329,7 +336,7 @@ impl Plan {
     /// target with a drafter (0 otherwise).
     fn snapshot_slots(&self) -> usize {
         match (&self.arch, &self.draft) {
-            (Arch::Qwen35 { .. }, Planned::Dflash { .. } | Planned::Mtp) if self.spec.n_max > 0 => self.spec.n_max + 1,
+            (Arch::Qwen35 { .. }, Planned::Dflash(_) | Planned::Mtp) if self.spec.n_max > 0 => self.spec.n_max + 1,
             _ => 0,
         }
     }
@@ -484,8 +491,8 @@ impl Engine {
             (Arch::Qwen3 { .. }, d) => {
                 let mut s = Qwen3Session::load_file(&plan.file, devices, kv, kv_size)?;
                 let draft = match d {
-                    Planned::Dflash { file, .. } => {
-                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, file, kv, params.p_min)?))
+                    Planned::Dflash(d) => {
+                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, &d.file, kv, params.p_min)?))
                     }
                     // Plan::new refused MTP on qwen3.
                     _ => Draft::None,
@@ -495,8 +502,8 @@ impl Engine {
             (Arch::Qwen35 { .. }, d) => {
                 let mut s = Qwen35Session::load_file(&plan.file, devices, kv, kv_size)?;
                 let draft = match d {
-                    Planned::Dflash { file, .. } => {
-                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, file, kv, params.p_min)?))
+                    Planned::Dflash(d) => {
+                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, &d.file, kv, params.p_min)?))
                     }
                     Planned::Mtp => Draft::Mtp(Box::new(MtpDrafter::new(&s, params.p_min)?)),
                     Planned::None => Draft::None,
@@ -562,17 +569,17 @@ impl Engine {
                 (&m).into()
             }
         };
-        if let Planned::Dflash { file, hp, types } = &plan.draft {
+        if let Planned::Dflash(d) = &plan.draft {
             let start = ctx.len();
-            Dflash::new(&mut ctx, info, hp.clone(), types, kv, kv_size)?;
-            check_tensors(file, &ctx, start, "dft.", "dflash drafter")?;
+            Dflash::new(&mut ctx, info, d.hp.clone(), &d.types, kv, kv_size)?;
+            check_tensors(&d.file, &ctx, start, "dft.", "dflash drafter")?;
         }
         match (&plan.arch, &plan.draft) {
-            (Arch::Qwen3 { hp, types }, Planned::Dflash { hp: d, types: dt, .. }) => {
-                qwen3_dflash_policy(hp, types, d, dt, ratios).map(drop)
+            (Arch::Qwen3 { hp, types }, Planned::Dflash(d)) => {
+                qwen3_dflash_policy(hp, types, &d.hp, &d.types, ratios).map(drop)
             }
-            (Arch::Qwen35 { hp, types }, Planned::Dflash { hp: d, types: dt, .. }) => {
-                qwen35_dflash_policy(hp, types, d, dt, ratios).map(drop)
+            (Arch::Qwen35 { hp, types }, Planned::Dflash(d)) => {
+                qwen35_dflash_policy(hp, types, &d.hp, &d.types, ratios).map(drop)
             }
             (Arch::Qwen3 { hp, types }, _) => qwen3_policy(hp, types, ratios).map(drop),
             (Arch::Qwen35 { hp, types }, _) => qwen35_policy(hp, types, ratios).map(drop),
@@ -608,7 +615,7 @@ impl Engine {
         };
         let fit_draft = match &plan.draft {
             Planned::None => FitDraft::None,
-            Planned::Dflash { hp, types, .. } => FitDraft::Dflash { hp: hp.clone(), types: types.clone() },
+            Planned::Dflash(d) => FitDraft::Dflash { hp: d.hp.clone(), types: d.types.clone() },
             Planned::Mtp => FitDraft::Mtp { n_max: plan.spec.n_max },
         };
         let spec = FitSpec {

@@ -120,6 +120,8 @@ pub enum FitTarget {
 }
 
 /// The drafter of a session to size.
+// (Made once per sizing: the DFlash variant's size does not matter.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum FitDraft {
     /// No drafter (plain decoding).

@@ -190,28 +190,10 @@ pub fn generate_hooked<T: Target>(
     let greedy = sampler.params().is_greedy();
     let read_logits = !greedy || hooks.logits;
     let taps = drafter.taps();
-    let start = target.n_past();
     let mut g = Generated::default();
     // The logits per token, from the first logits read back (sampling).
     let mut n_vocab = None;
-    let (mut last, first_row) = if !read_logits {
-        let out = target.decode(prompt, &taps, false)?;
-        drafter.accept(target, prompt, start, &out, prompt.len())?;
-        (*out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?, None)
-    } else {
-        // The prompt's last token alone reads its logits back (not
-        // `[n_vocab, prompt.len()]` of them); the drafter sees both parts.
-        let (head, tail) = prompt.split_at(prompt.len() - 1);
-        if !head.is_empty() {
-            let out = target.decode(head, &taps, false)?;
-            drafter.accept(target, head, start, &out, head.len())?;
-        }
-        let out = target.decode(tail, &taps, true)?;
-        drafter.accept(target, tail, start + head.len() as i64, &out, 1)?;
-        let row = logit_rows(&out, 1, &mut n_vocab)?[0];
-        let t = if greedy { *out.argmax.last().unwrap_or(&0) } else { sampler.sample(row)? };
-        (t, Some(row.to_vec()))
-    };
+    let (mut last, first_row) = decode_prompt(target, drafter, prompt, sampler, read_logits, &mut n_vocab)?;
     if n_gen == 0 {
         return Ok(g);
     }
@@ -290,6 +272,37 @@ pub fn generate_hooked<T: Target>(
     g.tokens.truncate(n_gen);
     g.logits.truncate(n_gen);
     Ok(g)
+}
+
+/// Decodes the prompt (the drafter's `accept` sees it) and chooses the
+/// first token: the greedy one, or the sampler's draw. With `read_logits`
+/// the prompt goes in two batches — all but its last token, then that
+/// token alone, whose logits row (returned) is read back rather than
+/// `[n_vocab, prompt.len()]` of them.
+fn decode_prompt<T: Target>(
+    target: &mut T,
+    drafter: &mut dyn Drafter<T>,
+    prompt: &[i32],
+    sampler: &mut Sampler,
+    read_logits: bool,
+    n_vocab: &mut Option<usize>,
+) -> Result<(i32, Option<Vec<f32>>)> {
+    let (taps, start) = (drafter.taps(), target.n_past());
+    if !read_logits {
+        let out = target.decode(prompt, &taps, false)?;
+        drafter.accept(target, prompt, start, &out, prompt.len())?;
+        return Ok((*out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?, None));
+    }
+    let (head, tail) = prompt.split_at(prompt.len() - 1);
+    if !head.is_empty() {
+        let out = target.decode(head, &taps, false)?;
+        drafter.accept(target, head, start, &out, head.len())?;
+    }
+    let out = target.decode(tail, &taps, true)?;
+    drafter.accept(target, tail, start + head.len() as i64, &out, 1)?;
+    let row = logit_rows(&out, 1, n_vocab)?[0];
+    let t = if sampler.params().is_greedy() { *out.argmax.last().unwrap_or(&0) } else { sampler.sample(row)? };
+    Ok((t, Some(row.to_vec())))
 }
 
 impl Hooks<'_> {

@@ -189,7 +189,8 @@ impl TensorTypes {
 /// first and last eighth of the layers, and every third layer between.
 pub fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
     let eighth = n_layers / 8;
-    i_layer < eighth || i_layer >= 7 * n_layers / 8 || (i_layer >= eighth && (i_layer - eighth) % 3 == 2)
+    // (`i_layer − eighth` is evaluated only when the first test fails.)
+    i_layer < eighth || i_layer >= 7 * n_layers / 8 || (i_layer - eighth) % 3 == 2
 }
 
 /// The types of a model's KV caches (llama.cpp's `--cache-type-k` and

@@ -10,6 +10,10 @@ use shardgraph::split::{SplitPolicy, SplitSpec};
 use shardgraph::tensor::GgmlType;
 use std::collections::BTreeSet;
 
+/// An attention layer's granules: query rows with their gates, query rows
+/// alone, KV rows (`None`: the layer's attention is mirrored).
+type AttnGranules = Option<(i64, i64, i64)>;
+
 /// The split policy llama.cpp assigns a `qwen35` model under
 /// `--split-mode tensor` (shardgraph-models/MODELS.md, sections 7.2-7.4) with
 /// tensor split `ratios`:
@@ -68,7 +72,7 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
     // Per attention layer (the NextN block's included), from its output
     // projection's block: query rows with their gates per granule, the query
     // rows alone, and the KV rows that go with them.
-    let attn: Vec<(usize, Option<(i64, i64, i64)>)> = layers
+    let attn: Vec<(usize, AttnGranules)> = layers
         .clone()
         .filter(|&il| !is_delta(il))
         .map(|il| {
