@@ -1,11 +1,13 @@
 //! The `qwen3` dense target (llama.cpp's `LLM_ARCH_QWEN3`,
 //! shardgraph-models/MODELS.md, section 2): RMSNorm, GQA attention with
 //! per-head q/k RMSNorm and NEOX rope, a KV cache written with `set_rows` and
-//! read by `flash_attn_ext`, SwiGLU FFN, untied output head. Tensor names and
-//! metadata keys are llama.cpp's (`blk.N.attn_q.weight`,
-//! `qwen3.embedding_length`, ...).
+//! read by `flash_attn_ext` (K and V of their own types), SwiGLU FFN, an
+//! output head that is `output.weight` or, in a file without it, the token
+//! embedding (tied). Tensor names and metadata keys are llama.cpp's
+//! (`blk.N.attn_q.weight`, `qwen3.embedding_length`, ...); each weight has
+//! the type its file gives it ([`crate::types::TensorTypes`]).
 //!
-//! Here: the hyper-parameters and weight types, the model's tensors and a
+//! Here: the hyper-parameters, the model's tensors and a
 //! step's graph ([`Qwen3`], its layers the shared [`super::decoder`] layer),
 //! the session that decodes one sequence on N devices ([`Qwen3Session`],
 //! the speculative loop's [`Target`]) and llama.cpp's split policy for the
