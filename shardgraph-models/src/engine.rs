@@ -592,15 +592,17 @@ impl Engine {
     /// cells are the largest multiple of 256 whose weights, caches and worst
     /// steps — sized from shapes and plans, nothing allocated
     /// ([`super::fit::fit_ctx_size`]) — fit, with target steps of up to
-    /// `n_batch` tokens (the longest prompt to decode at once); the result
-    /// is that minus the drafter's block, at most `params.ctx_size` (0: the
-    /// target's training context).
+    /// `n_batch` tokens (the longest prompt to decode at once; the smallest
+    /// context tried holds one such batch, so a 300-token batch starts at
+    /// 512 cells); the result is that minus the drafter's block, at most
+    /// `params.ctx_size` (0: the target's training context).
     ///
     /// # Errors
     /// As [`Engine::load`] for the files and parameters;
-    /// [`Error::OutOfMemory`] naming the device if even 256 cells do not
-    /// fit; [`Error::Model`] for an `n_batch` below 1 or above the cells, or
-    /// no cell left after the drafter's block.
+    /// [`Error::OutOfMemory`] naming the device if even the smallest
+    /// context does not fit; [`Error::Model`] for an `n_batch` below 1 or
+    /// more than the largest context allowed holds, or no cell left after
+    /// the drafter's block.
     pub fn fit_ctx_size(
         devices: &Devices,
         model: &Path,
