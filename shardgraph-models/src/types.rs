@@ -68,8 +68,8 @@ impl TensorTypes {
 
     /// This preset with weight matrices whose GGUF name matches `pattern` (a
     /// glob: `*` any run of characters) of type `ty`; rules added later win
-    /// over earlier ones. On types from a file, rules name the file's types
-    /// and are ignored.
+    /// over earlier ones. Types from a file ([`TensorTypes::from_file`])
+    /// ignore rules: the file's table decides.
     pub fn with(mut self, pattern: &str, ty: GgmlType) -> Self {
         self.rules.push((pattern.to_string(), ty));
         self
