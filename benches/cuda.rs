@@ -34,7 +34,8 @@ use shardgraph::{Backend, Context, CpuBackend, GgmlType, TensorStorage};
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
+use shardgraph_models::types::TensorTypes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,9 +75,16 @@ fn write_small_models(dir: &std::path::Path) -> shardgraph::Result<()> {
     let t = small_target();
     let target = dir.join("qwen3-small.gguf");
     let kind = Weights::PermutationWithAttention { attention: 6.0 };
-    let a = write_qwen3_gguf_with(&target, &t, &Qwen3Types::q4_k_m(), 1, kind)?;
+    let a = write_qwen3_gguf_with(&target, &t, &TensorTypes::llama_q4_k_m(t.n_layer), 1, kind)?;
     let drafter = dir.join("dflash2-small.gguf");
-    let b = write_dflash_gguf_with(&drafter, &small_drafter(), GgmlType::Q8_0, t.n_vocab, 1, Weights::Permutation)?;
+    let b = write_dflash_gguf_with(
+        &drafter,
+        &small_drafter(),
+        &TensorTypes::uniform(GgmlType::Q8_0),
+        t.n_vocab,
+        1,
+        Weights::Permutation,
+    )?;
     println!("wrote {} ({a} bytes) and {} ({b} bytes)", target.display(), drafter.display());
     Ok(())
 }
@@ -195,7 +203,7 @@ fn main() -> shardgraph::Result<()> {
         Qwen3Hparams { core: HparamsCore::qwen3(16, 2048, 6144, 16, 8, 128), n_vocab: 32000, n_ctx_train: 4096 }
     };
     let path = std::env::temp_dir().join(format!("shardgraph-bench-cuda-{}-{}.gguf", hp.n_embd, hp.n_layer));
-    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
     if !path.exists() {
         shardgraph_models::generate::write_qwen3_gguf(&path, &hp, &types, 1)?;
     }

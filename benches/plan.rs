@@ -13,7 +13,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use qwen3::{qwen3_layers, qwen3_policy, Dims};
 use shardgraph::split::{Devices, Planner, SplitState, SplitStore};
 use shardgraph::{Context, GgmlType};
-use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams};
+use shardgraph_models::types::TensorTypes;
 use std::time::Instant;
 
 fn plan_qwen3_32b(c: &mut Criterion) {
@@ -68,9 +69,9 @@ fn mean_us(iters: u32, mut f: impl FnMut()) -> f64 {
 /// (`SplitStore::set_tensor`). Printed, not asserted (a timing).
 fn step_overhead_qwen3_32b(_: &mut Criterion) {
     let hp = Qwen3Hparams::qwen3_32b();
-    let types = Qwen3Types::q4_k_m();
+    let types = TensorTypes::q4_k_m();
     let mut ctx = Context::new();
-    let model = Qwen3::new(&mut ctx, hp.clone(), types, GgmlType::F16, 65536).expect("model");
+    let model = Qwen3::new(&mut ctx, hp.clone(), &types, GgmlType::F16, 65536).expect("model");
     let base = ctx.len();
     let ratios = [1.0, 1.0];
     let policy = shardgraph_models::qwen3::qwen3_policy(&hp, &types, &ratios).expect("policy");

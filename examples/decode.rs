@@ -1,6 +1,7 @@
-//! Greedy decoding speed of a generated `qwen3` model on N CPU devices
-//! (tensor split): writes the model once (`--model PATH`, default in the
-//! system temp folder), then prints prompt and decode tokens/s.
+//! Greedy decoding speed of a `qwen3` or `qwen35` model on N CPU devices
+//! (tensor split): a real GGUF file (`--model PATH`, its architecture read
+//! from `general.architecture`), or a generated `qwen3` written once into
+//! the system temp folder; prints prompt and decode tokens/s.
 //!
 //! `cargo run --release --example decode -- --devices 2 --tensor-split 1,1 --ctx-size 65536`
 //!
@@ -10,12 +11,17 @@
 //! `--ctx-size N` (KV cells, default 4096), `--fit on|off` (on: the largest
 //! context of 256-cell steps up to `--ctx-size` that fits every device,
 //! sized from the plans before anything is allocated; default off),
-//! `--n-prompt N` (prompt tokens,
+//! `--cache-type-k TYPE` and `--cache-type-v TYPE` (each one of llama.cpp's
+//! cache types: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl once
+//! the core has it; default f16), `--n-prompt N` (prompt tokens,
 //! default 16; processed in batches of `--ubatch-size`, default 512),
-//! `--n-predict N` (tokens decoded, default 32; `--tokens` is the same),
-//! `--model PATH`, `--verify` (then the greedy tokens of the run are compared
-//! with a run of the same file on one CPU device: `verify: identical`, or
-//! `verify: MISMATCH` naming the first token that differs and exit status 1).
+//! `--prompt-tokens 1,2,3` or `--prompt-tokens-file F` (the prompt as token
+//! ids instead), `--n-predict N` (tokens decoded, default 32; `--tokens` is
+//! the same), `--model PATH`, `--verify` (then the greedy tokens of the run
+//! are compared with a run of the same file on one CPU device: `verify:
+//! identical`, or `verify: MISMATCH` naming the first token that differs
+//! and exit status 1). A file of another architecture, or with a tensor of
+//! a type this build cannot run, is refused naming it.
 //! The result line reads `… ctx-size N: prompt N tokens X tokens/s; decode N
 //! tokens Y tokens/s; …`. `RUST_LOG=debug` logs every decode step: tokens,
 //! position, bytes moved, time.
@@ -25,7 +31,10 @@ use shardgraph::GgmlType;
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
 use shardgraph_models::generate::{write_qwen3_gguf_progress, Weights};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
+use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session};
+use shardgraph_models::step::{StepOutput, Target};
+use shardgraph_models::types::{KvTypes, TensorTypes};
 use std::time::Instant;
 
 #[path = "common/spec.rs"]
@@ -40,7 +49,11 @@ const OPTIONS: &[&str] = &[
     "--threads",
     "--ctx-size",
     "--fit",
+    "--cache-type-k",
+    "--cache-type-v",
     "--n-prompt",
+    "--prompt-tokens",
+    "--prompt-tokens-file",
     "--ubatch-size",
     "--n-predict",
     "--tokens",
@@ -71,6 +84,7 @@ fn run() -> shardgraph::Result<()> {
     let threads: usize = parsed(&args, "--threads", 1);
     let n_prompt: usize = parsed(&args, "--n-prompt", 16);
     let ubatch: usize = parsed(&args, "--ubatch-size", 512);
+    let kv = spec::cache_types(&args);
     let bad = |m: String| -> ! {
         eprintln!("{m}");
         std::process::exit(2)
@@ -81,6 +95,9 @@ fn run() -> shardgraph::Result<()> {
             spec::MAX_THREADS
         ));
     }
+    // The prompt's ids (or a synthetic one of --n-prompt ids, made once the vocabulary is known).
+    let given: Option<Vec<i32>> = Some(spec::prompt_tokens(&args, Vec::new)).filter(|p| !p.is_empty());
+    let n_prompt = given.as_ref().map_or(n_prompt, Vec::len);
     let Some(needed) = n_prompt.checked_add(n_tokens).and_then(|v| i64::try_from(v).ok()) else {
         bad(format!("no context can hold {n_prompt} prompt and {n_tokens} generated tokens"))
     };
@@ -89,7 +106,7 @@ fn run() -> shardgraph::Result<()> {
     let path = match spec::given_file(&args, "--model") {
         Some(p) => p,
         None => {
-            let (hp, types) = (hparams(), Qwen3Types::all(GgmlType::Q8_0));
+            let (hp, types) = (hparams(), TensorTypes::uniform(GgmlType::Q8_0));
             let p = std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf");
             let what = format!("generating {}", p.display());
             let current = |f: &shardgraph::gguf::GgufFile| Qwen3Hparams::from_gguf(f).is_ok_and(|h| h == hp);
@@ -99,14 +116,16 @@ fn run() -> shardgraph::Result<()> {
             p
         }
     };
-    // The model's dimensions come from the file (the generated one or --model).
+    // The model's architecture, dimensions and tensor types come from the file.
     let file = shardgraph::gguf::GgufFile::open(&path)?;
-    let (hp, types) = (Qwen3Hparams::from_gguf(&file)?, Qwen3Types::from_gguf(&file)?);
+    let model = Model::read(&file)?;
+    let prompt =
+        given.unwrap_or_else(|| (0..n_prompt).map(|i| ((i * 97 + 5) % model.n_vocab() as usize) as i32).collect());
     let ctx_size = spec::ctx_size(&args, 4096, needed, |max| {
         let spec = FitSpec {
-            target: FitTarget::Qwen3 { hp: hp.clone(), types },
+            target: model.fit_target(),
             draft: FitDraft::None,
-            kv_type: GgmlType::F16,
+            cache_types: kv,
             ratios: ratios.clone(),
             n_batch: n_prompt.min(ubatch) as i64,
             snapshot_slots: 0,
@@ -114,17 +133,17 @@ fn run() -> shardgraph::Result<()> {
         let max = if max > 0 { max } else { spec.max_ctx() }.max(CTX_STEP);
         fit_ctx_size(&spec, max, &devices.executor()?)
     })?;
-    let mut s = Qwen3Session::load_file(&file, &devices, GgmlType::F16, ctx_size)?;
+    let mut s = Session::load(&file, &devices, kv, ctx_size)?;
     drop(file);
-    let prompt: Vec<i32> = (0..n_prompt).map(|i| ((i * 97 + 5) % hp.n_vocab as usize) as i32).collect();
     // Warm-up, as llama.cpp's context creation: the weights move onto the
     // devices and the first programs compile; then the cache is forgotten.
     let first = s.decode(&prompt[..prompt.len().min(ubatch)], &[], false)?;
     s.decode(&first.argmax[first.argmax.len() - 1..], &[], false)?;
-    s.rollback(0)?;
+    s.restart()?;
     let run = greedy(&mut s, &prompt, ubatch, n_tokens)?;
     println!(
-        "{n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
+        "{} {n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}, KV cache {kv}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
+        s.arch(),
         prompt.len(),
         prompt.len() as f64 / run.prompt_s,
         n_tokens as f64 / run.decode_s,
@@ -136,7 +155,8 @@ fn run() -> shardgraph::Result<()> {
             run.tokens.clone()
         } else {
             let one = Devices::cpu(1, threads)?;
-            greedy(&mut Qwen3Session::load(&path, &one, GgmlType::F16, ctx_size)?, &prompt, ubatch, n_tokens)?.tokens
+            let file = shardgraph::gguf::GgufFile::open(&path)?;
+            greedy(&mut Session::load(&file, &one, kv, ctx_size)?, &prompt, ubatch, n_tokens)?.tokens
         };
         match reference.iter().zip(&run.tokens).position(|(a, b)| a != b) {
             None if reference.len() == run.tokens.len() => println!(
@@ -158,6 +178,101 @@ fn run() -> shardgraph::Result<()> {
     Ok(())
 }
 
+/// The target model a file holds (by `general.architecture`).
+enum Model {
+    Qwen3(Qwen3Hparams, TensorTypes),
+    Qwen35(Qwen35Hparams, TensorTypes),
+}
+
+impl Model {
+    /// Reads the architecture, hyper-parameters and tensor types of `file`.
+    ///
+    /// # Errors
+    /// [`shardgraph::Error::Model`] naming another architecture; the
+    /// models' metadata errors.
+    fn read(file: &shardgraph::gguf::GgufFile) -> shardgraph::Result<Self> {
+        let types = TensorTypes::from_file(file);
+        match file.get_str("general.architecture")? {
+            "qwen3" => Ok(Model::Qwen3(Qwen3Hparams::from_gguf(file)?, types)),
+            "qwen35" => Ok(Model::Qwen35(Qwen35Hparams::from_gguf(file)?, types)),
+            other => Err(shardgraph::Error::Model {
+                detail: format!(
+                    "{}: general.architecture {other:?} (this example decodes qwen3 or qwen35)",
+                    file.name()
+                ),
+            }),
+        }
+    }
+
+    fn n_vocab(&self) -> i64 {
+        match self {
+            Model::Qwen3(hp, _) => hp.n_vocab,
+            Model::Qwen35(hp, _) => hp.n_vocab,
+        }
+    }
+
+    fn fit_target(&self) -> FitTarget {
+        match self {
+            Model::Qwen3(hp, types) => FitTarget::Qwen3 { hp: hp.clone(), types: types.clone() },
+            Model::Qwen35(hp, types) => FitTarget::Qwen35 { hp: hp.clone(), types: types.clone() },
+        }
+    }
+}
+
+/// A loaded `qwen3` or `qwen35` session.
+enum Session {
+    Qwen3(Box<Qwen3Session>),
+    Qwen35(Box<Qwen35Session>),
+}
+
+impl Session {
+    /// Loads `file` onto `devices` with KV caches of `kv` × `ctx_size` cells.
+    fn load(
+        file: &shardgraph::gguf::GgufFile,
+        devices: &Devices,
+        kv: KvTypes,
+        ctx_size: i64,
+    ) -> shardgraph::Result<Self> {
+        Ok(match file.get_str("general.architecture")? {
+            "qwen35" => Session::Qwen35(Box::new(Qwen35Session::load_file(file, devices, kv, ctx_size)?)),
+            _ => Session::Qwen3(Box::new(Qwen3Session::load_file(file, devices, kv, ctx_size)?)),
+        })
+    }
+
+    fn target(&mut self) -> &mut dyn Target {
+        match self {
+            Session::Qwen3(s) => s.as_mut(),
+            Session::Qwen35(s) => s.as_mut(),
+        }
+    }
+
+    fn decode(&mut self, tokens: &[i32], taps: &[usize], logits: bool) -> shardgraph::Result<StepOutput> {
+        self.target().decode(tokens, taps, logits)
+    }
+
+    /// Forgets the sequence (a `qwen35`'s recurrent states are zeroed).
+    fn restart(&mut self) -> shardgraph::Result<()> {
+        match self {
+            Session::Qwen3(s) => s.rollback(0),
+            Session::Qwen35(s) => s.reset(),
+        }
+    }
+
+    fn bytes_moved(&self) -> u64 {
+        match self {
+            Session::Qwen3(s) => s.runner().bytes_moved(),
+            Session::Qwen35(s) => s.runner().bytes_moved(),
+        }
+    }
+
+    fn arch(&self) -> &str {
+        match self {
+            Session::Qwen3(_) => "qwen3",
+            Session::Qwen35(_) => "qwen35",
+        }
+    }
+}
+
 /// A timed greedy run: its tokens, the seconds of the prompt and of the
 /// decode steps, and the bytes the decode steps moved between devices.
 struct Run {
@@ -170,7 +285,7 @@ struct Run {
 
 /// Decodes `prompt` in batches of `ubatch`, then `n` tokens one at a time,
 /// each the greedy token after the previous one.
-fn greedy(s: &mut Qwen3Session, prompt: &[i32], ubatch: usize, n: usize) -> shardgraph::Result<Run> {
+fn greedy(s: &mut Session, prompt: &[i32], ubatch: usize, n: usize) -> shardgraph::Result<Run> {
     let t = Instant::now();
     let mut last = 0;
     for chunk in prompt.chunks(ubatch) {
@@ -178,12 +293,12 @@ fn greedy(s: &mut Qwen3Session, prompt: &[i32], ubatch: usize, n: usize) -> shar
     }
     let prompt_s = t.elapsed().as_secs_f64();
     let mut tokens = vec![last];
-    let moved_before = s.runner().bytes_moved();
+    let moved_before = s.bytes_moved();
     let t = Instant::now();
     for _ in 0..n {
         last = s.decode(&[last], &[], false)?.argmax[0];
         tokens.push(last);
     }
     let decode_s = t.elapsed().as_secs_f64();
-    Ok(Run { tokens, prompt_s, decode_s, bytes_moved: s.runner().bytes_moved() - moved_before })
+    Ok(Run { tokens, prompt_s, decode_s, bytes_moved: s.bytes_moved() - moved_before })
 }

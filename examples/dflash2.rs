@@ -6,8 +6,10 @@
 //! `cargo run --release --example dflash2 -- --devices 2 --tensor-split 1,1 --verify`
 //!
 //! On first use it writes the example models into the system temp folder,
-//! with a progress display: a ~190 MB `qwen3` target in a Q4_K_M-like mixed
-//! layout whose greedy continuation follows a vocabulary permutation except
+//! with a progress display: a ~190 MB `qwen3` target in llama.cpp's Q4_K_M
+//! layout (Q4_K, with Q6_K `attn_v` and `ffn_down` in the layers llama.cpp's
+//! quantizer gives more bits, and a Q6_K head) whose greedy continuation
+//! follows a vocabulary permutation except
 //! where its first layer's attention settles on an earlier token, and a
 //! 66 MB Q8_0 DFlash2 drafter built to predict the permutation (so it is
 //! right often, and wrong where the target's attention intervenes). It then
@@ -35,7 +37,11 @@
 //! `--verify` then compares with a one-device CPU run),
 //! `--spec-draft-n-max` (default: the drafter's block size − 1),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
-//! `--cache-type-k f16|q8_0|q4_0` (KV caches of both models, default f16),
+//! `--cache-type-k TYPE` and `--cache-type-v TYPE` (the K and V caches of
+//! both models, each one of llama.cpp's cache types: f32, f16, bf16, q8_0,
+//! q4_0, q4_1, q5_0, q5_1, iq4_nl once the core has it; default f16),
+//! `--prompt-tokens 1,2,3` or `--prompt-tokens-file F` (the prompt as token
+//! ids; default 16 ids of the example),
 //! `--n-predict` (tokens to generate, default 96), `--ctx-size` (KV cells
 //! for the prompt and the generated tokens, default what the run needs: 16
 //! plus `--n-predict`; every cache gets the drafter's block on top),
@@ -47,7 +53,9 @@
 //! 0.95), `--min-p` (default 0.05) and `--seed` (default 4294967295), and
 //! speculative sampling keeps the target's distribution), `--model PATH`,
 //! `--model-draft PATH` (a DFlash or DFlash2 GGUF), `--verify` (greedy
-//! only).
+//! only). Both files and their pairing are checked (tensors, types,
+//! shapes, the drafter's target) before any decoding: a drafter built for
+//! another target is refused at once, not after the plain baseline.
 //! `RUST_LOG=debug` logs every speculative step.
 
 use shardgraph::GgmlType;
@@ -55,8 +63,9 @@ use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen3_gguf_progress, Weights};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
+use shardgraph_models::qwen3::Qwen3Hparams;
 use shardgraph_models::speculative::SpecParams;
+use shardgraph_models::types::TensorTypes;
 use std::path::Path;
 
 #[path = "common/spec.rs"]
@@ -74,6 +83,9 @@ const OPTIONS: &[&str] = &[
     "--spec-draft-n-min",
     "--spec-draft-p-min",
     "--cache-type-k",
+    "--cache-type-v",
+    "--prompt-tokens",
+    "--prompt-tokens-file",
     "--n-predict",
     "--ctx-size",
     "--fit",
@@ -115,7 +127,8 @@ fn ensure_target(path: &Path) -> shardgraph::Result<()> {
     let current = |f: &shardgraph::gguf::GgufFile| Qwen3Hparams::from_gguf(f).is_ok_and(|h| h == target_hp());
     spec::ensure(path, current, |tmp| {
         let kind = Weights::PermutationWithAttention { attention: 6.0 };
-        write_qwen3_gguf_progress(tmp, &hp, &Qwen3Types::q4_k_m(), 1, kind, &mut progress(&what))
+        let types = TensorTypes::llama_q4_k_m(hp.n_layer);
+        write_qwen3_gguf_progress(tmp, &hp, &types, 1, kind, &mut progress(&what))
     })
 }
 
@@ -124,7 +137,14 @@ fn ensure_drafter(path: &Path) -> shardgraph::Result<()> {
     let hp = target_hp();
     let current = |f: &shardgraph::gguf::GgufFile| DflashHparams::from_gguf(f).is_ok_and(|h| h == drafter_hp(&hp));
     spec::ensure(path, current, |tmp| {
-        write_dflash_gguf_with(tmp, &drafter_hp(&hp), GgmlType::Q8_0, hp.n_vocab, 1, Weights::Permutation)
+        write_dflash_gguf_with(
+            tmp,
+            &drafter_hp(&hp),
+            &TensorTypes::uniform(GgmlType::Q8_0),
+            hp.n_vocab,
+            1,
+            Weights::Permutation,
+        )
     })
 }
 
@@ -141,7 +161,7 @@ fn run() -> shardgraph::Result<()> {
     check_options(&args, "dflash2", OPTIONS);
     let (ratios, mode) = spec::devices(&args, 2);
     let n = ratios.len();
-    let kv_type = spec::cache_type(&args);
+    let kv_types = spec::cache_types(&args);
     let n_gen: usize = parsed(&args, "--n-predict", 96);
     let threads: usize = parsed(&args, "--threads", 1);
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);
@@ -158,7 +178,7 @@ fn run() -> shardgraph::Result<()> {
         eprintln!("--target {target_kind}: use qwen3 or qwen35");
         std::process::exit(2);
     }
-    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
+    let prompt = spec::prompt_tokens(&args, || (0..16).map(|i| (i * 389 + 11) % 8000).collect());
     // Cells for the prompt and the generated tokens (the engine adds the drafter's block).
     let need = (prompt.len() + n_gen) as i64;
     // --ctx-size and --device before any output or work.
@@ -217,12 +237,18 @@ fn run() -> shardgraph::Result<()> {
     }
     spec::check_counts(n_gen, threads, n_max, n_min, p_min);
     let draft = DraftModel::Gguf(draft_path.clone());
-    let params = EngineParams { ctx_size: need, cache_type_k: kv_type, spec: SpecParams { n_max, n_min }, p_min };
+    let params = EngineParams {
+        ctx_size: need,
+        cache_type_k: kv_types.k,
+        cache_type_v: kv_types.v,
+        spec: SpecParams { n_max, n_min },
+        p_min,
+    };
     let ctx_size = spec::ctx_size(&args, need, need, |max| {
         Engine::fit_ctx_size(&devices, &target, &draft, &EngineParams { ctx_size: max, ..params }, prompt.len() as i64)
     })?;
     println!(
-        "target {}, drafter {} ({}), KV cache {kv_type}, ctx-size {ctx_size} (+ the block of {} in every cache)",
+        "target {}, drafter {} ({}), KV cache {kv_types}, ctx-size {ctx_size} (+ the block of {} in every cache)",
         name(&target),
         name(&draft_path),
         if dhp.conv.is_some() || dhp.selector.is_some() { "DFlash2" } else { "DFlash" },

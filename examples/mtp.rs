@@ -21,13 +21,16 @@
 //! equal), `--split-mode none|tensor`, `--device CPU|CUDA<i>|HIP<i>|EMU|EMUHIP,..`
 //! (as in the dflash2 example), `--spec-draft-n-max` (default 3),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
-//! `--cache-type-k f16|q8_0|q4_0`, `--n-predict` (default 96), `--ctx-size`
+//! `--cache-type-k TYPE`, `--cache-type-v TYPE` (as in the dflash2
+//! example), `--prompt-tokens 1,2,3` or `--prompt-tokens-file F` (the
+//! prompt as token ids), `--n-predict` (default 96), `--ctx-size`
 //! (cells for the prompt and the generated tokens, default 16 +
 //! `--n-predict`; the caches get `n_max + 1` more) and `--fit on|off` (as in
 //! the dflash2 example), `--threads`, `--temp` (default 0: greedy),
 //! `--top-k` (default 40), `--top-p` (default 0.95), `--min-p` (default
 //! 0.05), `--seed` (default 4294967295), `--model PATH` (a `qwen35` GGUF
-//! with an MTP layer), `--verify` (greedy only).
+//! with an MTP layer; checked, with its MTP layer, before any decoding),
+//! `--verify` (greedy only).
 
 use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::speculative::SpecParams;
@@ -45,6 +48,9 @@ const OPTIONS: &[&str] = &[
     "--spec-draft-n-min",
     "--spec-draft-p-min",
     "--cache-type-k",
+    "--cache-type-v",
+    "--prompt-tokens",
+    "--prompt-tokens-file",
     "--n-predict",
     "--ctx-size",
     "--fit",
@@ -70,7 +76,7 @@ fn run() -> shardgraph::Result<()> {
     check_options(&args, "mtp", OPTIONS);
     let (ratios, mode) = spec::devices(&args, 3);
     let n = ratios.len();
-    let kv_type = spec::cache_type(&args);
+    let kv_types = spec::cache_types(&args);
     let n_gen: usize = parsed(&args, "--n-predict", 96);
     let threads: usize = parsed(&args, "--threads", 1);
     let p_min: f32 = parsed(&args, "--spec-draft-p-min", 0.0);
@@ -80,7 +86,7 @@ fn run() -> shardgraph::Result<()> {
     let sampler = spec::sampler(&args);
     let verify = args.iter().any(|a| a == "--verify");
     spec::check_verify(verify, &sampler);
-    let prompt: Vec<i32> = (0..16).map(|i| (i * 389 + 11) % 8000).collect();
+    let prompt = spec::prompt_tokens(&args, || (0..16).map(|i| (i * 389 + 11) % 8000).collect());
     // Cells for the prompt and the generated tokens (the engine adds a draft's).
     let need = (prompt.len() + n_gen) as i64;
     // --ctx-size and --device before any output or work.
@@ -94,13 +100,19 @@ fn run() -> shardgraph::Result<()> {
             p
         }
     };
-    let params = EngineParams { ctx_size: need, cache_type_k: kv_type, spec: SpecParams { n_max, n_min }, p_min };
+    let params = EngineParams {
+        ctx_size: need,
+        cache_type_k: kv_types.k,
+        cache_type_v: kv_types.v,
+        spec: SpecParams { n_max, n_min },
+        p_min,
+    };
     let ctx_size = spec::ctx_size(&args, need, need, |max| {
         let fit = EngineParams { ctx_size: max, ..params };
         Engine::fit_ctx_size(&devices, &target, &DraftModel::Mtp, &fit, prompt.len() as i64)
     })?;
     println!(
-        "target {} (qwen35 with its MTP layer), KV cache {kv_type}, ctx-size {ctx_size} (+ {} cells for a draft)",
+        "target {} (qwen35 with its MTP layer), KV cache {kv_types}, ctx-size {ctx_size} (+ {} cells for a draft)",
         target.file_name().and_then(|f| f.to_str()).unwrap_or("?"),
         n_max + 1
     );

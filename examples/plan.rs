@@ -18,15 +18,16 @@
 //! Q8_0, their block and injection steps planned too), `--devices N`,
 //! `--tensor-split r0,r1,..`, `--split-mode none|tensor` (default tensor; none
 //! plans one device), `--ctx-size` (KV cells, default 4096),
-//! `--cache-type-k f16|q8_0|q4_0` (default f16), `--tokens T` (batch, default
-//! 1).
+//! `--cache-type-k TYPE` and `--cache-type-v TYPE` (llama.cpp's cache types,
+//! default f16; q4_0 for qwen35-27b), `--tokens T` (batch, default 1).
 
 use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Types};
-use shardgraph_models::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams, Qwen35Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams};
+use shardgraph_models::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams};
+use shardgraph_models::types::{KvTypes, TensorTypes};
 
 #[path = "common/spec.rs"]
 mod spec;
@@ -36,8 +37,17 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-const OPTIONS: &[&str] =
-    &["--model", "--draft", "--devices", "--tensor-split", "--split-mode", "--ctx-size", "--cache-type-k", "--tokens"];
+const OPTIONS: &[&str] = &[
+    "--model",
+    "--draft",
+    "--devices",
+    "--tensor-split",
+    "--split-mode",
+    "--ctx-size",
+    "--cache-type-k",
+    "--cache-type-v",
+    "--tokens",
+];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -60,7 +70,8 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
         std::process::exit(2);
     }
     // The 27B plan defaults to a q4_0 cache, as the field runs it.
-    let kv_type = if qwen35 && arg(args, "--cache-type-k").is_none() { GgmlType::Q4_0 } else { spec::cache_type(args) };
+    let given = arg(args, "--cache-type-k").is_some() || arg(args, "--cache-type-v").is_some();
+    let kv_type = if qwen35 && !given { KvTypes::from(GgmlType::Q4_0) } else { spec::cache_types(args) };
     if qwen35 {
         let draft = arg(args, "--draft").unwrap_or_else(|| "dflash2".into());
         return plan_qwen35(&ratios, kv_size, kv_type, tokens, &draft);
@@ -75,7 +86,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
             std::process::exit(2);
         }
     };
-    let types = Qwen3Types { output: GgmlType::Q6_K, ..Qwen3Types::q4_k_m() };
+    let types = TensorTypes::q4_k_m().with("output.weight", GgmlType::Q6_K);
     let draft =
         arg(args, "--draft").unwrap_or_else(|| if model == "qwen3-8b" { "dflash".into() } else { "dflash2".into() });
     // The z-lab Qwen3-8B-DFlash-b16 drafter (shardgraph-models/MODELS.md,
@@ -101,10 +112,10 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
         selector: Some((256, 16)),
     };
     let mut ctx = Context::new();
-    let m = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
+    let m = Qwen3::new(&mut ctx, hp.clone(), &types, kv_type, kv_size)?;
     let drafter = match draft.as_str() {
-        "dflash" => Some(Dflash::new(&mut ctx, &m, v1, GgmlType::Q8_0, kv_type, kv_size)?),
-        "dflash2" => Some(Dflash::new(&mut ctx, &m, v2, GgmlType::Q8_0, kv_type, kv_size)?),
+        "dflash" => Some(Dflash::new(&mut ctx, &m, v1, &TensorTypes::uniform(GgmlType::Q8_0), kv_type, kv_size)?),
+        "dflash2" => Some(Dflash::new(&mut ctx, &m, v2, &TensorTypes::uniform(GgmlType::Q8_0), kv_type, kv_size)?),
         "none" => None,
         other => {
             eprintln!("--draft {other}: use dflash, dflash2 or none");
@@ -116,7 +127,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     let step = m.build(&mut ctx, tokens, &taps)?;
     let graph = ctx.build_forward(&step.outputs())?;
     let policy = match &drafter {
-        Some(d) => qwen3_dflash_policy(&hp, &types, &d.hp, GgmlType::Q8_0, &ratios)?,
+        Some(d) => qwen3_dflash_policy(&hp, &types, &d.hp, &TensorTypes::uniform(GgmlType::Q8_0), &ratios)?,
         None => qwen3_policy(&hp, &types, &ratios)?,
     };
     let start = std::time::Instant::now();
@@ -178,7 +189,7 @@ fn bytes_per_device(ctx: &Context, plan: &shardgraph::split::Plan, ids: &[shardg
 /// 3.7): 64 layers (48 Gated-DeltaNet + 16 gated attention), its NextN (MTP)
 /// layer, and its 5-layer DFlash2 drafter (shardgraph-models/MODELS.md, section
 /// 4.8), without allocating weights.
-fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, draft: &str) -> shardgraph::Result<()> {
+fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: KvTypes, tokens: i64, draft: &str) -> shardgraph::Result<()> {
     let n = ratios.len();
     let hp = Qwen35Hparams {
         core: HparamsCore { rope_base: 1e7, ..HparamsCore::qwen3(64, 5120, 17408, 24, 4, 256) },
@@ -193,7 +204,7 @@ fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, dra
         n_nextn: 1,
         n_ctx_train: 262144,
     };
-    let types = Qwen35Types { embd: GgmlType::Q4_K, attn: GgmlType::Q4_K, ffn: GgmlType::Q4_K, output: GgmlType::Q6_K };
+    let types = TensorTypes::uniform(GgmlType::Q4_K).with("output.weight", GgmlType::Q6_K);
     let dhp = DflashHparams {
         core: HparamsCore { rope_base: 1e7, ..HparamsCore::qwen3(5, 5120, 17408, 32, 8, 128) },
         target_layers: vec![6, 20, 34, 48, 62],
@@ -204,9 +215,11 @@ fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, dra
         selector: Some((256, 16)),
     };
     let mut ctx = Context::new();
-    let m = Qwen35::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
+    let m = Qwen35::new(&mut ctx, hp.clone(), &types, kv_type, kv_size)?;
     let drafter = match draft {
-        "dflash2" => Some(Dflash::new(&mut ctx, &m, dhp.clone(), GgmlType::Q8_0, kv_type, kv_size)?),
+        "dflash2" => {
+            Some(Dflash::new(&mut ctx, &m, dhp.clone(), &TensorTypes::uniform(GgmlType::Q8_0), kv_type, kv_size)?)
+        }
         "mtp" | "none" => None,
         other => {
             eprintln!("--draft {other}: use dflash2, mtp or none for qwen35-27b");
@@ -214,7 +227,7 @@ fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: GgmlType, tokens: i64, dra
         }
     };
     let policy = match &drafter {
-        Some(d) => qwen35_dflash_policy(&hp, &types, &d.hp, GgmlType::Q8_0, ratios)?,
+        Some(d) => qwen35_dflash_policy(&hp, &types, &d.hp, &TensorTypes::uniform(GgmlType::Q8_0), ratios)?,
         None => qwen35_policy(&hp, &types, ratios)?,
     };
     let base = ctx.len();

@@ -767,7 +767,8 @@ enum sg_draft_kind {
 /** How an engine is loaded (llama.cpp's options in brackets). */
 typedef struct sg_engine_params {
     int64_t ctx_size;     /**< KV cells usable for prompts and generated tokens (--ctx-size; 4096) */
-    int32_t cache_type_k; /**< KV cache type id (--cache-type-k): SG_TYPE_F16 (default), Q8_0, Q4_0, F32 */
+    int32_t cache_type_k; /**< K cache type id (--cache-type-k): llama.cpp's cache types the core has: SG_TYPE_F16 (default), F32, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (IQ4_NL once the core has it) */
+    int32_t cache_type_v; /**< V cache type id (--cache-type-v), of the same list; may differ from K's (SG_TYPE_F16) */
     int32_t n_max;        /**< most drafts per step (--spec-draft-n-max); 0: the drafter's default */
     int32_t n_min;        /**< shorter drafts are discarded (--spec-draft-n-min; 0) */
     float p_min;          /**< drafts below this drafter probability are cut (--spec-draft-p-min; 0..1, 0) */
@@ -818,12 +819,74 @@ sg_status sg_engine_load(const sg_devices *devs, const char *model_path, int32_t
  * distribution. The sequence continues across calls until
  * sg_engine_reset: each prompt follows the tokens the previous call
  * generated (the engine feeds the last generated token to the model
- * itself; do not pass it again).
+ * itself; do not pass it again). It ends early after one of the file's
+ * end-of-generation tokens (the last token written; *n_out < n_predict);
+ * sg_engine_generate_ex takes stop tokens, a callback and logits.
  * Errors: SG_ERR_INVALID_ARGUMENT (out_cap < n_predict, negative top_k);
  * SG_ERR_MODEL (an empty prompt, a token outside the vocabulary, a prompt
  * and n_predict over the context, bad sampler values), device errors.
  */
 sg_status sg_engine_generate(sg_engine *engine, const int32_t *prompt, size_t n_prompt, size_t n_predict, const sg_sampler_params *sampler, int32_t *out_tokens, size_t out_cap, size_t *n_out, sg_spec_stats *stats);
+
+/**
+ * Called with each generated token as it is accepted (the tokens of a
+ * verified batch one by one, in the order returned, from the thread that
+ * called sg_engine_generate_ex) and the options' user_data: return non-zero
+ * to go on, 0 to end the generation after this token.
+ */
+typedef int32_t (*sg_token_callback)(int32_t token, void *user_data);
+
+/** Options of sg_engine_generate_ex; all zero (NULL) is the default. */
+typedef struct sg_generate_options {
+    const int32_t *stop;          /**< tokens that end the generation, returned as its last token (NULL with n_stop 0: none) */
+    size_t n_stop;                /**< entries at stop */
+    int32_t ignore_eos;           /**< non-zero: do not stop at the file's end-of-generation tokens (--ignore-eos) */
+    sg_token_callback on_token;   /**< NULL: none */
+    void *user_data;              /**< passed to on_token as it is */
+    float *out_logits;            /**< NULL, or logits_cap floats: each generated token's logits row [n_vocab], token after token */
+    size_t logits_cap;            /**< floats at out_logits: at least n_predict * n_vocab when out_logits is given */
+} sg_generate_options;
+
+/** Why a generation ended (*end of sg_engine_generate_ex). */
+enum sg_end {
+    SG_END_LENGTH = 0, /**< n_predict tokens */
+    SG_END_STOP = 1,   /**< at an end-of-generation token of the file or a stop token (the last token) */
+    SG_END_CALLER = 2  /**< on_token returned 0 for the last token */
+};
+
+/**
+ * sg_engine_generate with options: it also ends after a token of
+ * opts->stop or of the file's end-of-generation tokens
+ * (sg_engine_eog_tokens; unless opts->ignore_eos), calls opts->on_token
+ * with every token as it is accepted, and writes each generated token's
+ * logits row to opts->out_logits; *n_out is the tokens written (fewer than
+ * n_predict when it ended early), *end (if not NULL) why it ended
+ * (enum sg_end). opts NULL: the defaults (it still stops at the file's
+ * end-of-generation tokens, as sg_engine_generate does). A generation
+ * that ends early leaves the sequence at its last token.
+ * Errors: as sg_engine_generate; SG_ERR_INVALID_ARGUMENT for logits_cap
+ * below n_predict * n_vocab; SG_ERR_MODEL for a stop token outside the
+ * vocabulary.
+ */
+sg_status sg_engine_generate_ex(sg_engine *engine, const int32_t *prompt, size_t n_prompt, size_t n_predict, const sg_sampler_params *sampler, const sg_generate_options *opts, int32_t *out_tokens, size_t out_cap, size_t *n_out, sg_spec_stats *stats, int32_t *end);
+
+/**
+ * Keeps the first n_past tokens of the sequence (llama_memory_seq_rm from
+ * n_past on): the next sg_engine_generate continues after token n_past - 1.
+ * A qwen3 target forgets its later cells; a qwen35 target's recurrent
+ * states cannot be taken back to an arbitrary position, so it is started
+ * afresh and the kept tokens are decoded again (a prefill), which gives
+ * the states of a fresh run. n_past 0 is sg_engine_reset.
+ * Errors: SG_ERR_MODEL for n_past outside 0..sg_engine_n_past; device errors.
+ */
+sg_status sg_engine_rollback(sg_engine *engine, int64_t n_past);
+
+/**
+ * The file's end-of-generation tokens (tokenizer.ggml.eos_token_id,
+ * tokenizer.ggml.eot_token_id): up to cap of them into out (NULL with cap
+ * 0: none), their count in *n.
+ */
+sg_status sg_engine_eog_tokens(const sg_engine *engine, int32_t *out, size_t cap, size_t *n);
 
 /** Forgets the sequence (llama_memory_clear). */
 sg_status sg_engine_reset(sg_engine *engine);

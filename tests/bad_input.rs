@@ -4,6 +4,7 @@
 use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::{Backend, Context, CpuBackend, CpuConfig, Error, GgmlType, TensorStorage};
 use shardgraph_models::hparams::HparamsCore;
+use shardgraph_models::types::TensorTypes;
 
 #[test]
 fn views_with_overflowing_strides_are_rejected() {
@@ -130,9 +131,9 @@ fn model_functions_refuse_degenerate_parameters() {
     use shardgraph_models::dflash::DflashHparams;
     use shardgraph_models::generate::{write_dflash_gguf_with, Weights};
     use shardgraph_models::policy::attention_granules;
-    use shardgraph_models::qwen3::{qwen3_policy, Qwen3Hparams, Qwen3Types};
+    use shardgraph_models::qwen3::{qwen3_policy, Qwen3Hparams};
     use shardgraph_models::qwen35::qwen35_policy;
-    use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
+    use shardgraph_models::qwen35::Qwen35Hparams;
     use shardgraph_models::speculative::{generate, SpecParams};
     use shardgraph_models::step::StepOutput;
     use shardgraph_models::step::{Drafter, Target};
@@ -150,7 +151,7 @@ fn model_functions_refuse_degenerate_parameters() {
         n_vocab: 32,
         n_ctx_train: 64,
     };
-    assert!(qwen3_policy(&q3, &Qwen3Types::all(GgmlType::F32), &[1.0, 1.0]).is_err());
+    assert!(qwen3_policy(&q3, &TensorTypes::uniform(GgmlType::F32), &[1.0, 1.0]).is_err());
     let _ = attention_granules(&q3, GgmlType::Q8_0, 2); // no division by zero
     let q35 = Qwen35Hparams {
         core: HparamsCore {
@@ -174,7 +175,7 @@ fn model_functions_refuse_degenerate_parameters() {
         n_nextn: 0,
         n_ctx_train: 64,
     };
-    assert!(qwen35_policy(&q35, &Qwen35Types::all(GgmlType::F32), &[1.0, 1.0]).is_err());
+    assert!(qwen35_policy(&q35, &TensorTypes::uniform(GgmlType::F32), &[1.0, 1.0]).is_err());
     let huge = Qwen35Hparams { n_k_heads: 1 << 30, n_v_heads: 1 << 31, d_state: 1 << 30, ..q35 };
     assert!(huge.validate().is_err());
     let dhp = DflashHparams {
@@ -196,7 +197,9 @@ fn model_functions_refuse_degenerate_parameters() {
         selector: Some((8, 4)),
     };
     let path = std::env::temp_dir().join(format!("shardgraph-bad-dflash-{}.gguf", std::process::id()));
-    assert!(write_dflash_gguf_with(&path, &dhp, GgmlType::F32, 32, 1, Weights::Permutation).is_err());
+    assert!(
+        write_dflash_gguf_with(&path, &dhp, &TensorTypes::uniform(GgmlType::F32), 32, 1, Weights::Permutation).is_err()
+    );
     let _ = std::fs::remove_file(&path);
 
     /// A target that returns one greedy token whatever the batch.

@@ -13,7 +13,8 @@ use shardgraph::graph::alloc::GraphAllocator;
 use shardgraph::split::Devices;
 use shardgraph::{Backend, Context, GgmlType, TensorStorage};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
+use shardgraph_models::types::TensorTypes;
 use std::sync::Arc;
 
 #[path = "common/decode.rs"]
@@ -66,11 +67,14 @@ fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
     // (K-quant rows split in granules of 256 need more heads than this
     // model has for two devices, so the Q4_K_M-like mix runs on one.)
     for (weights, types, kv, tol, splits) in [
-        (Weights::Permutation, Qwen3Types::all(GgmlType::Q8_0), GgmlType::F16, 1e-3, 2),
-        (Weights::Random, Qwen3Types::all(GgmlType::F32), GgmlType::F16, 1e-5, 2),
-        (Weights::Random, Qwen3Types::q4_k_m(), GgmlType::Q8_0, 2e-3, 1),
+        (Weights::Permutation, TensorTypes::uniform(GgmlType::Q8_0), GgmlType::F16, 1e-3, 2),
+        (Weights::Random, TensorTypes::uniform(GgmlType::F32), GgmlType::F16, 1e-5, 2),
+        (Weights::Random, TensorTypes::q4_k_m(), GgmlType::Q8_0, 2e-3, 1),
     ] {
-        let path = dir.join(format!("m-{weights:?}-{}.gguf", types.attn).replace([' ', '{', '}', ':'], ""));
+        let path = dir.join(
+            format!("m-{weights:?}-{}.gguf", types.get("blk.0.attn_q.weight").unwrap())
+                .replace([' ', '{', '}', ':'], ""),
+        );
         write_qwen3_gguf_with(&path, &hp(), &types, 7, weights).unwrap();
         let prompt = [5, 17, 42, 3];
         let mut cpu = Qwen3Session::load(&path, &devices::cpu(&[1.0]), kv, 32).unwrap();
@@ -87,7 +91,7 @@ fn qwen3_decodes_on_cuda_devices_as_on_the_cpu() {
             let stats: Vec<_> = devs.iter().map(|d| d.stats()).collect();
             println!(
                 "qwen3 {weights:?} {} on {} CUDA device(s): tokens {got:?}, logits NMSE {worst:.2e}, stats {stats:?}",
-                types.attn,
+                types.get("blk.0.attn_q.weight").unwrap(),
                 ratios.len()
             );
             assert_eq!(got, want, "{weights:?} {types:?} on {ratios:?}");
@@ -292,7 +296,7 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
     use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
     use shardgraph_models::mtp::MtpDrafter;
-    use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
+    use shardgraph_models::qwen35::Qwen35Session;
     use shardgraph_models::speculative::{generate, NoDraft, SpecParams};
     use shardgraph_models::step::Drafter;
 
@@ -327,7 +331,7 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     std::fs::create_dir_all(&dir).unwrap();
     let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     let target = dir.join("qwen35.gguf");
-    write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
+    write_qwen35_gguf_with(&target, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
         core: HparamsCore::qwen3(1, 256, 384, 6, 3, 32),
         target_layers: vec![1, hp.n_layer],
@@ -338,7 +342,8 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
         selector: Some((32, 8)),
     };
     let drafter = dir.join("dflash2.gguf");
-    write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, hp.n_vocab, 13, Weights::Permutation).unwrap();
+    write_dflash_gguf_with(&drafter, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), hp.n_vocab, 13, Weights::Permutation)
+        .unwrap();
     let (prompt, n_gen, kv) = ([3, 14, 15, 92, 65, 35], 10, GgmlType::F16);
     let plain = {
         let mut s = Qwen35Session::load(&target, &devices::cpu(&[1.0]), kv, 40).unwrap();

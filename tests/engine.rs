@@ -16,10 +16,11 @@ use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::generate::{write_dflash_gguf, write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
 use shardgraph_models::generate::{write_qwen35_gguf, write_qwen3_gguf_with};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Session, Qwen3Types};
-use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use shardgraph_models::qwen3::Qwen3Session;
+use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session};
 use shardgraph_models::sampling::SamplerParams;
 use shardgraph_models::speculative::SpecParams;
+use shardgraph_models::types::TensorTypes;
 use std::path::{Path, PathBuf};
 
 #[path = "common/devices.rs"]
@@ -78,15 +79,16 @@ fn files(name: &str) -> Files {
     let q8 = GgmlType::Q8_0;
     let hp = qwen3_hp();
     let kind = Weights::PermutationWithAttention { attention: 2.0 };
-    write_qwen3_gguf_with(&f.qwen3, &hp, &Qwen3Types::all(q8), 23, kind).unwrap();
-    write_dflash_gguf(&f.dflash, &dflash_hp(), q8, hp.n_vocab, 17).unwrap();
+    write_qwen3_gguf_with(&f.qwen3, &hp, &TensorTypes::uniform(q8), 23, kind).unwrap();
+    write_dflash_gguf(&f.dflash, &dflash_hp(), &TensorTypes::uniform(q8), hp.n_vocab, 17).unwrap();
     let d2 = dflash2_hp(hp.n_embd, hp.n_vocab, hp.n_layer);
-    write_dflash_gguf_with(&f.dflash2, &d2, q8, hp.n_vocab, 23, Weights::Permutation).unwrap();
+    write_dflash_gguf_with(&f.dflash2, &d2, &TensorTypes::uniform(q8), hp.n_vocab, 23, Weights::Permutation).unwrap();
     let h35 = Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
-    write_qwen35_gguf_with(&f.qwen35, &h35, &Qwen35Types::all(q8), 7, Weights::Permutation).unwrap();
+    write_qwen35_gguf_with(&f.qwen35, &h35, &TensorTypes::uniform(q8), 7, Weights::Permutation).unwrap();
     let d35 = dflash2_hp(h35.n_embd, h35.n_vocab, h35.n_layer);
-    write_dflash_gguf_with(&f.qwen35_dflash2, &d35, q8, h35.n_vocab, 7, Weights::Permutation).unwrap();
-    write_qwen35_gguf(&f.qwen35_no_mtp, &qwen35_tiny::tiny(), &Qwen35Types::all(q8), 7).unwrap();
+    write_dflash_gguf_with(&f.qwen35_dflash2, &d35, &TensorTypes::uniform(q8), h35.n_vocab, 7, Weights::Permutation)
+        .unwrap();
+    write_qwen35_gguf(&f.qwen35_no_mtp, &qwen35_tiny::tiny(), &TensorTypes::uniform(q8), 7).unwrap();
     f
 }
 
@@ -247,15 +249,21 @@ fn bad_files_and_parameters_are_typed_errors() {
     };
     // A drafter built for another target: vocabulary, then hidden size.
     let other = f.dir.join("other.gguf");
-    write_dflash_gguf(&other, &dflash_hp(), GgmlType::Q8_0, 1000, 17).unwrap();
+    write_dflash_gguf(&other, &dflash_hp(), &TensorTypes::uniform(GgmlType::Q8_0), 1000, 17).unwrap();
     let e = load(&f.qwen3, DraftModel::Gguf(other.clone()), &p);
     assert!(matches!(e, shardgraph::Error::Model { .. }) && e.to_string().contains("vocab_size 1000"), "{e}");
     let msg = load(&f.qwen35, DraftModel::Gguf(f.dflash2.clone()), &p).to_string();
     assert!(msg.contains("another target"), "{msg}");
     // Taps beyond the target's layers.
     let deep = f.dir.join("deep.gguf");
-    write_dflash_gguf(&deep, &DflashHparams { target_layers: vec![1, 7], ..dflash_hp() }, GgmlType::Q8_0, 200, 3)
-        .unwrap();
+    write_dflash_gguf(
+        &deep,
+        &DflashHparams { target_layers: vec![1, 7], ..dflash_hp() },
+        &TensorTypes::uniform(GgmlType::Q8_0),
+        200,
+        3,
+    )
+    .unwrap();
     let msg = load(&f.qwen3, DraftModel::Gguf(deep), &p).to_string();
     assert!(msg.contains("layer 7"), "{msg}");
     // A drafter file that is not a DFlash GGUF, and one that is missing.
@@ -311,7 +319,8 @@ fn seeded_sampling_repeats_and_stays_in_the_vocabulary() {
     // Random weights spread the target's distribution (the permutation
     // models are nearly one-hot, so any seed draws the same tokens there).
     let random = f.dir.join("qwen3-random.gguf");
-    shardgraph_models::generate::write_qwen3_gguf(&random, &qwen3_hp(), &Qwen3Types::all(GgmlType::Q8_0), 5).unwrap();
+    shardgraph_models::generate::write_qwen3_gguf(&random, &qwen3_hp(), &TensorTypes::uniform(GgmlType::Q8_0), 5)
+        .unwrap();
     for (model, draft, spread) in [
         (&f.qwen3, DraftModel::Gguf(f.dflash2.clone()), false),
         (&f.qwen35, DraftModel::Mtp, false),
@@ -361,4 +370,228 @@ fn fit_gives_a_context_that_loads() {
     let params = EngineParams { ctx_size: 0, ..EngineParams::default() };
     let ctx = Engine::fit_ctx_size(&devices, &f.qwen35, &DraftModel::Mtp, &params, 8).unwrap();
     assert_eq!(ctx, 4096 - 4);
+}
+
+#[path = "common/gguf_edit.rs"]
+mod gguf_edit;
+#[path = "common/nmse.rs"]
+mod nmse;
+
+/// Plain greedy decoding on one device with the logits of every step: the
+/// tokens and, per token, the logits row it was chosen from.
+fn plain_greedy_logits(model: &Path, prompt: &[i32], n: usize) -> (Vec<i32>, Vec<Vec<f32>>) {
+    let f = shardgraph::gguf::GgufFile::open(model).unwrap();
+    let kv = (prompt.len() + n) as i64;
+    let devices = devices::cpu(&[1.0]);
+    let mut s: Box<dyn shardgraph_models::step::Target> = if f.get_str("general.architecture").unwrap() == "qwen3" {
+        Box::new(Qwen3Session::load_file(&f, &devices, GgmlType::F16, kv).unwrap())
+    } else {
+        Box::new(Qwen35Session::load_file(&f, &devices, GgmlType::F16, kv).unwrap())
+    };
+    let out = s.decode(prompt, &[], true).unwrap();
+    let v = out.logits.as_ref().unwrap().len() / prompt.len();
+    let mut logits = vec![out.logits.unwrap()[(prompt.len() - 1) * v..].to_vec()];
+    let mut tokens = vec![*out.argmax.last().unwrap()];
+    while tokens.len() < n {
+        let o = s.decode(&[*tokens.last().unwrap()], &[], true).unwrap();
+        tokens.push(o.argmax[0]);
+        logits.push(o.logits.unwrap());
+    }
+    (tokens, logits)
+}
+
+/// The options of a real embedding: tokens streamed as accepted (in the
+/// order returned), the logits of every step on request (equal to a plain
+/// decode's), a caller's stop token and a callback that ends the
+/// generation — each with every drafter, on 1 and 2 devices.
+#[test]
+fn streaming_logits_and_stop_tokens() {
+    use shardgraph_models::engine::{End, GenerateOptions};
+    let f = files("stream");
+    let prompt = [5, 77, 123, 9, 64];
+    let n = 16;
+    let greedy = SamplerParams::greedy();
+    for (model, draft) in [
+        (&f.qwen3, DraftModel::None),
+        (&f.qwen3, DraftModel::Gguf(f.dflash2.clone())),
+        (&f.qwen35, DraftModel::Mtp),
+        (&f.qwen35, DraftModel::Gguf(f.qwen35_dflash2.clone())),
+    ] {
+        let (want, want_logits) = plain_greedy_logits(model, &prompt, n);
+        for n_dev in [1, 2] {
+            let devices = Devices::cpu(n_dev, 1).unwrap();
+            let params = EngineParams { ctx_size: 64, ..EngineParams::default() };
+            let mut e = Engine::load(&devices, model, draft.clone(), &params).unwrap();
+            let what = format!("{} {} on {n_dev}", e.arch(), e.draft_kind());
+            let mut seen = Vec::new();
+            let mut record = |t: i32| {
+                seen.push(t);
+                true
+            };
+            let opts = GenerateOptions { on_token: Some(&mut record), logits: true, ..GenerateOptions::default() };
+            let g = e.generate_with(&prompt, n, &greedy, opts).unwrap();
+            assert_eq!(g.tokens, want, "{what}");
+            assert_eq!(seen, g.tokens, "{what}: streamed in the order returned");
+            assert_eq!((g.end, g.logits.len()), (End::Length, n), "{what}");
+            let worst = g.logits.iter().zip(&want_logits).map(|(a, b)| nmse::nmse(a, b)).fold(0.0, f64::max);
+            // A verified batch's rows against single-token steps: the same
+            // products in other batch shapes (measured 0 to 3e-6 with Q8_0
+            // weights); ggml's bound for quantized products.
+            println!("{what}: logits NMSE against a plain decode {worst:.2e}");
+            assert!(worst <= 5e-4, "{what}: logits NMSE {worst:.3e}");
+            // A stop token (the first at index ≥ 4 not generated before it).
+            let i = (4..n).find(|&i| !want[..i].contains(&want[i])).unwrap();
+            e.reset().unwrap();
+            let opts = GenerateOptions { stop: &[want[i]], ..GenerateOptions::default() };
+            let g = e.generate_with(&prompt, n, &greedy, opts).unwrap();
+            assert_eq!((&g.tokens[..], g.end), (&want[..=i], End::Stop), "{what}");
+            assert_eq!(e.n_past(), (prompt.len() + i + 1) as i64, "{what}");
+            // The sequence goes on from the stop token as from any other.
+            let more = e.generate(&[want[0]], 3, &greedy).unwrap().tokens;
+            let mut all = prompt.to_vec();
+            all.extend(&want[..=i]);
+            all.push(want[0]);
+            assert_eq!(more, plain_greedy(model, &all, 3), "{what}: after the stop");
+            // A callback that ends it after 3 tokens.
+            e.reset().unwrap();
+            let mut count = 0;
+            let mut three = |_t: i32| {
+                count += 1;
+                count < 3
+            };
+            let opts = GenerateOptions { on_token: Some(&mut three), ..GenerateOptions::default() };
+            let g = e.generate_with(&prompt, n, &greedy, opts).unwrap();
+            assert_eq!((&g.tokens[..], g.end), (&want[..3], End::Caller), "{what}");
+        }
+    }
+}
+
+/// The file's end-of-generation tokens (`tokenizer.ggml.eos_token_id`,
+/// `tokenizer.ggml.eot_token_id`) end a generation after the first one
+/// generated, unless `ignore_eos`; an id outside the vocabulary is ignored.
+#[test]
+fn end_of_generation_tokens_of_the_file_stop_it() {
+    use shardgraph::gguf::MetaValue;
+    use shardgraph_models::engine::{End, GenerateOptions};
+    let f = files("eog");
+    let prompt = [5, 77, 123, 9, 64];
+    let n = 12;
+    let want = plain_greedy(&f.qwen3, &prompt, n);
+    let i = (3..n).find(|&i| !want[..i].contains(&want[i])).unwrap();
+    let eos = f.dir.join("qwen3-eos.gguf");
+    let extra = [
+        ("tokenizer.ggml.eos_token_id", MetaValue::from(want[i] as u32)),
+        ("tokenizer.ggml.eot_token_id", MetaValue::from(100_000u32)),
+    ];
+    gguf_edit::copy_with(&f.qwen3, &eos, &extra, &[]);
+    let devices = Devices::cpu(2, 1).unwrap();
+    let params = EngineParams { ctx_size: 64, ..EngineParams::default() };
+    for draft in [DraftModel::None, DraftModel::Gguf(f.dflash2.clone())] {
+        let mut e = Engine::load(&devices, &eos, draft, &params).unwrap();
+        assert_eq!(e.eog_tokens(), &[want[i]]);
+        let g = e.generate(&prompt, n, &SamplerParams::greedy()).unwrap();
+        assert_eq!((&g.tokens[..], g.end), (&want[..=i], End::Stop), "{}", e.draft_kind());
+        e.reset().unwrap();
+        let opts = GenerateOptions { ignore_eos: true, ..GenerateOptions::default() };
+        let g = e.generate_with(&prompt, n, &SamplerParams::greedy(), opts).unwrap();
+        assert_eq!((&g.tokens[..], g.end), (&want[..], End::Length), "{}", e.draft_kind());
+    }
+}
+
+/// Rolling the sequence back (llama.cpp's `llama_memory_seq_rm`) and going
+/// on gives a fresh engine's tokens for the kept tokens and the new
+/// prompt (greedy), with every drafter: a `qwen3` target forgets its later
+/// cells, a `qwen35` target decodes the kept tokens again.
+#[test]
+fn rollback_then_continue_equals_a_fresh_run_on_the_kept_tokens() {
+    let f = files("rollback");
+    let prompt = [5, 77, 123, 9, 64];
+    let greedy = SamplerParams::greedy();
+    for (model, draft) in [
+        (&f.qwen3, DraftModel::None),
+        (&f.qwen3, DraftModel::Gguf(f.dflash2.clone())),
+        (&f.qwen35, DraftModel::None),
+        (&f.qwen35, DraftModel::Mtp),
+        (&f.qwen35, DraftModel::Gguf(f.qwen35_dflash2.clone())),
+    ] {
+        let devices = Devices::cpu(2, 1).unwrap();
+        let params = EngineParams { ctx_size: 64, ..EngineParams::default() };
+        let mut e = Engine::load(&devices, model, draft.clone(), &params).unwrap();
+        let what = format!("{} {}", e.arch(), e.draft_kind());
+        let first = e.generate(&prompt, 12, &greedy).unwrap().tokens;
+        assert_eq!(e.tokens().len() as i64, e.n_past());
+        for keep in [prompt.len() + 7, prompt.len() + 2, 3] {
+            e.rollback(keep as i64).unwrap();
+            assert_eq!(e.n_past(), keep as i64, "{what}");
+            let kept: Vec<i32> = prompt.iter().chain(&first).copied().take(keep).collect();
+            assert_eq!(e.tokens(), &kept[..], "{what}");
+            let next = [42, 7];
+            let got = e.generate(&next, 8, &greedy).unwrap().tokens;
+            let mut fresh = Engine::load(&devices, model, draft.clone(), &params).unwrap();
+            let all: Vec<i32> = kept.iter().chain(&next).copied().collect();
+            let want = fresh.generate(&all, 8, &greedy).unwrap().tokens;
+            assert_eq!(got, want, "{what}: rollback to {keep}");
+            assert_eq!(got, plain_greedy(model, &all, 8), "{what}: rollback to {keep}");
+            // Back to the first generation's sequence for the next case.
+            e.reset().unwrap();
+            assert_eq!(e.generate(&prompt, 12, &greedy).unwrap().tokens, first, "{what}");
+        }
+        assert!(e.rollback(e.n_past() + 1).is_err());
+        e.rollback(0).unwrap();
+        assert_eq!(e.n_past(), 0);
+    }
+}
+
+/// `Engine::fit_ctx_size` with a prompt batch over 256 tokens (the
+/// smallest context then holds one batch), and `Engine::check` refusing a
+/// wrong drafter and a file with a tensor no kernel runs before anything
+/// is loaded; K and V caches of different types load.
+#[test]
+fn fit_with_long_batches_check_before_loading_and_mixed_caches() {
+    let f = files("check");
+    let devices = Devices::cpu(2, 1).unwrap();
+    let params = EngineParams { ctx_size: 2000, ..EngineParams::default() };
+    for n_batch in [300, 600] {
+        let ctx = Engine::fit_ctx_size(&devices, &f.qwen3, &DraftModel::None, &params, n_batch).unwrap();
+        assert_eq!(ctx, 1792, "n_batch {n_batch}");
+        let e =
+            Engine::fit_ctx_size(&devices, &f.qwen3, &DraftModel::None, &EngineParams { ctx_size: 400, ..params }, 600);
+        assert!(e.unwrap_err().to_string().contains("batch of 600"));
+    }
+    let ok = |m: &Path, d: &DraftModel| Engine::check(&devices, m, d, &params);
+    ok(&f.qwen3, &DraftModel::Gguf(f.dflash2.clone())).unwrap();
+    ok(&f.qwen35, &DraftModel::Mtp).unwrap();
+    let msg = ok(&f.qwen35, &DraftModel::Gguf(f.dflash2.clone())).unwrap_err().to_string();
+    assert!(msg.contains("another target"), "{msg}");
+    let msg = ok(&f.qwen35_no_mtp, &DraftModel::Mtp).unwrap_err().to_string();
+    assert!(msg.contains("nextn_predict_layers = 0"), "{msg}");
+    // A drafter with a tensor of a type no kernel runs (an F32 matrix declared I32, the same bytes).
+    let dflash_f32 = f.dir.join("dflash-f32.gguf");
+    write_dflash_gguf(&dflash_f32, &dflash_hp(), &TensorTypes::uniform(GgmlType::F32), 200, 17).unwrap();
+    let bad = f.dir.join("dflash-i32.gguf");
+    gguf_edit::copy_with(&dflash_f32, &bad, &[], &[("blk.1.ffn_up.weight", GgmlType::I32)]);
+    let msg = ok(&f.qwen3, &DraftModel::Gguf(bad)).unwrap_err().to_string();
+    assert!(msg.contains("blk.1.ffn_up.weight") && msg.contains("i32"), "{msg}");
+    // A drafter with a tensor of the wrong shape (one built for 3 layers of another width).
+    let wide = f.dir.join("dflash-wide.gguf");
+    let mut hp = dflash_hp();
+    hp.n_ff = 512;
+    write_dflash_gguf(&wide, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 200, 17).unwrap();
+    let cut = f.dir.join("dflash-mismatch.gguf");
+    gguf_edit::copy_with(
+        &wide,
+        &cut,
+        &[("dflash.feed_forward_length", shardgraph::gguf::MetaValue::from(256u32))],
+        &[],
+    );
+    let msg = ok(&f.qwen3, &DraftModel::Gguf(cut)).unwrap_err().to_string();
+    assert!(msg.contains("wrong type or shape") && msg.contains("ffn"), "{msg}");
+    // K q8_0 and V f16 caches.
+    let mixed = EngineParams { cache_type_k: GgmlType::Q8_0, cache_type_v: GgmlType::F16, ctx_size: 64, ..params };
+    let mut e = Engine::load(&devices, &f.qwen3, DraftModel::Gguf(f.dflash2.clone()), &mixed).unwrap();
+    let prompt = [5, 77, 123, 9, 64];
+    assert_eq!(e.generate(&prompt, 10, &SamplerParams::greedy()).unwrap().tokens, plain_greedy(&f.qwen3, &prompt, 10));
+    let bad = EngineParams { cache_type_v: GgmlType::Q4_K, ..mixed };
+    let msg = Engine::load(&devices, &f.qwen3, DraftModel::None, &bad).unwrap_err().to_string();
+    assert!(msg.contains("cache_type_v q4_K"), "{msg}");
 }

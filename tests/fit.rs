@@ -11,8 +11,9 @@ use shardgraph::GgmlType;
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
-use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
+use shardgraph_models::qwen3::Qwen3Hparams;
+use shardgraph_models::qwen35::Qwen35Hparams;
+use shardgraph_models::types::TensorTypes;
 
 #[path = "common/counting.rs"]
 mod counting;
@@ -21,12 +22,12 @@ mod qwen35_tiny;
 
 fn qwen3_target() -> FitTarget {
     let hp = Qwen3Hparams { core: HparamsCore::qwen3(3, 128, 256, 6, 3, 32), n_vocab: 160, n_ctx_train: 8192 };
-    FitTarget::Qwen3 { hp, types: Qwen3Types::all(GgmlType::Q8_0) }
+    FitTarget::Qwen3 { hp, types: TensorTypes::uniform(GgmlType::Q8_0) }
 }
 
 fn qwen35_target() -> FitTarget {
     let hp = Qwen35Hparams { n_nextn: 1, n_ctx_train: 8192, ..qwen35_tiny::tiny() };
-    FitTarget::Qwen35 { hp, types: Qwen35Types::all(GgmlType::Q8_0) }
+    FitTarget::Qwen35 { hp, types: TensorTypes::uniform(GgmlType::Q8_0) }
 }
 
 fn dflash(n_embd: i64, target_layers: Vec<usize>, n_vocab: i64, v2: bool) -> FitDraft {
@@ -39,7 +40,7 @@ fn dflash(n_embd: i64, target_layers: Vec<usize>, n_vocab: i64, v2: bool) -> Fit
         conv: v2.then_some((2, 16)),
         selector: v2.then_some((32, 8)),
     };
-    FitDraft::Dflash { hp, weight_type: GgmlType::Q8_0 }
+    FitDraft::Dflash { hp, types: TensorTypes::uniform(GgmlType::Q8_0) }
 }
 
 /// The specs: qwen3 alone, qwen3 + DFlash, qwen3 + DFlash2, qwen35 +
@@ -48,7 +49,7 @@ fn specs(n: usize) -> Vec<(&'static str, FitSpec)> {
     let spec = |target: FitTarget, draft: FitDraft, snapshot_slots: usize| FitSpec {
         target,
         draft,
-        kv_type: GgmlType::F16,
+        cache_types: GgmlType::F16.into(),
         ratios: vec![1.0; n],
         n_batch: 16,
         snapshot_slots,
@@ -129,7 +130,7 @@ fn bad_specs_are_errors() {
     let spec = |target: FitTarget, draft: FitDraft, snapshot_slots: usize| FitSpec {
         target,
         draft,
-        kv_type: GgmlType::F16,
+        cache_types: GgmlType::F16.into(),
         ratios: vec![1.0],
         n_batch: 1,
         snapshot_slots,

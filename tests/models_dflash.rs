@@ -18,8 +18,9 @@ use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::dflash::{qwen3_dflash_policy, Dflash, DflashHparams};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams};
 use shardgraph_models::runner::Runner;
+use shardgraph_models::types::TensorTypes;
 
 fn target_hp() -> Qwen3Hparams {
     Qwen3Hparams { core: HparamsCore::qwen3(3, 128, 256, 6, 3, 32), n_vocab: 160, n_ctx_train: 4096 }
@@ -52,14 +53,15 @@ type Run = (Vec<f32>, Vec<i32>, Vec<u8>, Runner, Context, Dflash, Vec<f32>);
 
 fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
     let mut ctx = Context::new();
-    let types = Qwen3Types::all(GgmlType::Q8_0);
-    let target = Qwen3::new(&mut ctx, target_hp(), types, GgmlType::F16, 16).unwrap();
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
+    let target = Qwen3::new(&mut ctx, target_hp(), &types, GgmlType::F16, 16).unwrap();
     // DFlash2 (convolutions) also gets its candidate selector.
     let selector = conv.map(|_| (32, 8));
     let hp = DflashHparams { conv, selector, ..drafter_hp() };
-    let dft = Dflash::new(&mut ctx, &target, hp, GgmlType::Q8_0, GgmlType::F16, 16).unwrap();
+    let dft = Dflash::new(&mut ctx, &target, hp, &TensorTypes::uniform(GgmlType::Q8_0), GgmlType::F16, 16).unwrap();
     let base = ctx.len();
-    let policy = qwen3_dflash_policy(&target.hp, &types, &dft.hp, GgmlType::Q8_0, ratios).unwrap();
+    let policy =
+        qwen3_dflash_policy(&target.hp, &types, &dft.hp, &TensorTypes::uniform(GgmlType::Q8_0), ratios).unwrap();
     let mut runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
     // Bytes, not latency, decide (as at real sizes, where the logits are
     // megabytes): on these tiny shapes a latency-bound link would rather
@@ -193,17 +195,17 @@ fn drafter_graphs_on_n_devices_equal_one_device() {
 #[test]
 fn a_drafter_for_another_target_is_an_error() {
     let mut ctx = Context::new();
-    let target = Qwen3::new(&mut ctx, target_hp(), Qwen3Types::all(GgmlType::F32), GgmlType::F16, 8).unwrap();
+    let target = Qwen3::new(&mut ctx, target_hp(), &TensorTypes::uniform(GgmlType::F32), GgmlType::F16, 8).unwrap();
     let mut wrong = drafter_hp();
     wrong.n_embd = 256;
-    let e = Dflash::new(&mut ctx, &target, wrong, GgmlType::F32, GgmlType::F16, 8).unwrap_err();
+    let e = Dflash::new(&mut ctx, &target, wrong, &TensorTypes::uniform(GgmlType::F32), GgmlType::F16, 8).unwrap_err();
     assert!(e.to_string().contains("embedding_length"), "{e}");
     let mut wrong = drafter_hp();
     wrong.target_layers = vec![7];
-    assert!(Dflash::new(&mut ctx, &target, wrong, GgmlType::F32, GgmlType::F16, 8).is_err());
+    assert!(Dflash::new(&mut ctx, &target, wrong, &TensorTypes::uniform(GgmlType::F32), GgmlType::F16, 8).is_err());
     let mut wrong = drafter_hp();
     wrong.mask_token = 1000;
-    assert!(Dflash::new(&mut ctx, &target, wrong, GgmlType::F32, GgmlType::F16, 8).is_err());
+    assert!(Dflash::new(&mut ctx, &target, wrong, &TensorTypes::uniform(GgmlType::F32), GgmlType::F16, 8).is_err());
 }
 
 #[test]
@@ -292,10 +294,10 @@ fn best_path_follows_the_edges_from_the_anchor_and_stops_below_p_min() {
 #[test]
 fn a_selector_that_does_not_fit_is_an_error() {
     let mut ctx = Context::new();
-    let target = Qwen3::new(&mut ctx, target_hp(), Qwen3Types::all(GgmlType::F32), GgmlType::F16, 8).unwrap();
+    let target = Qwen3::new(&mut ctx, target_hp(), &TensorTypes::uniform(GgmlType::F32), GgmlType::F16, 8).unwrap();
     // K + K² = 132 > E = 128: a lattice row cannot hold the scores.
     let wide = DflashHparams { conv: Some((2, 16)), selector: Some((32, 11)), ..drafter_hp() };
-    let e = Dflash::new(&mut ctx, &target, wide, GgmlType::F32, GgmlType::F16, 8).unwrap_err();
+    let e = Dflash::new(&mut ctx, &target, wide, &TensorTypes::uniform(GgmlType::F32), GgmlType::F16, 8).unwrap_err();
     assert!(e.to_string().contains("selector_top_k"), "{e}");
     // A structured drafter needs the selector.
     let dir = std::env::temp_dir().join(format!("shardgraph-dflash-bad-{}", std::process::id()));
@@ -303,7 +305,7 @@ fn a_selector_that_does_not_fit_is_an_error() {
     let e = shardgraph_models::generate::write_dflash_gguf_with(
         dir.join("d.gguf"),
         &drafter_hp(),
-        GgmlType::F32,
+        &TensorTypes::uniform(GgmlType::F32),
         160,
         1,
         shardgraph_models::generate::Weights::Permutation,

@@ -6,7 +6,8 @@
 
 use shardgraph::split::{Collective, Planner};
 use shardgraph::{Context, GgmlType};
-use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
+use shardgraph_models::types::TensorTypes;
 
 #[path = "common/decode.rs"]
 mod decode;
@@ -18,7 +19,7 @@ fn hp() -> Qwen3Hparams {
     decode::tiny_hp()
 }
 
-fn session(ratios: &[f32], types: Qwen3Types, kv: GgmlType) -> Qwen3Session {
+fn session(ratios: &[f32], types: &TensorTypes, kv: GgmlType) -> Qwen3Session {
     decode::seeded_session(hp(), ratios, types, kv, 32)
 }
 
@@ -26,24 +27,20 @@ fn session(ratios: &[f32], types: Qwen3Types, kv: GgmlType) -> Qwen3Session {
 fn tensor_parallel_decoding_equals_one_device() {
     let prompt = [3, 17, 42, 5, 88, 1];
     for (types, kv) in [
-        (Qwen3Types::all(GgmlType::F32), GgmlType::F16),
-        (Qwen3Types::all(GgmlType::Q8_0), GgmlType::Q4_0),
+        (TensorTypes::uniform(GgmlType::F32), GgmlType::F16),
+        (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0),
         (
-            Qwen3Types {
-                embd: GgmlType::Q8_0,
-                attn: GgmlType::Q8_0,
-                attn_v: GgmlType::Q8_0,
-                ffn: GgmlType::Q8_0,
-                ffn_down: GgmlType::Q8_0,
-                output: GgmlType::Q8_0,
-            },
+            TensorTypes::uniform(GgmlType::Q8_0)
+                .with("blk.*.attn_v.weight", GgmlType::Q8_0)
+                .with("blk.*.ffn_down.weight", GgmlType::Q8_0)
+                .with("output.weight", GgmlType::Q8_0),
             GgmlType::Q8_0,
         ),
     ] {
-        let mut one = session(&[1.0], types, kv);
+        let mut one = session(&[1.0], &types, kv);
         let (want, want_logits) = generate(&mut one, &prompt, 8);
         for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
-            let mut s = session(&ratios, types, kv);
+            let mut s = session(&ratios, &types, kv);
             let (got, logits) = generate(&mut s, &prompt, 8);
             assert_eq!(got, want, "{ratios:?} {types:?} kv {kv}");
             for (a, b) in logits.iter().zip(&want_logits) {
@@ -57,7 +54,7 @@ fn tensor_parallel_decoding_equals_one_device() {
             // vocabulary-split head is never gathered (argmax combines 8 bytes
             // per row), two all-reduces per layer.
             let mut ctx = Context::new();
-            let model = Qwen3::new(&mut ctx, hp(), types, kv, 32).unwrap();
+            let model = Qwen3::new(&mut ctx, hp(), &types, kv, 32).unwrap();
             let step = model.build(&mut ctx, 1, &[]).unwrap();
             let g = ctx.build_forward(&step.outputs()).unwrap();
             let plan = Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap();
@@ -69,8 +66,8 @@ fn tensor_parallel_decoding_equals_one_device() {
 
 #[test]
 fn rollback_then_redecode_gives_the_same_tokens() {
-    let types = Qwen3Types::all(GgmlType::Q8_0);
-    let mut s = session(&[1.0, 1.0], types, GgmlType::F16);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
+    let mut s = session(&[1.0, 1.0], &types, GgmlType::F16);
     let (first, _) = generate(&mut s, &[7, 8, 9], 5);
     // Back to just after the prompt, and decode again: identical continuation.
     s.rollback(3).unwrap();
@@ -89,7 +86,7 @@ fn rollback_then_redecode_gives_the_same_tokens() {
     assert!(s.rollback(s.n_past() + 1).is_err());
     // A tensor split that leaves a device without a KV head.
     let mut ctx = Context::new();
-    let model = Qwen3::new(&mut ctx, hp(), types, GgmlType::F16, 8).unwrap();
+    let model = Qwen3::new(&mut ctx, hp(), &types, GgmlType::F16, 8).unwrap();
     let e = qwen3_policy(&model.hp, &types, &[1.0, 1.0, 1.0, 1.0]).unwrap_err();
     assert!(e.to_string().contains("no KV head"), "{e}");
 }
@@ -100,7 +97,7 @@ fn generated_gguf_loads_and_decodes_the_same_on_one_and_two_devices() {
     let dir = std::env::temp_dir().join(format!("shardgraph-qwen3-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny.gguf");
-    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
     write_qwen3_gguf(&path, &hp(), &types, 3).unwrap();
     let run = |ratios: &[f32]| {
         let mut s = Qwen3Session::load(&path, &devices::cpu(ratios), GgmlType::Q8_0, 32).unwrap();
@@ -131,7 +128,7 @@ fn structured_weights_continue_along_the_permutation() {
     let path = dir.join("perm.gguf");
     let mut h = hp();
     h.n_embd = 128;
-    write_qwen3_gguf_with(&path, &h, &Qwen3Types::all(GgmlType::Q8_0), 5, Weights::Permutation).unwrap();
+    write_qwen3_gguf_with(&path, &h, &TensorTypes::uniform(GgmlType::Q8_0), 5, Weights::Permutation).unwrap();
     let perm = permutation(h.n_vocab, 5);
     for ratios in [vec![1.0], vec![1.0, 1.0, 1.0]] {
         let mut s = Qwen3Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 40).unwrap();

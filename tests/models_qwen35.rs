@@ -9,7 +9,8 @@
 
 use shardgraph::GgmlType;
 use shardgraph_models::generate::write_qwen35_gguf;
-use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
+use shardgraph_models::qwen35::Qwen35Session;
+use shardgraph_models::types::TensorTypes;
 
 #[path = "common/devices.rs"]
 mod devices;
@@ -37,7 +38,7 @@ fn qwen35_on_n_devices_equals_one_device() {
     let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen35-q8_0.gguf");
-    write_qwen35_gguf(&path, &tiny(), &Qwen35Types::all(GgmlType::Q8_0), 3).unwrap();
+    write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
     for kv in [GgmlType::F16, GgmlType::Q4_0] {
         let (want, want_gen) = run(&path, &[1.0], kv);
         for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
@@ -66,10 +67,10 @@ fn qwen35_decode_plan_moves_two_all_reduces_per_layer() {
     use shardgraph_models::qwen35::qwen35_policy;
     use shardgraph_models::qwen35::Qwen35;
     let hp = tiny();
-    let types = Qwen35Types::all(GgmlType::Q8_0);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
     for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
         let mut ctx = Context::new();
-        let model = Qwen35::new(&mut ctx, hp.clone(), types, GgmlType::F16, 64).unwrap();
+        let model = Qwen35::new(&mut ctx, hp.clone(), &types, GgmlType::F16, 64).unwrap();
         let st = model.build(&mut ctx, 1, &[]).unwrap();
         let mut outs = st.writes.clone();
         outs.push(st.argmax);
@@ -97,7 +98,7 @@ fn a_claimed_but_missing_mtp_layer_is_an_error() {
     let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plain = dir.join("no-mtp.gguf");
-    write_qwen35_gguf(&plain, &tiny(), &Qwen35Types::all(GgmlType::Q8_0), 3).unwrap();
+    write_qwen35_gguf(&plain, &tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
     // The same tensors under metadata that says there is a NextN layer.
     let file = GgufFile::open(&plain).unwrap();
     let mut w = GgufWriter::new();
@@ -131,7 +132,7 @@ fn snapshot_rollback_equals_decoding_the_kept_tokens() {
     let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-snap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen35-f32.gguf");
-    write_qwen35_gguf(&path, &tiny(), &Qwen35Types::all(GgmlType::F32), 5).unwrap();
+    write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::F32), 5).unwrap();
     let states = |s: &Qwen35Session| -> Vec<Vec<u8>> {
         let mut v = Vec::new();
         for l in &s.model().layers {

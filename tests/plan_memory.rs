@@ -11,9 +11,10 @@ use shardgraph::{Context, GgmlType, Graph, TensorId};
 use shardgraph_models::dflash::{qwen35_dflash_policy, Dflash, DflashHparams};
 use shardgraph_models::fit::session_memory;
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Types};
-use shardgraph_models::qwen35::{Qwen35, Qwen35Hparams, Qwen35Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3};
+use shardgraph_models::qwen35::{Qwen35, Qwen35Hparams};
 use shardgraph_models::runner::Runner;
+use shardgraph_models::types::TensorTypes;
 
 #[path = "common/counting.rs"]
 mod counting;
@@ -64,13 +65,13 @@ fn check(what: &str, rows: &[(u64, u64)], table: &mut Vec<String>) -> bool {
 /// A `qwen3` decode step attending over the whole cache (the worst step).
 #[test]
 fn qwen3_decode_step_memory_is_planned_within_2_percent() {
-    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
     let mut table = Vec::new();
     let mut ok = true;
     for n in 1..=3 {
         for kv in [512, 65536] {
             let mut ctx = Context::new();
-            let m = Qwen3::new(&mut ctx, decode::tiny_hp(), types, GgmlType::F16, kv).unwrap();
+            let m = Qwen3::new(&mut ctx, decode::tiny_hp(), &types, GgmlType::F16, kv).unwrap();
             let base = ctx.len();
             let step = m.build_window(&mut ctx, 1, kv, &[]).unwrap();
             let mut outs = step.outputs();
@@ -145,14 +146,15 @@ fn scaled_qwen35_with_dflash2_at_65536_cells_is_planned_within_2_percent() {
 }
 
 fn qwen35_dflash2_table(hp: &Qwen35Hparams, dhp: &DflashHparams, kvs: &[i64]) -> (bool, Vec<String>) {
-    let types = Qwen35Types::all(GgmlType::Q8_0);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
     let mut table = Vec::new();
     let mut ok = true;
     for n in 1..=3 {
         for &kv in kvs {
             let mut ctx = Context::new();
-            let m = Qwen35::new(&mut ctx, hp.clone(), types, GgmlType::Q4_0, kv).unwrap();
-            let d = Dflash::new(&mut ctx, &m, dhp.clone(), GgmlType::Q8_0, GgmlType::Q4_0, kv).unwrap();
+            let m = Qwen35::new(&mut ctx, hp.clone(), &types, GgmlType::Q4_0, kv).unwrap();
+            let d = Dflash::new(&mut ctx, &m, dhp.clone(), &TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0, kv)
+                .unwrap();
             let base = ctx.len();
             let mut steps = Vec::new();
             let s = m.build_window(&mut ctx, 1, kv, &dhp.target_layers).unwrap();
@@ -166,7 +168,8 @@ fn qwen35_dflash2_table(hp: &Qwen35Hparams, dhp: &DflashHparams, kvs: &[i64]) ->
             steps.push((ctx.build_forward(&outs).unwrap(), outs));
             let inj = d.build_inject(&mut ctx, 3).unwrap();
             steps.push((ctx.build_forward(&inj.writes).unwrap(), inj.writes.clone()));
-            let policy = qwen35_dflash_policy(hp, &types, dhp, GgmlType::Q8_0, &vec![1.0; n]).unwrap();
+            let policy =
+                qwen35_dflash_policy(hp, &types, dhp, &TensorTypes::uniform(GgmlType::Q8_0), &vec![1.0; n]).unwrap();
             let rows = planned_and_measured(&ctx, base, policy, &steps);
             ok &= check(&format!("qwen35+dflash2, {n} dev, {kv} cells"), &rows, &mut table);
         }

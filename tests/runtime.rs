@@ -9,8 +9,9 @@
 use shardgraph::split::{Devices, Planner};
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::kv_window;
-use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
 use shardgraph_models::runner::Runner;
+use shardgraph_models::types::TensorTypes;
 
 #[path = "common/decode.rs"]
 mod decode;
@@ -22,7 +23,7 @@ fn hp() -> Qwen3Hparams {
 
 /// A session on `ratios` with a KV cache of `kv_size` cells and seeded weights.
 fn session(ratios: &[f32], kv_size: i64) -> Qwen3Session {
-    decode::seeded_session(hp(), ratios, Qwen3Types::all(GgmlType::Q8_0), GgmlType::F16, kv_size)
+    decode::seeded_session(hp(), ratios, &TensorTypes::uniform(GgmlType::Q8_0), GgmlType::F16, kv_size)
 }
 
 #[test]
@@ -37,7 +38,7 @@ fn a_decode_step_allocates_copies_and_reads_nothing_but_its_output() {
         // built in a context of its own so the session's graphs stay).
         let plan_bytes = {
             let mut ctx = Context::new();
-            let m = Qwen3::new(&mut ctx, hp(), Qwen3Types::all(GgmlType::Q8_0), GgmlType::F16, 1024).unwrap();
+            let m = Qwen3::new(&mut ctx, hp(), &TensorTypes::uniform(GgmlType::Q8_0), GgmlType::F16, 1024).unwrap();
             let step = m.build_window(&mut ctx, 1, kv_window(1024, s.n_past() + 1), &[]).unwrap();
             let g = ctx.build_forward(&step.outputs()).unwrap();
             Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap().total_bytes()
@@ -108,10 +109,10 @@ fn decoding_in_a_cache_of_any_size_gives_the_tokens_and_bytes_of_a_512_cell_cach
 /// terabytes).
 #[test]
 fn a_ctx_size_that_does_not_fit_is_an_error_before_allocating() {
-    let types = Qwen3Types::all(GgmlType::Q8_0);
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
     for ratios in [vec![1.0], vec![1.0, 1.0]] {
         let mut ctx = Context::new();
-        let model = Qwen3::new(&mut ctx, hp(), types, GgmlType::F16, i32::MAX as i64).unwrap();
+        let model = Qwen3::new(&mut ctx, hp(), &types, GgmlType::F16, i32::MAX as i64).unwrap();
         let policy = qwen3_policy(&model.hp, &types, &ratios).unwrap();
         let runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
         match Qwen3Session::new(model, ctx, runner) {

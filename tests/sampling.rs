@@ -25,6 +25,7 @@ use shardgraph::GgmlType;
 use shardgraph_models::sampling::{Sampler, SamplerParams};
 use shardgraph_models::speculative::{generate, generate_with, SpecParams};
 use shardgraph_models::step::{Drafter, StepOutput, Target};
+use shardgraph_models::types::TensorTypes;
 
 #[path = "common/devices.rs"]
 mod devices;
@@ -815,7 +816,7 @@ fn drafter_distributions_are_checked() {
 
 use shardgraph_models::dflash::DflashDrafter;
 use shardgraph_models::generate::{write_dflash_gguf, write_qwen3_gguf_with, Weights};
-use shardgraph_models::qwen3::{Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::Qwen3Session;
 
 /// tests/speculative.rs's tiny target (2 layers, E 128, vocabulary 200).
 #[path = "common/spec_models.rs"]
@@ -844,10 +845,10 @@ fn greedy_sampler_keeps_the_greedy_loop_on_two_devices() {
     let dir = Dir::new("greedy");
     let target = dir.0.join("target.gguf");
     let kind = Weights::PermutationWithAttention { attention: 2.0 };
-    write_qwen3_gguf_with(&target, &tiny_hp(), &Qwen3Types::all(GgmlType::Q8_0), 13, kind).unwrap();
+    write_qwen3_gguf_with(&target, &tiny_hp(), &TensorTypes::uniform(GgmlType::Q8_0), 13, kind).unwrap();
     let dhp = dflash_hp();
     let drafter = dir.0.join("drafter.gguf");
-    write_dflash_gguf(&drafter, &dhp, GgmlType::Q8_0, tiny_hp().n_vocab, 17).unwrap();
+    write_dflash_gguf(&drafter, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), tiny_hp().n_vocab, 17).unwrap();
     let prompt = [3, 14, 15, 92, 65];
     let n_gen = 16;
     let sp = SpecParams { n_max: 4, n_min: 1 };
@@ -965,7 +966,7 @@ impl Drafter<Qwen3Session> for SelfDrafter {
 fn speculative_sampling_on_the_tiny_qwen3_keeps_its_distribution() {
     let dir = Dir::new("dist");
     let target = dir.0.join("target.gguf");
-    write_qwen3_gguf_with(&target, &tiny_hp(), &Qwen3Types::all(GgmlType::Q8_0), 29, Weights::Random).unwrap();
+    write_qwen3_gguf_with(&target, &tiny_hp(), &TensorTypes::uniform(GgmlType::Q8_0), 29, Weights::Random).unwrap();
     let mut s = Qwen3Session::load(&target, &devices::cpu(&[1.0]), GgmlType::F16, 32).unwrap();
     let prompt = [5, 77, 123, 9];
     let (n_gen, runs, v) = (3, 1000u64, 200usize);

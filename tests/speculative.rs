@@ -8,9 +8,10 @@
 use shardgraph::GgmlType;
 use shardgraph_models::generate::{permutation, write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
 use shardgraph_models::speculative::{generate, SpecParams};
 use shardgraph_models::step::Drafter;
+use shardgraph_models::types::TensorTypes;
 
 /// Drafts the permutation's continuation, wrong at every position `p` with
 /// `p % every == 0` (never wrong when `every == 0`), or always wrong.
@@ -45,7 +46,7 @@ fn speculative_output_equals_plain_greedy() {
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("target.gguf");
-    write_qwen3_gguf_with(&path, &hp(), &Qwen3Types::all(GgmlType::Q8_0), 11, Weights::Permutation).unwrap();
+    write_qwen3_gguf_with(&path, &hp(), &TensorTypes::uniform(GgmlType::Q8_0), 11, Weights::Permutation).unwrap();
     let perm = permutation(hp().n_vocab, 11);
     let prompt = [5, 77, 123, 9];
     let n_gen = 20;
@@ -85,16 +86,16 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-dflash-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("target.gguf");
-    write_qwen3_gguf_with(&path, &hp(), &Qwen3Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
+    write_qwen3_gguf_with(&path, &hp(), &TensorTypes::uniform(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = dflash_hp();
     let drafter = dir.join("drafter.gguf");
-    write_dflash_gguf(&drafter, &dhp, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
+    write_dflash_gguf(&drafter, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), hp().n_vocab, 17).unwrap();
     // DFlash2's convolutions in the drafter too.
     let drafter2 = dir.join("drafter2.gguf");
     write_dflash_gguf(
         &drafter2,
         &DflashHparams { conv: Some((2, 16)), ..dhp.clone() },
-        GgmlType::Q8_0,
+        &TensorTypes::uniform(GgmlType::Q8_0),
         hp().n_vocab,
         19,
     )
@@ -123,13 +124,13 @@ fn dflash_drafter_in_the_loop_keeps_the_output_greedy() {
     }
     // A drafter built for another target (vocabulary, hidden size) is refused.
     let other = dir.join("other.gguf");
-    write_dflash_gguf(&other, &dhp, GgmlType::Q8_0, 1000, 17).unwrap();
+    write_dflash_gguf(&other, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), 1000, 17).unwrap();
     let mut s = Qwen3Session::load(&path, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
     let e = DflashDrafter::attach_gguf(&mut s, &other, GgmlType::F16, 0.0).unwrap_err();
     assert!(e.to_string().contains("vocab_size"), "{e}");
     let mut wide = dhp.clone();
     wide.n_embd = 256;
-    write_dflash_gguf(&other, &wide, GgmlType::Q8_0, hp().n_vocab, 17).unwrap();
+    write_dflash_gguf(&other, &wide, &TensorTypes::uniform(GgmlType::Q8_0), hp().n_vocab, 17).unwrap();
     let e = DflashDrafter::attach_gguf(&mut s, &other, GgmlType::F16, 0.0).unwrap_err();
     assert!(e.to_string().contains("embedding_length"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -171,20 +172,28 @@ fn dflash2_seed_configuration_accepts_drafts_and_stays_greedy() {
     let (thp, dhp) = seed_hp();
     let kind = Weights::PermutationWithAttention { attention: 2.0 };
     let drafter = dir.join("dflash2-q8_0.gguf");
-    write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, thp.n_vocab, 23, Weights::Permutation).unwrap();
+    write_dflash_gguf_with(
+        &drafter,
+        &dhp,
+        &TensorTypes::uniform(GgmlType::Q8_0),
+        thp.n_vocab,
+        23,
+        Weights::Permutation,
+    )
+    .unwrap();
     let prompt = [7, 31, 150, 2, 64, 90];
     let n_gen = 40;
     let (f16, q4_0) = (GgmlType::F16, GgmlType::Q4_0);
     for (name, types, runs) in [
         (
             "target-q4_k_m.gguf",
-            Qwen3Types::q4_k_m(),
+            TensorTypes::q4_k_m(),
             vec![(vec![1.0], f16), (vec![1.0, 1.0], q4_0), (vec![1.0, 1.0], f16)],
         ),
         // Q8_0 attention blocks let 3 devices and 3:1 each hold a KV head.
         (
             "target-q8_0.gguf",
-            Qwen3Types::all(GgmlType::Q8_0),
+            TensorTypes::uniform(GgmlType::Q8_0),
             vec![
                 (vec![3.0, 1.0], f16),
                 (vec![3.0, 1.0], q4_0),

@@ -10,9 +10,10 @@
 use shardgraph::GgmlType;
 use shardgraph_models::generate::write_qwen35_gguf;
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen35::{Qwen35Session, Qwen35Types};
+use shardgraph_models::qwen35::Qwen35Session;
 use shardgraph_models::speculative::{generate, SpecParams};
 use shardgraph_models::step::Drafter;
+use shardgraph_models::types::TensorTypes;
 
 #[path = "common/devices.rs"]
 mod devices;
@@ -47,7 +48,7 @@ fn speculative_on_qwen35_equals_plain_greedy_with_recurrent_rollback() {
     let dir = std::env::temp_dir().join(format!("shardgraph-spec-hybrid-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen35-q8_0.gguf");
-    write_qwen35_gguf(&path, &qwen35_tiny::tiny(), &Qwen35Types::all(GgmlType::Q8_0), 5).unwrap();
+    write_qwen35_gguf(&path, &qwen35_tiny::tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 5).unwrap();
     let prompt = [3, 14, 15, 92, 65, 35];
     let n_gen = 24;
     for kv in [GgmlType::F16, GgmlType::Q4_0] {
@@ -98,7 +99,7 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("qwen35-mtp-q8_0.gguf");
     let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
-    write_qwen35_gguf_with(&path, &hp, &Qwen35Types::all(GgmlType::Q8_0), 7, Weights::Permutation).unwrap();
+    write_qwen35_gguf_with(&path, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 7, Weights::Permutation).unwrap();
     let prompt = [3, 14, 15, 92, 65, 35];
     let n_gen = 24;
     for kv in [GgmlType::F16, GgmlType::Q4_0] {
@@ -119,7 +120,7 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
     }
     // No MTP layer: a clear error.
     let plain_path = dir.join("qwen35-no-mtp.gguf");
-    write_qwen35_gguf(&plain_path, &qwen35_tiny::tiny(), &Qwen35Types::all(GgmlType::Q8_0), 7).unwrap();
+    write_qwen35_gguf(&plain_path, &qwen35_tiny::tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 7).unwrap();
     let s = Qwen35Session::load(&plain_path, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
     let e = MtpDrafter::new(&s, 0.0).unwrap_err();
     assert!(e.to_string().contains("MTP"), "{e}");
@@ -141,7 +142,7 @@ fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
     std::fs::create_dir_all(&dir).unwrap();
     let target = dir.join("qwen35-q8_0.gguf");
     let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
-    write_qwen35_gguf_with(&target, &hp, &Qwen35Types::all(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
+    write_qwen35_gguf_with(&target, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
     let dhp = DflashHparams {
         core: HparamsCore::qwen3(2, 256, 384, 6, 3, 32),
         target_layers: vec![1, hp.n_layer],
@@ -152,7 +153,8 @@ fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
         selector: Some((32, 8)),
     };
     let drafter = dir.join("dflash2-q8_0.gguf");
-    write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, hp.n_vocab, 13, Weights::Permutation).unwrap();
+    write_dflash_gguf_with(&drafter, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), hp.n_vocab, 13, Weights::Permutation)
+        .unwrap();
     let prompt = [3, 14, 15, 92, 65, 35];
     let n_gen = 24;
     let kv = GgmlType::Q4_0;
@@ -172,7 +174,7 @@ fn dflash2_drafting_on_qwen35_equals_plain_greedy() {
     // A drafter for a target with another vocabulary.
     let other = dir.join("other.gguf");
     let wrong = DflashHparams { mask_token: 999, ..dhp.clone() };
-    write_dflash_gguf_with(&other, &wrong, GgmlType::Q8_0, 1000, 13, Weights::Random).unwrap();
+    write_dflash_gguf_with(&other, &wrong, &TensorTypes::uniform(GgmlType::Q8_0), 1000, 13, Weights::Random).unwrap();
     let mut s = Qwen35Session::load(&target, &devices::cpu(&[1.0]), kv, 64).unwrap();
     let e = DflashDrafter::attach_gguf(&mut s, &other, kv, 0.0).unwrap_err();
     assert!(e.to_string().contains("vocab_size"), "{e}");

@@ -10,6 +10,7 @@ use qwen3::{input, named, qwen3_layers, qwen3_policy, Dims};
 use shardgraph::split::{Collective, Planner, SplitPolicy, SplitSpec, SplitState};
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::hparams::HparamsCore;
+use shardgraph_models::types::TensorTypes;
 
 #[test]
 fn vocab_split_head_feeds_row_ops_without_gathering_logits() {
@@ -192,12 +193,12 @@ fn plan_memory_per_device_is_known_before_allocation() {
 #[test]
 fn a_zero_ratio_device_does_not_make_the_others_relayout_weights() {
     use shardgraph_models::qwen3::qwen3_policy;
-    use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams, Qwen3Types};
+    use shardgraph_models::qwen3::{Qwen3, Qwen3Hparams};
     let hp = Qwen3Hparams { core: HparamsCore::qwen3(4, 1024, 2816, 16, 8, 64), n_vocab: 8192, n_ctx_train: 4096 };
-    let types = Qwen3Types::q4_k_m();
+    let types = TensorTypes::q4_k_m();
     let plan_for = |ratios: &[f32]| {
         let mut ctx = Context::new();
-        let m = Qwen3::new(&mut ctx, hp.clone(), types, GgmlType::F16, 256).unwrap();
+        let m = Qwen3::new(&mut ctx, hp.clone(), &types, GgmlType::F16, 256).unwrap();
         let step = m.build(&mut ctx, 1, &[]).unwrap();
         let g = ctx.build_forward(&step.outputs()).unwrap();
         let policy = qwen3_policy(&hp, &types, ratios).unwrap();

@@ -13,8 +13,9 @@ use shardgraph_models::generate::{
     write_dflash_gguf_with, write_qwen35_gguf_with, Weights, GENERATOR_KEY, GENERATOR_VERSION,
 };
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Types};
+use shardgraph_models::qwen35::Qwen35Hparams;
 use shardgraph_models::sampling::SamplerParams;
+use shardgraph_models::types::{cache_type_by_name, KvTypes, TensorTypes};
 use std::path::Path;
 use std::time::Instant;
 
@@ -224,17 +225,58 @@ pub fn ctx_request(args: &[String], default: i64, need: i64) -> Option<i64> {
     asked
 }
 
-/// `--cache-type-k f16|q8_0|q4_0` (default f16); exits on another value.
-pub fn cache_type(args: &[String]) -> GgmlType {
-    match arg(args, "--cache-type-k").as_deref() {
-        None | Some("f16") => GgmlType::F16,
-        Some("q8_0") => GgmlType::Q8_0,
-        Some("q4_0") => GgmlType::Q4_0,
-        Some(other) => {
-            eprintln!("--cache-type-k {other}: use f16, q8_0 or q4_0");
-            std::process::exit(2);
-        }
+/// `--cache-type-k` and `--cache-type-v` (llama.cpp's: each one of its
+/// cache types, [`shardgraph_models::types::LLAMA_CACHE_TYPES`], that this build's core has; default
+/// f16 each, and they may differ); exits with status 2 naming the option
+/// and the value otherwise.
+pub fn cache_types(args: &[String]) -> KvTypes {
+    let one = |option: &str| match arg(args, option) {
+        None => GgmlType::F16,
+        Some(name) => cache_type_by_name(option, &name).unwrap_or_else(|e| {
+            match e {
+                shardgraph::Error::Model { detail } => eprintln!("{detail}"),
+                e => eprintln!("{option} {name}: {e}"),
+            }
+            std::process::exit(2)
+        }),
+    };
+    KvTypes::new(one("--cache-type-k"), one("--cache-type-v"))
+}
+
+/// The prompt as token ids: `--prompt-tokens 1,2,3` (comma- or
+/// space-separated) or `--prompt-tokens-file F` (ids separated by commas,
+/// spaces or newlines), else `default`. Exits with status 2 naming the
+/// option and the value for both given, an unreadable file, an empty
+/// list, or an entry that is not a non-negative 32-bit integer (the model
+/// checks the ids against its vocabulary before decoding).
+pub fn prompt_tokens(args: &[String], default: impl FnOnce() -> Vec<i32>) -> Vec<i32> {
+    let bad = |m: String| -> ! {
+        eprintln!("{m}");
+        std::process::exit(2)
+    };
+    let (text, what) = match (arg(args, "--prompt-tokens"), arg(args, "--prompt-tokens-file")) {
+        (Some(_), Some(_)) => bad("--prompt-tokens and --prompt-tokens-file: give one of them".into()),
+        (Some(t), None) => (t.clone(), format!("--prompt-tokens {t}")),
+        (None, Some(f)) => match std::fs::read_to_string(&f) {
+            Ok(t) => (t, format!("--prompt-tokens-file {f}")),
+            Err(e) => bad(format!("--prompt-tokens-file {f}: {e}")),
+        },
+        (None, None) => return default(),
+    };
+    let ids: Vec<i32> = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<i32>()
+                .ok()
+                .filter(|&v| v >= 0)
+                .unwrap_or_else(|| bad(format!("{what}: {t:?} is not a token id (0 to 2147483647)")))
+        })
+        .collect();
+    if ids.is_empty() {
+        bad(format!("{what}: no token ids"));
     }
+    ids
 }
 
 /// A progress line on stderr, every 5%.
@@ -343,7 +385,7 @@ pub fn ensure_qwen35(path: &Path) -> shardgraph::Result<()> {
     let current = |f: &shardgraph::gguf::GgufFile| Qwen35Hparams::from_gguf(f).is_ok_and(|h| h == qwen35_hp());
     ensure(path, current, |tmp| {
         eprintln!("generating {} ...", path.display());
-        write_qwen35_gguf_with(tmp, &qwen35_hp(), &Qwen35Types::all(GgmlType::Q8_0), 1, Weights::Permutation)
+        write_qwen35_gguf_with(tmp, &qwen35_hp(), &TensorTypes::uniform(GgmlType::Q8_0), 1, Weights::Permutation)
     })
 }
 
@@ -351,7 +393,14 @@ pub fn ensure_qwen35(path: &Path) -> shardgraph::Result<()> {
 pub fn ensure_qwen35_drafter(path: &Path) -> shardgraph::Result<()> {
     let current = |f: &shardgraph::gguf::GgufFile| DflashHparams::from_gguf(f).is_ok_and(|h| h == qwen35_drafter_hp());
     ensure(path, current, |tmp| {
-        write_dflash_gguf_with(tmp, &qwen35_drafter_hp(), GgmlType::Q8_0, qwen35_hp().n_vocab, 1, Weights::Permutation)
+        write_dflash_gguf_with(
+            tmp,
+            &qwen35_drafter_hp(),
+            &TensorTypes::uniform(GgmlType::Q8_0),
+            qwen35_hp().n_vocab,
+            1,
+            Weights::Permutation,
+        )
     })
 }
 
@@ -492,13 +541,17 @@ fn timed(b: &Bench<'_>, draft: DraftModel) -> shardgraph::Result<(Engine, Genera
     Ok((e, g, s, bytes))
 }
 
-/// Plain decoding, then speculative decoding, each with [`Engine`] on the
+/// Checks the files and their pairing ([`Engine::check`]), then plain
+/// decoding, then speculative decoding, each with [`Engine`] on the
 /// same devices (after a short warm-up); prints tokens/s, drafted and
 /// accepted counts, the speed-up and the bytes moved between devices. When
 /// greedy, the two outputs must be equal (else `verify: MISMATCH` and exit
 /// status 1), and with `verify` a last line `verify: identical` says they
 /// equal plain greedy decoding on one CPU device.
 pub fn bench(b: &Bench<'_>) -> shardgraph::Result<()> {
+    // Every file, and target and drafter together, before any decoding: a
+    // wrong drafter is refused now, not after the plain baseline.
+    Engine::check(b.devices, b.model, &b.draft, &b.params)?;
     let greedy = b.sampler.is_greedy();
     let how = if greedy { "greedy" } else { "sampling" };
     // One engine at a time: the plain one is dropped before the other loads.

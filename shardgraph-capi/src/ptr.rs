@@ -120,6 +120,21 @@ pub(crate) fn free<T>(p: *mut T) {
     drop(unsafe { Box::from_raw(p) });
 }
 
+/// A C callback told of each generated token (`sg_token_callback`):
+/// `token` and the caller's `user_data`; non-zero goes on, 0 ends the
+/// generation after this token.
+pub type TokenCallback = unsafe extern "C" fn(token: i32, user_data: *mut std::ffi::c_void) -> i32;
+
+/// Calls the C caller's token callback `f` with `token` and `user`; whether
+/// to go on (non-zero).
+pub(crate) fn call_token_callback(f: TokenCallback, token: i32, user: *mut std::ffi::c_void) -> bool {
+    // SAFETY: `f` is the caller's `sg_token_callback` (the header's
+    // contract: a function of that signature, safe to call from the thread
+    // that called `sg_engine_generate_ex` with the `user_data` it gave, which
+    // is passed through unread).
+    unsafe { f(token, user) != 0 }
+}
+
 /// Writes `text` NUL-terminated into the `len` bytes at `buf` as
 /// `snprintf` does: at most `len - 1` bytes of text then a NUL (nothing
 /// when `len == 0`, and `buf` may then be NULL), cut on a UTF-8 character

@@ -29,15 +29,16 @@
 
 use shardgraph::split::Devices;
 use shardgraph::GgmlType;
-use shardgraph_capi::engine::{SgEngineParams, SgSamplerParams, SgSpecStats};
+use shardgraph_capi::engine::{SgEngineParams, SgGenerateOptions, SgSamplerParams, SgSpecStats};
 use shardgraph_capi::graph::SgRopeParams;
 use shardgraph_capi::sg_status;
 use shardgraph_models::dflash::DflashHparams;
 use shardgraph_models::engine::{DraftModel, Engine, EngineParams};
 use shardgraph_models::generate::{permutation, write_dflash_gguf_with, write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Types};
+use shardgraph_models::qwen3::Qwen3Hparams;
 use shardgraph_models::sampling::SamplerParams;
+use shardgraph_models::types::TensorTypes;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -370,6 +371,8 @@ fn c_program_runs_a_tensor_parallel_graph_and_its_error_paths() {
     assert_eq!(size("sg_sampler_params.seed "), std::mem::offset_of!(SgSamplerParams, seed));
     assert_eq!(size("sg_spec_stats "), std::mem::size_of::<SgSpecStats>());
     assert_eq!(size("sg_status "), std::mem::size_of::<sg_status>());
+    assert_eq!(size("sg_generate_options "), std::mem::size_of::<SgGenerateOptions>());
+    assert_eq!(size("sg_generate_options.on_token "), std::mem::offset_of!(SgGenerateOptions, on_token));
     // The split run: a plan report, bytes moved as planned, the numbers checked in C.
     assert!(out.contains("--- plan on 3 devices ---") && out.contains("all-reduce"), "{out}");
     let nmse: f64 = field(&out, "soft_max NMSE", "device: ").parse().expect("the NMSE");
@@ -436,7 +439,7 @@ fn c_program_generates_with_the_engine() {
     let (target, drafter) = (dir.join("qwen3.gguf"), dir.join("dflash2.gguf"));
     let hp = Qwen3Hparams { core: HparamsCore::qwen3(2, 128, 256, 6, 3, 32), n_vocab: 200, n_ctx_train: 4096 };
     let seed = 23;
-    write_qwen3_gguf_with(&target, &hp, &Qwen3Types::all(GgmlType::Q8_0), seed, Weights::Permutation)
+    write_qwen3_gguf_with(&target, &hp, &TensorTypes::uniform(GgmlType::Q8_0), seed, Weights::Permutation)
         .expect("the target GGUF");
     // A DFlash2 drafter built to follow the permutation target of the same seed.
     let dhp = DflashHparams {
@@ -448,8 +451,15 @@ fn c_program_generates_with_the_engine() {
         conv: Some((2, 16)),
         selector: Some((32, 8)),
     };
-    write_dflash_gguf_with(&drafter, &dhp, GgmlType::Q8_0, hp.n_vocab, seed, Weights::Permutation)
-        .expect("the drafter GGUF");
+    write_dflash_gguf_with(
+        &drafter,
+        &dhp,
+        &TensorTypes::uniform(GgmlType::Q8_0),
+        hp.n_vocab,
+        seed,
+        Weights::Permutation,
+    )
+    .expect("the drafter GGUF");
     let prompt = [5, 77, 123, 9, 64];
     let n = 16;
 
@@ -461,6 +471,7 @@ fn c_program_generates_with_the_engine() {
     assert!(out.contains("ALL OK (0 failed checks)"), "{out}");
     let from_c = tokens(&out, "engine dflash 2 devices:");
     let plain_c = tokens(&out, "engine plain 1 device:");
+    let mixed_kv_c = tokens(&out, "engine kv q8_0/f16 1 device:");
 
     // The permutation chain from the last prompt token.
     let perm = permutation(hp.n_vocab, seed);
@@ -479,6 +490,11 @@ fn c_program_generates_with_the_engine() {
     assert_eq!(from_c, chain, "C (DFlash2, 2 devices) against the permutation chain");
     assert_eq!(from_c, rust, "C against the Rust engine");
     assert_eq!(plain_c, rust, "C plain decoding against the Rust engine");
+    // K q8_0 and V f16 caches: the Rust engine with the same types.
+    let mixed = EngineParams { cache_type_k: GgmlType::Q8_0, cache_type_v: GgmlType::F16, ..params };
+    let mut e = Engine::load(&devices, &target, DraftModel::None, &mixed).expect("the Rust engine, mixed caches");
+    let rust_mixed = e.generate(&prompt, n, &SamplerParams::greedy()).expect("Rust generation").tokens;
+    assert_eq!(mixed_kv_c, rust_mixed, "C with K q8_0 / V f16 caches against the Rust engine");
     let accepted: u64 = field(&out, "stats:", "accepted ").parse().expect("accepted");
     let drafted: u64 = field(&out, "stats:", "drafted ").parse().expect("drafted");
     assert!(

@@ -13,10 +13,11 @@
 
 use super::hparams::HparamsCore;
 use super::layers::{self, named, rms_norm_w, AttnShape, KvCache};
+use super::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::ops::RopeParams;
-use shardgraph::tensor::{GgmlType, TensorId};
+use shardgraph::tensor::TensorId;
 
 /// The long-lived tensors of one Qwen3-style decoder layer (a `qwen3`
 /// target's layer, or a DFlash drafter's under `dft.`).
@@ -65,9 +66,9 @@ pub(crate) struct LayerShape {
 }
 
 impl LayerShape {
-    /// The layers of `hp` with rope `rope` and KV caches of `kv_size` cells of `kv_type`.
-    pub(crate) fn new(hp: &HparamsCore, rope: RopeParams, kv_type: GgmlType, kv_size: i64) -> Self {
-        let attn = AttnShape { head_dim: hp.head_dim, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv_type };
+    /// The layers of `hp` with rope `rope` and KV caches of `kv_size` cells of `kv_types`.
+    pub(crate) fn new(hp: &HparamsCore, rope: RopeParams, kv_types: KvTypes, kv_size: i64) -> Self {
+        let attn = AttnShape { head_dim: hp.head_dim, n_head: hp.n_head, n_head_kv: hp.n_head_kv, kv_types };
         LayerShape { attn, rms_eps: hp.rms_eps, rope, kv_size }
     }
 }
@@ -79,33 +80,48 @@ impl Qwen3Layer {
     }
 }
 
-/// Creates one layer's weights (`{prefix}blk.{il}.*`) and caches
-/// (`{prefix}cache_k_l{il}`, `{prefix}cache_v_l{il}`, `[Hkv·D, kv_size]`).
+/// Creates one layer's weights (`{prefix}blk.{il}.*`, each of the type
+/// `types` gives its GGUF name `blk.{il}.*`, checked for `model`) and caches
+/// (`{prefix}cache_k_l{il}`, `{prefix}cache_v_l{il}`, `[Hkv·D, kv_size]` of
+/// the K and V types).
+///
+/// # Errors
+/// As [`TensorTypes`]' checks (a type the kernels cannot multiply, rows not
+/// whole blocks, a vector that is not F32: naming the tensor and type);
+/// constructor errors.
 pub(crate) fn new_layer(
     ctx: &mut Context,
-    prefix: &str,
+    (prefix, model): (&str, &str),
     il: usize,
     (e, f): (i64, i64),
     s: &LayerShape,
-    (attn, attn_v, ffn, ffn_down): (GgmlType, GgmlType, GgmlType, GgmlType),
+    types: &TensorTypes,
 ) -> Result<Qwen3Layer> {
     let a = &s.attn;
     let (d, qd, kvd) = (a.head_dim, a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
-    let b = |n: &str| format!("{prefix}blk.{il}.{n}");
+    let m = |ctx: &mut Context, n: &str, ne: &[i64]| -> Result<TensorId> {
+        let name = format!("blk.{il}.{n}");
+        let ty = types.matrix(model, &name, ne)?;
+        named(ctx, ty, ne, &format!("{prefix}{name}"))
+    };
+    let v = |ctx: &mut Context, n: &str, ne: &[i64]| -> Result<TensorId> {
+        let name = format!("blk.{il}.{n}");
+        named(ctx, types.vector(model, &name)?, ne, &format!("{prefix}{name}"))
+    };
     Ok(Qwen3Layer {
-        attn_norm: named(ctx, GgmlType::F32, &[e], &b("attn_norm.weight"))?,
-        wq: named(ctx, attn, &[e, qd], &b("attn_q.weight"))?,
-        wk: named(ctx, attn, &[e, kvd], &b("attn_k.weight"))?,
-        wv: named(ctx, attn_v, &[e, kvd], &b("attn_v.weight"))?,
-        wo: named(ctx, attn, &[qd, e], &b("attn_output.weight"))?,
-        q_norm: named(ctx, GgmlType::F32, &[d], &b("attn_q_norm.weight"))?,
-        k_norm: named(ctx, GgmlType::F32, &[d], &b("attn_k_norm.weight"))?,
-        ffn_norm: named(ctx, GgmlType::F32, &[e], &b("ffn_norm.weight"))?,
-        ffn_gate: named(ctx, ffn, &[e, f], &b("ffn_gate.weight"))?,
-        ffn_up: named(ctx, ffn, &[e, f], &b("ffn_up.weight"))?,
-        ffn_down: named(ctx, ffn_down, &[f, e], &b("ffn_down.weight"))?,
-        cache_k: named(ctx, a.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_k_l{il}"))?,
-        cache_v: named(ctx, a.kv_type, &[kvd, s.kv_size], &format!("{prefix}cache_v_l{il}"))?,
+        attn_norm: v(ctx, "attn_norm.weight", &[e])?,
+        wq: m(ctx, "attn_q.weight", &[e, qd])?,
+        wk: m(ctx, "attn_k.weight", &[e, kvd])?,
+        wv: m(ctx, "attn_v.weight", &[e, kvd])?,
+        wo: m(ctx, "attn_output.weight", &[qd, e])?,
+        q_norm: v(ctx, "attn_q_norm.weight", &[d])?,
+        k_norm: v(ctx, "attn_k_norm.weight", &[d])?,
+        ffn_norm: v(ctx, "ffn_norm.weight", &[e])?,
+        ffn_gate: m(ctx, "ffn_gate.weight", &[e, f])?,
+        ffn_up: m(ctx, "ffn_up.weight", &[e, f])?,
+        ffn_down: m(ctx, "ffn_down.weight", &[f, e])?,
+        cache_k: named(ctx, a.kv_types.k, &[kvd, s.kv_size], &format!("{prefix}cache_k_l{il}"))?,
+        cache_v: named(ctx, a.kv_types.v, &[kvd, s.kv_size], &format!("{prefix}cache_v_l{il}"))?,
     })
 }
 

@@ -22,11 +22,12 @@
 use super::decoder::{decoder_layer, kv_rows, new_layer, LayerConv, LayerShape, Qwen3Layer};
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model, DIM};
 use super::layers::{self, input, named, rms_norm_w};
-use super::policy::{attention_granules, ffn_granule, layer_rules};
-use super::qwen3::{qwen3_policy, qwen3_rules, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
-use super::qwen35::{qwen35_rules, Qwen35, Qwen35Hparams, Qwen35Session, Qwen35Types};
+use super::policy::{layer_rules, qwen3_layer_granules};
+use super::qwen3::{qwen3_policy, qwen3_rules, Qwen3, Qwen3Hparams, Qwen3Session};
+use super::qwen35::{qwen35_rules, Qwen35, Qwen35Hparams, Qwen35Session};
 use super::runner::Runner;
 use super::step::{cell_bytes, check_p_min, f32s, i32_bytes, i32s, mask_bytes, Drafter, StepOutput};
+use super::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::split::{SplitPolicy, SplitSpec};
@@ -82,11 +83,11 @@ pub trait DraftHost {
     /// The context, the runner, and the length of the long-lived part.
     fn parts(&mut self) -> (&mut Context, &mut Runner, &mut usize);
     /// The split policy for the target with the drafter `hp` (weights of
-    /// `weight_type`) in its context.
+    /// the types `types` gives) in its context.
     ///
     /// # Errors
     /// As the target's policy, for either model's heads.
-    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy>;
+    fn policy_with(&self, hp: &DflashHparams, types: &TensorTypes) -> Result<shardgraph::split::SplitPolicy>;
 }
 
 impl DraftHost for Qwen3Session {
@@ -99,9 +100,9 @@ impl DraftHost for Qwen3Session {
     fn parts(&mut self) -> (&mut Context, &mut Runner, &mut usize) {
         (&mut self.ctx, &mut self.runner, &mut self.base_len)
     }
-    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy> {
+    fn policy_with(&self, hp: &DflashHparams, types: &TensorTypes) -> Result<shardgraph::split::SplitPolicy> {
         let ratios = self.runner.policy().ratios().to_vec();
-        qwen3_dflash_policy(&self.model.hp, &self.model_types()?, hp, weight_type, &ratios)
+        qwen3_dflash_policy(&self.model.hp, &self.model.types, hp, types, &ratios)
     }
 }
 
@@ -115,9 +116,9 @@ impl DraftHost for Qwen35Session {
     fn parts(&mut self) -> (&mut Context, &mut Runner, &mut usize) {
         (&mut self.ctx, &mut self.runner, &mut self.base_len)
     }
-    fn policy_with(&self, hp: &DflashHparams, weight_type: GgmlType) -> Result<shardgraph::split::SplitPolicy> {
+    fn policy_with(&self, hp: &DflashHparams, types: &TensorTypes) -> Result<shardgraph::split::SplitPolicy> {
         let ratios = self.runner.policy().ratios().to_vec();
-        qwen35_dflash_policy(&self.model.hp, &self.model.types, hp, weight_type, &ratios)
+        qwen35_dflash_policy(&self.model.hp, &self.model.types, hp, types, &ratios)
     }
 }
 
@@ -308,10 +309,10 @@ impl DflashHparams {
         Ok(())
     }
 
-    /// The layers' shape with KV caches of `kv_size` cells of `kv_type`
+    /// The layers' shape with KV caches of `kv_size` cells of `kv_types`
     /// (NEOX rope over whole heads, no training context).
-    fn shape(&self, kv_type: GgmlType, kv_size: i64) -> LayerShape {
-        LayerShape::new(&self.core, self.core.neox_rope(0), kv_type, kv_size)
+    fn shape(&self, kv_types: KvTypes, kv_size: i64) -> LayerShape {
+        LayerShape::new(&self.core, self.core.neox_rope(0), kv_types, kv_size)
     }
 }
 
@@ -336,10 +337,13 @@ pub struct Dflash {
     pub tok_embd: TensorId,
     /// The target's `output.weight` (borrowed).
     pub output: TensorId,
+    /// Where the drafter's weight types came from (its file's tensor
+    /// table, or a preset).
+    pub types: TensorTypes,
     /// KV cache cells per layer.
     pub kv_size: i64,
-    /// KV cache type.
-    pub kv_type: GgmlType,
+    /// The K and V caches' types.
+    pub kv_types: KvTypes,
 }
 
 /// DFlash2's candidate-selector tensors (shardgraph-models/MODELS.md, section
@@ -399,56 +403,55 @@ pub struct InjectStep {
 }
 
 impl Dflash {
-    /// Creates the drafter's weights (`dft.` + GGUF names, matrices of
-    /// `weight_type`) and caches in the target's context, borrowing the
-    /// target's embedding and head.
+    /// Creates the drafter's weights (`dft.` + GGUF names, each matrix of
+    /// the type `types` gives its GGUF name, vectors F32) and caches (K and
+    /// V of `kv_types`) in the target's context, borrowing the target's
+    /// embedding and head.
     ///
     /// # Errors
-    /// As [`DflashHparams::validate`]; [`Error::Model`] for a KV type or
-    /// weight type whose block does not divide its rows.
+    /// As [`DflashHparams::validate`]; [`Error::Model`] for a cache type
+    /// not offered for the head size ([`KvTypes::check`]) or a weight of a
+    /// type the kernels cannot multiply or whose rows are not whole blocks
+    /// (naming the tensor and type).
     pub fn new(
         ctx: &mut Context,
         target: impl Into<TargetInfo>,
         hp: DflashHparams,
-        weight_type: GgmlType,
-        kv_type: GgmlType,
+        types: &TensorTypes,
+        kv_types: impl Into<KvTypes>,
         kv_size: i64,
     ) -> Result<Self> {
         let target: TargetInfo = target.into();
+        let kv_types = kv_types.into();
         hp.validate(&target)?;
-        let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
-        let qd = hp.n_head * d;
+        const MODEL: &str = "dflash drafter";
+        kv_types.check(MODEL, hp.head_dim)?;
+        let (e, f) = (hp.n_embd, hp.n_ff);
         let x = hp.target_layers.len() as i64 * hp.target_hidden;
-        let rank = hp.selector.map_or(weight_type.block_size() as i64, |s| s.0);
-        for (what, n) in [("fc", x), ("attn", e), ("attn_output", qd), ("ffn_down", f), ("selector codebook", rank)] {
-            if n % weight_type.block_size() as i64 != 0 {
-                return Err(Error::Model {
-                    detail: format!("dflash: {what} rows of {n} do not fit {weight_type} blocks"),
-                });
-            }
-        }
-        if d % kv_type.block_size() as i64 != 0 {
-            return Err(Error::Model { detail: format!("dflash: head size {d} does not fit {kv_type} cache blocks") });
-        }
-        let w = weight_type;
-        let fc = named(ctx, w, &[x, e], "dft.fc.weight")?;
-        let enc_norm = named(ctx, GgmlType::F32, &[e], "dft.enc.output_norm.weight")?;
-        let output_norm = named(ctx, GgmlType::F32, &[e], "dft.output_norm.weight")?;
-        let shape = hp.shape(kv_type, kv_size);
+        let matrix = |ctx: &mut Context, name: &str, ne: &[i64]| -> Result<TensorId> {
+            named(ctx, types.matrix(MODEL, name, ne)?, ne, &format!("dft.{name}"))
+        };
+        let vector = |ctx: &mut Context, name: &str, ne: &[i64]| -> Result<TensorId> {
+            named(ctx, types.vector(MODEL, name)?, ne, &format!("dft.{name}"))
+        };
+        let fc = matrix(ctx, "fc.weight", &[x, e])?;
+        let enc_norm = vector(ctx, "enc.output_norm.weight", &[e])?;
+        let output_norm = vector(ctx, "output_norm.weight", &[e])?;
+        let shape = hp.shape(kv_types, kv_size);
         let layers = (0..hp.n_layer)
-            .map(|il| new_layer(ctx, "dft.", il, (e, f), &shape, (w, w, w, w)))
+            .map(|il| new_layer(ctx, ("dft.", MODEL), il, (e, f), &shape, types))
             .collect::<Result<Vec<_>>>()?;
         let mut convs = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
             convs.push(match hp.conv {
                 Some((k, g)) => {
-                    let b = |n: &str| format!("dft.blk.{il}.{n}");
+                    let b = |n: &str| format!("blk.{il}.{n}");
                     let width = 2 * k * (e / g);
                     Some(LayerConv {
-                        attn_base: named(ctx, GgmlType::F32, &[e, k, 2], &b("attn_conv_base"))?,
-                        attn_proj: named(ctx, w, &[e, width], &b("attn_conv_proj.weight"))?,
-                        ffn_base: named(ctx, GgmlType::F32, &[e, k, 2], &b("ffn_conv_base"))?,
-                        ffn_proj: named(ctx, w, &[e, width], &b("ffn_conv_proj.weight"))?,
+                        attn_base: vector(ctx, &b("attn_conv_base"), &[e, k, 2])?,
+                        attn_proj: matrix(ctx, &b("attn_conv_proj.weight"), &[e, width])?,
+                        ffn_base: vector(ctx, &b("ffn_conv_base"), &[e, k, 2])?,
+                        ffn_proj: matrix(ctx, &b("ffn_conv_proj.weight"), &[e, width])?,
                         group: g,
                         n_blocks: 1,
                     })
@@ -458,9 +461,9 @@ impl Dflash {
         }
         let selector = match hp.selector {
             Some((r, k)) => Some(Selector {
-                hidden: named(ctx, w, &[e, r], "dft.selector_hidden.weight")?,
-                predecessor: named(ctx, w, &[r, target.n_vocab], "dft.selector_predecessor.weight")?,
-                successor: named(ctx, w, &[r, target.n_vocab], "dft.selector_successor.weight")?,
+                hidden: matrix(ctx, "selector_hidden.weight", &[e, r])?,
+                predecessor: matrix(ctx, "selector_predecessor.weight", &[r, target.n_vocab])?,
+                successor: matrix(ctx, "selector_successor.weight", &[r, target.n_vocab])?,
                 top_k: k,
             }),
             None => None,
@@ -475,8 +478,9 @@ impl Dflash {
             layers,
             tok_embd: target.tok_embd,
             output: target.output,
+            types: types.clone(),
             kv_size,
-            kv_type,
+            kv_types,
         })
     }
 
@@ -499,7 +503,7 @@ impl Dflash {
         let g = ctx.mul_mat(self.fc, features)?;
         let g = rms_norm_w(ctx, g, self.enc_norm, hp.rms_eps)?;
         let mut writes = Vec::new();
-        let shape = hp.shape(self.kv_type, self.kv_size);
+        let shape = hp.shape(self.kv_types, self.kv_size);
         for w in &self.layers {
             let rows = kv_rows(ctx, w, g, pos, n_tokens, &shape)?;
             let (wk, wv) = layers::write_kv(ctx, w.cache(), rows, kv_idxs)?;
@@ -540,7 +544,7 @@ impl Dflash {
         let kv_idxs = input(ctx, GgmlType::I64, &[block], "dft.block_idxs")?;
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
-        let shape = hp.shape(self.kv_type, self.kv_size);
+        let shape = hp.shape(self.kv_types, self.kv_size);
         for (il, w) in self.layers.iter().enumerate() {
             let conv = self.convs.get(il).copied().flatten();
             let (out, wk, wv) = decoder_layer(ctx, w, x, pos, mask, kv_idxs, block, &shape, conv.as_ref())?;
@@ -698,11 +702,11 @@ impl DflashDrafter {
     pub fn attach<T: DraftHost>(
         target: &mut T,
         hp: DflashHparams,
-        weight_type: GgmlType,
-        kv_type: GgmlType,
+        types: &TensorTypes,
+        kv_types: impl Into<KvTypes>,
         p_min: f32,
     ) -> Result<Self> {
-        Self::attach_checked(target, hp, weight_type, kv_type, p_min, None)
+        Self::attach_checked(target, hp, types, kv_types.into(), p_min, None)
     }
 
     /// [`DflashDrafter::attach`], checking the drafter's tensors against
@@ -710,19 +714,19 @@ impl DflashDrafter {
     fn attach_checked<T: DraftHost>(
         target: &mut T,
         hp: DflashHparams,
-        weight_type: GgmlType,
-        kv_type: GgmlType,
+        types: &TensorTypes,
+        kv_types: KvTypes,
         p_min: f32,
         file: Option<&shardgraph::gguf::GgufFile>,
     ) -> Result<Self> {
         check_p_min("dflash drafter", p_min)?;
         let info = target.info();
         let kv_size = target.kv_size();
-        let policy = target.policy_with(&hp, weight_type)?;
+        let policy = target.policy_with(&hp, types)?;
         let (ctx, runner, base_len) = target.parts();
         ctx.truncate(*base_len);
         let start = ctx.len();
-        let model = Dflash::new(ctx, info, hp, weight_type, kv_type, kv_size);
+        let model = Dflash::new(ctx, info, hp, types, kv_types, kv_size);
         let ids: Vec<TensorId> = ctx.ids().skip(start).collect();
         let checked = model.and_then(|m| match file {
             Some(f) => crate::check_file_tensors(f, ctx, &ids, "dft.", "dflash drafter").map(|()| m),
@@ -751,18 +755,19 @@ impl DflashDrafter {
     pub fn attach_gguf<T: DraftHost>(
         target: &mut T,
         path: impl AsRef<std::path::Path>,
-        kv_type: GgmlType,
+        kv_types: impl Into<KvTypes>,
         p_min: f32,
     ) -> Result<Self> {
-        Self::attach_file(target, &shardgraph::gguf::GgufFile::open(path)?, kv_type, p_min)
+        Self::attach_file(target, &shardgraph::gguf::GgufFile::open(path)?, kv_types, p_min)
     }
 
     /// [`DflashDrafter::attach`] from a parsed `dflash` GGUF:
     /// hyper-parameters from its metadata (ranges checked, then checked
-    /// against the target), every tensor checked against them (presence,
-    /// type, shape, nothing unused) before anything is placed, then the
-    /// weights copied straight from the file (GGUF names, `dft.` in the
-    /// context).
+    /// against the target), every tensor of the type the file gives it
+    /// ([`TensorTypes::from_file`]) and checked against them (presence, a
+    /// type the kernels can run, shape, nothing unused) before anything is
+    /// placed, then the weights copied straight from the file (GGUF names,
+    /// `dft.` in the context).
     ///
     /// # Errors
     /// [`Error::Gguf`] naming a missing or mistyped key; [`Error::Model`]
@@ -771,7 +776,7 @@ impl DflashDrafter {
     pub fn attach_file<T: DraftHost>(
         target: &mut T,
         file: &shardgraph::gguf::GgufFile,
-        kv_type: GgmlType,
+        kv_types: impl Into<KvTypes>,
         p_min: f32,
     ) -> Result<Self> {
         let (hp, vocab_size) = DflashHparams::read(file)?;
@@ -785,8 +790,8 @@ impl DflashDrafter {
                 });
             }
         }
-        let weight_type = file.tensor("blk.0.attn_q.weight")?.info.ty;
-        let d = DflashDrafter::attach_checked(target, hp, weight_type, kv_type, p_min, Some(file))?;
+        let types = TensorTypes::from_file(file);
+        let d = DflashDrafter::attach_checked(target, hp, &types, kv_types.into(), p_min, Some(file))?;
         let (ctx, runner, base_len) = target.parts();
         let names: Vec<(String, TensorId)> = ctx
             .ids()
@@ -915,21 +920,22 @@ impl<T: DraftHost> Drafter<T> for DflashDrafter {
 
 /// [`qwen3_policy`] for a target with a DFlash drafter in the same context (its
 /// tensors named `dft.` + the GGUF name): the drafter's layers and caches split
-/// like the target's (shardgraph-models/MODELS.md, section 7.5), `fc` and the
-/// norms mirrored.
+/// like the target's (shardgraph-models/MODELS.md, section 7.5), each by the
+/// blocks of its own weights' types (`drafter_types`), `fc` and the norms
+/// mirrored.
 ///
 /// # Errors
 /// As [`qwen3_policy`], for either model's heads.
 pub fn qwen3_dflash_policy(
     hp: &Qwen3Hparams,
-    types: &Qwen3Types,
+    types: &TensorTypes,
     drafter: &DflashHparams,
-    drafter_type: GgmlType,
+    drafter_types: &TensorTypes,
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
-    check_dflash_heads(drafter, drafter_type, hp.n_vocab, ratios)?;
+    check_dflash_heads(drafter, drafter_types, hp.n_vocab, ratios)?;
     let policy = qwen3_rules(hp, types, ratios)?;
-    Ok(dflash_rules(policy, drafter, drafter_type, ratios.len()).rule("*", SplitSpec::Mirrored))
+    Ok(dflash_rules(policy, drafter, drafter_types, ratios.len()).rule("*", SplitSpec::Mirrored))
 }
 
 /// Checks that a DFlash drafter's heads give every device with a non-zero
@@ -938,19 +944,19 @@ pub fn qwen3_dflash_policy(
 ///
 /// # Errors
 /// As [`qwen3_policy`], the message naming the drafter's heads.
-fn check_dflash_heads(drafter: &DflashHparams, drafter_type: GgmlType, n_vocab: i64, ratios: &[f32]) -> Result<()> {
+fn check_dflash_heads(drafter: &DflashHparams, types: &TensorTypes, n_vocab: i64, ratios: &[f32]) -> Result<()> {
     let dhp = drafter_as_qwen3(drafter, n_vocab);
-    qwen3_policy(&dhp, &Qwen3Types::all(drafter_type), ratios).map(drop).map_err(|e| drafter_error(&dhp, e))
+    qwen3_policy(&dhp, types, ratios).map(drop).map_err(|e| drafter_error(&dhp, e))
 }
 
 /// The DFlash drafter's rules on top of its target's `policy`
 /// (shardgraph-models/MODELS.md, section 7.5): its tensors are named `dft.` +
 /// the GGUF name, its layers and caches split like a `qwen3` target's, with
-/// its own granules; `fc`, the norms and DFlash2's convolution and selector
-/// tensors are left to the caller's final "everything else mirrored".
-fn dflash_rules(policy: SplitPolicy, drafter: &DflashHparams, drafter_type: GgmlType, n_dev: usize) -> SplitPolicy {
-    let g = attention_granules(&drafter.core, drafter_type, n_dev);
-    layer_rules(policy, "dft.", g, ffn_granule(drafter.n_ff, drafter_type))
+/// its own granules (each layer's from its own weights' types); `fc`, the
+/// norms and DFlash2's convolution and selector tensors are left to the
+/// caller's final "everything else mirrored".
+fn dflash_rules(policy: SplitPolicy, drafter: &DflashHparams, types: &TensorTypes, n_dev: usize) -> SplitPolicy {
+    layer_rules(policy, "dft.", &qwen3_layer_granules(&drafter.core, types, n_dev))
 }
 
 /// [`qwen35_policy`](crate::qwen35::qwen35_policy) for a target with a DFlash
@@ -963,15 +969,15 @@ fn dflash_rules(policy: SplitPolicy, drafter: &DflashHparams, drafter_type: Ggml
 /// heads.
 pub fn qwen35_dflash_policy(
     hp: &Qwen35Hparams,
-    types: &Qwen35Types,
+    types: &TensorTypes,
     drafter: &DflashHparams,
-    drafter_type: GgmlType,
+    drafter_types: &TensorTypes,
     ratios: &[f32],
 ) -> Result<SplitPolicy> {
-    check_dflash_heads(drafter, drafter_type, hp.n_vocab, ratios)?;
+    check_dflash_heads(drafter, drafter_types, hp.n_vocab, ratios)?;
     let policy = qwen35_rules(hp, types, ratios)?;
     // On one device qwen35_rules has no rules (nothing is split), nor does the drafter.
-    let policy = if ratios.len() > 1 { dflash_rules(policy, drafter, drafter_type, ratios.len()) } else { policy };
+    let policy = if ratios.len() > 1 { dflash_rules(policy, drafter, drafter_types, ratios.len()) } else { policy };
     Ok(policy.rule("*", SplitSpec::Mirrored))
 }
 

@@ -25,14 +25,16 @@
 //! generation that would not fit the context is refused before any
 //! decoding.
 
-use super::dflash::{DflashDrafter, DflashHparams};
+use super::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashDrafter, DflashHparams, TargetInfo};
 use super::fit::{FitDraft, FitSpec, FitTarget, CTX_STEP};
 use super::mtp::MtpDrafter;
-use super::qwen3::{Qwen3Hparams, Qwen3Session, Qwen3Types};
-use super::qwen35::{Qwen35Hparams, Qwen35Session, Qwen35Types};
+use super::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
+use super::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams, Qwen35Session};
 use super::sampling::{Sampler, SamplerParams};
-use super::speculative::{generate_with, NoDraft, SpecParams, SpecStats};
+pub use super::speculative::End;
+use super::speculative::{generate_hooked, generate_with, Hooks, NoDraft, SpecParams, SpecStats};
 use super::step::{check_p_min, MAX_DRAFT};
+use super::types::{KvTypes, TensorTypes, LLAMA_CACHE_TYPES};
 use shardgraph::error::{Error, Result};
 use shardgraph::gguf::GgufFile;
 use shardgraph::split::Devices;
@@ -66,9 +68,14 @@ pub struct EngineParams {
     /// drafter's block ([`Engine::kv_size`]). At least 1; see
     /// [`Engine::fit_ctx_size`] for the largest that fits the devices.
     pub ctx_size: i64,
-    /// KV cache type of the target and the drafter (`--cache-type-k`):
-    /// F16, Q8_0, Q4_0 (or F32).
+    /// K cache type of the target and the drafter (`--cache-type-k`): one
+    /// of llama.cpp's cache types the core has
+    /// ([`crate::types::LLAMA_CACHE_TYPES`]: f32, f16, bf16, q8_0, q4_0,
+    /// q4_1, q5_0, q5_1, iq4_nl).
     pub cache_type_k: GgmlType,
+    /// V cache type (`--cache-type-v`), of the same list; it may differ
+    /// from K's.
+    pub cache_type_v: GgmlType,
     /// Draft limits (`--spec-draft-n-max`, `--spec-draft-n-min`). `n_max` 0
     /// takes the drafter's default: a DFlash block's `block_size − 1`, 3 for
     /// MTP; a DFlash `n_max` above `block_size − 1` is capped there. At most
@@ -88,19 +95,56 @@ impl Default for EngineParams {
         EngineParams {
             ctx_size: 4096,
             cache_type_k: GgmlType::F16,
+            cache_type_v: GgmlType::F16,
             spec: SpecParams { n_max: 0, n_min: 0 },
             p_min: 0.0,
         }
     }
 }
 
+impl EngineParams {
+    /// The K and V cache types.
+    pub fn cache_types(&self) -> KvTypes {
+        KvTypes::new(self.cache_type_k, self.cache_type_v)
+    }
+}
+
 /// What one [`Engine::generate`] call returns.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Generation {
-    /// The generated tokens, `n_predict` of them.
+    /// The generated tokens: `n_predict` of them, or fewer when the
+    /// generation stopped early ([`Generation::end`]; the token it stopped
+    /// at is the last).
     pub tokens: Vec<i32>,
     /// Drafted and accepted counts and target steps.
     pub stats: SpecStats,
+    /// With [`GenerateOptions::logits`]: per generated token, the target's
+    /// logits `[n_vocab]` of the step it was chosen from; empty otherwise.
+    pub logits: Vec<Vec<f32>>,
+    /// Why the generation ended: `n_predict` reached, an end-of-generation
+    /// or stop token, or the caller's callback.
+    pub end: End,
+}
+
+/// How one [`Engine::generate_with`] call runs besides its sampler
+/// (llama.cpp's stop conditions and streaming, for token ids).
+#[derive(Default)]
+pub struct GenerateOptions<'a> {
+    /// More tokens that end the generation (it ends after the first one it
+    /// generates, which is returned as the last token), besides the file's
+    /// end-of-generation tokens ([`Engine::eog_tokens`]).
+    pub stop: &'a [i32],
+    /// Do not stop at the file's end-of-generation tokens (llama.cpp's
+    /// `--ignore-eos`).
+    pub ignore_eos: bool,
+    /// Called with each generated token as it is accepted, in order (a
+    /// verified batch's tokens one by one, before the next step runs);
+    /// returning false ends the generation after that token.
+    pub on_token: Option<&'a mut dyn FnMut(i32) -> bool>,
+    /// Read back the target's logits of every generated token's step
+    /// ([`Generation::logits`]; llama.cpp's `llama_get_logits_ith`). Costs
+    /// `n_vocab` floats per token read from the devices.
+    pub logits: bool,
 }
 
 /// The loaded target.
@@ -129,15 +173,21 @@ pub struct Engine {
     kv_size: i64,
     spec: SpecParams,
     p_min: f32,
+    /// The file's end-of-generation tokens (`tokenizer.ggml.eos_token_id`,
+    /// `tokenizer.ggml.eot_token_id`).
+    eog: Vec<i32>,
+    /// The sequence so far: prompts and generated tokens since the last
+    /// reset (what a rollback keeps a prefix of).
+    seq: Vec<i32>,
     /// The last generated token when the target has not decoded it yet
     /// (the next [`Engine::generate`] decodes it before its prompt).
     pending: Option<i32>,
 }
 
-/// The target's architecture and hyper-parameters, from its GGUF.
+/// The target's architecture, hyper-parameters and weight types, from its GGUF.
 enum Arch {
-    Qwen3 { hp: Qwen3Hparams, types: Qwen3Types },
-    Qwen35 { hp: Qwen35Hparams, types: Qwen35Types },
+    Qwen3 { hp: Qwen3Hparams, types: TensorTypes },
+    Qwen35 { hp: Qwen35Hparams, types: TensorTypes },
 }
 
 impl Arch {
@@ -166,8 +216,15 @@ impl Arch {
 /// The drafter as its file (or the target) describes it.
 enum Planned {
     None,
-    Dflash { file: Box<GgufFile>, hp: DflashHparams, weight_type: GgmlType },
+    Dflash(Box<DraftFile>),
     Mtp,
+}
+
+/// A DFlash drafter's file, hyper-parameters and weight types.
+struct DraftFile {
+    file: GgufFile,
+    hp: DflashHparams,
+    types: TensorTypes,
 }
 
 /// Everything [`Engine::load`] and [`Engine::fit_ctx_size`] learn from the
@@ -181,14 +238,19 @@ struct Plan {
     spec: SpecParams,
     /// Cells beyond `ctx_size` in every cache: the drafter's block.
     extra: i64,
+    /// The target file's end-of-generation tokens.
+    eog: Vec<i32>,
 }
 
 impl Plan {
     /// Reads and checks the target's and drafter's files and `params`.
     fn new(model: &Path, draft: &DraftModel, params: &EngineParams) -> Result<Plan> {
-        let kv = params.cache_type_k;
-        if !matches!(kv, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0) {
-            return Err(Error::Model { detail: format!("engine: cache_type_k {kv} (F16, Q8_0, Q4_0 or F32)") });
+        for (what, ty) in [("cache_type_k", params.cache_type_k), ("cache_type_v", params.cache_type_v)] {
+            if !LLAMA_CACHE_TYPES.contains(&ty.name()) {
+                return Err(Error::Model {
+                    detail: format!("engine: {what} {ty} (llama.cpp's cache types: {})", LLAMA_CACHE_TYPES.join(", ")),
+                });
+            }
         }
         check_p_min("engine", params.p_min)?;
         let SpecParams { n_max, n_min } = params.spec;
@@ -197,12 +259,10 @@ impl Plan {
         }
         let file = GgufFile::open(model)?;
         let arch_name = file.get_str("general.architecture")?;
+        let types = TensorTypes::from_file(&file);
         let arch = match arch_name {
-            "qwen3" => Arch::Qwen3 { hp: Qwen3Hparams::from_gguf(&file)?, types: Qwen3Types::from_gguf(&file)? },
-            "qwen35" => {
-                let hp = Qwen35Hparams::from_gguf(&file)?;
-                Arch::Qwen35 { types: Qwen35Types::from_gguf(&file, &hp)?, hp }
-            }
+            "qwen3" => Arch::Qwen3 { hp: Qwen3Hparams::from_gguf(&file)?, types },
+            "qwen35" => Arch::Qwen35 { hp: Qwen35Hparams::from_gguf(&file)?, types },
             other => {
                 return Err(Error::Model {
                     detail: format!(
@@ -227,12 +287,12 @@ impl Plan {
                 }
                 let (hp, vocab) = DflashHparams::read(&f)?;
                 check_dflash(path, &hp, vocab, &arch)?;
-                let weight_type = f.tensor("blk.0.attn_q.weight")?.info.ty;
+                let types = TensorTypes::from_file(&f);
                 let kind = if hp.conv.is_some() || hp.selector.is_some() { "dflash2" } else { "dflash" };
                 let most = hp.block_size - 1;
                 let n = if n_max == 0 { most } else { n_max.min(most) };
                 let extra = hp.block_size as i64;
-                (Planned::Dflash { file: Box::new(f), hp, weight_type }, kind, n, extra)
+                (Planned::Dflash(Box::new(DraftFile { file: f, hp, types })), kind, n, extra)
             }
             DraftModel::Mtp => {
                 match &arch {
@@ -268,14 +328,15 @@ impl Plan {
             }
             _ => SpecParams { n_max, n_min },
         };
-        Ok(Plan { file, arch, draft: planned, kind, spec, extra })
+        let eog = eog_tokens(&file, arch.n_vocab())?;
+        Ok(Plan { file, arch, draft: planned, kind, spec, extra, eog })
     }
 
     /// Recurrent-state snapshot slots: a verification batch of a `qwen35`
     /// target with a drafter (0 otherwise).
     fn snapshot_slots(&self) -> usize {
         match (&self.arch, &self.draft) {
-            (Arch::Qwen35 { .. }, Planned::Dflash { .. } | Planned::Mtp) if self.spec.n_max > 0 => self.spec.n_max + 1,
+            (Arch::Qwen35 { .. }, Planned::Dflash(_) | Planned::Mtp) if self.spec.n_max > 0 => self.spec.n_max + 1,
             _ => 0,
         }
     }
@@ -299,6 +360,32 @@ impl Plan {
 
 /// MTP's default drafts per step (`n_max` 0): the examples' default.
 pub const DEFAULT_MTP_N_MAX: usize = 3;
+
+/// The GGUF keys of a model's end-of-generation tokens (llama.cpp's
+/// `llama_vocab_is_eog` set, as far as a file without a tokenizer has it).
+pub const EOG_KEYS: [&str; 2] = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"];
+
+/// The end-of-generation tokens `file` names ([`EOG_KEYS`]); an id outside
+/// the vocabulary of `n_vocab` is left out with a warning, as llama.cpp
+/// does.
+///
+/// # Errors
+/// [`Error::Gguf`] for a key that is not an unsigned integer.
+fn eog_tokens(file: &GgufFile, n_vocab: i64) -> Result<Vec<i32>> {
+    let mut out = Vec::new();
+    for key in EOG_KEYS {
+        if !file.contains_key(key) {
+            continue;
+        }
+        let id = file.get_uint(key)?;
+        match i32::try_from(id).ok().filter(|&t| i64::from(t) < n_vocab) {
+            Some(t) if !out.contains(&t) => out.push(t),
+            Some(_) => {}
+            None => log::warn!("engine: {key} = {id} is outside the vocabulary of {n_vocab}; ignored"),
+        }
+    }
+    Ok(out)
+}
 
 /// Checks a DFlash drafter's metadata against the target's before either is
 /// loaded (the attach checks it again, with the tensors).
@@ -326,6 +413,19 @@ fn check_dflash(path: &Path, hp: &DflashHparams, vocab: Option<i64>, arch: &Arch
         return bad(format!("block_size {} leaves nothing to draft (at least 2)", hp.block_size));
     }
     Ok(())
+}
+
+/// [`super::check_file_tensors`] over the tensors of `ctx` from `start` on
+/// (a model's, up to the end of the context).
+fn check_tensors(
+    file: &GgufFile,
+    ctx: &shardgraph::graph::Context,
+    start: usize,
+    prefix: &str,
+    model: &str,
+) -> Result<()> {
+    let ids: Vec<shardgraph::tensor::TensorId> = ctx.ids().skip(start).collect();
+    super::check_file_tensors(file, ctx, &ids, prefix, model)
 }
 
 impl Engine {
@@ -373,24 +473,26 @@ impl Engine {
     /// other than `qwen3`/`qwen35`, a drafter that is not a `dflash` GGUF or
     /// was built for another target (vocabulary, hidden size, tapped
     /// layers), MTP asked of a target without a NextN layer, a
-    /// `cache_type_k` other than F16/Q8_0/Q4_0/F32, a `p_min` outside
+    /// `cache_type_k` or `cache_type_v` that is not one of llama.cpp's cache
+    /// types the core has, or does not fit the heads, a `p_min` outside
     /// `0..=1`, an `n_max` over [`MAX_DRAFT`] or an `n_min` above the
     /// `n_max` used, a `ctx_size` below 1 or whose caches would exceed
     /// [`super::MAX_CTX`] cells, and the models' own checks (values out of
-    /// range, tensors missing, mismatched or unused, a split that leaves a
-    /// device without a head); [`Error::Split`] for ratios the policy
-    /// refuses; [`Error::OutOfMemory`] naming the device and the bytes.
+    /// range, tensors missing, mismatched or unused, of a type the kernels
+    /// cannot run, a split that leaves a device without a head);
+    /// [`Error::Split`] for ratios the policy refuses;
+    /// [`Error::OutOfMemory`] naming the device and the bytes.
     pub fn load(devices: &Devices, model: &Path, draft: DraftModel, params: &EngineParams) -> Result<Engine> {
         let plan = Plan::new(model, &draft, params)?;
         let kv_size = plan.kv_size(params.ctx_size)?;
-        let kv = params.cache_type_k;
+        let kv = params.cache_types();
         let slots = plan.snapshot_slots();
         let (target, draft) = match (&plan.arch, &plan.draft) {
             (Arch::Qwen3 { .. }, d) => {
                 let mut s = Qwen3Session::load_file(&plan.file, devices, kv, kv_size)?;
                 let draft = match d {
-                    Planned::Dflash { file, .. } => {
-                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, file, kv, params.p_min)?))
+                    Planned::Dflash(d) => {
+                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, &d.file, kv, params.p_min)?))
                     }
                     // Plan::new refused MTP on qwen3.
                     _ => Draft::None,
@@ -400,8 +502,8 @@ impl Engine {
             (Arch::Qwen35 { .. }, d) => {
                 let mut s = Qwen35Session::load_file(&plan.file, devices, kv, kv_size)?;
                 let draft = match d {
-                    Planned::Dflash { file, .. } => {
-                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, file, kv, params.p_min)?))
+                    Planned::Dflash(d) => {
+                        Draft::Dflash(Box::new(DflashDrafter::attach_file(&mut s, &d.file, kv, params.p_min)?))
                     }
                     Planned::Mtp => Draft::Mtp(Box::new(MtpDrafter::new(&s, params.p_min)?)),
                     Planned::None => Draft::None,
@@ -432,8 +534,56 @@ impl Engine {
             kv_size,
             spec: plan.spec,
             p_min: params.p_min,
+            eog: plan.eog,
+            seq: Vec::new(),
             pending: None,
         })
+    }
+
+    /// Checks everything [`Engine::load`] would with these arguments but
+    /// the devices' memory, allocating nothing on them: both files'
+    /// metadata and their pairing (a drafter built for another target), the
+    /// parameters, every tensor of the target and the drafter (presence,
+    /// shape, a type the kernels can run, nothing unused) and the split
+    /// policy at the devices' ratios. A program that runs a baseline before
+    /// loading its drafter calls it first, so a wrong file is refused before
+    /// any decoding.
+    ///
+    /// # Errors
+    /// As [`Engine::load`], but for [`Error::OutOfMemory`].
+    pub fn check(devices: &Devices, model: &Path, draft: &DraftModel, params: &EngineParams) -> Result<()> {
+        let plan = Plan::new(model, draft, params)?;
+        let kv_size = plan.kv_size(params.ctx_size)?;
+        let kv = params.cache_types();
+        let mut ctx = shardgraph::graph::Context::new();
+        let ratios = devices.ratios();
+        let info: TargetInfo = match &plan.arch {
+            Arch::Qwen3 { hp, types } => {
+                let m = Qwen3::new(&mut ctx, hp.clone(), types, kv, kv_size)?;
+                check_tensors(&plan.file, &ctx, 0, "", "qwen3")?;
+                (&m).into()
+            }
+            Arch::Qwen35 { hp, types } => {
+                let m = Qwen35::new(&mut ctx, hp.clone(), types, kv, kv_size)?;
+                check_tensors(&plan.file, &ctx, 0, "", "qwen35")?;
+                (&m).into()
+            }
+        };
+        if let Planned::Dflash(d) = &plan.draft {
+            let start = ctx.len();
+            Dflash::new(&mut ctx, info, d.hp.clone(), &d.types, kv, kv_size)?;
+            check_tensors(&d.file, &ctx, start, "dft.", "dflash drafter")?;
+        }
+        match (&plan.arch, &plan.draft) {
+            (Arch::Qwen3 { hp, types }, Planned::Dflash(d)) => {
+                qwen3_dflash_policy(hp, types, &d.hp, &d.types, ratios).map(drop)
+            }
+            (Arch::Qwen35 { hp, types }, Planned::Dflash(d)) => {
+                qwen35_dflash_policy(hp, types, &d.hp, &d.types, ratios).map(drop)
+            }
+            (Arch::Qwen3 { hp, types }, _) => qwen3_policy(hp, types, ratios).map(drop),
+            (Arch::Qwen35 { hp, types }, _) => qwen35_policy(hp, types, ratios).map(drop),
+        }
     }
 
     /// The largest `ctx_size` whose engine ([`Engine::load`] with these
@@ -442,15 +592,17 @@ impl Engine {
     /// cells are the largest multiple of 256 whose weights, caches and worst
     /// steps — sized from shapes and plans, nothing allocated
     /// ([`super::fit::fit_ctx_size`]) — fit, with target steps of up to
-    /// `n_batch` tokens (the longest prompt to decode at once); the result
-    /// is that minus the drafter's block, at most `params.ctx_size` (0: the
-    /// target's training context).
+    /// `n_batch` tokens (the longest prompt to decode at once; the smallest
+    /// context tried holds one such batch, so a 300-token batch starts at
+    /// 512 cells); the result is that minus the drafter's block, at most
+    /// `params.ctx_size` (0: the target's training context).
     ///
     /// # Errors
     /// As [`Engine::load`] for the files and parameters;
-    /// [`Error::OutOfMemory`] naming the device if even 256 cells do not
-    /// fit; [`Error::Model`] for an `n_batch` below 1 or above the cells, or
-    /// no cell left after the drafter's block.
+    /// [`Error::OutOfMemory`] naming the device if even the smallest
+    /// context does not fit; [`Error::Model`] for an `n_batch` below 1 or
+    /// more than the largest context allowed holds, or no cell left after
+    /// the drafter's block.
     pub fn fit_ctx_size(
         devices: &Devices,
         model: &Path,
@@ -460,18 +612,18 @@ impl Engine {
     ) -> Result<i64> {
         let plan = Plan::new(model, draft, params)?;
         let target = match &plan.arch {
-            Arch::Qwen3 { hp, types } => FitTarget::Qwen3 { hp: hp.clone(), types: *types },
-            Arch::Qwen35 { hp, types } => FitTarget::Qwen35 { hp: hp.clone(), types: *types },
+            Arch::Qwen3 { hp, types } => FitTarget::Qwen3 { hp: hp.clone(), types: types.clone() },
+            Arch::Qwen35 { hp, types } => FitTarget::Qwen35 { hp: hp.clone(), types: types.clone() },
         };
         let fit_draft = match &plan.draft {
             Planned::None => FitDraft::None,
-            Planned::Dflash { hp, weight_type, .. } => FitDraft::Dflash { hp: hp.clone(), weight_type: *weight_type },
+            Planned::Dflash(d) => FitDraft::Dflash { hp: d.hp.clone(), types: d.types.clone() },
             Planned::Mtp => FitDraft::Mtp { n_max: plan.spec.n_max },
         };
         let spec = FitSpec {
             target,
             draft: fit_draft,
-            kv_type: params.cache_type_k,
+            cache_types: params.cache_types(),
             ratios: devices.ratios().to_vec(),
             n_batch,
             snapshot_slots: plan.snapshot_slots(),
@@ -493,14 +645,17 @@ impl Engine {
 
     /// Generates `n_predict` tokens after `prompt` (token ids `[T]`) with
     /// the loaded drafter proposing and `sampler` choosing
-    /// ([`super::speculative::generate_with`]): greedy (`temp` ≤ 0) output
+    /// ([`super::speculative::generate_hooked`]): greedy (`temp` ≤ 0) output
     /// equals plain greedy decoding token for token; sampled output has
     /// plain sampling's distribution, and the same seed on the same devices
     /// draws the same tokens. The sequence continues from the earlier calls
     /// since the last [`Engine::reset`]: `prompt` follows the tokens the
     /// last call generated (a chat's next turn), and the result equals one
     /// generation over everything so far. `n_predict` 0 decodes the prompt
-    /// and returns no token.
+    /// and returns no token. The generation stops early after one of the
+    /// file's end-of-generation tokens ([`Engine::eog_tokens`]), returned as
+    /// its last token; [`Engine::generate_with`] takes stop tokens, a
+    /// callback for every token as it is accepted, and logits.
     ///
     /// # Errors
     /// Before any decoding: [`Error::Model`] for an empty prompt, a token
@@ -510,6 +665,29 @@ impl Engine {
     /// ([`SamplerParams::validate`]). Then decode and device errors (after
     /// which [`Engine::reset`] starts afresh).
     pub fn generate(&mut self, prompt: &[i32], n_predict: usize, sampler: &SamplerParams) -> Result<Generation> {
+        self.generate_with(prompt, n_predict, sampler, GenerateOptions::default())
+    }
+
+    /// [`Engine::generate`] with `opts`: it also stops after a token of
+    /// `opts.stop` (returned as its last token) — or not at the file's
+    /// end-of-generation tokens with `opts.ignore_eos` —, calls
+    /// `opts.on_token` with each token as it is accepted (the tokens of a
+    /// verified batch one by one, in the order returned; false ends the
+    /// generation after that token), and with `opts.logits` returns the
+    /// target's logits of each token's step ([`Generation::logits`]). A
+    /// generation that ends early leaves the sequence at its last token: the
+    /// next call continues from there, as after a full one.
+    ///
+    /// # Errors
+    /// As [`Engine::generate`]; [`Error::Model`] for a stop token outside the
+    /// vocabulary.
+    pub fn generate_with(
+        &mut self,
+        prompt: &[i32],
+        n_predict: usize,
+        sampler: &SamplerParams,
+        opts: GenerateOptions<'_>,
+    ) -> Result<Generation> {
         let mut sampler = Sampler::new(*sampler)?;
         if prompt.is_empty() {
             return Err(Error::Model {
@@ -517,9 +695,16 @@ impl Engine {
             });
         }
         let n_vocab = self.n_vocab();
-        if let Some((i, bad)) = prompt.iter().enumerate().find(|(_, &x)| x < 0 || i64::from(x) >= n_vocab) {
+        let outside =
+            |v: &[i32]| v.iter().enumerate().find(|(_, &x)| x < 0 || i64::from(x) >= n_vocab).map(|(i, &x)| (i, x));
+        if let Some((i, bad)) = outside(prompt) {
             return Err(Error::Model {
                 detail: format!("engine: prompt token {i} is {bad}, outside the vocabulary of {n_vocab}"),
+            });
+        }
+        if let Some((i, bad)) = outside(opts.stop) {
+            return Err(Error::Model {
+                detail: format!("engine: stop token {i} is {bad}, outside the vocabulary of {n_vocab}"),
             });
         }
         let n_past = self.n_past();
@@ -538,18 +723,27 @@ impl Engine {
         // The last call's final token goes in first: the target never decoded it.
         let full: Vec<i32> = self.pending.iter().copied().chain(prompt.iter().copied()).collect();
         let start = self.decoded();
-        let spec = self.spec;
-        let s = &mut sampler;
-        let (tokens, stats) = match (&mut self.target, &mut self.draft) {
-            (Target::Qwen3(t), Draft::None) => generate_with(t.as_mut(), &mut NoDraft, &full, n_predict, spec, s)?,
-            (Target::Qwen3(t), Draft::Dflash(d)) => generate_with(t.as_mut(), d.as_mut(), &full, n_predict, spec, s)?,
-            (Target::Qwen35(t), Draft::None) => generate_with(t.as_mut(), &mut NoDraft, &full, n_predict, spec, s)?,
-            (Target::Qwen35(t), Draft::Dflash(d)) => generate_with(t.as_mut(), d.as_mut(), &full, n_predict, spec, s)?,
-            (Target::Qwen35(t), Draft::Mtp(d)) => generate_with(t.as_mut(), d.as_mut(), &full, n_predict, spec, s)?,
+        let eog: &[i32] = if opts.ignore_eos { &[] } else { &self.eog };
+        let stop_at = |t: i32| eog.contains(&t) || opts.stop.contains(&t);
+        let mut caller = opts.on_token;
+        let mut tell = |t: i32| caller.as_mut().is_none_or(|f| f(t));
+        let mut hooks = Hooks { stop: Some(&stop_at), on_token: Some(&mut tell), logits: opts.logits };
+        let (spec, s, h) = (self.spec, &mut sampler, &mut hooks);
+        let g = match (&mut self.target, &mut self.draft) {
+            (Target::Qwen3(t), Draft::None) => generate_hooked(t.as_mut(), &mut NoDraft, &full, n_predict, spec, s, h),
+            (Target::Qwen3(t), Draft::Dflash(d)) => {
+                generate_hooked(t.as_mut(), d.as_mut(), &full, n_predict, spec, s, h)
+            }
+            (Target::Qwen35(t), Draft::None) => generate_hooked(t.as_mut(), &mut NoDraft, &full, n_predict, spec, s, h),
+            (Target::Qwen35(t), Draft::Dflash(d)) => {
+                generate_hooked(t.as_mut(), d.as_mut(), &full, n_predict, spec, s, h)
+            }
+            (Target::Qwen35(t), Draft::Mtp(d)) => generate_hooked(t.as_mut(), d.as_mut(), &full, n_predict, spec, s, h),
             (Target::Qwen3(_), Draft::Mtp(_)) => {
                 return Err(Error::Model { detail: "engine: an MTP drafter on a qwen3 target".into() })
             }
-        };
+        }?;
+        let tokens = g.tokens;
         // The target holds the prompt and every token generated but the last,
         // or the last too when a verified batch ended with it.
         let cached = self.decoded() - start - full.len() as i64;
@@ -565,7 +759,89 @@ impl Engine {
                 })
             }
         };
-        Ok(Generation { tokens, stats })
+        self.seq.extend(prompt);
+        self.seq.extend(&tokens);
+        Ok(Generation { tokens, stats: g.stats, logits: g.logits, end: g.end })
+    }
+
+    /// Rolls the sequence back to its first `n_past` tokens (llama.cpp's
+    /// `llama_memory_seq_rm(mem, seq, n_past, -1)`), keeping them: the next
+    /// [`Engine::generate`] continues after token `n_past − 1` as if
+    /// nothing had come after it (greedy, it gives the tokens a fresh engine
+    /// gives for the kept tokens followed by the new prompt). `n_past` 0 is
+    /// [`Engine::reset`]; the current length does nothing.
+    ///
+    /// How: a `qwen3` target forgets its later cells (the mask hides them
+    /// until later steps overwrite them), and so do a DFlash drafter's
+    /// caches. A `qwen35` target's conv and recurrent states have absorbed
+    /// every token and cannot be taken back to an arbitrary position (only
+    /// into the last batch, which the speculative loop uses), so the engine
+    /// starts it afresh and decodes the kept tokens again (a prefill of
+    /// `n_past − 1` tokens, the drafter's `accept` seeing them as a prompt):
+    /// the states then equal a fresh run's.
+    ///
+    /// # Errors
+    /// [`Error::Model`] for `n_past` outside `0..=`[`Engine::n_past`];
+    /// decode and device errors of the prefill.
+    pub fn rollback(&mut self, n_past: i64) -> Result<()> {
+        let now = self.n_past();
+        if !(0..=now).contains(&n_past) {
+            return Err(Error::Model { detail: format!("engine: cannot roll back to {n_past} of {now} positions") });
+        }
+        if n_past == now {
+            return Ok(());
+        }
+        if n_past == 0 {
+            return self.reset();
+        }
+        let mut seq = std::mem::take(&mut self.seq);
+        seq.truncate(n_past as usize);
+        let (keep, last) = (&seq[..seq.len() - 1], seq[seq.len() - 1]);
+        match &mut self.target {
+            // The target never decodes the last kept token before the next call.
+            Target::Qwen3(s) => s.rollback(keep.len() as i64)?,
+            Target::Qwen35(_) => {
+                self.reset()?;
+                if !keep.is_empty() {
+                    self.prefill(keep)?;
+                }
+            }
+        }
+        self.seq = seq;
+        self.pending = Some(last);
+        Ok(())
+    }
+
+    /// Decodes `tokens` as a prompt from position 0 (target and drafter),
+    /// the greedy token after it discarded.
+    fn prefill(&mut self, tokens: &[i32]) -> Result<()> {
+        let mut greedy = Sampler::new(SamplerParams::greedy())?;
+        let (spec, s) = (self.spec, &mut greedy);
+        match (&mut self.target, &mut self.draft) {
+            (Target::Qwen3(t), Draft::None) => generate_with(t.as_mut(), &mut NoDraft, tokens, 0, spec, s),
+            (Target::Qwen3(t), Draft::Dflash(d)) => generate_with(t.as_mut(), d.as_mut(), tokens, 0, spec, s),
+            (Target::Qwen35(t), Draft::None) => generate_with(t.as_mut(), &mut NoDraft, tokens, 0, spec, s),
+            (Target::Qwen35(t), Draft::Dflash(d)) => generate_with(t.as_mut(), d.as_mut(), tokens, 0, spec, s),
+            (Target::Qwen35(t), Draft::Mtp(d)) => generate_with(t.as_mut(), d.as_mut(), tokens, 0, spec, s),
+            (Target::Qwen3(_), Draft::Mtp(_)) => {
+                return Err(Error::Model { detail: "engine: an MTP drafter on a qwen3 target".into() })
+            }
+        }?;
+        Ok(())
+    }
+
+    /// The file's end-of-generation tokens (`tokenizer.ggml.eos_token_id`
+    /// and `tokenizer.ggml.eot_token_id`, those inside the vocabulary): a
+    /// generation stops after the first one it generates.
+    pub fn eog_tokens(&self) -> &[i32] {
+        &self.eog
+    }
+
+    /// The sequence so far: the prompts and generated tokens since the last
+    /// [`Engine::reset`] (as [`Engine::rollback`] left them);
+    /// [`Engine::n_past`] tokens.
+    pub fn tokens(&self) -> &[i32] {
+        &self.seq
     }
 
     /// Positions the target has decoded.
@@ -586,6 +862,7 @@ impl Engine {
     /// Device errors writing the recurrent states.
     pub fn reset(&mut self) -> Result<()> {
         self.pending = None;
+        self.seq.clear();
         match &mut self.target {
             Target::Qwen3(s) => s.rollback(0)?,
             Target::Qwen35(s) => {

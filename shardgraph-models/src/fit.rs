@@ -14,9 +14,10 @@
 //!   device when even 256 cells do not.
 
 use super::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams};
-use super::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Types};
-use super::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams, Qwen35Types};
+use super::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams};
+use super::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams};
 use super::step::MAX_DRAFT;
+use super::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::{Context, Graph};
 use shardgraph::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitPolicy, SplitState};
@@ -105,32 +106,34 @@ pub enum FitTarget {
     Qwen3 {
         /// Hyper-parameters.
         hp: Qwen3Hparams,
-        /// Weight types.
-        types: Qwen3Types,
+        /// Weight types, per tensor (a file's: [`TensorTypes::from_file`]).
+        types: TensorTypes,
     },
     /// A `qwen35` hybrid target (its NextN layer included when
     /// `hp.n_nextn > 0`).
     Qwen35 {
         /// Hyper-parameters.
         hp: Qwen35Hparams,
-        /// Weight types.
-        types: Qwen35Types,
+        /// Weight types, per tensor.
+        types: TensorTypes,
     },
 }
 
 /// The drafter of a session to size.
+// (Made once per sizing: the DFlash variant's size does not matter.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum FitDraft {
     /// No drafter (plain decoding).
     None,
     /// A DFlash drafter (DFlash2 when `hp.conv`/`hp.selector` are set)
-    /// with weights of `weight_type`, attached to the target as
+    /// with weights of the types `types` gives, attached to the target as
     /// [`super::dflash::DflashDrafter::attach`] does.
     Dflash {
         /// The drafter's hyper-parameters.
         hp: DflashHparams,
-        /// Its weight type.
-        weight_type: GgmlType,
+        /// Its weights' types, per tensor.
+        types: TensorTypes,
     },
     /// The `qwen35` target's own MTP (NextN) head, drafting chains of up to
     /// `n_max` tokens ([`super::mtp::MtpDrafter`]).
@@ -148,8 +151,8 @@ pub struct FitSpec {
     pub target: FitTarget,
     /// The drafter.
     pub draft: FitDraft,
-    /// KV cache type (F32, F16, Q8_0, Q4_0), the drafter's too.
-    pub kv_type: GgmlType,
+    /// KV cache types (K and V), the drafter's too.
+    pub cache_types: KvTypes,
     /// Tensor split ratios, one per device (llama.cpp's `--tensor-split`).
     pub ratios: Vec<f32>,
     /// The most tokens one target step takes (the prompt batch,
@@ -166,11 +169,11 @@ impl FitSpec {
     fn policy(&self, model: &Built) -> Result<SplitPolicy> {
         let r = &self.ratios;
         match (&self.target, &self.draft, &model.dflash) {
-            (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { weight_type, .. }, Some(d)) => {
-                qwen3_dflash_policy(hp, types, &d.hp, *weight_type, r)
+            (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { types: dt, .. }, Some(d)) => {
+                qwen3_dflash_policy(hp, types, &d.hp, dt, r)
             }
-            (FitTarget::Qwen35 { hp, types }, FitDraft::Dflash { weight_type, .. }, Some(d)) => {
-                qwen35_dflash_policy(hp, types, &d.hp, *weight_type, r)
+            (FitTarget::Qwen35 { hp, types }, FitDraft::Dflash { types: dt, .. }, Some(d)) => {
+                qwen35_dflash_policy(hp, types, &d.hp, dt, r)
             }
             (FitTarget::Qwen3 { hp, types }, _, _) => qwen3_policy(hp, types, r),
             (FitTarget::Qwen35 { hp, types }, _, _) => qwen35_policy(hp, types, r),
@@ -229,18 +232,18 @@ impl FitSpec {
 
     /// The long-lived tensors of target and drafter in `ctx`.
     fn build(&self, ctx: &mut Context, kv_size: i64) -> Result<Built> {
-        let kv = self.kv_type;
+        let kv = self.cache_types;
         let (target, info) = match &self.target {
             FitTarget::Qwen3 { hp, types } => {
                 if self.snapshot_slots > 0 {
                     return Err(Error::Model { detail: "fit: recurrent-state snapshots need a qwen35 target".into() });
                 }
-                let m = Qwen3::new(ctx, hp.clone(), *types, kv, kv_size)?;
+                let m = Qwen3::new(ctx, hp.clone(), types, kv, kv_size)?;
                 let info = super::dflash::TargetInfo::from(&m);
                 (Target::Qwen3(m), info)
             }
             FitTarget::Qwen35 { hp, types } => {
-                let mut m = Qwen35::new(ctx, hp.clone(), *types, kv, kv_size)?;
+                let mut m = Qwen35::new(ctx, hp.clone(), types, kv, kv_size)?;
                 if self.snapshot_slots > 0 {
                     m.add_snapshots(ctx, self.snapshot_slots)?;
                 }
@@ -249,9 +252,7 @@ impl FitSpec {
             }
         };
         let dflash = match &self.draft {
-            FitDraft::Dflash { hp, weight_type } => {
-                Some(Dflash::new(ctx, info, hp.clone(), *weight_type, kv, kv_size)?)
-            }
+            FitDraft::Dflash { hp, types } => Some(Dflash::new(ctx, info, hp.clone(), types, kv, kv_size)?),
             FitDraft::Mtp { .. } => match &target {
                 Target::Qwen35(m) if m.nextn.is_some() => None,
                 _ => {
@@ -337,7 +338,8 @@ struct Built {
 }
 
 /// The largest context size — a multiple of [`CTX_STEP`] (256) cells, at
-/// least 256 and at most `max_ctx` (the requested `--ctx-size`, or
+/// least one step and enough for a batch of `spec.n_batch` tokens, and at
+/// most `max_ctx` (the requested `--ctx-size`, or
 /// [`FitSpec::max_ctx`], the training context; never above
 /// [`super::MAX_CTX`]) — whose session
 /// ([`FitSpec::memory`]) fits every device of `exec`, as
@@ -348,9 +350,9 @@ struct Built {
 ///
 /// # Errors
 /// [`Error::OutOfMemory`] naming the device, the bytes needed and
-/// available, if even 256 cells do not fit; [`Error::Model`] for a
-/// `max_ctx` below 256 or a spec for another number of devices than
-/// `exec` has; as [`FitSpec::memory`].
+/// available, if even the smallest context does not fit; [`Error::Model`]
+/// for a `max_ctx` below 256 or below what one batch needs, or a spec for
+/// another number of devices than `exec` has; as [`FitSpec::memory`].
 pub fn fit_ctx_size(spec: &FitSpec, max_ctx: i64, exec: &MetaExecutor) -> Result<i64> {
     if spec.ratios.len() != exec.n_devices() {
         return Err(Error::Model {
@@ -366,11 +368,23 @@ pub fn fit_ctx_size(spec: &FitSpec, max_ctx: i64, exec: &MetaExecutor) -> Result
         let cells = k * CTX_STEP;
         exec.check_fit(&spec.memory(cells)?, &format!("weights, caches and compute of a context of {cells} cells"))
     };
-    // k·256 cells fit for k ≤ lo; the smallest must fit or its error is the answer.
-    check(1)?;
     // No cache is larger than MAX_CTX cells (32-bit positions).
     let max_ctx = max_ctx.min(super::MAX_CTX);
-    let (mut lo, mut hi) = (1i64, max_ctx / CTX_STEP + 1);
+    // The smallest context holds one batch of `n_batch` tokens (a prompt of
+    // 300 tokens needs 512 cells).
+    let first = spec.n_batch.max(1).saturating_add(CTX_STEP - 1) / CTX_STEP;
+    if first * CTX_STEP > max_ctx {
+        return Err(Error::Model {
+            detail: format!(
+                "fit: a batch of {} tokens needs a context of {} cells, more than the largest allowed, {max_ctx}",
+                spec.n_batch,
+                first * CTX_STEP
+            ),
+        });
+    }
+    // k·256 cells fit for k ≤ lo; the smallest must fit or its error is the answer.
+    check(first)?;
+    let (mut lo, mut hi) = (first, max_ctx / CTX_STEP + 1);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         match check(mid) {

@@ -2,7 +2,8 @@
 //! and examples run), streaming one tensor at a time so a large model never
 //! needs a second copy in memory.
 
-use super::qwen3::{Qwen3Hparams, Qwen3Types};
+use super::qwen3::Qwen3Hparams;
+use super::types::TensorTypes;
 use shardgraph::error::{Error, Result};
 use shardgraph::gguf::GgufWriter;
 use shardgraph::tensor::quant::quantize_chunk;
@@ -21,32 +22,42 @@ fn stream(seed: u64, name: &str) -> impl FnMut() -> f32 {
     }
 }
 
-/// The tensors of a `qwen3` GGUF in llama.cpp's order: name, type, shape.
-pub fn qwen3_tensors(hp: &Qwen3Hparams, types: &Qwen3Types) -> Vec<(String, GgmlType, Vec<i64>)> {
+/// The tensors of a `qwen3` GGUF in llama.cpp's order: name, type (the one
+/// `types` gives each weight matrix; norms F32) and shape; no
+/// `output.weight` when `types` ties the head to the embedding.
+///
+/// # Errors
+/// [`Error::Model`] naming a tensor whose type the kernels cannot multiply
+/// or whose rows are not whole blocks.
+pub fn qwen3_tensors(hp: &Qwen3Hparams, types: &TensorTypes) -> Result<Vec<(String, GgmlType, Vec<i64>)>> {
     let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
     let (qd, kvd, d) = (hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim, hp.head_dim);
-    let mut t = vec![
-        ("token_embd.weight".to_string(), types.embd, vec![e, v]),
-        ("output_norm.weight".to_string(), GgmlType::F32, vec![e]),
-        ("output.weight".to_string(), types.output, vec![e, v]),
-    ];
+    let mut t = Vec::new();
+    let m = |t: &mut Vec<_>, name: String, ne: Vec<i64>| -> Result<()> {
+        t.push((name.clone(), types.matrix("qwen3", &name, &ne)?, ne));
+        Ok(())
+    };
+    let norm = |t: &mut Vec<_>, name: String, ne: Vec<i64>| t.push((name, GgmlType::F32, ne));
+    m(&mut t, "token_embd.weight".into(), vec![e, v])?;
+    norm(&mut t, "output_norm.weight".into(), vec![e]);
+    if !types.is_tied() {
+        m(&mut t, "output.weight".into(), vec![e, v])?;
+    }
     for il in 0..hp.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}");
-        t.extend([
-            (b("attn_norm.weight"), GgmlType::F32, vec![e]),
-            (b("attn_q.weight"), types.attn, vec![e, qd]),
-            (b("attn_k.weight"), types.attn, vec![e, kvd]),
-            (b("attn_v.weight"), types.attn_v, vec![e, kvd]),
-            (b("attn_output.weight"), types.attn, vec![qd, e]),
-            (b("attn_q_norm.weight"), GgmlType::F32, vec![d]),
-            (b("attn_k_norm.weight"), GgmlType::F32, vec![d]),
-            (b("ffn_norm.weight"), GgmlType::F32, vec![e]),
-            (b("ffn_gate.weight"), types.ffn, vec![e, f]),
-            (b("ffn_up.weight"), types.ffn, vec![e, f]),
-            (b("ffn_down.weight"), types.ffn_down, vec![f, e]),
-        ]);
+        norm(&mut t, b("attn_norm.weight"), vec![e]);
+        m(&mut t, b("attn_q.weight"), vec![e, qd])?;
+        m(&mut t, b("attn_k.weight"), vec![e, kvd])?;
+        m(&mut t, b("attn_v.weight"), vec![e, kvd])?;
+        m(&mut t, b("attn_output.weight"), vec![qd, e])?;
+        norm(&mut t, b("attn_q_norm.weight"), vec![d]);
+        norm(&mut t, b("attn_k_norm.weight"), vec![d]);
+        norm(&mut t, b("ffn_norm.weight"), vec![e]);
+        m(&mut t, b("ffn_gate.weight"), vec![e, f])?;
+        m(&mut t, b("ffn_up.weight"), vec![e, f])?;
+        m(&mut t, b("ffn_down.weight"), vec![f, e])?;
     }
-    t
+    Ok(t)
 }
 
 /// What the generated weights do.
@@ -106,7 +117,9 @@ pub fn permutation(n_vocab: i64, seed: u64) -> Vec<i64> {
 
 /// Writes a `qwen3` GGUF with random weights from `seed`: matrices uniform
 /// in ±√(3/n_in) (unit variance of each output), norm weights 1 ± 0.1,
-/// quantized to `types`. Returns the file size in bytes.
+/// each quantized to the type `types` gives it (per tensor: a preset such
+/// as [`TensorTypes::llama_q4_k_m`] mixes them by layer; a tied preset
+/// writes no `output.weight`). Returns the file size in bytes.
 ///
 /// # Errors
 /// [`Error::Model`] for inconsistent hyper-parameters or a type whose block
@@ -114,7 +127,7 @@ pub fn permutation(n_vocab: i64, seed: u64) -> Vec<i64> {
 pub fn write_qwen3_gguf(
     path: impl AsRef<std::path::Path>,
     hp: &Qwen3Hparams,
-    types: &Qwen3Types,
+    types: &TensorTypes,
     seed: u64,
 ) -> Result<u64> {
     write_qwen3_gguf_with(path, hp, types, seed, Weights::Random)
@@ -127,7 +140,7 @@ pub fn write_qwen3_gguf(
 pub fn write_qwen3_gguf_with(
     path: impl AsRef<std::path::Path>,
     hp: &Qwen3Hparams,
-    types: &Qwen3Types,
+    types: &TensorTypes,
     seed: u64,
     kind: Weights,
 ) -> Result<u64> {
@@ -142,7 +155,7 @@ pub fn write_qwen3_gguf_with(
 pub fn write_qwen3_gguf_progress(
     path: impl AsRef<std::path::Path>,
     hp: &Qwen3Hparams,
-    types: &Qwen3Types,
+    types: &TensorTypes,
     seed: u64,
     kind: Weights,
     progress: &mut dyn FnMut(u64, u64),
@@ -200,7 +213,7 @@ pub fn write_qwen3_gguf_progress(
         }
         true
     };
-    write_tensors(path, w, &qwen3_tensors(hp, types), seed, &damp, &special, progress)
+    write_tensors(path, w, &qwen3_tensors(hp, types)?, seed, &damp, &special, progress)
 }
 
 /// Rows of one tensor, given by a caller (`true`) or left to the seeded default.
@@ -216,7 +229,7 @@ pub const GENERATOR_KEY: &str = "shardgraph.generator";
 /// The generators' version, changed whenever what they write changes
 /// (weights, keys, layouts), so a copy cached by another build can be told
 /// apart and written again (the examples' models in the temp folder).
-pub const GENERATOR_VERSION: &str = "shardgraph-models generate 2";
+pub const GENERATOR_VERSION: &str = "shardgraph-models generate 3";
 
 fn write_tensors(
     path: impl AsRef<std::path::Path>,
@@ -266,58 +279,61 @@ fn write_tensors(
 /// The tensors of a `dflash` GGUF (GGUF names): `fc`, the norms, and per
 /// layer the Qwen3-style attention and FFN (no embedding or head: the
 /// drafter borrows the target's of `n_vocab` tokens), DFlash2's
-/// convolution and selector tensors when `hp` has them.
+/// convolution and selector tensors when `hp` has them; each weight matrix
+/// of the type `types` gives it, vectors F32.
+///
+/// # Errors
+/// [`Error::Model`] naming a tensor whose type the kernels cannot multiply
+/// or whose rows are not whole blocks.
 pub fn dflash_tensors(
     hp: &super::dflash::DflashHparams,
-    ty: GgmlType,
+    types: &TensorTypes,
     n_vocab: i64,
-) -> Vec<(String, GgmlType, Vec<i64>)> {
+) -> Result<Vec<(String, GgmlType, Vec<i64>)>> {
     let (e, f, d) = (hp.n_embd, hp.n_ff, hp.head_dim);
     let (qd, kvd) = (hp.n_head * d, hp.n_head_kv * d);
     let x = hp.target_layers.len() as i64 * hp.target_hidden;
-    let mut t = vec![
-        ("fc.weight".to_string(), ty, vec![x, e]),
-        ("enc.output_norm.weight".to_string(), GgmlType::F32, vec![e]),
-        ("output_norm.weight".to_string(), GgmlType::F32, vec![e]),
-    ];
+    let mut t = Vec::new();
+    let m = |t: &mut Vec<_>, name: String, ne: Vec<i64>| -> Result<()> {
+        t.push((name.clone(), types.matrix("dflash drafter", &name, &ne)?, ne));
+        Ok(())
+    };
+    let vector = |t: &mut Vec<_>, name: String, ne: Vec<i64>| t.push((name, GgmlType::F32, ne));
+    m(&mut t, "fc.weight".into(), vec![x, e])?;
+    vector(&mut t, "enc.output_norm.weight".into(), vec![e]);
+    vector(&mut t, "output_norm.weight".into(), vec![e]);
     for il in 0..hp.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}");
-        t.extend([
-            (b("attn_norm.weight"), GgmlType::F32, vec![e]),
-            (b("attn_q.weight"), ty, vec![e, qd]),
-            (b("attn_k.weight"), ty, vec![e, kvd]),
-            (b("attn_v.weight"), ty, vec![e, kvd]),
-            (b("attn_output.weight"), ty, vec![qd, e]),
-            (b("attn_q_norm.weight"), GgmlType::F32, vec![d]),
-            (b("attn_k_norm.weight"), GgmlType::F32, vec![d]),
-            (b("ffn_norm.weight"), GgmlType::F32, vec![e]),
-            (b("ffn_gate.weight"), ty, vec![e, f]),
-            (b("ffn_up.weight"), ty, vec![e, f]),
-            (b("ffn_down.weight"), ty, vec![f, e]),
-        ]);
+        vector(&mut t, b("attn_norm.weight"), vec![e]);
+        m(&mut t, b("attn_q.weight"), vec![e, qd])?;
+        m(&mut t, b("attn_k.weight"), vec![e, kvd])?;
+        m(&mut t, b("attn_v.weight"), vec![e, kvd])?;
+        m(&mut t, b("attn_output.weight"), vec![qd, e])?;
+        vector(&mut t, b("attn_q_norm.weight"), vec![d]);
+        vector(&mut t, b("attn_k_norm.weight"), vec![d]);
+        vector(&mut t, b("ffn_norm.weight"), vec![e]);
+        m(&mut t, b("ffn_gate.weight"), vec![e, f])?;
+        m(&mut t, b("ffn_up.weight"), vec![e, f])?;
+        m(&mut t, b("ffn_down.weight"), vec![f, e])?;
         if let Some((k, g)) = hp.conv {
             let width = 2 * k * (e / g.max(1));
-            t.extend([
-                (b("attn_conv_base"), GgmlType::F32, vec![e, k, 2]),
-                (b("attn_conv_proj.weight"), ty, vec![e, width]),
-                (b("ffn_conv_base"), GgmlType::F32, vec![e, k, 2]),
-                (b("ffn_conv_proj.weight"), ty, vec![e, width]),
-            ]);
+            vector(&mut t, b("attn_conv_base"), vec![e, k, 2]);
+            m(&mut t, b("attn_conv_proj.weight"), vec![e, width])?;
+            vector(&mut t, b("ffn_conv_base"), vec![e, k, 2]);
+            m(&mut t, b("ffn_conv_proj.weight"), vec![e, width])?;
         }
     }
     if let Some((r, _)) = hp.selector {
-        t.extend([
-            ("selector_hidden.weight".to_string(), ty, vec![e, r]),
-            ("selector_predecessor.weight".to_string(), ty, vec![r, n_vocab]),
-            ("selector_successor.weight".to_string(), ty, vec![r, n_vocab]),
-        ]);
+        m(&mut t, "selector_hidden.weight".into(), vec![e, r])?;
+        m(&mut t, "selector_predecessor.weight".into(), vec![r, n_vocab])?;
+        m(&mut t, "selector_successor.weight".into(), vec![r, n_vocab])?;
     }
-    t
+    Ok(t)
 }
 
 /// Writes a `dflash` drafter GGUF with random weights from `seed` (as
-/// [`write_qwen3_gguf`]) for a target of `n_vocab` tokens. Returns the file
-/// size in bytes.
+/// [`write_qwen3_gguf`]; each matrix of the type `types` gives it) for a
+/// target of `n_vocab` tokens. Returns the file size in bytes.
 ///
 /// # Errors
 /// [`Error::Model`] for a type whose block does not divide a row; GGUF
@@ -325,11 +341,11 @@ pub fn dflash_tensors(
 pub fn write_dflash_gguf(
     path: impl AsRef<std::path::Path>,
     hp: &super::dflash::DflashHparams,
-    ty: GgmlType,
+    types: &TensorTypes,
     n_vocab: i64,
     seed: u64,
 ) -> Result<u64> {
-    write_dflash_gguf_with(path, hp, ty, n_vocab, seed, Weights::Random)
+    write_dflash_gguf_with(path, hp, types, n_vocab, seed, Weights::Random)
 }
 
 /// [`write_dflash_gguf`] with the weights of `kind`. [`Weights::Permutation`]
@@ -360,7 +376,7 @@ pub fn write_dflash_gguf(
 pub fn write_dflash_gguf_with(
     path: impl AsRef<std::path::Path>,
     hp: &super::dflash::DflashHparams,
-    ty: GgmlType,
+    types: &TensorTypes,
     n_vocab: i64,
     seed: u64,
     kind: Weights,
@@ -370,7 +386,7 @@ pub fn write_dflash_gguf_with(
     }
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny dflash", n_vocab)?;
-    let tensors = dflash_tensors(hp, ty, n_vocab);
+    let tensors = dflash_tensors(hp, types, n_vocab)?;
     if kind == Weights::Random {
         return write_tensors(path, w, &tensors, seed, &|_| 1.0, &|_, _, _| false, &mut |_, _| {});
     }
@@ -490,7 +506,7 @@ pub fn write_dflash_gguf_with(
 pub fn write_qwen35_gguf(
     path: impl AsRef<std::path::Path>,
     hp: &super::qwen35::Qwen35Hparams,
-    types: &super::qwen35::Qwen35Types,
+    types: &TensorTypes,
     seed: u64,
 ) -> Result<u64> {
     write_qwen35_gguf_with(path, hp, types, seed, Weights::Random)
@@ -510,14 +526,14 @@ pub fn write_qwen35_gguf(
 pub fn write_qwen35_gguf_with(
     path: impl AsRef<std::path::Path>,
     hp: &super::qwen35::Qwen35Hparams,
-    types: &super::qwen35::Qwen35Types,
+    types: &TensorTypes,
     seed: u64,
     kind: Weights,
 ) -> Result<u64> {
     hp.validate()?;
     let mut w = GgufWriter::new();
     hp.add_to_gguf(&mut w, "shardgraph tiny qwen35")?;
-    let tensors = super::qwen35::qwen35_tensors(hp, types);
+    let tensors = super::qwen35::qwen35_tensors(hp, types)?;
     let structured = kind != Weights::Random;
     let perm = permutation(hp.n_vocab, seed);
     let mut inverse = vec![0i64; perm.len()];
@@ -601,7 +617,8 @@ pub fn write_example_pair(dir: &std::path::Path) -> Result<(std::path::PathBuf, 
     };
     let target = dir.join("shardgraph-tiny-qwen3.gguf");
     let drafter = dir.join("shardgraph-tiny-dflash2.gguf");
-    write_qwen3_gguf_with(&target, &t, &Qwen3Types::all(GgmlType::Q8_0), 1, Weights::Permutation)?;
-    write_dflash_gguf_with(&drafter, &d, GgmlType::Q8_0, t.n_vocab, 1, Weights::Permutation)?;
+    let q8 = TensorTypes::uniform(GgmlType::Q8_0);
+    write_qwen3_gguf_with(&target, &t, &q8, 1, Weights::Permutation)?;
+    write_dflash_gguf_with(&drafter, &d, &q8, t.n_vocab, 1, Weights::Permutation)?;
     Ok((target, drafter))
 }

@@ -20,6 +20,7 @@
 //! DFlash's block attention is non-causal only through its mask (every row
 //! sees the whole block), so it is this attention.
 
+use super::types::KvTypes;
 use shardgraph::error::Result;
 use shardgraph::graph::Context;
 use shardgraph::tensor::{GgmlType, TensorId};
@@ -91,7 +92,7 @@ pub(crate) struct KvCache {
     pub v: TensorId,
 }
 
-/// The heads of attention over a KV cache and the cache's type.
+/// The heads of attention over a KV cache and the cache's types.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttnShape {
     /// Head size D.
@@ -100,8 +101,8 @@ pub(crate) struct AttnShape {
     pub n_head: i64,
     /// KV heads Hkv.
     pub n_head_kv: i64,
-    /// The cache's type.
-    pub kv_type: GgmlType,
+    /// The K and V caches' types.
+    pub kv_types: KvTypes,
 }
 
 /// Writes a step's K and V rows (`[Hkv·D, T]` each) into `cache` at the
@@ -138,13 +139,12 @@ pub(crate) fn attend(
     let (d, h, hkv) = (s.head_dim, s.n_head, s.n_head_kv);
     let t = ctx.tensor(q)?.ne[2];
     let n_kv = ctx.tensor(mask)?.ne[0];
-    let (row, cell) = (s.kv_type.row_size(d)?, s.kv_type.row_size(hkv * d)?);
-    let view = |ctx: &mut Context, w: TensorId| -> Result<TensorId> {
-        let v = ctx.view_3d(w, d, hkv, n_kv, row, cell, 0)?;
+    let view = |ctx: &mut Context, w: TensorId, ty: GgmlType| -> Result<TensorId> {
+        let v = ctx.view_3d(w, d, hkv, n_kv, ty.row_size(d)?, ty.row_size(hkv * d)?, 0)?;
         ctx.permute(v, [0, 2, 1, 3])
     };
-    let kc = view(ctx, wk)?;
-    let vc = view(ctx, wv)?;
+    let kc = view(ctx, wk, s.kv_types.k)?;
+    let vc = view(ctx, wv, s.kv_types.v)?;
     let q = ctx.permute(q, [0, 2, 1, 3])?; // [D, T, H]
     let a = ctx.flash_attn_ext(q, kc, vc, Some(mask), 1.0 / (d as f32).sqrt(), 0.0, 0.0)?; // [D, H, T]
     ctx.reshape_2d(a, h * d, t)

@@ -24,6 +24,10 @@
 //!   (cached) and executed on N devices (CPU instances or GPUs).
 //! * [`sampling`]: llama.cpp's sampler (greedy; top-k, top-p, min-p,
 //!   temperature with a seed).
+//! * [`types`]: where a model's tensor types come from — its weights'
+//!   ([`types::TensorTypes`]: one type per tensor, the file's when loading,
+//!   a preset's for generated and hand-built models) and its KV caches'
+//!   ([`types::KvTypes`], K and V apart).
 //! * [`hparams`]: the hyper-parameters every model shares and the one table
 //!   of the GGUF keys they are read from.
 //! * [`policy`]: the granules and layer rules of llama.cpp's split states
@@ -65,6 +69,7 @@ pub mod runner;
 pub mod sampling;
 pub mod speculative;
 pub mod step;
+pub mod types;
 
 /// Loads a session's long-lived tensors — the first `base_len` of `ctx`:
 /// weights and caches — from `file` onto `runner`'s devices: checks the

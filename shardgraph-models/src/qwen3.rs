@@ -1,11 +1,13 @@
 //! The `qwen3` dense target (llama.cpp's `LLM_ARCH_QWEN3`,
 //! shardgraph-models/MODELS.md, section 2): RMSNorm, GQA attention with
 //! per-head q/k RMSNorm and NEOX rope, a KV cache written with `set_rows` and
-//! read by `flash_attn_ext`, SwiGLU FFN, untied output head. Tensor names and
-//! metadata keys are llama.cpp's (`blk.N.attn_q.weight`,
-//! `qwen3.embedding_length`, ...).
+//! read by `flash_attn_ext` (K and V of their own types), SwiGLU FFN, an
+//! output head that is `output.weight` or, in a file without it, the token
+//! embedding (tied). Tensor names and metadata keys are llama.cpp's
+//! (`blk.N.attn_q.weight`, `qwen3.embedding_length`, ...); each weight has
+//! the type its file gives it ([`crate::types::TensorTypes`]).
 //!
-//! Here: the hyper-parameters and weight types, the model's tensors and a
+//! Here: the hyper-parameters, the model's tensors and a
 //! step's graph ([`Qwen3`], its layers the shared [`super::decoder`] layer),
 //! the session that decodes one sequence on N devices ([`Qwen3Session`],
 //! the speculative loop's [`Target`]) and llama.cpp's split policy for the
@@ -14,13 +16,14 @@
 use super::decoder::{decoder_layer, new_layer, LayerShape, Qwen3Layer};
 use super::hparams::{read_shared, ArchKeys, HparamsCore, Model};
 use super::layers::{input, named, rms_norm_w};
-use super::policy::{attention_granules, ffn_granule, layer_rules};
+use super::policy::{device_without, layer_rules, qwen3_layer_granules};
 use super::runner::Runner;
 use super::step::{cell_bytes, i32_bytes, mask_bytes, step_output, StepOutput, Target};
+use super::types::{KvTypes, TensorTypes, OUTPUT};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::ops::RopeParams;
-use shardgraph::split::{split_extents, Devices, SplitPolicy, SplitSpec};
+use shardgraph::split::{Devices, SplitPolicy, SplitSpec};
 use shardgraph::tensor::{GgmlType, TensorId};
 
 /// Hyper-parameters of a `qwen3` model: the shared core (`qwen3.*` keys,
@@ -158,61 +161,6 @@ impl Qwen3Hparams {
     }
 }
 
-/// Weight types of a model: one per tensor role (a Q4_K_M-like file mixes them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Qwen3Types {
-    /// `token_embd.weight`.
-    pub embd: GgmlType,
-    /// attention projections.
-    pub attn: GgmlType,
-    /// `attn_v` (Q4_K_M keeps it at Q6_K).
-    pub attn_v: GgmlType,
-    /// FFN gate/up.
-    pub ffn: GgmlType,
-    /// FFN down (Q4_K_M keeps it at Q6_K).
-    pub ffn_down: GgmlType,
-    /// `output.weight`.
-    pub output: GgmlType,
-}
-
-impl Qwen3Types {
-    /// Every weight matrix of type `ty` (norms are always F32).
-    pub fn all(ty: GgmlType) -> Self {
-        Qwen3Types { embd: ty, attn: ty, attn_v: ty, ffn: ty, ffn_down: ty, output: ty }
-    }
-
-    /// A mixed layout like llama.cpp's Q4_K_M: Q4_K for the embedding,
-    /// Q/K/output projections and FFN gate/up, Q6_K for `attn_v` and
-    /// `ffn_down` (the tensors Q4_K_M keeps wider), Q8_0 for the output
-    /// head. Rows must be multiples of 256 (the K-quant super-block).
-    pub fn q4_k_m() -> Self {
-        Qwen3Types {
-            embd: GgmlType::Q4_K,
-            attn: GgmlType::Q4_K,
-            attn_v: GgmlType::Q6_K,
-            ffn: GgmlType::Q4_K,
-            ffn_down: GgmlType::Q6_K,
-            output: GgmlType::Q8_0,
-        }
-    }
-
-    /// The types of a GGUF's tensors (layer 0 for the per-layer roles).
-    ///
-    /// # Errors
-    /// [`Error::Gguf`] naming a missing tensor.
-    pub fn from_gguf(f: &shardgraph::gguf::GgufFile) -> Result<Self> {
-        let ty = |n: &str| f.tensor(n).map(|t| t.info.ty);
-        Ok(Qwen3Types {
-            embd: ty("token_embd.weight")?,
-            attn: ty("blk.0.attn_q.weight")?,
-            attn_v: ty("blk.0.attn_v.weight")?,
-            ffn: ty("blk.0.ffn_gate.weight")?,
-            ffn_down: ty("blk.0.ffn_down.weight")?,
-            output: ty("output.weight")?,
-        })
-    }
-}
-
 /// A `qwen3` model's long-lived tensors in a [`Context`]: weights and KV
 /// caches, created once; each step's graph is built on top
 /// ([`Qwen3::build`]) and removed with [`Context::truncate`].
@@ -224,14 +172,19 @@ pub struct Qwen3 {
     pub tok_embd: TensorId,
     /// `output_norm.weight` `[E]`.
     pub output_norm: TensorId,
-    /// `output.weight` `[E, V]`.
+    /// `output.weight` `[E, V]`, or `token_embd.weight` when the head is
+    /// tied to the embedding (a file without `output.weight`): one tensor
+    /// then, read by `get_rows` and by the head.
     pub output: TensorId,
     /// Per layer.
     pub layers: Vec<Qwen3Layer>,
+    /// Where the weights' types came from (the file's tensor table, or a
+    /// preset).
+    pub types: TensorTypes,
     /// KV cache cells per layer.
     pub kv_size: i64,
-    /// KV cache type (F16, Q8_0, Q4_0).
-    pub kv_type: GgmlType,
+    /// The K and V caches' types.
+    pub kv_types: KvTypes,
     /// Length of the context with only the long-lived tensors.
     pub base_len: usize,
 }
@@ -272,53 +225,51 @@ impl Qwen3Step {
 }
 
 impl Qwen3 {
-    /// Creates the weights (named as in a llama.cpp GGUF) and the KV caches
-    /// (`cache_k_lN`, `cache_v_lN`, `[Hkv·D, kv_size]` of `kv_type`) in `ctx`.
+    /// Creates the weights (named as in a llama.cpp GGUF, each of the type
+    /// `types` gives it; no `output.weight` when `types` says the head is
+    /// tied: the head then reads `token_embd.weight`) and the KV caches
+    /// (`cache_k_lN`, `cache_v_lN`, `[Hkv·D, kv_size]` of the K and V types)
+    /// in `ctx`.
     ///
     /// # Errors
     /// [`Error::Model`] for inconsistent hyper-parameters, a `kv_size` outside
-    /// `1..=`[`crate::MAX_CTX`], or
-    /// a weight/KV type whose block does not divide the rows it stores.
+    /// `1..=`[`crate::MAX_CTX`], a cache type llama.cpp or the core does not
+    /// offer or whose block does not divide the head ([`KvTypes::check`]),
+    /// or a weight whose type the kernels cannot multiply or whose rows are
+    /// not whole blocks (naming the tensor and type).
     pub fn new(
         ctx: &mut Context,
         hp: Qwen3Hparams,
-        types: Qwen3Types,
-        kv_type: GgmlType,
+        types: &TensorTypes,
+        kv_types: impl Into<KvTypes>,
         kv_size: i64,
     ) -> Result<Self> {
+        let kv_types = kv_types.into();
         hp.validate()?;
         crate::check_kv_size("qwen3", kv_size)?;
-        if !matches!(kv_type, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0) {
-            return Err(Error::Model { detail: format!("qwen3: KV cache type {kv_type} (F32, F16, Q8_0 or Q4_0)") });
-        }
-        if hp.head_dim % kv_type.block_size() as i64 != 0 {
-            return Err(Error::Model {
-                detail: format!("qwen3: head size {} is not a multiple of the {kv_type} block", hp.head_dim),
-            });
-        }
+        kv_types.check("qwen3", hp.head_dim)?;
         let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
-        let qd = hp.n_head * hp.head_dim;
-        let check = |ty: GgmlType, ne0: i64, what: &str| -> Result<()> {
-            if ne0 % ty.block_size() as i64 != 0 {
-                return Err(Error::Model { detail: format!("qwen3: {what} rows of {ne0} do not fit {ty} blocks") });
-            }
-            Ok(())
+        let matrix = |ctx: &mut Context, name: &str, ne: &[i64]| -> Result<TensorId> {
+            named(ctx, types.matrix("qwen3", name, ne)?, ne, name)
         };
-        check(types.embd, e, "token_embd")?;
-        check(types.attn, e, "attn_q/k")?;
-        check(types.attn_v, e, "attn_v")?;
-        check(types.attn, qd, "attn_output")?;
-        check(types.ffn, e, "ffn_gate/up")?;
-        check(types.ffn_down, f, "ffn_down")?;
-        check(types.output, e, "output")?;
-        let tok_embd = named(ctx, types.embd, &[e, v], "token_embd.weight")?;
-        let output_norm = named(ctx, GgmlType::F32, &[e], "output_norm.weight")?;
-        let output = named(ctx, types.output, &[e, v], "output.weight")?;
-        let shape = LayerShape::new(&hp, hp.rope(), kv_type, kv_size);
-        let wt = (types.attn, types.attn_v, types.ffn, types.ffn_down);
-        let layers =
-            (0..hp.n_layer).map(|il| new_layer(ctx, "", il, (e, f), &shape, wt)).collect::<Result<Vec<_>>>()?;
-        Ok(Qwen3 { hp, tok_embd, output_norm, output, layers, kv_size, kv_type, base_len: ctx.len() })
+        let tok_embd = matrix(ctx, "token_embd.weight", &[e, v])?;
+        let output_norm = named(ctx, types.vector("qwen3", "output_norm.weight")?, &[e], "output_norm.weight")?;
+        let output = if types.is_tied() { tok_embd } else { matrix(ctx, OUTPUT, &[e, v])? };
+        let shape = LayerShape::new(&hp, hp.rope(), kv_types, kv_size);
+        let layers = (0..hp.n_layer)
+            .map(|il| new_layer(ctx, ("", "qwen3"), il, (e, f), &shape, types))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Qwen3 {
+            hp,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+            types: types.clone(),
+            kv_size,
+            kv_types,
+            base_len: ctx.len(),
+        })
     }
 
     /// [`Qwen3::build_window`] attending over all `kv_size` cells.
@@ -354,7 +305,7 @@ impl Qwen3 {
         let pos = input(ctx, GgmlType::I32, &[t], "inp_pos")?;
         let mask = input(ctx, GgmlType::F16, &[n_kv, t], "kq_mask")?;
         let kv_idxs = input(ctx, GgmlType::I64, &[t], "k_idxs")?;
-        let shape = LayerShape::new(hp, hp.rope(), self.kv_type, self.kv_size);
+        let shape = LayerShape::new(hp, hp.rope(), self.kv_types, self.kv_size);
         let mut x = ctx.get_rows(self.tok_embd, tokens)?;
         let mut writes = Vec::new();
         let mut tap_ids = Vec::new();
@@ -448,35 +399,45 @@ impl Qwen3Session {
     /// # Errors
     /// GGUF errors naming the file (missing, unreadable, malformed); as
     /// [`Qwen3Session::load_file`].
-    pub fn load(path: impl AsRef<std::path::Path>, devices: &Devices, kv_type: GgmlType, kv_size: i64) -> Result<Self> {
-        Self::load_file(&shardgraph::gguf::GgufFile::open(path)?, devices, kv_type, kv_size)
+    pub fn load(
+        path: impl AsRef<std::path::Path>,
+        devices: &Devices,
+        kv_types: impl Into<KvTypes>,
+        kv_size: i64,
+    ) -> Result<Self> {
+        Self::load_file(&shardgraph::gguf::GgufFile::open(path)?, devices, kv_types, kv_size)
     }
 
     /// Builds the model of a parsed `qwen3` GGUF with a KV cache of
-    /// `kv_size` cells of `kv_type` (llama.cpp's `--ctx-size` and
-    /// `--cache-type-k`), splits it over `devices` with llama.cpp's
-    /// `--split-mode tensor` policy at their tensor-split ratios, and loads
-    /// every weight straight from the file into the devices' parts.
-    /// Everything the file says is checked before anything is allocated:
-    /// the hyper-parameters' ranges, every weight's presence, type and shape
+    /// `kv_size` cells of `kv_types` (llama.cpp's `--ctx-size`,
+    /// `--cache-type-k` and `--cache-type-v`; a `GgmlType` is both), every
+    /// weight of the type the file gives it ([`TensorTypes::from_file`]; a
+    /// file without `output.weight` ties the head to `token_embd.weight`),
+    /// splits it over `devices` with llama.cpp's `--split-mode tensor`
+    /// policy at their tensor-split ratios, and loads every weight straight
+    /// from the file into the devices' parts. Everything the file says is
+    /// checked before anything is allocated: the hyper-parameters' ranges,
+    /// every weight's presence, type (one the kernels can run) and shape
     /// against them, no tensor the model does not use, and each device's
     /// memory for weights and caches.
     ///
     /// # Errors
     /// [`Error::Gguf`] naming a missing or mistyped key; [`Error::Model`]
     /// for another architecture, a value out of range, a tensor missing,
-    /// mismatched or unused, or a tensor split that leaves a device without
-    /// a KV head; [`Error::OutOfMemory`] naming the device and bytes.
+    /// mismatched or unused, a tensor of a type the kernels cannot run
+    /// (naming it and the type), a cache type not offered, or a tensor split
+    /// that leaves a device without a KV head; [`Error::OutOfMemory`] naming
+    /// the device and bytes.
     pub fn load_file(
         file: &shardgraph::gguf::GgufFile,
         devices: &Devices,
-        kv_type: GgmlType,
+        kv_types: impl Into<KvTypes>,
         kv_size: i64,
     ) -> Result<Self> {
         let hp = Qwen3Hparams::from_gguf(file)?;
-        let types = Qwen3Types::from_gguf(file)?;
+        let types = TensorTypes::from_file(file);
         let mut ctx = Context::new();
-        let model = Qwen3::new(&mut ctx, hp.clone(), types, kv_type, kv_size)?;
+        let model = Qwen3::new(&mut ctx, hp.clone(), &types, kv_types, kv_size)?;
         let policy = qwen3_policy(&hp, &types, devices.ratios())?;
         let mut runner = Runner::new(policy, devices)?;
         let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
@@ -507,22 +468,10 @@ impl Qwen3Session {
         self.n_past
     }
 
-    /// The model's weight types (from its tensors).
-    ///
-    /// # Errors
-    /// [`Error::ForeignTensor`] if the session's context no longer holds the
-    /// model's weights.
-    pub fn model_types(&self) -> Result<Qwen3Types> {
-        let ty = |id: TensorId| self.ctx.tensor(id).map(|t| t.ty);
-        let l = &self.model.layers[0];
-        Ok(Qwen3Types {
-            embd: ty(self.model.tok_embd)?,
-            attn: ty(l.wq)?,
-            attn_v: ty(l.wv)?,
-            ffn: ty(l.ffn_gate)?,
-            ffn_down: ty(l.ffn_down)?,
-            output: ty(self.model.output)?,
-        })
+    /// Where the model's weight types came from (the file's tensor table,
+    /// or the preset it was built with).
+    pub fn model_types(&self) -> &TensorTypes {
+        &self.model.types
     }
 
     /// Writes a weight's full single-device bytes (ggml layout of its type).
@@ -631,36 +580,38 @@ impl Target for Qwen3Session {
 /// split on their output rows (axis 1) by whole GQA groups, heads and
 /// `lcm(block, 128)` rows; the output projection and FFN down on their input
 /// axis (0); KV caches on axis 0 by heads; the output head on the
-/// vocabulary; everything else mirrored. (llama.cpp also rotates uneven
-/// remainders per layer; this policy gives the remainder to the last device.)
+/// vocabulary (a tied head: `token_embd.weight`, the one tensor the
+/// embedding lookup and the head read, so the lookup is
+/// vocabulary-parallel); everything else mirrored. Each layer's granules
+/// follow the blocks of its own weights' types (`types`: a file may mix
+/// them per layer); a layer whose granule does not divide its rows keeps
+/// that part mirrored. (llama.cpp also rotates uneven remainders per layer;
+/// this policy gives the remainder to the last device.)
 ///
 /// # Errors
 /// [`Error::Model`] if the ratios give a device with a non-zero ratio no
 /// KV head (a tensor split finer than the heads), or invalid ratios.
-pub fn qwen3_policy(hp: &Qwen3Hparams, types: &Qwen3Types, ratios: &[f32]) -> Result<SplitPolicy> {
+pub fn qwen3_policy(hp: &Qwen3Hparams, types: &TensorTypes, ratios: &[f32]) -> Result<SplitPolicy> {
     Ok(qwen3_rules(hp, types, ratios)?.rule("*", SplitSpec::Mirrored))
 }
 
 /// The rules of [`qwen3_policy`] without the final "everything else mirrored"
 /// (a DFlash drafter's are added to them).
-pub(crate) fn qwen3_rules(hp: &Qwen3Hparams, types: &Qwen3Types, ratios: &[f32]) -> Result<SplitPolicy> {
+pub(crate) fn qwen3_rules(hp: &Qwen3Hparams, types: &TensorTypes, ratios: &[f32]) -> Result<SplitPolicy> {
     hp.validate()?;
-    let n = ratios.len();
-    let (g_q, g_kv) = attention_granules(hp, types.attn, n);
-    let kvd = hp.n_head_kv * hp.head_dim;
-    if n > 1 {
-        let ext = split_extents(kvd, ratios, g_kv).map_err(|e| Error::Model {
-            detail: format!("tensor split {ratios:?} over {} KV heads: {e}", hp.n_head_kv),
-        })?;
-        if let Some(j) = (0..n).find(|&j| ratios[j] > 0.0 && ext[j] == 0) {
+    let layers = qwen3_layer_granules(hp, types, ratios.len());
+    for g_kv in layers.iter().filter_map(|(_, g)| g.attn.map(|a| a.1)) {
+        let what = format!("{} KV heads", hp.n_head_kv);
+        if let Some(j) = device_without(ratios, &what, hp.n_head_kv * hp.head_dim, g_kv)? {
             return Err(Error::Model {
                 detail: format!(
-                    "tensor split {ratios:?} gives device {j} no KV head ({} heads in granules of {} rows); use fewer devices or other ratios",
-                    hp.n_head_kv, g_kv
+                    "tensor split {ratios:?} gives device {j} no KV head ({} heads in granules of {g_kv} rows); use fewer devices or other ratios",
+                    hp.n_head_kv
                 ),
             });
         }
     }
-    let policy = layer_rules(SplitPolicy::new(ratios)?, "", (g_q, g_kv), ffn_granule(hp.n_ff, types.ffn_down));
-    Ok(policy.rule("output.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] }))
+    let policy = layer_rules(SplitPolicy::new(ratios)?, "", &layers);
+    let head = if types.is_tied() { "token_embd.weight" } else { OUTPUT };
+    Ok(policy.rule(head, SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] }))
 }

@@ -81,7 +81,8 @@ pub fn generate<T: Target>(
 /// Generates `n_gen` tokens after `prompt` with `drafter` proposing, the
 /// target verifying and `sampler` choosing; returns them with the counts.
 /// The target's session must be empty or hold exactly what the caller wants
-/// kept before the prompt.
+/// kept before the prompt. [`generate_hooked`] with no stop, no caller
+/// told of the tokens and no logits read back.
 ///
 /// A greedy `sampler` ([`SamplerParams::is_greedy`]) gives [`generate`]'s
 /// tokens: the target's argmax, its logits never read back. Otherwise the
@@ -110,6 +111,76 @@ pub fn generate_with<T: Target>(
     params: SpecParams,
     sampler: &mut Sampler,
 ) -> Result<(Vec<i32>, SpecStats)> {
+    let g = generate_hooked(target, drafter, prompt, n_gen, params, sampler, &mut Hooks::default())?;
+    Ok((g.tokens, g.stats))
+}
+
+/// What a generation does besides drafting and verifying
+/// ([`generate_hooked`]): where it stops early, whom it tells of each
+/// token as it is accepted, and whether it reads the target's logits back.
+#[derive(Default)]
+pub struct Hooks<'a> {
+    /// Ends the generation after a token for which it returns true (the
+    /// model's end-of-generation tokens, a caller's stop tokens); the token
+    /// is the last one returned. `None`: no such token.
+    pub stop: Option<&'a dyn Fn(i32) -> bool>,
+    /// Called with each token as it is accepted, in the order returned (a
+    /// verified batch's tokens one by one); returning false ends the
+    /// generation after that token.
+    pub on_token: Option<&'a mut dyn FnMut(i32) -> bool>,
+    /// Read back the target's logits row each token was chosen from
+    /// ([`Generated::logits`]).
+    pub logits: bool,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum End {
+    /// It gave the tokens asked for.
+    #[default]
+    Length,
+    /// Its last token is one [`Hooks::stop`] stops at.
+    Stop,
+    /// [`Hooks::on_token`] returned false for its last token.
+    Caller,
+}
+
+/// What [`generate_hooked`] returns.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Generated {
+    /// The tokens, in order (at most `n_gen`; fewer when it ended early).
+    pub tokens: Vec<i32>,
+    /// Drafted and accepted counts and target steps.
+    pub stats: SpecStats,
+    /// With [`Hooks::logits`]: per token, the target's logits `[n_vocab]`
+    /// of the row it was chosen from (the row after the token before it);
+    /// empty otherwise.
+    pub logits: Vec<Vec<f32>>,
+    /// Why it ended.
+    pub end: End,
+}
+
+/// [`generate_with`] with `hooks`: it stops after a token `hooks.stop`
+/// names or `hooks.on_token` refuses, tells `hooks.on_token` of every token
+/// as it is accepted, and with `hooks.logits` returns each token's logits
+/// row (a greedy run then reads the target's logits back too, and decodes
+/// the prompt as a sampled one does: all but its last token, then that
+/// token). A generation that ends inside a verified batch keeps the target
+/// (and the drafter) at its last token, as if the batch had ended there:
+/// the target holds every returned token but the last, exactly as after a
+/// generation that ends at `n_gen` after a correction.
+///
+/// # Errors
+/// As [`generate_with`].
+pub fn generate_hooked<T: Target>(
+    target: &mut T,
+    drafter: &mut dyn Drafter<T>,
+    prompt: &[i32],
+    n_gen: usize,
+    params: SpecParams,
+    sampler: &mut Sampler,
+    hooks: &mut Hooks<'_>,
+) -> Result<Generated> {
     if prompt.is_empty() {
         return Err(Error::Model { detail: "speculative decoding needs a prompt".into() });
     }
@@ -117,41 +188,35 @@ pub fn generate_with<T: Target>(
         return Err(Error::Model { detail: format!("n_max {} is over {MAX_DRAFT} drafts per step", params.n_max) });
     }
     let greedy = sampler.params().is_greedy();
+    let read_logits = !greedy || hooks.logits;
     let taps = drafter.taps();
-    let start = target.n_past();
+    let mut g = Generated::default();
     // The logits per token, from the first logits read back (sampling).
     let mut n_vocab = None;
-    let mut last = if greedy {
-        let out = target.decode(prompt, &taps, false)?;
-        drafter.accept(target, prompt, start, &out, prompt.len())?;
-        *out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?
-    } else {
-        // The prompt's last token alone reads its logits back (not
-        // `[n_vocab, prompt.len()]` of them); the drafter sees both parts.
-        let (head, tail) = prompt.split_at(prompt.len() - 1);
-        if !head.is_empty() {
-            let out = target.decode(head, &taps, false)?;
-            drafter.accept(target, head, start, &out, head.len())?;
-        }
-        let out = target.decode(tail, &taps, true)?;
-        drafter.accept(target, tail, start + head.len() as i64, &out, 1)?;
-        sampler.sample(logit_rows(&out, 1, &mut n_vocab)?[0])?
-    };
-    let mut tokens = vec![last];
-    let mut stats = SpecStats::default();
-    while tokens.len() < n_gen {
+    let (mut last, first_row) = decode_prompt(target, drafter, prompt, sampler, read_logits, &mut n_vocab)?;
+    if n_gen == 0 {
+        return Ok(g);
+    }
+    g.logits.extend(first_row.filter(|_| hooks.logits));
+    if let Some(end) = hooks.take(last) {
+        g.tokens.push(last);
+        g.end = end;
+        return Ok(g);
+    }
+    g.tokens.push(last);
+    while g.tokens.len() < n_gen {
         let pos = target.n_past();
         let mut drafts = if params.n_max > 0 { drafter.draft(target, last, pos, params.n_max)? } else { Vec::new() };
-        drafts.truncate(params.n_max.min(n_gen - tokens.len()));
+        drafts.truncate(params.n_max.min(n_gen - g.tokens.len()));
         if drafts.len() < params.n_min {
             drafts.clear();
         }
         // The drafter's q rows, read right after its draft (sampling only).
         let q = if greedy || drafts.is_empty() { None } else { drafter.draft_probs() };
-        stats.drafted += drafts.len();
+        g.stats.drafted += drafts.len();
         let mut batch = vec![last];
         batch.extend(&drafts);
-        let out = target.decode(&batch, &taps, !greedy)?;
+        let out = target.decode(&batch, &taps, read_logits)?;
         if out.argmax.len() != batch.len() {
             return Err(Error::Model {
                 detail: format!(
@@ -161,7 +226,8 @@ pub fn generate_with<T: Target>(
                 ),
             });
         }
-        stats.target_steps += 1;
+        g.stats.target_steps += 1;
+        let rows = if read_logits { logit_rows(&out, batch.len(), &mut n_vocab)? } else { Vec::new() };
         let (k, next) = if greedy {
             // Accept the longest prefix the target agrees with, then its own token.
             let mut k = 0;
@@ -170,19 +236,88 @@ pub fn generate_with<T: Target>(
             }
             (k, out.argmax[k])
         } else {
-            verify_sampled(sampler, &logit_rows(&out, batch.len(), &mut n_vocab)?, &drafts, q.as_deref())?
+            verify_sampled(sampler, &rows, &drafts, q.as_deref())?
         };
-        stats.accepted += k;
-        tokens.extend(&drafts[..k]);
         log::debug!("speculative step at {pos}: drafted {}, accepted {k}, next token {next}", drafts.len());
-        tokens.push(next);
-        // The cache keeps `last` and the accepted drafts; `next` is not in it yet.
-        target.rollback(pos + 1 + k as i64)?;
-        drafter.accept(target, &batch, pos, &out, 1 + k)?;
+        // The new tokens, one by one: the accepted drafts, then `next`; the
+        // generation may end at any of them.
+        let new: Vec<i32> = drafts[..k].iter().copied().chain([next]).collect();
+        let mut returned = new.len();
+        for (i, &t) in new.iter().enumerate() {
+            if g.tokens.len() == n_gen {
+                // Only `next` can lie beyond `n_gen` (the drafts were cut to
+                // fit): it is not returned, and the cache is as if it were.
+                break;
+            }
+            g.tokens.push(t);
+            if hooks.logits {
+                g.logits.push(rows[i].to_vec());
+            }
+            if let Some(end) = hooks.take(t) {
+                (returned, g.end) = (i + 1, end);
+                break;
+            }
+        }
+        g.stats.accepted += returned.min(k);
+        // The cache keeps `last` and the new tokens returned but the last
+        // one (`next`, unless the generation ended before it), which is not
+        // in it yet.
+        target.rollback(pos + returned as i64)?;
+        drafter.accept(target, &batch, pos, &out, returned)?;
         last = next;
+        if g.end != End::Length {
+            return Ok(g);
+        }
     }
-    tokens.truncate(n_gen);
-    Ok((tokens, stats))
+    g.tokens.truncate(n_gen);
+    g.logits.truncate(n_gen);
+    Ok(g)
+}
+
+/// Decodes the prompt (the drafter's `accept` sees it) and chooses the
+/// first token: the greedy one, or the sampler's draw. With `read_logits`
+/// the prompt goes in two batches — all but its last token, then that
+/// token alone, whose logits row (returned) is read back rather than
+/// `[n_vocab, prompt.len()]` of them.
+fn decode_prompt<T: Target>(
+    target: &mut T,
+    drafter: &mut dyn Drafter<T>,
+    prompt: &[i32],
+    sampler: &mut Sampler,
+    read_logits: bool,
+    n_vocab: &mut Option<usize>,
+) -> Result<(i32, Option<Vec<f32>>)> {
+    let (taps, start) = (drafter.taps(), target.n_past());
+    if !read_logits {
+        let out = target.decode(prompt, &taps, false)?;
+        drafter.accept(target, prompt, start, &out, prompt.len())?;
+        return Ok((*out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?, None));
+    }
+    let (head, tail) = prompt.split_at(prompt.len() - 1);
+    if !head.is_empty() {
+        let out = target.decode(head, &taps, false)?;
+        drafter.accept(target, head, start, &out, head.len())?;
+    }
+    let out = target.decode(tail, &taps, true)?;
+    drafter.accept(target, tail, start + head.len() as i64, &out, 1)?;
+    let row = logit_rows(&out, 1, n_vocab)?[0];
+    let t = if sampler.params().is_greedy() { *out.argmax.last().unwrap_or(&0) } else { sampler.sample(row)? };
+    Ok((t, Some(row.to_vec())))
+}
+
+impl Hooks<'_> {
+    /// Tells the caller of token `t` and says whether the generation ends
+    /// after it (and why).
+    fn take(&mut self, t: i32) -> Option<End> {
+        let go_on = self.on_token.as_mut().is_none_or(|f| f(t));
+        if self.stop.is_some_and(|s| s(t)) {
+            Some(End::Stop)
+        } else if !go_on {
+            Some(End::Caller)
+        } else {
+            None
+        }
+    }
 }
 
 /// The target's logits `[n_vocab, n_rows]` as `n_rows` rows `[n_vocab]`;

@@ -6,8 +6,9 @@ use shardgraph::split::Devices;
 use shardgraph::tensor::quant::quantize_chunk;
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session, Qwen3Types};
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
 use shardgraph_models::runner::Runner;
+use shardgraph_models::types::TensorTypes;
 
 #[path = "nmse.rs"]
 mod nmse;
@@ -27,10 +28,16 @@ pub fn tiny_hp() -> Qwen3Hparams {
 /// A `qwen3` session for `hp` on `ratios` (one thread per device), KV cache
 /// `kv` × `kv_size` cells, with seeded weights: norm weights around 1 (±0.1),
 /// the others within ±1.5/√ne0, quantized to `types`.
-pub fn seeded_session(hp: Qwen3Hparams, ratios: &[f32], types: Qwen3Types, kv: GgmlType, kv_size: i64) -> Qwen3Session {
+pub fn seeded_session(
+    hp: Qwen3Hparams,
+    ratios: &[f32],
+    types: &TensorTypes,
+    kv: GgmlType,
+    kv_size: i64,
+) -> Qwen3Session {
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp, types, kv, kv_size).unwrap();
-    let policy = qwen3_policy(&model.hp, &types, ratios).unwrap();
+    let policy = qwen3_policy(&model.hp, types, ratios).unwrap();
     let runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
     let mut s = Qwen3Session::new(model, ctx, runner).unwrap();
     let weights: Vec<(String, GgmlType, [i64; 4])> = s

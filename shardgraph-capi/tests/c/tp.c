@@ -15,7 +15,11 @@
  * `tp engine TARGET DRAFTER N_PREDICT TOKEN...`: loads the target with the
  * DFlash drafter on 2 CPU devices (names "CPU,CPU") and without a drafter on
  * 1 device, generates greedily on both and prints the tokens; a seeded
- * sampled generation repeats after sg_engine_reset.
+ * sampled generation repeats after sg_engine_reset; sg_engine_generate_ex
+ * streams the tokens in the order returned, gives logits rows whose argmax
+ * is each token, stops at a stop token and when its callback says so;
+ * sg_engine_rollback then a generation equals a fresh run on the kept
+ * tokens; K and V caches of different types load and generate.
  *
  * `tp devices NAMES`: the same graph and checks on the devices NAMES
  * lists (sg_devices_open, e.g. "EMU,EMU,EMU" or "CUDA0,CUDA0"; 3 devices
@@ -500,9 +504,10 @@ static int graph_main(const char *names) {
     printf("shardgraph %s (header %s)\n", sg_version(), SG_VERSION);
     expect(strcmp(sg_version(), SG_VERSION) == 0, "library and header versions");
     printf("layout: sg_rope_params %zu sg_engine_params %zu sg_sampler_params %zu sg_sampler_params.seed %zu "
-           "sg_spec_stats %zu sg_status %zu\n",
+           "sg_spec_stats %zu sg_status %zu sg_generate_options %zu sg_generate_options.on_token %zu\n",
            sizeof(sg_rope_params), sizeof(sg_engine_params), sizeof(sg_sampler_params),
-           offsetof(sg_sampler_params, seed), sizeof(sg_spec_stats), sizeof(sg_status));
+           offsetof(sg_sampler_params, seed), sizeof(sg_spec_stats), sizeof(sg_status), sizeof(sg_generate_options),
+           offsetof(sg_generate_options, on_token));
 
     build(&m);
     devs = open_devices(names, 3);
@@ -556,6 +561,114 @@ static void print_tokens(const char *label, const int32_t *tokens, size_t n) {
         printf(" %d", (int)tokens[i]);
     }
     printf("\n");
+}
+
+/* What the token callback saw: the tokens in order, and after how many it ends (0: never). */
+struct seen {
+    int32_t tokens[256];
+    size_t n;
+    size_t limit;
+};
+
+static int32_t record_token(int32_t token, void *user_data) {
+    struct seen *s = (struct seen *)user_data;
+    if (s->n < 256) {
+        s->tokens[s->n] = token;
+    }
+    s->n++;
+    return s->limit == 0 || s->n < s->limit;
+}
+
+/* sg_engine_generate_ex on `e` (ctx_size n_prompt + n_predict, greedy
+ * tokens `want` from sg_engine_generate): streaming in the order returned,
+ * logits rows whose argmax is each token, a stop token, a callback that
+ * ends it, and a rollback that continues as a fresh run on the kept tokens. */
+static void generate_ex_checks(sg_engine *e, const int32_t *prompt, size_t n_prompt, size_t n_predict,
+                               const int32_t *want, int64_t n_vocab) {
+    sg_generate_options go;
+    struct seen seen;
+    int32_t end = -1, got[256], again[256], longer[128], next = 7;
+    float *logits = (float *)calloc(n_predict * (size_t)n_vocab, sizeof(float));
+    size_t i, k, n = 0, n2 = 0, stop_at = 3, n_eog = 99;
+    int64_t n_past = 0;
+
+    expect(logits != NULL && n_predict <= 64 && n_prompt + n_predict <= 128, "generate_ex sizes");
+    memset(&go, 0, sizeof go);
+    memset(&seen, 0, sizeof seen);
+    go.on_token = record_token;
+    go.user_data = &seen;
+    go.out_logits = logits;
+    go.logits_cap = n_predict * (size_t)n_vocab;
+    CHECK(sg_engine_reset(e));
+    EXPECT_ERR(SG_ERR_INVALID_ARGUMENT, "logits_cap",
+               sg_engine_generate_ex(e, prompt, n_prompt, n_predict + 1, NULL, &go, got, 256, &n, NULL, &end));
+    CHECK(sg_engine_generate_ex(e, prompt, n_prompt, n_predict, NULL, &go, got, n_predict, &n, NULL, &end));
+    expect(n == n_predict && end == SG_END_LENGTH && memcmp(got, want, n * sizeof(int32_t)) == 0,
+           "generate_ex gives generate's greedy tokens");
+    expect(seen.n == n && memcmp(seen.tokens, got, n * sizeof(int32_t)) == 0, "tokens streamed in the order returned");
+    for (k = 0; k < n; k++) {
+        const float *row = logits + k * (size_t)n_vocab;
+        size_t best = 0;
+        for (i = 1; i < (size_t)n_vocab; i++) {
+            if (row[i] > row[best]) {
+                best = i;
+            }
+        }
+        expect((int32_t)best == got[k], "each logits row's argmax is its token");
+    }
+    printf("engine generate_ex: %zu tokens streamed, logits rows of %lld\n", seen.n, (long long)n_vocab);
+
+    /* A stop token: the first at index >= 3 not generated before it. */
+    for (;; stop_at++) {
+        int earlier = 0;
+        for (i = 0; i < stop_at; i++) {
+            earlier |= want[i] == want[stop_at];
+        }
+        if (!earlier || stop_at + 1 >= n_predict) {
+            break;
+        }
+    }
+    memset(&go, 0, sizeof go);
+    go.stop = &want[stop_at];
+    go.n_stop = 1;
+    CHECK(sg_engine_reset(e));
+    CHECK(sg_engine_generate_ex(e, prompt, n_prompt, n_predict, NULL, &go, got, n_predict, &n, NULL, &end));
+    expect(n == stop_at + 1 && end == SG_END_STOP && memcmp(got, want, n * sizeof(int32_t)) == 0,
+           "a stop token ends the generation after it");
+    CHECK(sg_engine_n_past(e, &n_past));
+    expect(n_past == (int64_t)(n_prompt + n), "the sequence ends at the stop token");
+
+    /* The callback ends it after 5 tokens. */
+    memset(&go, 0, sizeof go);
+    memset(&seen, 0, sizeof seen);
+    seen.limit = 5;
+    go.on_token = record_token;
+    go.user_data = &seen;
+    CHECK(sg_engine_reset(e));
+    CHECK(sg_engine_generate_ex(e, prompt, n_prompt, n_predict, NULL, &go, got, n_predict, &n, NULL, &end));
+    expect(n == 5 && end == SG_END_CALLER && seen.n == 5, "the callback ends the generation");
+
+    /* Rollback to the prompt and 4 generated tokens, then one more token:
+     * as a fresh run on those. */
+    CHECK(sg_engine_reset(e));
+    CHECK(sg_engine_generate(e, prompt, n_prompt, n_predict, NULL, got, n_predict, &n, NULL));
+    EXPECT_ERR(SG_ERR_MODEL, "roll back", sg_engine_rollback(e, (int64_t)(n_prompt + n_predict + 1)));
+    CHECK(sg_engine_rollback(e, (int64_t)(n_prompt + 4)));
+    CHECK(sg_engine_n_past(e, &n_past));
+    expect(n_past == (int64_t)(n_prompt + 4), "n_past after the rollback");
+    CHECK(sg_engine_generate(e, &next, 1, n_predict - 5, NULL, got, n_predict, &n, NULL));
+    memcpy(longer, prompt, n_prompt * sizeof(int32_t));
+    memcpy(longer + n_prompt, want, 4 * sizeof(int32_t));
+    longer[n_prompt + 4] = next;
+    CHECK(sg_engine_reset(e));
+    CHECK(sg_engine_generate(e, longer, n_prompt + 5, n_predict - 5, NULL, again, n_predict, &n2, NULL));
+    expect(n == n2 && memcmp(got, again, n * sizeof(int32_t)) == 0, "rollback then generate = a fresh run");
+    print_tokens("engine after rollback", got, n);
+
+    CHECK(sg_engine_eog_tokens(e, NULL, 0, &n_eog));
+    expect(n_eog == 0, "no end-of-generation token in a file without a tokenizer");
+    CHECK(sg_engine_reset(e));
+    free(logits);
 }
 
 static int engine_main(int argc, char **argv) {
@@ -618,6 +731,7 @@ static int engine_main(int argc, char **argv) {
     expect(stats.drafted > 0 && moved > 0, "drafts on 2 devices");
     /* The context is full now: one more token is refused before decoding. */
     EXPECT_ERR(SG_ERR_MODEL, "ctx_size", sg_engine_generate(spec, prompt, 1, 1, NULL, spec_tokens, 1, &n_out, NULL));
+    generate_ex_checks(spec, prompt, n_prompt, n_predict, spec_tokens, n_vocab);
 
     /* A seeded sampled generation repeats after a reset. */
     CHECK(sg_sampler_params_default(&sp));
@@ -636,6 +750,19 @@ static int engine_main(int argc, char **argv) {
 
     /* No drafter on 1 device. */
     CHECK(sg_devices_cpu(1, 1, &one));
+    {
+        /* K and V caches of different types (--cache-type-k q8_0 --cache-type-v f16). */
+        sg_engine_params mixed = params;
+        sg_engine *kv;
+        mixed.cache_type_k = SG_TYPE_Q8_0;
+        mixed.cache_type_v = SG_TYPE_Q4_K;
+        EXPECT_ERR(SG_ERR_MODEL, "cache_type_v", sg_engine_load(one, target, SG_DRAFT_NONE, NULL, &mixed, &kv));
+        mixed.cache_type_v = SG_TYPE_F16;
+        CHECK(sg_engine_load(one, target, SG_DRAFT_NONE, NULL, &mixed, &kv));
+        CHECK(sg_engine_generate(kv, prompt, n_prompt, n_predict, NULL, sampled, n_predict, &n_s, NULL));
+        print_tokens("engine kv q8_0/f16 1 device", sampled, n_s);
+        CHECK(sg_engine_free(kv));
+    }
     CHECK(sg_engine_load(one, target, SG_DRAFT_NONE, NULL, NULL, &plain));
     CHECK(sg_engine_generate(plain, prompt, n_prompt, n_predict, NULL, plain_tokens, n_predict, &n_plain, NULL));
     print_tokens("engine plain 1 device", plain_tokens, n_plain);

@@ -4,9 +4,10 @@
 //! snapshots) and one step's graph over them. The NextN (MTP) head's graphs
 //! are in `mtp.rs`.
 
-use super::hparams::{Qwen35Hparams, Qwen35Types};
+use super::hparams::Qwen35Hparams;
 use crate::layers::{self, input, named, rms_norm_w, AttnShape, KvCache};
 use crate::step::MAX_DRAFT;
+use crate::types::{KvTypes, TensorTypes, OUTPUT};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::tensor::{GgmlType, TensorId};
@@ -98,13 +99,16 @@ pub struct Qwen35Nextn {
 pub struct Qwen35 {
     /// Hyper-parameters.
     pub hp: Qwen35Hparams,
-    /// Weight types.
-    pub types: Qwen35Types,
+    /// Where the weights' types came from (the file's tensor table, or a
+    /// preset).
+    pub types: TensorTypes,
     /// `token_embd.weight` `[E, V]`.
     pub tok_embd: TensorId,
     /// `output_norm.weight` `[E]`.
     pub output_norm: TensorId,
-    /// `output.weight` `[E, V]`.
+    /// `output.weight` `[E, V]`, or `token_embd.weight` when the head is
+    /// tied to the embedding (a file without `output.weight`): one tensor
+    /// read by `get_rows` and by the head (the MTP head's too).
     pub output: TensorId,
     /// Trunk layers.
     pub layers: Vec<Qwen35Layer>,
@@ -122,8 +126,8 @@ pub struct Qwen35 {
     pub snapshot_slots: usize,
     /// KV cache cells of the attention layers.
     pub kv_size: i64,
-    /// KV cache type.
-    pub kv_type: GgmlType,
+    /// The K and V caches' types.
+    pub kv_types: KvTypes,
     /// Context length after the model's tensors.
     pub base_len: usize,
 }
@@ -154,75 +158,69 @@ pub struct Qwen35Step {
     pub argmax: TensorId,
 }
 
-/// The tensors of a `qwen35` GGUF in llama.cpp's names: name, type, shape.
-pub fn qwen35_tensors(hp: &Qwen35Hparams, types: &Qwen35Types) -> Vec<(String, GgmlType, Vec<i64>)> {
+/// The tensors of a `qwen35` GGUF in llama.cpp's names and order: name,
+/// type (the one `types` gives each weight matrix; vectors F32) and shape;
+/// no `output.weight` when `types` ties the head to `token_embd.weight`.
+///
+/// # Errors
+/// [`Error::Model`] naming a tensor whose type the kernels cannot multiply
+/// or whose rows are not whole blocks, or a vector a file gives another
+/// type than F32.
+pub fn qwen35_tensors(hp: &Qwen35Hparams, types: &TensorTypes) -> Result<Vec<(String, GgmlType, Vec<i64>)>> {
     let (e, f, v) = (hp.n_embd, hp.n_ff, hp.n_vocab);
     let (d, qd, kvd) = (hp.head_dim, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim);
-    let f32t = GgmlType::F32;
-    let mut t = vec![
-        ("token_embd.weight".to_string(), types.embd, vec![e, v]),
-        ("output_norm.weight".to_string(), f32t, vec![e]),
-        ("output.weight".to_string(), types.output, vec![e, v]),
-    ];
-    for il in 0..hp.n_layer {
+    let mut t = Vec::new();
+    let m = |t: &mut Vec<_>, name: String, ne: Vec<i64>| -> Result<()> {
+        let ty = types.matrix("qwen35", &name, &ne)?;
+        t.push((name, ty, ne));
+        Ok(())
+    };
+    let vector = |t: &mut Vec<_>, name: String, ne: Vec<i64>| -> Result<()> {
+        let ty = types.vector("qwen35", &name)?;
+        t.push((name, ty, ne));
+        Ok(())
+    };
+    m(&mut t, "token_embd.weight".into(), vec![e, v])?;
+    vector(&mut t, "output_norm.weight".into(), vec![e])?;
+    if !types.is_tied() {
+        m(&mut t, OUTPUT.into(), vec![e, v])?;
+    }
+    // The trunk's layers, then the NextN (MTP) block after them: a
+    // gated-attention layer and its projection of [normed embedding; normed
+    // hidden state].
+    for il in 0..hp.n_layer + hp.n_nextn {
         let b = |n: &str| format!("blk.{il}.{n}");
-        t.push((b("attn_norm.weight"), f32t, vec![e]));
-        t.push((b("post_attention_norm.weight"), f32t, vec![e]));
-        if hp.is_recurrent(il) {
-            let a = types.attn;
-            t.extend([
-                (b("attn_qkv.weight"), a, vec![e, hp.conv_channels()]),
-                (b("attn_gate.weight"), a, vec![e, hp.d_inner()]),
-                (b("ssm_beta.weight"), a, vec![e, hp.n_v_heads]),
-                (b("ssm_alpha.weight"), a, vec![e, hp.n_v_heads]),
-                (b("ssm_dt.bias"), f32t, vec![hp.n_v_heads]),
-                (b("ssm_a"), f32t, vec![hp.n_v_heads]),
-                (b("ssm_conv1d.weight"), f32t, vec![hp.d_conv, hp.conv_channels()]),
-                (b("ssm_norm.weight"), f32t, vec![hp.d_state]),
-                (b("ssm_out.weight"), a, vec![hp.d_inner(), e]),
-            ]);
+        vector(&mut t, b("attn_norm.weight"), vec![e])?;
+        vector(&mut t, b("post_attention_norm.weight"), vec![e])?;
+        if il < hp.n_layer && hp.is_recurrent(il) {
+            m(&mut t, b("attn_qkv.weight"), vec![e, hp.conv_channels()])?;
+            m(&mut t, b("attn_gate.weight"), vec![e, hp.d_inner()])?;
+            m(&mut t, b("ssm_beta.weight"), vec![e, hp.n_v_heads])?;
+            m(&mut t, b("ssm_alpha.weight"), vec![e, hp.n_v_heads])?;
+            vector(&mut t, b("ssm_dt.bias"), vec![hp.n_v_heads])?;
+            vector(&mut t, b("ssm_a"), vec![hp.n_v_heads])?;
+            vector(&mut t, b("ssm_conv1d.weight"), vec![hp.d_conv, hp.conv_channels()])?;
+            vector(&mut t, b("ssm_norm.weight"), vec![hp.d_state])?;
+            m(&mut t, b("ssm_out.weight"), vec![hp.d_inner(), e])?;
         } else {
-            let a = types.attn;
-            t.extend([
-                (b("attn_q.weight"), a, vec![e, 2 * qd]),
-                (b("attn_k.weight"), a, vec![e, kvd]),
-                (b("attn_v.weight"), a, vec![e, kvd]),
-                (b("attn_output.weight"), a, vec![qd, e]),
-                (b("attn_q_norm.weight"), f32t, vec![d]),
-                (b("attn_k_norm.weight"), f32t, vec![d]),
-            ]);
+            m(&mut t, b("attn_q.weight"), vec![e, 2 * qd])?;
+            m(&mut t, b("attn_k.weight"), vec![e, kvd])?;
+            m(&mut t, b("attn_v.weight"), vec![e, kvd])?;
+            m(&mut t, b("attn_output.weight"), vec![qd, e])?;
+            vector(&mut t, b("attn_q_norm.weight"), vec![d])?;
+            vector(&mut t, b("attn_k_norm.weight"), vec![d])?;
         }
-        t.extend([
-            (b("ffn_gate.weight"), types.ffn, vec![e, f]),
-            (b("ffn_up.weight"), types.ffn, vec![e, f]),
-            (b("ffn_down.weight"), types.ffn, vec![f, e]),
-        ]);
+        m(&mut t, b("ffn_gate.weight"), vec![e, f])?;
+        m(&mut t, b("ffn_up.weight"), vec![e, f])?;
+        m(&mut t, b("ffn_down.weight"), vec![f, e])?;
+        if il == hp.n_layer {
+            m(&mut t, b("nextn.eh_proj.weight"), vec![2 * e, e])?;
+            vector(&mut t, b("nextn.enorm.weight"), vec![e])?;
+            vector(&mut t, b("nextn.hnorm.weight"), vec![e])?;
+            vector(&mut t, b("nextn.shared_head_norm.weight"), vec![e])?;
+        }
     }
-    if hp.n_nextn == 1 {
-        // The NextN (MTP) block after the trunk: a gated-attention layer and
-        // its projection of [normed embedding; normed hidden state].
-        let il = hp.n_layer;
-        let b = |n: &str| format!("blk.{il}.{n}");
-        let a = types.attn;
-        t.extend([
-            (b("attn_norm.weight"), f32t, vec![e]),
-            (b("post_attention_norm.weight"), f32t, vec![e]),
-            (b("attn_q.weight"), a, vec![e, 2 * qd]),
-            (b("attn_k.weight"), a, vec![e, kvd]),
-            (b("attn_v.weight"), a, vec![e, kvd]),
-            (b("attn_output.weight"), a, vec![qd, e]),
-            (b("attn_q_norm.weight"), f32t, vec![d]),
-            (b("attn_k_norm.weight"), f32t, vec![d]),
-            (b("ffn_gate.weight"), types.ffn, vec![e, f]),
-            (b("ffn_up.weight"), types.ffn, vec![e, f]),
-            (b("ffn_down.weight"), types.ffn, vec![f, e]),
-            (b("nextn.eh_proj.weight"), a, vec![2 * e, e]),
-            (b("nextn.enorm.weight"), f32t, vec![e]),
-            (b("nextn.hnorm.weight"), f32t, vec![e]),
-            (b("nextn.shared_head_norm.weight"), f32t, vec![e]),
-        ]);
-    }
-    t
+    Ok(t)
 }
 
 /// A model's weights by GGUF name.
@@ -242,13 +240,14 @@ fn layer(ids: &Weights, il: usize, mixer: Qwen35Mixer) -> Qwen35Layer {
 }
 
 /// Block `il`'s gated-attention mixer: its weights from `ids` and new KV
-/// caches `cache_k_l{il}`, `cache_v_l{il}` (`[Hkv·D, kv_size]` of `kv_type`).
+/// caches `cache_k_l{il}`, `cache_v_l{il}` (`[Hkv·D, kv_size]` of the K and
+/// V types).
 fn attention_mixer(
     ctx: &mut Context,
     ids: &Weights,
     il: usize,
     hp: &Qwen35Hparams,
-    (kv_type, kv_size): (GgmlType, i64),
+    (kv_types, kv_size): (KvTypes, i64),
 ) -> Result<Qwen35Mixer> {
     let b = |n: &str| ids[&format!("blk.{il}.{n}")];
     let kvd = hp.n_head_kv * hp.head_dim;
@@ -259,8 +258,8 @@ fn attention_mixer(
         wo: b("attn_output.weight"),
         q_norm: b("attn_q_norm.weight"),
         k_norm: b("attn_k_norm.weight"),
-        cache_k: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
-        cache_v: named(ctx, kv_type, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
+        cache_k: named(ctx, kv_types.k, &[kvd, kv_size], &format!("cache_k_l{il}"))?,
+        cache_v: named(ctx, kv_types.v, &[kvd, kv_size], &format!("cache_v_l{il}"))?,
     })
 }
 
@@ -294,44 +293,36 @@ fn new_states(ctx: &mut Context, hp: &Qwen35Hparams, tag: &str) -> Result<(Tenso
 }
 
 impl Qwen35 {
-    /// Creates the weights (GGUF names) and caches in `ctx`: KV caches of
-    /// `kv_size` cells of `kv_type` for the attention layers, F32 conv and
+    /// Creates the weights (GGUF names, each of the type `types` gives it;
+    /// no `output.weight` when the head is tied: it then reads
+    /// `token_embd.weight`) and caches in `ctx`: KV caches of `kv_size`
+    /// cells of the K and V types for the attention layers, F32 conv and
     /// recurrent states for the delta-net layers.
     ///
     /// # Errors
     /// [`Error::Model`] for inconsistent hyper-parameters, a `kv_size` outside
-    /// `1..=`[`crate::MAX_CTX`], or
-    /// a type whose block does not divide the rows it stores.
+    /// `1..=`[`crate::MAX_CTX`], a cache type not offered for the head size
+    /// ([`KvTypes::check`]), or a weight of a type the kernels cannot
+    /// multiply or whose rows are not whole blocks (naming the tensor and
+    /// type).
     pub fn new(
         ctx: &mut Context,
         hp: Qwen35Hparams,
-        types: Qwen35Types,
-        kv_type: GgmlType,
+        types: &TensorTypes,
+        kv_types: impl Into<KvTypes>,
         kv_size: i64,
     ) -> Result<Self> {
+        let kv_types = kv_types.into();
         hp.validate()?;
         crate::check_kv_size("qwen35", kv_size)?;
-        if !matches!(kv_type, GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0 | GgmlType::Q4_0)
-            || hp.head_dim % kv_type.block_size() as i64 != 0
-        {
-            return Err(Error::Model {
-                detail: format!("qwen35: KV cache type {kv_type} for head size {} (F32, F16, Q8_0, Q4_0)", hp.head_dim),
-            });
-        }
-        let tensors = qwen35_tensors(&hp, &types);
-        for (name, ty, ne) in &tensors {
-            if ne[0] % ty.block_size() as i64 != 0 {
-                return Err(Error::Model {
-                    detail: format!("qwen35: {name} rows of {} do not fit {ty} blocks", ne[0]),
-                });
-            }
-        }
+        kv_types.check("qwen35", hp.head_dim)?;
+        let tensors = qwen35_tensors(&hp, types)?;
         let mut ids = Weights::new();
         for (name, ty, ne) in &tensors {
             ids.insert(name.clone(), named(ctx, *ty, ne, name)?);
         }
         let get = |n: &str| ids[n];
-        let kv = (kv_type, kv_size);
+        let kv = (kv_types, kv_size);
         let mut layers = Vec::with_capacity(hp.n_layer);
         for il in 0..hp.n_layer {
             let mixer = if hp.is_recurrent(il) {
@@ -360,12 +351,12 @@ impl Qwen35 {
             nextn,
             tok_embd: get("token_embd.weight"),
             output_norm: get("output_norm.weight"),
-            output: get("output.weight"),
+            output: ids.get(OUTPUT).copied().unwrap_or_else(|| get("token_embd.weight")),
             hp,
-            types,
+            types: types.clone(),
             layers,
             kv_size,
-            kv_type,
+            kv_types,
             base_len: ctx.len(),
         })
     }
@@ -527,7 +518,7 @@ impl Qwen35 {
         let k2 = ctx.reshape_2d(k, hkv * d, t)?;
         // V is written as projected (`[Hkv·D, T]`).
         let cache = KvCache { k: cache_k, v: cache_v };
-        let shape = AttnShape { head_dim: d, n_head: h, n_head_kv: hkv, kv_type: self.kv_type };
+        let shape = AttnShape { head_dim: d, n_head: h, n_head_kv: hkv, kv_types: self.kv_types };
         let (a, wk_, wv_) = layers::attention(ctx, q, (k2, v), cache, kv_idxs, mask, &shape)?;
         writes.push(wk_);
         writes.push(wv_);

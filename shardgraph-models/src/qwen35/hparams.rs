@@ -1,10 +1,10 @@
-//! The `qwen35` hyper-parameters (GGUF keys `qwen35.*`, range-checked) and
-//! weight types (shardgraph-models/MODELS.md, sections 3.1-3.2).
+//! The `qwen35` hyper-parameters (GGUF keys `qwen35.*`, range-checked;
+//! shardgraph-models/MODELS.md, section 3.1). The weights' types come from
+//! [`crate::types::TensorTypes`].
 
 use crate::hparams::{read_shared, ArchKeys, HparamsCore, Model, DIM};
 use shardgraph::error::{Error, Result};
 use shardgraph::ops::{RopeMode, RopeParams};
-use shardgraph::tensor::GgmlType;
 
 /// Hyper-parameters of a `qwen35` model (GGUF keys `qwen35.*`): the shared
 /// core ([`HparamsCore`]; `hp.n_embd` reads through to it) and its own.
@@ -231,49 +231,5 @@ impl Qwen35Hparams {
         w.add_kv("qwen35.vocab_size", self.n_vocab as u32)?;
         w.add_kv("tokenizer.ggml.model", "no_vocab")?;
         Ok(())
-    }
-}
-
-/// Weight types of a `qwen35` model, per role (norms, conv kernels, `ssm_a`
-/// and `ssm_dt` are always F32).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Qwen35Types {
-    /// `token_embd.weight`.
-    pub embd: GgmlType,
-    /// Attention and delta-net projections (`attn_q/k/v/output`, `attn_qkv`,
-    /// `attn_gate`, `ssm_alpha/beta`, `ssm_out`).
-    pub attn: GgmlType,
-    /// FFN gate/up/down.
-    pub ffn: GgmlType,
-    /// `output.weight`.
-    pub output: GgmlType,
-}
-
-impl Qwen35Types {
-    /// The types of a `qwen35` GGUF's tensors with hyper-parameters `hp`
-    /// (the first attention layer's `attn_q` for the projections, layer 0
-    /// for the FFN).
-    ///
-    /// # Errors
-    /// [`Error::Gguf`] naming a missing tensor.
-    pub fn from_gguf(f: &shardgraph::gguf::GgufFile, hp: &Qwen35Hparams) -> Result<Self> {
-        let ty = |n: &str| f.tensor(n).map(|t| t.info.ty);
-        let attn = match (0..hp.n_layer).find(|&il| !hp.is_recurrent(il)) {
-            Some(il) => ty(&format!("blk.{il}.attn_q.weight"))?,
-            None => ty("blk.0.attn_qkv.weight")?,
-        };
-        Ok(Qwen35Types {
-            embd: ty("token_embd.weight")?,
-            attn,
-            ffn: ty("blk.0.ffn_gate.weight")?,
-            output: ty("output.weight")?,
-        })
-    }
-}
-
-impl Qwen35Types {
-    /// Every matrix of type `ty`.
-    pub fn all(ty: GgmlType) -> Self {
-        Qwen35Types { embd: ty, attn: ty, ffn: ty, output: ty }
     }
 }

@@ -12,7 +12,7 @@
 //! `[S_v·S_v·H_v, 1]`, F32), the attention layers' KV caches are
 //! `[Hkv·D, kv_size]` as in `qwen3`.
 //!
-//! The module's files: `hparams.rs` (hyper-parameters and weight types),
+//! The module's files: `hparams.rs` (hyper-parameters),
 //! `graph.rs` (the model's tensors and a step's graph), `mtp.rs` (the NextN
 //! head's step and chain graphs), `session.rs` (decoding one sequence:
 //! [`Qwen35Session`], with its MTP step and chain), `policy.rs`
@@ -26,7 +26,7 @@ mod policy;
 mod session;
 
 pub use graph::{qwen35_tensors, Qwen35, Qwen35Layer, Qwen35Mixer, Qwen35Nextn, Qwen35Step};
-pub use hparams::{Qwen35Hparams, Qwen35Types};
+pub use hparams::Qwen35Hparams;
 pub use mtp::{MtpChain, MtpChainStep, MtpStep};
 pub use policy::qwen35_policy;
 pub(crate) use policy::qwen35_rules;

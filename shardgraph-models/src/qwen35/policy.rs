@@ -2,10 +2,17 @@
 //! (shardgraph-models/MODELS.md, sections 7.2-7.4), on the shared granules
 //! of [`crate::policy`].
 
-use super::hparams::{Qwen35Hparams, Qwen35Types};
-use crate::policy::{ffn_granule, lcm};
+use super::hparams::Qwen35Hparams;
+use crate::policy::{blk, by_layer, caches, device_without, ffn_granule, lcm};
+use crate::types::{TensorTypes, OUTPUT};
 use shardgraph::error::{Error, Result};
-use shardgraph::split::{split_extents, SplitPolicy, SplitSpec};
+use shardgraph::split::{SplitPolicy, SplitSpec};
+use shardgraph::tensor::GgmlType;
+use std::collections::BTreeSet;
+
+/// An attention layer's granules: query rows with their gates, query rows
+/// alone, KV rows (`None`: the layer's attention is mirrored).
+type AttnGranules = Option<(i64, i64, i64)>;
 
 /// The split policy llama.cpp assigns a `qwen35` model under
 /// `--split-mode tensor` (shardgraph-models/MODELS.md, sections 7.2-7.4) with
@@ -24,8 +31,15 @@ use shardgraph::split::{split_extents, SplitPolicy, SplitSpec};
 ///   on axis 0, the conv state `cache_r` `(key_dim·(d_conv−1),
 ///   ×(2 + head_ratio))` and the recurrent state `cache_s`
 ///   `(H_k·S·S, ×head_ratio)`; granule `lcm(lcm(block, 128), S)` rows;
-/// * FFN as `qwen3::qwen3_policy`, the output head on the vocabulary, everything
-///   else (embedding, norms, `ssm_norm`) mirrored.
+/// * FFN as `qwen3::qwen3_policy`, the output head on the vocabulary (a
+///   tied head: `token_embd.weight`, which the lookup then reads
+///   vocabulary-parallel), everything else (embedding, norms, `ssm_norm`)
+///   mirrored.
+///
+/// Each layer's granules follow its own weights' blocks (`types`; a file may
+/// mix them per layer: attention from `attn_output`, delta net from
+/// `ssm_out`, FFN from `ffn_down`); a group whose granule does not divide
+/// its rows is mirrored.
 ///
 /// (llama.cpp also rotates uneven remainders per layer; here the last
 /// device takes them.)
@@ -33,13 +47,13 @@ use shardgraph::split::{split_extents, SplitPolicy, SplitSpec};
 /// # Errors
 /// [`Error::Model`] naming the layer kind if the ratios leave a device with
 /// a non-zero ratio without a KV head or a key head; invalid ratios.
-pub fn qwen35_policy(hp: &Qwen35Hparams, types: &Qwen35Types, ratios: &[f32]) -> Result<SplitPolicy> {
+pub fn qwen35_policy(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f32]) -> Result<SplitPolicy> {
     Ok(qwen35_rules(hp, types, ratios)?.rule("*", SplitSpec::Mirrored))
 }
 
 /// The rules of [`qwen35_policy`] without the final "everything else mirrored"
 /// (a DFlash drafter's are added to them).
-pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &Qwen35Types, ratios: &[f32]) -> Result<SplitPolicy> {
+pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f32]) -> Result<SplitPolicy> {
     hp.validate()?;
     let n = ratios.len();
     if n == 1 {
@@ -48,59 +62,103 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &Qwen35Types, ratios: &[f3
     }
     let axis = |axis, granule, segments: Vec<i64>| SplitSpec::Axis { axis, granule, segments };
     let g = hp.n_head / hp.n_head_kv;
-    let n_embd_q = g * hp.head_dim;
-    let mut blck = types.attn.block_size() as i64;
-    while blck < 128 && blck * (n as i64) < n_embd_q {
-        blck *= 2;
-    }
-    // Query rows (with their gates) per granule, and the KV rows that go with them.
-    let g_qg = lcm(2 * n_embd_q, blck);
-    let g_q = g_qg / 2;
-    let g_kv = g_q / g;
+    let (n_embd_q, qd) = (g * hp.head_dim, hp.n_head * hp.head_dim);
     let s = hp.d_state;
-    let gr = lcm(lcm(types.attn.block_size() as i64, 128), s);
     let ratio = hp.n_v_heads / hp.n_k_heads;
     let key_dim = hp.key_dim();
-    let check = |what: &str, len: i64, granule: i64| -> Result<()> {
-        if n > 1 {
-            let ext = split_extents(len, ratios, granule)
-                .map_err(|e| Error::Model { detail: format!("tensor split {ratios:?} over {what}: {e}") })?;
-            if let Some(j) = (0..n).find(|&j| ratios[j] > 0.0 && ext[j] == 0) {
-                return Err(Error::Model {
-                    detail: format!(
-                        "tensor split {ratios:?} gives device {j} none of the {what} (granules of {granule} rows); use fewer devices or other ratios"
-                    ),
-                });
+    let block = |il: usize, name: &str| types.block(&format!("blk.{il}.{name}"));
+    let layers = 0..hp.n_layer + hp.n_nextn;
+    let is_delta = |il: usize| il < hp.n_layer && hp.is_recurrent(il);
+    // Per attention layer (the NextN block's included), from its output
+    // projection's block: query rows with their gates per granule, the query
+    // rows alone, and the KV rows that go with them.
+    let attn: Vec<(usize, AttnGranules)> = layers
+        .clone()
+        .filter(|&il| !is_delta(il))
+        .map(|il| {
+            let mut blck = block(il, "attn_output.weight");
+            while blck < 128 && blck * (n as i64) < n_embd_q {
+                blck *= 2;
             }
+            let g_qg = lcm(2 * n_embd_q, blck);
+            let (g_q, g_kv) = (g_qg / 2, g_qg / 2 / g);
+            (il, ((2 * qd) % g_qg == 0 && qd % g_q == 0).then_some((g_qg, g_q, g_kv)))
+        })
+        .collect();
+    // Per delta-net layer, from its output projection's block (split on its rows).
+    let delta: Vec<(usize, Option<i64>)> = layers
+        .clone()
+        .filter(|&il| is_delta(il))
+        .map(|il| {
+            let gr = lcm(lcm(block(il, "ssm_out.weight"), 128), s);
+            (il, (key_dim % gr == 0).then_some(gr))
+        })
+        .collect();
+    let ffn: Vec<(usize, Option<i64>)> = layers
+        .map(|il| {
+            let g = ffn_granule(hp.n_ff, types.get(&format!("blk.{il}.ffn_down.weight")).unwrap_or(GgmlType::F32));
+            (il, (hp.n_ff % g == 0).then_some(g))
+        })
+        .collect();
+    let check = |what: &str, len: i64, granule: i64| -> Result<()> {
+        match device_without(ratios, what, len, granule)? {
+            Some(j) => Err(Error::Model {
+                detail: format!(
+                    "tensor split {ratios:?} gives device {j} none of the {what} (granules of {granule} rows); use \
+                     fewer devices or other ratios"
+                ),
+            }),
+            None => Ok(()),
         }
-        Ok(())
     };
-    check(&format!("{} KV heads", hp.n_head_kv), hp.n_head_kv * hp.head_dim, g_kv)?;
-    check(&format!("{} delta-net key heads", hp.n_k_heads), key_dim, gr)?;
-    let heads = s; // rows per key head in `key_dim`-sized segments
-    let qkv_segs = vec![key_dim; (2 + ratio) as usize];
-    let v_segs = vec![key_dim; ratio as usize];
+    let kv: BTreeSet<i64> = attn.iter().filter_map(|(_, g)| g.map(|g| g.2)).collect();
+    for g_kv in kv {
+        check(&format!("{} KV heads", hp.n_head_kv), hp.n_head_kv * hp.head_dim, g_kv)?;
+    }
+    let gr: BTreeSet<i64> = delta.iter().filter_map(|(_, g)| *g).collect();
+    for gr in gr {
+        check(&format!("{} delta-net key heads", hp.n_k_heads), key_dim, gr)?;
+    }
+    let or_mirrored = |g: Option<i64>, spec: &dyn Fn(i64) -> SplitSpec| g.map_or(SplitSpec::Mirrored, spec);
+    let policy = by_layer(SplitPolicy::new(ratios)?, &attn, |p, l, g| {
+        let (qg, q, kvg) = (g.map(|g| g.0), g.map(|g| g.1), g.map(|g| g.2));
+        let p = p
+            .rule(&blk("", l, "attn_q.weight"), or_mirrored(qg, &|g| axis(1, g, vec![])))
+            .rule(&blk("", l, "attn_k.weight"), or_mirrored(kvg, &|g| axis(1, g, vec![])))
+            .rule(&blk("", l, "attn_v.weight"), or_mirrored(kvg, &|g| axis(1, g, vec![])))
+            .rule(&blk("", l, "attn_output.weight"), or_mirrored(q, &|g| axis(0, g, vec![])));
+        ["cache_k", "cache_v"]
+            .iter()
+            .flat_map(|c| caches("", l, c))
+            .fold(p, |p, c| p.rule(&c, or_mirrored(kvg, &|g| axis(0, g, vec![]))))
+    });
+    // Delta-net tensors indexed by heads: segments of key_dim (or H_k)
+    // repeated where the value heads tile the key heads.
+    let (qkv_segs, v_segs) = (vec![key_dim; (2 + ratio) as usize], vec![key_dim; ratio as usize]);
     let head_segs = vec![hp.n_k_heads; ratio as usize];
-    let policy = SplitPolicy::new(ratios)?
-        .rule("blk.*.attn_q.weight", axis(1, g_qg, vec![]))
-        .rule("blk.*.attn_k.weight", axis(1, g_kv, vec![]))
-        .rule("blk.*.attn_v.weight", axis(1, g_kv, vec![]))
-        .rule("blk.*.attn_output.weight", axis(0, g_q, vec![]))
-        .rule("cache_k_l*", axis(0, g_kv, vec![]))
-        .rule("cache_v_l*", axis(0, g_kv, vec![]))
-        .rule("blk.*.attn_qkv.weight", axis(1, gr, qkv_segs.clone()))
-        .rule("blk.*.ssm_conv1d.weight", axis(1, gr, qkv_segs))
-        .rule("blk.*.attn_gate.weight", axis(1, gr, v_segs.clone()))
-        .rule("blk.*.ssm_out.weight", axis(0, gr, v_segs))
-        .rule("blk.*.ssm_alpha.weight", axis(1, gr / heads, head_segs.clone()))
-        .rule("blk.*.ssm_beta.weight", axis(1, gr / heads, head_segs.clone()))
-        .rule("blk.*.ssm_a", axis(0, gr / heads, head_segs.clone()))
-        .rule("blk.*.ssm_dt.bias", axis(0, gr / heads, head_segs))
-        .rule("cache_r_l*", axis(0, gr * (hp.d_conv - 1), vec![key_dim * (hp.d_conv - 1); (2 + ratio) as usize]))
-        .rule("cache_s_l*", axis(0, gr * s, vec![hp.n_k_heads * s * s; ratio as usize]))
-        .rule("blk.*.ffn_gate.weight", axis(1, ffn_granule(hp.n_ff, types.ffn), vec![]))
-        .rule("blk.*.ffn_up.weight", axis(1, ffn_granule(hp.n_ff, types.ffn), vec![]))
-        .rule("blk.*.ffn_down.weight", axis(0, ffn_granule(hp.n_ff, types.ffn), vec![]))
-        .rule("output.weight", axis(1, 1, vec![]));
-    Ok(policy)
+    let conv_segs = vec![key_dim * (hp.d_conv - 1); (2 + ratio) as usize];
+    let state_segs = vec![hp.n_k_heads * s * s; ratio as usize];
+    let policy = by_layer(policy, &delta, |p, l, gr| {
+        let spec = |a, per: &dyn Fn(i64) -> i64, segs: &Vec<i64>| or_mirrored(gr, &|g| axis(a, per(g), segs.clone()));
+        let heads = |g: i64| g / s; // rows per key head in `key_dim`-sized segments
+        let p = p
+            .rule(&blk("", l, "attn_qkv.weight"), spec(1, &|g| g, &qkv_segs))
+            .rule(&blk("", l, "ssm_conv1d.weight"), spec(1, &|g| g, &qkv_segs))
+            .rule(&blk("", l, "attn_gate.weight"), spec(1, &|g| g, &v_segs))
+            .rule(&blk("", l, "ssm_out.weight"), spec(0, &|g| g, &v_segs))
+            .rule(&blk("", l, "ssm_alpha.weight"), spec(1, &heads, &head_segs))
+            .rule(&blk("", l, "ssm_beta.weight"), spec(1, &heads, &head_segs))
+            .rule(&blk("", l, "ssm_a"), spec(0, &heads, &head_segs))
+            .rule(&blk("", l, "ssm_dt.bias"), spec(0, &heads, &head_segs));
+        let p =
+            caches("", l, "cache_r").iter().fold(p, |p, c| p.rule(c, spec(0, &|g| g * (hp.d_conv - 1), &conv_segs)));
+        caches("", l, "cache_s").iter().fold(p, |p, c| p.rule(c, spec(0, &|g| g * s, &state_segs)))
+    });
+    let policy = by_layer(policy, &ffn, |p, l, g| {
+        p.rule(&blk("", l, "ffn_gate.weight"), or_mirrored(g, &|g| axis(1, g, vec![])))
+            .rule(&blk("", l, "ffn_up.weight"), or_mirrored(g, &|g| axis(1, g, vec![])))
+            .rule(&blk("", l, "ffn_down.weight"), or_mirrored(g, &|g| axis(0, g, vec![])))
+    });
+    let head = if types.is_tied() { "token_embd.weight" } else { OUTPUT };
+    Ok(policy.rule(head, axis(1, 1, vec![])))
 }

@@ -4,12 +4,13 @@
 //! [`Target`].
 
 use super::graph::{Qwen35, Qwen35Mixer};
-use super::hparams::{Qwen35Hparams, Qwen35Types};
+use super::hparams::Qwen35Hparams;
 use super::policy::qwen35_policy;
 use crate::runner::Runner;
 use crate::step::{
     cell_bytes, f32_bytes, f32s, i32_bytes, i32s, imrope_positions, mask_bytes, step_output, StepOutput, Target,
 };
+use crate::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
 use shardgraph::split::Devices;
@@ -59,12 +60,20 @@ impl Qwen35Session {
     ///
     /// # Errors
     /// GGUF errors naming the file; as [`Qwen35Session::load_file`].
-    pub fn load(path: impl AsRef<std::path::Path>, devices: &Devices, kv_type: GgmlType, kv_size: i64) -> Result<Self> {
-        Self::load_file(&shardgraph::gguf::GgufFile::open(path)?, devices, kv_type, kv_size)
+    pub fn load(
+        path: impl AsRef<std::path::Path>,
+        devices: &Devices,
+        kv_types: impl Into<KvTypes>,
+        kv_size: i64,
+    ) -> Result<Self> {
+        Self::load_file(&shardgraph::gguf::GgufFile::open(path)?, devices, kv_types, kv_size)
     }
 
-    /// Builds the model of a parsed `qwen35` GGUF (KV cache of `kv_size`
-    /// cells of `kv_type`), splits it over `devices` with llama.cpp's
+    /// Builds the model of a parsed `qwen35` GGUF (KV caches of `kv_size`
+    /// cells of `kv_types`: `--cache-type-k` and `--cache-type-v`; every
+    /// weight of the type the file gives it, [`TensorTypes::from_file`]; a
+    /// file without `output.weight` ties the head, the MTP head's too, to
+    /// `token_embd.weight`), splits it over `devices` with llama.cpp's
     /// policy ([`qwen35_policy`](super::qwen35_policy)) at their tensor-split
     /// ratios, and loads every weight from the file. As for `qwen3`
     /// (`Qwen3Session::load_file`), the hyper-parameters'
@@ -80,13 +89,13 @@ impl Qwen35Session {
     pub fn load_file(
         file: &shardgraph::gguf::GgufFile,
         devices: &Devices,
-        kv_type: GgmlType,
+        kv_types: impl Into<KvTypes>,
         kv_size: i64,
     ) -> Result<Self> {
         let hp = Qwen35Hparams::from_gguf(file)?;
-        let types = Qwen35Types::from_gguf(file, &hp)?;
+        let types = TensorTypes::from_file(file);
         let mut ctx = Context::new();
-        let model = Qwen35::new(&mut ctx, hp, types, kv_type, kv_size)?;
+        let model = Qwen35::new(&mut ctx, hp, &types, kv_types, kv_size)?;
         let policy = qwen35_policy(&model.hp, &types, devices.ratios())?;
         let mut runner = Runner::new(policy, devices)?;
         let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
