@@ -172,3 +172,23 @@ fn bad_specs_are_errors() {
     let huge = DeviceMemory { weights: u64::MAX, caches: 1, ..DeviceMemory::default() };
     assert!(matches!(exec.check_fit(&[huge], "x"), Err(shardgraph::Error::OutOfMemory { .. })));
 }
+
+/// The devices are the one source of the tensor split: a fit spec or a
+/// runner's policy made with other ratios than the devices' is an error
+/// naming both lists, not only one with another device count.
+#[test]
+fn ratios_other_than_the_devices_are_refused() {
+    let (_, mut spec) = specs(2).remove(1);
+    let big = vec![usize::MAX / 4; 2];
+    let devices = Devices::from_backends(counting::devices(2, Some(&big)).0).unwrap();
+    let exec = devices.executor().unwrap();
+    assert_eq!(exec.ratios(), &[1.0, 1.0]);
+    spec.ratios = vec![3.0, 1.0];
+    let e = fit_ctx_size(&spec, 4096, &exec).unwrap_err();
+    assert!(matches!(e, shardgraph::Error::Split { .. }) && e.to_string().contains("[3.0, 1.0]"), "{e}");
+    let skewed = devices.with_tensor_split(&[3.0, 1.0]).unwrap();
+    assert_eq!(fit_ctx_size(&spec, 1000, &skewed.executor().unwrap()).unwrap(), 768);
+    let policy = shardgraph::split::SplitPolicy::new(&[1.0, 1.0]).unwrap();
+    let e = shardgraph_models::runner::Runner::new(policy, &skewed).unwrap_err();
+    assert!(e.to_string().contains("[1.0, 1.0]") && e.to_string().contains("[3.0, 1.0]"), "{e}");
+}

@@ -62,7 +62,8 @@ fn run(ratios: &[f32], conv: Option<(i64, i64)>) -> Run {
     let base = ctx.len();
     let policy =
         qwen3_dflash_policy(&target.hp, &types, &dft.hp, &TensorTypes::uniform(GgmlType::Q8_0), ratios).unwrap();
-    let mut runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
+    let mut runner =
+        Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(ratios).unwrap()).unwrap();
     // Bytes, not latency, decide (as at real sizes, where the logits are
     // megabytes): on these tiny shapes a latency-bound link would rather
     // gather 3 KB of logits than all-reduce the candidates' 160-byte logits.

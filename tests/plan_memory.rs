@@ -34,7 +34,8 @@ fn planned_and_measured(
 ) -> Vec<(u64, u64)> {
     let n = policy.n_devices();
     let (devs, counters) = counting::devices(n, None);
-    let mut runner = Runner::new(policy, &Devices::from_backends(devs).unwrap()).unwrap();
+    let devices = Devices::from_backends(devs).unwrap().with_tensor_split(policy.ratios()).unwrap();
+    let mut runner = Runner::new(policy, &devices).unwrap();
     let ids: Vec<TensorId> = ctx.ids().take(base_len).collect();
     runner.place_all(ctx, &ids, "the model").unwrap();
     runner.upload().unwrap();

@@ -114,7 +114,8 @@ fn a_ctx_size_that_does_not_fit_is_an_error_before_allocating() {
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp(), &types, GgmlType::F16, i32::MAX as i64).unwrap();
         let policy = qwen3_policy(&model.hp, &types, &ratios).unwrap();
-        let runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
+        let runner =
+            Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(&ratios).unwrap()).unwrap();
         match Qwen3Session::new(model, ctx, runner) {
             Err(shardgraph::Error::OutOfMemory { device, needed, available, detail }) => {
                 assert!(device.contains("CPU"), "{device}");

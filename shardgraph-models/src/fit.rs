@@ -352,13 +352,16 @@ struct Built {
 /// [`Error::OutOfMemory`] naming the device, the bytes needed and
 /// available, if even the smallest context does not fit; [`Error::Model`]
 /// for a `max_ctx` below 256 or below what one batch needs, or a spec for
-/// another number of devices than `exec` has; as [`FitSpec::memory`].
+/// another number of devices than `exec` has; [`Error::Split`] for a spec
+/// whose ratios are not `exec`'s ([`MetaExecutor::check_ratios`]); as
+/// [`FitSpec::memory`].
 pub fn fit_ctx_size(spec: &FitSpec, max_ctx: i64, exec: &MetaExecutor) -> Result<i64> {
     if spec.ratios.len() != exec.n_devices() {
         return Err(Error::Model {
             detail: format!("fit: tensor split over {} devices for {} devices", spec.ratios.len(), exec.n_devices()),
         });
     }
+    exec.check_ratios(&spec.ratios, "the fit spec")?;
     if max_ctx < CTX_STEP {
         return Err(Error::Model {
             detail: format!("fit: a largest context of {max_ctx} cells (at least {CTX_STEP})"),

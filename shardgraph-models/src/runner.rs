@@ -45,7 +45,9 @@ impl Runner {
     ///
     /// # Errors
     /// [`shardgraph::Error::Split`] if `policy.n_devices()` is not
-    /// `devices.n_devices()`; as [`Devices::executor`].
+    /// `devices.n_devices()`, or its ratios are not the devices' (the
+    /// devices are the one source of the tensor split:
+    /// [`Devices::check_ratios`]); as [`Devices::executor`].
     pub fn new(policy: SplitPolicy, devices: &Devices) -> Result<Self> {
         if policy.n_devices() != devices.n_devices() {
             return Err(shardgraph::Error::Split {
@@ -57,6 +59,7 @@ impl Runner {
                 ),
             });
         }
+        devices.check_ratios(policy.ratios(), "the split policy")?;
         let n = devices.n_devices();
         Ok(Runner {
             exec: devices.executor()?,

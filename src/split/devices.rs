@@ -154,6 +154,17 @@ impl Devices {
         &self.ratios
     }
 
+    /// Checks that `given` (the ratios a split policy or a memory estimate
+    /// was made with; `what` names it) are these devices' ratios, value for
+    /// value: the devices are the one source of the tensor split, and what
+    /// is planned for them must use theirs ([`Devices::policy`] does).
+    ///
+    /// # Errors
+    /// [`Error::Split`] naming `what` and both lists when they differ.
+    pub fn check_ratios(&self, given: &[f32], what: &str) -> Result<()> {
+        same_tensor_split(&self.ratios, given, what)
+    }
+
     /// Worker threads per CPU device (0 for devices given by
     /// [`Devices::from_backends`]).
     pub fn threads(&self) -> usize {
@@ -201,12 +212,28 @@ impl Devices {
     /// [`Error::Split`] for no devices or more than [`MAX_DEVICES`] (which
     /// every constructor of `Devices` refuses already).
     pub fn executor(&self) -> Result<MetaExecutor> {
-        let mut exec = MetaExecutor::with_backends(self.backends.clone())?;
+        let mut exec = MetaExecutor::with_backends(self.backends.clone(), self.ratios.clone())?;
         if let Some(c) = &self.comm {
             exec.set_comm(Some(c.clone()))?;
         }
         Ok(exec)
     }
+}
+
+/// Checks that `given` (`what` names what was made with it) equals the
+/// devices' tensor split `devices`, value for value.
+///
+/// # Errors
+/// [`Error::Split`] naming `what` and both lists when they differ.
+pub(crate) fn same_tensor_split(devices: &[f32], given: &[f32], what: &str) -> Result<()> {
+    if devices == given {
+        return Ok(());
+    }
+    Err(Error::Split {
+        detail: format!(
+            "{what} was made for tensor split {given:?}, the devices have {devices:?} (make it from the devices: Devices::policy, Devices::ratios)"
+        ),
+    })
 }
 
 fn check_count(n: usize) -> Result<()> {

@@ -38,6 +38,9 @@ const MAX_PROGRAMS: usize = 64;
 /// [`super::Devices`]).
 pub struct MetaExecutor {
     devices: Vec<Arc<dyn Backend>>,
+    /// The tensor-split ratios of the [`super::Devices`] it was made from
+    /// (one per device).
+    ratios: Vec<f32>,
     /// Per device: a process-unique id (stored parts in its buffers carry it).
     ids: Vec<u64>,
     /// The communicator every run uses (NCCL across GPUs); `None`: the
@@ -271,16 +274,19 @@ impl MetaExecutor {
     /// # Errors
     /// [`Error::Split`] for no devices or more than
     /// [`super::MAX_DEVICES`].
-    pub(crate) fn with_backends(devices: Vec<Arc<dyn Backend>>) -> Result<Self> {
+    pub(crate) fn with_backends(devices: Vec<Arc<dyn Backend>>, ratios: Vec<f32>) -> Result<Self> {
         let n = devices.len();
         if n == 0 || n > super::MAX_DEVICES {
             return Err(Error::Split { detail: format!("{n} devices: need 1..={}", super::MAX_DEVICES) });
+        }
+        if ratios.len() != n {
+            return Err(Error::Split { detail: format!("{} tensor-split ratios for {n} devices", ratios.len()) });
         }
         let comm = Mutex::new(Self::native_comm(&devices));
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let ids = (0..n).map(|_| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).collect();
         let state = State { arenas: (0..n).map(|_| Arena::default()).collect(), ..State::default() };
-        Ok(MetaExecutor { devices, ids, comm, state: Mutex::new(state) })
+        Ok(MetaExecutor { devices, ratios, ids, comm, state: Mutex::new(state) })
     }
 
     /// NCCL for CUDA devices on distinct GPUs, when it loads; else `None`
@@ -337,6 +343,22 @@ impl MetaExecutor {
     /// Number of devices.
     pub fn n_devices(&self) -> usize {
         self.devices.len()
+    }
+
+    /// The tensor-split ratios of the [`super::Devices`] this executor was
+    /// made from, one per device: what a split policy for these devices
+    /// must use ([`super::Devices::check_ratios`]).
+    pub fn ratios(&self) -> &[f32] {
+        &self.ratios
+    }
+
+    /// Checks that `given` (`what` names what was made with it) are this
+    /// executor's tensor-split ratios ([`super::Devices::check_ratios`]).
+    ///
+    /// # Errors
+    /// [`Error::Split`] naming `what` and both lists when they differ.
+    pub fn check_ratios(&self, given: &[f32], what: &str) -> Result<()> {
+        super::devices::same_tensor_split(&self.ratios, given, what)
     }
 
     /// Checks that device `j` can hold `need[j]` more bytes (weights and

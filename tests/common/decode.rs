@@ -38,7 +38,8 @@ pub fn seeded_session(
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp, types, kv, kv_size).unwrap();
     let policy = qwen3_policy(&model.hp, types, ratios).unwrap();
-    let runner = Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap()).unwrap();
+    let runner =
+        Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(ratios).unwrap()).unwrap();
     let mut s = Qwen3Session::new(model, ctx, runner).unwrap();
     let weights: Vec<(String, GgmlType, [i64; 4])> = s
         .ctx()
