@@ -2,7 +2,7 @@
 //! infos of a memory-mapped (or in-memory) file once, then hands out values
 //! and tensor data as slices of the file.
 
-use super::value::{bytes_at, decode_fixed, str_at, ArrayElem, ArrayRef, Value, ValueType};
+use super::value::{bytes_at, decode_fixed, str_at, ArrNode, ArrayElem, ArrayRef, Items, Value, ValueType};
 use super::{gguf_err, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, MAX_TENSOR_NAME};
 use crate::error::{Error, Result};
 use crate::tensor::{GgmlType, MAX_DIMS};
@@ -60,37 +60,6 @@ pub(crate) enum Node {
     Str(usize),
     /// An array (boxed: arrays are rarer than scalars and strings).
     Array(Box<ArrNode>),
-}
-
-/// An array: element type, first element's byte and the elements' count
-/// or positions (kept small: a nested array takes 12 bytes of file).
-#[derive(Debug)]
-pub(crate) struct ArrNode {
-    pub elem: ValueType,
-    pub pos: usize,
-    pub items: Items,
-}
-
-impl ArrNode {
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match &self.items {
-            Items::Fixed(n) => *n,
-            Items::Strings(s) => s.len(),
-            Items::Arrays(a) => a.len(),
-        }
-    }
-}
-
-/// Element positions of an array.
-#[derive(Debug)]
-pub(crate) enum Items {
-    /// This many fixed-size elements, at `pos + i · size`.
-    Fixed(usize),
-    /// Byte of each string's length prefix.
-    Strings(Box<[usize]>),
-    /// Each inner array.
-    Arrays(Box<[ArrNode]>),
 }
 
 /// A metadata entry: where its key (a validated string) is, and its value.

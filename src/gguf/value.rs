@@ -2,8 +2,6 @@
 //! from a file ([`Value`], [`ArrayRef`]) and owned values for writing
 //! ([`MetaValue`], [`MetaArray`]).
 
-use super::reader::{ArrNode, Items};
-
 /// A metadata value type, with the spec's numeric id
 /// (`gguf_metadata_value_type`). Multi-byte values are little-endian.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -645,4 +643,35 @@ impl From<Vec<MetaArray>> for MetaValue {
     fn from(v: Vec<MetaArray>) -> Self {
         MetaValue::Array(MetaArray::Array(v))
     }
+}
+
+/// An array: element type, first element's byte and the elements' count
+/// or positions (kept small: a nested array takes 12 bytes of file).
+#[derive(Debug)]
+pub(crate) struct ArrNode {
+    pub elem: ValueType,
+    pub pos: usize,
+    pub items: Items,
+}
+
+impl ArrNode {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match &self.items {
+            Items::Fixed(n) => *n,
+            Items::Strings(s) => s.len(),
+            Items::Arrays(a) => a.len(),
+        }
+    }
+}
+
+/// Element positions of an array.
+#[derive(Debug)]
+pub(crate) enum Items {
+    /// This many fixed-size elements, at `pos + i · size`.
+    Fixed(usize),
+    /// Byte of each string's length prefix.
+    Strings(Box<[usize]>),
+    /// Each inner array.
+    Arrays(Box<[ArrNode]>),
 }
