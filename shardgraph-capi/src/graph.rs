@@ -19,7 +19,7 @@ pub type sg_tensor = u64;
 /// `SG_TENSOR_NONE`: no tensor (optional operands).
 pub const SG_TENSOR_NONE: sg_tensor = 0;
 
-/// ggml's `GGML_TYPE_COUNT` (ggml 0.15.3): type ids at or past it, or
+/// ggml's `GGML_TYPE_COUNT` (ggml 0.15.3 and 0.25.3 alike): type ids at or past it, or
 /// negative, are argument errors; ids below it that this crate does not
 /// implement are `SG_ERR_UNSUPPORTED`.
 pub const GGML_TYPE_COUNT: i32 = 43;
