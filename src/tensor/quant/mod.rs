@@ -4,9 +4,12 @@
 //! an activation row of `T`'s [`vec_dot_type`]).
 //!
 //! Layout of the module:
-//! - [`blocks`]: the `#[repr(C)]` block structs (`block_q4_0` … `block_q8_K`);
+//! - [`blocks`]: the `#[repr(C)]` block structs (`block_q4_0` … `block_q2_0`);
 //! - `legacy`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 (32-element blocks);
 //! - `kquants`: Q2_K … Q6_K and Q8_K (256-element super-blocks);
+//! - `lowbit`: Q1_0, Q2_0, TQ1_0, TQ2_0; `fp4`: MXFP4, NVFP4;
+//! - `iquants`: the IQ formats' decoding and dequantizers, `grids` their
+//!   codebooks;
 //! - `float`: f16/bf16 conversions with ggml's rounding;
 //! - `dot`: scalar dot products (the reference);
 //! - `simd`: AVX2 dot products chosen at run time (`is_x86_feature_detected!`).
@@ -18,8 +21,12 @@
 pub mod blocks;
 mod dot;
 mod float;
+mod fp4;
+mod grids;
+mod iquants;
 mod kquants;
 mod legacy;
+mod lowbit;
 mod simd;
 
 #[cfg(test)]
@@ -128,9 +135,10 @@ fn row_bytes(ty: GgmlType, n: usize) -> Result<usize> {
 
 /// Dequantizes one packed run of `ty` into `out`: `out.len()` elements from
 /// exactly `row_size(out.len())` bytes of `src` (whole blocks). Accepts every
-/// block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K,
-/// Q6_K, Q8_K) and F32/F16/BF16. Bit-identical to ggml's
-/// `dequantize_row_*` (`ggml-quants.c`); Q8_1, which ggml cannot
+/// block type of ggml 0.25.3 (the legacy quants, the k-quants, the IQ, TQ,
+/// FP4, Q1_0 and Q2_0 formats, and the activation formats Q8_1, Q8_K) and
+/// F32/F16/BF16. Bit-identical to ggml's `dequantize_row_*`
+/// (`ggml-quants.c`) for every bit pattern; Q8_1, which ggml cannot
 /// dequantize, decodes as `d·q`.
 ///
 /// # Errors
@@ -175,9 +183,31 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
         Q5_K => kquants::dequantize_q5_k(bytemuck::cast_slice(src), y),
         Q6_K => kquants::dequantize_q6_k(bytemuck::cast_slice(src), y),
         Q8_K => kquants::dequantize_q8_k(bytemuck::cast_slice(src), y),
+        IQ2_XXS => iquants::dequantize_iq2_xxs(bytemuck::cast_slice(src), y),
+        IQ2_XS => iquants::dequantize_iq2_xs(bytemuck::cast_slice(src), y),
+        IQ2_S => iquants::dequantize_iq2_s(bytemuck::cast_slice(src), y),
+        IQ3_XXS => iquants::dequantize_iq3_xxs(bytemuck::cast_slice(src), y),
+        IQ3_S => iquants::dequantize_iq3_s(bytemuck::cast_slice(src), y),
+        IQ1_S => iquants::dequantize_iq1_s(bytemuck::cast_slice(src), y),
+        IQ1_M => iquants::dequantize_iq1_m(bytemuck::cast_slice(src), y),
+        IQ4_NL => iquants::dequantize_iq4_nl(bytemuck::cast_slice(src), y),
+        IQ4_XS => iquants::dequantize_iq4_xs(bytemuck::cast_slice(src), y),
+        TQ1_0 => lowbit::dequantize_tq1_0(bytemuck::cast_slice(src), y),
+        TQ2_0 => lowbit::dequantize_tq2_0(bytemuck::cast_slice(src), y),
+        Q1_0 => lowbit::dequantize_q1_0(bytemuck::cast_slice(src), y),
+        Q2_0 => lowbit::dequantize_q2_0(bytemuck::cast_slice(src), y),
+        MXFP4 => fp4::dequantize_mxfp4(bytemuck::cast_slice(src), y),
+        NVFP4 => fp4::dequantize_nvfp4(bytemuck::cast_slice(src), y),
         _ => return Err(Error::unsupported_type(ty, "dequantize_row has no decoder for it")),
     }
     Ok(())
+}
+
+/// True for the types ggml quantizes only with an importance matrix
+/// (`ggml_quantize_requires_imatrix`: IQ2_XXS, IQ2_XS, IQ1_S);
+/// [`quantize_chunk`] refuses them.
+pub fn quantize_requires_imatrix(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ1_S)
 }
 
 /// Work (elements) above which [`quantize_chunk`] spreads rows over the
@@ -204,6 +234,12 @@ pub fn quantize_chunk(ty: GgmlType, src: &[f32], dst: &mut [u8], nrows: usize, n
     use GgmlType::*;
     if !(ty.is_quantized() || matches!(ty, F32 | F16 | BF16)) {
         return Err(Error::unsupported_type(ty, "quantize_chunk needs a float or block-quantized type"));
+    }
+    if quantize_requires_imatrix(ty) {
+        return Err(Error::unsupported_type(
+            ty,
+            "ggml quantizes this type only with an importance matrix, which quantize_chunk does not take",
+        ));
     }
     let row = row_bytes(ty, n_per_row)?;
     let n = nrows.checked_mul(n_per_row).ok_or_else(|| mismatch("nrows · n_per_row overflows".into()))?;
