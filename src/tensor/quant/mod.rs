@@ -20,6 +20,7 @@
 
 pub mod blocks;
 mod dot;
+mod dot_iq;
 mod float;
 mod fp4;
 mod grids;
@@ -47,17 +48,19 @@ use crate::tensor::GgmlType;
 /// `Result`, and must not panic); [`vec_dot`] is the checked form.
 pub type VecDotFn = fn(n: usize, x: &[u8], y: &[u8]) -> f32;
 
-/// The activation type that weights of type `ty` are dotted against (ggml's
-/// CPU `type_traits_cpu[ty].vec_dot_type`): Q4_0/Q5_0/Q8_0 → Q8_0,
-/// Q4_1/Q5_1 → Q8_1, Q2_K…Q6_K → Q8_K, F16 → F16, BF16 → BF16, F32 → F32.
-/// Types without a dot product (Q8_1, Q8_K, integers, F64) map to
-/// themselves and have no [`vec_dot_fn`].
+/// The activation type that weights of type `ty` are dotted against (ggml
+/// 0.25.3's CPU `type_traits_cpu[ty].vec_dot_type`): Q4_0, Q5_0, Q8_0,
+/// IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0 → Q8_0; Q4_1/Q5_1 → Q8_1; the k-quants,
+/// the 256-element IQ formats and TQ1_0/TQ2_0 → Q8_K; F16 → F16, BF16 →
+/// BF16, F32 → F32. Types without a dot product (Q8_1, Q8_K, integers, F64)
+/// map to themselves and have no [`vec_dot_fn`].
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 => Q8_0,
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | MXFP4 | NVFP4 | Q1_0 | Q2_0 => Q8_0,
         Q4_1 | Q5_1 => Q8_1,
         Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Q8_K,
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M | IQ4_XS | TQ1_0 | TQ2_0 => Q8_K,
         other => other,
     }
 }
@@ -86,6 +89,21 @@ pub fn vec_dot_fn_scalar(ty: GgmlType) -> Option<VecDotFn> {
         Q4_K => dot::q4_k_row,
         Q5_K => dot::q5_k_row,
         Q6_K => dot::q6_k_row,
+        IQ2_XXS => dot_iq::iq2_xxs_row,
+        IQ2_XS => dot_iq::iq2_xs_row,
+        IQ2_S => dot_iq::iq2_s_row,
+        IQ3_XXS => dot_iq::iq3_xxs_row,
+        IQ3_S => dot_iq::iq3_s_row,
+        IQ1_S => dot_iq::iq1_s_row,
+        IQ1_M => dot_iq::iq1_m_row,
+        IQ4_NL => dot_iq::iq4_nl_row,
+        IQ4_XS => dot_iq::iq4_xs_row,
+        TQ1_0 => dot_iq::tq1_0_row,
+        TQ2_0 => dot_iq::tq2_0_row,
+        MXFP4 => dot_iq::mxfp4_row,
+        NVFP4 => dot_iq::nvfp4_row,
+        Q1_0 => dot_iq::q1_0_row,
+        Q2_0 => dot_iq::q2_0_row,
         F32 => dot::f32_row,
         F16 => dot::f16_row,
         BF16 => dot::bf16_row,
