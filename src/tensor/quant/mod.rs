@@ -9,7 +9,9 @@
 //! - `kquants`: Q2_K … Q6_K and Q8_K (256-element super-blocks);
 //! - `lowbit`: Q1_0, Q2_0, TQ1_0, TQ2_0; `fp4`: MXFP4, NVFP4;
 //! - `iquants`: the IQ formats' decoding and dequantizers, `grids` their
-//!   codebooks;
+//!   codebooks, `iq_quantize` the IQ4 quantizers and the codebook index,
+//!   `iq_search` the codebook-search quantizers (IQ3_XXS, IQ3_S, IQ2_S,
+//!   IQ1_M);
 //! - `float`: f16/bf16 conversions with ggml's rounding;
 //! - `dot`: scalar dot products (the reference);
 //! - `simd`: AVX2 dot products chosen at run time (`is_x86_feature_detected!`).
@@ -24,6 +26,8 @@ mod dot_iq;
 mod float;
 mod fp4;
 mod grids;
+mod iq_quantize;
+mod iq_search;
 mod iquants;
 mod kquants;
 mod legacy;
@@ -233,21 +237,26 @@ pub fn quantize_requires_imatrix(ty: GgmlType) -> bool {
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 
 /// Quantizes `nrows` rows of `n_per_row` values from `src` into `dst`,
-/// exactly as ggml's `ggml_quantize_chunk(ty, src, dst, 0, nrows, n_per_row,
-/// NULL)` (no importance matrix, so the `quantize_row_*_ref` quantizers):
-/// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; also the
-/// activation formats Q8_1 and Q8_K (ggml's `quantize_row_q8_1_ref`,
-/// `quantize_row_q8_K_ref`, which `ggml_quantize_chunk` itself does not
-/// accept), and F32 (copy), F16 (round to nearest even, ggml's NaN) and BF16
-/// (`ggml_fp32_to_bf16_row_ref`). Output bytes are little-endian.
+/// exactly as ggml 0.25.3's `ggml_quantize_chunk(ty, src, dst, 0, nrows,
+/// n_per_row, NULL)` (no importance matrix): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_S,
+/// IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0; also the activation formats
+/// Q8_1 and Q8_K (ggml's `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref`,
+/// which `ggml_quantize_chunk` itself does not accept), and F32 (copy), F16
+/// (round to nearest even, ggml's NaN) and BF16
+/// (`ggml_fp32_to_bf16_row_ref`). Output bytes are little-endian. Any input,
+/// NaN and infinities included, gives some bytes (where ggml's codebook
+/// searches abort on them, the bytes are this crate's own).
 ///
 /// `src.len()` must be `nrows · n_per_row` elements and `dst.len()` must be
 /// `nrows · row_size(n_per_row)` bytes. Large chunks are split by rows over
 /// the current rayon pool; the result does not depend on it.
 ///
 /// # Errors
-/// [`Error::UnsupportedType`] for types without a quantizer (integers, F64);
-/// [`Error::DataMismatch`] on wrong lengths or a row not made of whole blocks.
+/// [`Error::UnsupportedType`] for types without a quantizer (integers, F64)
+/// and for IQ2_XXS, IQ2_XS and IQ1_S, which ggml quantizes only with an
+/// importance matrix ([`quantize_requires_imatrix`]); [`Error::DataMismatch`]
+/// on wrong lengths or a row not made of whole blocks.
 pub fn quantize_chunk(ty: GgmlType, src: &[f32], dst: &mut [u8], nrows: usize, n_per_row: usize) -> Result<()> {
     use GgmlType::*;
     if !(ty.is_quantized() || matches!(ty, F32 | F16 | BF16)) {
@@ -315,6 +324,18 @@ fn quantize_run(ty: GgmlType, x: &[f32], dst: &mut [u8]) -> Result<()> {
         Q5_K => kquants::quantize_q5_k(x, bytemuck::cast_slice_mut(dst)),
         Q6_K => kquants::quantize_q6_k(x, bytemuck::cast_slice_mut(dst)),
         Q8_K => kquants::quantize_q8_k(x, bytemuck::cast_slice_mut(dst)),
+        IQ4_NL => iq_quantize::quantize_iq4_nl(x, bytemuck::cast_slice_mut(dst)),
+        IQ4_XS => iq_quantize::quantize_iq4_xs(x, bytemuck::cast_slice_mut(dst)),
+        IQ3_XXS => iq_search::quantize_iq3_xxs(x, bytemuck::cast_slice_mut(dst)),
+        IQ3_S => iq_search::quantize_iq3_s(x, bytemuck::cast_slice_mut(dst)),
+        IQ2_S => iq_search::quantize_iq2_s(x, bytemuck::cast_slice_mut(dst)),
+        IQ1_M => iq_search::quantize_iq1_m(x, bytemuck::cast_slice_mut(dst)),
+        TQ1_0 => lowbit::quantize_tq1_0(x, bytemuck::cast_slice_mut(dst)),
+        TQ2_0 => lowbit::quantize_tq2_0(x, bytemuck::cast_slice_mut(dst)),
+        Q1_0 => lowbit::quantize_q1_0(x, bytemuck::cast_slice_mut(dst)),
+        Q2_0 => lowbit::quantize_q2_0(x, bytemuck::cast_slice_mut(dst)),
+        MXFP4 => fp4::quantize_mxfp4(x, bytemuck::cast_slice_mut(dst)),
+        NVFP4 => fp4::quantize_nvfp4(x, bytemuck::cast_slice_mut(dst)),
         _ => return Err(Error::unsupported_type(ty, "quantize_chunk has no quantizer for it")),
     }
     Ok(())
