@@ -516,3 +516,63 @@ fn quant_new_types_dot_equals_dot_of_dequantized() {
         }
     }
 }
+
+/// The new types with SIMD dot kernels (the formats real files use).
+const NEW_SIMD_TYPES: [GgmlType; 9] = [IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, MXFP4, TQ2_0];
+
+#[test]
+fn quant_new_types_simd_matches_scalar() {
+    let mut rng = XorShift::new(41);
+    eprintln!("quant: dot kernels use {}", simd_isa());
+    for ty in NEW_SIMD_TYPES {
+        assert_eq!(simd::best(ty).is_some(), simd_isa() != "scalar", "{ty}: SIMD kernel");
+        let (s, f) = (vec_dot_fn_scalar(ty).unwrap(), vec_dot_fn(ty).unwrap());
+        for n in [256usize, 512, 4096, 8192] {
+            for _ in 0..3 {
+                for w in new_type_rows(ty, n, &mut rng) {
+                    let y: Vec<f32> = (0..n).map(|_| rng.normal() * 2.0).collect();
+                    let a = quantize(vec_dot_type(ty), &y);
+                    let xd = dequantize(ty, &w, n);
+                    let yd = dequantize(vec_dot_type(ty), &a, n);
+                    let mag: f64 = xd.iter().zip(&yd).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
+                    let (p, q) = (s(n, &w, &a), f(n, &w, &a));
+                    assert!(((p - q) as f64).abs() <= mag * 1e-6, "{ty} n={n}: scalar {p} simd {q} (Σ|xy| {mag})");
+                    // Unaligned buffers give the same answer.
+                    let mut wu = vec![0u8; w.len() + 1];
+                    wu[1..].copy_from_slice(&w);
+                    let mut au = vec![0u8; a.len() + 3];
+                    au[3..].copy_from_slice(&a);
+                    assert_eq!(f(n, &wu[1..], &au[3..]).to_bits(), q.to_bits(), "{ty}: unaligned");
+                    // Short rows are NaN, as for every kernel.
+                    assert!(f(n, &w[..w.len() - 1], &a).is_nan(), "{ty}: short row");
+                }
+            }
+        }
+    }
+}
+
+/// `cargo test --release --lib quant_bench_new -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn quant_bench_new_types() {
+    let mut rng = XorShift::new(3);
+    let n = 4096;
+    eprintln!("dot of {n} elements, ns per call (simd = {}); quantize one row, µs:", simd_isa());
+    for ty in NEW_TYPES {
+        let w = random_valid_blocks(ty, n, &mut rng);
+        let y: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        let a = quantize(vec_dot_type(ty), &y);
+        let s = time_dot(vec_dot_fn_scalar(ty).unwrap(), n, &w, &a);
+        let f = time_dot(vec_dot_fn(ty).unwrap(), n, &w, &a);
+        let mut tq = f64::NAN;
+        if !quantize_requires_imatrix(ty) {
+            let mut q = vec![0u8; w.len()];
+            let t = std::time::Instant::now();
+            for _ in 0..20 {
+                quantize_chunk(ty, std::hint::black_box(&y), &mut q, 1, n).unwrap();
+            }
+            tq = t.elapsed().as_secs_f64() * 1e6 / 20.0;
+        }
+        eprintln!("  {:>7}: scalar {s:>8.0}  best {f:>7.0}  speedup {:>5.1}x  quantize {tq:>9.1}", ty.name(), s / f);
+    }
+}
