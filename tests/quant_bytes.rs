@@ -12,6 +12,9 @@
 //!   NULL)` (Q8_1 and Q8_K against `quantize_row_q8_1_ref`/`_q8_K_ref`); the
 //!   types ggml quantizes only with an importance matrix (IQ2_XXS, IQ2_XS,
 //!   IQ1_S) are refused with `Error::UnsupportedType`;
+//! - `from_float` (what `cpy`/`set_rows` write) equals ggml's CPU
+//!   `from_float` for the new types (IQ4_NL's differs from its
+//!   `ggml_quantize_chunk`);
 //! - `dequantize_row` f32 bits equal ggml's `to_float`, on ggml's bytes
 //!   (for the importance-matrix types, blocks ggml made with a made-up
 //!   importance matrix) and on random bytes;
@@ -32,8 +35,8 @@
 
 use libloading::Library;
 use shardgraph::tensor::quant::{
-    dequantize_row, fp32_to_bf16_bits, fp32_to_fp16_bits, quantize_chunk, quantize_requires_imatrix, vec_dot_fn,
-    vec_dot_type,
+    dequantize_row, fp32_to_bf16_bits, fp32_to_fp16_bits, from_float, quantize_chunk, quantize_requires_imatrix,
+    vec_dot_fn, vec_dot_type,
 };
 use shardgraph::tensor::ALL_TYPES;
 use shardgraph::GgmlType::{self, *};
@@ -196,6 +199,19 @@ impl Ggml {
         }
     }
 
+    /// ggml's CPU `from_float` of one row (what its `cpy`/`set_rows` write),
+    /// or `None` where ggml's CPU has none.
+    fn cpu_from_float(&self, ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
+        let mut out = vec![0u8; ty.row_size(x.len() as i64).unwrap()];
+        // SAFETY: ggml's CPU traits table has an entry for every type id; the
+        // row function reads `x.len()` floats and writes that row's bytes.
+        unsafe {
+            let f = (*(self.type_traits_cpu)(ty.id() as c_int)).from_float?;
+            f(x.as_ptr(), out.as_mut_ptr().cast(), x.len() as i64);
+        }
+        Some(out)
+    }
+
     /// ggml's f32 values of `n` elements packed in `q`, or `None` if ggml
     /// has no dequantizer for `ty` (Q8_1).
     fn dequantize(&self, ty: GgmlType, q: &[u8], n: usize) -> Option<Vec<f32>> {
@@ -327,6 +343,9 @@ struct Row {
     quant: Option<(usize, Vec<String>)>,
     /// Dequantize cases and mismatches.
     deq: (usize, Vec<String>),
+    /// `from_float` cases and mismatches against ggml's CPU `from_float`
+    /// (`None`: not compared).
+    from_float: Option<(usize, Vec<String>)>,
     /// Largest |ours − ggml| / Σ|x·y| of the dot products (`None`: no dot).
     dot: Option<f64>,
     /// Dot products over the bound.
@@ -411,6 +430,36 @@ fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
         MXFP4 | NVFP4 | IQ1_M => &[],
         _ => &[0],
     }
+}
+
+/// The types ggml 0.15.3 lacked that ggml's CPU converts to in `cpy` and
+/// `set_rows` (its `from_float` is the reference quantizer, as this crate's
+/// [`from_float`]; for older types ggml's CPU uses x86-specific converters
+/// for Q8_0/Q8_1/Q8_K).
+const FROM_FLOAT_TYPES: [GgmlType; 8] = [IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0];
+
+/// Our [`from_float`] of one row against ggml's CPU `from_float`, on every
+/// data set: bytes equal, except IQ4_NL blocks of zeros, whose codes ggml
+/// leaves as they were in its scratch (they decode to ±0 either way).
+fn check_from_float(g: &Ggml, ty: GgmlType, row: &mut Row) {
+    let mut res = (0, Vec::new());
+    for n in [256usize, 4096] {
+        for (name, x) in datasets(n, n as u64 * 13 + ty.id() as u64) {
+            let Some(want) = g.cpu_from_float(ty, &x) else { continue };
+            res.0 += 1;
+            let mut got = vec![0u8; want.len()];
+            from_float(ty, &x, &mut got).unwrap();
+            let ts = ty.type_size();
+            let zero_block = |b: &[u8]| ty == IQ4_NL && b[..2] == [0, 0];
+            let bad = got.chunks_exact(ts).zip(want.chunks_exact(ts)).position(|(a, b)| a != b && !zero_block(b));
+            if let Some(blk) = bad {
+                res.1.push(format!("from_float {name} n={n}: block {blk} differs"));
+            } else if deq(ty, &got, n).iter().zip(&deq(ty, &want, n)).any(|(a, b)| a != b && !same_f32(*a, *b)) {
+                res.1.push(format!("from_float {name} n={n}: values differ"));
+            }
+        }
+    }
+    row.from_float = Some(res);
 }
 
 /// Random bytes of `nblocks` blocks of `ty` whose scales are finite and
@@ -545,6 +594,9 @@ fn quant_bytes_match_ggml() {
                 s.spawn(move || {
                     let mut row = Row::default();
                     check_quantize(g, ty, &mut row);
+                    if FROM_FLOAT_TYPES.contains(&ty) {
+                        check_from_float(g, ty, &mut row);
+                    }
                     check_dot(g, ty, &mut row);
                     (ty, row)
                 })
@@ -553,8 +605,12 @@ fn quant_bytes_match_ggml() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mut report = vec![format!(
-        "{:>8} | {:>28} | {:>22} | {:>26}",
-        "type", "quantize bytes = ggml", "dequantize bits = ggml", "dot: max |ours−ggml|/Σ|xy|"
+        "{:>8} | {:>28} | {:>24} | {:>22} | {:>26}",
+        "type",
+        "quantize bytes = ggml",
+        "dequantize bits = ggml",
+        "from_float = ggml CPU",
+        "dot: max |ours−ggml|/Σ|xy|"
     )];
     let mut ok = true;
     for (ty, r) in &rows {
@@ -564,18 +620,24 @@ fn quant_bytes_match_ggml() {
             }
             None => "— (needs an imatrix)".to_string(),
         };
+        let verdict = |n: usize, bad: &[String]| {
+            format!("{} ({n} cases, {} differ)", if bad.is_empty() { "yes" } else { "NO" }, bad.len())
+        };
         let (n, bad) = &r.deq;
-        let deq = format!("{} ({n} cases, {} differ)", if bad.is_empty() { "yes" } else { "NO" }, bad.len());
+        let deq = verdict(*n, bad);
+        let ff = r.from_float.as_ref().map_or("—".to_string(), |(n, b)| verdict(*n, b));
+        let ff_bad = r.from_float.as_ref().map_or(&[][..], |f| &f.1[..]);
         let dot = match r.dot {
             Some(w) => format!("{w:.2e}{}", if r.dot_bad.is_empty() { "" } else { " OVER 1e-5" }),
             None => "— (no vec_dot)".to_string(),
         };
-        report.push(format!("{:>8} | {quant:>28} | {deq:>22} | {dot:>26}", ty.name()));
+        report.push(format!("{:>8} | {quant:>28} | {deq:>24} | {ff:>22} | {dot:>26}", ty.name()));
         let quant_bad = r.quant.as_ref().map_or(&[][..], |q| &q.1[..]);
-        for m in quant_bad.iter().take(3).chain(bad.iter().take(3)).chain(r.dot_bad.iter().take(3)) {
+        let msgs = [quant_bad, &bad[..], ff_bad, &r.dot_bad[..]];
+        for m in msgs.iter().flat_map(|m| m.iter().take(3)) {
             report.push(format!("           {m}"));
         }
-        ok &= quant_bad.is_empty() && bad.is_empty() && r.dot_bad.is_empty();
+        ok &= msgs.iter().all(|m| m.is_empty());
     }
     eprintln!("quant_bytes vs ggml 0.25.3 (dot bound 1e-5):\n{}", report.join("\n"));
     assert!(ok, "mismatches against ggml (see the table above)");

@@ -121,6 +121,32 @@ pub(crate) fn quantize_iq4_nl(x: &[f32], y: &mut [BlockIQ4NL]) {
     }
 }
 
+/// `quantize_row_iq4_nl_ref` (ggml's CPU `from_float` for IQ4_NL, what its
+/// `cpy` and `set_rows` write): per block one least-squares scale for the
+/// codes chosen at scale `max / −127`, without `quantize_iq4_nl`'s ±7 scale
+/// search. An all-(near-)zero block gets scale 0 and codes 8 (ggml leaves
+/// that block's codes as they were in its scratch, which only changes bytes
+/// that decode to zero).
+pub(crate) fn quantize_iq4_nl_ref(x: &[f32], y: &mut [BlockIQ4NL]) {
+    for (xb, yb) in x.chunks_exact(QK4_NL).zip(y.iter_mut()) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax < GROUP_MAX_EPS {
+            *yb = BlockIQ4NL { d: f16_bytes(0.0), qs: [0x88; QK4_NL / 2] };
+            continue;
+        }
+        let id = 1.0 / (max / KVALUES_IQ4NL[0] as f32);
+        let (sumqx, sumq2) = iq4_sums(xb, id);
+        yb.d = f16_bytes(if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 });
+        iq4_pack(xb, id, &mut yb.qs);
+    }
+}
+
 /// `quantize_iq4_xs` without an importance matrix.
 pub(crate) fn quantize_iq4_xs(x: &[f32], y: &mut [BlockIQ4XS]) {
     for (xbl, yb) in x.chunks_exact(QK_K).zip(y.iter_mut()) {

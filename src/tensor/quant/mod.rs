@@ -290,6 +290,29 @@ pub fn quantize_chunk(ty: GgmlType, src: &[f32], dst: &mut [u8], nrows: usize, n
     }
 }
 
+/// Converts one row of `src` (whole blocks) to `ty` in `dst`, as ggml
+/// 0.25.3's CPU backend does when an op writes a tensor of that type
+/// (`cpy`, `set_rows`: `type_traits_cpu[ty].from_float`): as
+/// [`quantize_chunk`] for every type except IQ4_NL, which ggml's CPU
+/// converts with `quantize_row_iq4_nl_ref` (one scale fitted to the codes
+/// at the block maximum, without the ±7 scale search of
+/// `ggml_quantize_chunk`; a block of zeros gets codes 8, where ggml keeps
+/// stale codes that decode to zero too).
+///
+/// # Errors
+/// As [`quantize_chunk`] with one row of `src.len()` values.
+pub fn from_float(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    if ty != GgmlType::IQ4_NL {
+        return quantize_chunk(ty, src, dst, 1, src.len());
+    }
+    let want = row_bytes(ty, src.len())?;
+    if dst.len() != want {
+        return Err(mismatch(format!("from_float {ty}: {} values need {want} bytes, got {}", src.len(), dst.len())));
+    }
+    iq_quantize::quantize_iq4_nl_ref(src, bytemuck::cast_slice_mut(dst));
+    Ok(())
+}
+
 /// Quantizes a run of whole blocks (lengths already checked).
 ///
 /// # Errors
