@@ -27,7 +27,8 @@
 //! codebook-search quantizers, so those inputs are not given to it for
 //! IQ3_XXS, IQ3_S, IQ2_S, IQ1_M and the importance-matrix types.
 //!
-//! The library is found through `GGML_LIB_DIR`, else
+//! The library is found through `GGML_0_25_LIB_DIR` (not `GGML_LIB_DIR`,
+//! which points the op suite at its ggml 0.15.3), else
 //! `<repo>/.venv/lib/python3*/site-packages/llama_cpp/lib`. Without it each
 //! test prints `quant_bytes: SKIPPED: …` and passes, unless
 //! `SHARDGRAPH_REQUIRE_GGML` is set (as `.ci/run` does): then a missing
@@ -86,7 +87,7 @@ struct Ggml {
 }
 
 fn lib_dir() -> Result<PathBuf, String> {
-    if let Ok(d) = std::env::var("GGML_LIB_DIR") {
+    if let Ok(d) = std::env::var("GGML_0_25_LIB_DIR") {
         return Ok(PathBuf::from(d));
     }
     let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
@@ -111,8 +112,9 @@ fn try_load() -> Result<Ggml, String> {
     // ggml-cpu.h / ggml-quants.h of ggml 0.25.3, and the libraries outlive
     // the pointers (they are kept in the returned struct).
     unsafe {
-        let base = Library::new(&base_path).map_err(|e| format!("{}: {e}", base_path.display()))?;
-        let cpu = Library::new(&cpu_path).map_err(|e| format!("{}: {e}", cpu_path.display()))?;
+        // libloading's errors name the file.
+        let base = Library::new(&base_path).map_err(|e| e.to_string())?;
+        let cpu = Library::new(&cpu_path).map_err(|e| e.to_string())?;
         macro_rules! sym {
             ($lib:ident, $name:literal) => {
                 *$lib.get(concat!($name, "\0").as_bytes()).map_err(|e| format!("symbol {}: {e}", $name))?
@@ -120,6 +122,11 @@ fn try_load() -> Result<Ggml, String> {
         }
         let cpu_init: unsafe extern "C" fn() = sym!(cpu, "ggml_cpu_init");
         cpu_init();
+        let version: unsafe extern "C" fn() -> *const c_char = sym!(base, "ggml_version");
+        let v = CStr::from_ptr(version()).to_string_lossy().into_owned();
+        if v != "0.25.3" {
+            return Err(format!("{} is ggml {v}, not 0.25.3", base_path.display()));
+        }
         Ok(Ggml {
             quantize_chunk: sym!(base, "ggml_quantize_chunk"),
             requires_imatrix: sym!(base, "ggml_quantize_requires_imatrix"),
