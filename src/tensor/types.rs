@@ -55,7 +55,7 @@ pub enum GgmlType {
     /// 3-bit group scales and a ±1/8 shift. Quantized only with an importance matrix.
     IQ1_S = 19,
     /// 32 elements, 18 bytes: f16 `d`, 16 bytes of 4-bit indices into the non-linear
-    /// `kvalues_iq4nl` table (x = d·kvalues[q]).
+    /// `kvalues_iq4nl` table (`x = d·kvalues[q]`).
     IQ4_NL = 20,
     /// 256 elements, 110 bytes: f16 `d`, 9-bit `iq3s_grid` indices (64 + 8 bytes), 32 bytes of
     /// signs, 4 bytes of 4-bit scales.
