@@ -372,8 +372,12 @@ fn iq1_best_neighbour(index: &GridIndex<8>, list: &[u16], x: &[f32], w: &[f32], 
 /// ranks (0, 1, 2) per weight, the scale and the shift code, or `None`
 /// when no split fits.
 fn iq1m_split(xb: &[f32], weight: &[f32; 16]) -> Option<([i8; 16], f32, u8)> {
+    // Ascending, ties (±0 included) in index order, as ggml's stable
+    // `qsort` with a `<`/`>` comparator; NaNs go to the ends (ggml's order
+    // for them is arbitrary) so the order stays total.
+    let key = |v: f32| if v == 0.0 { 0.0 } else { v };
     let mut order: [usize; 16] = std::array::from_fn(|j| j);
-    order.sort_by(|&a, &b| xb[a].partial_cmp(&xb[b]).unwrap_or(std::cmp::Ordering::Equal));
+    order.sort_by(|&a, &b| key(xb[a]).total_cmp(&key(xb[b])));
     let (mut px, mut pw) = ([[0f32; 17]; 2], [[0f32; 17]; 2]);
     for (j, &i) in order.iter().enumerate() {
         let h = usize::from(i >= 8);

@@ -518,7 +518,8 @@ fn quant_new_types_dot_equals_dot_of_dequantized() {
 }
 
 /// The new types with SIMD dot kernels (the formats real files use).
-const NEW_SIMD_TYPES: [GgmlType; 9] = [IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, MXFP4, TQ2_0];
+const NEW_SIMD_TYPES: [GgmlType; 11] =
+    [IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, MXFP4, TQ2_0];
 
 #[test]
 fn quant_new_types_simd_matches_scalar() {

@@ -1,6 +1,6 @@
 //! AVX2 + FMA + F16C dot products of the formats real files use beyond the
 //! k-quants: IQ4_NL, MXFP4 (against Q8_0), IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS,
-//! IQ2_XS, IQ2_S and TQ2_0 (against Q8_K). Selected at run time like the
+//! IQ2_XS, IQ2_S, IQ1_S, IQ1_M and TQ2_0 (against Q8_K). Selected at run time like the
 //! kernels in `avx2.rs`, whose entry points, loads and helpers they share
 //! (same safety argument: the only precondition of the `unsafe fn`s is the
 //! CPU features, and every load reads a fixed-size block field or a
@@ -20,7 +20,7 @@ use super::super::dot::blocks_for;
 use super::super::dot_iq;
 use super::super::fp4::e8m0_to_f32_half;
 use super::super::grids::*;
-use super::super::iquants::{iq4xs_scale, le32, KSIGNS};
+use super::super::iquants::{iq4xs_scale, le16, le32, IQ1_DELTA, KSIGNS};
 use super::avx2::{available, dot_i8_i8, entry, f16, hsum_ps, load16, load32, load32_at, sum_blocks};
 use crate::tensor::GgmlType;
 use std::arch::x86_64::*;
@@ -38,6 +38,8 @@ pub(super) fn kernel(ty: GgmlType) -> Option<crate::tensor::quant::VecDotFn> {
         IQ2_XS => iq2_xs_row,
         IQ2_S => iq2_s_row,
         TQ2_0 => tq2_0_row,
+        IQ1_S => iq1_s_row,
+        IQ1_M => iq1_m_row,
         _ => return None,
     })
 }
@@ -51,6 +53,8 @@ entry!(iq2_xxs_row, iq2_xxs_q8_k, dot_iq::iq2_xxs_q8_k, BlockIQ2XXS, BlockQ8K);
 entry!(iq2_xs_row, iq2_xs_q8_k, dot_iq::iq2_xs_q8_k, BlockIQ2XS, BlockQ8K);
 entry!(iq2_s_row, iq2_s_q8_k, dot_iq::iq2_s_q8_k, BlockIQ2S, BlockQ8K);
 entry!(tq2_0_row, tq2_0_q8_k, dot_iq::tq2_0_q8_k, BlockTQ2_0, BlockQ8K);
+entry!(iq1_s_row, iq1_s_q8_k, dot_iq::iq1_s_q8_k, BlockIQ1S, BlockQ8K);
+entry!(iq1_m_row, iq1_m_q8_k, dot_iq::iq1_m_q8_k, BlockIQ1M, BlockQ8K);
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -399,6 +403,104 @@ unsafe fn tq2_0_q8_k(x: &[BlockTQ2_0], y: &[BlockQ8K]) -> f32 {
                 }
             }
             acc = _mm256_fmadd_ps(_mm256_set1_ps(b.scale() * f16(a.d)), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps(acc)
+    }
+}
+
+/// `Σ x·y` of signed bytes in pairs (`|x| ≤ 127`), times the i16 `scales`
+/// per pair lane, as 8 i32.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C (only called from the `#[target_feature]` kernels
+/// below).
+#[inline(always)]
+unsafe fn dot_i8_scaled(x: __m256i, y: __m256i, scales: __m256i) -> __m256i {
+    // SAFETY: the CPU supports AVX2, FMA and F16C (this helper's `# Safety` contract);
+    // register-only integer arithmetic, no memory access.
+    unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), scales) }
+}
+
+/// Eight bytes of +1, or of −1 when `neg`.
+#[inline(always)]
+fn ones8(neg: bool) -> i64 {
+    if neg {
+        -1
+    } else {
+        0x0101_0101_0101_0101
+    }
+}
+
+/// IQ1_S · Q8_K: grid values (−1, 0, 1) dotted signed; the ±1/8 shifts
+/// through the Q8_K block sums, as ggml does.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1_s_q8_k(x: &[BlockIQ1S], y: &[BlockQ8K]) -> f32 {
+    // SAFETY: AVX2, FMA and F16C were detected (`available()`, checked by the safe wrapper from
+    // `entry!`); blocks come from a safe `zip`, grid entries are indexed (bounds-checked) table
+    // reads, and the activation loads are bounds-checked subslices of the `qs` arrays.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut shift = 0f32;
+        for (a, b) in x.iter().zip(y) {
+            let mut sumi = _mm256_setzero_si256();
+            let mut sumi1 = 0i32;
+            for g in 0..QK_K / 32 {
+                let qh = le16(&a.qh, 2 * g) as usize;
+                let grid = |l: usize| IQ1S_GRID[a.qs[4 * g + l] as usize | (((qh >> (3 * l)) & 7) << 8)] as i64;
+                let gv = _mm256_set_epi64x(grid(3), grid(2), grid(1), grid(0));
+                let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+                sumi =
+                    _mm256_add_epi32(sumi, dot_i8_scaled(gv, load32_at(&b.qs, 32 * g), _mm256_set1_epi16(ls as i16)));
+                let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+                sumi1 += ls * delta * (b.bsum(2 * g) as i32 + b.bsum(2 * g + 1) as i32);
+            }
+            let d = f16(a.d) * b.scale();
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            shift += d * (IQ1_DELTA * sumi1 as f32);
+        }
+        hsum_ps(acc) + shift
+    }
+}
+
+/// IQ1_M · Q8_K: grid values dotted signed with per-16 scales; the ±1/8
+/// shifts as ±1 bytes per 8 dotted with the activations.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1_m_q8_k(x: &[BlockIQ1M], y: &[BlockQ8K]) -> f32 {
+    // SAFETY: AVX2, FMA and F16C were detected (`available()`, checked by the safe wrapper from
+    // `entry!`); blocks come from a safe `zip`, grid entries are indexed (bounds-checked) table
+    // reads, and the activation loads are bounds-checked subslices of the `qs` arrays.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for (a, b) in x.iter().zip(y) {
+            let sc: [u16; 4] = std::array::from_fn(|k| le16(&a.scales, 2 * k));
+            let d_bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+            let (mut sumi1, mut sumi2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for g in 0..QK_K / 32 {
+                let qh = [a.qh[2 * g] as usize, a.qh[2 * g + 1] as usize];
+                let idx = |l: usize| a.qs[4 * g + l] as usize | ((qh[l / 2] << (8 - 4 * (l % 2))) & 0x700);
+                let gv = _mm256_set_epi64x(
+                    IQ1S_GRID[idx(3)] as i64,
+                    IQ1S_GRID[idx(2)] as i64,
+                    IQ1S_GRID[idx(1)] as i64,
+                    IQ1S_GRID[idx(0)] as i64,
+                );
+                let neg = |l: usize| qh[l / 2] & (0x08 << (4 * (l % 2))) != 0;
+                let dv = _mm256_set_epi64x(ones8(neg(3)), ones8(neg(2)), ones8(neg(1)), ones8(neg(0)));
+                let s = sc[g / 2] as i32 >> (6 * (g % 2));
+                let scales = halves_i16(2 * (s & 7) + 1, 2 * ((s >> 3) & 7) + 1);
+                let q8 = load32_at(&b.qs, 32 * g);
+                sumi1 = _mm256_add_epi32(sumi1, dot_i8_scaled(gv, q8, scales));
+                sumi2 = _mm256_add_epi32(sumi2, dot_i8_scaled(dv, q8, scales));
+            }
+            let d = f16(d_bits.to_le_bytes()) * b.scale();
+            let sum = _mm256_fmadd_ps(_mm256_set1_ps(IQ1_DELTA), _mm256_cvtepi32_ps(sumi2), _mm256_cvtepi32_ps(sumi1));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), sum, acc);
         }
         hsum_ps(acc)
     }
