@@ -182,13 +182,28 @@ enum sg_type {
     SG_TYPE_Q5_K = 13,
     SG_TYPE_Q6_K = 14,
     SG_TYPE_Q8_K = 15,
+    SG_TYPE_IQ2_XXS = 16,
+    SG_TYPE_IQ2_XS = 17,
+    SG_TYPE_IQ3_XXS = 18,
+    SG_TYPE_IQ1_S = 19,
+    SG_TYPE_IQ4_NL = 20,
+    SG_TYPE_IQ3_S = 21,
+    SG_TYPE_IQ2_S = 22,
+    SG_TYPE_IQ4_XS = 23,
     SG_TYPE_I8 = 24,
     SG_TYPE_I16 = 25,
     SG_TYPE_I32 = 26,
     SG_TYPE_I64 = 27,
     SG_TYPE_F64 = 28,
+    SG_TYPE_IQ1_M = 29,
     SG_TYPE_BF16 = 30,
-    /** ggml 0.15.3's GGML_TYPE_COUNT: ids outside 0..SG_TYPE_COUNT-1 are
+    SG_TYPE_TQ1_0 = 34,
+    SG_TYPE_TQ2_0 = 35,
+    SG_TYPE_MXFP4 = 39,
+    SG_TYPE_NVFP4 = 40,
+    SG_TYPE_Q1_0 = 41,
+    SG_TYPE_Q2_0 = 42,
+    /** ggml 0.25.3's GGML_TYPE_COUNT: ids outside 0..SG_TYPE_COUNT-1 are
      *  SG_ERR_INVALID_ARGUMENT; ggml ids not listed above SG_ERR_UNSUPPORTED. */
     SG_TYPE_COUNT = 43
 };

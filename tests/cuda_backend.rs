@@ -284,6 +284,36 @@ fn attention_sinks_on_the_device_equal_the_cpu() {
     assert!(d.stats().host_nodes.is_empty(), "sinks ran on the host: {:?}", d.stats().host_nodes);
 }
 
+/// The block types of ggml 0.25.3 that the device kernels do not read yet
+/// (IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0) as weights of `mul_mat` and
+/// sources of a `cpy` to F32 on a device: those nodes run on the host with
+/// the CPU kernels, counted in the stats, and give the CPU's results.
+#[test]
+fn new_block_types_on_a_device_run_on_the_host() {
+    use GgmlType::*;
+    let Some(mut devs) = devices(1) else { return };
+    let d = devs.remove(0);
+    for ty in [IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0] {
+        let mut ctx = Context::new();
+        let (k, m, n) = (256i64, 6i64, 3i64);
+        let w = ctx.new_tensor(ty, &[k, m]).unwrap();
+        let x = ctx.new_tensor(GgmlType::F32, &[k, n]).unwrap();
+        let y = ctx.mul_mat(w, x).unwrap();
+        let rows = ctx.cast(w, GgmlType::F32).unwrap();
+        let leafs = vec![
+            (w, decode::values((k * m) as usize, 3 + ty.id() as u64, 1.0, 0.0)),
+            (x, decode::values((k * n) as usize, 5, 1.0, 0.0)),
+        ];
+        let cpu = shardgraph::CpuBackend::with_threads(2).unwrap();
+        let want = run_graph(&cpu, &ctx, &leafs, &[y, rows]);
+        let got = run_graph(&d, &ctx, &leafs, &[y, rows]);
+        assert_eq!(got, want, "{ty}: device (host fallback) differs from the CPU");
+    }
+    let host = d.stats().host_nodes;
+    println!("cuda_backend: host nodes of the new block types: {host:?}");
+    assert!(host.keys().any(|op| op.contains("mul_mat")), "host nodes: {host:?}");
+}
+
 /// Speculative decoding on the `qwen35` hybrid target with its gated
 /// delta-net layers on 2 CUDA devices (tensor split 1:1): MTP drafting with
 /// device-side recurrent snapshots (each draft's last token spoilt, so

@@ -19,7 +19,7 @@ pub type sg_tensor = u64;
 /// `SG_TENSOR_NONE`: no tensor (optional operands).
 pub const SG_TENSOR_NONE: sg_tensor = 0;
 
-/// ggml's `GGML_TYPE_COUNT` (ggml 0.15.3): type ids at or past it, or
+/// ggml's `GGML_TYPE_COUNT` (ggml 0.15.3 and 0.25.3 alike): type ids at or past it, or
 /// negative, are argument errors; ids below it that this crate does not
 /// implement are `SG_ERR_UNSUPPORTED`.
 pub const GGML_TYPE_COUNT: i32 = 43;
@@ -1094,10 +1094,13 @@ mod tests {
         assert_eq!(ggml_type(8).unwrap(), GgmlType::Q8_0);
         assert!(matches!(ggml_type(-1), Err(Fail::Arg(_))));
         assert!(matches!(ggml_type(GGML_TYPE_COUNT), Err(Fail::Arg(_))));
-        // Q4_2 (4) was removed from ggml; MXFP4 (39) is not implemented.
-        for id in [4, 39] {
+        // Q4_2 (4) and Q4_0_4_4 (31) were removed from ggml; MXFP4 (39) and
+        // Q2_0 (42), ggml 0.25.3's, are implemented.
+        for id in [4, 31] {
             assert!(matches!(ggml_type(id), Err(Fail::Core(shardgraph::Error::UnsupportedType { .. }))));
         }
+        assert_eq!(ggml_type(39).unwrap(), GgmlType::MXFP4);
+        assert_eq!(ggml_type(42).unwrap(), GgmlType::Q2_0);
     }
 
     #[test]

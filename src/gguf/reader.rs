@@ -193,29 +193,18 @@ const MIN_KV_BYTES: usize = 8 + 4 + 1;
 /// Smallest encoding of a tensor info: empty name, 0 dims, type, offset.
 const MIN_TENSOR_INFO_BYTES: usize = 8 + 4 + 4 + 8;
 
-/// Name of a ggml type id this crate does not implement, for messages.
+/// Name of a ggml type id this crate does not implement (the ids ggml
+/// removed; every other type of ggml 0.25.3 is a [`GgmlType`]), for messages.
 fn ggml_type_name_of(id: u32) -> Option<&'static str> {
     Some(match id {
         4 => "q4_2 (removed from ggml)",
         5 => "q4_3 (removed from ggml)",
-        16 => "iq2_xxs",
-        17 => "iq2_xs",
-        18 => "iq3_xxs",
-        19 => "iq1_s",
-        20 => "iq4_nl",
-        21 => "iq3_s",
-        22 => "iq2_s",
-        23 => "iq4_xs",
-        29 => "iq1_m",
         31 => "q4_0_4_4 (removed from GGUF)",
         32 => "q4_0_4_8 (removed from GGUF)",
         33 => "q4_0_8_8 (removed from GGUF)",
-        34 => "tq1_0",
-        35 => "tq2_0",
         36 => "iq4_nl_4_4 (removed from GGUF)",
         37 => "iq4_nl_4_8 (removed from GGUF)",
         38 => "iq4_nl_8_8 (removed from GGUF)",
-        39 => "mxfp4",
         _ => return None,
     })
 }

@@ -28,10 +28,10 @@ pub(crate) fn divides(d: i64, n: i64) -> bool {
 
 /// K/V element types the CPU attention kernel reads: the float types and the
 /// block types that have a dot product against an activation format in
-/// ggml's CPU backend (`vec_dot` in `type_traits_cpu`).
+/// ggml's CPU backend (`vec_dot` in `type_traits_cpu`:
+/// [`crate::tensor::quant::vec_dot_fn`]).
 pub(crate) fn kv_type_supported(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+    crate::tensor::quant::vec_dot_fn_scalar(ty).is_some()
 }
 
 fn rows_packed(t: &Tensor) -> bool {
@@ -44,7 +44,8 @@ impl Context {
     /// Operands (ggml order, `ne[0]` first):
     /// * `q`: F32 `[D, n_q, H, B]`;
     /// * `k`: `[D, n_kv, H_kv, B]`, F32, F16, BF16 or a block type with a CPU
-    ///   dot product (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K); `H % H_kv == 0`;
+    ///   dot product (every block type but Q8_1/Q8_K: Q4_0..Q8_0, Q2_K..Q6_K,
+    ///   IQ4_NL and the other formats of ggml 0.25.3); `H % H_kv == 0`;
     /// * `v`: `[D_v, n_kv, H_v, B]` of one of the same types (may differ from
     ///   K's type and head size); `H % H_v == 0`;
     /// * `mask` (optional): F16, contiguous, `[≥ n_kv, ≥ n_q, M2, M3]` with
@@ -179,7 +180,7 @@ impl Context {
                     OP,
                     name,
                     format!(
-                        "type {} is not supported for K/V (F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K); {}",
+                        "type {} is not supported for K/V (F32, F16, BF16 or a block type with a dot product); {}",
                         t.ty,
                         shapes()
                     ),

@@ -344,10 +344,12 @@ impl Context {
     /// (same shape and strides as `b`); sources are `[a, b]`.
     ///
     /// Supported conversions (the CPU backend's): F32/F16/BF16 to any of
-    /// F32/F16/BF16 and to the block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-    /// Q2_K..Q6_K (from an F32 source, rows of whole blocks, `b`
-    /// row-contiguous); any type to F32 (dequantized); I32 ↔ F32; and
-    /// same-type copies between arbitrary layouts (block types block by block).
+    /// F32/F16/BF16 and to the block types (all but Q8_1, Q8_K and the
+    /// importance-matrix types IQ2_XXS, IQ2_XS, IQ1_S; rows of whole blocks,
+    /// `b` row-contiguous, converted as ggml's CPU `from_float` does:
+    /// [`crate::tensor::quant::from_float`]); any block type to F32
+    /// (dequantized); I32 ↔ F32; and same-type copies between arbitrary
+    /// layouts (block types block by block).
     ///
     /// # Errors
     /// [`Error::InvalidOperand`] for different element counts, a conversion
@@ -423,8 +425,8 @@ impl Context {
 
     /// Scatters the F32 rows of `b` into `a` at indices `c`
     /// (`ggml_set_rows`): `a` `[ne0, n_dst, ne2, ne3]` is the destination
-    /// (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K; each row is
-    /// converted/quantized whole with the reference quantizer), `b`
+    /// (F32, F16, BF16 or a block type `cpy` can write; each row is
+    /// converted/quantized whole as by `cpy`), `b`
     /// `[ne0, n, ne2, ne3]`, `c` I64 or I32 `[n, c2, c3]` with `ne2 % c2 ==
     /// 0`, `ne3 % c3 == 0` (indices broadcast over dims 2, 3). Effect:
     /// `a[:, c[i, j % c2, k % c3], j, k] = b[:, i, j, k]`. The result is a
@@ -444,7 +446,7 @@ impl Context {
         let tc = self.operand(c, "set_rows", "src1")?;
         let shapes = || format!("dst {}, src0 {}, indices {}", ta.describe(), tb.describe(), tc.describe());
         use GgmlType::*;
-        if !matches!(ta.ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) {
+        if !(matches!(ta.ty, F32 | F16 | BF16) || quantizable(ta.ty)) {
             return Err(Error::operand(
                 "set_rows",
                 "dst",
@@ -607,6 +609,15 @@ impl Context {
     }
 }
 
+/// Block types a row of F32 values can be converted to
+/// ([`crate::tensor::quant::from_float`]): every block type except the
+/// activation formats Q8_1/Q8_K and the types ggml quantizes only with an
+/// importance matrix (IQ2_XXS, IQ2_XS, IQ1_S).
+pub(crate) fn quantizable(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    ty.is_quantized() && !matches!(ty, Q8_1 | Q8_K) && !crate::tensor::quant::quantize_requires_imatrix(ty)
+}
+
 /// The conversion rules of `cpy` (and of `set_rows` destinations).
 pub(crate) fn cpy_supported(src: GgmlType, dst: GgmlType) -> bool {
     use GgmlType::*;
@@ -616,7 +627,7 @@ pub(crate) fn cpy_supported(src: GgmlType, dst: GgmlType) -> bool {
     let float = |t: GgmlType| matches!(t, F32 | F16 | BF16);
     match (src, dst) {
         (s, d) if float(s) && float(d) => true,
-        (F32 | F16 | BF16, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) => true,
+        (F32 | F16 | BF16, d) if quantizable(d) => true,
         (s, F32) if s.is_quantized() && s != Q8_1 && s != Q8_K => true,
         (I32, F32) | (F32, I32) => true,
         _ => false,
@@ -828,6 +839,111 @@ mod tests {
         let (res, st) = run(&ctx, &[r], fill([2, 0, 2]));
         res.unwrap();
         assert_eq!(st.get_f32(&ctx, r).unwrap(), vec![3.0, 4.0, -1.0, -1.0, 5.0, 6.0]);
+    }
+
+    /// Rows of `ty` (`k` elements each): quantized data where this crate
+    /// quantizes the type, else random bytes with a sane f16 scale at the
+    /// front of each block (the importance-matrix types keep it there).
+    fn rows_of(ty: GgmlType, k: usize, rows: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+        let mut s = seed;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let vals: Vec<f32> = (0..k * rows).map(|_| (next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect();
+        let mut bytes = vec![0u8; rows * ty.row_size(k as i64).unwrap()];
+        if crate::tensor::quant::quantize_requires_imatrix(ty) {
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = (next() >> (8 * (i % 4))) as u8;
+            }
+            let d = crate::tensor::quant::fp32_to_fp16_bits(0.01).to_le_bytes();
+            for blk in bytes.chunks_exact_mut(ty.type_size()) {
+                blk[..2].copy_from_slice(&d);
+            }
+        } else {
+            crate::tensor::quant::quantize_chunk(ty, &vals, &mut bytes, rows, k).unwrap();
+        }
+        (bytes, vals)
+    }
+
+    /// `get_rows`, `cpy` to and from F32, `set_rows` and a strided `cont` of
+    /// every type of ggml 0.25.3 that 0.15.3 lacked, on the CPU backend,
+    /// against `dequantize_row` / `from_float` of the same rows.
+    #[test]
+    fn data_ops_of_the_new_block_types() {
+        use crate::tensor::quant::{dequantize_row, from_float};
+        let types = [
+            IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0,
+            Q2_0,
+        ];
+        for ty in types {
+            let (k, rows) = (256usize, 5usize);
+            let rb = ty.row_size(k as i64).unwrap();
+            let (table_bytes, vals) = rows_of(ty, k, rows, 0x5eed ^ ty.id() as u64);
+            let deq = |bytes: &[u8]| {
+                let mut y = vec![0f32; bytes.len() / ty.type_size() * ty.block_size()];
+                dequantize_row(ty, bytes, &mut y).unwrap();
+                y
+            };
+            let mut ctx = Context::new();
+            let table = ctx.new_tensor_2d(ty, k as i64, rows as i64).unwrap();
+            let idx = ctx.new_tensor_1d(I32, 4).unwrap();
+            let got = ctx.get_rows(table, idx).unwrap();
+            let f = ctx.new_tensor_2d(F32, k as i64, rows as i64).unwrap();
+            let to_f32 = ctx.cpy(table, f).unwrap();
+            // A permuted view of the table made contiguous: whole blocks move.
+            let t3 = ctx.reshape_3d(table, k as i64, 1, rows as i64).unwrap();
+            let p = ctx.permute(t3, [0, 2, 1, 3]).unwrap();
+            let dup = ctx.cont(p).unwrap();
+            let mut outs = vec![got, to_f32, dup];
+            // F32 → ty by cpy (5 rows) and by set_rows (3 rows into 3, permuted).
+            let src = ctx.new_tensor_2d(F32, k as i64, rows as i64).unwrap();
+            let back = ctx.new_tensor_2d(ty, k as i64, rows as i64).unwrap();
+            let src3 = ctx.new_tensor_2d(F32, k as i64, 3).unwrap();
+            let idx3 = ctx.new_tensor_1d(I32, 3).unwrap();
+            let dst = ctx.new_tensor_2d(ty, k as i64, 3).unwrap();
+            let quantizable = super::quantizable(ty);
+            if quantizable {
+                let back = ctx.cpy(src, back).unwrap();
+                let scat = ctx.set_rows(dst, src3, idx3).unwrap();
+                outs.extend([back, scat]);
+            } else {
+                expect_operand(ctx.cpy(src, back), "cpy", "no conversion");
+                expect_operand(ctx.set_rows(dst, src3, idx3), "set_rows", "destination type");
+            }
+            let ids = [3i32, 0, 4, 1];
+            let (res, st) = run(&ctx, &outs, |st| {
+                st.set_bytes(&ctx, table, 0, &table_bytes)?;
+                st.set_i32(&ctx, idx, &ids)?;
+                st.set_f32(&ctx, src, &vals)?;
+                st.set_f32(&ctx, src3, &vals[..3 * k])?;
+                st.set_i32(&ctx, idx3, &[2, 0, 1])?;
+                st.set_bytes(&ctx, dst, 0, &vec![0u8; 3 * rb])
+            });
+            res.unwrap_or_else(|e| panic!("{ty}: {e}"));
+            let all = deq(&table_bytes);
+            let want: Vec<f32> = ids.iter().flat_map(|&i| all[i as usize * k..(i as usize + 1) * k].to_vec()).collect();
+            assert_eq!(st.get_f32(&ctx, got).unwrap(), want, "{ty}: get_rows");
+            assert_eq!(st.get_f32(&ctx, to_f32).unwrap(), all, "{ty}: cpy to f32");
+            let bytes_of = |id: TensorId, n: usize| {
+                let mut b = vec![0u8; n * rb];
+                st.get_bytes(&ctx, id, 0, &mut b).unwrap();
+                b
+            };
+            assert_eq!(bytes_of(dup, rows), table_bytes, "{ty}: cont of a permuted view");
+            if quantizable {
+                let mut want = vec![0u8; rows * rb];
+                for (x, q) in vals.chunks_exact(k).zip(want.chunks_exact_mut(rb)) {
+                    from_float(ty, x, q).unwrap();
+                }
+                assert_eq!(bytes_of(back, rows), want, "{ty}: cpy from f32");
+                let scattered: Vec<u8> =
+                    [1usize, 2, 0].iter().flat_map(|&r| want[r * rb..(r + 1) * rb].to_vec()).collect();
+                assert_eq!(bytes_of(dst, 3), scattered, "{ty}: set_rows");
+            }
+        }
     }
 
     #[test]

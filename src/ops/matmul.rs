@@ -12,10 +12,10 @@ use crate::ops::Op;
 use crate::tensor::{GgmlType, Tensor, TensorId};
 
 /// Weight types the matrix product accepts as `a` (ggml's CPU types with a
-/// `vec_dot`): F32, F16, BF16, the 32-element quants and the k-quants.
+/// `vec_dot`): F32, F16, BF16 and every block format except the activation
+/// formats Q8_1 and Q8_K ([`crate::tensor::quant::vec_dot_fn`] exists).
 pub(crate) fn mul_mat_weight_type_ok(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+    crate::tensor::quant::vec_dot_fn_scalar(ty).is_some()
 }
 
 /// Activation types accepted as `b` for weights of type `wt`: F32 always
@@ -33,7 +33,7 @@ fn check_weights(op: &'static str, operand: &'static str, a: &Tensor) -> Result<
             op,
             operand,
             format!(
-                "{}: weights must be f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0 or a k-quant (q2_K..q6_K)",
+                "{}: weights must be f32, f16, bf16 or a block type with a dot product (not q8_1, q8_K)",
                 a.describe()
             ),
         ));
@@ -93,13 +93,14 @@ impl Context {
     /// `result[m, n, i2, i3] = Σ_k a[k, m, i2 / (ne12/ne02), i3 / (ne13/ne03)] · b[k, n, i2, i3]`
     /// (`a` is broadcast over dims 2 and 3).
     ///
-    /// `a` may be F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q2_K..Q6_K,
-    /// with packed rows but any strides for dims 1..3 (e.g. a permuted K cache).
+    /// `a` may be F32, F16, BF16 or any block type but Q8_1/Q8_K (Q4_0..Q8_0,
+    /// Q2_K..Q6_K, the IQ, TQ and FP4 formats, Q1_0, Q2_0), with packed rows
+    /// but any strides for dims 1..3 (e.g. a permuted K cache).
     /// `b` is F32 (F16/BF16 are also accepted when `a` has that type) with any
     /// strides, transposed included. As in ggml's CPU backend, `b` is first
     /// rounded to the weights' dot type (F16 for F16 weights, Q8_0/Q8_1/Q8_K
-    /// for quantized weights), so quantized products carry activation
-    /// quantization error.
+    /// for quantized weights: [`crate::tensor::quant::vec_dot_type`]), so
+    /// quantized products carry activation quantization error.
     ///
     /// # Errors
     /// [`Error::InvalidOperand`] (op `"mul_mat"`) for a foreign operand,

@@ -41,6 +41,31 @@ pub enum GgmlType {
     Q6_K = 14,
     /// 256-element: f32 `d`, 256 × i8, 16 × i16 block sums. Activation format for k-quant dots.
     Q8_K = 15,
+    /// 256 elements, 66 bytes: f16 `d`, 32 × u16 of grid indices (8 × 8-element points of
+    /// `iq2xxs_grid`), 7-bit sign patterns and 4-bit group scales. Quantized only with an
+    /// importance matrix.
+    IQ2_XXS = 16,
+    /// 256 elements, 74 bytes: f16 `d`, 32 × u16 (9-bit `iq2xs_grid` index + 7 sign bits),
+    /// 8 bytes of 4-bit scales. Quantized only with an importance matrix.
+    IQ2_XS = 17,
+    /// 256 elements, 98 bytes: f16 `d`, 64 bytes of `iq3xxs_grid` indices (4-element
+    /// points), 8 × u32 of signs and 4-bit group scales.
+    IQ3_XXS = 18,
+    /// 256 elements, 50 bytes: f16 `d`, 32 bytes + 8 × u16 of 11-bit `iq1s_grid` indices,
+    /// 3-bit group scales and a ±1/8 shift. Quantized only with an importance matrix.
+    IQ1_S = 19,
+    /// 32 elements, 18 bytes: f16 `d`, 16 bytes of 4-bit indices into the non-linear
+    /// `kvalues_iq4nl` table (`x = d·kvalues[q]`).
+    IQ4_NL = 20,
+    /// 256 elements, 110 bytes: f16 `d`, 9-bit `iq3s_grid` indices (64 + 8 bytes), 32 bytes of
+    /// signs, 4 bytes of 4-bit scales.
+    IQ3_S = 21,
+    /// 256 elements, 82 bytes: f16 `d`, 10-bit `iq2s_grid` indices (32 + 8 bytes), 32 bytes of
+    /// signs, 8 bytes of 4-bit scales.
+    IQ2_S = 22,
+    /// 256 elements, 136 bytes: f16 `d`, 6-bit scales of the 8 groups of 32 (u16 high bits +
+    /// 4 bytes low nibbles), 128 bytes of 4-bit `kvalues_iq4nl` indices.
+    IQ4_XS = 23,
     /// Signed 8-bit integer.
     I8 = 24,
     /// Signed 16-bit integer.
@@ -51,12 +76,31 @@ pub enum GgmlType {
     I64 = 27,
     /// IEEE binary64.
     F64 = 28,
+    /// 256 elements, 56 bytes: 11-bit `iq1s_grid` indices with per-8 shifts, 3-bit group
+    /// scales, and the f16 super-block scale spread over the scales' top nibbles.
+    IQ1_M = 29,
     /// bfloat16 (upper half of an f32).
     BF16 = 30,
+    /// 256 elements, 54 bytes: ternary (−1, 0, 1)·d, five trits per byte (base 3) in 48
+    /// bytes and four per byte in 4 more, then f16 `d`.
+    TQ1_0 = 34,
+    /// 256 elements, 66 bytes: ternary (−1, 0, 1)·d in 2 bits each (64 bytes), then f16 `d`.
+    TQ2_0 = 35,
+    /// 32 elements, 17 bytes: an E8M0 shared exponent and 16 bytes of 4-bit E2M1 values
+    /// (OCP microscaling MXFP4).
+    MXFP4 = 39,
+    /// 64 elements, 36 bytes: four UE4M3 scales (one per 16 elements) and 32 bytes of 4-bit
+    /// E2M1 values (NVIDIA NVFP4).
+    NVFP4 = 40,
+    /// 128 elements, 18 bytes: f16 `d` and one sign bit per element (x = ±d).
+    Q1_0 = 41,
+    /// 64 elements, 18 bytes: f16 `d` and 2 bits per element (x = d·(q − 1), q in 0..=3).
+    Q2_0 = 42,
 }
 
-/// All types this crate knows, in id order.
-pub const ALL_TYPES: [GgmlType; 20] = [
+/// All types this crate knows, in id order: every type of ggml 0.25.3's
+/// `enum ggml_type` except the removed ids 4, 5, 31..=33 and 36..=38.
+pub const ALL_TYPES: [GgmlType; 35] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -71,12 +115,27 @@ pub const ALL_TYPES: [GgmlType; 20] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_K,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ1_S,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ3_S,
+    GgmlType::IQ2_S,
+    GgmlType::IQ4_XS,
     GgmlType::I8,
     GgmlType::I16,
     GgmlType::I32,
     GgmlType::I64,
     GgmlType::F64,
+    GgmlType::IQ1_M,
     GgmlType::BF16,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
 
 /// Elements per super-block of the k-quants (ggml's `QK_K`).
@@ -91,8 +150,8 @@ impl GgmlType {
     /// The type with ggml id `id`.
     ///
     /// # Errors
-    /// [`Error::UnsupportedType`] for ids ggml removed or this crate does not implement
-    /// (IQ*, TQ*, MXFP4, …).
+    /// [`Error::UnsupportedType`] for ids ggml removed (4, 5, 31..=33, 36..=38) and
+    /// ids past ggml 0.25.3's last type (42).
     pub fn from_id(id: u32) -> Result<Self> {
         ALL_TYPES.iter().copied().find(|t| t.id() == id).ok_or_else(|| Error::UnsupportedType {
             ty: format!("id {id}"),
@@ -118,22 +177,40 @@ impl GgmlType {
             Q5_K => "q5_K",
             Q6_K => "q6_K",
             Q8_K => "q8_K",
+            IQ2_XXS => "iq2_xxs",
+            IQ2_XS => "iq2_xs",
+            IQ3_XXS => "iq3_xxs",
+            IQ1_S => "iq1_s",
+            IQ4_NL => "iq4_nl",
+            IQ3_S => "iq3_s",
+            IQ2_S => "iq2_s",
+            IQ4_XS => "iq4_xs",
             I8 => "i8",
             I16 => "i16",
             I32 => "i32",
             I64 => "i64",
             F64 => "f64",
+            IQ1_M => "iq1_m",
             BF16 => "bf16",
+            TQ1_0 => "tq1_0",
+            TQ2_0 => "tq2_0",
+            MXFP4 => "mxfp4",
+            NVFP4 => "nvfp4",
+            Q1_0 => "q1_0",
+            Q2_0 => "q2_0",
         }
     }
 
-    /// Elements per block (1 for non-quantized types; 32 or 256 otherwise).
+    /// Elements per block (1 for non-quantized types; 32, 64, 128 or 256 otherwise).
     pub fn block_size(self) -> usize {
         use GgmlType::*;
         match self {
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            NVFP4 | Q2_0 => 64,
+            Q1_0 => 128,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => QK_K,
-            _ => 1,
+            IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => QK_K,
+            F32 | F16 | BF16 | F64 | I8 | I16 | I32 | I64 => 1,
         }
     }
 
@@ -157,6 +234,21 @@ impl GgmlType {
             Q5_K => 176,
             Q6_K => 210,
             Q8_K => 292,
+            IQ2_XXS => 66,
+            IQ2_XS => 74,
+            IQ3_XXS => 98,
+            IQ1_S => 50,
+            IQ4_NL => 18,
+            IQ3_S => 110,
+            IQ2_S => 82,
+            IQ4_XS => 136,
+            IQ1_M => 56,
+            TQ1_0 => 54,
+            TQ2_0 => 66,
+            MXFP4 => 17,
+            NVFP4 => 36,
+            Q1_0 => 18,
+            Q2_0 => 18,
         }
     }
 
@@ -214,5 +306,42 @@ mod tests {
         assert_eq!(GgmlType::Q4_K.row_size(4096).unwrap(), 16 * 144);
         assert!(GgmlType::Q4_0.row_size(33).is_err());
         assert!(GgmlType::from_id(4).is_err());
+        for removed in [5, 31, 32, 33, 36, 37, 38, 43, 1000] {
+            assert!(GgmlType::from_id(removed).is_err(), "id {removed}");
+        }
+    }
+
+    /// Ids, names, block sizes and type sizes of the types ggml 0.15.3 lacked,
+    /// as ggml 0.25.3's `ggml_get_type_traits` reports them (`tests/quant_bytes.rs`
+    /// compares every type with the built library at run time).
+    #[test]
+    fn ggml_0_25_3_type_traits() {
+        use GgmlType::*;
+        let want: [(GgmlType, u32, &str, usize, usize); 15] = [
+            (IQ2_XXS, 16, "iq2_xxs", 256, 66),
+            (IQ2_XS, 17, "iq2_xs", 256, 74),
+            (IQ3_XXS, 18, "iq3_xxs", 256, 98),
+            (IQ1_S, 19, "iq1_s", 256, 50),
+            (IQ4_NL, 20, "iq4_nl", 32, 18),
+            (IQ3_S, 21, "iq3_s", 256, 110),
+            (IQ2_S, 22, "iq2_s", 256, 82),
+            (IQ4_XS, 23, "iq4_xs", 256, 136),
+            (IQ1_M, 29, "iq1_m", 256, 56),
+            (TQ1_0, 34, "tq1_0", 256, 54),
+            (TQ2_0, 35, "tq2_0", 256, 66),
+            (MXFP4, 39, "mxfp4", 32, 17),
+            (NVFP4, 40, "nvfp4", 64, 36),
+            (Q1_0, 41, "q1_0", 128, 18),
+            (Q2_0, 42, "q2_0", 64, 18),
+        ];
+        for (t, id, name, bs, ts) in want {
+            assert_eq!((t.id(), t.name(), t.block_size(), t.type_size()), (id, name, bs, ts));
+            assert_eq!(GgmlType::from_id(id).unwrap(), t);
+            assert!(t.is_quantized());
+        }
+        let mut ids: Vec<u32> = ALL_TYPES.iter().map(|t| t.id()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "ALL_TYPES is in id order");
+        ids.dedup();
+        assert_eq!(ids.len(), ALL_TYPES.len());
     }
 }

@@ -296,13 +296,14 @@ impl TView {
     }
 
     /// Stores `data` (`ne[0]` values) into row (i1, i2, i3), converting to the
-    /// tensor's type (quantized types use the reference quantizer).
+    /// tensor's type (quantized types as ggml's CPU `from_float` converts
+    /// them: [`quant::from_float`]).
     pub fn store_row_f32(&self, i1: usize, i2: usize, i3: usize, data: &[f32]) -> Result<()> {
         let n = self.ne[0].min(data.len());
         if self.ty.is_quantized() {
             let rb = (n / self.ty.block_size()) * self.ty.type_size();
             let mut raw = vec![0u8; rb];
-            quant::quantize_chunk(self.ty, &data[..n], &mut raw, 1, n)?;
+            quant::from_float(self.ty, &data[..n], &mut raw)?;
             self.store_row_bytes(i1, i2, i3, &raw);
             return Ok(());
         }

@@ -46,13 +46,17 @@ fn f32s(n: usize, bytes: &[u8]) -> Option<&[[u8; 4]]> {
 macro_rules! byte_entry {
     ($name:ident, $kernel:path, $bx:ty, $by:ty) => {
         pub(crate) fn $name(n: usize, x: &[u8], y: &[u8]) -> f32 {
-            match (blocks_for::<$bx>(n, x), blocks_for::<$by>(n, y)) {
+            match (
+                crate::tensor::quant::dot::blocks_for::<$bx>(n, x),
+                crate::tensor::quant::dot::blocks_for::<$by>(n, y),
+            ) {
                 (Some(x), Some(y)) => $kernel(x, y),
                 _ => f32::NAN,
             }
         }
     };
 }
+pub(crate) use byte_entry;
 
 /// `ggml_vec_dot_q4_0_q8_0`.
 pub(crate) fn q4_0_q8_0(x: &[BlockQ4_0], y: &[BlockQ8_0]) -> f32 {

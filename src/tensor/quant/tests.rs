@@ -356,3 +356,224 @@ fn quant_simd_matches_scalar_on_random_weight_bytes() {
         }
     }
 }
+
+/// The types ggml 0.15.3 lacked (the IQ, TQ and FP4 formats, Q1_0, Q2_0).
+const NEW_TYPES: [GgmlType; 15] =
+    [IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0];
+
+/// Relative RMS error bound of a quantize → dequantize round trip of the
+/// new types on normal data (measured values are printed; the bounds leave
+/// ~20% headroom). Q1_0 keeps only signs, the ternary formats three levels
+/// at ±amax (made for ternary weights, which they keep exactly).
+fn rmse_bound_new(ty: GgmlType) -> f32 {
+    match ty {
+        IQ4_NL | IQ4_XS => 0.09,
+        MXFP4 => 0.14,
+        NVFP4 => 0.12,
+        IQ3_S => 0.19,
+        IQ3_XXS => 0.25,
+        IQ2_S => 0.31,
+        IQ1_M => 0.7,
+        TQ1_0 | TQ2_0 => 0.92,
+        Q2_0 => 0.83,
+        Q1_0 => 0.7,
+        _ => 0.0,
+    }
+}
+
+#[test]
+fn quant_new_types_round_trip_and_edge_inputs() {
+    let mut rng = XorShift::new(21);
+    for ty in NEW_TYPES {
+        let n = 4096;
+        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        let mut q = vec![0u8; ty.row_size(n as i64).unwrap()];
+        if quantize_requires_imatrix(ty) {
+            // Refused with a typed error, never a panic.
+            let e = quantize_chunk(ty, &x, &mut q, 1, n).unwrap_err();
+            assert!(matches!(e, Error::UnsupportedType { .. }) && e.to_string().contains("importance matrix"), "{e}");
+            continue;
+        }
+        let y = dequantize(ty, &quantize(ty, &x), n);
+        let err = rms(x.iter().zip(&y).map(|(a, b)| a - b)) / rms(x.iter().copied());
+        eprintln!("{ty}: relative rms error {err:.4}");
+        assert!(err < rmse_bound_new(ty), "{ty}: relative rms error {err} over bound {}", rmse_bound_new(ty));
+        if matches!(ty, TQ1_0 | TQ2_0 | Q1_0) {
+            // Ternary (and for Q1_0 binary) weights round-trip exactly.
+            let levels: &[f32] = if ty == Q1_0 { &[-0.75, 0.75] } else { &[-0.75, 0.0, 0.75] };
+            let t: Vec<f32> = (0..n).map(|i| levels[(i * 7 + i / 5) % levels.len()]).collect();
+            assert_eq!(dequantize(ty, &quantize(ty, &t), n), t, "{ty}: ternary weights");
+        }
+        // All-zero rows dequantize to zeros; tiny, huge and non-finite
+        // inputs give some bytes without panicking, in one row or many.
+        let z = dequantize(ty, &quantize(ty, &vec![0.0; n]), n);
+        assert!(z.iter().all(|&v| v == 0.0), "{ty}: zero row not preserved");
+        for scale in [1e-40f32, 1e-30, 1e-6, 1e4, 1e30] {
+            let x: Vec<f32> = (0..n).map(|_| rng.normal() * scale).collect();
+            let _ = dequantize(ty, &quantize(ty, &x), n);
+        }
+        let mut x = x.clone();
+        for (i, v) in x.iter_mut().enumerate() {
+            match i % 53 {
+                3 => *v = f32::NAN,
+                9 => *v = f32::INFINITY,
+                21 => *v = f32::NEG_INFINITY,
+                _ => {}
+            }
+        }
+        let _ = dequantize(ty, &quantize(ty, &x), n);
+        let rows = 17;
+        let big: Vec<f32> = (0..rows * 4096).map(|_| rng.normal()).collect();
+        let mut par = vec![0u8; rows * ty.row_size(4096).unwrap()];
+        quantize_chunk(ty, &big, &mut par, rows, 4096).unwrap();
+        let mut seq = vec![0u8; par.len()];
+        for (r, (xs, qs)) in big.chunks_exact(4096).zip(seq.chunks_exact_mut(par.len() / rows)).enumerate() {
+            quantize_chunk(ty, xs, qs, 1, 4096).unwrap_or_else(|e| panic!("{ty} row {r}: {e}"));
+        }
+        assert_eq!(par, seq, "{ty}: parallel and row-by-row quantization differ");
+    }
+}
+
+#[test]
+fn quant_new_types_vec_dot_types_match_ggml() {
+    for ty in [IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0] {
+        assert_eq!(vec_dot_type(ty), Q8_0, "{ty}");
+    }
+    for ty in [IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, IQ4_XS, TQ1_0, TQ2_0] {
+        assert_eq!(vec_dot_type(ty), Q8_K, "{ty}");
+    }
+    for ty in NEW_TYPES {
+        assert!(vec_dot_fn(ty).is_some() && vec_dot_fn_scalar(ty).is_some(), "{ty}");
+        assert_eq!(quantize_requires_imatrix(ty), matches!(ty, IQ2_XXS | IQ2_XS | IQ1_S), "{ty}");
+    }
+}
+
+/// Random bytes of `n` elements of `ty` with moderate f16 scales (every
+/// quant, index, sign and sub-scale bit random): valid blocks of every type.
+pub(crate) fn random_valid_blocks(ty: GgmlType, n: usize, rng: &mut XorShift) -> Vec<u8> {
+    use super::blocks::*;
+    let mut w: Vec<u8> = (0..ty.row_size(n as i64).unwrap()).map(|_| rng.next_u64() as u8).collect();
+    let mut scale = || f16_bytes(rng.uniform() * 0.1);
+    macro_rules! set_d {
+        ($b:ty) => {
+            bytemuck::cast_slice_mut::<u8, $b>(&mut w).iter_mut().for_each(|b| b.d = scale())
+        };
+    }
+    match ty {
+        IQ2_XXS => set_d!(BlockIQ2XXS),
+        IQ2_XS => set_d!(BlockIQ2XS),
+        IQ2_S => set_d!(BlockIQ2S),
+        IQ3_XXS => set_d!(BlockIQ3XXS),
+        IQ3_S => set_d!(BlockIQ3S),
+        IQ1_S => set_d!(BlockIQ1S),
+        IQ4_NL => set_d!(BlockIQ4NL),
+        IQ4_XS => set_d!(BlockIQ4XS),
+        TQ1_0 => set_d!(BlockTQ1_0),
+        TQ2_0 => set_d!(BlockTQ2_0),
+        Q1_0 => set_d!(BlockQ1_0),
+        Q2_0 => set_d!(BlockQ2_0),
+        IQ1_M => bytemuck::cast_slice_mut::<u8, BlockIQ1M>(&mut w).iter_mut().for_each(|b| {
+            // The f16 scale lives in the top nibbles of the four u16 scales.
+            let d = u16::from_le_bytes(scale());
+            for k in 0..4 {
+                b.scales[2 * k + 1] = (b.scales[2 * k + 1] & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
+            }
+        }),
+        MXFP4 => bytemuck::cast_slice_mut::<u8, BlockMXFP4>(&mut w).iter_mut().for_each(|b| b.e = 110 + b.e % 30),
+        NVFP4 => {}
+        _ => unreachable!("{ty} is not a new type"),
+    }
+    w
+}
+
+/// Weight rows of every new type: quantized normal data (where this crate
+/// quantizes the type) and random valid blocks.
+fn new_type_rows(ty: GgmlType, n: usize, rng: &mut XorShift) -> Vec<Vec<u8>> {
+    let mut rows = vec![random_valid_blocks(ty, n, rng)];
+    if !quantize_requires_imatrix(ty) {
+        let x: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        rows.push(quantize(ty, &x));
+    }
+    rows
+}
+
+#[test]
+fn quant_new_types_dot_equals_dot_of_dequantized() {
+    let mut rng = XorShift::new(31);
+    for ty in NEW_TYPES {
+        for n in [256usize, 4096] {
+            for w in new_type_rows(ty, n, &mut rng) {
+                let y: Vec<f32> = (0..n).map(|_| rng.normal() * 3.0).collect();
+                let a = quantize(vec_dot_type(ty), &y);
+                let (xd, yd) = (dequantize(ty, &w, n), dequantize(vec_dot_type(ty), &a, n));
+                let exact: f64 = xd.iter().zip(&yd).map(|(p, q)| *p as f64 * *q as f64).sum();
+                let mag: f64 = xd.iter().zip(&yd).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
+                for (name, f) in [("scalar", vec_dot_fn_scalar(ty).unwrap()), ("best", vec_dot_fn(ty).unwrap())] {
+                    let got = f(n, &w, &a) as f64;
+                    assert!((got - exact).abs() <= mag * 2e-6, "{ty} n={n} {name}: {got} vs {exact} (Σ|xy| {mag})");
+                }
+            }
+        }
+    }
+}
+
+/// The new types with SIMD dot kernels (the formats real files use).
+const NEW_SIMD_TYPES: [GgmlType; 11] =
+    [IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, MXFP4, TQ2_0];
+
+#[test]
+fn quant_new_types_simd_matches_scalar() {
+    let mut rng = XorShift::new(41);
+    eprintln!("quant: dot kernels use {}", simd_isa());
+    for ty in NEW_SIMD_TYPES {
+        assert_eq!(simd::best(ty).is_some(), simd_isa() != "scalar", "{ty}: SIMD kernel");
+        let (s, f) = (vec_dot_fn_scalar(ty).unwrap(), vec_dot_fn(ty).unwrap());
+        for n in [256usize, 512, 4096, 8192] {
+            for _ in 0..3 {
+                for w in new_type_rows(ty, n, &mut rng) {
+                    let y: Vec<f32> = (0..n).map(|_| rng.normal() * 2.0).collect();
+                    let a = quantize(vec_dot_type(ty), &y);
+                    let xd = dequantize(ty, &w, n);
+                    let yd = dequantize(vec_dot_type(ty), &a, n);
+                    let mag: f64 = xd.iter().zip(&yd).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
+                    let (p, q) = (s(n, &w, &a), f(n, &w, &a));
+                    assert!(((p - q) as f64).abs() <= mag * 1e-6, "{ty} n={n}: scalar {p} simd {q} (Σ|xy| {mag})");
+                    // Unaligned buffers give the same answer.
+                    let mut wu = vec![0u8; w.len() + 1];
+                    wu[1..].copy_from_slice(&w);
+                    let mut au = vec![0u8; a.len() + 3];
+                    au[3..].copy_from_slice(&a);
+                    assert_eq!(f(n, &wu[1..], &au[3..]).to_bits(), q.to_bits(), "{ty}: unaligned");
+                    // Short rows are NaN, as for every kernel.
+                    assert!(f(n, &w[..w.len() - 1], &a).is_nan(), "{ty}: short row");
+                }
+            }
+        }
+    }
+}
+
+/// `cargo test --release --lib quant_bench_new -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn quant_bench_new_types() {
+    let mut rng = XorShift::new(3);
+    let n = 4096;
+    eprintln!("dot of {n} elements, ns per call (simd = {}); quantize one row, µs:", simd_isa());
+    for ty in NEW_TYPES {
+        let w = random_valid_blocks(ty, n, &mut rng);
+        let y: Vec<f32> = (0..n).map(|_| rng.normal()).collect();
+        let a = quantize(vec_dot_type(ty), &y);
+        let s = time_dot(vec_dot_fn_scalar(ty).unwrap(), n, &w, &a);
+        let f = time_dot(vec_dot_fn(ty).unwrap(), n, &w, &a);
+        let mut tq = f64::NAN;
+        if !quantize_requires_imatrix(ty) {
+            let mut q = vec![0u8; w.len()];
+            let t = std::time::Instant::now();
+            for _ in 0..20 {
+                quantize_chunk(ty, std::hint::black_box(&y), &mut q, 1, n).unwrap();
+            }
+            tq = t.elapsed().as_secs_f64() * 1e6 / 20.0;
+        }
+        eprintln!("  {:>7}: scalar {s:>8.0}  best {f:>7.0}  speedup {:>5.1}x  quantize {tq:>9.1}", ty.name(), s / f);
+    }
+}

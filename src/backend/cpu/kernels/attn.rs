@@ -962,6 +962,44 @@ pub(crate) mod tests {
         check(Case { n_q: 40, n_kv: 64, h: 2, h_kv: 2, d: 32, ..base });
     }
 
+    /// K/V of the block types of ggml 0.25.3 (IQ4_NL, llama.cpp's
+    /// non-linear cache type, and others): the same as F32 K/V holding the
+    /// dequantized values with Q rounded through K's dot type, as the kernel
+    /// dots Q's activation blocks against K's rows.
+    #[test]
+    fn flash_attn_ext_reads_the_new_kv_types() {
+        use crate::tensor::quant::{dequantize_row, quantize_chunk, vec_dot_type};
+        use GgmlType::*;
+        let round = |ty: GgmlType, x: &[f32], d: usize| {
+            let mut q = vec![0u8; x.len() / d * ty.row_size(d as i64).unwrap()];
+            quantize_chunk(ty, x, &mut q, x.len() / d, d).unwrap();
+            let mut y = vec![0f32; x.len()];
+            dequantize_row(ty, &q, &mut y).unwrap();
+            y
+        };
+        for ty in [IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_S, TQ2_0, Q1_0] {
+            let (d, n_q, n_kv, h, h_kv) = (256usize, 3usize, 40usize, 4usize, 2usize);
+            let mut seed = 0x0123_4567_89ab_cdefu64 ^ ty.id() as u64;
+            let qv = rand_vec(&mut seed, d * n_q * h, -1.0, 1.0);
+            let kv = rand_vec(&mut seed, d * n_kv * h_kv, -1.0, 1.0);
+            let vv = rand_vec(&mut seed, d * n_kv * h_kv, -1.0, 1.0);
+            let attn = |kty: GgmlType, qv: &[f32], kv: &[f32], vv: &[f32]| {
+                let mut ctx = Context::new();
+                let q = ctx.new_tensor_4d(F32, d as i64, n_q as i64, h as i64, 1).unwrap();
+                let k = ctx.new_tensor_4d(kty, d as i64, n_kv as i64, h_kv as i64, 1).unwrap();
+                let v = ctx.new_tensor_4d(kty, d as i64, n_kv as i64, h_kv as i64, 1).unwrap();
+                let out = ctx.flash_attn_ext(q, k, v, None, 0.0625, 0.0, 0.0).unwrap();
+                let leafs = [(q, qv.to_vec()), (k, kv.to_vec()), (v, vv.to_vec())];
+                run(&ctx, &leafs, out, 2).unwrap()
+            };
+            let ours = attn(ty, &qv, &kv, &vv);
+            let want = attn(F32, &round(vec_dot_type(ty), &qv, d), &round(ty, &kv, d), &round(ty, &vv, d));
+            let num: f64 = ours.iter().zip(&want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+            let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+            assert!(num / den < 1e-10, "{ty}: nmse {:e}", num / den);
+        }
+    }
+
     #[test]
     fn flash_attn_ext_result_does_not_depend_on_threads() {
         let mut ctx = Context::new();

@@ -46,7 +46,7 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<crate::tensor::quant::VecDotFn> {
         F32 => f32_row,
         F16 => f16_row,
         BF16 => bf16_row,
-        _ => return None,
+        _ => return super::avx2_iq::kernel(ty),
     })
 }
 
@@ -66,6 +66,8 @@ macro_rules! entry {
         }
     };
 }
+
+pub(super) use entry;
 
 entry!(q4_0_row, q4_0_q8_0, dot::q4_0_q8_0, BlockQ4_0, BlockQ8_0);
 entry!(q4_1_row, q4_1_q8_1, dot::q4_1_q8_1, BlockQ4_1, BlockQ8_1);
@@ -111,7 +113,7 @@ dense_entry!(bf16_row, bf16_dot, dot::bf16_row, 2);
 /// The CPU must support AVX2, FMA and F16C (only called from the `#[target_feature]` kernels
 /// below).
 #[inline(always)]
-unsafe fn hsum_ps(v: __m256) -> f32 {
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
     // SAFETY: the CPU supports AVX2, FMA and F16C (this helper's `# Safety` contract; it is only
     // called from the target-feature kernels); register-only lane shuffles and adds, no memory
     // access.
@@ -129,7 +131,7 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
 /// The CPU must support AVX2, FMA and F16C (only called from the `#[target_feature]` kernels
 /// below).
 #[inline(always)]
-unsafe fn f16(b: [u8; 2]) -> f32 {
+pub(super) unsafe fn f16(b: [u8; 2]) -> f32 {
     // SAFETY: the CPU supports AVX2, FMA and F16C (this helper's `# Safety` contract; it is only
     // called from the target-feature kernels); a register-only F16C conversion of a value, no
     // memory access.
@@ -142,7 +144,7 @@ unsafe fn f16(b: [u8; 2]) -> f32 {
 /// The CPU must support AVX2, FMA and F16C (only called from the `#[target_feature]` kernels
 /// below), and `T` must be a one-byte type (`u8`/`i8`).
 #[inline(always)]
-unsafe fn load32<T>(a: &[T; 32]) -> __m256i
+pub(super) unsafe fn load32<T>(a: &[T; 32]) -> __m256i
 where
     T: Copy,
 {
@@ -161,7 +163,7 @@ where
 /// The CPU must support AVX2, FMA and F16C (only called from the `#[target_feature]` kernels
 /// below), and `T` must be a one-byte type (`u8`/`i8`).
 #[inline(always)]
-unsafe fn load32_at<T: Copy>(a: &[T], off: usize) -> __m256i {
+pub(super) unsafe fn load32_at<T: Copy>(a: &[T], off: usize) -> __m256i {
     // SAFETY: the CPU supports AVX2, FMA and F16C (this helper's `# Safety` contract; it is only
     // called from the target-feature kernels); the unaligned 32-byte load reads
     // `s = &a[off..off + 32]`, a bounds-checked slice of 32 elements, one byte each by the
@@ -180,7 +182,7 @@ unsafe fn load32_at<T: Copy>(a: &[T], off: usize) -> __m256i {
 /// The CPU must support AVX2, FMA and F16C (only called from the `#[target_feature]` kernels
 /// below).
 #[inline(always)]
-unsafe fn load16(a: &[u8; 16]) -> __m128i {
+pub(super) unsafe fn load16(a: &[u8; 16]) -> __m128i {
     // SAFETY: the CPU supports AVX2, FMA and F16C (this helper's `# Safety` contract; it is only
     // called from the target-feature kernels); the unaligned 16-byte load reads exactly the
     // borrowed 16-byte array.
@@ -194,7 +196,7 @@ unsafe fn load16(a: &[u8; 16]) -> __m128i {
 /// The CPU must support AVX2, FMA and F16C (only called from the `#[target_feature]` kernels
 /// below).
 #[inline(always)]
-unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
+pub(super) unsafe fn dot_i8_i8(x: __m256i, y: __m256i) -> __m256i {
     // SAFETY: the CPU supports AVX2, FMA and F16C (this helper's `# Safety` contract; it is only
     // called from the target-feature kernels); register-only integer arithmetic and shuffles, no
     // memory access.
@@ -302,6 +304,7 @@ macro_rules! sum_blocks {
         hsum_ps(v) + ((extra[0] + extra[1]) + (extra[2] + extra[3]))
     }};
 }
+pub(super) use sum_blocks;
 
 /// One Q4_0 · Q8_0 block: (scale, integer dot as 8 f32 lanes, 0).
 ///

@@ -11,6 +11,8 @@ use crate::tensor::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_iq;
 
 /// Name of the instruction set [`best`] selects on this machine
 /// (`"avx2+fma+f16c"` or `"scalar"`).

@@ -20,7 +20,8 @@
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
 //!      elements × 8 columns) or register-blocked dense tiles; F32 with 8 or
 //!      more columns goes through the `gemm` crate;
-//!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K: `quant::vec_dot_fn` per (row,
+//!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K and the formats of ggml 0.25.3
+//!      (IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0): `quant::vec_dot_fn` per (row,
 //!      column) on ggml's own activation blocks.
 //!
 //! SIMD paths are chosen at run time (AVX2+FMA+F16C, plus AVX-512 VNNI);
@@ -119,6 +120,11 @@ fn plan(wt: GgmlType, isa: Isa) -> Result<Plan> {
         Q4_K => (RowMode::Q4K, ActKind::Q8K, Fmt::Q4K),
         Q4_1 | Q5_1 => (RowMode::Direct, ActKind::Raw(Q8_1), Fmt::VecDot),
         Q2_K | Q3_K | Q5_K | Q6_K => (RowMode::Direct, ActKind::Raw(Q8_K), Fmt::VecDot),
+        // The IQ, TQ and FP4 formats, Q1_0, Q2_0: ggml's own activation
+        // blocks (Q8_0 or Q8_K) and the row dot products.
+        other if quant::vec_dot_fn_scalar(other).is_some() => {
+            (RowMode::Direct, ActKind::Raw(quant::vec_dot_type(other)), Fmt::VecDot)
+        }
         other => return Err(Error::unsupported_type(other, "mul_mat weights")),
     };
     Ok(Plan { wt, rows, act, fmt, isa })

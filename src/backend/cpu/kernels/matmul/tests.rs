@@ -112,6 +112,19 @@ fn weights(ty: GgmlType, k: usize, rows: usize, rng: &mut Rng) -> (Vec<u8>, Vec<
                     }
                 }
             }
+            other if crate::tensor::quant::quantize_requires_imatrix(other) => {
+                // Random valid blocks (every index, sign and sub-scale bit
+                // random) with a sane f16 scale, which these types keep in
+                // front; decoded by the quant module for the reference.
+                let mut row: Vec<u8> = (0..k / other.block_size() * other.type_size()).map(|_| rng.byte()).collect();
+                for blk in row.chunks_exact_mut(other.type_size()) {
+                    blk[..2].copy_from_slice(&f16::from_f32(0.001 + 0.02 * rng.f().abs()).to_bits().to_le_bytes());
+                }
+                let mut deq = vec![0f32; k];
+                crate::tensor::quant::dequantize_row(other, &row, &mut deq).unwrap();
+                bytes.extend_from_slice(&row);
+                vals.extend(deq.iter().map(|&v| v as f64));
+            }
             other => {
                 // Quantized by the quant module, decoded by it for the reference.
                 let x: Vec<f32> = (0..k).map(|_| rng.f()).collect();
@@ -128,14 +141,7 @@ fn weights(ty: GgmlType, k: usize, rows: usize, rng: &mut Rng) -> (Vec<u8>, Vec<
 }
 
 fn vdt(ty: GgmlType) -> GgmlType {
-    match ty {
-        GgmlType::F32 => GgmlType::F32,
-        GgmlType::F16 => GgmlType::F16,
-        GgmlType::BF16 => GgmlType::BF16,
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_K,
-        GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
-        _ => GgmlType::Q8_0,
-    }
+    crate::tensor::quant::vec_dot_type(ty)
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -241,6 +247,22 @@ fn mul_mat_vec_dot_types_match_reference() {
         for &(k, m, n) in &[(256, 7, 1), (512, 3, 5)] {
             mul_mat_case(ty, k, m, n, false);
         }
+    }
+}
+
+/// The types of ggml 0.25.3 that 0.15.3 lacked, against dequantized
+/// weights times activations rounded through their dot type (one column,
+/// several, and a column count over the packed-kernel threshold).
+#[test]
+fn mul_mat_new_types_match_reference() {
+    use GgmlType::*;
+    for ty in
+        [IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0]
+    {
+        for &(k, m, n) in &[(256, 7, 1), (512, 3, 5), (256, 9, 9)] {
+            mul_mat_case(ty, k, m, n, false);
+        }
+        mul_mat_case(ty, 256, 4, 3, true);
     }
 }
 
