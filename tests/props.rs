@@ -7,9 +7,14 @@
 //!    CPU backend without panicking (errors such as out-of-range indices are
 //!    allowed; panics are not).
 //!
+//! The random graphs (`common/random_graph.rs`) cover F32, F16, BF16, I32,
+//! I64 and quantized (Q8_0, Q4_0, Q4_K, Q6_K) leafs and the ops the models
+//! use; `every_generator_arm_builds_and_computes` checks that each arm of
+//! the generator builds graphs the constructors accept and that compute.
 //! The split properties over the same random graphs are in `split_props.rs`.
-//! `PROPTEST_CASES` sets the case count and `PROPTEST_RNG_SEED` the seed
-//! (fixed by default, so CI is deterministic) (default 64 here, to keep CI short).
+//! Each run draws its seed and prints it (shown with a failure);
+//! `PROPTEST_RNG_SEED=<seed>` reruns those cases and `PROPTEST_CASES` sets
+//! their number (default 2048, about a second).
 
 #[path = "ggml_diff/oracle.rs"]
 mod oracle;
@@ -77,7 +82,7 @@ fn check_sequence(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(random_graph::config("props", 64))]
+    #![proptest_config(random_graph::config("props", 2048))]
 
     #[test]
     fn random_op_sequences(leafs in prop::collection::vec(leaf_strategy(), 1..5),

@@ -191,17 +191,56 @@ struct Analysis {
     /// Each node's largest finite magnitude over itself and everything it depends on.
     scale: HashMap<TensorId, f64>,
     /// Each node's NMSE after a relative perturbation [`PERTURBATION`] of
-    /// the float leafs, over `PERTURBATION²`: how much the node amplifies
-    /// small relative errors of what it is computed from (1 for a copy).
+    /// the float leafs (the larger of [`Runs`]' two), over
+    /// `PERTURBATION²`: how much the node amplifies relative errors of what
+    /// it is computed from (1 for a copy; `exp` of `x` about `x²`; a
+    /// perturbation that large moves values across the rounding steps of
+    /// F16, BF16 and quantized types too).
     amplification: HashMap<TensorId, f64>,
 }
 
-/// The relative perturbation of the leafs that measures amplification.
-const PERTURBATION: f32 = 1e-4;
+/// The relative perturbation of the float leafs that measures amplification.
+const PERTURBATION: f32 = 1e-2;
+
+/// The relative perturbation of the float leafs that finds the outputs made
+/// of rounding noise: those it moves by more than [`NOISE_NMSE`].
+const NOISE_PERTURBATION: f32 = 1e-5;
+
+/// See [`NOISE_PERTURBATION`]: an output that a 1e-5 relative change of the
+/// leafs moves by 10 % RMS depends on the last bits of what it is computed
+/// from (a norm of values that cancelled, a quotient of two such values).
+const NOISE_NMSE: f64 = 1e-2;
+
+/// The single-device CPU runs of a graph: with the leafs' values, with them
+/// all scaled by `1 + PERTURBATION` (`moved`: coherent amplification, as
+/// `exp` of a large sum), with each moved by `± PERTURBATION` (`mixed`:
+/// amplification of differences), and by `± NOISE_PERTURBATION`.
+struct Runs {
+    storage: TensorStorage,
+    moved: TensorStorage,
+    mixed: TensorStorage,
+    nudged: TensorStorage,
+}
+
+/// The float values of node `id` in `st` (`None` for integers and block
+/// views without packed rows).
+fn node_values(ctx: &Context, st: &TensorStorage, id: TensorId) -> Option<Vec<f64>> {
+    let t = ctx.tensor(id).unwrap();
+    if matches!(t.ty, GgmlType::I32 | GgmlType::I64) {
+        return None;
+    }
+    let b = logical_bytes(ctx, st, id)?;
+    Some(output_values(&RunOutput { id, name: String::new(), ty: t.ty, ne: t.ne, bytes: b }))
+}
 
 impl Analysis {
-    fn new(ctx: &Context, graph: &shardgraph::Graph, storage: &TensorStorage, moved: &TensorStorage) -> Self {
+    fn new(ctx: &Context, graph: &shardgraph::Graph, runs: &Runs) -> Self {
+        let storage = &runs.storage;
         let f32s = |id: TensorId| storage.get_f32(ctx, id);
+        let moved_by = |other: &TensorStorage, id: TensorId| {
+            let (x, y) = (node_values(ctx, other, id)?, node_values(ctx, storage, id)?);
+            Some(nmse_finite(&x, &y))
+        };
         // Infinities in the single-device run (x/0, overflow) do not survive
         // regrouping: a partial sum of addends 0 and x times a mirrored inf is
         // NaN where one device gets inf. Such graphs check planning, execution
@@ -214,7 +253,9 @@ impl Analysis {
         // Views at byte offsets inside an element reinterpret bits, and norms of
         // values that are all rounding noise rescale the noise: one ulp of
         // difference upstream (sums regrouped) becomes any difference there.
-        // Outputs that depend on one are compared for finiteness only.
+        // Outputs that depend on one are compared for finiteness only. Such
+        // noise is found by its values (below 1e-3) and, more generally, by
+        // how far a tiny perturbation of the leafs moves a node.
         let mut misaligned = HashSet::new();
         for &id in graph.nodes() {
             let t = ctx.tensor(id).unwrap();
@@ -226,7 +267,8 @@ impl Analysis {
             let noise = normed && f32s(t.src[0]).is_ok_and(|v| v.iter().all(|x| x.abs() < 1e-3));
             // Dividing by such noise amplifies it the same way.
             let by_noise = matches!(t.op, Op::Div) && f32s(t.src[1]).is_ok_and(|v| v.iter().any(|x| x.abs() < 1e-3));
-            if odd || noise || by_noise || t.src.iter().any(|s| misaligned.contains(s)) {
+            let noisy = moved_by(&runs.nudged, id).is_some_and(|e| !(e <= NOISE_NMSE));
+            if odd || noise || by_noise || noisy || t.src.iter().any(|s| misaligned.contains(s)) {
                 misaligned.insert(id);
             }
         }
@@ -312,21 +354,14 @@ impl Analysis {
         }
         let precision = flow.iter().map(|(&id, &(p, _))| (id, p)).collect();
         let scale = flow.iter().map(|(&id, &(_, m))| (id, m)).collect();
-        let mut amplification = HashMap::new();
-        for &id in graph.nodes() {
-            let t = ctx.tensor(id).unwrap();
-            if matches!(t.ty, GgmlType::I32 | GgmlType::I64) {
-                continue;
-            }
-            let a = |st: &TensorStorage| {
-                let b = logical_bytes(ctx, st, id)?;
-                Some(output_values(&RunOutput { id, name: String::new(), ty: t.ty, ne: t.ne, bytes: b }))
-            };
-            if let (Some(x), Some(y)) = (a(moved), a(storage)) {
-                let e = nmse_finite(&x, &y);
-                amplification.insert(id, e / (PERTURBATION as f64).powi(2));
-            }
-        }
+        let amplification = graph
+            .nodes()
+            .iter()
+            .filter_map(|&id| {
+                let e = moved_by(&runs.moved, id)?.max(moved_by(&runs.mixed, id)?);
+                Some((id, e / (PERTURBATION as f64).powi(2)))
+            })
+            .collect();
         Analysis { specials, aliased, misaligned, tie_sensitive, precision, scale, amplification }
     }
 }
@@ -412,8 +447,11 @@ fn compare_output(
         }
         let src = ctx.tensor(t.src[0]).unwrap();
         let sv = storage.get_f32(ctx, t.src[0]).unwrap();
-        let (w_in, w_out) = (src.ne[0].max(1) as usize, t.ne[0].max(1) as usize);
-        let pick = |v: &[f64], i: usize| sv.get((i / w_out) * w_in + v[i] as usize).copied().unwrap_or(f32::NAN) as f64;
+        // argmax gives one index per row (`[rows]`), top_k and argsort `[k, rows]`.
+        let per_row = if matches!(t.op, Op::Argmax) { 1 } else { t.ne[0].max(1) as usize };
+        let w_in = src.ne[0].max(1) as usize;
+        let pick =
+            |v: &[f64], i: usize| sv.get((i / per_row) * w_in + v[i] as usize).copied().unwrap_or(f32::NAN) as f64;
         let near = p.nmse().sqrt() * info.scale[&t.src[0]].max(1e-30);
         for i in 0..have.len() {
             let (a, b) = (pick(&have, i), pick(&want, i));
@@ -504,22 +542,24 @@ fn calibrating(line: &str) -> bool {
 ///   (`known_defect_quantized_weights_follow_a_k_split_inside_a_block`,
 ///   `known_defect_a_quantized_set_rows_destination_is_cut_inside_a_block`);
 ///
-/// and one of the executor, on empty tensors only (whose views pass every
-/// layout check):
-/// - a write into an empty view of a `cast` result reads the cast's scratch
-///   destination before the cast computes it
-///   (`known_defect_a_write_into_an_empty_cast_result`).
+/// and one of the executor:
+/// - a write (`set_rows`) into a view of a `cast` result reads the cast's
+///   scratch destination before the cast computes it
+///   (`known_defect_a_write_into_a_cast_result`).
 ///
 /// Such cases still check planning (property 4) and are printed on stderr;
 /// the named tests (ignored until fixed) reproduce them.
 fn known_defect(ctx: &Context, graph: &shardgraph::Graph, e: &shardgraph::Error) -> Option<&'static str> {
     let msg = e.to_string();
-    let empty_write = graph.nodes().iter().any(|&id| {
+    let write_into_cast = graph.nodes().iter().any(|&id| {
         let t = ctx.tensor(id).unwrap();
-        t.op.written_src().is_some() && t.nelements() == 0
+        t.op.written_src().is_some_and(|k| {
+            let dst = ctx.tensor(t.src[k]).unwrap();
+            ctx.tensor(dst.view_src.unwrap_or(t.src[k])).unwrap().flags.scratch
+        })
     });
-    if msg.contains("is read before it is computed") && empty_write {
-        Some("a write into an empty cast result")
+    if msg.contains("is read before it is computed") && write_into_cast {
+        Some("a write into a cast result")
     } else if msg.contains("a partial sum needs") || msg.contains("cannot be summed") {
         Some("a quantized tensor planned partial")
     } else if msg.contains("is not a multiple of") && msg.contains("block size") {
@@ -536,8 +576,12 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
     }
     let graph = ctx.build_forward(&accepted).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let (storage, leaf_bytes, computed) = random_graph::compute_one_device(&ctx, &graph)?;
-    let (moved, _, _) = random_graph::compute_perturbed(&ctx, &graph, PERTURBATION)?;
-    let info = Analysis::new(&ctx, &graph, &storage, &moved);
+    let (moved, _, _) = random_graph::compute_perturbed(&ctx, &graph, PERTURBATION, false)?;
+    let (mixed, _, _) = random_graph::compute_perturbed(&ctx, &graph, PERTURBATION, true)?;
+    let (nudged, _, _) = random_graph::compute_perturbed(&ctx, &graph, NOISE_PERTURBATION, true)?;
+    let runs = Runs { storage, moved, mixed, nudged };
+    let info = Analysis::new(&ctx, &graph, &runs);
+    let storage = &runs.storage;
 
     for n in 1..=5usize {
         let seed = steps.iter().fold(n as u64, |h, s| h.wrapping_mul(31).wrapping_add(s.1 as u64));
@@ -675,16 +719,16 @@ fn known_defect_a_quantized_set_rows_destination_is_cut_inside_a_block() {
 }
 
 #[test]
-#[ignore = "known executor defect: a write into an empty cast result reads the cast's destination first"]
-fn known_defect_a_write_into_an_empty_cast_result() {
+#[ignore = "known executor defect: a write into a cast result reads the cast's destination first"]
+fn known_defect_a_write_into_a_cast_result() {
     let mut ctx = Context::new();
-    let a = ctx.new_tensor(GgmlType::F16, &[0, 1]).unwrap();
-    let c = ctx.cast(a, GgmlType::F32).unwrap();
-    // [1, 0]: an empty view whose rows count as packed.
-    let t = ctx.transpose(c).unwrap();
-    let rows = ctx.new_tensor(GgmlType::F32, &[1, 1]).unwrap();
-    let idx = ctx.new_tensor(GgmlType::I64, &[1]).unwrap();
-    let out = ctx.set_rows(t, rows, idx).unwrap();
+    let a = ctx.new_tensor(GgmlType::F16, &[4, 1, 1, 2]).unwrap();
+    let c = ctx.cast(a, GgmlType::F16).unwrap();
+    // [1, 4, 1, 2]: rows of one element, packed.
+    let v = ctx.transpose(c).unwrap();
+    let rows = ctx.new_tensor(GgmlType::F32, &[1, 1, 1, 2]).unwrap();
+    let idx = ctx.new_tensor(GgmlType::I64, &[1, 1, 2]).unwrap();
+    let out = ctx.set_rows(v, rows, idx).unwrap();
     let graph = ctx.build_forward(&[out]).unwrap();
     let explicit: Vec<_> = graph.leafs().iter().map(|&l| (l, SplitState::Mirrored)).collect();
     let plan = Planner::default().plan(&ctx, &graph, &SplitPolicy::new(&[1.0]).unwrap(), &explicit).unwrap();

@@ -438,17 +438,25 @@ pub type OneDevice = (TensorStorage, std::collections::HashMap<TensorId, Vec<u8>
 /// (an index out of range) are allowed and reported; allocation failures
 /// fail the test.
 pub fn compute_one_device(ctx: &Context, graph: &Graph) -> Result<OneDevice, TestCaseError> {
-    compute_perturbed(ctx, graph, 0.0)
+    compute_perturbed(ctx, graph, 0.0, false)
 }
 
 /// [`compute_one_device`] with every float leaf value `v` replaced by
-/// `v · (1 ± rel)` (the sign drawn per element): how far each node moves
-/// tells how much it amplifies small errors of what it is computed from.
-pub fn compute_perturbed(ctx: &Context, graph: &Graph, rel: f32) -> Result<OneDevice, TestCaseError> {
+/// `v · (1 + rel)`, or by `v · (1 + rel · r)` with `r` drawn per element
+/// in [-1, 1] when `mixed`: how far each node moves tells how much it
+/// amplifies small errors of what it is computed from.
+pub fn compute_perturbed(ctx: &Context, graph: &Graph, rel: f32, mixed: bool) -> Result<OneDevice, TestCaseError> {
     let one = OneCpu::new(ctx, graph, 2, |storage, l| {
         let t = ctx.tensor(l).unwrap();
         let n = t.nelements() as usize;
-        let sign = |i: usize| if (i.wrapping_mul(0x9E37_79B9) >> 7) % 2 == 0 { 1.0 } else { -1.0 };
+        let sign = |i: usize| {
+            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            if mixed {
+                h as f32 / (1u64 << 23) as f32 - 1.0
+            } else {
+                1.0
+            }
+        };
         match t.ty {
             GgmlType::I32 => storage.set_i32(ctx, l, &(0..n as i32).map(|i| i % 3).collect::<Vec<_>>()).unwrap(),
             GgmlType::I64 => storage.set_i64(ctx, l, &(0..n as i64).map(|i| i % 2).collect::<Vec<_>>()).unwrap(),
