@@ -267,7 +267,7 @@ impl Analysis {
             let noise = normed && f32s(t.src[0]).is_ok_and(|v| v.iter().all(|x| x.abs() < 1e-3));
             // Dividing by such noise amplifies it the same way.
             let by_noise = matches!(t.op, Op::Div) && f32s(t.src[1]).is_ok_and(|v| v.iter().any(|x| x.abs() < 1e-3));
-            let noisy = moved_by(&runs.nudged, id).is_some_and(|e| !(e <= NOISE_NMSE));
+            let noisy = moved_by(&runs.nudged, id).is_some_and(|e| e > NOISE_NMSE || e.is_nan());
             if odd || noise || by_noise || noisy || t.src.iter().any(|s| misaligned.contains(s)) {
                 misaligned.insert(id);
             }
@@ -640,7 +640,7 @@ fn check_split(leafs: &[Leaf], steps: &[Step]) -> Result<(), TestCaseError> {
         }
         let report = || plan.report(&ctx);
         for (&o, got) in accepted.iter().zip(&rep.outputs) {
-            compare_output(&ctx, &storage, &info, o, got, n, &report)?;
+            compare_output(&ctx, storage, &info, o, got, n, &report)?;
         }
     }
     Ok(())
