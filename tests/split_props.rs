@@ -267,8 +267,12 @@ impl Analysis {
             let noise = normed && f32s(t.src[0]).is_ok_and(|v| v.iter().all(|x| x.abs() < 1e-3));
             // Dividing by such noise amplifies it the same way.
             let by_noise = matches!(t.op, Op::Div) && f32s(t.src[1]).is_ok_and(|v| v.iter().any(|x| x.abs() < 1e-3));
+            // A square root of values at zero: rounding noise below zero on
+            // another device count is NaN there.
+            let root_of_noise =
+                matches!(t.op, Op::Sqrt) && f32s(t.src[0]).is_ok_and(|v| v.iter().any(|x| x.abs() < 1e-6));
             let noisy = moved_by(&runs.nudged, id).is_some_and(|e| e > NOISE_NMSE || e.is_nan());
-            if odd || noise || by_noise || noisy || t.src.iter().any(|s| misaligned.contains(s)) {
+            if odd || noise || by_noise || root_of_noise || noisy || t.src.iter().any(|s| misaligned.contains(s)) {
                 misaligned.insert(id);
             }
         }
