@@ -734,6 +734,12 @@ impl<'a> Compiler<'a> {
         } else {
             lid
         };
+        if scratch_copy(ctx, node) {
+            // The scratch destination holds the cast's values (ggml's `cpy`
+            // result is a view of its destination): a later view or write
+            // through it finds them there.
+            self.set(t.src[1], out_state.clone(), lid);
+        }
         self.set(node, out_state, lid);
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! (ggml's meta backend vocabulary: split axis, mirrored, partial).
 
 use crate::error::{Error, Result};
+use crate::tensor::GgmlType;
 
 /// How partial addends combine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -160,6 +161,23 @@ impl SplitState {
         }
     }
 
+    /// Whether a tensor of `ty` can be laid out in this state: a block type
+    /// (Q8_0, Q4_K, IQ4_XS, …) holds no partial sum (no device can add
+    /// blocks) and is cut on axis 0 only at block boundaries (every extent a
+    /// multiple of [`GgmlType::block_size`]); any state suits a type with
+    /// one element per block.
+    pub fn suits(&self, ty: GgmlType) -> bool {
+        let bs = ty.block_size() as i64;
+        if bs <= 1 {
+            return true;
+        }
+        match self {
+            SplitState::Partial(_) => false,
+            SplitState::Split(s) if s.axis == 0 => s.segments.iter().flatten().all(|&e| e % bs == 0),
+            SplitState::Split(_) | SplitState::Mirrored | SplitState::Unknown => true,
+        }
+    }
+
     /// Short label: `mirrored`, `partial(sum)`, `split(axis=1, [4,4])`, `unknown`.
     pub fn label(&self) -> String {
         match self {
@@ -206,6 +224,23 @@ pub fn split_extents(len: i64, ratios: &[f32], granule: i64) -> Result<Vec<i64>>
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn block_types_are_never_partial_nor_cut_inside_a_block() {
+        use crate::tensor::GgmlType;
+        let split = |e: Vec<i64>| SplitState::split(0, e);
+        assert!(split(vec![256, 512]).suits(GgmlType::Q4_K));
+        assert!(!split(vec![144, 112]).suits(GgmlType::Q4_K));
+        assert!(split(vec![32, 0, 96]).suits(GgmlType::Q8_0));
+        assert!(!split(vec![16, 48]).suits(GgmlType::Q8_0));
+        assert!(SplitState::split(1, vec![3, 4]).suits(GgmlType::Q8_0));
+        assert!(!SplitState::partial().suits(GgmlType::IQ4_XS));
+        assert!(SplitState::partial().suits(GgmlType::F16));
+        assert!(split(vec![3, 5]).suits(GgmlType::F32));
+        // Segments: every extent, so every boundary, on a block.
+        let seg = SplitState::Split(AxisSplit { axis: 0, segments: vec![vec![32, 32], vec![16, 48]], repeat: 1 });
+        assert!(!seg.suits(GgmlType::Q8_0));
+    }
     use super::*;
 
     #[test]

@@ -81,6 +81,11 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
         OpFamily::Ssm => ssm::candidates(&x, &mut out),
         OpFamily::Distributed => distributed::candidates(&x, &mut out),
     }
+    // A block-typed tensor is never partial nor cut inside a block, whatever
+    // a rule derived from its neighbours' states (an F32 operand's K split, a
+    // partial addend): such a candidate is dropped here, in one place, and
+    // the planner's prices choose among the rest.
+    out.retain(|c| c.output.suits(t.ty) && c.inputs.iter().zip(&x.src).all(|(st, s)| st.suits(s.ty)));
     out.push(Candidate::new(vec![SplitState::Mirrored; x.src.len()], SplitState::Mirrored));
     out
 }
