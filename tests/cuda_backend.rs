@@ -23,15 +23,13 @@ mod decode;
 mod devices;
 #[path = "common/fixtures.rs"]
 mod fixtures;
-use decode::{generate, nmse};
+use decode::{generate, nmse, rng};
 use fixtures::run_graph;
 
 #[path = "common/quant_blocks.rs"]
 mod quant_blocks;
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
-#[path = "common/rng.rs"]
-mod rng;
 
 /// `n` CUDA devices (virtual devices on GPU 0, or emulated ones), or `None` with a message.
 fn devices(n: usize) -> Option<Vec<CudaBackend>> {
