@@ -52,24 +52,30 @@ fn main() {
 }
 
 /// `path`'s text with each `#include "x.cuh"` line replaced by the text of
-/// `dir/x.cuh` (once per file; later includes of the same header are
-/// dropped), then a `#line` directive so compiler messages keep the file's
-/// own line numbers.
+/// `dir/x.cuh`, itself expanded the same way (a header may include
+/// another: `dequant.cuh` includes `iq_tables.cuh`), once per file: later
+/// includes of the same header are dropped. A `#line` directive after each
+/// header keeps compiler messages at the including file's own line numbers.
 fn expand_includes(dir: &std::path::Path, path: &std::path::Path) -> String {
-    let text = std::fs::read_to_string(path).expect("read kernel file");
+    let mut seen = Vec::new();
+    expand_into(dir, path, &mut seen)
+}
+
+/// [`expand_includes`] of `path`, with the headers already pasted in `seen`.
+fn expand_into(dir: &std::path::Path, path: &std::path::Path, seen: &mut Vec<String>) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let file = path.file_name().and_then(|n| n.to_str()).unwrap_or("?");
     let mut out = String::new();
-    let mut seen = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let header = line.trim().strip_prefix("#include \"").and_then(|r| r.strip_suffix('"'));
         match header {
             Some(h) if h.ends_with(".cuh") => {
                 if !seen.iter().any(|s| s == h) {
+                    seen.push(h.to_string());
                     let hp = dir.join(h);
                     println!("cargo:rerun-if-changed={}", hp.display());
                     out += &format!("#line 1 \"{h}\"\n");
-                    out += &std::fs::read_to_string(&hp).unwrap_or_else(|e| panic!("{file}: {h}: {e}"));
-                    seen.push(h.to_string());
+                    out += &expand_into(dir, &hp, seen);
                 }
                 out += &format!("#line {} \"{file}\"\n", i + 2);
             }

@@ -2,7 +2,8 @@
 //! `scripts/gpu-check.sh` runs it):
 //!
 //! 1. matrix-vector products (`mul_mat` with one column, the decode case)
-//!    for each weight type: achieved GB/s of weight reads against the GPU's
+//!    for each weight type (ggml 0.25.3's IQ, TQ, FP4 and Q1_0/Q2_0 types
+//!    among them): achieved GB/s of weight reads against the GPU's
 //!    peak memory bandwidth, and the CPU backend's GB/s on the same shape in
 //!    the same run (the GPU/CPU ratio);
 //! 2. decode tokens/s of a generated `qwen3` model on one CUDA device and
@@ -112,11 +113,18 @@ fn matvec_seconds(backend: &dyn Backend, ty: GgmlType, k: i64, m: i64, budget: D
     let mut st = TensorStorage::new();
     st.alloc_tensors(backend, &ctx, g.leafs())?;
     GraphAllocator::new(backend.buffer_type()).alloc_graph(backend, &ctx, &g, &mut st)?;
-    let vals: Vec<f32> = (0..(k * m) as usize).map(|i| ((i * 7919) % 1999) as f32 / 1999.0 - 0.5).collect();
-    let mut bytes = vec![0u8; ty.row_size(k)? * m as usize];
-    quant::quantize_chunk(ty, &vals, &mut bytes, m as usize, k as usize)?;
-    st.set_bytes(&ctx, w, 0, &bytes)?;
-    st.set_f32(&ctx, x, &vals[..k as usize])?;
+    let vals: Vec<f32> = (0..k as usize).map(|i| ((i * 7919) % 1999) as f32 / 1999.0 - 0.5).collect();
+    // One quantized row repeated (the time does not depend on the values;
+    // the codebook quantizers are slow on a whole matrix); the types ggml
+    // quantizes only with an importance matrix get a byte pattern.
+    let mut row = vec![0u8; ty.row_size(k)?];
+    if quant::quantize_requires_imatrix(ty) {
+        row.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 37 % 251) as u8);
+    } else {
+        quant::quantize_chunk(ty, &vals, &mut row, 1, k as usize)?;
+    }
+    st.set_bytes(&ctx, w, 0, &row.repeat(m as usize))?;
+    st.set_f32(&ctx, x, &vals)?;
     let mut err = None;
     let s = fastest(
         &mut || {
@@ -179,7 +187,11 @@ fn main() -> shardgraph::Result<()> {
     println!("| type | weight MB | CUDA us | CUDA GB/s | of peak | CPU GB/s | CUDA/CPU |");
     println!("|---|---|---|---|---|---|---|");
     use GgmlType::*;
-    for ty in [F32, F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K] {
+    let types = [
+        F32, F16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S,
+        TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0,
+    ];
+    for ty in types {
         let bytes = (ty.row_size(k)? * m as usize) as f64;
         let g = matvec_seconds(&gpu, ty, k, m, budget)?;
         let c = if with_cpu { Some(matvec_seconds(&cpu, ty, k, m, budget)?) } else { None };

@@ -481,6 +481,7 @@ SG_GET_ROWS_PART_BOTH(q3_K, DqQ3_K)
 SG_GET_ROWS_PART_BOTH(q4_K, DqQ4_K)
 SG_GET_ROWS_PART_BOTH(q5_K, DqQ5_K)
 SG_GET_ROWS_PART_BOTH(q6_K, DqQ6_K)
+SG_CHUNK_TYPES(SG_GET_ROWS_PART_BOTH)
 
 // add_n: element loaders and stores by type.
 struct AnF32 {

@@ -568,6 +568,7 @@ SG_CPY_Q_FROM(q8_0, QQ8_0)
 SG_CPY_Q_FROM(q4_0, QQ4_0)
 SG_CPY_Q_FROM(q4_1, QQ4_1)
 SG_CPY_Q_FROM(q5_0, QQ5_0)
+SG_CPY_Q_FROM(iq4_nl, QIQ4_NL)
 SG_CPY_DQ_TO(q8_0, DqQ8_0)
 SG_CPY_DQ_TO(q4_0, DqQ4_0)
 SG_CPY_DQ_TO(q4_1, DqQ4_1)
@@ -578,6 +579,7 @@ SG_CPY_DQ_TO(q3_K, DqQ3_K)
 SG_CPY_DQ_TO(q4_K, DqQ4_K)
 SG_CPY_DQ_TO(q5_K, DqQ5_K)
 SG_CPY_DQ_TO(q6_K, DqQ6_K)
+SG_CHUNK_TYPES(SG_CPY_DQ_TO)
 
 // Same-type copy of whole blocks (or elements) of `esize` bytes: src and dst
 // have the same shape counted in units (ne0 = units per row) and strides in

@@ -8,7 +8,7 @@
 // pasted in by build.rs with common.cuh (f16 -> f32 via the PTX `cvt`).
 //
 // Kernels: sg_flash_attn_ext_<K type>_<V type>, each type one of
-// f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1 (49 kernels, e.g.
+// f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (64 kernels, e.g.
 // sg_flash_attn_ext_f16_f16, sg_flash_attn_ext_q8_0_q5_1), plus
 // sg_flash_attn_ext_bf16_bf16 (BF16 K and V; bf16 -> f32 is exact).
 // Q is F32, the mask F16, the result F32.
@@ -48,7 +48,7 @@
 //
 // Precision differences from ggml-cpu (same formulas, different rounding):
 // q is used in f32 (the CPU first rounds q to F16 / BF16 for F16 / BF16 K,
-// to Q8_0 blocks for Q8_0/Q4_0/Q5_0 K and to Q8_1 blocks for Q4_1/Q5_1 K,
+// to Q8_0 blocks for Q8_0/Q4_0/Q5_0/IQ4_NL K and to Q8_1 blocks for Q4_1/Q5_1 K,
 // and accumulates V in F16 for F16 V); keys are processed in tiles of 64
 // (one rescale per tile, not per key); dot products are lane-strided partial
 // sums reduced by warp shuffles. Expect agreement
@@ -82,6 +82,7 @@ typedef LDq<DqQ4_0, 0> LQ4_0;
 typedef LDq<DqQ4_1, 0> LQ4_1;
 typedef LDq<DqQ5_0, 0> LQ5_0;
 typedef LDq<DqQ5_1, 0> LQ5_1;
+typedef LDq<DqIQ4_NL, 0> LIQ4_NL;
 
 template <typename KT, typename VT>
 static __device__ __forceinline__ void flash_attn_impl(
@@ -223,7 +224,8 @@ static __device__ __forceinline__ void flash_attn_impl(
     SG_FA(sg_flash_attn_ext_##KN##_q4_0, KT, LQ4_0)                                      \
     SG_FA(sg_flash_attn_ext_##KN##_q4_1, KT, LQ4_1)                                      \
     SG_FA(sg_flash_attn_ext_##KN##_q5_0, KT, LQ5_0)                                      \
-    SG_FA(sg_flash_attn_ext_##KN##_q5_1, KT, LQ5_1)
+    SG_FA(sg_flash_attn_ext_##KN##_q5_1, KT, LQ5_1)                                      \
+    SG_FA(sg_flash_attn_ext_##KN##_iq4_nl, KT, LIQ4_NL)
 
 SG_FA_V(f32, LF32)
 SG_FA_V(f16, LF16)
@@ -232,4 +234,5 @@ SG_FA_V(q4_0, LQ4_0)
 SG_FA_V(q4_1, LQ4_1)
 SG_FA_V(q5_0, LQ5_0)
 SG_FA_V(q5_1, LQ5_1)
+SG_FA_V(iq4_nl, LIQ4_NL)
 SG_FA(sg_flash_attn_ext_bf16_bf16, LBF16, LBF16)

@@ -180,6 +180,87 @@ SG_DEQUANT(sg_dequant_q4_K, DqQ4_K)
 SG_DEQUANT(sg_dequant_q5_K, DqQ5_K)
 SG_DEQUANT(sg_dequant_q6_K, DqQ6_K)
 
+// The types dequant.cuh decodes eight values at a time (SG_CHUNK_TYPES: IQ*,
+// TQ*, MXFP4, NVFP4, Q1_0, Q2_0): get_rows and dequantize as above, with
+// each thread writing one chunk of 8 values (x strides over the ne00/8
+// chunks of a row).
+template <typename DQ>
+__device__ __forceinline__ void get_rows_chunk_impl(
+        const char *src0, const char *idx, char *dst,
+        i64 ne00, i64 ne01,
+        i64 nb01, i64 nb02, i64 nb03,
+        i64 ne10, i64 ne11, i64 ne12,
+        i64 nb10, i64 nb11, i64 nb12,
+        i64 nb0, i64 nb1, i64 nb2, i64 nb3,
+        int *err) {
+    const i64 nrows = ne10 * ne11 * ne12;
+    const i64 nc = ne00 / 8;
+    for (i64 r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const i64 i10 = r % ne10;
+        const i64 i11 = (r / ne10) % ne11;
+        const i64 i12 = r / (ne10 * ne11);
+        const i64 i01 = *(const int *) (idx + i10 * nb10 + i11 * nb11 + i12 * nb12);
+        char *d = dst + i10 * nb1 + i11 * nb2 + i12 * nb3;
+        const bool ok = i01 >= 0 && i01 < ne01;
+        if (!ok && err && blockIdx.x == 0 && threadIdx.x == 0) atomicExch(err, 1);
+        const unsigned char *row = (const unsigned char *) src0 + i01 * nb01 + i11 * nb02 + i12 * nb03;
+        for (i64 c = (i64) blockIdx.x * blockDim.x + threadIdx.x; c < nc; c += (i64) gridDim.x * blockDim.x) {
+            float v[8];
+            if (ok) {
+                DQ::get8(row + (c / (DQ::QK / 8)) * DQ::BYTES, (int) (c % (DQ::QK / 8)), v);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v[k] = 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) *(float *) (d + (8 * c + k) * nb0) = v[k];
+        }
+    }
+}
+
+template <typename DQ>
+__device__ __forceinline__ void dequant_chunk_impl(
+        const char *src, char *dst,
+        i64 ne00, i64 ne01, i64 ne02, i64 ne03,
+        i64 nb01, i64 nb02, i64 nb03) {
+    const i64 nrows = ne01 * ne02 * ne03;
+    const i64 nc = ne00 / 8;
+    for (i64 r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const i64 i1 = r % ne01;
+        const i64 i2 = (r / ne01) % ne02;
+        const i64 i3 = r / (ne01 * ne02);
+        const unsigned char *row = (const unsigned char *) src + i1 * nb01 + i2 * nb02 + i3 * nb03;
+        float *d = (float *) dst + r * ne00;
+        for (i64 c = (i64) blockIdx.x * blockDim.x + threadIdx.x; c < nc; c += (i64) gridDim.x * blockDim.x) {
+            float v[8];
+            DQ::get8(row + (c / (DQ::QK / 8)) * DQ::BYTES, (int) (c % (DQ::QK / 8)), v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) d[8 * c + k] = v[k];
+        }
+    }
+}
+
+#define SG_GET_ROWS_CHUNK(S, DQ)                                                         \
+    extern "C" __global__ void sg_get_rows_##S(                                          \
+            const char *src0, const char *idx, char *dst,                                \
+            i64 ne00, i64 ne01,                                                          \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03,                                      \
+            i64 ne10, i64 ne11, i64 ne12,                                                \
+            i64 nb10, i64 nb11, i64 nb12,                                                \
+            i64 nb0, i64 nb1, i64 nb2, i64 nb3,                                          \
+            int *err) {                                                                  \
+        get_rows_chunk_impl<DQ>(src0, idx, dst, ne00, ne01, nb01, nb02, nb03,            \
+                                ne10, ne11, ne12, nb10, nb11, nb12, nb0, nb1, nb2, nb3, err); \
+    }                                                                                    \
+    extern "C" __global__ void sg_dequant_##S(                                           \
+            const char *src, char *dst,                                                  \
+            i64 ne00, i64 ne01, i64 ne02, i64 ne03,                                      \
+            i64 nb00, i64 nb01, i64 nb02, i64 nb03) {                                    \
+        dequant_chunk_impl<DQ>(src, dst, ne00, ne01, ne02, ne03, nb01, nb02, nb03);      \
+    }
+
+SG_CHUNK_TYPES(SG_GET_ROWS_CHUNK)
+
 // ---------------------------------------------------------------------------
 // set_rows
 // ---------------------------------------------------------------------------
@@ -286,3 +367,5 @@ SG_SET_ROWS(sg_set_rows_q5_0_i32, StBlock<QQ5_0>, IdxI32)
 SG_SET_ROWS(sg_set_rows_q5_0_i64, StBlock<QQ5_0>, IdxI64)
 SG_SET_ROWS(sg_set_rows_q5_1_i32, StBlock<QQ5_1>, IdxI32)
 SG_SET_ROWS(sg_set_rows_q5_1_i64, StBlock<QQ5_1>, IdxI64)
+SG_SET_ROWS(sg_set_rows_iq4_nl_i32, StBlock<QIQ4_NL>, IdxI32)
+SG_SET_ROWS(sg_set_rows_iq4_nl_i64, StBlock<QIQ4_NL>, IdxI64)

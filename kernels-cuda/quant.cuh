@@ -5,6 +5,8 @@
 // out of blocks, quantized add) and getrows.cu (set_rows). Pasted in by
 // build.rs (see common.cuh).
 
+#include "iq_tables.cuh"
+
 // Largest |x| and the signed value attaining it (first one on ties).
 __device__ __forceinline__ float sg_abs_max_signed(const float *x) {
     float amax = 0.0f, max = 0.0f;
@@ -121,3 +123,51 @@ struct QQ5_1 {
     }
 };
 
+
+// IQ4_NL as ggml's CPU writes it in cpy / set_rows (quantize_row_iq4_nl_ref,
+// src/tensor/quant/iq_quantize.rs): the codes nearest to x * id with
+// id = 1 / (max / -127) (max the signed value of largest magnitude), then the
+// least-squares scale d = sum(w*q*x) / sum(w*q*q) of those codes (w = x*x),
+// stored as f16. A block whose largest |x| is below 1e-15 gets d = 0 and
+// codes 8 (0x88 bytes).
+struct QIQ4_NL {
+    static constexpr int BYTES = 18;
+    // Index of the table value nearest to x (the lower one on ties; the ends
+    // beyond them; 15 for NaN), by bisection as ggml's best_index_int8.
+    __device__ static __forceinline__ int best(float x) {
+        const signed char *v = sg_kvalues_iq4nl;
+        if (x <= (float) v[0]) return 0;
+        if (x >= (float) v[15]) return 15;
+        int ml = 0, mu = 15;
+        while (mu - ml > 1) {
+            const int mav = (ml + mu) / 2;
+            if (x < (float) v[mav]) mu = mav;
+            else ml = mav;
+        }
+        return __fsub_rn(x, (float) v[mu - 1]) < __fsub_rn((float) v[mu], x) ? mu - 1 : mu;
+    }
+    __device__ static __forceinline__ void quant(const float *x, unsigned char *y) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            const float a = fabsf(x[j]);
+            if (a > amax) { amax = a; max = x[j]; }
+        }
+        if (amax < 1e-15f) {
+            sg_st_h(y, 0.0f);
+            for (int j = 0; j < 16; ++j) y[2 + j] = 0x88;
+            return;
+        }
+        const float id = __fdiv_rn(1.0f, __fdiv_rn(max, (float) sg_kvalues_iq4nl[0]));
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            const float q = (float) sg_kvalues_iq4nl[best(__fmul_rn(id, x[j]))];
+            const float w = __fmul_rn(x[j], x[j]);
+            sumqx = __fadd_rn(sumqx, __fmul_rn(__fmul_rn(w, q), x[j]));
+            sumq2 = __fadd_rn(sumq2, __fmul_rn(__fmul_rn(w, q), q));
+        }
+        sg_st_h(y, sumq2 > 0.0f ? __fdiv_rn(sumqx, sumq2) : 0.0f);
+        for (int j = 0; j < 16; ++j) {
+            y[2 + j] = (unsigned char) (best(__fmul_rn(id, x[j])) | (best(__fmul_rn(id, x[j + 16])) << 4));
+        }
+    }
+};

@@ -248,6 +248,28 @@ struct DotDq {
     }
 };
 
+// The types dequant.cuh decodes eight values at a time (SG_CHUNK_TYPES):
+// lane l takes chunks l, l+32, ... of the row (for 256-value blocks one
+// block per warp step, each lane 8 consecutive values), decodes its 8
+// weights and dots them with 8 consecutive activations.
+template <typename DQ>
+struct DotChunk8 {
+    __device__ static __forceinline__ float row(const unsigned char *wr, const char *xc, i64 nb10, i64 ne00, int lane) {
+        const i64 nc = ne00 / 8;
+        float acc = 0.0f;
+        for (i64 c = lane; c < nc; c += 32) {
+            float v[8];
+            DQ::get8(wr + (c / (DQ::QK / 8)) * DQ::BYTES, (int) (c % (DQ::QK / 8)), v);
+            const i64 k0 = 8 * c;
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) s += v[k] * XV(k0 + k);
+            acc += s;
+        }
+        return acc;
+    }
+};
+
 #undef XV
 
 template <typename DOT>
@@ -304,6 +326,8 @@ SG_MMV(sg_mul_mat_vec_q5_0, DotDq<DqPacked<DqQ5_0>>)
 SG_MMV(sg_mul_mat_vec_q5_1, DotDq<DqPacked<DqQ5_1>>)
 SG_MMV(sg_mul_mat_vec_q2_K, DotDq<DqPacked<DqQ2_K>>)
 SG_MMV(sg_mul_mat_vec_q3_K, DotDq<DqPacked<DqQ3_K>>)
+#define SG_MMV_CHUNK(S, DQ) SG_MMV(sg_mul_mat_vec_##S, DotChunk8<DQ>)
+SG_CHUNK_TYPES(SG_MMV_CHUNK)
 
 template <typename DOT>
 __device__ __forceinline__ void mul_mat_id_vec_impl(
@@ -366,3 +390,5 @@ SG_MMV_ID(sg_mul_mat_id_vec_q5_0, DotDq<DqPacked<DqQ5_0>>)
 SG_MMV_ID(sg_mul_mat_id_vec_q5_1, DotDq<DqPacked<DqQ5_1>>)
 SG_MMV_ID(sg_mul_mat_id_vec_q2_K, DotDq<DqPacked<DqQ2_K>>)
 SG_MMV_ID(sg_mul_mat_id_vec_q3_K, DotDq<DqPacked<DqQ3_K>>)
+#define SG_MMV_ID_CHUNK(S, DQ) SG_MMV_ID(sg_mul_mat_id_vec_##S, DotChunk8<DQ>)
+SG_CHUNK_TYPES(SG_MMV_ID_CHUNK)

@@ -38,8 +38,10 @@
 # loaded, once: later processes read them from the disk cache, see
 # src/backend/cuda/nvrtc.rs); kernels (cuda_kernels for sm_90 only);
 # backend (cuda_backend: qwen3/qwen35 decoding and speculative decoding on
-# 1-2 virtual devices equal to the CPU run; out of memory, foreign
-# buffers, bad indices); diff (cuda_diff, the ggml differential suite on
+# 1-2 virtual devices equal to the CPU run; get_rows, cpy, mul_mat and
+# mul_mat_id of ggml 0.25.3's IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0 weights
+# and IQ4_NL K/V equal to the CPU; out of memory, foreign buffers, bad
+# indices); diff (cuda_diff, the ggml differential suite on
 # the GPU, cuBLAS on) and diff-own-gemm (its mul_mat cases with
 # SHARDGRAPH_CUBLAS=0: our GEMM kernels); main (the dflash2 example on a
 # small qwen3 + DFlash2 pair that the bench binary writes, 2 virtual
@@ -47,8 +49,8 @@
 # split-props (SHARDGRAPH_TEST_DEVICES=cuda, proptest cases and shrinking
 # reduced, 4 test threads); mtp and dflash2-qwen35 (the examples on the
 # qwen35 hybrid they write on first use, --verify); bench (matvec GB/s per
-# weight type against peak bandwidth, decode tokens/s of the small qwen3
-# on 1 and 2 virtual devices). `run` sets SHARDGRAPH_REQUIRE_GPU=1 (a test
+# weight type, the IQ/TQ/FP4/Q1_0/Q2_0 types among them, against peak
+# bandwidth; decode tokens/s of the small qwen3 on 1 and 2 virtual devices). `run` sets SHARDGRAPH_REQUIRE_GPU=1 (a test
 # that cannot open the GPU fails instead of skipping or falling back to
 # the emulator) and SHARDGRAPH_REQUIRE_GGML=1 (cuda_diff fails without the
 # oracle, cuda_kernels without NVRTC); --dry leaves REQUIRE_GPU as the

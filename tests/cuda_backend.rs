@@ -23,9 +23,11 @@ mod decode;
 mod devices;
 #[path = "common/fixtures.rs"]
 mod fixtures;
-use decode::{generate, nmse};
+use decode::{generate, nmse, rng};
 use fixtures::run_graph;
 
+#[path = "common/quant_blocks.rs"]
+mod quant_blocks;
 #[path = "common/qwen35_tiny.rs"]
 mod qwen35_tiny;
 
@@ -284,34 +286,152 @@ fn attention_sinks_on_the_device_equal_the_cpu() {
     assert!(d.stats().host_nodes.is_empty(), "sinks ran on the host: {:?}", d.stats().host_nodes);
 }
 
-/// The block types of ggml 0.25.3 that the device kernels do not read yet
-/// (IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0) as weights of `mul_mat` and
-/// sources of a `cpy` to F32 on a device: those nodes run on the host with
-/// the CPU kernels, counted in the stats, and give the CPU's results.
+/// ggml 0.25.3's newer block types on the device, as random blocks (every
+/// grid point, sign pattern and scale bit a file may hold; IQ2_XXS, IQ2_XS
+/// and IQ1_S have no quantizer without an importance matrix): `get_rows`
+/// and `cpy` to F32 equal the CPU bit for bit; `mul_mat` with 1 and 3
+/// columns (matrix-vector kernels) and 16 (dequantized, then the F32
+/// product) is within 1e-9 NMSE of the f64 product of the CPU's dequantized
+/// weights and within ggml's mul_mat tolerance (5e-4) of the CPU, which
+/// rounds the activations to Q8 first; `mul_mat_id` too. IQ4_NL as a K/V
+/// cache type: `set_rows` and `cpy` into it equal the CPU's blocks, and
+/// `flash_attn_ext` over IQ4_NL K and V is within 5e-4 of the CPU (which
+/// rounds q to Q8_0). On the CUDA device and, with the emulator, on the
+/// emulated CDNA device (the HIP spelling, 64-wide waves); nothing runs on
+/// the host.
 #[test]
-fn new_block_types_on_a_device_run_on_the_host() {
-    use GgmlType::*;
+fn new_block_types_run_on_the_device_as_on_the_cpu() {
     let Some(mut devs) = devices(1) else { return };
-    let d = devs.remove(0);
-    for ty in [IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0] {
+    new_block_types_on(devs.remove(0));
+    #[cfg(feature = "cuda-emu")]
+    new_block_types_on(CudaBackend::emulated_hip(1 << 30));
+}
+
+fn new_block_types_on(d: CudaBackend) {
+    use GgmlType::*;
+    let cpu = shardgraph::CpuBackend::with_threads(2).unwrap();
+    let f32_bytes = fixtures::f32_bytes;
+    let i32_bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut r = rng::Rng::new(29);
+    let types =
+        [IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0];
+    for ty in types {
+        let (k, m, n_expert) = (512i64, 9i64, 3i64);
         let mut ctx = Context::new();
-        let (k, m, n) = (256i64, 6i64, 3i64);
-        let w = ctx.new_tensor(ty, &[k, m]).unwrap();
-        let x = ctx.new_tensor(GgmlType::F32, &[k, n]).unwrap();
-        let y = ctx.mul_mat(w, x).unwrap();
-        let rows = ctx.cast(w, GgmlType::F32).unwrap();
-        let leafs = vec![
-            (w, decode::values((k * m) as usize, 3 + ty.id() as u64, 1.0, 0.0)),
-            (x, decode::values((k * n) as usize, 5, 1.0, 0.0)),
+        let w = ctx.new_tensor(ty, &[k, m, n_expert]).unwrap();
+        let w0 = ctx.view_2d(w, k, m, ctx.tensor(w).unwrap().nb[1], 0).unwrap();
+        let idx = ctx.new_tensor(I32, &[4, n_expert]).unwrap();
+        let rows = ctx.get_rows(w, idx).unwrap();
+        let deq = ctx.cast(w, F32).unwrap();
+        let xs: Vec<_> = [1i64, 3, 16].iter().map(|&n| ctx.new_tensor(F32, &[k, n]).unwrap()).collect();
+        let mut outs = vec![rows, deq];
+        for &x in &xs {
+            outs.push(ctx.mul_mat(w0, x).unwrap());
+        }
+        let xb = ctx.new_tensor(F32, &[k, 2, 5]).unwrap();
+        let ids = ctx.new_tensor(I32, &[2, 5]).unwrap();
+        outs.push(ctx.mul_mat_id(w, xb, ids).unwrap());
+        let mut leafs = vec![
+            (w, quant_blocks::random_blocks(ty, (k * m * n_expert) as usize / ty.block_size(), &mut r)),
+            (idx, i32_bytes(&[4, 0, 8, 4, 1, 1, 7, 2, 8, 0, 3, 5])),
+            (xb, f32_bytes(&rng::values((k * 10) as usize, 41, 1.0, 0.0))),
+            (ids, i32_bytes(&[0, 2, 1, 1, 2, 0, 2, 2, 0, 1])),
         ];
-        let cpu = shardgraph::CpuBackend::with_threads(2).unwrap();
-        let want = run_graph(&cpu, &ctx, &leafs, &[y, rows]);
-        let got = run_graph(&d, &ctx, &leafs, &[y, rows]);
-        assert_eq!(got, want, "{ty}: device (host fallback) differs from the CPU");
+        for (i, &x) in xs.iter().enumerate() {
+            let n = ctx.tensor(x).unwrap().nelements() as usize;
+            leafs.push((x, f32_bytes(&rng::values(n, 43 + i as u64, 1.0, 0.0))));
+        }
+        let before = d.stats().host_nodes;
+        let want = fixtures::run_graph_bytes(&cpu, &ctx, &leafs, &outs);
+        let got = fixtures::run_graph_bytes(&d, &ctx, &leafs, &outs);
+        let name = d.device().name.clone();
+        assert_eq!(d.stats().host_nodes, before, "{ty} on {name}: nodes ran on the host");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got[0]), bits(&want[0]), "{ty} on {name}: get_rows differs from the CPU");
+        assert_eq!(bits(&got[1]), bits(&want[1]), "{ty} on {name}: cpy to F32 differs from the CPU");
+        // The f64 product of the dequantized first expert and the activations.
+        let wf = &want[1][..(k * m) as usize];
+        for (i, &x) in xs.iter().enumerate() {
+            let xv = &leafs[4 + i].1;
+            let xv: Vec<f32> = xv.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let n = ctx.tensor(x).unwrap().ne[1] as usize;
+            let exact: Vec<f64> = (0..n)
+                .flat_map(|j| {
+                    let xj = &xv[j * k as usize..(j + 1) * k as usize];
+                    wf.chunks_exact(k as usize)
+                        .map(move |wr| wr.iter().zip(xj).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>())
+                })
+                .collect();
+            let (g, c) = (&got[2 + i], &want[2 + i]);
+            let g64: Vec<f64> = g.iter().map(|&v| v as f64).collect();
+            let c64: Vec<f64> = c.iter().map(|&v| v as f64).collect();
+            let (e_exact, e_cpu) = (nmse(&g64, &exact), nmse(g, c));
+            println!("cuda_backend: {name} {ty} mul_mat n={n}: nmse {e_exact:.1e} vs f64, {e_cpu:.1e} vs the CPU ({:.1e} CPU vs f64)", nmse(&c64, &exact));
+            assert!(e_exact < 1e-9 && e_cpu < 5e-4, "{ty} on {name}: mul_mat n={n}: nmse {e_exact:e} / {e_cpu:e}");
+        }
+        let e = nmse(&got[5], &want[5]);
+        assert!(e < 5e-4, "{ty} on {name}: mul_mat_id nmse {e:e}");
     }
-    let host = d.stats().host_nodes;
-    println!("cuda_backend: host nodes of the new block types: {host:?}");
-    assert!(host.keys().any(|op| op.contains("mul_mat")), "host nodes: {host:?}");
+    iq4_nl_cache_on(&d, &cpu);
+}
+
+/// IQ4_NL as a K/V cache on device `d` against `cpu`: rows written by
+/// `set_rows` (I32 and I64 indices; a row of zeros among them) and `cpy`
+/// equal the CPU's, and `flash_attn_ext` reads IQ4_NL K and V (GQA, an F16
+/// mask) within 5e-4 of the CPU; nothing runs on the host.
+fn iq4_nl_cache_on(d: &CudaBackend, cpu: &shardgraph::CpuBackend) {
+    use GgmlType::*;
+    let mut ctx = Context::new();
+    let src = ctx.new_tensor(F32, &[64, 3]).unwrap();
+    let cache = ctx.new_tensor(IQ4_NL, &[64, 6]).unwrap();
+    let i32s = ctx.new_tensor(I32, &[3]).unwrap();
+    let i64s = ctx.new_tensor(I64, &[3]).unwrap();
+    let cache2 = ctx.new_tensor(IQ4_NL, &[64, 6]).unwrap();
+    let set32 = ctx.set_rows(cache, src, i32s).unwrap();
+    let set64 = ctx.set_rows(cache2, src, i64s).unwrap();
+    let copied = ctx.cast(src, IQ4_NL).unwrap();
+    let (dk, n_kv, h, hkv, n_q) = (64i64, 40i64, 8i64, 2i64, 6i64);
+    let q = ctx.new_tensor(F32, &[dk, n_q, h, 1]).unwrap();
+    let kc = ctx.new_tensor(IQ4_NL, &[dk, n_kv, hkv, 1]).unwrap();
+    let vc = ctx.new_tensor(IQ4_NL, &[dk, n_kv, hkv, 1]).unwrap();
+    let mask = ctx.new_tensor(F16, &[n_kv, n_q, 1, 1]).unwrap();
+    let fa = ctx.flash_attn_ext(q, kc, vc, Some(mask), 0.125, 0.0, 0.0).unwrap();
+    let mut r = rng::Rng::new(31);
+    let mut rows = rng::values(64 * 3, 47, 1.0, 0.0);
+    rows[64..128].iter_mut().for_each(|v| *v = 0.0);
+    let kv_bytes = |seed: u64| {
+        let n = (dk * n_kv * hkv) as usize;
+        let mut b = vec![0u8; IQ4_NL.row_size(n as i64).unwrap()];
+        shardgraph::tensor::quant::quantize_chunk(IQ4_NL, &rng::values(n, seed, 1.0, 0.0), &mut b, 1, n).unwrap();
+        b
+    };
+    let causal: Vec<u8> = (0..n_q * n_kv)
+        .map(|i| if i % n_kv <= 34 + i / n_kv { -((i % 5) as f32) * 0.1 } else { f32::NEG_INFINITY })
+        .flat_map(|v| shardgraph::tensor::quant::fp32_to_fp16_bits(v).to_le_bytes())
+        .collect();
+    let leafs = vec![
+        (src, fixtures::f32_bytes(&rows)),
+        (cache, quant_blocks::random_blocks(IQ4_NL, 12, &mut r)),
+        (cache2, quant_blocks::random_blocks(IQ4_NL, 12, &mut r)),
+        (i32s, [5i32, 0, 2].iter().flat_map(|x| x.to_le_bytes()).collect()),
+        (i64s, [1i64, 4, 3].iter().flat_map(|x| x.to_le_bytes()).collect()),
+        (q, fixtures::f32_bytes(&rng::values((dk * n_q * h) as usize, 53, 1.0, 0.0))),
+        (kc, kv_bytes(59)),
+        (vc, kv_bytes(61)),
+        (mask, causal),
+    ];
+    let outs = [set32, set64, copied, fa];
+    let before = d.stats().host_nodes;
+    let want = fixtures::run_graph_bytes(cpu, &ctx, &leafs, &outs);
+    let got = fixtures::run_graph_bytes(d, &ctx, &leafs, &outs);
+    let name = &d.device().name;
+    assert_eq!(d.stats().host_nodes, before, "IQ4_NL cache on {name}: nodes ran on the host");
+    for i in 0..3 {
+        assert_eq!(got[i], want[i], "IQ4_NL cache on {name}: output {i} (set_rows / cpy) differs from the CPU");
+    }
+    let e = nmse(&got[3], &want[3]);
+    println!("cuda_backend: {name} flash_attn_ext IQ4_NL K/V: nmse {e:.1e} vs the CPU");
+    assert!(e < 5e-4, "IQ4_NL flash_attn_ext on {name}: nmse {e:e}");
 }
 
 /// Speculative decoding on the `qwen35` hybrid target with its gated

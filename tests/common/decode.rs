@@ -13,7 +13,7 @@ use shardgraph_models::types::TensorTypes;
 #[path = "nmse.rs"]
 mod nmse;
 #[path = "rng.rs"]
-mod rng;
+pub mod rng;
 // Not every test that includes this file compares logits.
 #[allow(unused_imports)]
 pub use nmse::nmse;

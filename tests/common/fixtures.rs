@@ -89,3 +89,23 @@ pub fn run_graph(
     backend.compute(ctx, &g, &st).unwrap();
     outs.iter().map(|&o| st.get_f32(ctx, o).unwrap()).collect()
 }
+
+/// [`run_graph`] with the leafs filled from raw bytes in their own types
+/// (`leafs`: e.g. random quant blocks, I32 indices), every other leaf
+/// keeping the allocation's bytes. Panics on any error (a test helper).
+pub fn run_graph_bytes(
+    backend: &dyn Backend,
+    ctx: &Context,
+    leafs: &[(TensorId, Vec<u8>)],
+    outs: &[TensorId],
+) -> Vec<Vec<f32>> {
+    let g = ctx.build_forward(outs).unwrap();
+    let mut st = TensorStorage::new();
+    st.alloc_tensors(backend, ctx, g.leafs()).unwrap();
+    GraphAllocator::new(backend.buffer_type()).alloc_graph(backend, ctx, &g, &mut st).unwrap();
+    for (id, bytes) in leafs {
+        st.set_bytes(ctx, *id, 0, bytes).unwrap();
+    }
+    backend.compute(ctx, &g, &st).unwrap();
+    outs.iter().map(|&o| st.get_f32(ctx, o).unwrap()).collect()
+}

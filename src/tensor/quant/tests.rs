@@ -577,3 +577,85 @@ fn quant_bench_new_types() {
         eprintln!("  {:>7}: scalar {s:>8.0}  best {f:>7.0}  speedup {:>5.1}x  quantize {tq:>9.1}", ty.name(), s / f);
     }
 }
+
+/// The GPU kernels' copy of the IQ and FP4 tables
+/// (`kernels-cuda/iq_tables.cuh`) as rendered from this module's tables:
+/// the grids of `grids.rs`, `KSIGNS` and the two 4-bit value tables. The
+/// Rust tables are the one source; the header is generated from them.
+fn render_kernel_tables() -> String {
+    use super::grids::*;
+    use super::iquants::KSIGNS;
+    use std::fmt::Write;
+    let mut s = String::new();
+    s += "// iq_tables.cuh — GENERATED from src/tensor/quant/grids.rs (and KSIGNS of\n";
+    s += "// iquants.rs) by the unit test `kernel_tables_equal_the_rust_tables`\n";
+    s += "// (src/tensor/quant/tests.rs), which fails when this file differs from the\n";
+    s += "// Rust tables; `SHARDGRAPH_BLESS=1 cargo test --lib kernel_tables` rewrites\n";
+    s += "// it. Do not edit by hand. ggml 0.25.3's codebooks of the IQ formats (grid\n";
+    s += "// point i packs its coordinates as little-endian bytes, coordinate k in byte\n";
+    s += "// k: unsigned magnitudes for IQ2/IQ3, signed -1/0/1 for IQ1), the sign\n";
+    s += "// patterns of IQ2_XXS/IQ2_XS/IQ3_XXS (7 stored bits plus an even-parity 8th),\n";
+    s += "// and the 4-bit value tables of IQ4_NL/IQ4_XS and of MXFP4/NVFP4 (E2M1,\n";
+    s += "// doubled). Included by dequant.cuh and quant.cuh (build.rs pastes it once).\n";
+    s += "//\n";
+    s += "// SG_TABLE: device-global read-only memory, as the lanes of a warp look up\n";
+    s += "// different entries (the constant cache serialises divergent addresses).\n";
+    s += "#ifndef SG_IQ_TABLES_CUH\n#define SG_IQ_TABLES_CUH\n";
+    s += "#ifndef SG_TABLE\n#define SG_TABLE __device__ const\n#endif\n";
+    let u64s = |s: &mut String, name: &str, t: &[u64]| {
+        let _ = writeln!(s, "\nSG_TABLE unsigned long long {name}[{}] = {{", t.len());
+        for row in t.chunks(4) {
+            let cells: Vec<String> = row.iter().map(|v| format!("0x{v:016x}ull")).collect();
+            let _ = writeln!(s, "    {},", cells.join(", "));
+        }
+        s.push_str("};\n");
+    };
+    u64s(&mut s, "sg_iq2xxs_grid", &IQ2XXS_GRID);
+    u64s(&mut s, "sg_iq2xs_grid", &IQ2XS_GRID);
+    u64s(&mut s, "sg_iq2s_grid", &IQ2S_GRID);
+    u64s(&mut s, "sg_iq1s_grid", &IQ1S_GRID);
+    let u32s = |s: &mut String, name: &str, t: &[u32]| {
+        let _ = writeln!(s, "\nSG_TABLE unsigned int {name}[{}] = {{", t.len());
+        for row in t.chunks(8) {
+            let cells: Vec<String> = row.iter().map(|v| format!("0x{v:08x}u")).collect();
+            let _ = writeln!(s, "    {},", cells.join(", "));
+        }
+        s.push_str("};\n");
+    };
+    u32s(&mut s, "sg_iq3xxs_grid", &IQ3XXS_GRID);
+    u32s(&mut s, "sg_iq3s_grid", &IQ3S_GRID);
+    let _ = writeln!(s, "\nSG_TABLE unsigned char sg_ksigns_iq2xs[{}] = {{", KSIGNS.len());
+    for row in KSIGNS.chunks(16) {
+        let cells: Vec<String> = row.iter().map(|v| v.to_string()).collect();
+        let _ = writeln!(s, "    {},", cells.join(", "));
+    }
+    s.push_str("};\n");
+    let i8s = |s: &mut String, name: &str, t: &[i8]| {
+        let cells: Vec<String> = t.iter().map(|v| v.to_string()).collect();
+        let _ = writeln!(s, "\nSG_TABLE signed char {name}[{}] = {{{}}};", t.len(), cells.join(", "));
+    };
+    i8s(&mut s, "sg_kvalues_iq4nl", &KVALUES_IQ4NL);
+    i8s(&mut s, "sg_kvalues_fp4", &KVALUES_FP4);
+    s += "\n#endif // SG_IQ_TABLES_CUH\n";
+    s
+}
+
+/// `kernels-cuda/iq_tables.cuh` is exactly what [`render_kernel_tables`]
+/// makes of the Rust tables (so the GPU kernels decode with the CPU's
+/// codebooks); with `SHARDGRAPH_BLESS=1` a differing file is rewritten.
+#[test]
+fn kernel_tables_equal_the_rust_tables() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels-cuda").join("iq_tables.cuh");
+    let want = render_kernel_tables();
+    let got = std::fs::read_to_string(&path).unwrap_or_default();
+    if got != want && std::env::var_os("SHARDGRAPH_BLESS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+        return;
+    }
+    let line = got.lines().zip(want.lines()).position(|(a, b)| a != b).map_or(0, |i| i + 1);
+    assert!(
+        got == want,
+        "{} differs from the Rust tables (first at line {line}); SHARDGRAPH_BLESS=1 regenerates it",
+        path.display()
+    );
+}

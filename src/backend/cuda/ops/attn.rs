@@ -1,5 +1,5 @@
 //! The attention family, `kernels-cuda/flash_attn.cu`: `flash_attn_ext`
-//! (F32 Q; K/V F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in any pairing, or
+//! (F32 Q; K/V F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL in any pairing, or
 //! BF16 K and V; F16 mask; soft-capping; ALiBi; sinks; GQA/MQA head and
 //! batch broadcast).
 //!
@@ -9,7 +9,7 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{ops_outside, Op};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Threads per block (one block per query row).
 const B: u32 = 128;
@@ -25,6 +25,7 @@ fn suffix(ty: GgmlType) -> Option<&'static str> {
         Q4_1 => Some("q4_1"),
         Q5_0 => Some("q5_0"),
         Q5_1 => Some("q5_1"),
+        IQ4_NL => Some("iq4_nl"),
         _ => None,
     }
 }

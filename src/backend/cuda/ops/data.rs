@@ -3,16 +3,19 @@
 //! `pad`.
 //!
 //! - `kernels-cuda/getrows.cu`: `get_rows` (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-//!   Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K tables to F32; I32 tables to
-//!   I32) and `set_rows` (F32 rows into F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0
-//!   or Q5_1 rows at I32 or I64 indices). An index out of range is an error,
+//!   Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and ggml 0.25.3's IQ*, TQ*,
+//!   MXFP4, NVFP4, Q1_0, Q2_0 tables to F32: `super::type_suffix`; I32 tables
+//!   to I32) and `set_rows` (F32 rows into F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+//!   Q5_0, Q5_1 or IQ4_NL rows at I32 or I64 indices; into the other block
+//!   types it runs on the host). An index out of range is an error,
 //!   as ggml's assert: the kernels skip it (nothing is read or written outside
 //!   the tensors) and set an error flag, which is read back when the compute
 //!   has finished and fails it, naming the op.
 //! - `kernels-cuda/elementwise.cu`: copies (`cpy`, `dup`, `cont`) between
-//!   F32, F16, BF16 and I32, into Q8_0/Q4_0/Q4_1/Q5_0 blocks, out of every
-//!   block type dequant.cuh knows (Q4_0..Q8_0, Q2_K..Q6_K) into F32 / F16,
-//!   and same-type block copies.
+//!   F32, F16, BF16 and I32, into Q8_0/Q4_0/Q4_1/Q5_0/IQ4_NL blocks, out of
+//!   every block type dequant.cuh knows (Q4_0..Q8_0, Q2_K..Q6_K, the IQ*,
+//!   TQ*, FP4 and Q1_0/Q2_0 types) into F32 / F16, and same-type block
+//!   copies.
 //! - `kernels-cuda/concat_repeat_pad.cu`: `concat`, `repeat` and `pad`,
 //!   which only move elements: the `_f32` kernels serve every 4-byte type
 //!   (F32, I32) and the `_f16` kernels every 2-byte type (F16, BF16, I16).
@@ -20,7 +23,7 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{ops_outside, Op};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// Threads per block of the get_rows launch.
 const B_GET: u32 = 256;
@@ -71,7 +74,8 @@ fn get_rows(cx: &Cx, dst: &T, a: &T, idx: &T) -> Result<bool> {
     if idx.ty() != I32 || dst.ty() != dty {
         return Ok(false);
     }
-    let Some((args, grid)) = get_rows_args(cx, dst, a, idx, a.t.ne[1], "src0")? else { return Ok(false) };
+    let per_thread = super::values_per_thread(a.ty());
+    let Some((args, grid)) = get_rows_args(cx, dst, a, idx, a.t.ne[1], per_thread, "src0")? else { return Ok(false) };
     cx.launch(&format!("sg_get_rows_{sfx}"), grid, [B_GET, 1, 1], &args)?;
     Ok(true)
 }
@@ -79,15 +83,17 @@ fn get_rows(cx: &Cx, dst: &T, a: &T, idx: &T) -> Result<bool> {
 /// The arguments and grid of a get_rows kernel (`sg_get_rows_*` here,
 /// `sg_get_rows_part_*` in `distributed.cu`, which append their ranges)
 /// for table `a` `[ne00, .., ne02, ne03]` of `n_rows` global rows, indices
-/// `idx` `[ne10, ne11, ne12, 1]` and `dst` `[ne00, ne10, ne11, ne12]`; the
-/// error flag names `what` the table is. `None` where the shapes or the
-/// table's layout do not fit (the caller's types are checked there).
+/// `idx` `[ne10, ne11, ne12, 1]` and `dst` `[ne00, ne10, ne11, ne12]`, each
+/// thread writing `per_thread` values of a row; the error flag names `what`
+/// the table is. `None` where the shapes or the table's layout do not fit
+/// (the caller's types are checked there).
 pub(super) fn get_rows_args(
     cx: &Cx,
     dst: &T,
     a: &T,
     idx: &T,
     n_rows: i64,
+    per_thread: i64,
     what: &str,
 ) -> Result<Option<(Vec<KArg>, [u32; 3])>> {
     let [ne00, _, ne02, ne03] = a.t.ne;
@@ -111,7 +117,7 @@ pub(super) fn get_rows_args(
     args.extend(idx.nb()[..3].iter().copied());
     args.extend(dst.nb());
     args.push(flag);
-    let grid = [cx.blocks(ne00, B_GET as i64, 1024), cx.blocks(ne10 * ne11 * ne12, 1, 65535), 1];
+    let grid = [cx.blocks(ne00 / per_thread, B_GET as i64, 1024), cx.blocks(ne10 * ne11 * ne12, 1, 65535), 1];
     Ok(Some((args, grid)))
 }
 
@@ -125,6 +131,7 @@ fn set_rows(cx: &Cx, dst: &T, rows: &T, idx: &T) -> Result<bool> {
         Q4_1 => "q4_1",
         Q5_0 => "q5_0",
         Q5_1 => "q5_1",
+        IQ4_NL => "iq4_nl",
         _ => return Ok(false),
     };
     let iname = match idx.ty() {
@@ -188,6 +195,7 @@ fn quant_suffix(ty: GgmlType) -> Option<&'static str> {
         Q4_0 => Some("q4_0"),
         Q4_1 => Some("q4_1"),
         Q5_0 => Some("q5_0"),
+        IQ4_NL => Some("iq4_nl"),
         _ => None,
     }
 }

@@ -8,7 +8,7 @@
 use super::{Cx, KArg, T};
 use crate::error::Result;
 use crate::ops::{ops_outside, Op, RowReduce};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, I64};
+use crate::tensor::GgmlType::{BF16, F16, F32, I32, I64};
 
 const B: u32 = 256;
 
@@ -145,14 +145,9 @@ fn row_finish(cx: &Cx, reduce: RowReduce, lens: &[i64], dst: &T, src: &[T]) -> R
     Ok(true)
 }
 
-/// Kernel-name part of a table type (every type with a dequantizer).
-fn table(ty: GgmlType) -> Option<&'static str> {
-    super::type_suffix(ty).filter(|_| !matches!(ty, I32 | I64))
-}
-
 fn get_rows_part(cx: &Cx, ranges: &[(i64, i64)], n_rows: i64, dst: &T, src: &[T]) -> Result<bool> {
     let (Some(a), Some(idx)) = (src.first(), src.get(1)) else { return Ok(false) };
-    let (Some(t), Some(rg)) = (table(a.ty()), ranges_args(ranges)) else { return Ok(false) };
+    let (Some(t), Some(rg)) = (super::float_suffix(a.ty()), ranges_args(ranges)) else { return Ok(false) };
     let ix = match idx.ty() {
         I32 => "i32",
         I64 => "i64",
@@ -161,7 +156,7 @@ fn get_rows_part(cx: &Cx, ranges: &[(i64, i64)], n_rows: i64, dst: &T, src: &[T]
     if dst.ty() != F32 {
         return Ok(false);
     }
-    let Some((mut args, grid)) = super::data::get_rows_args(cx, dst, a, idx, n_rows, "src0 part")? else {
+    let Some((mut args, grid)) = super::data::get_rows_args(cx, dst, a, idx, n_rows, 1, "src0 part")? else {
         return Ok(false);
     };
     args.extend(rg);

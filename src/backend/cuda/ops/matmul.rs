@@ -4,7 +4,10 @@
 //!
 //! `mul_mat` picks, per node:
 //! - few columns (`ne11 <= MMV_MAX_COLS`, packed weight rows): the
-//!   matrix-vector kernels, for every weight type they have;
+//!   matrix-vector kernels, for every weight type they have (F32, F16,
+//!   BF16, Q4_0..Q8_0, Q2_K..Q6_K, and ggml 0.25.3's IQ1_S, IQ1_M, IQ2_XXS,
+//!   IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4,
+//!   NVFP4, Q1_0, Q2_0: `super::float_suffix`);
 //! - many columns, F32 weights: the device's GEMM library (cuBLAS) when it
 //!   has one and the layouts fit it, one GEMM per batch matrix, else the
 //!   tiled F32 kernel (any strides);
@@ -25,7 +28,7 @@ use super::super::api::Gemm;
 use super::{Cx, KArg, T};
 use crate::error::{Error, Result};
 use crate::ops::{ops_outside, Op};
-use crate::tensor::GgmlType::{self, BF16, F16, F32, I32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use crate::tensor::GgmlType::{BF16, F16, F32, I32};
 
 /// Most activation columns for which `mul_mat` uses the matrix-vector kernels.
 const MMV_MAX_COLS: i64 = 8;
@@ -33,26 +36,6 @@ const MMV_MAX_COLS: i64 = 8;
 const MMV_WARPS: u32 = 4;
 /// Threads per block of the tiled and row kernels.
 const B: u32 = 256;
-
-/// Kernel-name suffix of a weight type with matrix-vector kernels.
-fn wsuffix(ty: GgmlType) -> Option<&'static str> {
-    Some(match ty {
-        F32 => "f32",
-        F16 => "f16",
-        Q8_0 => "q8_0",
-        Q4_0 => "q4_0",
-        Q4_K => "q4_K",
-        Q5_K => "q5_K",
-        Q6_K => "q6_K",
-        BF16 => "bf16",
-        Q4_1 => "q4_1",
-        Q5_0 => "q5_0",
-        Q5_1 => "q5_1",
-        Q2_K => "q2_K",
-        Q3_K => "q3_K",
-        _ => return None,
-    })
-}
 
 /// True if the rows of `t` are packed (elements or blocks back to back).
 fn rows_packed(t: &T) -> bool {
@@ -125,7 +108,7 @@ struct Wf32 {
 }
 
 fn mul_mat(cx: &Cx, dst: &T, a: &T, b: &T) -> Result<bool> {
-    let Some(sfx) = wsuffix(a.ty()) else { return Ok(false) };
+    let Some(sfx) = super::float_suffix(a.ty()) else { return Ok(false) };
     let [k, m, ne02, ne03] = a.t.ne;
     let [_, n, ne12, ne13] = b.t.ne;
     let shapes_ok = b.ty() == F32
@@ -172,7 +155,8 @@ fn mul_mat(cx: &Cx, dst: &T, a: &T, b: &T) -> Result<bool> {
     let mut args = vec![a.ptr(), scratch.ptr()];
     args.extend(a.ne());
     args.extend(a.nb());
-    let grid = [cx.blocks(k, B as i64, 1024), cx.blocks(m * ne02 * ne03, 1, 65535), 1];
+    let per_thread = super::values_per_thread(a.ty());
+    let grid = [cx.blocks(k / per_thread, B as i64, 1024), cx.blocks(m * ne02 * ne03, 1, 65535), 1];
     cx.launch(&format!("sg_dequant_{sfx}"), grid, [B, 1, 1], &args)?;
     let nb0 = 4usize;
     let nb1 = nb0 * k as usize;
@@ -249,7 +233,7 @@ fn gemm(cx: &Cx, dst: &T, w: &Wf32, b: &T) -> Result<bool> {
 }
 
 fn mul_mat_id(cx: &Cx, dst: &T, a: &T, b: &T, ids: &T) -> Result<bool> {
-    let Some(sfx) = wsuffix(a.ty()) else { return Ok(false) };
+    let Some(sfx) = super::float_suffix(a.ty()) else { return Ok(false) };
     let [k, m, n_expert, _] = a.t.ne;
     let [_, n_b, n_tok, _] = b.t.ne;
     let n_used = ids.t.ne[0];

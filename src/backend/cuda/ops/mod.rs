@@ -303,9 +303,15 @@ impl Drop for Scratch<'_> {
 }
 
 /// The kernel-name part of a storage type the kernels read (`f32`, `q4_K`,
-/// …): one table for every kernel family that names kernels by type.
+/// …): one table for every kernel family that names kernels by type. Every
+/// block type here has `get_rows`, `dequant`, `cpy` to F32/F16,
+/// `get_rows_part` and matrix-vector kernels (`kernels-cuda/dequant.cuh`
+/// decodes it).
 pub(crate) fn type_suffix(ty: GgmlType) -> Option<&'static str> {
     use GgmlType::*;
+    if let Some(s) = chunk_suffix(ty) {
+        return Some(s);
+    }
     Some(match ty {
         F32 => "f32",
         F16 => "f16",
@@ -324,6 +330,50 @@ pub(crate) fn type_suffix(ty: GgmlType) -> Option<&'static str> {
         Q6_K => "q6_K",
         _ => return None,
     })
+}
+
+/// [`type_suffix`] of a type whose values are floats (F32, F16, BF16 and
+/// every block type): the weights of the matrix-vector and dequantising
+/// kernels, the tables of `get_rows_part`.
+pub(crate) fn float_suffix(ty: GgmlType) -> Option<&'static str> {
+    type_suffix(ty).filter(|_| !matches!(ty, GgmlType::I32 | GgmlType::I64))
+}
+
+/// The kernel-name part of a block type that `kernels-cuda/dequant.cuh`
+/// decodes eight values at a time (its `SG_CHUNK_TYPES`: ggml 0.25.3's IQ*,
+/// TQ*, MXFP4, NVFP4, Q1_0 and Q2_0): their `get_rows` and `dequant` kernels
+/// give each thread one chunk of 8 values ([`values_per_thread`]).
+fn chunk_suffix(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        IQ2_XXS => "iq2_xxs",
+        IQ2_XS => "iq2_xs",
+        IQ2_S => "iq2_s",
+        IQ3_XXS => "iq3_xxs",
+        IQ3_S => "iq3_s",
+        IQ1_S => "iq1_s",
+        IQ1_M => "iq1_m",
+        IQ4_NL => "iq4_nl",
+        IQ4_XS => "iq4_xs",
+        TQ1_0 => "tq1_0",
+        TQ2_0 => "tq2_0",
+        MXFP4 => "mxfp4",
+        NVFP4 => "nvfp4",
+        Q1_0 => "q1_0",
+        Q2_0 => "q2_0",
+        _ => return None,
+    })
+}
+
+/// Values of a row each thread of a `get_rows` / `dequant` kernel of `ty`
+/// writes (8 for the types decoded eight at a time, else 1): the grid's x
+/// extent covers `ne00 / values_per_thread(ty)` threads.
+pub(crate) fn values_per_thread(ty: GgmlType) -> i64 {
+    if chunk_suffix(ty).is_some() {
+        8
+    } else {
+        1
+    }
 }
 
 /// The `kernels-cuda/` files whose kernels family `f`'s dispatch launches
