@@ -256,7 +256,7 @@ fn gpu_diff(
     let kind = if backend.is_emulated() { Kind::EmulatedGpu } else { Kind::Gpu };
     let verbose = std::env::var("GGML_DIFF_VERBOSE").is_ok();
     let mut tally = Tally::default();
-    let (mut failures, mut with_host, mut not_allowed) = (0, 0, 0);
+    let (mut failures, mut with_host, mut not_allowed, mut stale) = (0, 0, 0, 0);
     let mut host_ops: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut used = BTreeSet::new();
     for c in cases {
@@ -302,6 +302,7 @@ fn gpu_diff(
         for (i, (op, ty, src0)) in host_fallbacks::ALLOWED.iter().enumerate() {
             if !used.contains(&i) {
                 failures += 1;
+                stale += 1;
                 println!(
                     "  FAIL host_fallbacks::ALLOWED: no {op} of {ty} from {src0} runs on the host any more; \
                      delete (\"{op}\", {ty:?}, {src0:?})"
@@ -312,8 +313,8 @@ fn gpu_diff(
     let s = backend.stats();
     println!("{label}: host nodes per op (cases): {host_ops:?}");
     println!(
-        "{label}: {}; {with_host} cases with host nodes, {not_allowed} host nodes not allowed ({} kernel launches, \
-         {} device nodes)",
+        "{label}: {}; {with_host} cases with host nodes, {not_allowed} host nodes not allowed, {stale} allowed \
+         fallbacks no case needs ({} kernel launches, {} device nodes)",
         tally.line(),
         s.launches,
         s.device_nodes
