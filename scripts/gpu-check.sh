@@ -110,6 +110,13 @@ for line in sys.stdin:
   chmod 755 "$pack"/bin/*
   cp .venv/lib/python3*/site-packages/ggml/lib/*.so* "$pack/ggml/" 2>/dev/null ||
     echo "gpu-check: no ggml oracle in .venv (run scripts/setup.sh); cuda_diff will fail (SHARDGRAPH_REQUIRE_GGML)"
+  # The differential suite's second oracle, ggml 0.25.3 (llama-cpp-python's
+  # libraries; libggml-cpu.so needs libggml-base.so.0 beside it).
+  mkdir -p "$pack/ggml25"
+  for l in libggml-base.so libggml-base.so.0 libggml-cpu.so libggml-cpu.so.0; do
+    cp -L .venv/lib/python3*/site-packages/llama_cpp/lib/$l "$pack/ggml25/" 2>/dev/null ||
+      echo "gpu-check: no ggml 0.25.3 ($l) in .venv (run scripts/setup.sh); cuda_diff will fail (SHARDGRAPH_REQUIRE_GGML)"
+  done
   # The oracle's OpenMP runtime, in case the GPU machine's image lacks it.
   for l in $(ldd "$pack"/ggml/libggml-cpu.so 2>/dev/null | awk '/libgomp/ {print $3}'); do cp "$l" "$pack/ggml/"; done
   local packed tree total
@@ -279,6 +286,7 @@ run_packed() {
   fi
   export SHARDGRAPH_REQUIRE_GGML=1
   export GGML_LIB_DIR="$PWD/$pack/ggml"
+  export GGML_0_25_LIB_DIR="$PWD/$pack/ggml25"
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$GGML_LIB_DIR"
   # Each process prints its NVRTC compile counts at exit. What the run
   # writes (the compiled kernels, fresh for each run so the counts are

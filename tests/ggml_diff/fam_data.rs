@@ -2,12 +2,12 @@
 //! transpose, dup, cpy/cast (type conversions, quantization), get_rows,
 //! set_rows, concat, repeat, pad.
 
-use crate::harness::{Built, Case, Compare, Init};
-use shardgraph::{Context, GgmlType, Result, TensorId};
+use crate::harness::{Builder, Built, Case, Compare, Init};
+use shardgraph::{GgmlType, Result, TensorId};
 
 use GgmlType::*;
 
-fn leaf(ctx: &mut Context, ty: GgmlType, ne: &[i64]) -> Result<TensorId> {
+fn leaf(ctx: &mut Builder, ty: GgmlType, ne: &[i64]) -> Result<TensorId> {
     ctx.new_tensor(ty, ne)
 }
 
@@ -26,13 +26,13 @@ fn view_cases(v: &mut Vec<Case>) {
         }));
         v.push(Case::new("cont", format!("view_2d,type={ty},ne=[16,9,3],view=[7,5]"), Compare::Exact, move |ctx| {
             let a = leaf(ctx, ty, &[16, 9, 3])?;
-            let nb1 = ctx.tensor(a)?.nb[1];
+            let nb1 = ctx.nb(a)[1];
             let x = ctx.view_2d(a, 7, 5, nb1, 3 * ts + 2 * nb1)?;
             Ok(Built::out(&[ctx.cont(x)?]))
         }));
         v.push(Case::new("cont", format!("view_3d,type={ty},ne=[10,8,6],view=[4,3,5]"), Compare::Exact, move |ctx| {
             let a = leaf(ctx, ty, &[10, 8, 6])?;
-            let nb = ctx.tensor(a)?.nb;
+            let nb = ctx.nb(a);
             let x = ctx.view_3d(a, 4, 3, 5, nb[1] * 2, nb[2], ts + nb[1])?;
             Ok(Built::out(&[ctx.cont(x)?]))
         }));
@@ -42,7 +42,7 @@ fn view_cases(v: &mut Vec<Case>) {
             Compare::Exact,
             move |ctx| {
                 let a = leaf(ctx, ty, &[6, 5, 4, 3])?;
-                let nb = ctx.tensor(a)?.nb;
+                let nb = ctx.nb(a);
                 let x = ctx.view_4d(a, 5, 2, 3, 2, nb[1] * 2, nb[2], nb[3], ts + nb[2])?;
                 Ok(Built::out(&[ctx.cont(x)?]))
             },
@@ -50,7 +50,7 @@ fn view_cases(v: &mut Vec<Case>) {
         // A view of a view (offsets accumulate).
         v.push(Case::new("cont", format!("view_of_view,type={ty},ne=[12,10]"), Compare::Exact, move |ctx| {
             let a = leaf(ctx, ty, &[12, 10])?;
-            let nb1 = ctx.tensor(a)?.nb[1];
+            let nb1 = ctx.nb(a)[1];
             let x = ctx.view_2d(a, 12, 6, nb1, 2 * nb1)?;
             let y = ctx.view_2d(x, 5, 3, nb1 * 2, 4 * ts + nb1)?;
             Ok(Built::out(&[ctx.cont(y)?]))
@@ -195,7 +195,7 @@ fn cpy_cases(v: &mut Vec<Case>) {
     v.push(Case::new("cpy", "src=f32 [8,3],dst=f16 view of [8,10] rows 4..7", Compare::Exact, |ctx| {
         let a = leaf(ctx, F32, &[8, 3])?;
         let cache = leaf(ctx, F16, &[8, 10])?;
-        let nb1 = ctx.tensor(cache)?.nb[1];
+        let nb1 = ctx.nb(cache)[1];
         let dv = ctx.view_2d(cache, 8, 3, nb1, 4 * nb1)?;
         Ok(Built::out(&[ctx.cpy(a, dv)?]))
     }));
@@ -304,10 +304,10 @@ fn set_rows_cases(v: &mut Vec<Case>) {
     // Source rows from a non-contiguous (permuted, rows packed) tensor, destination a view.
     v.push(Case::new("set_rows", "src strided view,dst=f16 view,ne=[16,12]", Compare::Exact, |ctx| {
         let cache = leaf(ctx, F16, &[16, 12, 2])?;
-        let nb = ctx.tensor(cache)?.nb;
+        let nb = ctx.nb(cache);
         let dst = ctx.view_2d(cache, 16, 12, nb[1], nb[2])?;
         let a = leaf(ctx, F32, &[16, 6])?;
-        let anb1 = ctx.tensor(a)?.nb[1];
+        let anb1 = ctx.nb(a)[1];
         let b = ctx.view_2d(a, 16, 3, 2 * anb1, anb1)?;
         let c = leaf(ctx, I64, &[3])?;
         Ok(Built::out(&[ctx.set_rows(dst, b, c)?]).init(c, Init::Ints(vec![11, 0, 5])))
@@ -350,7 +350,7 @@ fn concat_cases(v: &mut Vec<Case>) {
     }
     v.push(Case::new("concat", "dim=1,type=f32,view inputs", Compare::Exact, |ctx| {
         let a0 = leaf(ctx, F32, &[10, 4])?;
-        let nb1 = ctx.tensor(a0)?.nb[1];
+        let nb1 = ctx.nb(a0)[1];
         let a = ctx.view_2d(a0, 7, 4, nb1, 3 * 4)?;
         let b = leaf(ctx, F32, &[7, 3])?;
         Ok(Built::out(&[ctx.concat(a, b, 1)?]))
@@ -373,7 +373,7 @@ fn repeat_pad_cases(v: &mut Vec<Case>) {
     // ggml's repeat needs packed rows; a strided view with packed rows.
     v.push(Case::new("repeat", "type=f32,strided view,[4,3]->[8,9]", Compare::Exact, |ctx| {
         let a0 = leaf(ctx, F32, &[5, 6])?;
-        let nb1 = ctx.tensor(a0)?.nb[1];
+        let nb1 = ctx.nb(a0)[1];
         let a = ctx.view_2d(a0, 4, 3, 2 * nb1, 4)?;
         Ok(Built::out(&[ctx.repeat_4d(a, 8, 9, 1, 1)?]))
     }));

@@ -5,12 +5,12 @@
 //! counts); soft_max with attention sinks (`ggml_soft_max_add_sinks`).
 
 use crate::fam_elementwise::{input, Layout};
-use crate::harness::{Built, Case, Compare, Init};
-use shardgraph::{Context, GgmlType, Result, TensorId};
+use crate::harness::{Builder, Built, Case, Compare, Init, NMSE_FLOAT};
+use shardgraph::{GgmlType, Result, TensorId};
 
 use GgmlType::{F16, F32};
 
-const NMSE: Compare = Compare::Nmse(1e-7);
+const NMSE: Compare = NMSE_FLOAT;
 
 /// All cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -22,9 +22,9 @@ pub fn cases() -> Vec<Case> {
 }
 
 fn norm_cases(v: &mut Vec<Case>) {
-    type Ctor = fn(&mut Context, TensorId, f32) -> Result<TensorId>;
+    type Ctor = fn(&mut Builder, TensorId, f32) -> Result<TensorId>;
     let ops: [(&'static str, Ctor, f32); 3] =
-        [("rms_norm", Context::rms_norm, 1e-6), ("norm", Context::norm, 1e-5), ("l2_norm", Context::l2_norm, 1e-12)];
+        [("rms_norm", Builder::rms_norm, 1e-6), ("norm", Builder::norm, 1e-5), ("l2_norm", Builder::l2_norm, 1e-12)];
     for (name, ctor, eps) in ops {
         let shapes: Vec<([i64; 4], Layout)> = vec![
             ([10, 5, 4, 3], Layout::Cont),

@@ -3,12 +3,12 @@
 //! rows with deliberate ties where ggml's result is deterministic (argmax).
 
 use crate::fam_elementwise::{input, Layout};
-use crate::harness::{Built, Case, Compare, Init, Rng};
+use crate::harness::{Built, Case, Compare, Init, Rng, NMSE_FLOAT};
 use shardgraph::{GgmlType, SortOrder};
 
 use GgmlType::{BF16, F16, F32};
 
-const NMSE: Compare = Compare::Nmse(1e-7);
+const NMSE: Compare = NMSE_FLOAT;
 
 /// `n` distinct values in (−1, 1), shuffled deterministically, so sorts and
 /// maxima have no ties.

@@ -2,12 +2,12 @@
 //! `gated_delta_net` (scalar and per-channel gates, snapshot slots, GQA-style
 //! q/k head broadcast, q/k/v as strided views of a fused projection).
 
-use crate::harness::{Built, Case, Compare, Init};
-use shardgraph::{Context, GgmlType, Result};
+use crate::harness::{row_bytes, Builder, Built, Case, Init, NMSE_FLOAT};
+use shardgraph::{GgmlType, Result};
 
 fn ssm_conv_case(d_conv: i64, d_inner: i64, n_t: i64, n_s: i64, strided: bool) -> Case {
     let vars = format!("d_conv={d_conv},d_inner={d_inner},n_t={n_t},n_s={n_s},strided={strided}");
-    Case::new("ssm_conv", vars, Compare::Nmse(1e-7), move |ctx: &mut Context| {
+    Case::new("ssm_conv", vars, NMSE_FLOAT, move |ctx: &mut Builder| {
         let ncs = d_conv - 1 + n_t;
         let sx = if strided {
             // Dim 2 strided: every other sequence slab of a larger tensor.
@@ -57,7 +57,7 @@ impl Gdn {
         )
     }
 
-    fn build(&self, ctx: &mut Context) -> Result<Built> {
+    fn build(&self, ctx: &mut Builder) -> Result<Built> {
         let (s, h, hk, t, b) = (self.s, self.h, self.h_qk, self.t, self.b);
         // Unit-norm-ish rows: E|x|² = 1, as after llama.cpp's l2_norm.
         let a = (3.0 / s as f32).sqrt();
@@ -99,7 +99,8 @@ impl Gdn {
         // ggml too): compare only the written rows.
         let written = t * b + self.k_snap.min(t.max(1)) * s * b;
         let cmp = if written < t * b + self.k_snap * s * b {
-            let nb1 = ctx.tensor(out)?.nb[1];
+            // The result is contiguous F32 rows of S·H values.
+            let nb1 = row_bytes(GgmlType::F32, s * h);
             ctx.view_2d(out, s * h, written, nb1, 0)?
         } else {
             out
@@ -113,7 +114,7 @@ impl Gdn {
 }
 
 fn gdn_case(g: Gdn) -> Case {
-    Case::new("gated_delta_net", g.vars(), Compare::Nmse(1e-7), move |ctx| g.build(ctx))
+    Case::new("gated_delta_net", g.vars(), NMSE_FLOAT, move |ctx| g.build(ctx))
 }
 
 /// All cases of this family.
