@@ -18,109 +18,15 @@ use shardgraph_models::generate::{write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
 use shardgraph_models::types::TensorTypes;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
 #[path = "common/decode.rs"]
 mod decode;
 #[path = "common/devices.rs"]
 mod devices;
+#[path = "common/llama.rs"]
+mod llama;
 use decode::nmse;
-
-/// `.venv/bin/python` with `llama_cpp` importable, or why not.
-fn python() -> Result<PathBuf, String> {
-    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv").join("bin").join("python");
-    if !py.exists() {
-        return Err("no .venv (run ./scripts/setup.sh)".into());
-    }
-    let out = Command::new(&py)
-        .args(["-c", "import importlib.metadata as m; print(m.version('llama_cpp_python'))"])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || v != "0.3.36" {
-        return Err(format!("llama-cpp-python 0.3.36 is not installed in .venv (found {v:?}; run ./scripts/setup.sh)"));
-    }
-    Ok(py)
-}
-
-fn python_or_skip(test: &str) -> Option<PathBuf> {
-    match python() {
-        Ok(p) => Some(p),
-        Err(why) => {
-            println!("{test}: SKIPPED: {why}");
-            assert!(std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(), "SHARDGRAPH_REQUIRE_GGML is set: {why}");
-            None
-        }
-    }
-}
-
-/// llama.cpp's logits for every position of `tokens` (one batch), and its
-/// greedy continuation of `n_gen` tokens, from the GGUF at `path` (F32 K
-/// and V caches).
-fn llama_cpp(py: &Path, path: &Path, tokens: &[i32], n_gen: usize) -> (Vec<Vec<f32>>, Vec<i32>) {
-    llama_cpp_kv(py, path, tokens, n_gen, (GgmlType::F32, GgmlType::F32))
-}
-
-/// [`llama_cpp`] with K and V caches of the types `kv` (its context's
-/// `type_k` and `type_v`, flash attention on).
-fn llama_cpp_kv(
-    py: &Path,
-    path: &Path,
-    tokens: &[i32],
-    n_gen: usize,
-    kv: (GgmlType, GgmlType),
-) -> (Vec<Vec<f32>>, Vec<i32>) {
-    let script = r#"
-import sys, json, ctypes, llama_cpp as L
-path, toks, n_gen, type_k, type_v = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-L.llama_backend_init()
-mp = L.llama_model_default_params()
-model = L.llama_model_load_from_file(path.encode(), mp)
-assert model, "llama.cpp could not load the model"
-cp = L.llama_context_default_params()
-cp.n_ctx = 256; cp.n_batch = 256; cp.n_ubatch = 256; cp.n_threads = 2; cp.n_threads_batch = 2
-cp.type_k = type_k; cp.type_v = type_v; cp.flash_attn_type = 1  # K/V types as asked (ggml ids), flash attention on (as our graph)
-ctx = L.llama_init_from_model(model, cp)
-assert ctx, "llama.cpp could not create a context"
-vocab = L.llama_model_get_vocab(model)
-n_vocab = L.llama_vocab_n_tokens(vocab)
-def decode(ids, start):
-    b = L.llama_batch_init(len(ids), 0, 1)
-    for i, t in enumerate(ids):
-        b.token[i] = t; b.pos[i] = start + i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = 1
-    b.n_tokens = len(ids)
-    rc = L.llama_decode(ctx, b)
-    assert rc == 0, f"llama_decode returned {rc}"
-    rows = [list(ctypes.cast(L.llama_get_logits_ith(ctx, i), ctypes.POINTER(ctypes.c_float))[:n_vocab]) for i in range(len(ids))]
-    L.llama_batch_free(b)
-    return rows
-rows = decode(toks, 0)
-gen, last, pos = [], rows[-1], len(toks)
-for _ in range(n_gen):
-    t = max(range(n_vocab), key=lambda i: last[i])
-    gen.append(t)
-    last = decode([t], pos)[0]; pos += 1
-print(json.dumps({"logits": rows, "gen": gen}))
-"#;
-    let out = Command::new(py)
-        .args(["-c", script, path.to_str().unwrap(), &format!("{tokens:?}"), &n_gen.to_string()])
-        .args([kv.0.id().to_string(), kv.1.id().to_string()])
-        .output()
-        .expect("run python");
-    assert!(out.status.success(), "llama.cpp run failed: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().last().unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(line).expect("json from llama.cpp");
-    let logits = v["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
-        .collect();
-    let gen = v["gen"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap() as i32).collect();
-    (logits, gen)
-}
+use llama::{llama_cpp, llama_cpp_kv, python_or_skip, quantize};
 
 #[test]
 fn qwen3_logits_and_greedy_tokens_match_llama_cpp() {
@@ -258,25 +164,6 @@ fn qwen35_logits_and_greedy_tokens_match_llama_cpp() {
     }
     assert_eq!(gen, want_gen, "greedy continuation differs from llama.cpp");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Has llama.cpp's quantizer (`llama_model_quantize`, no importance
-/// matrix) write `src` as file type `ftype` (`LLAMA_FTYPE_MOSTLY_*`) to
-/// `dst`: a file whose types llama.cpp picks tensor by tensor.
-fn quantize(py: &Path, src: &Path, dst: &Path, ftype: u32) {
-    let script = r#"
-import sys, llama_cpp as L
-L.llama_backend_init()
-p = L.llama_model_quantize_default_params()
-p.ftype = int(sys.argv[3]); p.nthread = 2
-rc = L.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p)
-assert rc == 0, f"llama_model_quantize returned {rc}"
-"#;
-    let out = Command::new(py)
-        .args(["-c", script, src.to_str().unwrap(), dst.to_str().unwrap(), &ftype.to_string()])
-        .output()
-        .expect("run python");
-    assert!(out.status.success(), "llama.cpp's quantizer failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Our logits of `tokens` (one batch) and a greedy continuation of `n_gen`.

@@ -17,7 +17,8 @@ use shardgraph::tensor::TensorId;
 /// Made by [`Runner::new`] over [`Devices`] (CPU instances, GPUs, virtual
 /// devices on one GPU). Its parts are read through [`Runner::policy`],
 /// [`Runner::planner`], [`Runner::store`], [`Runner::exec`] and
-/// [`Runner::bytes_moved`]; [`Runner::store_mut`] writes tensors and
+/// [`Runner::bytes_moved`] (with [`Runner::bytes_planned`], what the plans
+/// of the same runs say they move); [`Runner::store_mut`] writes tensors and
 /// [`Runner::planner_mut`] replaces or takes the planner.
 #[derive(Debug)]
 pub struct Runner {
@@ -31,6 +32,8 @@ pub struct Runner {
     store: SplitStore,
     /// Bytes moved by all runs so far.
     bytes_moved: u64,
+    /// The plans' bytes (`Plan::total_bytes`) of all runs so far.
+    bytes_planned: u64,
     /// The last graph run and the store it ran on (its leafs are placed).
     placed: Option<(u64, u32, u64, (u64, u64))>,
     /// Step graphs kept for reuse (the models' decode, draft and verify steps).
@@ -67,6 +70,7 @@ impl Runner {
             policy,
             store: SplitStore::new(n),
             bytes_moved: 0,
+            bytes_planned: 0,
             placed: None,
             graphs: GraphCache::default(),
         })
@@ -113,9 +117,18 @@ impl Runner {
         &self.exec
     }
 
-    /// Bytes moved between devices by all runs so far.
+    /// Bytes moved between devices by all runs so far (what the
+    /// communicator delivered).
     pub fn bytes_moved(&self) -> u64 {
         self.bytes_moved
+    }
+
+    /// Bytes the plans of all runs so far say they move (the sum of each
+    /// run's `Plan::total_bytes`): equal to [`Runner::bytes_moved`] when
+    /// every run moved exactly its plan's bytes (no conversion the plan
+    /// lacked).
+    pub fn bytes_planned(&self) -> u64 {
+        self.bytes_planned
     }
 
     /// Number of devices.
@@ -195,8 +208,9 @@ impl Runner {
         outputs: &[TensorId],
     ) -> Result<RunReport> {
         // Disjoint borrows: the cached plan is used in place, not copied per step.
-        let Runner { exec, planner, policy, store, placed, .. } = self;
+        let Runner { exec, planner, policy, store, placed, bytes_planned, .. } = self;
         let plan = planner.plan_for(ctx, graph, policy)?;
+        let planned = plan.total_bytes();
         // New leafs (a step's inputs) are placed before they are written;
         // a graph placed before in an unchanged store needs no check.
         let now = (graph.hash(), ctx.id(), ctx.generation(), store.binding_key());
@@ -213,6 +227,7 @@ impl Runner {
         };
         let wanted: Vec<TensorId> = outputs.iter().filter(|o| !is_write(o)).copied().collect();
         let mut rep = exec.execute(ctx, graph, plan, store, &wanted)?;
+        *bytes_planned += planned;
         *placed = Some((graph.hash(), ctx.id(), ctx.generation(), store.binding_key()));
         // Aligned with `outputs`: a write into a stored tensor has no bytes,
         // and its own type and shape.

@@ -34,3 +34,32 @@ pub fn copy_with(src: &Path, dst: &Path, extra: &[(&str, MetaValue)], retype: &[
     }
     w.write_file(dst, |info, sink| sink.put(f.tensor(&info.name)?.data)).unwrap();
 }
+
+/// Copies `src` to `dst` with every tensor stored as F32: its values
+/// decoded (`quant::dequantize_row`, bit for bit ggml's `to_float`), so a
+/// model of the copy computes with exactly the quantized file's weights but
+/// without rounding its activations for quantized products. Every key as
+/// in `src`.
+///
+/// # Panics
+/// On a read or write error (a test set-up error).
+pub fn dequantized(src: &Path, dst: &Path) {
+    let f = GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.kvs() {
+        w.add_kv(k, v.to_owned_value()).unwrap();
+    }
+    for t in f.tensors() {
+        let ne: Vec<i64> = t.ne[..t.n_dims.max(1) as usize].to_vec();
+        w.add_tensor(&t.name, GgmlType::F32, &ne).unwrap();
+    }
+    w.write_file(dst, |info, sink| {
+        let t = f.tensor(&info.name)?;
+        let n: i64 = t.info.ne.iter().product();
+        let mut v = vec![0f32; n as usize];
+        shardgraph::tensor::quant::dequantize_row(t.info.ty, t.data, &mut v)?;
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        sink.put(&bytes)
+    })
+    .unwrap();
+}

@@ -20,7 +20,7 @@ type AttnGranules = Option<(i64, i64, i64)>;
 ///
 /// * attention layers: `attn_q` (query and gate rows interleaved per head)
 ///   on axis 1 in granules of whole GQA groups of both
-///   (`lcm(2·G·D, block)`), `attn_k/v` and the KV caches by the matching
+///   (`2·lcm(G·D, block)`), `attn_k/v` and the KV caches by the matching
 ///   KV heads, `attn_output` on axis 0 by the query rows;
 /// * Gated-DeltaNet layers: every tensor indexed by heads is split by key
 ///   heads, as segments of `key_dim` (or `H_k`) repeated where value heads
@@ -80,8 +80,10 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
             while blck < 128 && blck * (n as i64) < n_embd_q {
                 blck *= 2;
             }
-            let g_qg = lcm(2 * n_embd_q, blck);
-            let (g_q, g_kv) = (g_qg / 2, g_qg / 2 / g);
+            // `attn_output`'s rows are split in whole blocks: the query
+            // granule is a multiple of the block, the gated one twice it.
+            let g_q = lcm(n_embd_q, blck);
+            let (g_qg, g_kv) = (2 * g_q, g_q / g);
             (il, ((2 * qd) % g_qg == 0 && qd % g_q == 0).then_some((g_qg, g_q, g_kv)))
         })
         .collect();
@@ -161,4 +163,50 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
     });
     let head = if types.is_tied() { "token_embd.weight" } else { OUTPUT };
     Ok(policy.rule(head, axis(1, 1, vec![])))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hparams::HparamsCore;
+    use shardgraph::split::{LeafInfo, SplitState};
+
+    /// Query groups of 128 rows (2 heads of 64 per KV head) with a K-quant
+    /// `attn_output` (blocks of 256): its rows split on whole blocks, the
+    /// gated query rows and KV heads to match (found by the matrix against
+    /// llama.cpp: the granule was 128, and loading a Q3_K_M file on 3
+    /// devices failed).
+    #[test]
+    fn attention_granules_keep_the_output_projections_blocks_whole() {
+        let hp = Qwen35Hparams {
+            core: HparamsCore {
+                n_layer: 2,
+                n_embd: 256,
+                n_ff: 768,
+                n_head: 12,
+                n_head_kv: 6,
+                head_dim: 64,
+                rms_eps: 1e-6,
+                rope_base: 1e7,
+            },
+            n_vocab: 1024,
+            n_rot: 16,
+            rope_sections: [3, 3, 2, 0],
+            full_attention_interval: 2,
+            d_conv: 4,
+            d_state: 64,
+            n_k_heads: 6,
+            n_v_heads: 12,
+            n_nextn: 0,
+            n_ctx_train: 4096,
+        };
+        let types = TensorTypes::uniform(GgmlType::Q4_K);
+        let pol = qwen35_policy(&hp, &types, &[3.0, 2.0, 1.0]).unwrap();
+        let state = |name: &str, ty: GgmlType, ne: [i64; 4]| pol.state_for(&LeafInfo { name, ne, ty }).unwrap();
+        // Layer 1 is full attention: 768 query rows, 3 granules of 256.
+        let split = |axis, ext: Vec<i64>| Some(SplitState::split(axis, ext));
+        assert_eq!(state("blk.1.attn_output.weight", GgmlType::Q4_K, [768, 256, 1, 1]), split(0, vec![256, 256, 256]));
+        assert_eq!(state("blk.1.attn_q.weight", GgmlType::Q4_K, [256, 1536, 1, 1]), split(1, vec![512, 512, 512]));
+        assert_eq!(state("blk.1.attn_k.weight", GgmlType::Q4_K, [256, 384, 1, 1]), split(1, vec![128, 128, 128]));
+    }
 }
