@@ -201,7 +201,9 @@ fn hand_computed_parts_in_every_state() {
     let a = [4i64, 3, 2, 1];
     // [2, 6]: element (i0, i1) = i0 + 2 i1.
     let b = [2i64, 6, 1, 1];
-    let cases: Vec<(&str, [i64; 4], SplitState, Vec<Vec<i32>>)> = vec![
+    // (label, shape, state, the elements each device holds)
+    type Case = (&'static str, [i64; 4], SplitState, Vec<Vec<i32>>);
+    let cases: Vec<Case> = vec![
         ("mirrored", a, SplitState::Mirrored, vec![r(0, 24), r(0, 24)]),
         (
             "axis 0, extents 3 and 1",
