@@ -601,8 +601,8 @@ fn greedy_logits(
 /// every layer moves the logits — the generated permutation targets keep
 /// their greedy tokens whatever their layers do — decoded greedily on
 /// `devices` and on one CPU device fed the same tokens: the logits of
-/// every step within [`verify_bound`]. Prints `verify: layers …` and
-/// returns whether they agree.
+/// every step within [`verify_bound`] (a `qwen3`) or 1e-2 (a `qwen35`).
+/// Prints `verify: layers …` and returns whether they agree.
 pub fn verify_layers(
     devices: &Devices,
     model: &Path,
@@ -618,7 +618,12 @@ pub fn verify_layers(
     let types = TensorTypes::uniform(GgmlType::Q8_0);
     let ctx = (prompt.len() + n + 1) as i64;
     let one = Devices::cpu(1, threads)?;
-    let ((tokens, logits), (_, want)) = if let Ok(hp) = Qwen35Hparams::from_gguf(&file) {
+    let qwen35 = Qwen35Hparams::from_gguf(&file);
+    // Random weights amplify rounding more in the hybrid's recurrent layers:
+    // measured on the example qwen35 on 2 CPU devices, NMSE up to 9.6e-4
+    // (1.0e-3 to 3.8e-3 for the tiny one on 2 emulated GPUs).
+    let bound = if qwen35.is_ok() { 1e-2 } else { verify_bound(devices) };
+    let ((tokens, logits), (_, want)) = if let Ok(hp) = qwen35 {
         let p = std::env::temp_dir().join(format!("shardgraph-verify-qwen35-random-{}.gguf", std::process::id()));
         write_qwen35_gguf_with(&p, &hp, &types, 7, Weights::Random)?;
         let got = greedy_logits(&mut Qwen35Session::load(&p, devices, kv, ctx)?, prompt, n, None)?;
@@ -634,7 +639,6 @@ pub fn verify_layers(
         let _ = std::fs::remove_file(&p);
         (got, want)
     };
-    let bound = verify_bound(devices);
     let errors: Vec<f64> = logits.iter().zip(&want).map(|(a, b)| nmse(a, b)).collect();
     let worst = errors.iter().copied().fold(0.0f64, f64::max);
     let ok = errors.len() == n && errors.iter().all(|e| *e <= bound);
