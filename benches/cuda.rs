@@ -10,8 +10,16 @@
 //!    on two virtual devices of the same GPU (tensor split 1:1), with the
 //!    CPU backend's one-device figure beside them.
 //!
+//! The decode runs check what they print: the tokens of the CUDA runs must
+//! equal the CPU run's, where the CPU's logits do not make it a near tie
+//! (the first token that differs must have a logit within 5 % of the
+//! logits' RMS of the CPU's choice: a rounding difference between the
+//! backends, after which the runs are not compared); otherwise the bench
+//! says `MISMATCH` and exits with status 1.
+//!
 //! `cargo bench --features cuda --bench cuda`. Without a GPU it says so and
-//! exits; `SHARDGRAPH_BENCH_EMU=1` with `--features cuda-emu` runs it on the
+//! exits (a failure when `SHARDGRAPH_REQUIRE_GPU` is set, as
+//! `scripts/gpu-check.sh run` sets it); `SHARDGRAPH_BENCH_EMU=1` with `--features cuda-emu` runs it on the
 //! emulated GPU at toy sizes (checks the bench itself; its numbers mean
 //! nothing). `SHARDGRAPH_BENCH_K`/`_M` set the matrix shape (default 4096 ×
 //! 4096), `SHARDGRAPH_BENCH_SECS` the time per measurement (default 1),
@@ -39,6 +47,9 @@ use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
 use shardgraph_models::types::TensorTypes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "../tests/common/require.rs"]
+mod require;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -162,7 +173,7 @@ fn main() -> shardgraph::Result<()> {
         #[cfg(feature = "cuda-emu")]
         Err(_) if emu => CudaBackend::emulated(4 << 30),
         Err(e) => {
-            println!("cuda bench: skipped: no GPU ({e})");
+            require::missing(require::Tool::Gpu, "cuda bench", &e);
             return Ok(());
         }
     };
@@ -229,18 +240,31 @@ fn main() -> shardgraph::Result<()> {
     );
     println!("| devices | tokens/s | tokens |");
     println!("|---|---|---|");
-    let run = |label: &str, ratios: &[f32], devs: Option<Vec<Arc<dyn Backend>>>| -> shardgraph::Result<Vec<i32>> {
+    // (With `logits`, the logits each token was chosen from too: the CPU run's.)
+    type Tokens = (Vec<i32>, Vec<Vec<f32>>);
+    let run = |label: &str, ratios: &[f32], devs: Option<Vec<Arc<dyn Backend>>>| -> shardgraph::Result<Tokens> {
+        let logits = devs.is_none();
         let devices = match devs {
             Some(d) => Devices::from_backends(d)?,
             None => Devices::cpu(ratios.len(), cpu.n_threads() / ratios.len().max(1))?,
         };
         let devices = devices.with_tensor_split(ratios)?;
         let mut s = Qwen3Session::load(&path, &devices, GgmlType::F16, (prompt.len() + n_tok + 1) as i64)?;
-        let mut tok = *s.decode(&prompt, &[], false)?.argmax.last().unwrap_or(&0);
+        let mut rows = Vec::new();
+        let mut keep = |o: &shardgraph_models::step::StepOutput| {
+            if let Some(l) = &o.logits {
+                rows.push(l[l.len() - hp.n_vocab as usize..].to_vec());
+            }
+        };
+        let first = s.decode(&prompt, &[], logits)?;
+        keep(&first);
+        let mut tok = *first.argmax.last().unwrap_or(&0);
         let mut out = vec![tok];
         let t = Instant::now();
         for _ in 1..n_tok {
-            tok = s.decode(&[tok], &[], false)?.argmax[0];
+            let o = s.decode(&[tok], &[], logits)?;
+            keep(&o);
+            tok = o.argmax[0];
             out.push(tok);
         }
         println!(
@@ -248,11 +272,47 @@ fn main() -> shardgraph::Result<()> {
             (n_tok - 1) as f64 / t.elapsed().as_secs_f64(),
             &out[..out.len().min(4)]
         );
-        Ok(out)
+        Ok((out, rows))
     };
-    let cpu_tokens = run("CPU x1", &[1.0], None)?;
-    let t1 = run("CUDA x1", &[1.0], Some(devices(1, emu)?))?;
-    let t2 = run("CUDA x2 (virtual, 1:1)", &[1.0, 1.0], Some(devices(2, emu)?))?;
+    let (cpu_tokens, cpu_logits) = run("CPU x1", &[1.0], None)?;
+    let (t1, _) = run("CUDA x1", &[1.0], Some(devices(1, emu)?))?;
+    let (t2, _) = run("CUDA x2 (virtual, 1:1)", &[1.0, 1.0], Some(devices(2, emu)?))?;
     println!("\ntokens equal the CPU run: 1 device {}, 2 virtual devices {}", t1 == cpu_tokens, t2 == cpu_tokens);
+    let ok1 = same_tokens("1 device", &t1, &cpu_tokens, &cpu_logits);
+    let ok2 = same_tokens("2 virtual devices", &t2, &cpu_tokens, &cpu_logits);
+    if !(ok1 && ok2) {
+        std::process::exit(1);
+    }
     Ok(())
+}
+
+/// Whether `got` equals the CPU's `want` up to the end or to a near tie:
+/// at the first token that differs, the CPU's logits (`logits[i]`, the
+/// step that chose `want[i]`) of the two tokens within 5 % of the logits'
+/// RMS (a rounding difference between backends: later tokens follow
+/// another history and are not compared). Prints what it found.
+fn same_tokens(label: &str, got: &[i32], want: &[i32], logits: &[Vec<f32>]) -> bool {
+    let Some(i) = (0..got.len().max(want.len())).find(|&i| got.get(i) != want.get(i)) else {
+        return true;
+    };
+    let (Some(&g), Some(&w), Some(l)) = (got.get(i), want.get(i), logits.get(i)) else {
+        println!("cuda bench: MISMATCH ({label}): {} tokens, the CPU run has {}", got.len(), want.len());
+        return false;
+    };
+    let rms = (l.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() / l.len().max(1) as f64).sqrt();
+    let margin = f64::from(l[w as usize]) - f64::from(l[g as usize]);
+    if margin <= 0.05 * rms {
+        println!(
+            "tokens equal the CPU run ({label}) up to token {i}, a near tie on the CPU ({w}: {}, {g}: {}; RMS \
+             {rms:.3}): later tokens not compared",
+            l[w as usize], l[g as usize]
+        );
+        true
+    } else {
+        println!(
+            "cuda bench: MISMATCH ({label}) at token {i}: {g} here, {w} on the CPU, whose logits put {w} {margin:.3} \
+             above {g} (RMS {rms:.3}): not a near tie"
+        );
+        false
+    }
 }

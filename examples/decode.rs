@@ -17,11 +17,18 @@
 //! default 16; processed in batches of `--ubatch-size`, default 512),
 //! `--prompt-tokens 1,2,3` or `--prompt-tokens-file F` (the prompt as token
 //! ids instead), `--n-predict N` (tokens decoded, default 32; `--tokens` is
-//! the same), `--model PATH`, `--verify` (then the greedy tokens of the run
-//! are compared with a run of the same file on one CPU device: `verify:
-//! identical`, or `verify: MISMATCH` naming the first token that differs
-//! and exit status 1). A file of another architecture, or with a tensor of
-//! a type this build cannot run, is refused naming it.
+//! the same), `--model PATH` (default: a generated `qwen3` with random
+//! weights, so that every layer changes the logits), `--verify` (then the
+//! run is repeated on the same devices reading the logits, and compared
+//! with a run of the same file on one CPU device fed the same tokens: the
+//! greedy tokens exactly, and the logits each was chosen from within an
+//! NMSE bound (`spec::verify_bound`): `verify: identical … logits NMSE at
+//! most …`, or `verify: MISMATCH` naming the first token or step that
+//! differs and exit status 1; the logits matter because a model whose
+//! layers write little, such as the permutation models the speculative
+//! examples generate, keeps its greedy tokens whatever its layers do). A
+//! file of another architecture, or with a tensor of a type this build
+//! cannot run, is refused naming it.
 //! The result line reads `… ctx-size N: prompt N tokens X tokens/s; decode N
 //! tokens Y tokens/s; …`. `RUST_LOG=debug` logs every decode step: tokens,
 //! position, bytes moved, time.
@@ -107,11 +114,13 @@ fn run() -> shardgraph::Result<()> {
         Some(p) => p,
         None => {
             let (hp, types) = (hparams(), TensorTypes::uniform(GgmlType::Q8_0));
-            let p = std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0.gguf");
+            // Random weights: every layer moves the logits, so `--verify`
+            // sees a layer computed wrongly on one device.
+            let p = std::env::temp_dir().join("shardgraph-decode-qwen3-q8_0-random.gguf");
             let what = format!("generating {}", p.display());
             let current = |f: &shardgraph::gguf::GgufFile| Qwen3Hparams::from_gguf(f).is_ok_and(|h| h == hp);
             spec::ensure(&p, current, |tmp| {
-                write_qwen3_gguf_progress(tmp, &hp, &types, 1, Weights::Permutation, &mut spec::progress(&what))
+                write_qwen3_gguf_progress(tmp, &hp, &types, 1, Weights::Random, &mut spec::progress(&what))
             })?;
             p
         }
@@ -140,7 +149,7 @@ fn run() -> shardgraph::Result<()> {
     let first = s.decode(&prompt[..prompt.len().min(ubatch)], &[], false)?;
     s.decode(&first.argmax[first.argmax.len() - 1..], &[], false)?;
     s.restart()?;
-    let run = greedy(&mut s, &prompt, ubatch, n_tokens)?;
+    let run = greedy(&mut s, &prompt, ubatch, n_tokens, false, None)?;
     println!(
         "{} {n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}, KV cache {kv}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
         s.arch(),
@@ -149,30 +158,44 @@ fn run() -> shardgraph::Result<()> {
         n_tokens as f64 / run.decode_s,
         run.bytes_moved / n_tokens.max(1) as u64
     );
+    // The check: the same run again on these devices, reading the logits
+    // (the timed run reads only the tokens).
+    let checked = if verify {
+        s.restart()?;
+        Some(greedy(&mut s, &prompt, ubatch, n_tokens, true, None)?)
+    } else {
+        None
+    };
     drop(s);
-    if verify {
-        let reference = if devices.n_devices() == 1 && devices.all_cpu() {
-            run.tokens.clone()
+    if let Some(checked) = checked {
+        if checked.tokens != run.tokens {
+            println!(
+                "verify: MISMATCH between two runs on the same devices: {:?} then {:?}",
+                run.tokens, checked.tokens
+            );
+            std::process::exit(1);
+        }
+        let (ref_tokens, ref_logits) = if devices.n_devices() == 1 && devices.all_cpu() {
+            (checked.tokens.clone(), checked.logits.clone())
         } else {
             let one = Devices::cpu(1, threads)?;
             let file = shardgraph::gguf::GgufFile::open(&path)?;
-            greedy(&mut Session::load(&file, &one, kv, ctx_size)?, &prompt, ubatch, n_tokens)?.tokens
+            // Fed the tokens of the run it checks (its own greedy choices
+            // kept apart), so its logits are those of the same history.
+            let mut one = Session::load(&file, &one, kv, ctx_size)?;
+            let r = greedy(&mut one, &prompt, ubatch, n_tokens, true, Some(&checked.tokens))?;
+            (r.tokens, r.logits)
         };
-        match reference.iter().zip(&run.tokens).position(|(a, b)| a != b) {
-            None if reference.len() == run.tokens.len() => println!(
-                "verify: identical — {} greedy tokens equal those of one CPU device (first: {:?})",
-                run.tokens.len(),
-                &run.tokens[..run.tokens.len().min(8)]
-            ),
-            i => {
-                let i = i.unwrap_or(reference.len().min(run.tokens.len()));
-                println!(
-                    "verify: MISMATCH with one-CPU-device greedy decoding at token {i}: {:?} here, {:?} on one device",
-                    run.tokens.get(i),
-                    reference.get(i)
-                );
-                std::process::exit(1);
-            }
+        let what = "greedy tokens equal those of one CPU device";
+        if !spec::verify_line(
+            what,
+            &checked.tokens,
+            &checked.logits,
+            &ref_tokens,
+            &ref_logits,
+            spec::verify_bound(&devices),
+        ) {
+            std::process::exit(1);
         }
     }
     Ok(())
@@ -278,27 +301,55 @@ impl Session {
 struct Run {
     /// The greedy token after the prompt, then after each decoded token.
     tokens: Vec<i32>,
+    /// When asked for: the logits `[n_vocab]` each token was chosen from.
+    logits: Vec<Vec<f32>>,
     prompt_s: f64,
     decode_s: f64,
     bytes_moved: u64,
 }
 
 /// Decodes `prompt` in batches of `ubatch`, then `n` tokens one at a time,
-/// each the greedy token after the previous one.
-fn greedy(s: &mut Session, prompt: &[i32], ubatch: usize, n: usize) -> shardgraph::Result<Run> {
+/// each the greedy token after the previous one (with `forced`, the token
+/// `forced[i]` is fed at step `i` instead, while `tokens` keeps the greedy
+/// choices); with `want_logits` keeps the logits each token was chosen from.
+fn greedy(
+    s: &mut Session,
+    prompt: &[i32],
+    ubatch: usize,
+    n: usize,
+    want_logits: bool,
+    forced: Option<&[i32]>,
+) -> shardgraph::Result<Run> {
+    let mut logits = Vec::new();
+    // The logits of the last position of a step ([V, T], a column per token).
+    let mut keep = |out: &StepOutput| {
+        if let Some(l) = &out.logits {
+            let v = l.len() / out.argmax.len().max(1);
+            logits.push(l[l.len() - v..].to_vec());
+        }
+    };
     let t = Instant::now();
     let mut last = 0;
+    let mut prompt_out = None;
     for chunk in prompt.chunks(ubatch) {
-        last = *s.decode(chunk, &[], false)?.argmax.last().unwrap_or(&0);
+        let out = s.decode(chunk, &[], want_logits)?;
+        last = *out.argmax.last().unwrap_or(&0);
+        prompt_out = Some(out);
     }
     let prompt_s = t.elapsed().as_secs_f64();
+    if let Some(out) = &prompt_out {
+        keep(out);
+    }
     let mut tokens = vec![last];
     let moved_before = s.bytes_moved();
     let t = Instant::now();
-    for _ in 0..n {
-        last = s.decode(&[last], &[], false)?.argmax[0];
+    for i in 0..n {
+        let fed = forced.and_then(|f| f.get(i).copied()).unwrap_or(last);
+        let out = s.decode(&[fed], &[], want_logits)?;
+        last = out.argmax[0];
         tokens.push(last);
+        keep(&out);
     }
     let decode_s = t.elapsed().as_secs_f64();
-    Ok(Run { tokens, prompt_s, decode_s, bytes_moved: s.bytes_moved() - moved_before })
+    Ok(Run { tokens, logits, prompt_s, decode_s, bytes_moved: s.bytes_moved() - moved_before })
 }

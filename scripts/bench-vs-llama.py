@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "target", "release", "examples")
 NOTES = "<!-- notes: kept when the tables above are rewritten -->"
-MODEL = os.path.join(os.environ.get("TMPDIR", "/tmp"), "shardgraph-decode-qwen3-q8_0.gguf")
+MODEL = os.path.join(os.environ.get("TMPDIR", "/tmp"), "shardgraph-decode-qwen3-q8_0-random.gguf")
 
 
 def ours(args):

@@ -50,10 +50,12 @@
 # reduced, 4 test threads); mtp and dflash2-qwen35 (the examples on the
 # qwen35 hybrid they write on first use, --verify); bench (matvec GB/s per
 # weight type, the IQ/TQ/FP4/Q1_0/Q2_0 types among them, against peak
-# bandwidth; decode tokens/s of the small qwen3 on 1 and 2 virtual devices). `run` sets SHARDGRAPH_REQUIRE_GPU=1 (a test
-# that cannot open the GPU fails instead of skipping or falling back to
-# the emulator) and SHARDGRAPH_REQUIRE_GGML=1 (cuda_diff fails without the
-# oracle, cuda_kernels without NVRTC); --dry leaves REQUIRE_GPU as the
+# bandwidth; decode tokens/s of the small qwen3 on 1 and 2 virtual
+# devices). `run` sets SHARDGRAPH_REQUIRE_GPU=1 (a test or the bench that
+# cannot open the GPU fails instead of skipping or falling back to the
+# emulator), SHARDGRAPH_REQUIRE_GGML=1 (cuda_diff fails without either
+# oracle) and SHARDGRAPH_REQUIRE_NVRTC=1 (cuda_kernels fails without
+# NVRTC; tests/common/require.rs); --dry leaves REQUIRE_GPU as the
 # caller set it (export SHARDGRAPH_REQUIRE_GPU=1 to see failures there).
 #
 # SHARDGRAPH_GPU=hip (for pack, run or both): the same on an AMD GPU
@@ -285,6 +287,7 @@ run_packed() {
     export SHARDGRAPH_REQUIRE_GPU=1
   fi
   export SHARDGRAPH_REQUIRE_GGML=1
+  [ "$vendor" = cuda ] && export SHARDGRAPH_REQUIRE_NVRTC=1
   export GGML_LIB_DIR="$PWD/$pack/ggml"
   export GGML_0_25_LIB_DIR="$PWD/$pack/ggml25"
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$GGML_LIB_DIR"

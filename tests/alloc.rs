@@ -1,13 +1,18 @@
 //! Graph allocator tests: peak memory of element-wise chains, no overlap of
 //! live tensors on random graphs, in-place reuse, splitting across buffers,
 //! oversize errors, and the peak compared with ggml's `gallocr` (the real
-//! library, loaded at run time).
+//! library, loaded at run time; without it that comparison is skipped with a
+//! message, a failure when `SHARDGRAPH_REQUIRE_GGML` is set).
 
 use shardgraph::backend::cpu::CPU_ALIGNMENT;
 use shardgraph::backend::{Backend, BufferType};
 use shardgraph::graph::{AllocStats, GraphAllocator};
 use shardgraph::{Context, CpuBackend, CpuConfig, Error, GgmlType, Graph, TensorId, TensorStorage};
 use std::collections::HashMap;
+
+#[path = "common/require.rs"]
+mod require;
+use require::Tool;
 
 fn cpu() -> CpuBackend {
     CpuBackend::with_threads(2).unwrap()
@@ -333,10 +338,8 @@ fn inplace_results_match_separate_storage() {
     for s in [&reference, &planned] {
         s.set_f32(&ctx, x, &xs).unwrap();
         s.set_f32(&ctx, b, &bs).unwrap();
-        if let Err(e) = be.compute(&ctx, &g, s) {
-            println!("alloc: compute comparison SKIPPED: CPU kernels not ready ({e})");
-            return;
-        }
+        // Every op here has a CPU kernel: a compute error is a failure.
+        be.compute(&ctx, &g, s).unwrap_or_else(|e| panic!("compute with {} storage: {e}", outs.len()));
         outs.push(s.get_f32(&ctx, cur).unwrap());
     }
     assert_eq!(outs[0], outs[1]);
@@ -845,13 +848,7 @@ fn peak_compared_with_ggml_gallocr() {
         Dims { n_embd: 512, n_head: 8, n_tok: 64, n_ff: 1376, n_vocab: 4000, n_layer: 4 },
         Dims { n_embd: 96, n_head: 3, n_tok: 7, n_ff: 250, n_vocab: 333, n_layer: 3 },
     ];
-    let lib = match ggml::Lib::load() {
-        Ok(l) => Some(l),
-        Err(e) => {
-            println!("alloc: ggml comparison SKIPPED: {e}");
-            None
-        }
-    };
+    let lib = require::or_skip(Tool::Ggml, "alloc: peak against ggml's gallocr", ggml::Lib::load());
     for ext in [false, true] {
         let what = if ext { "weights external" } else { "weights in the compute buffer" };
         for d in configs {
@@ -866,6 +863,26 @@ fn peak_compared_with_ggml_gallocr() {
                  reused like ggml (no reuse at all: {} B; {} in place)",
                 same.peak_bytes, cpu.peak_bytes, CPU_ALIGNMENT, parity.peak_bytes, same.naive_bytes, same.n_inplace
             );
+            // Without ggml: reusing inputs never costs memory, and every
+            // rule set beats giving each tensor its own memory.
+            assert!(
+                parity.peak_bytes <= same.peak_bytes,
+                "{tag}: inputs reused {} > kept {}",
+                parity.peak_bytes,
+                same.peak_bytes
+            );
+            assert!(
+                same.peak_bytes < same.naive_bytes,
+                "{tag}: peak {} not below no reuse {}",
+                same.peak_bytes,
+                same.naive_bytes
+            );
+            assert!(
+                cpu.peak_bytes >= same.peak_bytes,
+                "{tag}: align 64 peak {} below align 32 {}",
+                cpu.peak_bytes,
+                same.peak_bytes
+            );
             let Some(lib) = &lib else { continue };
             let (theirs, n_theirs) = ggml_peak(lib, d, ext);
             assert_eq!(n_ours, n_theirs, "the two graphs should have the same nodes");
@@ -879,24 +896,21 @@ fn peak_compared_with_ggml_gallocr() {
             );
             // Same rules as ggml (inputs freed after their last use, same
             // alignment): the same best-fit walk gives the same peak.
-            assert!(
-                parity.peak_bytes as f64 <= theirs as f64 * 1.25 + 32.0,
-                "{tag}: ours {} (inputs reused) vs ggml {theirs}",
-                parity.peak_bytes
-            );
             assert_eq!(parity.peak_bytes, theirs, "{tag}: ggml-parity mode differs from gallocr");
             // Default rules keep the inputs for the whole graph, which ggml
             // does not: its peak plus the inputs' bytes is the baseline.
+            // Measured: at most 1.12 × the baseline (weights external,
+            // n_embd 96 and 256), 1.0 with the weights in the buffer.
             let baseline = (theirs + same.input_bytes) as f64;
             assert!(
-                same.peak_bytes as f64 <= baseline * 1.25 + 32.0,
+                same.peak_bytes as f64 <= baseline * 1.15 + 32.0,
                 "{tag}: ours {} vs ggml {theirs} + inputs {}",
                 same.peak_bytes,
                 same.input_bytes
             );
             let slack = (CPU_ALIGNMENT * same.n_allocated) as f64;
             assert!(
-                cpu.peak_bytes as f64 <= baseline * 1.25 + slack,
+                cpu.peak_bytes as f64 <= baseline * 1.15 + slack,
                 "{tag}: ours {} (align 64) vs ggml {theirs} + inputs {}",
                 cpu.peak_bytes,
                 same.input_bytes

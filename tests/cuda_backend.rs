@@ -440,7 +440,11 @@ fn iq4_nl_cache_on(d: &CudaBackend, cpu: &shardgraph::CpuBackend) {
 /// verification rejects it and the states roll back), and a DFlash2
 /// drafter whose graphs run on the same devices, both give the tokens of
 /// plain greedy decoding on one CPU device — what the examples check with
-/// `--device .. --verify`.
+/// `--device .. --verify`. The permutation model's greedy tokens follow its
+/// embedding and head whatever its layers do, so plain decoding on the
+/// devices is also held to the CPU's logits (NMSE 1e-4), and a model of the
+/// same shape with random weights (every layer moves the logits) to those
+/// of one CPU device fed the same tokens (NMSE 1e-2, as `--verify` with a GPU).
 #[test]
 fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
     use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
@@ -504,6 +508,34 @@ fn speculative_qwen35_on_cuda_devices_equals_cpu_greedy() {
         let devs = Devices::from_backends(devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect()).unwrap();
         Qwen35Session::load(&target, &devs, kv, 40).unwrap()
     };
+    {
+        let mut cpu = Qwen35Session::load(&target, &devices::cpu(&[1.0]), kv, 40).unwrap();
+        let (want, want_logits) = decode::generate(&mut cpu, &prompt, n_gen);
+        let (got, logits) = decode::generate(&mut on_cuda(), &prompt, n_gen);
+        let worst = logits.iter().zip(&want_logits).map(|(a, b)| nmse(a, b)).fold(0.0, f64::max);
+        println!("plain qwen35 on 2 CUDA devices: {got:?}, logits NMSE {worst:.2e}");
+        assert_eq!((&got, &want), (&plain, &plain), "plain greedy on CUDA devices and on the CPU");
+        assert!(worst <= 1e-4, "plain qwen35 on 2 CUDA devices: logits NMSE {worst:.3e}");
+        // The same model with random weights, whose every layer moves the
+        // logits: one CPU device fed the tokens the CUDA devices chose.
+        let random = dir.join("qwen35-random.gguf");
+        write_qwen35_gguf_with(&random, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 13, Weights::Random).unwrap();
+        let devs = devices(2).unwrap();
+        let devs = Devices::from_backends(devs.into_iter().map(|d| Arc::new(d) as Arc<dyn Backend>).collect()).unwrap();
+        let (got, logits) = decode::generate(&mut Qwen35Session::load(&random, &devs, kv, 40).unwrap(), &prompt, n_gen);
+        let mut cpu = Qwen35Session::load(&random, &devices::cpu(&[1.0]), kv, 40).unwrap();
+        let v = hp.n_vocab as usize;
+        let mut want_logits = vec![cpu.decode(&prompt, &[], true).unwrap().logits.unwrap()];
+        for &t in &got[..got.len() - 1] {
+            want_logits.push(cpu.decode(&[t], &[], true).unwrap().logits.unwrap());
+        }
+        let errors: Vec<f64> =
+            logits.iter().zip(&want_logits).map(|(a, b)| nmse(&a[a.len() - v..], &b[b.len() - v..])).collect();
+        let shown: Vec<String> = errors.iter().map(|e| format!("{e:.2e}")).collect();
+        println!("random-weights qwen35 on 2 CUDA devices, logits NMSE per step against one CPU device {shown:?}");
+        assert_eq!(errors.len(), n_gen);
+        assert!(errors.iter().all(|&e| e <= 1e-2), "random-weights qwen35 on 2 CUDA devices: logits NMSE {shown:?}");
+    }
     let mut s = on_cuda();
     s.enable_snapshots(4).unwrap();
     let mut d = Spoil(MtpDrafter::new(&s, 0.0).unwrap());

@@ -11,16 +11,26 @@
 //! `SHARDGRAPH_NVRTC_ARCHS=sm_90` (a comma-separated list) compiles for
 //! those architectures only (`scripts/gpu-check.sh` on an sm_90 GPU).
 //!
-//! Without NVRTC the test prints `SKIPPED` with the reason, unless
-//! `SHARDGRAPH_REQUIRE_GGML` is set (as `.ci/run` does), when it fails.
+//! Without NVRTC each test that needs it prints `SKIPPED` with the reason,
+//! unless `SHARDGRAPH_REQUIRE_NVRTC` is set (as `.ci/run` and
+//! `scripts/gpu-check.sh run` do), when it fails; without a GPU the device
+//! checks say so, unless `SHARDGRAPH_REQUIRE_GPU` is set (`common/require.rs`).
 
 use shardgraph::backend::cuda::nvrtc::{compile, describe, is_cached, load, stats, supported_archs, KERNEL_SOURCES};
 
+#[path = "common/require.rs"]
+mod require;
+use require::Tool;
+
+/// True when NVRTC loads; otherwise says `test` is skipped (a failure
+/// when `SHARDGRAPH_REQUIRE_NVRTC` is set).
+fn nvrtc(test: &str) -> bool {
+    require::or_skip(Tool::Nvrtc, &format!("cuda_kernels: {test}"), load()).is_some()
+}
+
 #[test]
 fn every_kernel_compiles_for_sm_86_and_sm_90() {
-    if let Err(e) = load() {
-        println!("cuda_kernels: SKIPPED: {e}");
-        assert!(std::env::var("SHARDGRAPH_REQUIRE_GGML").is_err(), "SHARDGRAPH_REQUIRE_GGML is set: {e}");
+    if !nvrtc("every_kernel_compiles_for_sm_86_and_sm_90") {
         return;
     }
     assert!(!KERNEL_SOURCES.is_empty(), "kernels-cuda/ holds no .cu file");
@@ -75,7 +85,7 @@ fn every_kernel_compiles_for_sm_86_and_sm_90() {
 fn versions() {
     match describe() {
         Ok(d) => println!("cuda_kernels: NVRTC: {d}; architectures {:?}", supported_archs().unwrap_or_default()),
-        Err(e) => println!("cuda_kernels: NVRTC: not loaded: {e}"),
+        Err(e) => require::missing(Tool::Nvrtc, "cuda_kernels: versions (NVRTC)", &e),
     }
     use shardgraph::backend::cuda::device::{describe_device, device_count, driver_version};
     match (driver_version(), device_count()) {
@@ -85,13 +95,17 @@ fn versions() {
                 println!("cuda_kernels: {}", describe_device(d).unwrap());
             }
         }
-        (v, n) => println!("cuda_kernels: no GPU: {}", v.err().or(n.err()).map(|e| e.to_string()).unwrap_or_default()),
+        (v, n) => require::missing(
+            Tool::Gpu,
+            "cuda_kernels: versions (driver and devices)",
+            &v.err().or(n.err()).map(|e| e.to_string()).unwrap_or_default(),
+        ),
     }
 }
 
 #[test]
 fn a_kernel_that_does_not_compile_is_an_error_naming_it() {
-    if load().is_err() {
+    if !nvrtc("a_kernel_that_does_not_compile_is_an_error_naming_it") {
         return;
     }
     let e = compile("broken", "extern \"C\" __global__ void k(float* x) { x[0] = undefined_name; }", "sm_86")
@@ -114,8 +128,8 @@ fn without_a_gpu_the_driver_is_an_error_not_a_panic() {
             }
         }
         Err(e) => {
-            println!("cuda_kernels: no GPU: {e}");
             assert!(e.to_string().contains("cuda"), "{e}");
+            require::missing(Tool::Gpu, "cuda_kernels: kernels loaded on the GPU", &e);
         }
     }
 }
@@ -127,7 +141,7 @@ fn without_a_gpu_the_driver_is_an_error_not_a_panic() {
 #[test]
 fn the_emulator_has_every_kernel() {
     use shardgraph::backend::cuda::emu::{kernel_count, EmuKind};
-    if load().is_err() {
+    if !nvrtc("the_emulator_has_every_kernel") {
         return;
     }
     let n: usize = KERNEL_SOURCES.iter().map(|&(name, src)| compile(name, src, "sm_86").unwrap().entries().len()).sum();

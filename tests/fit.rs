@@ -5,15 +5,27 @@
 //! against devices that report small, made-up memory sizes: the chosen
 //! context fits and 256 cells more do not; a device too small for 256
 //! cells is an error naming it; nothing is allocated on the devices.
+//!
+//! "Fits" is judged twice: by the estimate `fit_ctx_size` searches
+//! ([`FitSpec::memory`]), and by measurement, independent of it: the
+//! session's long-lived tensors placed and its worst steps (every step over
+//! the whole context, built here from the models' public API) run on
+//! devices that count their buffers (`common/counting.rs`): at the chosen
+//! context on devices that refuse to allocate past their memory, they run;
+//! at 256 cells more, some device's measured peak exceeds its memory —
+//! except for qwen35 + MTP, whose estimate is conservative (the measured
+//! ratio is pinned, see the test).
 
 use shardgraph::split::Devices;
-use shardgraph::GgmlType;
-use shardgraph_models::dflash::DflashHparams;
+use shardgraph::{Backend, Context, GgmlType, Graph, TensorId};
+use shardgraph_models::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams, TargetInfo};
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::Qwen3Hparams;
-use shardgraph_models::qwen35::Qwen35Hparams;
+use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams};
+use shardgraph_models::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams};
+use shardgraph_models::runner::Runner;
 use shardgraph_models::types::TensorTypes;
+use std::sync::Arc;
 
 #[path = "common/counting.rs"]
 mod counting;
@@ -67,6 +79,130 @@ fn totals(spec: &FitSpec, cells: i64) -> Vec<u64> {
     spec.memory(cells).unwrap().iter().map(|m| m.total()).collect()
 }
 
+/// Builds `spec`'s session with a context of `cells` on `backends` and runs
+/// its worst steps once each (zero weights and inputs: the memory is the
+/// same), as a session would: the long-lived tensors placed and uploaded
+/// (weights, caches, snapshot slots), then a target step of
+/// `max(n_batch, verification batch)` tokens with the drafter's taps, the
+/// drafter's steps (DFlash: a block and an injection of `n_batch` rows;
+/// MTP: a step of `n_batch` rows and a chain of `n_max`), every one over
+/// all `cells`.
+fn run_worst_steps(spec: &FitSpec, cells: i64, backends: Vec<Arc<dyn Backend>>) -> shardgraph::Result<()> {
+    let devices = Devices::from_backends(backends)?.with_tensor_split(&spec.ratios)?;
+    let (kv, r) = (spec.cache_types, &spec.ratios);
+    let mut ctx = Context::new();
+    enum T {
+        Q3(Qwen3),
+        Q35(Box<Qwen35>),
+    }
+    let (target, info, n_layer) = match &spec.target {
+        FitTarget::Qwen3 { hp, types } => {
+            let m = Qwen3::new(&mut ctx, hp.clone(), types, kv, cells)?;
+            let info = TargetInfo::from(&m);
+            (T::Q3(m), info, hp.n_layer)
+        }
+        FitTarget::Qwen35 { hp, types } => {
+            let mut m = Qwen35::new(&mut ctx, hp.clone(), types, kv, cells)?;
+            if spec.snapshot_slots > 0 {
+                m.add_snapshots(&mut ctx, spec.snapshot_slots)?;
+            }
+            let info = TargetInfo::from(&m);
+            (T::Q35(Box::new(m)), info, hp.n_layer)
+        }
+    };
+    let dflash = match &spec.draft {
+        FitDraft::Dflash { hp, types } => Some(Dflash::new(&mut ctx, info, hp.clone(), types, kv, cells)?),
+        _ => None,
+    };
+    let policy = match (&spec.target, &spec.draft) {
+        (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { hp: d, types: dt }) => {
+            qwen3_dflash_policy(hp, types, d, dt, r)?
+        }
+        (FitTarget::Qwen35 { hp, types }, FitDraft::Dflash { hp: d, types: dt }) => {
+            qwen35_dflash_policy(hp, types, d, dt, r)?
+        }
+        (FitTarget::Qwen3 { hp, types }, _) => qwen3_policy(hp, types, r)?,
+        (FitTarget::Qwen35 { hp, types }, _) => qwen35_policy(hp, types, r)?,
+    };
+    let base = ctx.len();
+    let (verify, taps) = match &spec.draft {
+        FitDraft::Dflash { hp, .. } => (hp.block_size as i64, hp.target_layers.clone()),
+        FitDraft::Mtp { n_max } => (*n_max as i64 + 1, vec![n_layer]),
+        FitDraft::None => (1, Vec::new()),
+    };
+    let t = spec.n_batch.max(verify);
+    let mut steps: Vec<(Graph, Vec<TensorId>)> = Vec::new();
+    let mut step = |ctx: &mut Context, outs: Vec<TensorId>| -> shardgraph::Result<()> {
+        steps.push((ctx.build_forward(&outs)?, outs));
+        Ok(())
+    };
+    match &target {
+        T::Q3(m) => {
+            let s = m.build_window(&mut ctx, t, cells, &taps)?;
+            let mut outs = s.writes.clone();
+            outs.extend(s.taps.iter().map(|x| x.1));
+            outs.extend([s.logits, s.argmax]);
+            step(&mut ctx, outs)?;
+        }
+        T::Q35(m) => {
+            let s = m.build_window(&mut ctx, t, cells, &taps)?;
+            let mut outs = s.writes.clone();
+            outs.extend(s.taps.iter().map(|x| x.1));
+            outs.extend([s.logits, s.argmax]);
+            step(&mut ctx, outs)?;
+            if let FitDraft::Mtp { n_max } = spec.draft {
+                let st = m.build_mtp_window(&mut ctx, spec.n_batch, cells)?;
+                let mut outs = st.writes.clone();
+                outs.extend([st.h_out, st.argmax, st.top_prob]);
+                step(&mut ctx, outs)?;
+                let c = m.build_mtp_chain_window(&mut ctx, n_max, cells)?;
+                let mut outs = c.writes.clone();
+                outs.extend(c.steps.iter().flat_map(|s| [s.argmax, s.top_prob]));
+                step(&mut ctx, outs)?;
+            }
+        }
+    }
+    if let Some(d) = &dflash {
+        let b = d.build_block_window(&mut ctx, d.hp.block_size as i64, cells)?;
+        let mut outs = b.writes.clone();
+        match b.lattice {
+            Some(l) => outs.push(l),
+            None => outs.extend([b.argmax, b.top_prob]),
+        }
+        step(&mut ctx, outs)?;
+        let inj = d.build_inject(&mut ctx, spec.n_batch)?;
+        step(&mut ctx, inj.writes.clone())?;
+    }
+    let mut runner = Runner::new(policy, &devices)?;
+    let ids: Vec<TensorId> = ctx.ids().take(base).collect();
+    runner.place_all(&ctx, &ids, "the session's weights and caches")?;
+    runner.upload()?;
+    for (g, outs) in &steps {
+        runner.run(&ctx, g, &[], outs)?;
+    }
+    Ok(())
+}
+
+/// The chosen context, judged by measurement: the worst steps run on
+/// devices that refuse to allocate past `memory` (each device's measured
+/// peak within it). Returns the peaks at `ctx` and, on devices that
+/// allocate whatever is asked, at `ctx + 256`.
+fn check_by_measurement(spec: &FitSpec, ctx: i64, memory: &[usize], what: &str) -> (Vec<u64>, Vec<u64>) {
+    let (devs, counters) = counting::limited(memory);
+    run_worst_steps(spec, ctx, devs).unwrap_or_else(|e| panic!("{what}: {ctx} cells chosen, but they do not run: {e}"));
+    let at: Vec<u64> = counters.iter().map(|c| c.peak()).collect();
+    for (j, (&p, &m)) in at.iter().zip(memory).enumerate() {
+        assert!(p <= m as u64, "{what}: device {j} peaked at {p} bytes of {m}");
+    }
+    // Devices that report no memory size (the host's is far larger), so the
+    // session is not refused before it runs: its peaks are measured.
+    let (devs, counters) = counting::devices(memory.len(), None);
+    let more = ctx + CTX_STEP;
+    run_worst_steps(spec, more, devs).unwrap_or_else(|e| panic!("{what}: {more} cells: {e}"));
+    let above: Vec<u64> = counters.iter().map(|c| c.peak()).collect();
+    (at, above)
+}
+
 #[test]
 fn the_chosen_ctx_size_fits_and_256_cells_more_do_not() {
     for n in [1, 2, 3] {
@@ -88,7 +224,31 @@ fn the_chosen_ctx_size_fits_and_256_cells_more_do_not() {
             assert_eq!(ctx, want, "{what}");
             // Sized from plans: nothing was allocated on the devices.
             assert!(counters.iter().all(|c| c.peak() == 0), "{what}: the fit allocated");
-            println!("{what}: ctx-size {ctx}");
+            let (at, above) = check_by_measurement(&spec, ctx, &memory, &what);
+            // The largest ratio of a device's measured peak at 256 cells
+            // more to its memory: above 1 when the chosen size is the
+            // largest that runs.
+            let over = above.iter().zip(&memory).map(|(&p, &m)| p as f64 / m as f64).fold(0.0, f64::max);
+            println!("{what}: ctx-size {ctx}; measured peaks {at:?} there, {above:?} with 256 cells more (x{over:.4} of the memory)");
+            if name == "qwen35 + mtp" {
+                // Measured: the estimate of the MTP steps' compute is 2.4 MB
+                // on one device and 3.3 MB on each of three, several times
+                // what they use, so 256 cells more still run (at x0.81,
+                // x0.72, x0.58 of the memory on 1, 2, 3 devices). Pinned so
+                // that it may only get tighter.
+                let floor = [0.80, 0.72, 0.57][n - 1];
+                assert!(
+                    over >= floor,
+                    "{what}: {} cells peak at x{over:.4} of the memory (pinned: x{floor})",
+                    ctx + 256
+                );
+            } else {
+                assert!(
+                    over > 1.0,
+                    "{what}: {} cells peak at {above:?}, within the memory {memory:?}: the chosen {ctx} was not the largest",
+                    ctx + CTX_STEP
+                );
+            }
         }
     }
 }

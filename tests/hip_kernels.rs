@@ -9,10 +9,11 @@
 //!   for the wave size `SG_WARP` assumes on that architecture. Ends with
 //!   `hip_kernels: <n> kernels compiled, <failures> failures` (n summed
 //!   over both architectures). Without `hipcc` on `PATH` the test says so
-//!   and passes, unless `SHARDGRAPH_REQUIRE_HIPCC=1`.
+//!   and passes, unless `SHARDGRAPH_REQUIRE_HIPCC` is set.
 //! - hipRTC (what the backend compiles with at run time): the same files,
 //!   the same kernels, for the same architectures, when hipRTC loads
-//!   (ROCm 5.2's compiles without a GPU).
+//!   (ROCm 5.2's compiles without a GPU). Without it the test says so and
+//!   passes, unless `SHARDGRAPH_REQUIRE_HIPRTC` is set (`common/require.rs`).
 //!
 //! Needs `--features hip`.
 #![cfg(feature = "hip")]
@@ -26,6 +27,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+#[path = "common/require.rs"]
+mod require;
+use require::Tool;
+
 const ARCHS: [&str; 2] = ["gfx90a", "gfx1030"];
 /// The architectures hipRTC compiles for in this test.
 const HIPRTC_ARCHS: [&str; 1] = ["gfx90a"];
@@ -38,10 +43,6 @@ static COMPILERS: Mutex<()> = Mutex::new(());
 /// `hipcc --version` probes for a GPU).
 fn hipcc() -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join("hipcc")).find(|p| p.is_file())
-}
-
-fn require_hipcc() -> bool {
-    std::env::var("SHARDGRAPH_REQUIRE_HIPCC").is_ok_and(|v| v == "1")
 }
 
 /// The kernels a preprocessed source declares: the names after
@@ -96,8 +97,8 @@ fn parallel<T: Sync, R: Send>(jobs: Vec<T>, workers: usize, f: impl Fn(&T) -> R 
 #[test]
 fn every_kernel_compiles_with_hipcc_for_gfx90a_and_gfx1030() {
     let Some(hipcc) = hipcc() else {
-        println!("hip_kernels: SKIPPED: hipcc is not on PATH (install ROCm's hipcc, e.g. Debian's `hipcc` package)");
-        assert!(!require_hipcc(), "SHARDGRAPH_REQUIRE_HIPCC=1 but hipcc is not on PATH");
+        let why = "hipcc is not on PATH (install ROCm's hipcc, e.g. Debian's `hipcc` package)";
+        require::missing(Tool::Hipcc, "hip_kernels: hipcc", &why);
         return;
     };
     assert!(!KERNEL_SOURCES.is_empty(), "kernels-cuda/ holds no .cu file");
@@ -204,8 +205,7 @@ fn every_kernel_compiles_with_hipcc_for_gfx90a_and_gfx1030() {
 /// to kernels of the right wave size; a second compile is a cache lookup.
 #[test]
 fn every_kernel_compiles_with_hiprtc_for_gfx90a() {
-    if let Err(e) = hiprtc::load() {
-        println!("hip_kernels: hipRTC SKIPPED: {e}");
+    if require::or_skip(Tool::Hiprtc, "hip_kernels: hipRTC", hiprtc::load()).is_none() {
         return;
     }
     let _turn = COMPILERS.lock().unwrap_or_else(|p| p.into_inner());

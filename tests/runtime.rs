@@ -1,7 +1,10 @@
 //! The compiled runtime, checked through the executor's deterministic
-//! counters (never timed): after the first decode step of a shape a step
-//! allocates nothing, copies nothing into the caches, reads to the host
-//! only the output it asks for, and moves exactly its plan's bytes; and a
+//! counters (never timed) and, independently of the executor, through
+//! devices that count what passes through them (`common/counting.rs`:
+//! buffers allocated, bytes written from and read to the host, bytes
+//! copied in from other devices): after the first decode step of a shape a
+//! step allocates nothing, copies nothing into the caches, reads to the
+//! host only the output it asks for, and moves exactly its plan's bytes; and a
 //! step's work follows the KV cells in use, not the allocated context — a
 //! decode in a cache of any size (65536, 4104, 600 cells) gives the tokens,
 //! logits and bytes moved of a 512-cell one.
@@ -13,6 +16,8 @@ use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
 use shardgraph_models::runner::Runner;
 use shardgraph_models::types::TensorTypes;
 
+#[path = "common/counting.rs"]
+mod counting;
 #[path = "common/decode.rs"]
 mod decode;
 use decode::nmse;
@@ -30,7 +35,11 @@ fn session(ratios: &[f32], kv_size: i64) -> Qwen3Session {
 fn a_decode_step_allocates_copies_and_reads_nothing_but_its_output() {
     for ratios in [vec![1.0], vec![1.0, 1.0], vec![2.0, 1.0, 1.0]] {
         let n = ratios.len();
-        let mut s = session(&ratios, 1024);
+        // Counted devices (one CPU thread each, as `session` gives).
+        let (devs, counters) = counting::devices(n, None);
+        let devices = Devices::from_backends(devs).unwrap().with_tensor_split(&ratios).unwrap();
+        let mut s =
+            decode::seeded_session_on(hp(), &devices, &TensorTypes::uniform(GgmlType::Q8_0), GgmlType::F16, 1024);
         let mut last = *s.decode(&[3, 17, 42, 5, 88, 1], &[], false).unwrap().argmax.last().unwrap();
         // The first decode step of its shape compiles and sizes the arenas.
         last = s.decode(&[last], &[], false).unwrap().argmax[0];
@@ -43,11 +52,46 @@ fn a_decode_step_allocates_copies_and_reads_nothing_but_its_output() {
             let g = ctx.build_forward(&step.outputs()).unwrap();
             Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap().total_bytes()
         };
+        // What the devices saw in one step: (bytes allocated, buffers
+        // allocated, bytes from the host, bytes to the host, bytes copied in).
+        let seen = || -> Vec<[u64; 5]> {
+            counters
+                .iter()
+                .map(|c| [c.allocated(), c.allocations(), c.bytes_set(), c.bytes_got(), c.bytes_copied_in()])
+                .collect()
+        };
+        let mut inputs_per_step = None;
         for step in 0..12 {
             let (before, moved) = (s.runner().exec().counters(), s.runner().bytes_moved());
+            let dev_before = seen();
             last = s.decode(&[last], &[], false).unwrap().argmax[0];
+            let dev: Vec<[u64; 5]> =
+                seen().iter().zip(&dev_before).map(|(a, b)| std::array::from_fn(|k| a[k] - b[k])).collect();
             let c = s.runner().exec().counters();
             let what = format!("{ratios:?}, step {step}");
+            // Counted by the devices, not by the executor: no buffer
+            // allocated, the plan's bytes copied in between devices, and
+            // read to the host one I32 (the greedy token) plus those bytes
+            // (the host communicator reads each exchanged byte from the
+            // device that sends it); the same small inputs written every
+            // step. The inputs, at most, on each device: the F16 mask of
+            // the 256-cell window (512 bytes), the token and its position
+            // (I32) and the cache cell it is written to (I64): 528 bytes,
+            // less than the 2048 bytes of one cell's K and V rows in the
+            // caches (2 layers, 2 × 128 values each, F16), so no cache row
+            // comes from the host.
+            let sum = |k: usize| dev.iter().map(|d| d[k]).sum::<u64>();
+            assert_eq!((sum(0), sum(1)), (0, 0), "{what}: the devices allocated (bytes, buffers) {dev:?}");
+            assert_eq!(sum(4), plan_bytes, "{what}: bytes copied between the devices vs the plan {dev:?}");
+            assert_eq!(sum(3), 4 + plan_bytes, "{what}: bytes the devices gave the host {dev:?}");
+            let written: Vec<u64> = dev.iter().map(|d| d[2]).collect();
+            assert_eq!(*inputs_per_step.get_or_insert_with(|| written.clone()), written, "{what}: bytes from the host");
+            assert!(written.iter().all(|&w| w <= 2 * 256 + 4 + 4 + 8), "{what}: bytes from the host {written:?}");
+            if step == 0 {
+                println!(
+                    "{what}: per device (bytes allocated, buffers, from the host, to the host, copied in) {dev:?}"
+                );
+            }
             assert_eq!(c.compiles - before.compiles, 0, "{what}: compiled");
             assert_eq!(c.bytes_allocated - before.bytes_allocated, 0, "{what}: bytes allocated");
             assert_eq!(c.store_bytes_copied - before.store_bytes_copied, 0, "{what}: bytes copied into the caches");

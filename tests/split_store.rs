@@ -5,9 +5,11 @@
 //! range of the tensor's memory, for a view a range of its owner's memory).
 //! Embedders save and restore KV/recurrent state this way.
 //!
-//! The reference for what device `j` holds is `slice_local`; the reference
-//! for single-device bytes is a plain `Vec<u8>` edited the same way, or one
-//! CPU device's `TensorStorage`.
+//! The reference for what device `j` holds is `slice_local` (which the store
+//! itself uses), and, independent of it, parts written out by hand for
+//! small tensors in every kind of state (`hand_computed_parts_in_every_state`);
+//! the reference for single-device bytes is a plain `Vec<u8>` edited the
+//! same way, or one CPU device's `TensorStorage`.
 
 #[path = "common/devices.rs"]
 mod devices;
@@ -181,6 +183,136 @@ fn whole_tensor_round_trips_in_every_state_type_and_device_count() {
         }
     }
     assert!(cases > 400, "{cases} cases");
+}
+
+/// The elements each device holds, written out by hand (not through
+/// `slice_local`) for small F32 tensors whose element `i` (ggml order) has
+/// the value `i`: mirrored, partial, split on axes 0, 1 and 2 with uneven
+/// and zero extents, two segments, a repeated segment; and a Q8_0 weight
+/// split on whole blocks. Also the bytes per device and the single-device
+/// read back.
+#[test]
+fn hand_computed_parts_in_every_state() {
+    let r = |a: i32, b: i32| (a..b).collect::<Vec<i32>>();
+    let cat = |v: &[Vec<i32>]| v.concat();
+    let seg =
+        |axis: usize, segments: Vec<Vec<i64>>, repeat: i64| SplitState::Split(AxisSplit { axis, segments, repeat });
+    // [4, 3, 2]: element (i0, i1, i2) = i0 + 4 i1 + 12 i2.
+    let a = [4i64, 3, 2, 1];
+    // [2, 6]: element (i0, i1) = i0 + 2 i1.
+    let b = [2i64, 6, 1, 1];
+    // (label, shape, state, the elements each device holds)
+    type Case = (&'static str, [i64; 4], SplitState, Vec<Vec<i32>>);
+    let cases: Vec<Case> = vec![
+        ("mirrored", a, SplitState::Mirrored, vec![r(0, 24), r(0, 24)]),
+        (
+            "axis 0, extents 3 and 1",
+            a,
+            SplitState::split(0, vec![3, 1]),
+            vec![cat(&[r(0, 3), r(4, 7), r(8, 11), r(12, 15), r(16, 19), r(20, 23)]), vec![3, 7, 11, 15, 19, 23]],
+        ),
+        (
+            "axis 1, extents 1 and 2",
+            a,
+            SplitState::split(1, vec![1, 2]),
+            vec![cat(&[r(0, 4), r(12, 16)]), cat(&[r(4, 12), r(16, 24)])],
+        ),
+        ("axis 2, extents 2 and 0", a, SplitState::split(2, vec![2, 0]), vec![r(0, 24), vec![]]),
+        (
+            "axis 1 on 3 devices, extents 0, 2, 1",
+            a,
+            SplitState::split(1, vec![0, 2, 1]),
+            vec![vec![], cat(&[r(0, 8), r(12, 20)]), cat(&[r(8, 12), r(20, 24)])],
+        ),
+        (
+            // Segment 0 (column 0 and 1: one each), segment 1 (columns 2, 3: one each).
+            "axis 0, two segments [1, 1] [1, 1]",
+            a,
+            seg(0, vec![vec![1, 1], vec![1, 1]], 1),
+            vec![
+                (0..6).flat_map(|k| [4 * k, 4 * k + 2]).collect(),
+                (0..6).flat_map(|k| [4 * k + 1, 4 * k + 3]).collect(),
+            ],
+        ),
+        (
+            // Segment 0 (row 0): device 0; segment 1 (rows 1, 2): one each.
+            "axis 1, two segments [1, 0] [1, 1]",
+            a,
+            seg(1, vec![vec![1, 0], vec![1, 1]], 1),
+            vec![cat(&[r(0, 8), r(12, 20)]), cat(&[r(8, 12), r(20, 24)])],
+        ),
+        (
+            // Rows 0, 1 | 2 | 3, 4 | 5.
+            "axis 1, segment [2, 1] repeated twice",
+            b,
+            seg(1, vec![vec![2, 1]], 2),
+            vec![cat(&[r(0, 4), r(6, 10)]), cat(&[r(4, 6), r(10, 12)])],
+        ),
+    ];
+    for (label, ne, state, want) in cases {
+        let n = want.len();
+        let what = format!("F32{ne:?} {label} on {n} devices");
+        let mut ctx = Context::new();
+        let id = ctx.new_tensor(F32, &ne).unwrap();
+        let count = ne.iter().product::<i64>() as usize;
+        let full: Vec<f32> = (0..count).map(|i| i as f32).collect();
+        let mut store = SplitStore::new(n);
+        store.place(&ctx, id, &state).unwrap_or_else(|e| panic!("{what}: place: {e}"));
+        store.set_tensor(&ctx, id, 0, &encode(F32, &full)).unwrap();
+        let (_, parts) = store.locals(id).unwrap();
+        for (j, (p, w)) in parts.iter().zip(&want).enumerate() {
+            let got: Vec<f32> = p.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let w: Vec<f32> = w.iter().map(|&i| i as f32).collect();
+            assert_eq!(got, w, "{what}: device {j}");
+        }
+        let bytes: Vec<u64> = want.iter().map(|w| 4 * w.len() as u64).collect();
+        assert_eq!(store.bytes_per_device(), bytes, "{what}: bytes per device");
+        assert_eq!(whole(&store, &ctx, id), encode(F32, &full), "{what}: read back");
+    }
+
+    // Partial: a value written from the host is device 0's addend (the
+    // others hold zeros); addends handed over read back as their sum.
+    for n in [2usize, 3] {
+        let mut ctx = Context::new();
+        let id = ctx.new_tensor(F32, &[4, 3]).unwrap();
+        let full: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let mut store = SplitStore::new(n);
+        store.place(&ctx, id, &SplitState::partial()).unwrap();
+        store.set_tensor(&ctx, id, 0, &encode(F32, &full)).unwrap();
+        let (_, parts) = store.locals(id).unwrap();
+        assert_eq!(parts[0], &encode(F32, &full)[..], "partial on {n}: device 0");
+        for (j, p) in parts.iter().enumerate().skip(1) {
+            assert!(p.len() == 48 && p.iter().all(|&x| x == 0), "partial on {n}: device {j} holds {p:?}");
+        }
+        assert_eq!(store.bytes_per_device(), vec![48; n], "partial on {n}: bytes per device");
+        // Addends i, 100, 1000 (·j): the sum is i + 100 (+ 1000 on 3 devices).
+        let addends: Vec<Vec<u8>> = (0..n)
+            .map(|j| {
+                encode(
+                    F32,
+                    &(0..12).map(|i| if j == 0 { i as f32 } else { 10f32.powi(j as i32 + 1) }).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        store.set_locals(&ctx, id, &SplitState::partial(), addends).unwrap();
+        let sum: Vec<f32> = (0..12).map(|i| i as f32 + if n == 2 { 100.0 } else { 1100.0 }).collect();
+        assert_eq!(whole(&store, &ctx, id), encode(F32, &sum), "partial on {n}: the sum of the addends");
+    }
+
+    // Q8_0 [64, 2] split on axis 0 at 32: each device holds one 34-byte
+    // block of each row: device 0 bytes 0..34 and 68..102, device 1 34..68
+    // and 102..136.
+    let mut ctx = Context::new();
+    let id = ctx.new_tensor(Q8_0, &[64, 2]).unwrap();
+    let full: Vec<u8> = (0..136).map(|i| i as u8).collect();
+    let mut store = SplitStore::new(2);
+    store.place(&ctx, id, &SplitState::split(0, vec![32, 32])).unwrap();
+    store.set_tensor(&ctx, id, 0, &full).unwrap();
+    let (_, parts) = store.locals(id).unwrap();
+    assert_eq!(parts[0], &[&full[0..34], &full[68..102]].concat()[..], "Q8_0 axis 0: device 0");
+    assert_eq!(parts[1], &[&full[34..68], &full[102..136]].concat()[..], "Q8_0 axis 0: device 1");
+    assert_eq!(store.bytes_per_device(), vec![68, 68]);
+    assert_eq!(whole(&store, &ctx, id), full);
 }
 
 // ---------------------------------------------------------- 2. byte ranges

@@ -26,6 +26,11 @@
 //! (`op_table`) names, its status codes are the crate's,
 //! the C structs have the Rust layouts, and the header compiles as C99 and
 //! C++.
+//!
+//! The C compiler (`cc`) is required. Without a C++ compiler (`c++`) or
+//! binutils' `nm` those checks say they are skipped, unless
+//! `SHARDGRAPH_REQUIRE_CXX` is set (as `.ci/run` does), when they fail
+//! (`tests/common/require.rs` of the workspace root).
 
 use shardgraph::split::Devices;
 use shardgraph::GgmlType;
@@ -43,6 +48,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+
+#[path = "../../tests/common/require.rs"]
+mod require;
+use require::Tool;
 
 /// The workspace root.
 fn workspace() -> PathBuf {
@@ -205,11 +214,20 @@ fn source_functions() -> BTreeSet<String> {
     names
 }
 
-/// The `sg_*` symbols the built library exports (`nm -D`), if `nm` runs.
-fn exported_functions() -> Option<BTreeSet<String>> {
+/// The `sg_*` symbols the built library exports (`nm -D`), if `nm` runs;
+/// `None` after saying `test` skips the comparison (a failure when
+/// `SHARDGRAPH_REQUIRE_CXX` is set).
+fn exported_functions(test: &str) -> Option<BTreeSet<String>> {
     let lib = lib_copy().join(lib_file());
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output().ok()?;
+    let what = format!("c_api {test}: exports against `nm -D`");
+    let out = require::or_skip(
+        Tool::Cxx,
+        &what,
+        Command::new("nm").args(["-D", "--defined-only"]).arg(&lib).output().map_err(|e| format!("nm: {e}")),
+    )?;
     if !out.status.success() {
+        let why = format!("nm -D {} failed: {}", lib.display(), String::from_utf8_lossy(&out.stderr));
+        require::missing(Tool::Cxx, &what, &why);
         return None;
     }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -239,15 +257,14 @@ fn header_declares_exactly_the_exported_functions() {
         diff(&declared, &defined),
         diff(&defined, &declared)
     );
-    match exported_functions() {
-        Some(exported) => assert_eq!(
+    if let Some(exported) = exported_functions("header_declares_exactly_the_exported_functions") {
+        assert_eq!(
             declared,
             exported,
             "declared, not exported: {:?}; exported, not declared: {:?}",
             diff(&declared, &exported),
             diff(&exported, &declared)
-        ),
-        None => eprintln!("nm is not available: the exports were not compared"),
+        );
     }
     eprintln!("{} functions in the header, the source and the library", declared.len());
 }
@@ -259,7 +276,7 @@ fn header_declares_exactly_the_exported_functions() {
 fn the_op_tables_functions_are_declared_and_exported() {
     use shardgraph_capi::op_table::{CAbi, OP_ROWS};
     let declared = header_functions();
-    let exported = exported_functions();
+    let exported = exported_functions("the_op_tables_functions_are_declared_and_exported");
     let mut n = 0;
     for row in OP_ROWS {
         if let CAbi::Fns(fns) = row.c {
@@ -308,7 +325,12 @@ fn header_compiles_as_c99_and_cpp() {
             .arg(&src),
         "cc -std=c99 shardgraph.h",
     );
-    if Command::new("c++").arg("--version").output().is_ok_and(|o| o.status.success()) {
+    let cxx = match Command::new("c++").arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!("`c++ --version` failed: {}", String::from_utf8_lossy(&o.stderr))),
+        Err(e) => Err(format!("c++: {e}")),
+    };
+    if require::or_skip(Tool::Cxx, "c_api header_compiles_as_c99_and_cpp: the C++ check", cxx).is_some() {
         run_ok(
             Command::new("c++")
                 .args(["-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-x", "c++", "-I"])
@@ -316,8 +338,6 @@ fn header_compiles_as_c99_and_cpp() {
                 .arg(&src),
             "c++ shardgraph.h",
         );
-    } else {
-        eprintln!("no c++ compiler: the C++ check was skipped");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,6 +8,7 @@ use shardgraph::{Context, GgmlType};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
 use shardgraph_models::runner::Runner;
+use shardgraph_models::step::Target;
 use shardgraph_models::types::TensorTypes;
 
 #[path = "nmse.rs"]
@@ -35,11 +36,27 @@ pub fn seeded_session(
     kv: GgmlType,
     kv_size: i64,
 ) -> Qwen3Session {
+    seeded_session_on(
+        hp,
+        &Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(ratios).unwrap(),
+        types,
+        kv,
+        kv_size,
+    )
+}
+
+/// [`seeded_session`] on `devices` (their tensor split).
+pub fn seeded_session_on(
+    hp: Qwen3Hparams,
+    devices: &Devices,
+    types: &TensorTypes,
+    kv: GgmlType,
+    kv_size: i64,
+) -> Qwen3Session {
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp, types, kv, kv_size).unwrap();
-    let policy = qwen3_policy(&model.hp, types, ratios).unwrap();
-    let runner =
-        Runner::new(policy, &Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(ratios).unwrap()).unwrap();
+    let policy = qwen3_policy(&model.hp, types, devices.ratios()).unwrap();
+    let runner = Runner::new(policy, devices).unwrap();
     let mut s = Qwen3Session::new(model, ctx, runner).unwrap();
     let weights: Vec<(String, GgmlType, [i64; 4])> = s
         .ctx()
@@ -64,8 +81,9 @@ pub fn seeded_session(
     s
 }
 
-/// Prompt, then greedy decoding of `steps` tokens; returns tokens and the logits of every step.
-pub fn generate(s: &mut Qwen3Session, prompt: &[i32], steps: usize) -> (Vec<i32>, Vec<Vec<f32>>) {
+/// Prompt, then greedy decoding of `steps` tokens on a `qwen3` or `qwen35`
+/// session; returns tokens and the logits of every step.
+pub fn generate(s: &mut impl Target, prompt: &[i32], steps: usize) -> (Vec<i32>, Vec<Vec<f32>>) {
     let out = s.decode(prompt, &[], true).unwrap();
     let mut tokens = vec![*out.argmax.last().unwrap()];
     let mut logits = vec![out.logits.unwrap()];
