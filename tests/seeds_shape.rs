@@ -59,8 +59,9 @@ fn qwen35_27b_widths_q4_k_m_with_a_dflash2_q8_0_drafter_verifies_on_two_devices(
     let t = std::time::Instant::now();
     let types = TensorTypes::llama_q4_k_m(n_layer);
     let tb = write_qwen35_gguf_with(&target, &hp, &types, 1, Weights::Random).unwrap();
-    let db = write_dflash_gguf_with(&drafter, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), hp.n_vocab, 2, Weights::Random)
-        .unwrap();
+    let db =
+        write_dflash_gguf_with(&drafter, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), hp.n_vocab, 2, Weights::Random)
+            .unwrap();
     println!(
         "seeds_shape: wrote target {:.2} GiB and drafter {:.2} GiB in {:.0} s",
         tb as f64 / (1u64 << 30) as f64,
