@@ -29,7 +29,8 @@ pub(crate) fn available() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
 
-/// The AVX2 kernel for weight type `ty`, if one exists.
+/// The AVX2 kernel for weight type `ty` among the classic, k-quant and
+/// dense types, if one exists (the IQ/TQ/FP4 types: `avx2_iq::kernel`).
 pub(crate) fn kernel(ty: GgmlType) -> Option<crate::tensor::quant::VecDotFn> {
     use GgmlType::*;
     Some(match ty {
@@ -46,7 +47,7 @@ pub(crate) fn kernel(ty: GgmlType) -> Option<crate::tensor::quant::VecDotFn> {
         F32 => f32_row,
         F16 => f16_row,
         BF16 => bf16_row,
-        _ => return super::avx2_iq::kernel(ty),
+        _ => return None,
     })
 }
 

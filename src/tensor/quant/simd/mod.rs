@@ -28,7 +28,7 @@ pub(crate) fn isa_name() -> &'static str {
 pub(crate) fn best(ty: GgmlType) -> Option<super::VecDotFn> {
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        return avx2::kernel(ty);
+        return avx2::kernel(ty).or_else(|| avx2_iq::kernel(ty));
     }
     let _ = ty;
     None
