@@ -326,9 +326,12 @@ pub(crate) fn read_shared(k: &ArchKeys) -> Result<SharedKeys> {
         Some(Value::Int(v)) => Some(v),
         _ => None,
     };
-    // The vocabulary's size: `vocab_size` and the token list agree.
+    // The vocabulary's size: `vocab_size` and the token list agree. When
+    // `vocab_size` also disagrees with the embedding's rows, it is the one
+    // wrong: the tensor check names the embedding.
+    let rows = k.f.tensor_info("token_embd.weight").map(|t| t.ne[1]);
     let vocab_size = match (opt(Field::VocabSize), vocabulary_len(k.f)?) {
-        (Some(a), Some(b)) if a != b => {
+        (Some(a), Some(b)) if a != b && rows.is_none_or(|r| r == a) => {
             return Err(Error::Model {
                 detail: format!("{}: {}.vocab_size is {a} but tokenizer.ggml.tokens has {b} tokens", k.arch, k.arch),
             })
