@@ -64,12 +64,12 @@ fn small_target() -> Qwen3Hparams {
 
 /// The DFlash2 drafter for [`small_target`], shaped as the `dflash2`
 /// example's for its target: 2 layers, block 8, taps of target layers 2
-/// and 4, conv k = 2 over groups of 16, selector rank 64 and top 16 (~27 MB, Q8_0).
+/// and 3 (below `n_layer`), conv k = 2 over groups of 16, selector rank 64 and top 16 (~27 MB, Q8_0).
 fn small_drafter() -> DflashHparams {
     let t = small_target();
     DflashHparams {
         core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 8, 4, 64),
-        target_layers: vec![2, t.n_layer],
+        target_layers: vec![2, t.n_layer - 1],
         target_hidden: t.n_embd,
         block_size: 8,
         mask_token: (t.n_vocab - 1) as i32,

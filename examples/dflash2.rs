@@ -105,13 +105,14 @@ fn target_hp() -> Qwen3Hparams {
     Qwen3Hparams { core: HparamsCore::qwen3(24, 1024, 2816, 16, 8, 64), n_vocab: 8192, n_ctx_train: 4096 }
 }
 
-/// The example drafter: DFlash2 with 2 layers, block 8, taps of target
-/// layers 2, 12 and 24, conv k = 2 over groups of 16, selector rank 64 and
+/// The example drafter: DFlash2 with 2 layers, block 8, taps of the
+/// inputs of target layers 2, 12 and 23 (below `n_layer`, as real drafters
+/// tap and llama.cpp records), conv k = 2 over groups of 16, selector rank 64 and
 /// top 16; its FFN width equals the vocabulary (layer 0 is a lookup table).
 fn drafter_hp(t: &Qwen3Hparams) -> DflashHparams {
     DflashHparams {
         core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 16, 8, 64),
-        target_layers: vec![2, 12, 24],
+        target_layers: vec![2, 12, 23],
         target_hidden: t.n_embd,
         block_size: 8,
         mask_token: (t.n_vocab - 1) as i32,

@@ -466,6 +466,51 @@ fn streaming_logits_and_stop_tokens() {
     }
 }
 
+/// `on_step` reports each verified step as llama.cpp's speculative loop
+/// logs it (`scripts/llama-spec-compare.py` compares the two): the
+/// position and token it starts from, the drafts, how many were accepted
+/// and the target's next token. The steps account for every generated
+/// token after the first and for the drafted, accepted and step counts,
+/// and each starts where the one before ended — with every drafter.
+#[test]
+fn on_step_reports_each_verified_step() {
+    use shardgraph_models::engine::{GenerateOptions, StepTrace};
+    let f = files("steps");
+    let prompt = [5, 77, 123, 9, 64];
+    let n = 20;
+    for (model, draft) in
+        [(&f.qwen3, DraftModel::None), (&f.qwen3, DraftModel::Gguf(f.dflash2.clone())), (&f.qwen35, DraftModel::Mtp)]
+    {
+        let devices = Devices::cpu(1, 1).unwrap();
+        let params = EngineParams { ctx_size: 64, ..EngineParams::default() };
+        let mut e = Engine::load(&devices, model, draft.clone(), &params).unwrap();
+        let what = format!("{} {}", e.arch(), e.draft_kind());
+        let mut steps: Vec<(i64, i32, Vec<i32>, usize, i32)> = Vec::new();
+        let mut record = |s: &StepTrace<'_>| steps.push((s.pos, s.last, s.drafts.to_vec(), s.accepted, s.next));
+        let opts = GenerateOptions { on_step: Some(&mut record), ..GenerateOptions::default() };
+        let g = e.generate_with(&prompt, n, &SamplerParams::greedy(), opts).unwrap();
+        let mut tokens = vec![g.tokens[0]];
+        let (mut pos, mut last) = (prompt.len() as i64, g.tokens[0]);
+        for (p, l, d, k, next) in &steps {
+            assert_eq!((*p, *l), (pos, last), "{what}: a step starts where the last one ended");
+            tokens.extend(&d[..*k]);
+            tokens.push(*next);
+            (pos, last) = (pos + *k as i64 + 1, *next);
+        }
+        assert_eq!(&tokens[..n], &g.tokens[..], "{what}");
+        let drafted: usize = steps.iter().map(|s| s.2.len()).sum();
+        let accepted: usize = steps.iter().map(|s| s.3).sum();
+        assert_eq!(
+            (drafted, accepted, steps.len()),
+            (g.stats.drafted, g.stats.accepted, g.stats.target_steps),
+            "{what}"
+        );
+        if draft != DraftModel::None {
+            assert!(accepted > 0, "{what}: the generated drafters follow their targets");
+        }
+    }
+}
+
 /// The file's end-of-generation tokens (`tokenizer.ggml.eos_token_id`,
 /// `tokenizer.ggml.eot_token_id`) end a generation after the first one
 /// generated, unless `ignore_eos`; an id outside the vocabulary is ignored.

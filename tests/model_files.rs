@@ -309,3 +309,64 @@ fn a_tensor_of_a_type_no_kernel_runs_is_refused_naming_it() {
     check(("blk.0.ffn_norm.weight", GgmlType::I32), &["blk.0.ffn_norm.weight", "i32", "f32"]);
     let _ = Path::new(&dir.0);
 }
+
+/// Generated files carry the minimal vocabulary llama.cpp needs to read a
+/// DFlash drafter's mask token (`tokenizer.ggml.model = "llama"` and one
+/// token text per id; with `"no_vocab"` llama.cpp reads no special token
+/// and drafts with token −1), and the example drafter taps only layers
+/// below the target's count (llama.cpp records no other). Files written
+/// before (`"no_vocab"`, no token list) still load; a token list of another
+/// length than the vocabulary, or a named tokenizer without one, is refused
+/// naming the key.
+#[test]
+fn generated_files_carry_a_vocabulary_and_no_vocab_files_still_load() {
+    use shardgraph::gguf::{GgufWriter, MetaValue};
+    use shardgraph_models::dflash::DflashHparams;
+    let dir = Dir::new("vocab");
+    let src = dir.join("qwen3.gguf");
+    let small = Qwen3Hparams { core: HparamsCore::qwen3(2, 64, 128, 6, 3, 32), n_vocab: 96, n_ctx_train: 4096 };
+    write_qwen3_gguf_with(&src, &small, &TensorTypes::uniform(GgmlType::F32), 1, Weights::Random).unwrap();
+    let f = GgufFile::open(&src).unwrap();
+    assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), "llama");
+    let tokens = f.get_arr_str("tokenizer.ggml.tokens").unwrap();
+    assert_eq!((tokens.len(), tokens[0], tokens[95]), (96, "tok0", "tok95"));
+    // A copy with `keys` replaced and `drop` removed, tensors as they are.
+    let edit = |name: &str, keys: &[(&str, MetaValue)], drop: &[&str]| -> PathBuf {
+        let dst = dir.join(name);
+        let mut w = GgufWriter::new();
+        for (k, v) in f.kvs() {
+            if !drop.contains(&k) && !keys.iter().any(|(e, _)| *e == k) {
+                w.add_kv(k, v.to_owned_value()).unwrap();
+            }
+        }
+        for (k, v) in keys {
+            w.add_kv(k, v.clone()).unwrap();
+        }
+        for t in f.tensors() {
+            w.add_tensor(&t.name, t.ty, &t.ne[..t.n_dims.max(1) as usize]).unwrap();
+        }
+        w.write_file(&dst, |info, sink| sink.put(f.tensor(&info.name)?.data)).unwrap();
+        dst
+    };
+    let load = |p: &Path| Qwen3Session::load(p, &devices::cpu(&[1.0]), GgmlType::F16, 32).map(|_| ());
+    load(&src).unwrap();
+    let old =
+        edit("no-vocab.gguf", &[("tokenizer.ggml.model", MetaValue::from("no_vocab"))], &["tokenizer.ggml.tokens"]);
+    load(&old).unwrap();
+    let short: Vec<String> = (0..95).map(|i| format!("tok{i}")).collect();
+    let e = load(&edit("short.gguf", &[("tokenizer.ggml.tokens", MetaValue::from(short))], &[])).unwrap_err();
+    assert!(e.to_string().contains("tokenizer.ggml.tokens has 95 tokens"), "{e}");
+    let e = load(&edit("no-tokens.gguf", &[], &["tokenizer.ggml.tokens"])).unwrap_err();
+    assert!(e.to_string().contains("no tokenizer.ggml.tokens"), "{e}");
+    let e = load(&edit("ints.gguf", &[("tokenizer.ggml.tokens", MetaValue::from(vec![1u32; 96]))], &[])).unwrap_err();
+    assert!(e.to_string().contains("not an array of strings"), "{e}");
+    // The example pair: a vocabulary in both, the mask token inside it, taps below n_layer.
+    let (target, drafter) = shardgraph_models::generate::write_example_pair(&dir.0).unwrap();
+    let t = Qwen3Hparams::from_gguf(&GgufFile::open(&target).unwrap()).unwrap();
+    let df = GgufFile::open(&drafter).unwrap();
+    let d = DflashHparams::from_gguf(&df).unwrap();
+    assert_eq!(df.get_str("tokenizer.ggml.model").unwrap(), "llama");
+    assert_eq!(df.get_arr_str("tokenizer.ggml.tokens").unwrap().len() as i64, t.n_vocab);
+    assert!((d.mask_token as i64) < t.n_vocab);
+    assert!(d.target_layers.iter().all(|&l| l < t.n_layer), "{:?} on {} layers", d.target_layers, t.n_layer);
+}

@@ -371,12 +371,12 @@ pub fn qwen35_hp() -> Qwen35Hparams {
 }
 
 /// The DFlash2 drafter for the example `qwen35`: as the `qwen3` example's,
-/// tapping the input of layer 2 and the post-final-norm state (8).
+/// tapping the inputs of layers 2 and 7 (below `n_layer`, as llama.cpp needs).
 pub fn qwen35_drafter_hp() -> DflashHparams {
     let t = qwen35_hp();
     DflashHparams {
         core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 16, 8, 64),
-        target_layers: vec![2, t.n_layer],
+        target_layers: vec![2, t.n_layer - 1],
         target_hidden: t.n_embd,
         block_size: 8,
         mask_token: (t.n_vocab - 1) as i32,

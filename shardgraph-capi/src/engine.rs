@@ -289,6 +289,7 @@ pub extern "C" fn sg_engine_generate_ex(
             ignore_eos: opts.is_some_and(|o| o.ignore_eos != 0),
             on_token: Some(&mut tell),
             logits: logits.is_some(),
+            on_step: None,
         };
         let g = generate_into(e, prompt, n_prompt, n_predict, sampler, go, (out_tokens, out_cap, n_out), stats)?;
         if let Some(dst) = logits {

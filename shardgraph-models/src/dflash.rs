@@ -284,10 +284,14 @@ impl DflashHparams {
         Ok((hp, shared.vocab_size))
     }
 
-    /// Writes llama.cpp's `dflash` metadata for these hyper-parameters.
+    /// Writes llama.cpp's `dflash` metadata for these hyper-parameters and
+    /// a minimal vocabulary of `n_vocab` tokens
+    /// ([`crate::hparams::add_vocabulary`]): llama.cpp reads
+    /// `tokenizer.ggml.mask_token_id` only from a file with a vocabulary.
     ///
     /// # Errors
-    /// [`Error::Gguf`] from the writer.
+    /// [`Error::Model`] for `n_vocab` outside 1 to 2³¹ − 1; [`Error::Gguf`]
+    /// from the writer.
     pub fn add_to_gguf(&self, w: &mut shardgraph::gguf::GgufWriter, name: &str, n_vocab: i64) -> Result<()> {
         w.add_kv("general.architecture", "dflash")?;
         w.add_kv("general.name", name)?;
@@ -296,7 +300,7 @@ impl DflashHparams {
         w.add_kv("dflash.target_hidden_size", self.target_hidden as u32)?;
         w.add_kv("dflash.block_size", self.block_size as u32)?;
         w.add_kv("dflash.vocab_size", n_vocab as u32)?;
-        w.add_kv("tokenizer.ggml.model", "no_vocab")?;
+        crate::hparams::add_vocabulary(w, n_vocab)?;
         w.add_kv("tokenizer.ggml.mask_token_id", self.mask_token as u32)?;
         if let Some((k, g)) = self.conv {
             w.add_kv("dflash.conv_kernel_size", k as u32)?;

@@ -31,8 +31,8 @@ use super::mtp::MtpDrafter;
 use super::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
 use super::qwen35::{qwen35_policy, Qwen35, Qwen35Hparams, Qwen35Session};
 use super::sampling::{Sampler, SamplerParams};
-pub use super::speculative::End;
 use super::speculative::{generate_hooked, generate_with, Hooks, NoDraft, SpecParams, SpecStats};
+pub use super::speculative::{End, StepTrace};
 use super::step::{check_p_min, MAX_DRAFT};
 use super::types::{KvTypes, TensorTypes, LLAMA_CACHE_TYPES};
 use shardgraph::error::{Error, Result};
@@ -145,6 +145,10 @@ pub struct GenerateOptions<'a> {
     /// ([`Generation::logits`]; llama.cpp's `llama_get_logits_ith`). Costs
     /// `n_vocab` floats per token read from the devices.
     pub logits: bool,
+    /// Called once per verified step with its drafts, accepted count and
+    /// next token ([`StepTrace`]), before that step's tokens reach
+    /// `on_token`.
+    pub on_step: Option<&'a mut dyn FnMut(&StepTrace<'_>)>,
 }
 
 /// The loaded target.
@@ -727,7 +731,14 @@ impl Engine {
         let stop_at = |t: i32| eog.contains(&t) || opts.stop.contains(&t);
         let mut caller = opts.on_token;
         let mut tell = |t: i32| caller.as_mut().is_none_or(|f| f(t));
-        let mut hooks = Hooks { stop: Some(&stop_at), on_token: Some(&mut tell), logits: opts.logits };
+        let mut step_to = opts.on_step;
+        let mut trace = |t: &StepTrace<'_>| {
+            if let Some(f) = step_to.as_mut() {
+                f(t)
+            }
+        };
+        let mut hooks =
+            Hooks { stop: Some(&stop_at), on_token: Some(&mut tell), logits: opts.logits, on_step: Some(&mut trace) };
         let (spec, s, h) = (self.spec, &mut sampler, &mut hooks);
         let g = match (&mut self.target, &mut self.draft) {
             (Target::Qwen3(t), Draft::None) => generate_hooked(t.as_mut(), &mut NoDraft, &full, n_predict, spec, s, h),

@@ -229,7 +229,7 @@ pub const GENERATOR_KEY: &str = "shardgraph.generator";
 /// The generators' version, changed whenever what they write changes
 /// (weights, keys, layouts), so a copy cached by another build can be told
 /// apart and written again (the examples' models in the temp folder).
-pub const GENERATOR_VERSION: &str = "shardgraph-models generate 3";
+pub const GENERATOR_VERSION: &str = "shardgraph-models generate 4";
 
 fn write_tensors(
     path: impl AsRef<std::path::Path>,
@@ -575,7 +575,8 @@ pub fn write_qwen35_gguf_with(
 /// 8 heads / 4 KV heads of 32, n_ff 512, vocabulary 2048, Q8_0, about
 /// 4 MB) whose greedy continuation follows a vocabulary permutation, and
 /// `shardgraph-tiny-dflash2.gguf`, a 2-layer DFlash2 drafter for it (block
-/// 8, taps of target layers 1 and 4, convolutions and candidate selector,
+/// 8, taps of the inputs of target layers 1 and 3, below `n_layer` as
+/// llama.cpp needs; convolutions and candidate selector,
 /// Q8_0) built to predict that permutation, so most of its drafts are
 /// accepted. For quick starts and tests of the main job without real model
 /// files; deterministic (seed 1), written in well under a second.
@@ -594,7 +595,7 @@ pub fn write_qwen35_gguf_with(
 /// let t = Qwen3Hparams::from_gguf(&GgufFile::open(&target)?)?;
 /// let d = DflashHparams::from_gguf(&GgufFile::open(&drafter)?)?;
 /// assert_eq!((t.n_layer, t.n_embd, t.n_vocab), (4, 256, 2048));
-/// assert_eq!((d.block_size, d.target_layers.clone(), d.n_embd), (8, vec![1, 4], t.n_embd));
+/// assert_eq!((d.block_size, d.target_layers.clone(), d.n_embd), (8, vec![1, 3], t.n_embd));
 /// # std::fs::remove_dir_all(&dir)?;
 /// # Ok(())
 /// # }
@@ -608,7 +609,7 @@ pub fn write_example_pair(dir: &std::path::Path) -> Result<(std::path::PathBuf, 
     let t = Qwen3Hparams { core: HparamsCore::qwen3(4, 256, 512, 8, 4, 32), n_vocab: 2048, n_ctx_train: 4096 };
     let d = DflashHparams {
         core: HparamsCore::qwen3(2, t.n_embd, t.n_vocab, 8, 4, 32),
-        target_layers: vec![1, t.n_layer],
+        target_layers: vec![1, t.n_layer - 1],
         target_hidden: t.n_embd,
         block_size: 8,
         mask_token: (t.n_vocab - 1) as i32,

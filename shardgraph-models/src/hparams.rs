@@ -92,6 +92,60 @@ impl HparamsCore {
     }
 }
 
+/// The tokenizer the generated files name (`tokenizer.ggml.model`):
+/// llama.cpp's SentencePiece vocabulary, the one its loader
+/// (`llama_vocab::impl::load`) accepts with the fewest keys — the model and
+/// `tokenizer.ggml.tokens` (no scores, token types or merges). A file needs
+/// a vocabulary for llama.cpp to read its special tokens: with
+/// `"no_vocab"` it returns before reading any, so a DFlash drafter's
+/// `tokenizer.ggml.mask_token_id` is lost (llama.cpp then drafts with
+/// token −1). Its default special tokens for this type (BOS 1, EOS 2,
+/// UNK 0) are llama.cpp's; this crate reads only the keys a file gives
+/// ([`crate::engine::EOG_KEYS`]).
+pub const GENERATED_TOKENIZER: &str = "llama";
+
+/// Writes the minimal vocabulary of `n_vocab` tokens llama.cpp loads
+/// ([`GENERATED_TOKENIZER`]): `tokenizer.ggml.model` and
+/// `tokenizer.ggml.tokens` = `"tok0"`, `"tok1"`, … (distinct texts, as
+/// llama.cpp requires). Token ids are what both engines take, so the texts
+/// only name the ids.
+///
+/// # Errors
+/// [`Error::Model`] for `n_vocab` outside 1 to 2³¹ − 1; [`Error::Gguf`]
+/// from the writer.
+pub fn add_vocabulary(w: &mut shardgraph::gguf::GgufWriter, n_vocab: i64) -> Result<()> {
+    if !DIM.contains(&n_vocab) {
+        return Err(Error::Model { detail: format!("a vocabulary of {n_vocab} tokens") });
+    }
+    w.add_kv("tokenizer.ggml.model", GENERATED_TOKENIZER)?;
+    w.add_kv("tokenizer.ggml.tokens", (0..n_vocab).map(|i| format!("tok{i}")).collect::<Vec<String>>())?;
+    Ok(())
+}
+
+/// The number of tokens in `f`'s vocabulary (`tokenizer.ggml.tokens`), or
+/// `None` for a file without one (`tokenizer.ggml.model` absent, not a
+/// string, `"no_vocab"` or `"none"`, and no token list). Checked as
+/// llama.cpp's loader does: the list must be an array of strings, and a
+/// file that names a tokenizer must have it.
+///
+/// # Errors
+/// [`Error::Model`] naming the key for a token list that is not an array
+/// of strings, or a named tokenizer without a token list.
+pub(crate) fn vocabulary_len(f: &shardgraph::gguf::GgufFile) -> Result<Option<i64>> {
+    use shardgraph::gguf::{Value, ValueType};
+    const TOKENS: &str = "tokenizer.ggml.tokens";
+    match f.get(TOKENS) {
+        Some(Value::Array(a)) if a.elem_type() == ValueType::String => Ok(Some(a.len() as i64)),
+        Some(v) => Err(Error::Model { detail: format!("{TOKENS} is {:?}, not an array of strings", v.value_type()) }),
+        None => match f.get("tokenizer.ggml.model").and_then(|v| v.as_str()) {
+            Some(m) if m != "no_vocab" && m != "none" => Err(Error::Model {
+                detail: format!("tokenizer.ggml.model is {m:?} but the file has no {TOKENS} (llama.cpp refuses it)"),
+            }),
+            _ => Ok(None),
+        },
+    }
+}
+
 /// The models whose keys [`KEYS`] describes (its columns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Model {
@@ -243,7 +297,8 @@ pub(crate) struct SharedKeys {
     /// `rope.dimension_count` (or its default) where the model reads it
     /// (`qwen35`); `None` where it is only checked.
     pub rope_dims: Option<i64>,
-    /// `vocab_size`, if the file has it.
+    /// `vocab_size`, or the length of `tokenizer.ggml.tokens`, if the file
+    /// has either (they must agree).
     pub vocab_size: Option<i64>,
 }
 
@@ -271,6 +326,18 @@ pub(crate) fn read_shared(k: &ArchKeys) -> Result<SharedKeys> {
         Some(Value::Int(v)) => Some(v),
         _ => None,
     };
+    // The vocabulary's size: `vocab_size` and the token list agree. When
+    // `vocab_size` also disagrees with the embedding's rows, it is the one
+    // wrong: the tensor check names the embedding.
+    let rows = k.f.tensor_info("token_embd.weight").map(|t| t.ne[1]);
+    let vocab_size = match (opt(Field::VocabSize), vocabulary_len(k.f)?) {
+        (Some(a), Some(b)) if a != b && rows.is_none_or(|r| r == a) => {
+            return Err(Error::Model {
+                detail: format!("{}: {}.vocab_size is {a} but tokenizer.ggml.tokens has {b} tokens", k.arch, k.arch),
+            })
+        }
+        (a, b) => a.or(b),
+    };
     Ok(SharedKeys {
         core: HparamsCore {
             n_layer: int(Field::BlockCount)? as usize,
@@ -284,7 +351,7 @@ pub(crate) fn read_shared(k: &ArchKeys) -> Result<SharedKeys> {
         },
         context_length: opt(Field::ContextLength),
         rope_dims: opt(Field::RopeDims),
-        vocab_size: opt(Field::VocabSize),
+        vocab_size,
     })
 }
 

@@ -140,9 +140,10 @@ impl Qwen3Hparams {
         Ok(hp)
     }
 
-    /// Writes these hyper-parameters as llama.cpp's `qwen3` metadata (and
-    /// `tokenizer.ggml.model = "no_vocab"`, so a file without a tokenizer
-    /// loads in llama.cpp and takes token ids directly).
+    /// Writes these hyper-parameters as llama.cpp's `qwen3` metadata and a
+    /// minimal vocabulary of `n_vocab` tokens
+    /// ([`crate::hparams::add_vocabulary`]; llama.cpp takes token ids
+    /// directly).
     ///
     /// # Errors
     /// [`Error::Gguf`] from the writer.
@@ -151,7 +152,7 @@ impl Qwen3Hparams {
         w.add_kv("general.name", name)?;
         self.core.add_to_gguf(w, "qwen3", self.n_ctx_train as u32)?;
         w.add_kv("qwen3.vocab_size", self.n_vocab as u32)?;
-        w.add_kv("tokenizer.ggml.model", "no_vocab")?;
+        crate::hparams::add_vocabulary(w, self.n_vocab)?;
         Ok(())
     }
 

@@ -131,6 +131,28 @@ pub struct Hooks<'a> {
     /// Read back the target's logits row each token was chosen from
     /// ([`Generated::logits`]).
     pub logits: bool,
+    /// Called once per verified step, after the target's verdict and
+    /// before its tokens are handed to [`Hooks::on_token`] (llama.cpp's
+    /// `speculative-simple` logs the same per step).
+    pub on_step: Option<&'a mut dyn FnMut(&StepTrace<'_>)>,
+}
+
+/// One verified step of a generation ([`Hooks::on_step`]): the drafter
+/// proposed `drafts` after `last`, the target verified `[last, drafts…]`
+/// in one batch and accepted the first `accepted` drafts, then chose
+/// `next` (the correction, or the bonus when every draft matched).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepTrace<'a> {
+    /// The position of `last` in the sequence (its KV cell).
+    pub pos: i64,
+    /// The token the step starts from (chosen but not yet decoded).
+    pub last: i32,
+    /// The drafts the target verified (after `n_min` and the length cap).
+    pub drafts: &'a [i32],
+    /// How many of `drafts` the target accepted (a prefix).
+    pub accepted: usize,
+    /// The target's own token after the accepted drafts.
+    pub next: i32,
 }
 
 /// Why a generation ended.
@@ -239,6 +261,9 @@ pub fn generate_hooked<T: Target>(
             verify_sampled(sampler, &rows, &drafts, q.as_deref())?
         };
         log::debug!("speculative step at {pos}: drafted {}, accepted {k}, next token {next}", drafts.len());
+        if let Some(f) = hooks.on_step.as_mut() {
+            f(&StepTrace { pos, last, drafts: &drafts, accepted: k, next });
+        }
         // The new tokens, one by one: the accepted drafts, then `next`; the
         // generation may end at any of them.
         let new: Vec<i32> = drafts[..k].iter().copied().chain([next]).collect();

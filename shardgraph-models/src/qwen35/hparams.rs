@@ -198,7 +198,9 @@ impl Qwen35Hparams {
         Ok(hp)
     }
 
-    /// Writes llama.cpp's `qwen35` metadata for these hyper-parameters.
+    /// Writes llama.cpp's `qwen35` metadata for these hyper-parameters and
+    /// a minimal vocabulary of `n_vocab` tokens
+    /// ([`crate::hparams::add_vocabulary`]).
     /// (Not through [`HparamsCore::add_to_gguf`]: here the keys come in
     /// another order — the NextN count after `block_count`, ε before the
     /// rope base — and `rope.dimension_count` is the partial rotary `n_rot`;
@@ -229,7 +231,7 @@ impl Qwen35Hparams {
         w.add_kv("qwen35.ssm.time_step_rank", self.n_v_heads as u32)?;
         w.add_kv("qwen35.ssm.inner_size", self.d_inner() as u32)?;
         w.add_kv("qwen35.vocab_size", self.n_vocab as u32)?;
-        w.add_kv("tokenizer.ggml.model", "no_vocab")?;
+        crate::hparams::add_vocabulary(w, self.n_vocab)?;
         Ok(())
     }
 }
