@@ -34,6 +34,11 @@
 //! `SHARDGRAPH_REQUIRE_GGML` is set (as `.ci/run` does): then a missing
 //! library or symbol fails.
 
+#[path = "common/quant_blocks.rs"]
+mod quant_blocks;
+#[path = "common/rng.rs"]
+mod rng;
+
 use libloading::Library;
 use shardgraph::tensor::quant::{
     dequantize_row, fp32_to_bf16_bits, fp32_to_fp16_bits, from_float, quantize_chunk, quantize_requires_imatrix,
@@ -423,22 +428,6 @@ fn check_quantize(g: &Ggml, ty: GgmlType, row: &mut Row) {
     }
 }
 
-/// Byte offsets of the f16 scales in a block of `ty` (none for MXFP4, whose
-/// exponent byte is handled apart, and NVFP4, whose scale bytes are all
-/// finite).
-fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
-        Q2_K => &[80, 82],
-        Q3_K => &[108],
-        Q6_K => &[208],
-        TQ1_0 => &[52],
-        TQ2_0 => &[64],
-        MXFP4 | NVFP4 | IQ1_M => &[],
-        _ => &[0],
-    }
-}
-
 /// The types ggml 0.15.3 lacked that ggml's CPU converts to in `cpy` and
 /// `set_rows` (its `from_float` is the reference quantizer, as this crate's
 /// [`from_float`]; for older types ggml's CPU uses x86-specific converters
@@ -467,35 +456,6 @@ fn check_from_float(g: &Ggml, ty: GgmlType, row: &mut Row) {
         }
     }
     row.from_float = Some(res);
-}
-
-/// Random bytes of `nblocks` blocks of `ty` whose scales are finite and
-/// moderate (the quants and every other bit stay random).
-fn random_blocks(ty: GgmlType, nblocks: usize, r: &mut Rng) -> Vec<u8> {
-    let ts = ty.type_size();
-    let mut bytes: Vec<u8> = (0..nblocks * ts).map(|_| r.next() as u8).collect();
-    let scale = |r: &mut Rng| {
-        let v = (0.001 + r.uniform().abs() * 0.1) * if r.next() & 1 == 0 { 1.0 } else { -1.0 };
-        fp32_to_fp16_bits(v)
-    };
-    for b in bytes.chunks_exact_mut(ts) {
-        for &o in f16_scale_offsets(ty) {
-            b[o..o + 2].copy_from_slice(&scale(r).to_le_bytes());
-        }
-        match ty {
-            IQ1_M => {
-                // The f16 scale is spread over the top nibbles of the 4 u16 scales.
-                let d = scale(r);
-                for k in 0..4 {
-                    let o = 48 + 2 * k + 1;
-                    b[o] = (b[o] & 0x0f) | ((((d >> (4 * k)) & 0xf) as u8) << 4);
-                }
-            }
-            MXFP4 => b[0] = 110 + (r.next() % 30) as u8,
-            _ => {}
-        }
-    }
-    bytes
 }
 
 /// Dot products of `ty` against ggml's `vec_dot`: ggml-quantized rows of
@@ -532,8 +492,9 @@ fn check_dot(g: &Ggml, ty: GgmlType, row: &mut Row) {
             one(name, n, &g.quantize(ty, xw, 1, n), xa);
         }
         if ty.is_quantized() {
-            let mut r = Rng(n as u64 * 7 + ty.id() as u64);
-            let wq = random_blocks(ty, n / ty.block_size(), &mut r);
+            let seed = n as u64 * 7 + ty.id() as u64;
+            let wq = quant_blocks::random_blocks(ty, n / ty.block_size(), &mut rng::Rng::new(seed));
+            let mut r = Rng(seed | 1);
             let xa: Vec<f32> = (0..n).map(|_| r.normal()).collect();
             one("random blocks", n, &wq, &xa);
         }
