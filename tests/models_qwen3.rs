@@ -4,7 +4,7 @@
 //! decode steps, with the KV cache in F16 and Q4_0, ratios 1:1, 3:1, 1:1:1;
 //! and a rollback followed by re-decoding gives the same tokens again.
 
-use shardgraph::split::{Collective, Planner};
+use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
 use shardgraph_models::qwen3::{qwen3_policy, Qwen3, Qwen3Hparams, Qwen3Session};
 use shardgraph_models::types::TensorTypes;
@@ -84,11 +84,33 @@ fn rollback_then_redecode_gives_the_same_tokens() {
     assert!(s.decode(&[1000], &[], false).is_err());
     assert!(s.decode(&[1; 64], &[], false).is_err());
     assert!(s.rollback(s.n_past() + 1).is_err());
-    // A tensor split that leaves a device without a KV head.
+}
+
+/// A tensor split finer than the KV heads (3 KV heads on 4 devices) keeps
+/// the attention mirrored, as a granule that does not divide does, and
+/// splits the rest: the plan never leaves a device without the heads it
+/// needs, and decoding equals one device.
+#[test]
+fn more_devices_than_kv_heads_keep_the_attention_mirrored() {
+    let types = TensorTypes::uniform(GgmlType::Q8_0);
+    let ratios = [1.0, 1.0, 1.0, 1.0];
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp(), &types, GgmlType::F16, 8).unwrap();
-    let e = qwen3_policy(&model.hp, &types, &[1.0, 1.0, 1.0, 1.0]).unwrap_err();
-    assert!(e.to_string().contains("no KV head"), "{e}");
+    let policy = qwen3_policy(&model.hp, &types, &ratios).unwrap();
+    let step = model.build(&mut ctx, 1, &[]).unwrap();
+    let g = ctx.build_forward(&step.outputs()).unwrap();
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+    let state = |name: &str| plan.state(ctx.find(name).unwrap()).cloned().unwrap();
+    assert_eq!(state("blk.0.attn_k.weight"), SplitState::Mirrored);
+    assert_eq!(state("blk.1.attn_output.weight"), SplitState::Mirrored);
+    assert!(matches!(state("blk.0.ffn_up.weight"), SplitState::Split(_)), "{}", plan.report(&ctx));
+    let prompt = [3, 1, 4, 1, 5];
+    let (want, want_logits) = generate(&mut session(&[1.0], &types, GgmlType::F16), &prompt, 6);
+    let (got, logits) = generate(&mut session(&ratios, &types, GgmlType::F16), &prompt, 6);
+    assert_eq!(got, want);
+    for (a, b) in logits.iter().zip(&want_logits) {
+        assert!(nmse(a, b) <= 1e-6, "logits NMSE {:.3e}", nmse(a, b));
+    }
 }
 
 #[test]

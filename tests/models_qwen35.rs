@@ -41,7 +41,9 @@ fn qwen35_on_n_devices_equals_one_device() {
     write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
     for kv in [GgmlType::F16, GgmlType::Q4_0] {
         let (want, want_gen) = run(&path, &[1.0], kv);
-        for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0]] {
+        // Four devices cannot each hold a key head (6 heads of 64 in
+        // granules of 128 rows): those parts stay mirrored, the rest split.
+        for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0], vec![1.0; 4]] {
             let (got, gen) = run(&path, &ratios, kv);
             let e = nmse(&got, &want);
             eprintln!("{ratios:?} kv {kv}: logits NMSE {e:.2e}");
@@ -49,9 +51,6 @@ fn qwen35_on_n_devices_equals_one_device() {
             assert_eq!(gen, want_gen, "{ratios:?} kv {kv}");
         }
     }
-    // Four devices cannot each hold a key head (6 heads of 64 in granules of 128 rows).
-    let e = Qwen35Session::load(&path, &devices::cpu(&[1.0; 4]), GgmlType::F16, 64).unwrap_err();
-    assert!(e.to_string().contains("key heads") || e.to_string().contains("KV heads"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

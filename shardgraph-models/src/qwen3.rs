@@ -586,12 +586,14 @@ impl Target for Qwen3Session {
 /// vocabulary-parallel); everything else mirrored. Each layer's granules
 /// follow the blocks of its own weights' types (`types`: a file may mix
 /// them per layer); a layer whose granule does not divide its rows keeps
-/// that part mirrored. (llama.cpp also rotates uneven remainders per layer;
-/// this policy gives the remainder to the last device.)
+/// that part mirrored, and so does a layer whose KV granule would leave a
+/// device with a non-zero ratio no KV head (more devices than KV heads, or
+/// heads narrower than `attn_output`'s blocks). (llama.cpp also rotates
+/// uneven remainders per layer; this policy gives the remainder to the last
+/// device.)
 ///
 /// # Errors
-/// [`Error::Model`] if the ratios give a device with a non-zero ratio no
-/// KV head (a tensor split finer than the heads), or invalid ratios.
+/// [`Error::Model`] for invalid hyper-parameters or ratios.
 pub fn qwen3_policy(hp: &Qwen3Hparams, types: &TensorTypes, ratios: &[f32]) -> Result<SplitPolicy> {
     Ok(qwen3_rules(hp, types, ratios)?.rule("*", SplitSpec::Mirrored))
 }
@@ -600,16 +602,17 @@ pub fn qwen3_policy(hp: &Qwen3Hparams, types: &TensorTypes, ratios: &[f32]) -> R
 /// (a DFlash drafter's are added to them).
 pub(crate) fn qwen3_rules(hp: &Qwen3Hparams, types: &TensorTypes, ratios: &[f32]) -> Result<SplitPolicy> {
     hp.validate()?;
-    let layers = qwen3_layer_granules(hp, types, ratios.len());
-    for g_kv in layers.iter().filter_map(|(_, g)| g.attn.map(|a| a.1)) {
-        let what = format!("{} KV heads", hp.n_head_kv);
-        if let Some(j) = device_without(ratios, &what, hp.n_head_kv * hp.head_dim, g_kv)? {
-            return Err(Error::Model {
-                detail: format!(
-                    "tensor split {ratios:?} gives device {j} no KV head ({} heads in granules of {g_kv} rows); use fewer devices or other ratios",
-                    hp.n_head_kv
-                ),
-            });
+    let mut layers = qwen3_layer_granules(hp, types, ratios.len());
+    // A layer whose KV granule leaves a device with a non-zero ratio no KV
+    // head (more devices than heads, or heads smaller than the blocks of
+    // `attn_output`) keeps its attention mirrored, as a granule that does
+    // not divide its rows does: every device computes it whole.
+    let what = format!("{} KV heads", hp.n_head_kv);
+    for (_, g) in layers.iter_mut() {
+        if let Some((_, g_kv)) = g.attn {
+            if device_without(ratios, &what, hp.n_head_kv * hp.head_dim, g_kv)?.is_some() {
+                g.attn = None;
+            }
         }
     }
     let policy = layer_rules(SplitPolicy::new(ratios)?, "", &layers);

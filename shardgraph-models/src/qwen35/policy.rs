@@ -5,10 +5,9 @@
 use super::hparams::Qwen35Hparams;
 use crate::policy::{blk, by_layer, caches, device_without, ffn_granule, lcm};
 use crate::types::{TensorTypes, OUTPUT};
-use shardgraph::error::{Error, Result};
+use shardgraph::error::Result;
 use shardgraph::split::{SplitPolicy, SplitSpec};
 use shardgraph::tensor::GgmlType;
-use std::collections::BTreeSet;
 
 /// An attention layer's granules: query rows with their gates, query rows
 /// alone, KV rows (`None`: the layer's attention is mirrored).
@@ -39,14 +38,15 @@ type AttnGranules = Option<(i64, i64, i64)>;
 /// Each layer's granules follow its own weights' blocks (`types`; a file may
 /// mix them per layer: attention from `attn_output`, delta net from
 /// `ssm_out`, FFN from `ffn_down`); a group whose granule does not divide
-/// its rows is mirrored.
+/// its rows is mirrored, and so is one whose granule would leave a device
+/// with a non-zero ratio none of its heads (more devices than KV or key
+/// heads, or heads narrower than the output projection's blocks).
 ///
 /// (llama.cpp also rotates uneven remainders per layer; here the last
 /// device takes them.)
 ///
 /// # Errors
-/// [`Error::Model`] naming the layer kind if the ratios leave a device with
-/// a non-zero ratio without a KV head or a key head; invalid ratios.
+/// [`shardgraph::Error::Model`] for invalid hyper-parameters or ratios.
 pub fn qwen35_policy(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f32]) -> Result<SplitPolicy> {
     Ok(qwen35_rules(hp, types, ratios)?.rule("*", SplitSpec::Mirrored))
 }
@@ -102,24 +102,30 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
             (il, (hp.n_ff % g == 0).then_some(g))
         })
         .collect();
-    let check = |what: &str, len: i64, granule: i64| -> Result<()> {
-        match device_without(ratios, what, len, granule)? {
-            Some(j) => Err(Error::Model {
-                detail: format!(
-                    "tensor split {ratios:?} gives device {j} none of the {what} (granules of {granule} rows); use \
-                     fewer devices or other ratios"
-                ),
-            }),
-            None => Ok(()),
-        }
+    // A layer whose granule would leave a device with a non-zero ratio none
+    // of its KV heads or delta-net key heads (more devices than heads, or
+    // heads narrower than the output projection's blocks) keeps that part
+    // mirrored, as a granule that does not divide its rows does.
+    let starves = |what: &str, len: i64, granule: i64| -> Result<bool> {
+        Ok(device_without(ratios, what, len, granule)?.is_some())
     };
-    let kv: BTreeSet<i64> = attn.iter().filter_map(|(_, g)| g.map(|g| g.2)).collect();
-    for g_kv in kv {
-        check(&format!("{} KV heads", hp.n_head_kv), hp.n_head_kv * hp.head_dim, g_kv)?;
+    let kv_what = format!("{} KV heads", hp.n_head_kv);
+    let mut attn = attn;
+    for (_, g) in attn.iter_mut() {
+        if let Some((_, _, g_kv)) = *g {
+            if starves(&kv_what, hp.n_head_kv * hp.head_dim, g_kv)? {
+                *g = None;
+            }
+        }
     }
-    let gr: BTreeSet<i64> = delta.iter().filter_map(|(_, g)| *g).collect();
-    for gr in gr {
-        check(&format!("{} delta-net key heads", hp.n_k_heads), key_dim, gr)?;
+    let delta_what = format!("{} delta-net key heads", hp.n_k_heads);
+    let mut delta = delta;
+    for (_, g) in delta.iter_mut() {
+        if let Some(gr) = *g {
+            if starves(&delta_what, key_dim, gr)? {
+                *g = None;
+            }
+        }
     }
     let or_mirrored = |g: Option<i64>, spec: &dyn Fn(i64) -> SplitSpec| g.map_or(SplitSpec::Mirrored, spec);
     let policy = by_layer(SplitPolicy::new(ratios)?, &attn, |p, l, g| {
