@@ -7,7 +7,8 @@
 //! example on 2 devices at 1:1 with the seeds' options (`--ctx-size 65536
 //! --cache-type-k q4_0 --cache-type-v q4_0 --spec-draft-n-max 6 --verify`)
 //! prints `verify: identical`. Ignored by default: it writes about 4.5 GB
-//! of GGUF under the temp folder (removed afterwards) and runs minutes:
+//! of GGUF under the temp folder once (kept for reruns; delete
+//! `shardgraph-seeds-*` there by hand) and runs minutes:
 //! `cargo test --release --test seeds_shape -- --ignored --nocapture`.
 
 use shardgraph::GgmlType;
@@ -53,21 +54,25 @@ fn qwen35_27b_widths_q4_k_m_with_a_dflash2_q8_0_drafter_verifies_on_two_devices(
         conv: Some((2, 16)),
         selector: Some((256, 16)),
     };
-    let dir = std::env::temp_dir().join(format!("shardgraph-seeds-{}", std::process::id()));
+    // Written once per generator version and kept (about 4.5 GB under the
+    // temp folder: delete `shardgraph-seeds-*` by hand), so a rerun only runs.
+    let version = shardgraph_models::generate::GENERATOR_VERSION.replace(' ', "-");
+    let dir = std::env::temp_dir().join(format!("shardgraph-seeds-{version}"));
     std::fs::create_dir_all(&dir).unwrap();
     let (target, drafter) = (dir.join("target-q4_k_m.gguf"), dir.join("dflash2-q8_0.gguf"));
-    let t = std::time::Instant::now();
-    let types = TensorTypes::llama_q4_k_m(n_layer);
-    let tb = write_qwen35_gguf_with(&target, &hp, &types, 1, Weights::Random).unwrap();
-    let db =
-        write_dflash_gguf_with(&drafter, &dhp, &TensorTypes::uniform(GgmlType::Q8_0), hp.n_vocab, 2, Weights::Random)
-            .unwrap();
-    println!(
-        "seeds_shape: wrote target {:.2} GiB and drafter {:.2} GiB in {:.0} s",
-        tb as f64 / (1u64 << 30) as f64,
-        db as f64 / (1u64 << 30) as f64,
-        t.elapsed().as_secs_f64()
-    );
+    if !(target.is_file() && drafter.is_file()) {
+        let t = std::time::Instant::now();
+        let types = TensorTypes::llama_q4_k_m(n_layer);
+        let tmp = (dir.join("target.tmp"), dir.join("drafter.tmp"));
+        let tb = write_qwen35_gguf_with(&tmp.0, &hp, &types, 1, Weights::Random).unwrap();
+        let q8 = TensorTypes::uniform(GgmlType::Q8_0);
+        let db = write_dflash_gguf_with(&tmp.1, &dhp, &q8, hp.n_vocab, 2, Weights::Random).unwrap();
+        std::fs::rename(&tmp.0, &target).unwrap();
+        std::fs::rename(&tmp.1, &drafter).unwrap();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let secs = t.elapsed().as_secs_f64();
+        println!("seeds_shape: wrote target {:.2} GiB and drafter {:.2} GiB in {secs:.0} s", gib(tb), gib(db));
+    }
     let args = [
         "--model",
         target.to_str().unwrap(),
@@ -92,7 +97,6 @@ fn qwen35_27b_widths_q4_k_m_with_a_dflash2_q8_0_drafter_verifies_on_two_devices(
         "--verify",
     ];
     let out = Command::new(example("dflash2")).args(args).output().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     println!("{stdout}");
     assert!(out.status.success(), "dflash2 failed: {stderr}");
