@@ -536,80 +536,77 @@ mod x86 {
         }
     }
 
-    /// u8 (offset-encoded) rows × i8 columns in blocks of 32 with f32 scales.
+    /// u8 (offset-encoded, `SIGNED = false`) or signed i8 rows (`SIGNED`:
+    /// the `maddubs` sign trick, no VNNI) × i8 columns in blocks of 32 with
+    /// f32 scales. Block sums are combined in the order of [`gemv_q8_body`]
+    /// (batch invariance): 8 blocks' exact integer dots at a time, reduced to
+    /// one vector (lane = block mod 8) and scaled with one FMA; the blocks past
+    /// the last whole 8 one by one, summed apart.
     #[inline(always)]
-    unsafe fn q8_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
+    unsafe fn q8_body<D: Dot, const RM: usize, const RN: usize, const SIGNED: bool>(t: &mut Tile) {
         // SAFETY: KernFn contract.
         unsafe {
             let nb = t.k / 32;
-            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
-            for blk in 0..nb {
-                let mut av = [_mm256_setzero_si256(); RM];
-                let mut ad = [_mm256_setzero_ps(); RM];
-                for r in 0..RM {
-                    av[r] = _mm256_loadu_si256(t.a[r].add(32 * blk) as *const __m256i);
-                    ad[r] = _mm256_broadcast_ss(&*t.ad[r].add(blk));
-                }
-                for c in 0..RN {
-                    let bv = _mm256_loadu_si256(t.b[c].add(32 * blk) as *const __m256i);
-                    let bd = _mm256_broadcast_ss(&*t.bd[c].add(blk));
-                    let corr = _mm256_set1_epi32(*t.bc[c].add(blk));
-                    for r in 0..RM {
-                        let s = D::ub(corr, av[r], bv);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ad[r], bd), acc[r][c]);
-                    }
-                }
-            }
-            for r in 0..RM {
-                for c in 0..RN {
-                    t.out[r][c] = hsum(acc[r][c]);
-                }
-            }
-        }
-    }
-
-    /// Signed i8 rows × i8 columns (sign trick for `maddubs`).
-    #[inline(always)]
-    unsafe fn q8s_body<const RM: usize, const RN: usize>(t: &mut Tile) {
-        // SAFETY: KernFn contract.
-        unsafe {
-            let nb = t.k / 32;
+            let full = nb - nb % 8;
             let ones = _mm256_set1_epi16(1);
             let mut acc = [[_mm256_setzero_ps(); RN]; RM];
-            for blk in 0..nb {
-                let mut av = [_mm256_setzero_si256(); RM];
-                let mut aa = [_mm256_setzero_si256(); RM];
-                let mut ad = [_mm256_setzero_ps(); RM];
-                for r in 0..RM {
-                    av[r] = _mm256_loadu_si256(t.a[r].add(32 * blk) as *const __m256i);
-                    aa[r] = _mm256_sign_epi8(av[r], av[r]);
-                    ad[r] = _mm256_broadcast_ss(&*t.ad[r].add(blk));
-                }
-                for c in 0..RN {
-                    let bv = _mm256_loadu_si256(t.b[c].add(32 * blk) as *const __m256i);
-                    let bd = _mm256_broadcast_ss(&*t.bd[c].add(blk));
+            let mut tail = [[0f32; RN]; RM];
+            // Each (row, column)'s integer lanes of up to 8 blocks.
+            let mut s = [[[_mm256_setzero_si256(); 8]; RN]; RM];
+            let mut blk = 0;
+            while blk < nb {
+                let n = if blk < full { 8 } else { 1 };
+                for j in 0..n {
+                    let mut av = [_mm256_setzero_si256(); RM];
+                    let mut aa = [_mm256_setzero_si256(); RM];
                     for r in 0..RM {
-                        let p = _mm256_maddubs_epi16(aa[r], _mm256_sign_epi8(bv, av[r]));
-                        let s = _mm256_madd_epi16(p, ones);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ad[r], bd), acc[r][c]);
+                        av[r] = _mm256_loadu_si256(t.a[r].add(32 * (blk + j)) as *const __m256i);
+                        if SIGNED {
+                            aa[r] = _mm256_sign_epi8(av[r], av[r]);
+                        }
+                    }
+                    for c in 0..RN {
+                        let bv = _mm256_loadu_si256(t.b[c].add(32 * (blk + j)) as *const __m256i);
+                        for r in 0..RM {
+                            s[r][c][j] = if SIGNED {
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(aa[r], _mm256_sign_epi8(bv, av[r])), ones)
+                            } else {
+                                D::ub(_mm256_set1_epi32(*t.bc[c].add(blk + j)), av[r], bv)
+                            };
+                        }
                     }
                 }
+                for r in 0..RM {
+                    for c in 0..RN {
+                        if n == 8 {
+                            let tot = reduce8(&s[r][c]);
+                            let sc =
+                                _mm256_mul_ps(_mm256_loadu_ps(t.ad[r].add(blk)), _mm256_loadu_ps(t.bd[c].add(blk)));
+                            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), sc, acc[r][c]);
+                        } else {
+                            let tot = hsum_i32(s[r][c][0]);
+                            tail[r][c] += tot as f32 * (*t.ad[r].add(blk) * *t.bd[c].add(blk));
+                        }
+                    }
+                }
+                blk += n;
             }
             for r in 0..RM {
                 for c in 0..RN {
-                    t.out[r][c] = hsum(acc[r][c]);
+                    t.out[r][c] = hsum(acc[r][c]) + tail[r][c];
                 }
             }
         }
     }
 
-    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns.
+    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns, in the
+    /// order of [`q4k_step`] (batch invariance).
     #[inline(always)]
     unsafe fn q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract.
         unsafe {
             let nsb = t.k / 256;
-            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            let mut acc = [[_mm_setzero_ps(); RN]; RM];
             for sb in 0..nsb {
                 let mut isum = [[_mm256_setzero_si256(); RN]; RM];
                 for j in 0..8 {
@@ -628,22 +625,23 @@ mod x86 {
                     }
                 }
                 for r in 0..RM {
-                    let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
-                    let dm = _mm256_broadcast_ss(&*t.am[r].add(sb));
                     let mins = _mm_loadu_si128(t.amn[r].add(8 * sb) as *const __m128i);
                     for c in 0..RN {
                         let bsum = _mm_loadu_si128(t.bs[c].add(8 * sb) as *const __m128i);
-                        let m = _mm_cvtepi32_ps(_mm_madd_epi16(mins, bsum));
-                        let m = _mm256_insertf128_ps(_mm256_setzero_ps(), m, 0);
-                        let v = _mm256_fnmadd_ps(dm, m, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r][c])));
-                        let bd = _mm256_broadcast_ss(&*t.bd[c].add(sb));
-                        acc[r][c] = _mm256_fmadd_ps(bd, v, acc[r][c]);
+                        let bd = *t.bd[c].add(sb);
+                        acc[r][c] = q4k_step(
+                            acc[r][c],
+                            hsum_i32(isum[r][c]),
+                            hsum4_i32(_mm_madd_epi16(mins, bsum)),
+                            *t.ad[r].add(sb) * bd,
+                            *t.am[r].add(sb) * bd,
+                        );
                     }
                 }
             }
             for r in 0..RM {
                 for c in 0..RN {
-                    t.out[r][c] = hsum(acc[r][c]);
+                    t.out[r][c] = _mm_cvtss_f32(acc[r][c]);
                 }
             }
         }
@@ -672,6 +670,31 @@ mod x86 {
             let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
             let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
             _mm_cvtsi128_si32(x)
+        }
+    }
+
+    /// Sum of the 4 lanes of an i32x4 vector.
+    #[inline(always)]
+    unsafe fn hsum4_i32(x: __m128i) -> i32 {
+        // SAFETY: SSE2 (every caller's features).
+        unsafe {
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
+            _mm_cvtsi128_si32(x)
+        }
+    }
+
+    /// One Q4_K super-block into a running sum (lane 0 of `acc`): `acc +
+    /// isum·d − imin·dm` as two fused steps on the exact integer sums
+    /// (`d`, `dm`: row scale × column scale). Every Q4_K kernel (one column,
+    /// tiles, packed tiles) combines super-blocks this way, so a column's
+    /// result does not depend on how many columns are multiplied with it.
+    #[inline(always)]
+    unsafe fn q4k_step(acc: __m128, isum: i32, imin: i32, d: f32, dm: f32) -> __m128 {
+        // SAFETY: FMA (every caller's features).
+        unsafe {
+            let v = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(d), acc);
+            _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), imin), _mm_set_ss(dm), v)
         }
     }
 
@@ -773,7 +796,8 @@ mod x86 {
     }
 
     /// One column × `RM` raw Q4_K rows (scales unpacked in registers, as
-    /// ggml's `ggml_vec_dot_q4_K_q8_K`).
+    /// ggml's `ggml_vec_dot_q4_K_q8_K`); super-blocks combined by
+    /// [`q4k_step`] (batch invariance).
     #[inline(always)]
     unsafe fn gemv_q4k_body<D: Dot, const RM: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/256 super-blocks, one Q8_K column).
@@ -788,8 +812,7 @@ mod x86 {
                 *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | (2 * k as i16));
             }
             let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
-            let mut acc = [_mm256_setzero_ps(); RM];
-            let mut accm = [_mm_setzero_ps(); RM];
+            let mut acc = [_mm_setzero_ps(); RM];
             for sb in 0..nsb {
                 let bdv = *bd.add(sb);
                 let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
@@ -818,28 +841,28 @@ mod x86 {
                     }
                     let d = _mm_cvtss_f32(dd) * bdv;
                     let dm = _mm_cvtss_f32(_mm_movehdup_ps(dd)) * bdv;
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc[r]);
-                    let m = _mm_cvtepi32_ps(_mm_madd_epi16(mn16, bsum));
-                    accm[r] = _mm_fmadd_ps(m, _mm_set1_ps(dm), accm[r]);
+                    acc[r] = q4k_step(acc[r], hsum_i32(isum), hsum4_i32(_mm_madd_epi16(mn16, bsum)), d, dm);
                 }
             }
             for r in 0..RM {
-                let m = accm[r];
-                let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                t.out[r][0] = hsum(acc[r]) - _mm_cvtss_f32(m);
+                t.out[r][0] = _mm_cvtss_f32(acc[r]);
             }
         }
     }
 
     /// `Q8` rows × `NCV` packed groups of 8 columns: per 4-element step one
-    /// broadcast of each row's 4 quants and one dot per group.
+    /// broadcast of each row's 4 quants and one dot per group. Block sums
+    /// are combined in the order of [`gemv_q8_body`] (batch invariance):
+    /// one accumulator per block index mod 8 (kept in memory: touched once
+    /// per block), the blocks past the last whole 8 summed apart.
     #[inline(always)]
     unsafe fn q8i_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (rows of k u8 + k/32 scales; groups as in packed.rs).
         unsafe {
             let nb = t.k / 32;
-            let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
+            let full = nb - nb % 8;
+            let mut lane = [[[_mm256_setzero_ps(); 8]; NCV]; RM];
+            let mut tail = [[_mm256_setzero_ps(); NCV]; RM];
             for blk in 0..nb {
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for cv in 0..NCV {
@@ -864,15 +887,23 @@ mod x86 {
                 for r in 0..RM {
                     let da = _mm256_broadcast_ss(&*t.ad[r].add(blk));
                     for cv in 0..NCV {
-                        let bd = _mm256_loadu_ps(t.bd[cv].add(8 * blk));
-                        accf[r][cv] =
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(da, bd), accf[r][cv]);
+                        let sc = _mm256_mul_ps(da, _mm256_loadu_ps(t.bd[cv].add(8 * blk)));
+                        let v = _mm256_cvtepi32_ps(acc[r][cv]);
+                        if blk < full {
+                            let l = &mut lane[r][cv][blk % 8];
+                            *l = _mm256_fmadd_ps(v, sc, *l);
+                        } else {
+                            tail[r][cv] = _mm256_add_ps(tail[r][cv], _mm256_mul_ps(v, sc));
+                        }
                     }
                 }
             }
             for r in 0..RM {
                 for cv in 0..NCV {
-                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
+                    let l = &lane[r][cv];
+                    let x: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(l[j], l[j + 4]));
+                    let s = _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]));
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), _mm256_add_ps(s, tail[r][cv]));
                 }
             }
         }
@@ -980,12 +1011,12 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { q8_body::<$dot, RM, RN>(t) }
+                unsafe { q8_body::<$dot, RM, RN, false>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8s<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { q8s_body::<RM, RN>(t) }
+                unsafe { q8_body::<$dot, RM, RN, true>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q4k<const RM: usize, const RN: usize>(t: &mut Tile) {

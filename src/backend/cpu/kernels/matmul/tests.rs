@@ -446,12 +446,8 @@ fn mul_mat_id_columns_are_batch_invariant() {
                 let (mut ab, mut bb) = (abytes.clone(), f32_bytes(&x));
                 let mut ib: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
                 let mut cb = vec![0u8; 4 * m * nu * nt];
-                let (av, bv, iv, cv) = (
-                    view(&ctx, a, &mut ab),
-                    view(&ctx, b, &mut bb),
-                    view(&ctx, ii, &mut ib),
-                    view(&ctx, c, &mut cb),
-                );
+                let (av, bv, iv, cv) =
+                    (view(&ctx, a, &mut ab), view(&ctx, b, &mut bb), view(&ctx, ii, &mut ib), view(&ctx, c, &mut cb));
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                 pool.install(|| mul_mat_id_isa(&cv, &av, &bv, &iv, isa)).unwrap();
                 let got: Vec<f32> = cb.chunks_exact(4).map(|v| f32::from_le_bytes([v[0], v[1], v[2], v[3]])).collect();
