@@ -11,8 +11,10 @@
 //!   8 mins × Q8_K columns.
 //! * `Q8I`, `Q4KI`: the same rows × groups of 8 column-interleaved columns
 //!   (`packed.rs`), 8 or 16 columns per tile.
-//! * `GemvQ4_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight blocks, 8
-//!   blocks' dots reduced together and scaled with one FMA.
+//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight
+//!   blocks, 8 blocks' dots reduced together and scaled with one FMA (Q4_K:
+//!   super-block by super-block). Every format's kernels combine a column's
+//!   block sums in one order, whatever the tile (batch invariance).
 //!
 //! Every kernel exists as portable Rust and, on x86_64, as an AVX2+FMA+F16C
 //! build and an AVX-512 VNNI build (`vpdpbusd`/`vpdpwssd` through `asm!`,
@@ -102,6 +104,8 @@ pub(super) enum Fmt {
     Q4K,
     /// One column: raw Q4_0 rows × Q8 column (x86 only).
     GemvQ4_0,
+    /// One column: raw Q5_0 rows × Q8 column (x86 only).
+    GemvQ5_0,
     /// One column: raw Q8_0 rows × Q8 column (x86 only; offset-encoded with
     /// VNNI, signed without).
     GemvQ8_0,
@@ -212,6 +216,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q4K => pick!(q4k_avx2),
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
+                Fmt::GemvQ5_0 => pick1!(gemv_q5_0_avx2),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
@@ -230,6 +235,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q4K => pick!(q4k_vnni),
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
+                Fmt::GemvQ5_0 => pick1!(gemv_q5_0_vnni),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
@@ -243,7 +249,9 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
             Fmt::Q4K => pick!(q4k_scalar),
             // The driver never selects these without SIMD (nor `VecDot` as a tile).
-            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => unreachable_kernel,
+            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => {
+                unreachable_kernel
+            }
         },
     }
 }
@@ -260,7 +268,7 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
             Fmt::F32 | Fmt::F16 | Fmt::BF16 => 8,
             // Fused quantized kernels: one row at a time streams best and
             // keeps every accumulator in a register.
-            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K => 1,
+            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K => 1,
             _ => 4,
         };
         return (rm, 1);
@@ -715,33 +723,54 @@ mod x86 {
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32))) }
     }
 
-    /// Block `j` of a raw Q4_0 (`Q8 = false`) or Q8_0 row as 32 bytes in the
-    /// encoding the dot uses (Q4_0: nibbles; Q8_0: `q + 128` with VNNI,
+    /// Raw block formats of the one-column kernels (`gemv_q8_body`'s `F`).
+    const RAW_Q4_0: u8 = 0;
+    const RAW_Q8_0: u8 = 1;
+    const RAW_Q5_0: u8 = 2;
+
+    /// The quants of a raw Q4_0, Q8_0 or Q5_0 block (`F`; `p` just past
+    /// its f16 scale) as 32 bytes in the encoding the dot uses (Q4_0:
+    /// nibbles; Q5_0: nibble + 16·high bit; Q8_0: `q + 128` with VNNI,
     /// signed without).
     #[inline(always)]
-    unsafe fn raw_block<D: Dot, const Q8: bool>(p: *const u8) -> __m256i {
-        // SAFETY: the block's quants (16 or 32 bytes) are readable at `p`.
+    unsafe fn raw_block<D: Dot, const F: u8>(p: *const u8) -> __m256i {
+        // SAFETY: the block's quants (and Q5_0's high bits) are readable at `p`.
         unsafe {
-            if Q8 {
-                let v = _mm256_loadu_si256(p as *const __m256i);
-                if D::VNNI {
-                    _mm256_xor_si256(v, _mm256_set1_epi8(-128))
-                } else {
-                    v
-                }
-            } else {
-                let v = _mm_loadu_si128(p as *const __m128i);
+            let nibbles = |q: *const u8| {
+                let v = _mm_loadu_si128(q as *const __m128i);
                 _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f))
+            };
+            match F {
+                RAW_Q8_0 => {
+                    let v = _mm256_loadu_si256(p as *const __m256i);
+                    if D::VNNI {
+                        _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+                    } else {
+                        v
+                    }
+                }
+                RAW_Q5_0 => {
+                    // Byte i of the result takes bit i of the 32 high bits:
+                    // byte i/8 of them, masked by 1 << (i mod 8).
+                    let qh = _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32));
+                    let pick = _mm256_setr_epi8(
+                        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                    );
+                    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bit), bit);
+                    _mm256_or_si256(nibbles(p.add(4)), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+                }
+                _ => nibbles(p),
             }
         }
     }
 
     /// Integer dot of one encoded row block with an i8 column block.
     #[inline(always)]
-    unsafe fn block_dot<D: Dot, const Q8: bool>(a: __m256i, b: __m256i) -> __m256i {
+    unsafe fn block_dot<D: Dot, const F: u8>(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: features of the caller.
         unsafe {
-            if Q8 && !D::VNNI {
+            if F == RAW_Q8_0 && !D::VNNI {
                 let p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
                 _mm256_madd_epi16(p, _mm256_set1_epi16(1))
             } else {
@@ -750,13 +779,20 @@ mod x86 {
         }
     }
 
-    /// One column × `RM` raw Q4_0 / Q8_0 rows, 8 blocks per step: the 8
-    /// block dots are reduced to one vector and scaled with one FMA.
+    /// One column × `RM` raw Q4_0 / Q8_0 / Q5_0 rows (`F`), 8 blocks per
+    /// step: the 8 block dots are reduced to one vector and scaled with one
+    /// FMA (one accumulator lane per block index mod 8), the blocks past the
+    /// last whole 8 summed apart. The tile kernels of these formats
+    /// (`q8_body`, `q8i_body`) combine blocks in this same order.
     #[inline(always)]
-    unsafe fn gemv_q8_body<D: Dot, const RM: usize, const Q8: bool>(t: &mut Tile) {
+    unsafe fn gemv_q8_body<D: Dot, const RM: usize, const F: u8>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/32 blocks, one Q8 column).
         unsafe {
-            let bsz = if Q8 { 34 } else { 18 };
+            let bsz = match F {
+                RAW_Q8_0 => 34,
+                RAW_Q5_0 => 22,
+                _ => 18,
+            };
             let nb = t.k / 32;
             let (b, bd, bc) = (t.b[0], t.bd[0], t.bc[0]);
             let mut acc = [_mm256_setzero_ps(); RM];
@@ -769,9 +805,9 @@ mod x86 {
                     let base = t.a[r].add(blk * bsz);
                     let mut s = [_mm256_setzero_si256(); 8];
                     for (j, sj) in s.iter_mut().enumerate() {
-                        let av = raw_block::<D, Q8>(base.add(j * bsz + 2));
+                        let av = raw_block::<D, F>(base.add(j * bsz + 2));
                         let bv = _mm256_loadu_si256(b.add(32 * (blk + j)) as *const __m256i);
-                        *sj = block_dot::<D, Q8>(av, bv);
+                        *sj = block_dot::<D, F>(av, bv);
                     }
                     let tot = _mm256_add_epi32(reduce8(&s), corr);
                     let sc = _mm256_mul_ps(scales8(base, bsz), bd8);
@@ -782,9 +818,9 @@ mod x86 {
             while blk < nb {
                 for r in 0..RM {
                     let p = t.a[r].add(blk * bsz);
-                    let av = raw_block::<D, Q8>(p.add(2));
+                    let av = raw_block::<D, F>(p.add(2));
                     let bv = _mm256_loadu_si256(b.add(32 * blk) as *const __m256i);
-                    let tot = hsum_i32(block_dot::<D, Q8>(av, bv)) + 8 * *bc.add(blk);
+                    let tot = hsum_i32(block_dot::<D, F>(av, bv)) + 8 * *bc.add(blk);
                     tail[r] += tot as f32 * (f16_one(p) * *bd.add(blk));
                 }
                 blk += 1;
@@ -967,7 +1003,7 @@ mod x86 {
     }
 
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8i<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -981,12 +1017,17 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g40<const RM: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { gemv_q8_body::<$dot, RM, false>(t) }
+                unsafe { gemv_q8_body::<$dot, RM, RAW_Q4_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g80<const RM: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { gemv_q8_body::<$dot, RM, true>(t) }
+                unsafe { gemv_q8_body::<$dot, RM, RAW_Q8_0>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $g50<const RM: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { gemv_q8_body::<$dot, RM, RAW_Q5_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g4k<const RM: usize>(t: &mut Tile) {
@@ -1036,6 +1077,7 @@ mod x86 {
         q4k_avx2,
         gemv_q4_0_avx2,
         gemv_q8_0_avx2,
+        gemv_q5_0_avx2,
         gemv_q4k_avx2,
         q8i_avx2,
         q4ki_avx2,
@@ -1051,6 +1093,7 @@ mod x86 {
         q4k_vnni,
         gemv_q4_0_vnni,
         gemv_q8_0_vnni,
+        gemv_q5_0_vnni,
         gemv_q4k_vnni,
         q8i_vnni,
         q4ki_vnni,

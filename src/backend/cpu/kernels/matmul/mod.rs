@@ -13,7 +13,7 @@
 //!    routed to one expert) form one job, so each weight row is read once
 //!    per chunk of columns;
 //! 3. inside a task, per weight type and column count:
-//!    * one column (decode): fused kernels reading raw Q4_0 / Q8_0 / Q4_K
+//!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 / Q4_K
 //!      blocks, or 8-row dense F32/F16/BF16 kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
@@ -146,11 +146,9 @@ fn gemv_plan(p: Plan) -> Plan {
     }
     let fmt = match p.wt {
         GgmlType::Q4_0 => Fmt::GemvQ4_0,
+        GgmlType::Q5_0 => Fmt::GemvQ5_0,
         GgmlType::Q8_0 => Fmt::GemvQ8_0,
         GgmlType::Q4_K => Fmt::GemvQ4K,
-        // No fused kernel: the `Q8` tile on decoded rows, whose block order
-        // is that of the packed tiles (the row dot product would be faster,
-        // but its sums differ from the tiles' in the last bits).
         _ => return p,
     };
     Plan { rows: RowMode::Direct, fmt, ..p }
