@@ -608,13 +608,16 @@ mod x86 {
     }
 
     /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns, in the
-    /// order of [`q4k_step`] (batch invariance).
+    /// order of [`gemv_q4k_body`] (batch invariance).
     #[inline(always)]
     unsafe fn q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract.
         unsafe {
             let nsb = t.k / 256;
-            let mut acc = [[_mm_setzero_ps(); RN]; RM];
+            let full = nsb - nsb % 8;
+            // Lane j: the super-blocks j mod 8 of the whole 8s (as `gemv_q4k_body`).
+            let mut lane = [[[_mm_setzero_ps(); 8]; RN]; RM];
+            let mut tail = [[_mm_setzero_ps(); RN]; RM];
             for sb in 0..nsb {
                 let mut isum = [[_mm256_setzero_si256(); RN]; RM];
                 for j in 0..8 {
@@ -637,8 +640,9 @@ mod x86 {
                     for c in 0..RN {
                         let bsum = _mm_loadu_si128(t.bs[c].add(8 * sb) as *const __m128i);
                         let bd = *t.bd[c].add(sb);
-                        acc[r][c] = q4k_step(
-                            acc[r][c],
+                        let x = if sb < full { &mut lane[r][c][sb % 8] } else { &mut tail[r][c] };
+                        *x = q4k_step(
+                            *x,
                             hsum_i32(isum[r][c]),
                             hsum4_i32(_mm_madd_epi16(mins, bsum)),
                             *t.ad[r].add(sb) * bd,
@@ -649,7 +653,9 @@ mod x86 {
             }
             for r in 0..RM {
                 for c in 0..RN {
-                    t.out[r][c] = _mm_cvtss_f32(acc[r][c]);
+                    let l = &lane[r][c];
+                    let x: [f32; 4] = std::array::from_fn(|j| _mm_cvtss_f32(l[j]) + _mm_cvtss_f32(l[j + 4]));
+                    t.out[r][c] = ((x[0] + x[2]) + (x[1] + x[3])) + _mm_cvtss_f32(tail[r][c]);
                 }
             }
         }
@@ -681,6 +687,29 @@ mod x86 {
         }
     }
 
+    /// The sums of 8 i32x4 vectors, as the 8 lanes of one vector.
+    #[inline(always)]
+    unsafe fn reduce8_4(m: &[__m128i; 8]) -> __m256i {
+        // SAFETY: AVX2 (every caller's features).
+        unsafe {
+            let w = |j: usize| _mm256_set_m128i(m[j + 4], m[j]);
+            _mm256_hadd_epi32(_mm256_hadd_epi32(w(0), w(1)), _mm256_hadd_epi32(w(2), w(3)))
+        }
+    }
+
+    /// Per lane, the 8 accumulators (lane j: blocks j mod 8) summed in the
+    /// order of [`hsum`] (`(a0 + a4) + (a2 + a6)`, `(a1 + a5) + (a3 + a7)`,
+    /// then those two), plus `tail`: the tile kernels' counterpart of the
+    /// one-column kernels' final reduction.
+    #[inline(always)]
+    unsafe fn lanes_sum(l: &[__m256; 8], tail: __m256) -> __m256 {
+        // SAFETY: AVX (every caller's features).
+        unsafe {
+            let x: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(l[j], l[j + 4]));
+            _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3])), tail)
+        }
+    }
+
     /// Sum of the 4 lanes of an i32x4 vector.
     #[inline(always)]
     unsafe fn hsum4_i32(x: __m128i) -> i32 {
@@ -694,9 +723,8 @@ mod x86 {
 
     /// One Q4_K super-block into a running sum (lane 0 of `acc`): `acc +
     /// isum·d − imin·dm` as two fused steps on the exact integer sums
-    /// (`d`, `dm`: row scale × column scale). Every Q4_K kernel (one column,
-    /// tiles, packed tiles) combines super-blocks this way, so a column's
-    /// result does not depend on how many columns are multiplied with it.
+    /// (`d`, `dm`: row scale × column scale), as every Q4_K kernel does in
+    /// each accumulator lane (batch invariance).
     #[inline(always)]
     unsafe fn q4k_step(acc: __m128, isum: i32, imin: i32, d: f32, dm: f32) -> __m128 {
         // SAFETY: FMA (every caller's features).
@@ -832,8 +860,11 @@ mod x86 {
     }
 
     /// One column × `RM` raw Q4_K rows (scales unpacked in registers, as
-    /// ggml's `ggml_vec_dot_q4_K_q8_K`); super-blocks combined by
-    /// [`q4k_step`] (batch invariance).
+    /// ggml's `ggml_vec_dot_q4_K_q8_K`). The exact integer sums of 8
+    /// super-blocks at a time are reduced to one vector and combined with
+    /// their scales in two FMAs (lane = super-block mod 8, as [`q4k_step`]
+    /// per lane); the super-blocks past the last whole 8 one by one, apart.
+    /// The Q4_K tile kernels combine super-blocks in this same order.
     #[inline(always)]
     unsafe fn gemv_q4k_body<D: Dot, const RM: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/256 super-blocks, one Q8_K column).
@@ -848,40 +879,63 @@ mod x86 {
                 *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | (2 * k as i16));
             }
             let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
-            let mut acc = [_mm_setzero_ps(); RM];
-            for sb in 0..nsb {
-                let bdv = *bd.add(sb);
-                let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
-                let bq = b.add(256 * sb);
-                for r in 0..RM {
-                    let blk = t.a[r].add(144 * sb);
-                    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
-                    let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
-                    let (u0, u1, u2) = (u(0), u(1), u(2));
-                    let sc_lo = u0 & KM1;
-                    let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
-                    let mn_lo = u1 & KM1;
-                    let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
-                    let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
-                    let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
-                    let scales = _mm256_broadcastsi128_si256(sc16);
-                    let mut isum = _mm256_setzero_si256();
-                    for g in 0..4 {
-                        let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
-                        let lo = _mm256_and_si256(v, mask);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                        let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
-                        let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
-                        isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
-                        isum = D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
+            let full = nsb - nsb % 8;
+            let mut acc = [_mm256_setzero_ps(); RM];
+            let mut tail = [_mm_setzero_ps(); RM];
+            // Each row's integer sums of up to 8 super-blocks.
+            let mut isums = [[_mm256_setzero_si256(); 8]; RM];
+            let mut mins = [[_mm_setzero_si128(); 8]; RM];
+            let mut sb0 = 0;
+            while sb0 < nsb {
+                let n = if sb0 < full { 8 } else { 1 };
+                for j in 0..n {
+                    let sb = sb0 + j;
+                    let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
+                    let bq = b.add(256 * sb);
+                    for r in 0..RM {
+                        let blk = t.a[r].add(144 * sb);
+                        let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
+                        let (u0, u1, u2) = (u(0), u(1), u(2));
+                        let sc_lo = u0 & KM1;
+                        let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
+                        let mn_lo = u1 & KM1;
+                        let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
+                        let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
+                        let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
+                        let scales = _mm256_broadcastsi128_si256(sc16);
+                        let mut isum = _mm256_setzero_si256();
+                        for g in 0..4 {
+                            let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
+                            let lo = _mm256_and_si256(v, mask);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                            let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
+                            let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
+                            isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
+                            isum =
+                                D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
+                        }
+                        isums[r][j] = isum;
+                        mins[r][j] = _mm_madd_epi16(mn16, bsum);
                     }
-                    let d = _mm_cvtss_f32(dd) * bdv;
-                    let dm = _mm_cvtss_f32(_mm_movehdup_ps(dd)) * bdv;
-                    acc[r] = q4k_step(acc[r], hsum_i32(isum), hsum4_i32(_mm_madd_epi16(mn16, bsum)), d, dm);
                 }
+                for r in 0..RM {
+                    let blk = t.a[r].add(144 * sb0);
+                    if n == 8 {
+                        let bd8 = _mm256_loadu_ps(bd.add(sb0));
+                        let d8 = _mm256_mul_ps(scales8(blk, 144), bd8);
+                        let dm8 = _mm256_mul_ps(scales8(blk.add(2), 144), bd8);
+                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&isums[r])), d8, acc[r]);
+                        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8_4(&mins[r])), dm8, v);
+                    } else {
+                        let bdv = *bd.add(sb0);
+                        let (d, dm) = (f16_one(blk) * bdv, f16_one(blk.add(2)) * bdv);
+                        tail[r] = q4k_step(tail[r], hsum_i32(isums[r][0]), hsum4_i32(mins[r][0]), d, dm);
+                    }
+                }
+                sb0 += n;
             }
             for r in 0..RM {
-                t.out[r][0] = _mm_cvtss_f32(acc[r]);
+                t.out[r][0] = hsum(acc[r]) + _mm_cvtss_f32(tail[r]);
             }
         }
     }
@@ -936,22 +990,22 @@ mod x86 {
             }
             for r in 0..RM {
                 for cv in 0..NCV {
-                    let l = &lane[r][cv];
-                    let x: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(l[j], l[j + 4]));
-                    let s = _mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3]));
-                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), _mm256_add_ps(s, tail[r][cv]));
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), lanes_sum(&lane[r][cv], tail[r][cv]));
                 }
             }
         }
     }
 
-    /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns.
+    /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns, super-blocks
+    /// combined in the order of [`gemv_q4k_body`] (accumulators in memory).
     #[inline(always)]
     unsafe fn q4ki_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (decoded Q4_K rows; groups as in packed.rs).
         unsafe {
             let nsb = t.k / 256;
-            let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
+            let full = nsb - nsb % 8;
+            let mut lane = [[[_mm256_setzero_ps(); 8]; NCV]; RM];
+            let mut tail = [[_mm256_setzero_ps(); NCV]; RM];
             for sb in 0..nsb {
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for k in 0..8 {
@@ -980,6 +1034,7 @@ mod x86 {
                     let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
                     let dm = _mm256_broadcast_ss(&*t.am[r].add(sb));
                     for cv in 0..NCV {
+                        let x = if sb < full { &mut lane[r][cv][sb % 8] } else { &mut tail[r][cv] };
                         let mut m = _mm256_setzero_si256();
                         for pr in 0..4 {
                             let mp = _mm256_set1_epi32(std::ptr::read_unaligned(
@@ -989,14 +1044,14 @@ mod x86 {
                             m = D::w(m, mp, bp);
                         }
                         let bd = _mm256_loadu_ps(t.bd[cv].add(8 * sb));
-                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
-                        accf[r][cv] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), v);
+                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), *x);
+                        *x = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), v);
                     }
                 }
             }
             for r in 0..RM {
                 for cv in 0..NCV {
-                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), lanes_sum(&lane[r][cv], tail[r][cv]));
                 }
             }
         }

@@ -226,7 +226,7 @@ fn mul_mat_all_kernel_types_match_reference() {
             mul_mat_case(ty, k, m, n, false);
         }
     }
-    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9), (768, 5, 1), (512, 2, 1)] {
+    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9), (768, 5, 1), (512, 2, 1), (2304, 5, 1), (2304, 7, 9)] {
         mul_mat_case(GgmlType::Q4_K, k, m, n, false);
     }
     for ty in [GgmlType::F32, GgmlType::F16] {
@@ -391,9 +391,10 @@ fn mul_mat_columns_are_batch_invariant() {
     let (m, ns) = (37usize, [2usize, 3, 5, 8, 9, 16, 17, 33]);
     let mut report = Vec::new();
     for ty in mul_mat_types() {
-        let mut ks = vec![256usize, 1024];
+        // 2304: 9 super-blocks (a whole 8 and one more); 800: 25 blocks of 32.
+        let mut ks = vec![256usize, 1024, 2304];
         if ty.block_size() == 32 {
-            ks.push(800); // 25 blocks: a group of 8 blocks and a tail
+            ks.push(800);
         }
         for k in ks {
             let mut rng = Rng(0x51ed_2701 ^ (k as u64) << 8 ^ ty as u64);
