@@ -869,74 +869,98 @@ mod x86 {
     unsafe fn gemv_q4k_body<D: Dot, const RM: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/256 super-blocks, one Q8_K column).
         unsafe {
-            const KM1: u32 = 0x3f3f_3f3f;
-            const KM2: u32 = 0x0f0f_0f0f;
-            const KM3: u32 = 0x0303_0303;
             let nsb = t.k / 256;
             let mask = _mm256_set1_epi8(0x0f);
             let mut shuf = [_mm256_setzero_si256(); 8];
             for (k, s) in shuf.iter_mut().enumerate() {
                 *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | (2 * k as i16));
             }
+            // Gathers the 8 d's (low 128 bits) and 8 dmin's (high) of 8
+            // super-blocks from their 8 (d, dmin) f16 pairs.
+            let split = _mm256_setr_epi8(
+                0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14,
+                15,
+            );
             let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
             let full = nsb - nsb % 8;
             let mut acc = [_mm256_setzero_ps(); RM];
             let mut tail = [_mm_setzero_ps(); RM];
-            // Each row's integer sums of up to 8 super-blocks.
-            let mut isums = [[_mm256_setzero_si256(); 8]; RM];
-            let mut mins = [[_mm_setzero_si128(); 8]; RM];
             let mut sb0 = 0;
-            while sb0 < nsb {
-                let n = if sb0 < full { 8 } else { 1 };
-                for j in 0..n {
-                    let sb = sb0 + j;
-                    let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
-                    let bq = b.add(256 * sb);
-                    for r in 0..RM {
-                        let blk = t.a[r].add(144 * sb);
-                        let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
-                        let (u0, u1, u2) = (u(0), u(1), u(2));
-                        let sc_lo = u0 & KM1;
-                        let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
-                        let mn_lo = u1 & KM1;
-                        let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
-                        let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
-                        let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
-                        let scales = _mm256_broadcastsi128_si256(sc16);
-                        let mut isum = _mm256_setzero_si256();
-                        for g in 0..4 {
-                            let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
-                            let lo = _mm256_and_si256(v, mask);
-                            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                            let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
-                            let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
-                            isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
-                            isum =
-                                D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
-                        }
-                        isums[r][j] = isum;
-                        mins[r][j] = _mm_madd_epi16(mn16, bsum);
-                    }
-                }
+            while sb0 < full {
+                let bd8 = _mm256_loadu_ps(bd.add(sb0));
                 for r in 0..RM {
-                    let blk = t.a[r].add(144 * sb0);
-                    if n == 8 {
-                        let bd8 = _mm256_loadu_ps(bd.add(sb0));
-                        let d8 = _mm256_mul_ps(scales8(blk, 144), bd8);
-                        let dm8 = _mm256_mul_ps(scales8(blk.add(2), 144), bd8);
-                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&isums[r])), d8, acc[r]);
-                        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8_4(&mins[r])), dm8, v);
-                    } else {
-                        let bdv = *bd.add(sb0);
-                        let (d, dm) = (f16_one(blk) * bdv, f16_one(blk.add(2)) * bdv);
-                        tail[r] = q4k_step(tail[r], hsum_i32(isums[r][0]), hsum4_i32(mins[r][0]), d, dm);
+                    let mut isums = [_mm256_setzero_si256(); 8];
+                    let mut mins = [_mm_setzero_si128(); 8];
+                    let mut dd = [0i32; 8];
+                    for j in 0..8 {
+                        let sb = sb0 + j;
+                        let blk = t.a[r].add(144 * sb);
+                        let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
+                        (isums[j], mins[j]) = q4k_sums::<D>(blk, b.add(256 * sb), bsum, mask, &shuf);
+                        dd[j] = std::ptr::read_unaligned(blk as *const i32);
                     }
+                    let dd = _mm256_setr_epi32(dd[0], dd[1], dd[2], dd[3], dd[4], dd[5], dd[6], dd[7]);
+                    let h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dd, split), 0b11_01_10_00);
+                    let d8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), bd8);
+                    let dm8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), bd8);
+                    let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&isums)), d8, acc[r]);
+                    acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8_4(&mins)), dm8, v);
                 }
-                sb0 += n;
+                sb0 += 8;
+            }
+            for sb in full..nsb {
+                let bdv = *bd.add(sb);
+                let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
+                for r in 0..RM {
+                    let blk = t.a[r].add(144 * sb);
+                    let (isum, m) = q4k_sums::<D>(blk, b.add(256 * sb), bsum, mask, &shuf);
+                    let (d, dm) = (f16_one(blk) * bdv, f16_one(blk.add(2)) * bdv);
+                    tail[r] = q4k_step(tail[r], hsum_i32(isum), hsum4_i32(m), d, dm);
+                }
             }
             for r in 0..RM {
                 t.out[r][0] = hsum(acc[r]) + _mm_cvtss_f32(tail[r]);
             }
+        }
+    }
+
+    /// One raw Q4_K super-block (`blk`) × its Q8_K column part (`bq`, the
+    /// column's 8 sub-block sums `bsum`): the scaled quant products as i32
+    /// lanes, and the 4 lanes of min × sum pairs (both summing to exact
+    /// integers).
+    #[inline(always)]
+    unsafe fn q4k_sums<D: Dot>(
+        blk: *const u8,
+        bq: *const u8,
+        bsum: __m128i,
+        mask: __m256i,
+        shuf: &[__m256i; 8],
+    ) -> (__m256i, __m128i) {
+        // SAFETY: a whole super-block at `blk` and 256 quants at `bq` (caller).
+        unsafe {
+            const KM1: u32 = 0x3f3f_3f3f;
+            const KM2: u32 = 0x0f0f_0f0f;
+            const KM3: u32 = 0x0303_0303;
+            let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
+            let (u0, u1, u2) = (u(0), u(1), u(2));
+            let sc_lo = u0 & KM1;
+            let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
+            let mn_lo = u1 & KM1;
+            let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
+            let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
+            let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
+            let scales = _mm256_broadcastsi128_si256(sc16);
+            let mut isum = _mm256_setzero_si256();
+            for g in 0..4 {
+                let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
+                let lo = _mm256_and_si256(v, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
+                let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
+                isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
+                isum = D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
+            }
+            (isum, _mm_madd_epi16(mn16, bsum))
         }
     }
 
