@@ -12,9 +12,11 @@
 //! * `Q8I`, `Q4KI`: the same rows × groups of 8 column-interleaved columns
 //!   (`packed.rs`), 8 or 16 columns per tile.
 //! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight
-//!   blocks, 8 blocks' dots reduced together and scaled with one FMA (Q4_K:
-//!   super-block by super-block). Every format's kernels combine a column's
-//!   block sums in one order, whatever the tile (batch invariance).
+//!   blocks, 8 blocks' dots reduced together and scaled with one FMA. The
+//!   Q4_0/Q5_0/Q8_0 kernels (one column, tiles, packed tiles) combine a
+//!   column's block sums in one order, whatever the tile (batch invariance);
+//!   the Q4_K ones do not yet (`GemvQ4K` keeps per-lane partial sums that
+//!   the tiles cannot reproduce at its cost).
 //!
 //! Every kernel exists as portable Rust and, on x86_64, as an AVX2+FMA+F16C
 //! build and an AVX-512 VNNI build (`vpdpbusd`/`vpdpwssd` through `asm!`,
@@ -607,17 +609,13 @@ mod x86 {
         }
     }
 
-    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns, in the
-    /// order of [`gemv_q4k_body`] (batch invariance).
+    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns.
     #[inline(always)]
     unsafe fn q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract.
         unsafe {
             let nsb = t.k / 256;
-            let full = nsb - nsb % 8;
-            // Lane j: the super-blocks j mod 8 of the whole 8s (as `gemv_q4k_body`).
-            let mut lane = [[[_mm_setzero_ps(); 8]; RN]; RM];
-            let mut tail = [[_mm_setzero_ps(); RN]; RM];
+            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
             for sb in 0..nsb {
                 let mut isum = [[_mm256_setzero_si256(); RN]; RM];
                 for j in 0..8 {
@@ -636,26 +634,22 @@ mod x86 {
                     }
                 }
                 for r in 0..RM {
+                    let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
+                    let dm = _mm256_broadcast_ss(&*t.am[r].add(sb));
                     let mins = _mm_loadu_si128(t.amn[r].add(8 * sb) as *const __m128i);
                     for c in 0..RN {
                         let bsum = _mm_loadu_si128(t.bs[c].add(8 * sb) as *const __m128i);
-                        let bd = *t.bd[c].add(sb);
-                        let x = if sb < full { &mut lane[r][c][sb % 8] } else { &mut tail[r][c] };
-                        *x = q4k_step(
-                            *x,
-                            hsum_i32(isum[r][c]),
-                            hsum4_i32(_mm_madd_epi16(mins, bsum)),
-                            *t.ad[r].add(sb) * bd,
-                            *t.am[r].add(sb) * bd,
-                        );
+                        let m = _mm_cvtepi32_ps(_mm_madd_epi16(mins, bsum));
+                        let m = _mm256_insertf128_ps(_mm256_setzero_ps(), m, 0);
+                        let v = _mm256_fnmadd_ps(dm, m, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r][c])));
+                        let bd = _mm256_broadcast_ss(&*t.bd[c].add(sb));
+                        acc[r][c] = _mm256_fmadd_ps(bd, v, acc[r][c]);
                     }
                 }
             }
             for r in 0..RM {
                 for c in 0..RN {
-                    let l = &lane[r][c];
-                    let x: [f32; 4] = std::array::from_fn(|j| _mm_cvtss_f32(l[j]) + _mm_cvtss_f32(l[j + 4]));
-                    t.out[r][c] = ((x[0] + x[2]) + (x[1] + x[3])) + _mm_cvtss_f32(tail[r][c]);
+                    t.out[r][c] = hsum(acc[r][c]);
                 }
             }
         }
@@ -687,16 +681,6 @@ mod x86 {
         }
     }
 
-    /// The sums of 8 i32x4 vectors, as the 8 lanes of one vector.
-    #[inline(always)]
-    unsafe fn reduce8_4(m: &[__m128i; 8]) -> __m256i {
-        // SAFETY: AVX2 (every caller's features).
-        unsafe {
-            let w = |j: usize| _mm256_set_m128i(m[j + 4], m[j]);
-            _mm256_hadd_epi32(_mm256_hadd_epi32(w(0), w(1)), _mm256_hadd_epi32(w(2), w(3)))
-        }
-    }
-
     /// Per lane, the 8 accumulators (lane j: blocks j mod 8) summed in the
     /// order of [`hsum`] (`(a0 + a4) + (a2 + a6)`, `(a1 + a5) + (a3 + a7)`,
     /// then those two), plus `tail`: the tile kernels' counterpart of the
@@ -707,30 +691,6 @@ mod x86 {
         unsafe {
             let x: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(l[j], l[j + 4]));
             _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3])), tail)
-        }
-    }
-
-    /// Sum of the 4 lanes of an i32x4 vector.
-    #[inline(always)]
-    unsafe fn hsum4_i32(x: __m128i) -> i32 {
-        // SAFETY: SSE2 (every caller's features).
-        unsafe {
-            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
-            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
-            _mm_cvtsi128_si32(x)
-        }
-    }
-
-    /// One Q4_K super-block into a running sum (lane 0 of `acc`): `acc +
-    /// isum·d − imin·dm` as two fused steps on the exact integer sums
-    /// (`d`, `dm`: row scale × column scale), as every Q4_K kernel does in
-    /// each accumulator lane (batch invariance).
-    #[inline(always)]
-    unsafe fn q4k_step(acc: __m128, isum: i32, imin: i32, d: f32, dm: f32) -> __m128 {
-        // SAFETY: FMA (every caller's features).
-        unsafe {
-            let v = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(d), acc);
-            _mm_fnmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), imin), _mm_set_ss(dm), v)
         }
     }
 
@@ -860,107 +820,62 @@ mod x86 {
     }
 
     /// One column × `RM` raw Q4_K rows (scales unpacked in registers, as
-    /// ggml's `ggml_vec_dot_q4_K_q8_K`). The exact integer sums of 8
-    /// super-blocks at a time are reduced to one vector and combined with
-    /// their scales in two FMAs (lane = super-block mod 8, as [`q4k_step`]
-    /// per lane); the super-blocks past the last whole 8 one by one, apart.
-    /// The Q4_K tile kernels combine super-blocks in this same order.
+    /// ggml's `ggml_vec_dot_q4_K_q8_K`).
     #[inline(always)]
     unsafe fn gemv_q4k_body<D: Dot, const RM: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/256 super-blocks, one Q8_K column).
         unsafe {
+            const KM1: u32 = 0x3f3f_3f3f;
+            const KM2: u32 = 0x0f0f_0f0f;
+            const KM3: u32 = 0x0303_0303;
             let nsb = t.k / 256;
             let mask = _mm256_set1_epi8(0x0f);
             let mut shuf = [_mm256_setzero_si256(); 8];
             for (k, s) in shuf.iter_mut().enumerate() {
                 *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | (2 * k as i16));
             }
-            // Gathers the 8 d's (low 128 bits) and 8 dmin's (high) of 8
-            // super-blocks from their 8 (d, dmin) f16 pairs.
-            let split = _mm256_setr_epi8(
-                0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14,
-                15,
-            );
             let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
-            let full = nsb - nsb % 8;
             let mut acc = [_mm256_setzero_ps(); RM];
-            let mut tail = [_mm_setzero_ps(); RM];
-            let mut sb0 = 0;
-            while sb0 < full {
-                let bd8 = _mm256_loadu_ps(bd.add(sb0));
-                for r in 0..RM {
-                    let mut isums = [_mm256_setzero_si256(); 8];
-                    let mut mins = [_mm_setzero_si128(); 8];
-                    let mut dd = [0i32; 8];
-                    for j in 0..8 {
-                        let sb = sb0 + j;
-                        let blk = t.a[r].add(144 * sb);
-                        let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
-                        (isums[j], mins[j]) = q4k_sums::<D>(blk, b.add(256 * sb), bsum, mask, &shuf);
-                        dd[j] = std::ptr::read_unaligned(blk as *const i32);
-                    }
-                    let dd = _mm256_setr_epi32(dd[0], dd[1], dd[2], dd[3], dd[4], dd[5], dd[6], dd[7]);
-                    let h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dd, split), 0b11_01_10_00);
-                    let d8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), bd8);
-                    let dm8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), bd8);
-                    let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&isums)), d8, acc[r]);
-                    acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce8_4(&mins)), dm8, v);
-                }
-                sb0 += 8;
-            }
-            for sb in full..nsb {
+            let mut accm = [_mm_setzero_ps(); RM];
+            for sb in 0..nsb {
                 let bdv = *bd.add(sb);
                 let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
+                let bq = b.add(256 * sb);
                 for r in 0..RM {
                     let blk = t.a[r].add(144 * sb);
-                    let (isum, m) = q4k_sums::<D>(blk, b.add(256 * sb), bsum, mask, &shuf);
-                    let (d, dm) = (f16_one(blk) * bdv, f16_one(blk.add(2)) * bdv);
-                    tail[r] = q4k_step(tail[r], hsum_i32(isum), hsum4_i32(m), d, dm);
+                    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
+                    let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
+                    let (u0, u1, u2) = (u(0), u(1), u(2));
+                    let sc_lo = u0 & KM1;
+                    let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
+                    let mn_lo = u1 & KM1;
+                    let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
+                    let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
+                    let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
+                    let scales = _mm256_broadcastsi128_si256(sc16);
+                    let mut isum = _mm256_setzero_si256();
+                    for g in 0..4 {
+                        let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
+                        let lo = _mm256_and_si256(v, mask);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                        let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
+                        let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
+                        isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
+                        isum = D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
+                    }
+                    let d = _mm_cvtss_f32(dd) * bdv;
+                    let dm = _mm_cvtss_f32(_mm_movehdup_ps(dd)) * bdv;
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc[r]);
+                    let m = _mm_cvtepi32_ps(_mm_madd_epi16(mn16, bsum));
+                    accm[r] = _mm_fmadd_ps(m, _mm_set1_ps(dm), accm[r]);
                 }
             }
             for r in 0..RM {
-                t.out[r][0] = hsum(acc[r]) + _mm_cvtss_f32(tail[r]);
+                let m = accm[r];
+                let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                t.out[r][0] = hsum(acc[r]) - _mm_cvtss_f32(m);
             }
-        }
-    }
-
-    /// One raw Q4_K super-block (`blk`) × its Q8_K column part (`bq`, the
-    /// column's 8 sub-block sums `bsum`): the scaled quant products as i32
-    /// lanes, and the 4 lanes of min × sum pairs (both summing to exact
-    /// integers).
-    #[inline(always)]
-    unsafe fn q4k_sums<D: Dot>(
-        blk: *const u8,
-        bq: *const u8,
-        bsum: __m128i,
-        mask: __m256i,
-        shuf: &[__m256i; 8],
-    ) -> (__m256i, __m128i) {
-        // SAFETY: a whole super-block at `blk` and 256 quants at `bq` (caller).
-        unsafe {
-            const KM1: u32 = 0x3f3f_3f3f;
-            const KM2: u32 = 0x0f0f_0f0f;
-            const KM3: u32 = 0x0303_0303;
-            let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
-            let (u0, u1, u2) = (u(0), u(1), u(2));
-            let sc_lo = u0 & KM1;
-            let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
-            let mn_lo = u1 & KM1;
-            let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
-            let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
-            let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
-            let scales = _mm256_broadcastsi128_si256(sc16);
-            let mut isum = _mm256_setzero_si256();
-            for g in 0..4 {
-                let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
-                let lo = _mm256_and_si256(v, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
-                let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
-                isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
-                isum = D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
-            }
-            (isum, _mm_madd_epi16(mn16, bsum))
         }
     }
 
@@ -1020,16 +935,13 @@ mod x86 {
         }
     }
 
-    /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns, super-blocks
-    /// combined in the order of [`gemv_q4k_body`] (accumulators in memory).
+    /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns.
     #[inline(always)]
     unsafe fn q4ki_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (decoded Q4_K rows; groups as in packed.rs).
         unsafe {
             let nsb = t.k / 256;
-            let full = nsb - nsb % 8;
-            let mut lane = [[[_mm256_setzero_ps(); 8]; NCV]; RM];
-            let mut tail = [[_mm256_setzero_ps(); NCV]; RM];
+            let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
             for sb in 0..nsb {
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for k in 0..8 {
@@ -1058,7 +970,6 @@ mod x86 {
                     let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
                     let dm = _mm256_broadcast_ss(&*t.am[r].add(sb));
                     for cv in 0..NCV {
-                        let x = if sb < full { &mut lane[r][cv][sb % 8] } else { &mut tail[r][cv] };
                         let mut m = _mm256_setzero_si256();
                         for pr in 0..4 {
                             let mp = _mm256_set1_epi32(std::ptr::read_unaligned(
@@ -1068,14 +979,14 @@ mod x86 {
                             m = D::w(m, mp, bp);
                         }
                         let bd = _mm256_loadu_ps(t.bd[cv].add(8 * sb));
-                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), *x);
-                        *x = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), v);
+                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
+                        accf[r][cv] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), v);
                     }
                 }
             }
             for r in 0..RM {
                 for cv in 0..NCV {
-                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), lanes_sum(&lane[r][cv], tail[r][cv]));
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
                 }
             }
         }
