@@ -11,8 +11,12 @@
 //!   8 mins × Q8_K columns.
 //! * `Q8I`, `Q4KI`: the same rows × groups of 8 column-interleaved columns
 //!   (`packed.rs`), 8 or 16 columns per tile.
-//! * `GemvQ4_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight blocks, 8
-//!   blocks' dots reduced together and scaled with one FMA.
+//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight
+//!   blocks, 8 blocks' dots reduced together and scaled with one FMA. The
+//!   Q4_0/Q5_0/Q8_0 kernels (one column, tiles, packed tiles) combine a
+//!   column's block sums in one order, whatever the tile (batch invariance);
+//!   the Q4_K ones do not yet (`GemvQ4K` keeps per-lane partial sums that
+//!   the tiles cannot reproduce at its cost).
 //!
 //! Every kernel exists as portable Rust and, on x86_64, as an AVX2+FMA+F16C
 //! build and an AVX-512 VNNI build (`vpdpbusd`/`vpdpwssd` through `asm!`,
@@ -102,6 +106,8 @@ pub(super) enum Fmt {
     Q4K,
     /// One column: raw Q4_0 rows × Q8 column (x86 only).
     GemvQ4_0,
+    /// One column: raw Q5_0 rows × Q8 column (x86 only).
+    GemvQ5_0,
     /// One column: raw Q8_0 rows × Q8 column (x86 only; offset-encoded with
     /// VNNI, signed without).
     GemvQ8_0,
@@ -212,6 +218,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q4K => pick!(q4k_avx2),
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
+                Fmt::GemvQ5_0 => pick1!(gemv_q5_0_avx2),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
@@ -230,6 +237,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q4K => pick!(q4k_vnni),
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
+                Fmt::GemvQ5_0 => pick1!(gemv_q5_0_vnni),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
@@ -243,7 +251,9 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
             Fmt::Q4K => pick!(q4k_scalar),
             // The driver never selects these without SIMD (nor `VecDot` as a tile).
-            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => unreachable_kernel,
+            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => {
+                unreachable_kernel
+            }
         },
     }
 }
@@ -260,7 +270,7 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
             Fmt::F32 | Fmt::F16 | Fmt::BF16 => 8,
             // Fused quantized kernels: one row at a time streams best and
             // keeps every accumulator in a register.
-            Fmt::GemvQ4_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K => 1,
+            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K => 1,
             _ => 4,
         };
         return (rm, 1);
@@ -536,68 +546,64 @@ mod x86 {
         }
     }
 
-    /// u8 (offset-encoded) rows × i8 columns in blocks of 32 with f32 scales.
+    /// u8 (offset-encoded, `SIGNED = false`) or signed i8 rows (`SIGNED`:
+    /// the `maddubs` sign trick, no VNNI) × i8 columns in blocks of 32 with
+    /// f32 scales. Block sums are combined in the order of [`gemv_q8_body`]
+    /// (batch invariance): 8 blocks' exact integer dots at a time, reduced to
+    /// one vector (lane = block mod 8) and scaled with one FMA; the blocks past
+    /// the last whole 8 one by one, summed apart.
     #[inline(always)]
-    unsafe fn q8_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
+    unsafe fn q8_body<D: Dot, const RM: usize, const RN: usize, const SIGNED: bool>(t: &mut Tile) {
         // SAFETY: KernFn contract.
         unsafe {
             let nb = t.k / 32;
-            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
-            for blk in 0..nb {
-                let mut av = [_mm256_setzero_si256(); RM];
-                let mut ad = [_mm256_setzero_ps(); RM];
-                for r in 0..RM {
-                    av[r] = _mm256_loadu_si256(t.a[r].add(32 * blk) as *const __m256i);
-                    ad[r] = _mm256_broadcast_ss(&*t.ad[r].add(blk));
-                }
-                for c in 0..RN {
-                    let bv = _mm256_loadu_si256(t.b[c].add(32 * blk) as *const __m256i);
-                    let bd = _mm256_broadcast_ss(&*t.bd[c].add(blk));
-                    let corr = _mm256_set1_epi32(*t.bc[c].add(blk));
-                    for r in 0..RM {
-                        let s = D::ub(corr, av[r], bv);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ad[r], bd), acc[r][c]);
-                    }
-                }
-            }
-            for r in 0..RM {
-                for c in 0..RN {
-                    t.out[r][c] = hsum(acc[r][c]);
-                }
-            }
-        }
-    }
-
-    /// Signed i8 rows × i8 columns (sign trick for `maddubs`).
-    #[inline(always)]
-    unsafe fn q8s_body<const RM: usize, const RN: usize>(t: &mut Tile) {
-        // SAFETY: KernFn contract.
-        unsafe {
-            let nb = t.k / 32;
+            let full = nb - nb % 8;
             let ones = _mm256_set1_epi16(1);
             let mut acc = [[_mm256_setzero_ps(); RN]; RM];
-            for blk in 0..nb {
-                let mut av = [_mm256_setzero_si256(); RM];
-                let mut aa = [_mm256_setzero_si256(); RM];
-                let mut ad = [_mm256_setzero_ps(); RM];
-                for r in 0..RM {
-                    av[r] = _mm256_loadu_si256(t.a[r].add(32 * blk) as *const __m256i);
-                    aa[r] = _mm256_sign_epi8(av[r], av[r]);
-                    ad[r] = _mm256_broadcast_ss(&*t.ad[r].add(blk));
-                }
-                for c in 0..RN {
-                    let bv = _mm256_loadu_si256(t.b[c].add(32 * blk) as *const __m256i);
-                    let bd = _mm256_broadcast_ss(&*t.bd[c].add(blk));
+            let mut tail = [[0f32; RN]; RM];
+            // Each (row, column)'s integer lanes of up to 8 blocks.
+            let mut s = [[[_mm256_setzero_si256(); 8]; RN]; RM];
+            let mut blk = 0;
+            while blk < nb {
+                let n = if blk < full { 8 } else { 1 };
+                for j in 0..n {
+                    let mut av = [_mm256_setzero_si256(); RM];
+                    let mut aa = [_mm256_setzero_si256(); RM];
                     for r in 0..RM {
-                        let p = _mm256_maddubs_epi16(aa[r], _mm256_sign_epi8(bv, av[r]));
-                        let s = _mm256_madd_epi16(p, ones);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ad[r], bd), acc[r][c]);
+                        av[r] = _mm256_loadu_si256(t.a[r].add(32 * (blk + j)) as *const __m256i);
+                        if SIGNED {
+                            aa[r] = _mm256_sign_epi8(av[r], av[r]);
+                        }
+                    }
+                    for c in 0..RN {
+                        let bv = _mm256_loadu_si256(t.b[c].add(32 * (blk + j)) as *const __m256i);
+                        for r in 0..RM {
+                            s[r][c][j] = if SIGNED {
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(aa[r], _mm256_sign_epi8(bv, av[r])), ones)
+                            } else {
+                                D::ub(_mm256_set1_epi32(*t.bc[c].add(blk + j)), av[r], bv)
+                            };
+                        }
                     }
                 }
+                for r in 0..RM {
+                    for c in 0..RN {
+                        if n == 8 {
+                            let tot = reduce8(&s[r][c]);
+                            let sc =
+                                _mm256_mul_ps(_mm256_loadu_ps(t.ad[r].add(blk)), _mm256_loadu_ps(t.bd[c].add(blk)));
+                            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), sc, acc[r][c]);
+                        } else {
+                            let tot = hsum_i32(s[r][c][0]);
+                            tail[r][c] += tot as f32 * (*t.ad[r].add(blk) * *t.bd[c].add(blk));
+                        }
+                    }
+                }
+                blk += n;
             }
             for r in 0..RM {
                 for c in 0..RN {
-                    t.out[r][c] = hsum(acc[r][c]);
+                    t.out[r][c] = hsum(acc[r][c]) + tail[r][c];
                 }
             }
         }
@@ -675,6 +681,19 @@ mod x86 {
         }
     }
 
+    /// Per lane, the 8 accumulators (lane j: blocks j mod 8) summed in the
+    /// order of [`hsum`] (`(a0 + a4) + (a2 + a6)`, `(a1 + a5) + (a3 + a7)`,
+    /// then those two), plus `tail`: the tile kernels' counterpart of the
+    /// one-column kernels' final reduction.
+    #[inline(always)]
+    unsafe fn lanes_sum(l: &[__m256; 8], tail: __m256) -> __m256 {
+        // SAFETY: AVX (every caller's features).
+        unsafe {
+            let x: [__m256; 4] = std::array::from_fn(|j| _mm256_add_ps(l[j], l[j + 4]));
+            _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[2]), _mm256_add_ps(x[1], x[3])), tail)
+        }
+    }
+
     /// The f16 scales at the start of 8 blocks `stride` bytes apart, as f32.
     #[inline(always)]
     unsafe fn scales8(p: *const u8, stride: usize) -> __m256 {
@@ -692,33 +711,54 @@ mod x86 {
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32))) }
     }
 
-    /// Block `j` of a raw Q4_0 (`Q8 = false`) or Q8_0 row as 32 bytes in the
-    /// encoding the dot uses (Q4_0: nibbles; Q8_0: `q + 128` with VNNI,
+    /// Raw block formats of the one-column kernels (`gemv_q8_body`'s `F`).
+    const RAW_Q4_0: u8 = 0;
+    const RAW_Q8_0: u8 = 1;
+    const RAW_Q5_0: u8 = 2;
+
+    /// The quants of a raw Q4_0, Q8_0 or Q5_0 block (`F`; `p` just past
+    /// its f16 scale) as 32 bytes in the encoding the dot uses (Q4_0:
+    /// nibbles; Q5_0: nibble + 16·high bit; Q8_0: `q + 128` with VNNI,
     /// signed without).
     #[inline(always)]
-    unsafe fn raw_block<D: Dot, const Q8: bool>(p: *const u8) -> __m256i {
-        // SAFETY: the block's quants (16 or 32 bytes) are readable at `p`.
+    unsafe fn raw_block<D: Dot, const F: u8>(p: *const u8) -> __m256i {
+        // SAFETY: the block's quants (and Q5_0's high bits) are readable at `p`.
         unsafe {
-            if Q8 {
-                let v = _mm256_loadu_si256(p as *const __m256i);
-                if D::VNNI {
-                    _mm256_xor_si256(v, _mm256_set1_epi8(-128))
-                } else {
-                    v
-                }
-            } else {
-                let v = _mm_loadu_si128(p as *const __m128i);
+            let nibbles = |q: *const u8| {
+                let v = _mm_loadu_si128(q as *const __m128i);
                 _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f))
+            };
+            match F {
+                RAW_Q8_0 => {
+                    let v = _mm256_loadu_si256(p as *const __m256i);
+                    if D::VNNI {
+                        _mm256_xor_si256(v, _mm256_set1_epi8(-128))
+                    } else {
+                        v
+                    }
+                }
+                RAW_Q5_0 => {
+                    // Byte i of the result takes bit i of the 32 high bits:
+                    // byte i/8 of them, masked by 1 << (i mod 8).
+                    let qh = _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32));
+                    let pick = _mm256_setr_epi8(
+                        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                    );
+                    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, pick), bit), bit);
+                    _mm256_or_si256(nibbles(p.add(4)), _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+                }
+                _ => nibbles(p),
             }
         }
     }
 
     /// Integer dot of one encoded row block with an i8 column block.
     #[inline(always)]
-    unsafe fn block_dot<D: Dot, const Q8: bool>(a: __m256i, b: __m256i) -> __m256i {
+    unsafe fn block_dot<D: Dot, const F: u8>(a: __m256i, b: __m256i) -> __m256i {
         // SAFETY: features of the caller.
         unsafe {
-            if Q8 && !D::VNNI {
+            if F == RAW_Q8_0 && !D::VNNI {
                 let p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
                 _mm256_madd_epi16(p, _mm256_set1_epi16(1))
             } else {
@@ -727,13 +767,20 @@ mod x86 {
         }
     }
 
-    /// One column × `RM` raw Q4_0 / Q8_0 rows, 8 blocks per step: the 8
-    /// block dots are reduced to one vector and scaled with one FMA.
+    /// One column × `RM` raw Q4_0 / Q8_0 / Q5_0 rows (`F`), 8 blocks per
+    /// step: the 8 block dots are reduced to one vector and scaled with one
+    /// FMA (one accumulator lane per block index mod 8), the blocks past the
+    /// last whole 8 summed apart. The tile kernels of these formats
+    /// (`q8_body`, `q8i_body`) combine blocks in this same order.
     #[inline(always)]
-    unsafe fn gemv_q8_body<D: Dot, const RM: usize, const Q8: bool>(t: &mut Tile) {
+    unsafe fn gemv_q8_body<D: Dot, const RM: usize, const F: u8>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/32 blocks, one Q8 column).
         unsafe {
-            let bsz = if Q8 { 34 } else { 18 };
+            let bsz = match F {
+                RAW_Q8_0 => 34,
+                RAW_Q5_0 => 22,
+                _ => 18,
+            };
             let nb = t.k / 32;
             let (b, bd, bc) = (t.b[0], t.bd[0], t.bc[0]);
             let mut acc = [_mm256_setzero_ps(); RM];
@@ -746,9 +793,9 @@ mod x86 {
                     let base = t.a[r].add(blk * bsz);
                     let mut s = [_mm256_setzero_si256(); 8];
                     for (j, sj) in s.iter_mut().enumerate() {
-                        let av = raw_block::<D, Q8>(base.add(j * bsz + 2));
+                        let av = raw_block::<D, F>(base.add(j * bsz + 2));
                         let bv = _mm256_loadu_si256(b.add(32 * (blk + j)) as *const __m256i);
-                        *sj = block_dot::<D, Q8>(av, bv);
+                        *sj = block_dot::<D, F>(av, bv);
                     }
                     let tot = _mm256_add_epi32(reduce8(&s), corr);
                     let sc = _mm256_mul_ps(scales8(base, bsz), bd8);
@@ -759,9 +806,9 @@ mod x86 {
             while blk < nb {
                 for r in 0..RM {
                     let p = t.a[r].add(blk * bsz);
-                    let av = raw_block::<D, Q8>(p.add(2));
+                    let av = raw_block::<D, F>(p.add(2));
                     let bv = _mm256_loadu_si256(b.add(32 * blk) as *const __m256i);
-                    let tot = hsum_i32(block_dot::<D, Q8>(av, bv)) + 8 * *bc.add(blk);
+                    let tot = hsum_i32(block_dot::<D, F>(av, bv)) + 8 * *bc.add(blk);
                     tail[r] += tot as f32 * (f16_one(p) * *bd.add(blk));
                 }
                 blk += 1;
@@ -833,13 +880,18 @@ mod x86 {
     }
 
     /// `Q8` rows × `NCV` packed groups of 8 columns: per 4-element step one
-    /// broadcast of each row's 4 quants and one dot per group.
+    /// broadcast of each row's 4 quants and one dot per group. Block sums
+    /// are combined in the order of [`gemv_q8_body`] (batch invariance):
+    /// one accumulator per block index mod 8 (kept in memory: touched once
+    /// per block), the blocks past the last whole 8 summed apart.
     #[inline(always)]
     unsafe fn q8i_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (rows of k u8 + k/32 scales; groups as in packed.rs).
         unsafe {
             let nb = t.k / 32;
-            let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
+            let full = nb - nb % 8;
+            let mut lane = [[[_mm256_setzero_ps(); 8]; NCV]; RM];
+            let mut tail = [[_mm256_setzero_ps(); NCV]; RM];
             for blk in 0..nb {
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for cv in 0..NCV {
@@ -864,15 +916,20 @@ mod x86 {
                 for r in 0..RM {
                     let da = _mm256_broadcast_ss(&*t.ad[r].add(blk));
                     for cv in 0..NCV {
-                        let bd = _mm256_loadu_ps(t.bd[cv].add(8 * blk));
-                        accf[r][cv] =
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(da, bd), accf[r][cv]);
+                        let sc = _mm256_mul_ps(da, _mm256_loadu_ps(t.bd[cv].add(8 * blk)));
+                        let v = _mm256_cvtepi32_ps(acc[r][cv]);
+                        if blk < full {
+                            let l = &mut lane[r][cv][blk % 8];
+                            *l = _mm256_fmadd_ps(v, sc, *l);
+                        } else {
+                            tail[r][cv] = _mm256_add_ps(tail[r][cv], _mm256_mul_ps(v, sc));
+                        }
                     }
                 }
             }
             for r in 0..RM {
                 for cv in 0..NCV {
-                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), lanes_sum(&lane[r][cv], tail[r][cv]));
                 }
             }
         }
@@ -936,7 +993,7 @@ mod x86 {
     }
 
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8i<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -950,12 +1007,17 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g40<const RM: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { gemv_q8_body::<$dot, RM, false>(t) }
+                unsafe { gemv_q8_body::<$dot, RM, RAW_Q4_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g80<const RM: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { gemv_q8_body::<$dot, RM, true>(t) }
+                unsafe { gemv_q8_body::<$dot, RM, RAW_Q8_0>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $g50<const RM: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { gemv_q8_body::<$dot, RM, RAW_Q5_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g4k<const RM: usize>(t: &mut Tile) {
@@ -980,12 +1042,12 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { q8_body::<$dot, RM, RN>(t) }
+                unsafe { q8_body::<$dot, RM, RN, false>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8s<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { q8s_body::<RM, RN>(t) }
+                unsafe { q8_body::<$dot, RM, RN, true>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q4k<const RM: usize, const RN: usize>(t: &mut Tile) {
@@ -1005,6 +1067,7 @@ mod x86 {
         q4k_avx2,
         gemv_q4_0_avx2,
         gemv_q8_0_avx2,
+        gemv_q5_0_avx2,
         gemv_q4k_avx2,
         q8i_avx2,
         q4ki_avx2,
@@ -1020,6 +1083,7 @@ mod x86 {
         q4k_vnni,
         gemv_q4_0_vnni,
         gemv_q8_0_vnni,
+        gemv_q5_0_vnni,
         gemv_q4k_vnni,
         q8i_vnni,
         q4ki_vnni,

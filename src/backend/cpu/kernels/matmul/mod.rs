@@ -13,13 +13,22 @@
 //!    routed to one expert) form one job, so each weight row is read once
 //!    per chunk of columns;
 //! 3. inside a task, per weight type and column count:
-//!    * one column (decode): fused kernels reading raw Q4_0 / Q8_0 / Q4_K
+//!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 / Q4_K
 //!      blocks, or 8-row dense F32/F16/BF16 kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
-//!      elements × 8 columns) or register-blocked dense tiles; F32 with 8 or
-//!      more columns goes through the `gemm` crate;
+//!      elements × 8 columns) or register-blocked dense tiles (the `gemm`
+//!      crate for F32 only on request: `gemm_min_cols`);
+//!    * batch invariance: every path of a weight type sums a column's block
+//!      products in one fixed order (Q4_0/Q5_0/Q8_0: 8 exact block dots per
+//!      step, one accumulator per block index mod 8, then the remaining
+//!      blocks; dense: 8 lanes along K; the row-dot types: one dot per row
+//!      and column), so column j of `mul_mat(W, X)` is bit-identical to
+//!      `mul_mat(W, X[:, j])` whatever the column count, tile or thread split
+//!      (speculative decoding checks drafts in a batch against one-token
+//!      decoding; ggml's CPU products are batch-invariant too). Not yet Q4_K:
+//!      its one-column kernel sums per-lane partial integer dots;
 //!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K and the formats of ggml 0.25.3
 //!      (IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0): `quant::vec_dot_fn` per (row,
 //!      column) on ggml's own activation blocks.
@@ -138,12 +147,9 @@ fn gemv_plan(p: Plan) -> Plan {
     }
     let fmt = match p.wt {
         GgmlType::Q4_0 => Fmt::GemvQ4_0,
+        GgmlType::Q5_0 => Fmt::GemvQ5_0,
         GgmlType::Q8_0 => Fmt::GemvQ8_0,
         GgmlType::Q4_K => Fmt::GemvQ4K,
-        // No fused kernel: the row dot product beats decoding each row.
-        GgmlType::Q5_0 => {
-            return Plan { rows: RowMode::Direct, act: ActKind::Raw(GgmlType::Q8_0), fmt: Fmt::VecDot, ..p }
-        }
         _ => return p,
     };
     Plan { rows: RowMode::Direct, fmt, ..p }
@@ -285,12 +291,16 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     tasks.par_iter().try_for_each_init(Scratch::default, |scr, t| run.task(t, scr))
 }
 
-/// Fewest columns per matrix for which F32 products go through `gemm`
-/// (`SHARDGRAPH_MM_GEMM_MIN_COLS` overrides, for measurements).
+/// Fewest columns per matrix for which F32 products go through `gemm`:
+/// never by default, because `gemm`'s summation order depends on the shape,
+/// so a column's result would depend on the column count (not batch
+/// invariant); `SHARDGRAPH_MM_GEMM_MIN_COLS` sets one, for measurements.
 fn gemm_min_cols() -> usize {
     use std::sync::OnceLock;
     static MIN: OnceLock<usize> = OnceLock::new();
-    *MIN.get_or_init(|| std::env::var("SHARDGRAPH_MM_GEMM_MIN_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
+    *MIN.get_or_init(|| {
+        std::env::var("SHARDGRAPH_MM_GEMM_MIN_COLS").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX)
+    })
 }
 
 /// Checks that activation column `i` exists (returns its element offset).

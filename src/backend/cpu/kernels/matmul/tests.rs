@@ -226,7 +226,7 @@ fn mul_mat_all_kernel_types_match_reference() {
             mul_mat_case(ty, k, m, n, false);
         }
     }
-    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9), (768, 5, 1), (512, 2, 1)] {
+    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9), (768, 5, 1), (512, 2, 1), (2304, 5, 1), (2304, 7, 9)] {
         mul_mat_case(GgmlType::Q4_K, k, m, n, false);
     }
     for ty in [GgmlType::F32, GgmlType::F16] {
@@ -359,4 +359,139 @@ fn add_id_adds_selected_rows() {
     ib[..4].copy_from_slice(&(-1i32).to_le_bytes());
     let views = [view(&ctx, a, &mut ab), view(&ctx, b, &mut bb), view(&ctx, ii, &mut ib)];
     assert!(compute(&Op::AddId, &view(&ctx, c, &mut cb), &views).is_err());
+}
+
+/// `mul_mat` of `[K, M]` weights (`abytes`) with `n` f32 columns (`cols`,
+/// `K` each) on `threads` threads: the `[M, n]` result, column-major.
+fn mm_threads(ty: GgmlType, k: usize, m: usize, abytes: &[u8], cols: &[f32], isa: Isa, threads: usize) -> Vec<f32> {
+    let n = cols.len() / k;
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_2d(ty, k as i64, m as i64).unwrap();
+    let b = ctx.new_tensor_2d(GgmlType::F32, k as i64, n as i64).unwrap();
+    let c = ctx.mul_mat(a, b).unwrap();
+    let (mut ab, mut bb, mut cb) = (abytes.to_vec(), f32_bytes(cols), vec![0u8; 4 * m * n]);
+    let (av, bv, cv) = (view(&ctx, a, &mut ab), view(&ctx, b, &mut bb), view(&ctx, c, &mut cb));
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    pool.install(|| mul_mat_isa(&cv, &av, &bv, isa)).unwrap();
+    cb.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect()
+}
+
+/// Every weight type the CPU multiplies, as `mul_mat` weights, but Q4_K
+/// (not yet batch-invariant: `q4_k_columns_are_batch_invariant`).
+fn mul_mat_types() -> Vec<GgmlType> {
+    crate::tensor::ALL_TYPES.into_iter().filter(|&t| plan(t, Isa::Scalar).is_ok() && t != GgmlType::Q4_K).collect()
+}
+
+/// Batch invariance: column j of `mul_mat(W, X)` is bit-identical to
+/// `mul_mat(W, X[:, j])` whatever the column count, thread count and the
+/// column's place in a tile (speculative decoding verifies a batch of draft
+/// tokens that plain decoding computes one at a time; ggml's CPU products
+/// are batch-invariant).
+#[test]
+fn mul_mat_columns_are_batch_invariant() {
+    batch_invariance(&mul_mat_types());
+}
+
+/// Q4_K is not batch-invariant yet: the one-column kernel sums per-lane
+/// partial integer dots (8 lanes × super-blocks), which the tile kernels
+/// cannot reproduce without extra work; making the one-column kernel sum
+/// exact super-block dots (as the packed tiles) measured 5-10 % slower
+/// decode. Measured: 4348 (K = 256), 4962 (1024) and 5298 (2304) of the
+/// 6882 compared outputs per K differ (AVX2 and VNNI alike); `mul_mat_id`:
+/// 2032 of 3108.
+#[test]
+#[ignore = "Q4_K is not batch-invariant yet (the one-column kernel's order costs the tiles too much)"]
+fn q4_k_columns_are_batch_invariant() {
+    batch_invariance(&[GgmlType::Q4_K]);
+    batch_invariance_id(&[GgmlType::Q4_K]);
+}
+
+/// For each of `types`, checks every column of several column counts on 1
+/// and 2 threads against the one-column product, bit for bit.
+fn batch_invariance(types: &[GgmlType]) {
+    let (m, ns) = (37usize, [2usize, 3, 5, 8, 9, 16, 17, 33]);
+    let mut report = Vec::new();
+    for &ty in types {
+        // 2304: 9 super-blocks (a whole 8 and one more); 800: 25 blocks of 32.
+        let mut ks = vec![256usize, 1024, 2304];
+        if ty.block_size() == 32 {
+            ks.push(800);
+        }
+        for k in ks {
+            let mut rng = Rng(0x51ed_2701 ^ (k as u64) << 8 ^ ty as u64);
+            let (abytes, _) = weights(ty, k, m, &mut rng);
+            let x: Vec<f32> = (0..k * 33).map(|_| rng.f()).collect();
+            for isa in isas() {
+                let one: Vec<Vec<f32>> =
+                    (0..33).map(|j| mm_threads(ty, k, m, &abytes, &x[j * k..(j + 1) * k], isa, 1)).collect();
+                let mut differ = 0;
+                for &n in &ns {
+                    for threads in [1, 2] {
+                        let got = mm_threads(ty, k, m, &abytes, &x[..n * k], isa, threads);
+                        for j in 0..n {
+                            let col = &got[j * m..(j + 1) * m];
+                            differ += col.iter().zip(&one[j]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                        }
+                    }
+                }
+                if differ > 0 {
+                    report.push(format!("{ty} k={k} {isa:?}: {differ} outputs differ from N = 1"));
+                }
+            }
+        }
+    }
+    assert!(report.is_empty(), "not batch-invariant:\n{}", report.join("\n"));
+}
+
+/// Batch invariance of `mul_mat_id`: each token's result for an expert is
+/// bit-identical to `mul_mat` of that expert with the token's column alone,
+/// whatever the number of tokens routed to the expert.
+#[test]
+fn mul_mat_id_columns_are_batch_invariant() {
+    batch_invariance_id(&mul_mat_types());
+}
+
+/// `batch_invariance` for `mul_mat_id` (experts with 21, 14 and 7 tokens).
+fn batch_invariance_id(types: &[GgmlType]) {
+    let (k, m, ne, nu, nt) = (512usize, 37usize, 3usize, 2usize, 21usize);
+    let mut report = Vec::new();
+    for &ty in types {
+        let mut rng = Rng(0x00a1_1ce5 ^ ty as u64);
+        let (abytes, _) = weights(ty, k, m * ne, &mut rng);
+        let x: Vec<f32> = (0..k * nt).map(|_| rng.f()).collect();
+        // Expert 0 gets every token, 1 about two thirds, 2 the rest.
+        let ids: Vec<i32> = (0..nt).flat_map(|t| [0, if t % 3 == 0 { 2 } else { 1 }]).collect();
+        let mut ctx = Context::new();
+        let a = ctx.new_tensor_3d(ty, k as i64, m as i64, ne as i64).unwrap();
+        let b = ctx.new_tensor_3d(GgmlType::F32, k as i64, 1, nt as i64).unwrap();
+        let ii = ctx.new_tensor_2d(GgmlType::I32, nu as i64, nt as i64).unwrap();
+        let c = ctx.mul_mat_id(a, b, ii).unwrap();
+        let ebytes = abytes.len() / ne;
+        for isa in isas() {
+            let mut differ = 0;
+            for threads in [1, 2] {
+                let (mut ab, mut bb) = (abytes.clone(), f32_bytes(&x));
+                let mut ib: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let mut cb = vec![0u8; 4 * m * nu * nt];
+                let (av, bv, iv, cv) =
+                    (view(&ctx, a, &mut ab), view(&ctx, b, &mut bb), view(&ctx, ii, &mut ib), view(&ctx, c, &mut cb));
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| mul_mat_id_isa(&cv, &av, &bv, &iv, isa)).unwrap();
+                let got: Vec<f32> = cb.chunks_exact(4).map(|v| f32::from_le_bytes([v[0], v[1], v[2], v[3]])).collect();
+                for t in 0..nt {
+                    for s in 0..nu {
+                        let e = ids[t * nu + s] as usize;
+                        let w = &abytes[e * ebytes..(e + 1) * ebytes];
+                        let one = mm_threads(ty, k, m, w, &x[t * k..(t + 1) * k], isa, 1);
+                        let col = &got[(t * nu + s) * m..][..m];
+                        differ += col.iter().zip(&one).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    }
+                }
+            }
+            if differ > 0 {
+                report.push(format!("{ty} {isa:?}: {differ} outputs differ from N = 1"));
+            }
+        }
+    }
+    assert!(report.is_empty(), "not batch-invariant:\n{}", report.join("\n"));
 }
