@@ -15,7 +15,7 @@ unless --keep; none are committed.
 
 Usage (after `cargo build --release --examples`):
     .venv/bin/python scripts/real-shapes.py [--shapes 0.6b,1.7b,4b] [--ftypes q8_0,q4_k_m]
-        [--layers N] [--threads 2] [--repeat 1] [--at-4000] [--keep]
+        [--layers N] [--threads 2] [--repeat 1] [--at-4000] [--keep] [--prepare]
 
 --layers N keeps the real widths with N layers (the per-layer cost is the
 real one; the head's share of the time grows): say so when quoting.
@@ -116,6 +116,7 @@ def main():
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--at-4000", action="store_true", help="also decode at position 4000 (a 4000-token prefill first)")
     ap.add_argument("--keep", action="store_true", help="keep the files")
+    ap.add_argument("--prepare", action="store_true", help="only write and quantize the files (kept), time nothing")
     a = ap.parse_args()
     tmp = os.environ.get("TMPDIR", "/tmp")
     th, ng = a.threads, a.n_predict
@@ -135,6 +136,8 @@ def main():
                 quantize(f16, path, ft, th)
                 print(f"# quantized {os.path.basename(path)} ({os.path.getsize(path) / 2**30:.2f} GiB, "
                       f"{time.perf_counter() - t:.0f} s)", flush=True)
+            if a.prepare:
+                continue
             bench.MODEL = path
             llama = bench.Llama(path)
             rows = [("decode at 16", (th, 1, 4096, 16, ng), (th, 4096, 16, ng), 1),
@@ -152,7 +155,7 @@ def main():
             llama.L.llama_model_free(llama.model)
             if not a.keep and path != f16:
                 os.remove(path)
-        if not a.keep:
+        if not a.keep and not a.prepare:
             os.remove(f16)
 
 
