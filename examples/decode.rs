@@ -96,11 +96,13 @@ fn run() -> shardgraph::Result<()> {
         eprintln!("{m}");
         std::process::exit(2)
     };
-    if threads == 0 || threads > spec::MAX_THREADS || n_prompt == 0 || ubatch == 0 {
-        bad(format!(
-            "--threads {threads} (1..={}), --n-prompt {n_prompt} and --ubatch-size {ubatch} (at least 1)",
-            spec::MAX_THREADS
-        ));
+    if threads == 0 || threads > spec::MAX_THREADS {
+        bad(format!("--threads {threads}: must be within 1..={}", spec::MAX_THREADS));
+    }
+    for (name, v) in [("--n-prompt", n_prompt), ("--ubatch-size", ubatch), ("--n-predict", n_tokens)] {
+        if v == 0 {
+            bad(format!("{name} {v}: must be at least 1"));
+        }
     }
     // The prompt's ids (or a synthetic one of --n-prompt ids, made once the vocabulary is known).
     let given: Option<Vec<i32>> = Some(spec::prompt_tokens(&args, Vec::new)).filter(|p| !p.is_empty());

@@ -6,7 +6,7 @@
 //! `cargo run --release --example dflash2 -- --devices 2 --tensor-split 1,1 --verify`
 //!
 //! On first use it writes the example models into the system temp folder,
-//! with a progress display: a ~190 MB `qwen3` target in llama.cpp's Q4_K_M
+//! with a progress display: a ~182 MB `qwen3` target in llama.cpp's Q4_K_M
 //! layout (Q4_K, with Q6_K `attn_v` and `ffn_down` in the layers llama.cpp's
 //! quantizer gives more bits, and a Q6_K head) whose greedy continuation
 //! follows a vocabulary permutation except

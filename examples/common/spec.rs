@@ -268,6 +268,11 @@ pub fn prompt_tokens(args: &[String], default: impl FnOnce() -> Vec<i32>) -> Vec
         },
         (None, None) => return default(),
     };
+    // Comma- or whitespace-separated; an empty entry between commas is an
+    // error (a lost id), not skipped.
+    if !text.trim().is_empty() && text.split(',').any(|p| p.trim().is_empty()) {
+        bad(format!("{what}: an empty entry between commas"));
+    }
     let ids: Vec<i32> = text
         .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|t| !t.is_empty())
