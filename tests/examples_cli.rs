@@ -10,6 +10,9 @@
 //! a file and the command line; a wrong drafter, a file of a tensor type no
 //! kernel runs and MTP asked of a `qwen3` refused before any decoding.
 
+#[path = "common/qwen35_tiny.rs"]
+mod qwen35_tiny;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -180,28 +183,7 @@ fn examples_take_real_files_and_token_prompts() {
     let (target, drafter) = write_example_pair(&dir).unwrap();
     let (target, drafter) = (target.to_str().unwrap().to_string(), drafter.to_str().unwrap().to_string());
     let q35 = p("qwen35-mtp.gguf");
-    let h35 = Qwen35Hparams {
-        core: HparamsCore {
-            n_layer: 4,
-            n_embd: 256,
-            n_ff: 512,
-            n_head: 6,
-            n_head_kv: 3,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e7,
-        },
-        n_vocab: 320,
-        n_rot: 16,
-        rope_sections: [3, 3, 2, 0],
-        full_attention_interval: 2,
-        d_conv: 4,
-        d_state: 64,
-        n_k_heads: 6,
-        n_v_heads: 12,
-        n_nextn: 1,
-        n_ctx_train: 4096,
-    };
+    let h35 = Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
     write_qwen35_gguf_with(&q35, &h35, &TensorTypes::uniform(GgmlType::Q8_0), 7, Weights::Permutation).unwrap();
     let prompt_file = p("prompt.txt");
     std::fs::write(&prompt_file, "5, 6, 7\n100 200\n").unwrap();
