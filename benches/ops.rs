@@ -157,8 +157,13 @@ fn main() {
             .collect(),
         Err(_) => vec![GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K],
     };
+    // SHARDGRAPH_BENCH_NS=1,7,64 replaces the default column counts (1 and 64).
+    let ns: Vec<usize> = match std::env::var("SHARDGRAPH_BENCH_NS") {
+        Ok(list) => list.split(',').filter_map(|n| n.trim().parse().ok()).filter(|&n| n > 0).collect(),
+        Err(_) => vec![1, 64],
+    };
     for ty in types {
-        let cases: Vec<usize> = [1usize, 64].into_iter().filter(|n| format!("{ty},{n}").contains(&filter)).collect();
+        let cases: Vec<usize> = ns.iter().copied().filter(|n| format!("{ty},{n}").contains(&filter)).collect();
         if cases.is_empty() {
             continue;
         }

@@ -64,9 +64,10 @@ class Llama:
         if not self.model:
             sys.exit(f"llama.cpp could not load {path}")
 
-    def run(self, threads, ctx, n_prompt, n_gen, ubatch=512):
+    def run(self, threads, ctx, n_prompt, n_gen, ubatch=512, cache_type=1):
         """Prompt and decode tokens/s, as the decode example measures them
-        (a warm-up batch first, not timed; F16 KV cache, flash attention)."""
+        (a warm-up batch first, not timed; flash attention; K and V cache of
+        ggml type id `cache_type`: 1 F16, 2 Q4_0, 8 Q8_0)."""
         L = self.L
         cp = L.llama_context_default_params()
         cp.n_ctx = ctx
@@ -74,8 +75,8 @@ class Llama:
         cp.n_ubatch = ubatch
         cp.n_threads = threads
         cp.n_threads_batch = threads
-        cp.type_k = 1
-        cp.type_v = 1
+        cp.type_k = cache_type
+        cp.type_v = cache_type
         cp.flash_attn_type = 1
         c = L.llama_init_from_model(self.model, cp)
         if not c:

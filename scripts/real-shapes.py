@@ -15,7 +15,7 @@ unless --keep; none are committed.
 
 Usage (after `cargo build --release --examples`):
     .venv/bin/python scripts/real-shapes.py [--shapes 0.6b,1.7b,4b] [--ftypes q8_0,q4_k_m]
-        [--layers N] [--threads 2] [--repeat 1] [--at-4000] [--keep] [--prepare]
+        [--layers N] [--threads 2] [--repeat 1] [--at-4000] [--rows 16,512,4000] [--keep] [--prepare]
 
 --layers N keeps the real widths with N layers (the per-layer cost is the
 real one; the head's share of the time grows): say so when quoting.
@@ -115,11 +115,16 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="alternating runs per side and row (median)")
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--at-4000", action="store_true", help="also decode at position 4000 (a 4000-token prefill first)")
+    ap.add_argument("--rows", help="which rows, of 16 (decode at 16), 512 (prefill) and 4000 (decode at 4000); "
+                    "default 16,512 (and 4000 with --at-4000)")
     ap.add_argument("--keep", action="store_true", help="keep the files")
     ap.add_argument("--prepare", action="store_true", help="only write and quantize the files (kept), time nothing")
     a = ap.parse_args()
     tmp = os.environ.get("TMPDIR", "/tmp")
     th, ng = a.threads, a.n_predict
+    wanted = (a.rows or ("16,512,4000" if a.at_4000 else "16,512")).split(",")
+    if any(r not in ("16", "512", "4000") for r in wanted):
+        sys.exit(f"--rows takes 16, 512 and 4000, not {a.rows}")
     print(f"{'file':<34} {'setting':<26} {'ours':>8} {'llama':>8} {'ratio':>7}", flush=True)
     for name in a.shapes.split(","):
         shape = SHAPES[name]
@@ -140,10 +145,10 @@ def main():
                 continue
             bench.MODEL = path
             llama = bench.Llama(path)
-            rows = [("decode at 16", (th, 1, 4096, 16, ng), (th, 4096, 16, ng), 1),
-                    ("prefill 512", (th, 1, 4096, 512, 1), (th, 4096, 512, 1), 0)]
-            if a.at_4000:
-                rows.append(("decode at 4000", (th, 1, 8192, 4000, ng), (th, 8192, 4000, ng), 1))
+            every = {"16": ("decode at 16", (th, 1, 4096, 16, ng), (th, 4096, 16, ng), 1),
+                     "512": ("prefill 512", (th, 1, 4096, 512, 1), (th, 4096, 512, 1), 0),
+                     "4000": ("decode at 4000", (th, 1, 8192, 4000, ng), (th, 8192, 4000, ng), 1)}
+            rows = [every[r] for r in wanted]
             label = f"{name}{' tied' if shape[6] else ''} {n_layer}l {ft}"
             for what, oc, lc, k in rows:
                 mine, theirs = [], []

@@ -3,7 +3,16 @@
 //! 24/4 attention heads of 256, 16/48 delta-net heads of 128, vocabulary
 //! 248320) with 4 layers (3 Gated-DeltaNet + 1 attention), llama.cpp's
 //! Q4_K_M types per tensor, and a 5-layer DFlash2 drafter in Q8_0 tapping
-//! target layers below `n_layer` (as llama.cpp requires): the `dflash2`
+//! target layers below `n_layer` (as llama.cpp requires). The target's
+//! weights follow the generator's permutation (wide greedy margins, so its
+//! tokens do not hinge on rounding: random weights at a 248320-token
+//! vocabulary put the top two logits within the split's rounding of each
+//! other at the first token, and 2 devices sum `ffn_down`'s halves in
+//! another order than one device); `--verify` still checks the layers on a
+//! random-weights model of this shape (NMSE against one device). The
+//! drafter has random weights (a permutation drafter needs an FFN as wide
+//! as the vocabulary), so it accepts nothing: this checks that the seeds'
+//! command runs and decodes the same tokens, not its speed-up. The `dflash2`
 //! example on 2 devices at 1:1 with the seeds' options (`--ctx-size 65536
 //! --cache-type-k q4_0 --cache-type-v q4_0 --spec-draft-n-max 6 --verify`)
 //! prints `verify: identical`. Ignored by default: it writes about 4.5 GB
@@ -59,19 +68,23 @@ fn qwen35_27b_widths_q4_k_m_with_a_dflash2_q8_0_drafter_verifies_on_two_devices(
     let version = shardgraph_models::generate::GENERATOR_VERSION.replace(' ', "-");
     let dir = std::env::temp_dir().join(format!("shardgraph-seeds-{version}"));
     std::fs::create_dir_all(&dir).unwrap();
-    let (target, drafter) = (dir.join("target-q4_k_m.gguf"), dir.join("dflash2-q8_0.gguf"));
-    if !(target.is_file() && drafter.is_file()) {
+    let (target, drafter) = (dir.join("target-permutation-q4_k_m.gguf"), dir.join("dflash2-q8_0.gguf"));
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    if !target.is_file() {
         let t = std::time::Instant::now();
         let types = TensorTypes::llama_q4_k_m(n_layer);
-        let tmp = (dir.join("target.tmp"), dir.join("drafter.tmp"));
-        let tb = write_qwen35_gguf_with(&tmp.0, &hp, &types, 1, Weights::Random).unwrap();
+        let tmp = dir.join("target.tmp");
+        let tb = write_qwen35_gguf_with(&tmp, &hp, &types, 1, Weights::Permutation).unwrap();
+        std::fs::rename(&tmp, &target).unwrap();
+        println!("seeds_shape: wrote the target, {:.2} GiB, in {:.0} s", gib(tb), t.elapsed().as_secs_f64());
+    }
+    if !drafter.is_file() {
+        let t = std::time::Instant::now();
         let q8 = TensorTypes::uniform(GgmlType::Q8_0);
-        let db = write_dflash_gguf_with(&tmp.1, &dhp, &q8, hp.n_vocab, 2, Weights::Random).unwrap();
-        std::fs::rename(&tmp.0, &target).unwrap();
-        std::fs::rename(&tmp.1, &drafter).unwrap();
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let secs = t.elapsed().as_secs_f64();
-        println!("seeds_shape: wrote target {:.2} GiB and drafter {:.2} GiB in {secs:.0} s", gib(tb), gib(db));
+        let tmp = dir.join("drafter.tmp");
+        let db = write_dflash_gguf_with(&tmp, &dhp, &q8, hp.n_vocab, 2, Weights::Random).unwrap();
+        std::fs::rename(&tmp, &drafter).unwrap();
+        println!("seeds_shape: wrote the drafter, {:.2} GiB, in {:.0} s", gib(db), t.elapsed().as_secs_f64());
     }
     let args = [
         "--model",

@@ -13,10 +13,9 @@
 //!   (`packed.rs`), 8 or 16 columns per tile.
 //! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight
 //!   blocks, 8 blocks' dots reduced together and scaled with one FMA. The
-//!   Q4_0/Q5_0/Q8_0 kernels (one column, tiles, packed tiles) combine a
-//!   column's block sums in one order, whatever the tile (batch invariance);
-//!   the Q4_K ones do not yet (`GemvQ4K` keeps per-lane partial sums that
-//!   the tiles cannot reproduce at its cost).
+//!   kernels of each format (one column, tiles, packed tiles) combine a
+//!   column's block sums in one order, whatever the tile (batch invariance):
+//!   Q4_0/Q5_0/Q8_0 as `gemv_q8_body`, Q4_K as `q4k_fold`.
 //!
 //! Every kernel exists as portable Rust and, on x86_64, as an AVX2+FMA+F16C
 //! build and an AVX-512 VNNI build (`vpdpbusd`/`vpdpwssd` through `asm!`,
@@ -609,13 +608,14 @@ mod x86 {
         }
     }
 
-    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns.
+    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns,
+    /// super-blocks combined as in [`gemv_q4k_body`] ([`q4k_fold`]).
     #[inline(always)]
     unsafe fn q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract.
         unsafe {
             let nsb = t.k / 256;
-            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            let mut acc = [[_mm_setzero_ps(); RN]; RM];
             for sb in 0..nsb {
                 let mut isum = [[_mm256_setzero_si256(); RN]; RM];
                 for j in 0..8 {
@@ -634,22 +634,18 @@ mod x86 {
                     }
                 }
                 for r in 0..RM {
-                    let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
-                    let dm = _mm256_broadcast_ss(&*t.am[r].add(sb));
+                    let dd = _mm_set_ps(0.0, 0.0, *t.am[r].add(sb), *t.ad[r].add(sb));
                     let mins = _mm_loadu_si128(t.amn[r].add(8 * sb) as *const __m128i);
                     for c in 0..RN {
                         let bsum = _mm_loadu_si128(t.bs[c].add(8 * sb) as *const __m128i);
-                        let m = _mm_cvtepi32_ps(_mm_madd_epi16(mins, bsum));
-                        let m = _mm256_insertf128_ps(_mm256_setzero_ps(), m, 0);
-                        let v = _mm256_fnmadd_ps(dm, m, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[r][c])));
-                        let bd = _mm256_broadcast_ss(&*t.bd[c].add(sb));
-                        acc[r][c] = _mm256_fmadd_ps(bd, v, acc[r][c]);
+                        let sc = _mm_mul_ps(dd, _mm_set1_ps(*t.bd[c].add(sb)));
+                        acc[r][c] = q4k_fold(acc[r][c], isum[r][c], _mm_madd_epi16(mins, bsum), sc);
                     }
                 }
             }
             for r in 0..RM {
                 for c in 0..RN {
-                    t.out[r][c] = hsum(acc[r][c]);
+                    t.out[r][c] = q4k_result(acc[r][c]);
                 }
             }
         }
@@ -835,14 +831,14 @@ mod x86 {
                 *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | (2 * k as i16));
             }
             let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
-            let mut acc = [_mm256_setzero_ps(); RM];
-            let mut accm = [_mm_setzero_ps(); RM];
+            let mut acc = [_mm_setzero_ps(); RM];
             for sb in 0..nsb {
-                let bdv = *bd.add(sb);
+                let bdv = _mm_set1_ps(*bd.add(sb));
                 let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
                 let bq = b.add(256 * sb);
                 for r in 0..RM {
                     let blk = t.a[r].add(144 * sb);
+                    // [d, dmin, 0, 0].
                     let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
                     let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
                     let (u0, u1, u2) = (u(0), u(1), u(2));
@@ -863,20 +859,39 @@ mod x86 {
                         isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
                         isum = D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
                     }
-                    let d = _mm_cvtss_f32(dd) * bdv;
-                    let dm = _mm_cvtss_f32(_mm_movehdup_ps(dd)) * bdv;
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc[r]);
-                    let m = _mm_cvtepi32_ps(_mm_madd_epi16(mn16, bsum));
-                    accm[r] = _mm_fmadd_ps(m, _mm_set1_ps(dm), accm[r]);
+                    let m = _mm_madd_epi16(mn16, bsum);
+                    acc[r] = q4k_fold(acc[r], isum, m, _mm_mul_ps(dd, bdv));
                 }
             }
             for r in 0..RM {
-                let m = accm[r];
-                let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                t.out[r][0] = hsum(acc[r]) - _mm_cvtss_f32(m);
+                t.out[r][0] = q4k_result(acc[r]);
             }
         }
+    }
+
+    /// Q4_K's super-block step, the one order of every Q4_K kernel (batch
+    /// invariance): the super-block's exact integer dot `I` (the sum of the
+    /// 8 lanes of `isum`, scales applied) and min correction `M` (the 4
+    /// lanes of `m`) each scaled by their factor (`sc = [d·d_col,
+    /// dmin·d_col, ..]`) and added with one FMA to their own running sum
+    /// (`acc = [ΣI·d·d_col, ΣM·dmin·d_col, ..]`, super-blocks in order).
+    #[inline(always)]
+    unsafe fn q4k_fold(acc: __m128, isum: __m256i, m: __m128i, sc: __m128) -> __m128 {
+        // SAFETY: AVX2 (every caller's features).
+        unsafe {
+            let x = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
+            let h = _mm_hadd_epi32(x, m);
+            // [I, M, I, M]: integer sums are exact in any order.
+            let tot = _mm_hadd_epi32(h, h);
+            _mm_fmadd_ps(_mm_cvtepi32_ps(tot), sc, acc)
+        }
+    }
+
+    /// A Q4_K dot from its [`q4k_fold`] sums: `ΣI·d·d_col − ΣM·dmin·d_col`.
+    #[inline(always)]
+    unsafe fn q4k_result(acc: __m128) -> f32 {
+        // SAFETY: SSE3 (every caller's features).
+        unsafe { _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc)) }
     }
 
     /// `Q8` rows × `NCV` packed groups of 8 columns: per 4-element step one
@@ -935,13 +950,16 @@ mod x86 {
         }
     }
 
-    /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns.
+    /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns (lane = column),
+    /// super-blocks combined as in [`q4k_fold`]: the exact integer dot and
+    /// min correction of each, scaled, into two running sums per column.
     #[inline(always)]
     unsafe fn q4ki_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (decoded Q4_K rows; groups as in packed.rs).
         unsafe {
             let nsb = t.k / 256;
             let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
+            let mut accm = [[_mm256_setzero_ps(); NCV]; RM];
             for sb in 0..nsb {
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for k in 0..8 {
@@ -979,14 +997,14 @@ mod x86 {
                             m = D::w(m, mp, bp);
                         }
                         let bd = _mm256_loadu_ps(t.bd[cv].add(8 * sb));
-                        let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
-                        accf[r][cv] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), v);
+                        accf[r][cv] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
+                        accm[r][cv] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), accm[r][cv]);
                     }
                 }
             }
             for r in 0..RM {
                 for cv in 0..NCV {
-                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), _mm256_sub_ps(accf[r][cv], accm[r][cv]));
                 }
             }
         }

@@ -23,12 +23,13 @@
 //!    * batch invariance: every path of a weight type sums a column's block
 //!      products in one fixed order (Q4_0/Q5_0/Q8_0: 8 exact block dots per
 //!      step, one accumulator per block index mod 8, then the remaining
-//!      blocks; dense: 8 lanes along K; the row-dot types: one dot per row
-//!      and column), so column j of `mul_mat(W, X)` is bit-identical to
-//!      `mul_mat(W, X[:, j])` whatever the column count, tile or thread split
-//!      (speculative decoding checks drafts in a batch against one-token
-//!      decoding; ggml's CPU products are batch-invariant too). Not yet Q4_K:
-//!      its one-column kernel sums per-lane partial integer dots;
+//!      blocks; Q4_K: each super-block's exact integer dot and min
+//!      correction, scaled, into two running sums; dense: 8 lanes along K;
+//!      the row-dot types: one dot per row and column), so column j of
+//!      `mul_mat(W, X)` is bit-identical to `mul_mat(W, X[:, j])` whatever
+//!      the column count, tile or thread split (speculative decoding checks
+//!      drafts in a batch against one-token decoding; ggml's CPU products are
+//!      batch-invariant too);
 //!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K and the formats of ggml 0.25.3
 //!      (IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0): `quant::vec_dot_fn` per (row,
 //!      column) on ggml's own activation blocks.

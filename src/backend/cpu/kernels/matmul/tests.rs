@@ -376,34 +376,20 @@ fn mm_threads(ty: GgmlType, k: usize, m: usize, abytes: &[u8], cols: &[f32], isa
     cb.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect()
 }
 
-/// Every weight type the CPU multiplies, as `mul_mat` weights, but Q4_K
-/// (not yet batch-invariant: `q4_k_columns_are_batch_invariant`).
+/// Every weight type the CPU multiplies, as `mul_mat` weights.
 fn mul_mat_types() -> Vec<GgmlType> {
-    crate::tensor::ALL_TYPES.into_iter().filter(|&t| plan(t, Isa::Scalar).is_ok() && t != GgmlType::Q4_K).collect()
+    crate::tensor::ALL_TYPES.into_iter().filter(|&t| plan(t, Isa::Scalar).is_ok()).collect()
 }
 
 /// Batch invariance: column j of `mul_mat(W, X)` is bit-identical to
 /// `mul_mat(W, X[:, j])` whatever the column count, thread count and the
 /// column's place in a tile (speculative decoding verifies a batch of draft
 /// tokens that plain decoding computes one at a time; ggml's CPU products
-/// are batch-invariant).
+/// are batch-invariant). Q4_K takes every path: the one-column kernel, the
+/// 2- and 3-column tiles and the packed tiles from 4 columns.
 #[test]
 fn mul_mat_columns_are_batch_invariant() {
     batch_invariance(&mul_mat_types());
-}
-
-/// Q4_K is not batch-invariant yet: the one-column kernel sums per-lane
-/// partial integer dots (8 lanes × super-blocks), which the tile kernels
-/// cannot reproduce without extra work; making the one-column kernel sum
-/// exact super-block dots (as the packed tiles) measured 5-10 % slower
-/// decode. Measured: 4348 (K = 256), 4962 (1024) and 5298 (2304) of the
-/// 6882 compared outputs per K differ (AVX2 and VNNI alike); `mul_mat_id`:
-/// 2032 of 3108.
-#[test]
-#[ignore = "Q4_K is not batch-invariant yet (the one-column kernel's order costs the tiles too much)"]
-fn q4_k_columns_are_batch_invariant() {
-    batch_invariance(&[GgmlType::Q4_K]);
-    batch_invariance_id(&[GgmlType::Q4_K]);
 }
 
 /// For each of `types`, checks every column of several column counts on 1
