@@ -66,6 +66,7 @@ fn bad_options_exit_with_the_value_in_the_message() {
             "no context can hold 18446744073709551615",
         ),
         ("decode", vec!["--split-mode", "row"], "--split-mode row"),
+        ("decode", vec!["--split-mode", "none", "--devices", "0"], "--devices 0: 1 to 64"),
         ("decode", vec!["--fit", "maybe"], "--fit maybe: use on or off"),
         ("mtp", vec!["--fit", "1"], "--fit 1: use on or off"),
         ("mtp", vec!["--fit", "on", "--ctx-size", "1"], "--ctx-size 1 is too small"),
@@ -92,7 +93,8 @@ fn bad_options_exit_with_the_value_in_the_message() {
         ("mtp", vec!["--top-p", "1.5"], "--top-p 1.5: must be within (0, 1]"),
         ("dflash2", vec!["--min-p", "-0.1"], "--min-p -0.1: must be within [0, 1]"),
         ("mtp", vec!["--min-p", "2"], "--min-p 2: must be within [0, 1]"),
-        ("mtp", vec!["--seed", "-1"], "--seed -1: not a valid value"),
+        // -1 is llama.cpp's spelling of its default seed; other negatives are typos.
+        ("mtp", vec!["--seed", "-2"], "--seed -2: not a valid value"),
         ("dflash2", vec!["--seed", "18446744073709551616"], "--seed 18446744073709551616: not a valid value"),
         ("dflash2", vec!["--temp", "0.8", "--verify"], "--verify needs --temp 0 (greedy), given --temp 0.8"),
         ("mtp", vec!["--verify", "--temp", "1"], "--verify needs --temp 0 (greedy), given --temp 1"),

@@ -81,8 +81,17 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
     let mode = arg(args, "--split-mode").unwrap_or_else(|| "tensor".into());
     match mode.as_str() {
         "tensor" => {}
-        // The whole model on the main device.
-        "none" => return (vec![1.0], mode),
+        // The whole model on the main device (a --devices given is still
+        // checked: 0 or too many is a typo, not ignored).
+        "none" => {
+            if arg(args, "--devices").is_some() {
+                let n: usize = parsed(args, "--devices", 1);
+                if !(1..=shardgraph::split::MAX_DEVICES).contains(&n) {
+                    fail(format!("--devices {n}: 1 to {}", shardgraph::split::MAX_DEVICES));
+                }
+            }
+            return (vec![1.0], mode);
+        }
         other => fail(format!("--split-mode {other}: use none or tensor")),
     }
     let listed = arg(args, "--device").map(|l| l.split(',').count());
@@ -455,7 +464,7 @@ fn rate(x: f64) -> String {
 /// llama.cpp's sampling options: `--temp` (default 0: greedy; llama.cpp's
 /// is 0.8), `--top-k` (default 40, 0 off), `--top-p` (default 0.95, 1
 /// off), `--min-p` (default 0.05, 0 off), `--seed` (default 4294967295,
-/// llama.cpp's `LLAMA_DEFAULT_SEED`, used as given). The filters apply once
+/// llama.cpp's `LLAMA_DEFAULT_SEED`, which `-1` also names; used as given). The filters apply once
 /// `--temp` is above 0. Exits with status 2 and a message naming the option
 /// and its value for a value that is not a number or out of range
 /// (`--temp` not finite, `--top-p` outside (0, 1], `--min-p` outside [0, 1]).
@@ -466,7 +475,11 @@ pub fn sampler(args: &[String]) -> SamplerParams {
         top_k: parsed(args, "--top-k", d.top_k),
         top_p: parsed(args, "--top-p", d.top_p),
         min_p: parsed(args, "--min-p", d.min_p),
-        seed: parsed(args, "--seed", d.seed),
+        // llama.cpp spells its default seed (LLAMA_DEFAULT_SEED) -1 too.
+        seed: match arg(args, "--seed").as_deref() {
+            Some("-1") => u64::from(u32::MAX),
+            _ => parsed(args, "--seed", d.seed),
+        },
     };
     let bad = |m: String| -> ! {
         eprintln!("{m}");
