@@ -997,7 +997,8 @@ mod x86 {
                             m = D::w(m, mp, bp);
                         }
                         let bd = _mm256_loadu_ps(t.bd[cv].add(8 * sb));
-                        accf[r][cv] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
+                        accf[r][cv] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
                         accm[r][cv] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dm, bd), accm[r][cv]);
                     }
                 }
