@@ -140,11 +140,14 @@ mod tests {
     use crate::backend::{Backend, TensorStorage};
     use crate::{Context, GgmlType, TensorId};
 
+    /// A context, its leafs' values, the cache and the tensors to compute.
+    type Update = (Context, Vec<(TensorId, Vec<f32>)>, TensorId, Vec<TensorId>);
+
     /// A one-token state update as llama.cpp writes it (`S = 8`, 3 heads):
     /// the op, its output rows made contiguous, and the copy of its final
     /// state into the cache it read; with `extra` also `scale(state part)`,
     /// another reader of the state part.
-    fn update(extra: bool) -> (Context, Vec<(TensorId, Vec<f32>)>, TensorId, Vec<TensorId>) {
+    fn update(extra: bool) -> Update {
         let (s, h) = (8i64, 3i64);
         let mut ctx = Context::new();
         let mut leafs = Vec::new();
