@@ -172,3 +172,67 @@ fn a_ctx_size_that_does_not_fit_is_an_error_before_allocating() {
         }
     }
 }
+
+/// A `qwen35` decode step (the tiny hybrid: 2 Gated-DeltaNet and 2
+/// attention layers), on 1 and 2 counted devices, after the first step of
+/// its shape: no buffer allocated, nothing copied into the caches by the
+/// executor, no compile; the recurrent states are updated in place by their
+/// `gated_delta_net` (the CPU backend fuses the op with llama.cpp's copy of
+/// its final state into the cache, `cpu/fuse.rs`), so the only bytes the
+/// graph copies into the caches are the ones a step must write: each
+/// attention layer's K and V row of the new token (F16, 3 KV heads of 64:
+/// 384 bytes each) and each delta-net layer's conv state, the last
+/// `d_conv − 1 = 3` inputs of its 1536 channels (F32: 18432 bytes), which
+/// shift by one token every step. Without the fusion the copies would add
+/// the whole recurrent state of each delta-net layer (64·64·12 F32:
+/// 196608 bytes) every step.
+#[test]
+fn a_qwen35_decode_step_allocates_nothing_and_copies_only_its_new_cache_rows() {
+    use shardgraph_models::generate::write_qwen35_gguf;
+    use shardgraph_models::qwen35::Qwen35Session;
+    #[path = "common/qwen35_tiny.rs"]
+    mod qwen35_tiny;
+    let hp = qwen35_tiny::tiny();
+    let dir = std::env::temp_dir().join(format!("shardgraph-runtime-q35-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-q8_0.gguf");
+    write_qwen35_gguf(&path, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
+    let (n_att, n_dn) = (2u64, 2u64);
+    let kv_rows = n_att * 2 * (hp.core.n_head_kv * hp.core.head_dim) as u64 * 2;
+    let conv = n_dn * ((hp.d_conv - 1) * hp.conv_channels()) as u64 * 4;
+    let state = n_dn * (hp.d_state * hp.d_state * hp.n_v_heads) as u64 * 4;
+    assert_eq!((kv_rows, conv, state), (1536, 36864, 393216));
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        let (devs, counters) = counting::devices(ratios.len(), None);
+        let devices = Devices::from_backends(devs).unwrap().with_tensor_split(&ratios).unwrap();
+        let mut s = Qwen35Session::load(&path, &devices, GgmlType::F16, 256).unwrap();
+        let mut last = *s.decode(&[11, 205, 3, 99, 42], &[], false).unwrap().argmax.last().unwrap();
+        last = s.decode(&[last], &[], false).unwrap().argmax[0];
+        let seen = || -> Vec<[u64; 5]> {
+            counters
+                .iter()
+                .map(|c| [c.allocated(), c.stored_copy_bytes(), c.in_place_state_bytes(), c.fused_copies(), 0])
+                .collect()
+        };
+        for step in 0..8 {
+            let (before, dev_before) = (s.runner().exec().counters(), seen());
+            last = s.decode(&[last], &[], false).unwrap().argmax[0];
+            let c = s.runner().exec().counters();
+            let dev: Vec<[u64; 5]> =
+                seen().iter().zip(&dev_before).map(|(a, b)| std::array::from_fn(|k| a[k] - b[k])).collect();
+            let sum = |k: usize| dev.iter().map(|d| d[k]).sum::<u64>();
+            let what = format!("{ratios:?}, step {step}: per device {dev:?}");
+            assert_eq!(c.compiles - before.compiles, 0, "{what}: compiled");
+            assert_eq!(c.bytes_allocated - before.bytes_allocated, 0, "{what}: bytes allocated");
+            assert_eq!(c.store_bytes_copied - before.store_bytes_copied, 0, "{what}: executor copies into the caches");
+            assert_eq!(sum(0), 0, "{what}: device bytes allocated");
+            // Every device updates the states of its own heads in place, one
+            // fused copy per delta-net layer each; the split parts sum to
+            // one device's bytes.
+            assert_eq!(sum(2), state, "{what}: state bytes updated in place");
+            assert_eq!(sum(3), n_dn * ratios.len() as u64, "{what}: state copies fused away");
+            assert_eq!(sum(1), kv_rows + conv, "{what}: bytes the graph copied into the caches");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

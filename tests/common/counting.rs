@@ -5,7 +5,8 @@
 //! amount of memory, optionally enforced (an allocation past it is
 //! [`shardgraph::Error::OutOfMemory`]) — for memory-accounting, fit and
 //! runtime tests that need deterministic numbers, counted outside the
-//! executor, instead of the host's.
+//! executor, instead of the host's; and what its computes wrote into
+//! stored tensors (the CPU backend's `CpuStats`).
 #![allow(dead_code)]
 
 use shardgraph::backend::cpu::{CpuBackend, CpuConfig};
@@ -25,6 +26,9 @@ pub struct Counter {
     set: AtomicU64,
     got: AtomicU64,
     copied_in: AtomicU64,
+    stored_copies: AtomicU64,
+    in_place: AtomicU64,
+    fused: AtomicU64,
 }
 
 impl Counter {
@@ -56,6 +60,35 @@ impl Counter {
     /// (`Buffer::copy_from`: the exchanges between devices).
     pub fn bytes_copied_in(&self) -> u64 {
         self.copied_in.load(Ordering::SeqCst)
+    }
+    /// Bytes the device's computes copied into stored tensors (`cpy` and
+    /// `set_rows` into weights or caches: `CpuStats::stored_copy_bytes`).
+    pub fn stored_copy_bytes(&self) -> u64 {
+        self.stored_copies.load(Ordering::SeqCst)
+    }
+    /// Bytes of recurrent state its computes updated in place
+    /// (`CpuStats::in_place_state_bytes`).
+    pub fn in_place_state_bytes(&self) -> u64 {
+        self.in_place.load(Ordering::SeqCst)
+    }
+    /// State copies its computes fused away (`CpuStats::fused_copies`).
+    pub fn fused_copies(&self) -> u64 {
+        self.fused.load(Ordering::SeqCst)
+    }
+}
+
+impl Counting {
+    /// Runs `f` (a compute on the inner device) and adds what it wrote into
+    /// stored tensors to the counter.
+    fn counted(&self, f: impl FnOnce(&CpuBackend) -> shardgraph::Result<()>) -> shardgraph::Result<()> {
+        let before = self.inner.stats();
+        let r = f(&self.inner);
+        let after = self.inner.stats();
+        let c = &self.counter;
+        c.stored_copies.fetch_add(after.stored_copy_bytes - before.stored_copy_bytes, Ordering::SeqCst);
+        c.in_place.fetch_add(after.in_place_state_bytes - before.in_place_state_bytes, Ordering::SeqCst);
+        c.fused.fetch_add(after.fused_copies - before.fused_copies, Ordering::SeqCst);
+        r
     }
 }
 
@@ -148,10 +181,10 @@ impl Backend for Counting {
         self.inner.supports_op(ctx, id)
     }
     fn compute(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> shardgraph::Result<()> {
-        self.inner.compute(ctx, graph, storage)
+        self.counted(|b| b.compute(ctx, graph, storage))
     }
     fn compute_async(&self, ctx: &Context, graph: &Graph, storage: &TensorStorage) -> shardgraph::Result<()> {
-        self.inner.compute_async(ctx, graph, storage)
+        self.counted(|b| b.compute_async(ctx, graph, storage))
     }
     fn synchronize(&self) -> shardgraph::Result<()> {
         self.inner.synchronize()

@@ -60,6 +60,13 @@ impl TView {
         }
     }
 
+    /// The bytes the view spans, `[start, end)` as addresses (for overlap
+    /// checks; never dereferenced).
+    pub(crate) fn addr_range(&self) -> (usize, usize) {
+        let start = self.ptr as usize;
+        (start, start.saturating_add(self.span))
+    }
+
     /// A view with the same pointer and a different layout, used by kernels
     /// that reinterpret a tensor (e.g. as rows). The new layout must not reach
     /// past the original span.

@@ -4,6 +4,7 @@
 //! threads (the virtual devices of the meta backend).
 
 mod access;
+mod fuse;
 pub(crate) mod kernels;
 
 pub(crate) use access::TView;
@@ -55,11 +56,29 @@ impl Default for CpuConfig {
     }
 }
 
+/// What a CPU device's computes wrote into stored tensors (weights,
+/// caches: leafs that are not scratch), summed over every compute since it
+/// was made: deterministic counts for tests, read with [`CpuBackend::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuStats {
+    /// Bytes copied into stored tensors by the graphs' writes through a
+    /// view (`cpy`, and `set_rows`' rows): KV cache rows, conv states,
+    /// snapshots, a state update that did not run in place.
+    pub stored_copy_bytes: u64,
+    /// Bytes of recurrent state written back in place by a
+    /// `gated_delta_net` fused with the copy of its state into the cache
+    /// (`cpu/fuse.rs`): the op's own write, no copy.
+    pub in_place_state_bytes: u64,
+    /// The copies that fusion skipped.
+    pub fused_copies: u64,
+}
+
 /// A CPU device with its own thread pool and buffers.
 pub struct CpuBackend {
     name: String,
     config: CpuConfig,
     pool: rayon::ThreadPool,
+    stats: Mutex<CpuStats>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -86,7 +105,7 @@ impl CpuBackend {
             .thread_name(move |i| format!("shardgraph-cpu{n}-{i}"))
             .build()
             .map_err(|e| Error::Compute { detail: format!("thread pool: {e}") })?;
-        Ok(CpuBackend { name, config, pool })
+        Ok(CpuBackend { name, config, pool, stats: Mutex::new(CpuStats::default()) })
     }
 
     /// A CPU device with `n_threads` threads and default limits.
@@ -100,6 +119,27 @@ impl CpuBackend {
     /// Worker thread count.
     pub fn n_threads(&self) -> usize {
         self.config.n_threads
+    }
+
+    /// What this device's computes have written into stored tensors so far.
+    pub fn stats(&self) -> CpuStats {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bytes node `t` copies into a stored tensor (a `cpy` or
+    /// `set_rows` into a leaf that is not scratch), else 0.
+    fn stored_copy_bytes(ctx: &Context, t: &crate::tensor::Tensor) -> u64 {
+        let Some(owner) = t.view_src.filter(|_| t.op.writes_through_view()) else { return 0 };
+        let o = ctx.t(owner);
+        if !o.op.is_leaf() || o.flags.scratch {
+            return 0;
+        }
+        match t.op {
+            crate::ops::Op::SetRows => {
+                t.src.get(1).map_or(0, |&r| ctx.t(r).nrows().max(0) as u64 * t.row_bytes() as u64)
+            }
+            _ => t.data_bytes() as u64,
+        }
     }
 
     fn view(&self, ctx: &Context, storage: &TensorStorage, id: TensorId) -> Result<TView> {
@@ -188,26 +228,45 @@ impl Backend for CpuBackend {
         cpu_bufs.sort_by_key(|b| b.ptr as usize);
         cpu_bufs.dedup_by_key(|b| b.ptr as usize);
         let _guards: Vec<_> = cpu_bufs.iter().map(|b| b.lock()).collect();
-        self.pool.install(|| {
+        let fused = fuse::plan(ctx, graph, |id| self.view(ctx, storage, id))?;
+        let mut stats = CpuStats::default();
+        let run = self.pool.install(|| {
             for &id in &graph.nodes {
                 let t = ctx.t(id);
-                if t.op.is_shape_only() {
+                if t.op.is_shape_only() || t.nelements() == 0 {
                     continue;
                 }
-                if t.nelements() == 0 {
+                if fused.skipped.contains(&id.index()) {
+                    stats.fused_copies += 1;
                     continue;
                 }
                 let dst = self.view(ctx, storage, id)?;
                 let src: SmallVec<[TView; 6]> =
                     t.src.iter().map(|&s| self.view(ctx, storage, s)).collect::<Result<_>>()?;
+                let in_place = fused.in_place.contains(&id.index());
+                if in_place {
+                    stats.in_place_state_bytes += t.src.get(5).map_or(0, |&s| ctx.t(s).nbytes() as u64);
+                }
+                stats.stored_copy_bytes += Self::stored_copy_bytes(ctx, t);
                 // Contain a kernel panic (a bug, never expected) as an error.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kernels::compute(&t.op, &dst, &src)))
-                    .map_err(|_| Error::Compute {
-                        detail: format!("kernel for {} on {} panicked", t.op.name(), t.describe()),
-                    })??;
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    if in_place {
+                        kernels::ssm::gated_delta_net_in_place(&t.op, &dst, &src)
+                    } else {
+                        kernels::compute(&t.op, &dst, &src)
+                    }
+                }))
+                .map_err(|_| Error::Compute {
+                    detail: format!("kernel for {} on {} panicked", t.op.name(), t.describe()),
+                })??;
             }
             Ok(())
-        })
+        });
+        let mut total = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        total.stored_copy_bytes += stats.stored_copy_bytes;
+        total.in_place_state_bytes += stats.in_place_state_bytes;
+        total.fused_copies += stats.fused_copies;
+        run
     }
 }
 

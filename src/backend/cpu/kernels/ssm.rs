@@ -16,7 +16,7 @@ const CONV_CHANNELS_PER_TASK: usize = 64;
 pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     match *op {
         Op::SsmConv => ssm_conv(op, dst, src),
-        Op::GatedDeltaNet { k_snapshots } => gated_delta_net(op, dst, src, k_snapshots),
+        Op::GatedDeltaNet { k_snapshots } => gated_delta_net(op, dst, src, k_snapshots, false),
         // Not an ssm op: `kernels::compute` routes none here.
         ops_outside!(ssm) => Err(unsupported(op, dst, src)),
     }
@@ -167,12 +167,24 @@ struct GdnRun<'a> {
     rk3: usize,
     scale: f32,
     ops: VecOps,
+    /// The final state (one snapshot only) goes back into `state` instead
+    /// of the result (see [`gated_delta_net_in_place`]).
+    in_place: bool,
 }
 
 impl GdnRun<'_> {
-    /// Writes state `m` of head `h`, sequence `b` to snapshot slot `slot`.
+    /// Writes state `m` of head `h`, sequence `b` to snapshot slot `slot`
+    /// (in place: the final state into the state it was read from).
     fn write_state(&self, m: &[f32], slot: usize, h: usize, b: usize) -> Result<()> {
         let GdnDims { s_v, n_head, n_tok, n_seq, .. } = self.dims;
+        if self.in_place {
+            // Task (h, b) read all of this head's state before its first token
+            // and no other task touches it (invariant 3 of `access.rs`).
+            for (j, row) in m.chunks_exact(s_v).enumerate() {
+                self.state.store_row_f32(j, h, b, row)?;
+            }
+            return Ok(());
+        }
         let out_runs = n_tok * n_seq * n_head;
         let snap_runs = s_v * n_head * n_seq;
         let base = out_runs + slot * snap_runs + (b * n_head + h) * s_v;
@@ -247,9 +259,24 @@ impl GdnRun<'_> {
     }
 }
 
+/// `gated_delta_net` with one snapshot whose final state is written back
+/// into its state operand (`src[5]`, contiguous) rather than into the
+/// result, whose state part is left unwritten: the CPU backend's fusion of
+/// the op with the `cpy` of that state part into the same memory
+/// (`cpu/fuse.rs`). The values are those the op and the copy write.
+pub(crate) fn gated_delta_net_in_place(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
+    match *op {
+        Op::GatedDeltaNet { k_snapshots: 1 } if src.get(5).is_some_and(|s| s.is_contiguous()) => {
+            gated_delta_net(op, dst, src, 1, true)
+        }
+        _ => Err(with_reason(unsupported(op, dst, src), "in place: one snapshot, a contiguous state")),
+    }
+}
+
 /// The gated delta rule, one (head, sequence) pair per task; see
-/// `Context::gated_delta_net` for the layout of the result.
-fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64) -> Result<()> {
+/// `Context::gated_delta_net` for the layout of the result (`in_place`:
+/// see [`gated_delta_net_in_place`]).
+fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64, in_place: bool) -> Result<()> {
     let bad = |why: &str| with_reason(unsupported(op, dst, src), why);
     let (q, k, v, g, beta, state) = match src {
         [q, k, v, g, beta, state, ..] => (q, k, v, g, beta, state),
@@ -277,6 +304,7 @@ fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64) -> Res
         rk3: n_seq / k.ne[3],
         scale: 1.0 / (s_v as f32).sqrt(),
         ops: VecOps::detect(),
+        in_place,
     };
     (0..n_head * n_seq).into_par_iter().try_for_each_init(|| GdnScratch::new(s_v, g.ne[0]), |sc, ir| run.task(sc, ir))
 }

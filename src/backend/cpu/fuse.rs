@@ -1,0 +1,228 @@
+//! The one fusion the CPU backend applies to a graph before running it: a
+//! recurrent layer's state update in place.
+//!
+//! A Gated-DeltaNet layer (llama.cpp's graph, and `qwen35`'s) computes
+//! `r = gated_delta_net(q, k, v, g, beta, state)` (the output rows, then the
+//! final state) and copies the state part of `r` into the cache the state
+//! was read from: `cpy(view(r, state part), cache)`. Run as written, every
+//! step writes the whole state twice (into `r`, then into the cache). When
+//! the copy's destination is exactly the memory of the op's state operand
+//! and nothing else touches either in between, the op writes its final
+//! state straight back into that memory ([`gated_delta_net_in_place`]) and
+//! the copy is skipped: the cache holds the same bytes afterwards, and the
+//! state part of `r`, which nothing else reads, is left unwritten.
+//!
+//! [`gated_delta_net_in_place`]: super::kernels::ssm::gated_delta_net_in_place
+
+use super::TView;
+use crate::error::Result;
+use crate::graph::{Context, Graph};
+use crate::ops::Op;
+use crate::tensor::{contiguous_strides, GgmlType, TensorId};
+use std::collections::HashSet;
+
+/// What the fusion changes in one run: the `gated_delta_net` nodes that
+/// update their state in place and the `cpy` nodes skipped (node indices).
+#[derive(Debug, Default)]
+pub(crate) struct Fused {
+    /// `gated_delta_net` nodes run by `gated_delta_net_in_place`.
+    pub in_place: HashSet<usize>,
+    /// The `cpy` nodes their in-place write replaces.
+    pub skipped: HashSet<usize>,
+}
+
+/// One candidate: the op, the copy, the copy's source view, the op's state
+/// part (byte range inside the op's result) and the cache bytes (addresses).
+struct Candidate {
+    gdn: TensorId,
+    cpy: TensorId,
+    part: (usize, usize),
+    cache: (usize, usize),
+}
+
+/// Finds the state updates of `graph` that can run in place; `view` gives
+/// a tensor's placed memory (as the backend's kernels see it).
+///
+/// # Errors
+/// Those of `view` (a tensor without storage).
+pub(crate) fn plan(ctx: &Context, graph: &Graph, view: impl Fn(TensorId) -> Result<TView>) -> Result<Fused> {
+    let mut fused = Fused::default();
+    let pos: std::collections::HashMap<usize, usize> =
+        graph.nodes.iter().enumerate().map(|(i, id)| (id.index(), i)).collect();
+    for &c in &graph.nodes {
+        let Some(cand) = candidate(ctx, c, &view)? else { continue };
+        let (Some(&ig), Some(&ic)) = (pos.get(&cand.gdn.index()), pos.get(&cand.cpy.index())) else { continue };
+        if fused.in_place.contains(&cand.gdn.index()) || !undisturbed(ctx, graph, &cand, (ig, ic), &view)? {
+            continue;
+        }
+        fused.in_place.insert(cand.gdn.index());
+        fused.skipped.insert(cand.cpy.index());
+    }
+    Ok(fused)
+}
+
+/// `c` as the copy of a one-snapshot `gated_delta_net`'s whole final state,
+/// contiguous F32, into the very memory of its state operand (the op and
+/// the view not requested outputs); `None` otherwise.
+fn candidate(ctx: &Context, c: TensorId, view: &impl Fn(TensorId) -> Result<TView>) -> Result<Option<Candidate>> {
+    let ct = ctx.t(c);
+    let (Op::Cpy, Some(&v)) = (&ct.op, ct.src.first()) else { return Ok(None) };
+    let vt = ctx.t(v);
+    let Some(g) = vt.view_src else { return Ok(None) };
+    let gt = ctx.t(g);
+    if gt.op != (Op::GatedDeltaNet { k_snapshots: 1 }) || gt.flags.output || vt.flags.output {
+        return Ok(None);
+    }
+    let Some(&st) = gt.src.get(5) else { return Ok(None) };
+    let state_bytes = ctx.t(st).nbytes();
+    let contiguous_f32 = |t: &crate::tensor::Tensor| t.ty == GgmlType::F32 && t.nb == contiguous_strides(t.ty, &t.ne);
+    let (total, out_bytes) = (gt.nbytes(), gt.nbytes().saturating_sub(state_bytes));
+    if !contiguous_f32(vt)
+        || !contiguous_f32(ct)
+        || !contiguous_f32(ctx.t(st))
+        || vt.view_offs != out_bytes
+        || vt.nbytes() != state_bytes
+        || ct.nbytes() != state_bytes
+    {
+        return Ok(None);
+    }
+    let cache = view(st)?.addr_range();
+    if view(c)?.addr_range() != cache {
+        return Ok(None);
+    }
+    Ok(Some(Candidate { gdn: g, cpy: c, part: (out_bytes, total), cache }))
+}
+
+/// True if nothing but the copy reads the op's state part (no node, no
+/// output of the graph), and no node between the op and the copy (positions
+/// `ig < ic`) touches the cache bytes.
+fn undisturbed(
+    ctx: &Context,
+    graph: &Graph,
+    cand: &Candidate,
+    (ig, ic): (usize, usize),
+    view: &impl Fn(TensorId) -> Result<TView>,
+) -> Result<bool> {
+    let overlaps = |a: (usize, usize), b: (usize, usize)| a.0 < b.1 && b.0 < a.1;
+    // A tensor of the op's result (the result or a view of it) reaching
+    // into the state part.
+    let reads_part = |x: TensorId| {
+        let t = ctx.t(x);
+        let off = if x == cand.gdn { Some(0) } else { (t.view_src == Some(cand.gdn)).then_some(t.view_offs) };
+        off.is_some_and(|o| overlaps((o, o.saturating_add(t.nbytes())), cand.part))
+    };
+    let flagged = graph.nodes.iter().copied().filter(|&x| ctx.t(x).flags.output);
+    if graph.outputs.iter().copied().chain(flagged).any(|x| x != cand.cpy && reads_part(x)) {
+        return Ok(false);
+    }
+    for (i, &n) in graph.nodes.iter().enumerate() {
+        let t = ctx.t(n);
+        if n == cand.cpy || t.op.is_shape_only() {
+            continue;
+        }
+        if t.src.iter().any(|&s| reads_part(s)) {
+            return Ok(false);
+        }
+        if i > ig && i < ic {
+            for &x in t.src.iter().chain(std::iter::once(&n)) {
+                if overlaps(view(x)?.addr_range(), cand.cache) {
+                    return Ok(false);
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::cpu::{CpuBackend, CpuStats};
+    use crate::backend::{Backend, TensorStorage};
+    use crate::{Context, GgmlType, TensorId};
+
+    /// A context, its leafs' values, the cache and the tensors to compute.
+    type Update = (Context, Vec<(TensorId, Vec<f32>)>, TensorId, Vec<TensorId>);
+
+    /// A one-token state update as llama.cpp writes it (`S = 8`, 3 heads):
+    /// the op, its output rows made contiguous, and the copy of its final
+    /// state into the cache it read; with `extra` also `scale(state part)`,
+    /// another reader of the state part.
+    fn update(extra: bool) -> Update {
+        let (s, h) = (8i64, 3i64);
+        let mut ctx = Context::new();
+        let mut leafs = Vec::new();
+        let mut seed = 5u64;
+        let mut leaf = |ctx: &mut Context, ne: [i64; 4], lo: f32, hi: f32| {
+            let id = ctx.new_tensor_4d(GgmlType::F32, ne[0], ne[1], ne[2], ne[3]).unwrap();
+            let n = ne.iter().product::<i64>() as usize;
+            let vals = (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    lo + (hi - lo) * ((seed >> 40) as f32 / (1u64 << 24) as f32)
+                })
+                .collect();
+            leafs.push((id, vals));
+            id
+        };
+        let q = leaf(&mut ctx, [s, h, 1, 1], -0.5, 0.5);
+        let k = leaf(&mut ctx, [s, h, 1, 1], -0.5, 0.5);
+        let v = leaf(&mut ctx, [s, h, 1, 1], -1.0, 1.0);
+        let g = leaf(&mut ctx, [1, h, 1, 1], -1.0, 0.0);
+        let beta = leaf(&mut ctx, [1, h, 1, 1], 0.0, 1.0);
+        let cache = leaf(&mut ctx, [s * s * h, 1, 1, 1], -1.0, 1.0);
+        let st = ctx.reshape_4d(cache, s, s, h, 1).unwrap();
+        let r = ctx.gated_delta_net(q, k, v, g, beta, st, 1).unwrap();
+        let o = ctx.view_2d(r, s * h, 1, (4 * s * h) as usize, 0).unwrap();
+        let o = ctx.cont(o).unwrap();
+        let part = ctx.view_2d(r, s * s * h, 1, (4 * s * s * h) as usize, (4 * s * h) as usize).unwrap();
+        let mut outs = vec![ctx.cpy(part, cache).unwrap(), o];
+        if extra {
+            outs.push(ctx.scale(part, 2.0).unwrap());
+        }
+        (ctx, leafs, cache, outs)
+    }
+
+    /// Runs `outs` (with `r` requested too when `keep_r`): the cache and the
+    /// output rows afterwards, and the device's stats.
+    fn run(extra: bool, keep_r: bool) -> (Vec<f32>, Vec<f32>, CpuStats) {
+        let (ctx, leafs, cache, mut outs) = update(extra);
+        let o = outs[1];
+        if keep_r {
+            let r = ctx.t(outs[0]).src[0];
+            outs.push(ctx.t(r).view_src.unwrap());
+        }
+        let backend = CpuBackend::with_threads(2).unwrap();
+        let graph = ctx.build_forward(&outs).unwrap();
+        let mut storage = TensorStorage::new();
+        let all: Vec<TensorId> = ctx.ids().collect();
+        storage.alloc_tensors(&backend, &ctx, &all).unwrap();
+        for (id, vals) in &leafs {
+            storage.set_f32(&ctx, *id, vals).unwrap();
+        }
+        backend.compute(&ctx, &graph, &storage).unwrap();
+        (storage.get_f32(&ctx, cache).unwrap(), storage.get_f32(&ctx, o).unwrap(), backend.stats())
+    }
+
+    /// The state update runs in place (no copy) with the bytes of the op
+    /// and the copy run apart, which is what happens when something else
+    /// reads the state part (the op's result requested, or another node).
+    #[test]
+    fn a_state_update_runs_in_place_with_the_bytes_of_op_and_copy() {
+        let state_bytes = 4 * 8 * 8 * 3;
+        let (cache, o, fused) = run(false, false);
+        assert_eq!(fused, CpuStats { stored_copy_bytes: 0, in_place_state_bytes: state_bytes, fused_copies: 1 });
+        for (extra, keep_r) in [(false, true), (true, false)] {
+            let (cache2, o2, apart) = run(extra, keep_r);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&cache), bits(&cache2), "cache, extra {extra}, r requested {keep_r}");
+            assert_eq!(bits(&o), bits(&o2), "output rows, extra {extra}, r requested {keep_r}");
+            assert_eq!(
+                apart,
+                CpuStats { stored_copy_bytes: state_bytes, in_place_state_bytes: 0, fused_copies: 0 },
+                "extra {extra}, r requested {keep_r}"
+            );
+        }
+    }
+}
