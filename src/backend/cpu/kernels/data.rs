@@ -175,7 +175,9 @@ fn copy_same_type(d: &TView, s: &TView) -> Result<()> {
     let (du, su) = (units(d), units(s));
     let nrows = d.nrows();
     (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
-        || (vec![0u8; du * ts], RowCache { row: usize::MAX, buf: vec![0u8; su * ts] }),
+        // The source-row cache is only for rows of other lengths: no
+        // zero-filled scratch for the common whole-row copy.
+        || (vec![0u8; du * ts], RowCache { row: usize::MAX, buf: Vec::new() }),
         |(drow, cache), r| {
             let (i1, i2, i3) = d.row_index(r);
             if du == su {
@@ -192,6 +194,7 @@ fn copy_same_type(d: &TView, s: &TView) -> Result<()> {
                 let off = pos % su;
                 if cache.row != sr {
                     let (j1, j2, j3) = s.row_index(sr);
+                    cache.buf.resize(su * ts, 0);
                     load_bytes(s, j1, j2, j3, &mut cache.buf);
                     cache.row = sr;
                 }
