@@ -104,6 +104,8 @@ enum RowMode {
     Q8_0 { signed: bool },
     /// Q4_K → nibbles and metadata.
     Q4K,
+    /// Q6_K → six-bit quants, d and 16 scales.
+    Q6K,
 }
 
 /// Everything fixed by the weight type and the CPU.
@@ -128,8 +130,9 @@ fn plan(wt: GgmlType, isa: Isa) -> Result<Plan> {
         Q8_0 if simd && isa == Isa::Avx2 => (RowMode::Q8_0 { signed: true }, ActKind::Q8 { corr_mul: 0 }, Fmt::Q8S),
         Q8_0 => (RowMode::Q8_0 { signed: false }, ActKind::Q8 { corr_mul: 16 }, Fmt::Q8),
         Q4_K => (RowMode::Q4K, ActKind::Q8K, Fmt::Q4K),
+        Q6_K => (RowMode::Q6K, ActKind::Q8K, Fmt::Q6K),
         Q4_1 | Q5_1 => (RowMode::Direct, ActKind::Raw(Q8_1), Fmt::VecDot),
-        Q2_K | Q3_K | Q5_K | Q6_K => (RowMode::Direct, ActKind::Raw(Q8_K), Fmt::VecDot),
+        Q2_K | Q3_K | Q5_K => (RowMode::Direct, ActKind::Raw(Q8_K), Fmt::VecDot),
         // The IQ, TQ and FP4 formats, Q1_0, Q2_0: ggml's own activation
         // blocks (Q8_0 or Q8_K) and the row dot products.
         other if quant::vec_dot_fn_scalar(other).is_some() => {
@@ -151,6 +154,7 @@ fn gemv_plan(p: Plan) -> Plan {
         GgmlType::Q5_0 => Fmt::GemvQ5_0,
         GgmlType::Q8_0 => Fmt::GemvQ8_0,
         GgmlType::Q4_K => Fmt::GemvQ4K,
+        GgmlType::Q6_K => Fmt::GemvQ6K,
         _ => return p,
     };
     Plan { rows: RowMode::Direct, fmt, ..p }
@@ -168,6 +172,7 @@ fn packed_plan(p: Plan, max_cols: usize) -> Plan {
     match p.fmt {
         Fmt::Q8 => Plan { fmt: Fmt::Q8I, ..p },
         Fmt::Q4K => Plan { fmt: Fmt::Q4KI, ..p },
+        Fmt::Q6K => Plan { fmt: Fmt::Q6KI, ..p },
         _ => p,
     }
 }
@@ -234,6 +239,7 @@ struct Scratch {
     dmin: Vec<f32>,
     sc: Vec<u32>,
     mn: Vec<i16>,
+    sc6: Vec<i8>,
     out: Vec<f32>,
 }
 
@@ -278,8 +284,11 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     }
     let max_cols = max_cols(jobs);
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
-    let packed =
-        if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI) { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
+    let packed = if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) {
+        Packed::new(acts, plan.act, jobs, plan.fmt == Fmt::Q6KI)
+    } else {
+        Packed::default()
+    };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
     let gemm = plan.fmt == Fmt::F32
         && plan.rows == RowMode::Direct
@@ -386,7 +395,7 @@ impl Run<'_> {
             let mut c = t.c0;
             while c < t.c1 {
                 let cols = self.rn.min(t.c1 - c);
-                if matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI) {
+                if matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) {
                     let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
                     for jj in 0..self.rn / packed::G {
                         let g = first + (c / packed::G + jj).min(last);
@@ -560,6 +569,21 @@ impl Run<'_> {
                     t.amn[i] = scr.mn[i * ns * 8..].as_ptr();
                 }
             }
+            RowMode::Q6K => {
+                let ns = k / 256;
+                scr.q.resize(MR * k, 0);
+                scr.d.resize(MR * ns, 0.0);
+                scr.sc6.resize(MR * ns * 16, 0);
+                for i in 0..rows {
+                    let (q, d) = (&mut scr.q[i * k..(i + 1) * k], &mut scr.d[i * ns..(i + 1) * ns]);
+                    decode::q6_k(row(i), q, d, &mut scr.sc6[i * ns * 16..(i + 1) * ns * 16], simd);
+                }
+                for i in 0..rows {
+                    t.a[i] = scr.q[i * k..].as_ptr();
+                    t.ad[i] = scr.d[i * ns..].as_ptr();
+                    t.a6[i] = scr.sc6[i * ns * 16..].as_ptr();
+                }
+            }
         }
         for i in rows..self.rm {
             t.a[i] = t.a[rows - 1];
@@ -567,6 +591,7 @@ impl Run<'_> {
             t.am[i] = t.am[rows - 1];
             t.asc[i] = t.asc[rows - 1];
             t.amn[i] = t.amn[rows - 1];
+            t.a6[i] = t.a6[rows - 1];
         }
         Ok(())
     }
@@ -587,7 +612,11 @@ impl Run<'_> {
                 let ns = k / 256;
                 t.b[j] = a.q[act * k..].as_ptr() as *const u8;
                 t.bd[j] = a.d[act * ns..].as_ptr();
-                t.bs[j] = a.bs[act * ns * 8..].as_ptr();
+                t.bs[j] = if self.plan.wt == GgmlType::Q6_K {
+                    a.bs16[act * ns * 16..].as_ptr()
+                } else {
+                    a.bs[act * ns * 8..].as_ptr()
+                };
             }
             // Not a tile format (the driver loops over rows itself).
             ActKind::Raw(_) => {}
