@@ -201,6 +201,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             match (rm, rn) {
                 (2, 16) => $f::<2, 2> as KernFn,
                 (6, 16) => $f::<6, 2> as KernFn,
+                (6, 8) => $f::<6, 1> as KernFn,
                 _ => $f::<4, 2> as KernFn,
             }
         };
@@ -306,6 +307,8 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
         return (4, 3);
     }
     match (isa, fmt) {
+        // One group of 8 columns: a tile of 16 would compute it twice.
+        (_, Fmt::Q6KI) if ncols <= 8 => (6, 8),
         (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) => (2, 16),
         (_, Fmt::Q8I) => (6, 16),
         (_, Fmt::Q4KI | Fmt::Q6KI) => (4, 16),
@@ -1095,34 +1098,45 @@ mod x86 {
         }
     }
 
-    /// `pshufb` controls picking, for 32-element step `s` of a super-block,
-    /// scale `2s` into bytes 0..8 and scale `2s + 1` into bytes 8..16.
+    /// `vpshufb` controls for 32-element step `s mod 4` of a super-block
+    /// half: the i16 scale `2s` (of the half's 8) broadcast in the low 128
+    /// bits, scale `2s + 1` in the high 128 bits.
     #[inline(always)]
-    unsafe fn q6k_pair_ctl() -> [__m128i; 8] {
-        // SAFETY: SSE2 (every caller's features).
+    unsafe fn q6k_pair_ctl() -> [__m256i; 4] {
+        // SAFETY: AVX (every caller's features).
         unsafe {
             std::array::from_fn(|s| {
-                let (a, b) = (2 * s as i64, 2 * s as i64 + 1);
-                _mm_set_epi64x(b * 0x0101_0101_0101_0101, a * 0x0101_0101_0101_0101)
+                let pick = |i: usize| ((2 * i + 1) << 8 | 2 * i) as i64 * 0x0001_0001_0001_0001;
+                let (a, b) = (pick(2 * s), pick(2 * s + 1));
+                _mm256_set_epi64x(b, b, a, a)
             })
         }
     }
 
-    /// The i16 multipliers of one 32-element step: the 8 pair sums of its
-    /// first 16 elements take scale `2s`, the next 8 scale `2s + 1` (`sc`:
-    /// the super-block's 16 i8 scales, `ctl` from [`q6k_pair_ctl`]).
+    /// A super-block's 16 i8 scales as i16, split by half: `[0]` holds
+    /// scales 0..8 in both 128-bit lanes, `[1]` scales 8..16 (for
+    /// [`q6k_pair`]), `[2]` all 16 times −32 (multiplied with the column's
+    /// 16 sums of 16 they give the offset term of the integer dot).
     #[inline(always)]
-    unsafe fn q6k_pair(sc: __m128i, ctl: __m128i) -> __m256i {
+    unsafe fn q6k_scales(sc: __m128i) -> [__m256i; 3] {
         // SAFETY: AVX2 (every caller's features).
-        unsafe { _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, ctl)) }
+        unsafe {
+            let s16 = _mm256_cvtepi8_epi16(sc);
+            [
+                _mm256_permute2x128_si256(s16, s16, 0x00),
+                _mm256_permute2x128_si256(s16, s16, 0x11),
+                _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)),
+            ]
+        }
     }
 
-    /// The 16 scales as i16 times −32: multiplied with the column's 16 sums
-    /// of 16 they give the offset term of the super-block's integer dot.
+    /// The i16 multipliers of 32-element step `s` of a super-block: the 8
+    /// pair sums of its first 16 elements take scale `2s`, the next 8 scale
+    /// `2s + 1` (`sc` from [`q6k_scales`], `ctl` from [`q6k_pair_ctl`]).
     #[inline(always)]
-    unsafe fn q6k_offset_scales(sc: __m128i) -> __m256i {
+    unsafe fn q6k_pair(sc: &[__m256i; 3], ctl: &[__m256i; 4], s: usize) -> __m256i {
         // SAFETY: AVX2 (every caller's features).
-        unsafe { _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5)) }
+        unsafe { _mm256_shuffle_epi8(sc[s / 4], ctl[s % 4]) }
     }
 
     /// Q6_K's super-block step, the one order of every Q6_K kernel (batch
@@ -1135,8 +1149,8 @@ mod x86 {
         // SAFETY: AVX2 + FMA (every caller's features).
         unsafe {
             let x = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
-            let x = _mm_hadd_epi32(x, x);
-            let tot = _mm_hadd_epi32(x, x);
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
+            let tot = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
             _mm_fmadd_ss(_mm_cvtepi32_ps(tot), sc, acc)
         }
     }
@@ -1160,15 +1174,15 @@ mod x86 {
                 let bq = b.add(256 * sb);
                 for r in 0..RM {
                     let blk = t.a[r].add(210 * sb);
-                    let sc = _mm_loadu_si128(blk.add(192) as *const __m128i);
+                    let sc = q6k_scales(_mm_loadu_si128(blk.add(192) as *const __m128i));
                     let d =
                         _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32));
-                    let mut isum = D::w(_mm256_setzero_si256(), q6k_offset_scales(sc), bsum);
+                    let mut isum = D::w(_mm256_setzero_si256(), sc[2], bsum);
                     for h in 0..2 {
                         let q = q6k_unpack(blk.add(64 * h), blk.add(128 + 32 * h));
                         for (j, qj) in q.iter().enumerate() {
                             let bv = _mm256_loadu_si256(bq.add(128 * h + 32 * j) as *const __m256i);
-                            isum = D::w(isum, _mm256_maddubs_epi16(*qj, bv), q6k_pair(sc, ctl[4 * h + j]));
+                            isum = D::w(isum, _mm256_maddubs_epi16(*qj, bv), q6k_pair(&sc, &ctl, 4 * h + j));
                         }
                     }
                     acc[r] = q6k_fold(acc[r], isum, _mm_mul_ss(d, bdv));
@@ -1191,13 +1205,12 @@ mod x86 {
             let mut acc = [[_mm_setzero_ps(); RN]; RM];
             for sb in 0..nsb {
                 let mut isum = [[_mm256_setzero_si256(); RN]; RM];
-                let mut sc = [_mm_setzero_si128(); RM];
+                let mut sc = [[_mm256_setzero_si256(); 3]; RM];
                 for r in 0..RM {
-                    sc[r] = _mm_loadu_si128(t.a6[r].add(16 * sb) as *const __m128i);
-                    let off = q6k_offset_scales(sc[r]);
+                    sc[r] = q6k_scales(_mm_loadu_si128(t.a6[r].add(16 * sb) as *const __m128i));
                     for c in 0..RN {
                         let bsum = _mm256_loadu_si256(t.bs[c].add(16 * sb) as *const __m256i);
-                        isum[r][c] = D::w(isum[r][c], off, bsum);
+                        isum[r][c] = D::w(isum[r][c], sc[r][2], bsum);
                     }
                 }
                 for s in 0..8 {
@@ -1206,7 +1219,7 @@ mod x86 {
                     let mut sp = [_mm256_setzero_si256(); RM];
                     for r in 0..RM {
                         av[r] = _mm256_loadu_si256(t.a[r].add(off) as *const __m256i);
-                        sp[r] = q6k_pair(sc[r], ctl[s]);
+                        sp[r] = q6k_pair(&sc[r], &ctl, s);
                     }
                     for c in 0..RN {
                         let bv = _mm256_loadu_si256(t.b[c].add(off) as *const __m256i);
@@ -1247,8 +1260,8 @@ mod x86 {
                 for r in 0..RM {
                     // −32·scale pairs against the columns' pairs of sums of 16.
                     let mut off = [0i32; 8];
-                    let o = q6k_offset_scales(_mm_loadu_si128(t.a6[r].add(16 * sb) as *const __m128i));
-                    _mm256_storeu_si256(off.as_mut_ptr() as *mut __m256i, o);
+                    let o = q6k_scales(_mm_loadu_si128(t.a6[r].add(16 * sb) as *const __m128i));
+                    _mm256_storeu_si256(off.as_mut_ptr() as *mut __m256i, o[2]);
                     for (p, &op) in off.iter().enumerate() {
                         let mp = _mm256_set1_epi32(op);
                         for cv in 0..NCV {
