@@ -10,15 +10,16 @@
 //! * `Q4K`: rows of u8 nibbles with per-super-block d, dmin, 8 scales and
 //!   8 mins × Q8_K columns.
 //! * `Q6K`: rows of u8 six-bit quants with per-super-block d and 16 i8
-//!   scales × Q8_K columns (with their 16 sums of 16 for the −32 offset).
+//!   scales × Q8_K columns (with their 16 sums of 16 for the −32 offset);
+//!   portable only (SIMD builds take `GemvQ6K` or `Q6KI`).
 //! * `Q8I`, `Q4KI`, `Q6KI`: the same rows × groups of 8 column-interleaved
 //!   columns (`packed.rs`), 8 or 16 columns per tile.
-//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one column ×
-//!   raw weight blocks (Q4_0/Q5_0/Q8_0: 8 blocks' dots reduced together and
-//!   scaled with one FMA). The kernels of each format (one column, tiles,
-//!   packed tiles) combine a column's block sums in one order, whatever the
-//!   tile (batch invariance): Q4_0/Q5_0/Q8_0 as `gemv_q8_body`, Q4_K as
-//!   `q4k_fold`, Q6_K as `q6k_fold`.
+//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one column
+//!   (`GemvQ6K`: one to three) × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
+//!   blocks' dots reduced together and scaled with one FMA). The kernels of
+//!   each format (one column, tiles, packed tiles) combine a column's block
+//!   sums in one order, whatever the tile (batch invariance): Q4_0/Q5_0/Q8_0
+//!   as `gemv_q8_body`, Q4_K as `q4k_fold`, Q6_K as `q6k_fold`.
 //!
 //! Every kernel exists as portable Rust and, on x86_64, as an AVX2+FMA+F16C
 //! build and an AVX-512 VNNI build (`vpdpbusd`/`vpdpwssd` through `asm!`,
@@ -120,7 +121,7 @@ pub(super) enum Fmt {
     GemvQ8_0,
     /// One column: raw Q4_K rows × Q8_K column (x86 only).
     GemvQ4K,
-    /// One column: raw Q6_K rows × Q8_K column (x86 only).
+    /// One to three columns: raw Q6_K rows × Q8_K columns (x86 only).
     GemvQ6K,
     /// `Q8` rows × packed groups of 8 Q8 columns (x86 only; see `packed.rs`).
     Q8I,
@@ -207,6 +208,16 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
         };
     }
     #[cfg(target_arch = "x86_64")]
+    macro_rules! pick_raw {
+        ($f:ident) => {
+            match rn {
+                2 => $f::<1, 2> as KernFn,
+                3 => $f::<1, 3> as KernFn,
+                _ => $f::<1, 1> as KernFn,
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
     macro_rules! pick1 {
         ($f:ident) => {
             match rm {
@@ -228,12 +239,14 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8 => pick!(q8_avx2),
                 Fmt::Q8S => pick!(q8s_avx2),
                 Fmt::Q4K => pick!(q4k_avx2),
-                Fmt::Q6K => pick!(q6k_avx2),
+                // Decoded Q6_K rows only go to packed tiles with SIMD
+                // (one to three columns read raw rows: `GemvQ6K`).
+                Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_avx2),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
-                Fmt::GemvQ6K => pick1!(gemv_q6k_avx2),
+                Fmt::GemvQ6K => pick_raw!(gemv_q6k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
                 Fmt::Q6KI => pick2!(q6ki_avx2),
@@ -250,12 +263,14 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8 => pick!(q8_vnni),
                 Fmt::Q8S => pick!(q8s_vnni),
                 Fmt::Q4K => pick!(q4k_vnni),
-                Fmt::Q6K => pick!(q6k_vnni),
+                // Decoded Q6_K rows only go to packed tiles with SIMD
+                // (one to three columns read raw rows: `GemvQ6K`).
+                Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_vnni),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
-                Fmt::GemvQ6K => pick1!(gemv_q6k_vnni),
+                Fmt::GemvQ6K => pick_raw!(gemv_q6k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
                 Fmt::Q6KI => pick2!(q6ki_vnni),
@@ -299,6 +314,9 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
             _ => 4,
         };
         return (rm, 1);
+    }
+    if fmt == Fmt::GemvQ6K {
+        return (1, ncols.min(3));
     }
     if ncols == 2 {
         return (4, 2);
@@ -1106,7 +1124,7 @@ mod x86 {
         // SAFETY: AVX (every caller's features).
         unsafe {
             std::array::from_fn(|s| {
-                let pick = |i: usize| ((2 * i + 1) << 8 | 2 * i) as i64 * 0x0001_0001_0001_0001;
+                let pick = |i: usize| (((2 * i + 1) << 8) | (2 * i)) as i64 * 0x0001_0001_0001_0001;
                 let (a, b) = (pick(2 * s), pick(2 * s + 1));
                 _mm256_set_epi64x(b, b, a, a)
             })
@@ -1155,84 +1173,43 @@ mod x86 {
         }
     }
 
-    /// One column × `RM` raw Q6_K rows: each super-block's quants unpacked
-    /// in registers, dotted with `maddubs` (u8 0..63 × i8: pair sums fit
-    /// i16) and scaled per 16 elements with `madd`/`vpdpwssd`, folded by
-    /// [`q6k_fold`].
+    /// `RN` columns (1 to 3) × `RM` raw Q6_K rows: each super-block's quants
+    /// unpacked in registers once, dotted with `maddubs` (u8 0..63 × i8: pair
+    /// sums fit i16) and scaled per 16 elements with `madd`/`vpdpwssd` for
+    /// every column, folded by [`q6k_fold`].
     #[inline(always)]
-    unsafe fn gemv_q6k_body<D: Dot, const RM: usize>(t: &mut Tile) {
+    unsafe fn gemv_q6k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/256 super-blocks of 210
-        // bytes, one Q8_K column with its sums of 16).
-        unsafe {
-            let nsb = t.k / 256;
-            let ctl = q6k_pair_ctl();
-            let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
-            let mut acc = [_mm_setzero_ps(); RM];
-            for sb in 0..nsb {
-                let bdv = _mm_set_ss(*bd.add(sb));
-                let bsum = _mm256_loadu_si256(bs.add(16 * sb) as *const __m256i);
-                let bq = b.add(256 * sb);
-                for r in 0..RM {
-                    let blk = t.a[r].add(210 * sb);
-                    let sc = q6k_scales(_mm_loadu_si128(blk.add(192) as *const __m128i));
-                    let d =
-                        _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32));
-                    let mut isum = D::w(_mm256_setzero_si256(), sc[2], bsum);
-                    for h in 0..2 {
-                        let q = q6k_unpack(blk.add(64 * h), blk.add(128 + 32 * h));
-                        for (j, qj) in q.iter().enumerate() {
-                            let bv = _mm256_loadu_si256(bq.add(128 * h + 32 * j) as *const __m256i);
-                            isum = D::w(isum, _mm256_maddubs_epi16(*qj, bv), q6k_pair(&sc, &ctl, 4 * h + j));
-                        }
-                    }
-                    acc[r] = q6k_fold(acc[r], isum, _mm_mul_ss(d, bdv));
-                }
-            }
-            for r in 0..RM {
-                t.out[r][0] = _mm_cvtss_f32(acc[r]);
-            }
-        }
-    }
-
-    /// Q6_K rows (decoded: u8 quants, d, 16 scales) × Q8_K columns,
-    /// super-blocks combined as in [`gemv_q6k_body`] ([`q6k_fold`]).
-    #[inline(always)]
-    unsafe fn q6k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
-        // SAFETY: KernFn contract.
+        // bytes, Q8_K columns with their sums of 16).
         unsafe {
             let nsb = t.k / 256;
             let ctl = q6k_pair_ctl();
             let mut acc = [[_mm_setzero_ps(); RN]; RM];
             for sb in 0..nsb {
-                let mut isum = [[_mm256_setzero_si256(); RN]; RM];
-                let mut sc = [[_mm256_setzero_si256(); 3]; RM];
                 for r in 0..RM {
-                    sc[r] = q6k_scales(_mm_loadu_si128(t.a6[r].add(16 * sb) as *const __m128i));
+                    let blk = t.a[r].add(210 * sb);
+                    let sc = q6k_scales(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                    let d =
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32));
+                    let mut isum = [_mm256_setzero_si256(); RN];
                     for c in 0..RN {
                         let bsum = _mm256_loadu_si256(t.bs[c].add(16 * sb) as *const __m256i);
-                        isum[r][c] = D::w(isum[r][c], sc[r][2], bsum);
+                        isum[c] = D::w(isum[c], sc[2], bsum);
                     }
-                }
-                for s in 0..8 {
-                    let off = 256 * sb + 32 * s;
-                    let mut av = [_mm256_setzero_si256(); RM];
-                    let mut sp = [_mm256_setzero_si256(); RM];
-                    for r in 0..RM {
-                        av[r] = _mm256_loadu_si256(t.a[r].add(off) as *const __m256i);
-                        sp[r] = q6k_pair(&sc[r], &ctl, s);
-                    }
-                    for c in 0..RN {
-                        let bv = _mm256_loadu_si256(t.b[c].add(off) as *const __m256i);
-                        for r in 0..RM {
-                            isum[r][c] = D::w(isum[r][c], _mm256_maddubs_epi16(av[r], bv), sp[r]);
+                    for h in 0..2 {
+                        let q = q6k_unpack(blk.add(64 * h), blk.add(128 + 32 * h));
+                        for (j, qj) in q.iter().enumerate() {
+                            let sp = q6k_pair(&sc, &ctl, 4 * h + j);
+                            for c in 0..RN {
+                                let off = 256 * sb + 128 * h + 32 * j;
+                                let bv = _mm256_loadu_si256(t.b[c].add(off) as *const __m256i);
+                                isum[c] = D::w(isum[c], _mm256_maddubs_epi16(*qj, bv), sp);
+                            }
                         }
                     }
-                }
-                for r in 0..RM {
-                    let d = _mm_set_ss(*t.ad[r].add(sb));
                     for c in 0..RN {
                         let scale = _mm_mul_ss(d, _mm_set_ss(*t.bd[c].add(sb)));
-                        acc[r][c] = q6k_fold(acc[r][c], isum[r][c], scale);
+                        acc[r][c] = q6k_fold(acc[r][c], isum[c], scale);
                     }
                 }
             }
@@ -1318,22 +1295,18 @@ mod x86 {
     }
 
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $q6k:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q6ki<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
                 unsafe { q6ki_body::<$dot, RM, NCV>(t) }
             }
             #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $g6k<const RM: usize>(t: &mut Tile) {
+            pub(super) unsafe fn $g6k<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { gemv_q6k_body::<$dot, RM>(t) }
+                unsafe { gemv_q6k_body::<$dot, RM, RN>(t) }
             }
-            #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $q6k<const RM: usize, const RN: usize>(t: &mut Tile) {
-                // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { q6k_body::<$dot, RM, RN>(t) }
-            }
+
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8i<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -1405,7 +1378,6 @@ mod x86 {
         q8_avx2,
         q8s_avx2,
         q4k_avx2,
-        q6k_avx2,
         gemv_q4_0_avx2,
         gemv_q8_0_avx2,
         gemv_q5_0_avx2,
@@ -1424,7 +1396,6 @@ mod x86 {
         q8_vnni,
         q8s_vnni,
         q4k_vnni,
-        q6k_vnni,
         gemv_q4_0_vnni,
         gemv_q8_0_vnni,
         gemv_q5_0_vnni,

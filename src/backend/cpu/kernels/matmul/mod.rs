@@ -13,24 +13,28 @@
 //!    routed to one expert) form one job, so each weight row is read once
 //!    per chunk of columns;
 //! 3. inside a task, per weight type and column count:
-//!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 / Q4_K
-//!      blocks, or 8-row dense F32/F16/BF16 kernels (`kern.rs`);
+//!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 /
+//!      Q4_K / Q6_K blocks (Q6_K's also for 2 and 3 columns), or 8-row dense
+//!      F32/F16/BF16 kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
-//!      elements × 8 columns) or register-blocked dense tiles (the `gemm`
-//!      crate for F32 only on request: `gemm_min_cols`);
+//!      elements × 8 columns) or register-blocked tiles (2-3 columns of
+//!      Q4_0/Q5_0/Q8_0/Q4_K; dense rows; the `gemm` crate for F32 only on
+//!      request: `gemm_min_cols`);
 //!    * batch invariance: every path of a weight type sums a column's block
 //!      products in one fixed order (Q4_0/Q5_0/Q8_0: 8 exact block dots per
 //!      step, one accumulator per block index mod 8, then the remaining
 //!      blocks; Q4_K: each super-block's exact integer dot and min
-//!      correction, scaled, into two running sums; dense: 8 lanes along K;
+//!      correction, scaled, into two running sums; Q6_K: each super-block's
+//!      exact integer dot, −32 offset included, scaled by `d·d_col` into one
+//!      running sum; dense: 8 lanes along K;
 //!      the row-dot types: one dot per row and column), so column j of
 //!      `mul_mat(W, X)` is bit-identical to `mul_mat(W, X[:, j])` whatever
 //!      the column count, tile or thread split (speculative decoding checks
 //!      drafts in a batch against one-token decoding; ggml's CPU products are
 //!      batch-invariant too);
-//!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K and the formats of ggml 0.25.3
+//!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K and the formats of ggml 0.25.3
 //!      (IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0): `quant::vec_dot_fn` per (row,
 //!      column) on ggml's own activation blocks.
 //!
@@ -254,6 +258,9 @@ fn max_cols(jobs: &[Job]) -> usize {
 fn refine(plan: Plan, jobs: &[Job]) -> Plan {
     match max_cols(jobs) {
         1 => gemv_plan(plan),
+        // Q6_K's raw-row kernel takes up to 3 columns (each super-block
+        // unpacked once in registers for all of them).
+        2 | 3 if plan.wt == GgmlType::Q6_K => gemv_plan(plan),
         n => packed_plan(plan, n),
     }
 }
