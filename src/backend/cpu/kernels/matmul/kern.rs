@@ -15,7 +15,7 @@
 //! * `Q8I`, `Q4KI`, `Q6KI`: the same rows × groups of 8 column-interleaved
 //!   columns (`packed.rs`), 8 or 16 columns per tile.
 //! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one column
-//!   (`GemvQ6K`: one to three) × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
+//!   (`GemvQ6K`: one to four) × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
 //!   blocks' dots reduced together and scaled with one FMA). The kernels of
 //!   each format (one column, tiles, packed tiles) combine a column's block
 //!   sums in one order, whatever the tile (batch invariance): Q4_0/Q5_0/Q8_0
@@ -121,7 +121,7 @@ pub(super) enum Fmt {
     GemvQ8_0,
     /// One column: raw Q4_K rows × Q8_K column (x86 only).
     GemvQ4K,
-    /// One to three columns: raw Q6_K rows × Q8_K columns (x86 only).
+    /// One to four columns: raw Q6_K rows × Q8_K columns (x86 only).
     GemvQ6K,
     /// `Q8` rows × packed groups of 8 Q8 columns (x86 only; see `packed.rs`).
     Q8I,
@@ -213,6 +213,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             match rn {
                 2 => $f::<1, 2> as KernFn,
                 3 => $f::<1, 3> as KernFn,
+                4 => $f::<1, 4> as KernFn,
                 _ => $f::<1, 1> as KernFn,
             }
         };
@@ -240,7 +241,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8S => pick!(q8s_avx2),
                 Fmt::Q4K => pick!(q4k_avx2),
                 // Decoded Q6_K rows only go to packed tiles with SIMD
-                // (one to three columns read raw rows: `GemvQ6K`).
+                // (one to four columns read raw rows: `GemvQ6K`).
                 Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
@@ -264,7 +265,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8S => pick!(q8s_vnni),
                 Fmt::Q4K => pick!(q4k_vnni),
                 // Decoded Q6_K rows only go to packed tiles with SIMD
-                // (one to three columns read raw rows: `GemvQ6K`).
+                // (one to four columns read raw rows: `GemvQ6K`).
                 Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
@@ -316,7 +317,7 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
         return (rm, 1);
     }
     if fmt == Fmt::GemvQ6K {
-        return (1, ncols.min(3));
+        return (1, ncols.min(4));
     }
     if ncols == 2 {
         return (4, 2);
@@ -1173,7 +1174,7 @@ mod x86 {
         }
     }
 
-    /// `RN` columns (1 to 3) × `RM` raw Q6_K rows: each super-block's quants
+    /// `RN` columns (1 to 4) × `RM` raw Q6_K rows: each super-block's quants
     /// unpacked in registers once, dotted with `maddubs` (u8 0..63 × i8: pair
     /// sums fit i16) and scaled per 16 elements with `madd`/`vpdpwssd` for
     /// every column, folded by [`q6k_fold`].

@@ -14,7 +14,7 @@
 //!    per chunk of columns;
 //! 3. inside a task, per weight type and column count:
 //!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 /
-//!      Q4_K / Q6_K blocks (Q6_K's also for 2 and 3 columns), or 8-row dense
+//!      Q4_K / Q6_K blocks (Q6_K's also for 2 to 4 columns), or 8-row dense
 //!      F32/F16/BF16 kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
@@ -258,9 +258,10 @@ fn max_cols(jobs: &[Job]) -> usize {
 fn refine(plan: Plan, jobs: &[Job]) -> Plan {
     match max_cols(jobs) {
         1 => gemv_plan(plan),
-        // Q6_K's raw-row kernel takes up to 3 columns (each super-block
-        // unpacked once in registers for all of them).
-        2 | 3 if plan.wt == GgmlType::Q6_K => gemv_plan(plan),
+        // Q6_K's raw-row kernel takes up to 4 columns (each super-block
+        // unpacked once in registers for all of them; measured faster than
+        // packed tiles up to 4 columns, slower from 5).
+        2..=4 if plan.wt == GgmlType::Q6_K => gemv_plan(plan),
         n => packed_plan(plan, n),
     }
 }

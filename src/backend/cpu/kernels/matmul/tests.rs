@@ -251,6 +251,7 @@ fn mul_mat_all_kernel_types_match_reference() {
             (512, 6, 2),
             (768, 5, 3),
             (1024, 9, 17),
+            (512, 7, 4),
         ] {
             mul_mat_case(ty, k, m, n, false);
         }
@@ -422,7 +423,7 @@ fn mul_mat_columns_are_batch_invariant() {
 /// For each of `types`, checks every column of several column counts on 1
 /// and 2 threads against the one-column product, bit for bit.
 fn batch_invariance(types: &[GgmlType]) {
-    let (m, ns) = (37usize, [2usize, 3, 5, 8, 9, 16, 17, 33]);
+    let (m, ns) = (37usize, [2usize, 3, 4, 5, 8, 9, 16, 17, 33]);
     let mut report = Vec::new();
     for &ty in types {
         // 2304: 9 super-blocks (a whole 8 and one more); 800: 25 blocks of 32.
