@@ -10,7 +10,8 @@
 //! * [`ActKind::Q8`]: Q8_0 in a split layout (i8 quants, f32 block scales,
 //!   per-lane integer corrections) for the u8 × i8 block kernels.
 //! * [`ActKind::Q8K`]: Q8_K in a split layout (i8 quants, f32 super-block
-//!   scales, sums of each 32-element sub-block) for the k-quant kernels.
+//!   scales, sums of each 32-element and of each 16-element sub-block) for
+//!   the k-quant kernels.
 //!
 //! The Q8_0/Q8_1 quantizer reproduces ggml's x86 `quantize_row_q8_0` /
 //! `quantize_row_q8_1` (scale `amax/127`, multiplier `127/amax`, rounding to
@@ -65,6 +66,9 @@ pub(super) struct Acts {
     pub c: Vec<i32>,
     /// Q8K: per super-block, the 8 sums of each 32-element sub-block.
     pub bs: Vec<i16>,
+    /// Q8K: per super-block, the 16 sums of each 16-element sub-block
+    /// (ggml's `bsums`; Q6_K's offset term).
+    pub bs16: Vec<i16>,
     /// Raw: the columns in ggml's block layout, [`Acts::raw_row`] bytes each.
     pub raw: Vec<u8>,
     /// Raw: bytes per column.
@@ -152,16 +156,21 @@ impl Acts {
                 acts.q = vec![0i8; total];
                 acts.d = vec![0f32; n * nsb];
                 acts.bs = vec![0i16; n * nsb * 8];
+                acts.bs16 = vec![0i16; n * nsb * 16];
                 acts.q
                     .par_chunks_mut(k)
                     .zip(acts.d.par_chunks_mut(nsb))
                     .zip(acts.bs.par_chunks_mut(nsb * 8))
+                    .zip(acts.bs16.par_chunks_mut(nsb * 16))
                     .zip(rows.par_iter())
                     .try_for_each_init(
                         || vec![0f32; k],
-                        |tmp, (((q, d), bs), &(i1, i2, i3))| -> Result<()> {
+                        |tmp, ((((q, d), bs), bs16), &(i1, i2, i3))| -> Result<()> {
                             b.load_row_f32(i1, i2, i3, tmp)?;
                             quantize_q8k_row(tmp, q, d, bs);
+                            for (s, qs) in bs16.iter_mut().zip(q.chunks_exact(16)) {
+                                *s = qs.iter().map(|&v| v as i16).sum();
+                            }
                             Ok(())
                         },
                     )?;

@@ -7,6 +7,9 @@
 //!   trick), plus scales.
 //! * Q4_K → u8 nibbles in element order, per super-block f32 `d`, `dmin`,
 //!   8 six-bit scales (each duplicated into a u32 for a broadcast) and 8 mins.
+//! * Q6_K → u8 six-bit quants in element order (the stored unsigned value:
+//!   the weight is `d·sc·(q − 32)`), per super-block f32 `d` and the 16 i8
+//!   scales of its 16-element sub-blocks.
 //!
 //! Block layouts are ggml's (`ggml-common.h`); `get_scale_min_k4` unpacking
 //! follows `ggml-quants.c`.
@@ -21,6 +24,8 @@ pub(super) const Q5_0_BYTES: usize = 22;
 pub(super) const Q8_0_BYTES: usize = 34;
 /// Bytes of one Q4_K super-block.
 pub(super) const Q4_K_BYTES: usize = 144;
+/// Bytes of one Q6_K super-block (`ql[128]`, `qh[64]`, `scales[16]`, f16 `d`).
+pub(super) const Q6_K_BYTES: usize = 210;
 
 #[inline(always)]
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -134,9 +139,37 @@ pub(super) fn q4_k(src: &[u8], q: &mut [u8], m: Q4kMeta<'_>, simd: bool) {
     }
 }
 
+/// Q6_K row → u8 six-bit quants (0..63) in element order, per super-block
+/// scale `d` and 16 sub-block scales `sc`.
+pub(super) fn q6_k(src: &[u8], q: &mut [u8], d: &mut [f32], sc: &mut [i8], simd: bool) {
+    for (sb, (blk, qs)) in src.chunks_exact(Q6_K_BYTES).zip(q.chunks_exact_mut(256)).enumerate() {
+        d[sb] = f16_at(blk, 208);
+        for (o, &v) in sc[16 * sb..16 * sb + 16].iter_mut().zip(&blk[192..208]) {
+            *o = v as i8;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` only with AVX2; `blk` is 210 bytes and `qs` 256.
+            unsafe { x86::quants_q6k(blk, qs) };
+            continue;
+        }
+        let _ = simd;
+        for h in 0..2 {
+            let (ql, qh) = (&blk[64 * h..64 * h + 64], &blk[128 + 32 * h..128 + 32 * h + 32]);
+            let o = &mut qs[128 * h..128 * h + 128];
+            for l in 0..32 {
+                o[l] = (ql[l] & 0x0f) | ((qh[l] & 3) << 4);
+                o[l + 32] = (ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4);
+                o[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                o[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Q4_0_BYTES, Q8_0_BYTES};
+    use super::{Q4_0_BYTES, Q6_K_BYTES, Q8_0_BYTES};
     use core::arch::x86_64::*;
 
     /// The f16 scales at the start of each of `d.len()` blocks of `bsz` bytes.
@@ -211,6 +244,24 @@ mod x86 {
                     q.as_mut_ptr().add(64 * g + 32) as *mut __m256i,
                     _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
                 );
+            }
+        }
+    }
+
+    /// The 256 six-bit quants of a raw Q6_K super-block, in element order.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quants_q6k(blk: &[u8], q: &mut [u8]) {
+        if blk.len() < Q6_K_BYTES || q.len() < 256 {
+            return;
+        }
+        for h in 0..2 {
+            // SAFETY: 64 bytes of `ql` at 64·h, 32 of `qh` at 128 + 32·h
+            // (inside the 210-byte block), 128 bytes at 128·h of `q`.
+            unsafe {
+                let v = super::super::kern::q6k_unpack(blk.as_ptr().add(64 * h), blk.as_ptr().add(128 + 32 * h));
+                for (j, vj) in v.iter().enumerate() {
+                    _mm256_storeu_si256(q.as_mut_ptr().add(128 * h + 32 * j) as *mut __m256i, *vj);
+                }
             }
         }
     }

@@ -9,13 +9,17 @@
 //! * `Q8S`: as `Q8` with signed i8 row quants (Q8_0 weights without VNNI).
 //! * `Q4K`: rows of u8 nibbles with per-super-block d, dmin, 8 scales and
 //!   8 mins × Q8_K columns.
-//! * `Q8I`, `Q4KI`: the same rows × groups of 8 column-interleaved columns
-//!   (`packed.rs`), 8 or 16 columns per tile.
-//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`: one column × raw weight
-//!   blocks, 8 blocks' dots reduced together and scaled with one FMA. The
-//!   kernels of each format (one column, tiles, packed tiles) combine a
-//!   column's block sums in one order, whatever the tile (batch invariance):
-//!   Q4_0/Q5_0/Q8_0 as `gemv_q8_body`, Q4_K as `q4k_fold`.
+//! * `Q6K`: rows of u8 six-bit quants with per-super-block d and 16 i8
+//!   scales × Q8_K columns (with their 16 sums of 16 for the −32 offset);
+//!   portable only (SIMD builds take `GemvQ6K` or `Q6KI`).
+//! * `Q8I`, `Q4KI`, `Q6KI`: the same rows × groups of 8 column-interleaved
+//!   columns (`packed.rs`), 8 or 16 columns per tile.
+//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one column
+//!   (`GemvQ6K`: one to four) × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
+//!   blocks' dots reduced together and scaled with one FMA). The kernels of
+//!   each format (one column, tiles, packed tiles) combine a column's block
+//!   sums in one order, whatever the tile (batch invariance): Q4_0/Q5_0/Q8_0
+//!   as `gemv_q8_body`, Q4_K as `q4k_fold`, Q6_K as `q6k_fold`.
 //!
 //! Every kernel exists as portable Rust and, on x86_64, as an AVX2+FMA+F16C
 //! build and an AVX-512 VNNI build (`vpdpbusd`/`vpdpwssd` through `asm!`,
@@ -48,13 +52,15 @@ pub(super) struct Tile {
     pub asc: [*const u32; MR],
     /// Q4K: 8 mins per super-block (i16).
     pub amn: [*const i16; MR],
+    /// Q6K: 16 sub-block scales per super-block (i8).
+    pub a6: [*const i8; MR],
     /// Column data: f32 values or i8 quants, `k` elements.
     pub b: [*const u8; NR],
     /// Column scales: per 32 (Q8) or per 256 (Q4K).
     pub bd: [*const f32; NR],
     /// Q8: per-block lane corrections.
     pub bc: [*const i32; NR],
-    /// Q4K: 8 sub-block sums per super-block.
+    /// Q4K: 8 sums of 32 per super-block; Q6K: 16 sums of 16.
     pub bs: [*const i16; NR],
     /// Results `out[row][col]`.
     pub out: [[f32; NR]; MR],
@@ -69,6 +75,7 @@ impl Default for Tile {
             am: [std::ptr::null(); MR],
             asc: [std::ptr::null(); MR],
             amn: [std::ptr::null(); MR],
+            a6: [std::ptr::null(); MR],
             b: [std::ptr::null(); NR],
             bd: [std::ptr::null(); NR],
             bc: [std::ptr::null(); NR],
@@ -103,6 +110,8 @@ pub(super) enum Fmt {
     Q8S,
     /// Q4_K rows, Q8_K columns.
     Q4K,
+    /// Q6_K rows, Q8_K columns.
+    Q6K,
     /// One column: raw Q4_0 rows × Q8 column (x86 only).
     GemvQ4_0,
     /// One column: raw Q5_0 rows × Q8 column (x86 only).
@@ -112,10 +121,14 @@ pub(super) enum Fmt {
     GemvQ8_0,
     /// One column: raw Q4_K rows × Q8_K column (x86 only).
     GemvQ4K,
+    /// One to four columns: raw Q6_K rows × Q8_K columns (x86 only).
+    GemvQ6K,
     /// `Q8` rows × packed groups of 8 Q8 columns (x86 only; see `packed.rs`).
     Q8I,
     /// `Q4K` rows × packed groups of 8 Q8_K columns (x86 only).
     Q4KI,
+    /// `Q6K` rows × packed groups of 8 Q8_K columns (x86 only).
+    Q6KI,
 }
 
 /// The instruction set used by the kernels, detected once.
@@ -189,7 +202,19 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             match (rm, rn) {
                 (2, 16) => $f::<2, 2> as KernFn,
                 (6, 16) => $f::<6, 2> as KernFn,
+                (6, 8) => $f::<6, 1> as KernFn,
                 _ => $f::<4, 2> as KernFn,
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! pick_raw {
+        ($f:ident) => {
+            match rn {
+                2 => $f::<1, 2> as KernFn,
+                3 => $f::<1, 3> as KernFn,
+                4 => $f::<1, 4> as KernFn,
+                _ => $f::<1, 1> as KernFn,
             }
         };
     }
@@ -215,12 +240,17 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8 => pick!(q8_avx2),
                 Fmt::Q8S => pick!(q8s_avx2),
                 Fmt::Q4K => pick!(q4k_avx2),
+                // Decoded Q6_K rows only go to packed tiles with SIMD
+                // (one to four columns read raw rows: `GemvQ6K`).
+                Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_avx2),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
+                Fmt::GemvQ6K => pick_raw!(gemv_q6k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
+                Fmt::Q6KI => pick2!(q6ki_avx2),
                 Fmt::VecDot => unreachable_kernel,
             }
         }
@@ -234,12 +264,17 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8 => pick!(q8_vnni),
                 Fmt::Q8S => pick!(q8s_vnni),
                 Fmt::Q4K => pick!(q4k_vnni),
+                // Decoded Q6_K rows only go to packed tiles with SIMD
+                // (one to four columns read raw rows: `GemvQ6K`).
+                Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_vnni),
                 Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
+                Fmt::GemvQ6K => pick_raw!(gemv_q6k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
+                Fmt::Q6KI => pick2!(q6ki_vnni),
                 Fmt::VecDot => unreachable_kernel,
             }
         }
@@ -249,10 +284,17 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             Fmt::BF16 => pick!(dense_scalar_bf16),
             Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
             Fmt::Q4K => pick!(q4k_scalar),
+            Fmt::Q6K => pick!(q6k_scalar),
             // The driver never selects these without SIMD (nor `VecDot` as a tile).
-            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::Q8I | Fmt::Q4KI | Fmt::VecDot => {
-                unreachable_kernel
-            }
+            Fmt::GemvQ4_0
+            | Fmt::GemvQ5_0
+            | Fmt::GemvQ8_0
+            | Fmt::GemvQ4K
+            | Fmt::GemvQ6K
+            | Fmt::Q8I
+            | Fmt::Q4KI
+            | Fmt::Q6KI
+            | Fmt::VecDot => unreachable_kernel,
         },
     }
 }
@@ -269,10 +311,13 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
             Fmt::F32 | Fmt::F16 | Fmt::BF16 => 8,
             // Fused quantized kernels: one row at a time streams best and
             // keeps every accumulator in a register.
-            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K => 1,
+            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::GemvQ6K => 1,
             _ => 4,
         };
         return (rm, 1);
+    }
+    if fmt == Fmt::GemvQ6K {
+        return (1, ncols.min(4));
     }
     if ncols == 2 {
         return (4, 2);
@@ -281,9 +326,11 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
         return (4, 3);
     }
     match (isa, fmt) {
-        (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI) => (2, 16),
+        // One group of 8 columns: a tile of 16 would compute it twice.
+        (_, Fmt::Q6KI) if ncols <= 8 => (6, 8),
+        (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) => (2, 16),
         (_, Fmt::Q8I) => (6, 16),
-        (_, Fmt::Q4KI) => (4, 16),
+        (_, Fmt::Q4KI | Fmt::Q6KI) => (4, 16),
         (Isa::Scalar, _) => (4, 4),
         // 16 vector registers (the kernels are built for AVX2).
         (_, Fmt::Q4K) => (2, 4),
@@ -400,6 +447,37 @@ unsafe fn q4k_scalar<const RM: usize, const RN: usize>(t: &mut Tile) {
         }
     }
 }
+
+/// Portable Q6K: per super-block the exact integer dot `I = Σ_j sc_j·(Σ q·b
+/// − 32·Σ b)` over its 16 sub-blocks, added scaled by `d·d_col` to one
+/// running sum (the order of `q6k_fold`).
+unsafe fn q6k_scalar<const RM: usize, const RN: usize>(t: &mut Tile) {
+    let nsb = t.k / 256;
+    for r in 0..RM {
+        for c in 0..RN {
+            let mut s = 0f32;
+            for sb in 0..nsb {
+                // SAFETY: indices inside the super-block arrays (KernFn contract).
+                unsafe {
+                    let mut isum = 0i32;
+                    for j in 0..16 {
+                        let sc = rd::<i8>(t.a6[r] as *const u8, 16 * sb + j) as i32;
+                        let mut dot = -32 * rd::<i16>(t.bs[c] as *const u8, 16 * sb + j) as i32;
+                        for e in 256 * sb + 16 * j..256 * sb + 16 * j + 16 {
+                            dot += rd::<u8>(t.a[r], e) as i32 * rd::<i8>(t.b[c], e) as i32;
+                        }
+                        isum += sc * dot;
+                    }
+                    s += isum as f32 * (rd::<f32>(t.ad[r] as *const u8, sb) * rd::<f32>(t.bd[c] as *const u8, sb));
+                }
+            }
+            t.out[r][c] = s;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use x86::q6k_unpack;
 
 // ---------------------------------------------------------------------------
 // x86_64 kernels
@@ -1011,8 +1089,225 @@ mod x86 {
         }
     }
 
+    /// The 128 six-bit quants of one half of a raw Q6_K super-block (`ql`:
+    /// its 64 low-nibble bytes, `qh`: its 32 high-bit bytes) as 4 × 32 u8
+    /// in element order: vector `j` holds elements `32·j .. 32·j + 32`
+    /// (low nibbles of `ql[0..32]`, of `ql[32..64]`, then their high
+    /// nibbles; bits `2j, 2j + 1` of `qh` on top).
+    #[inline(always)]
+    pub(in super::super) unsafe fn q6k_unpack(ql: *const u8, qh: *const u8) -> [__m256i; 4] {
+        // SAFETY: 64 bytes at `ql` and 32 at `qh` are readable (caller); AVX2.
+        unsafe {
+            let m4 = _mm256_set1_epi8(0x0f);
+            let m30 = _mm256_set1_epi8(0x30);
+            let l0 = _mm256_loadu_si256(ql as *const __m256i);
+            let l1 = _mm256_loadu_si256(ql.add(32) as *const __m256i);
+            let h = _mm256_loadu_si256(qh as *const __m256i);
+            // 16-bit shifts move bits across bytes; the masks keep only each
+            // byte's own nibble and its own two high bits (at bits 4, 5).
+            [
+                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
+                ),
+            ]
+        }
+    }
+
+    /// `vpshufb` controls for 32-element step `s mod 4` of a super-block
+    /// half: the i16 scale `2s` (of the half's 8) broadcast in the low 128
+    /// bits, scale `2s + 1` in the high 128 bits.
+    #[inline(always)]
+    unsafe fn q6k_pair_ctl() -> [__m256i; 4] {
+        // SAFETY: AVX (every caller's features).
+        unsafe {
+            std::array::from_fn(|s| {
+                let pick = |i: usize| (((2 * i + 1) << 8) | (2 * i)) as i64 * 0x0001_0001_0001_0001;
+                let (a, b) = (pick(2 * s), pick(2 * s + 1));
+                _mm256_set_epi64x(b, b, a, a)
+            })
+        }
+    }
+
+    /// A super-block's 16 i8 scales as i16, split by half: `[0]` holds
+    /// scales 0..8 in both 128-bit lanes, `[1]` scales 8..16 (for
+    /// [`q6k_pair`]), `[2]` all 16 times −32 (multiplied with the column's
+    /// 16 sums of 16 they give the offset term of the integer dot).
+    #[inline(always)]
+    unsafe fn q6k_scales(sc: __m128i) -> [__m256i; 3] {
+        // SAFETY: AVX2 (every caller's features).
+        unsafe {
+            let s16 = _mm256_cvtepi8_epi16(sc);
+            [
+                _mm256_permute2x128_si256(s16, s16, 0x00),
+                _mm256_permute2x128_si256(s16, s16, 0x11),
+                _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)),
+            ]
+        }
+    }
+
+    /// The i16 multipliers of 32-element step `s` of a super-block: the 8
+    /// pair sums of its first 16 elements take scale `2s`, the next 8 scale
+    /// `2s + 1` (`sc` from [`q6k_scales`], `ctl` from [`q6k_pair_ctl`]).
+    #[inline(always)]
+    unsafe fn q6k_pair(sc: &[__m256i; 3], ctl: &[__m256i; 4], s: usize) -> __m256i {
+        // SAFETY: AVX2 (every caller's features).
+        unsafe { _mm256_shuffle_epi8(sc[s / 4], ctl[s % 4]) }
+    }
+
+    /// Q6_K's super-block step, the one order of every Q6_K kernel (batch
+    /// invariance): the super-block's exact integer dot (the sum of the 8
+    /// lanes of `isum`: scales and the −32 offset applied) scaled by `sc =
+    /// d·d_col` (lane 0) and added with one FMA to the running sum (lane 0
+    /// of `acc`), super-blocks in order.
+    #[inline(always)]
+    unsafe fn q6k_fold(acc: __m128, isum: __m256i, sc: __m128) -> __m128 {
+        // SAFETY: AVX2 + FMA (every caller's features).
+        unsafe {
+            let x = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
+            let x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b01_00_11_10));
+            let tot = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0b10_11_00_01));
+            _mm_fmadd_ss(_mm_cvtepi32_ps(tot), sc, acc)
+        }
+    }
+
+    /// `RN` columns (1 to 4) × `RM` raw Q6_K rows: each super-block's quants
+    /// unpacked in registers once, dotted with `maddubs` (u8 0..63 × i8: pair
+    /// sums fit i16) and scaled per 16 elements with `madd`/`vpdpwssd` for
+    /// every column, folded by [`q6k_fold`].
+    #[inline(always)]
+    unsafe fn gemv_q6k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract (raw rows of k/256 super-blocks of 210
+        // bytes, Q8_K columns with their sums of 16).
+        unsafe {
+            let nsb = t.k / 256;
+            let ctl = q6k_pair_ctl();
+            let mut acc = [[_mm_setzero_ps(); RN]; RM];
+            for sb in 0..nsb {
+                for r in 0..RM {
+                    let blk = t.a[r].add(210 * sb);
+                    let sc = q6k_scales(_mm_loadu_si128(blk.add(192) as *const __m128i));
+                    let d =
+                        _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32));
+                    let mut isum = [_mm256_setzero_si256(); RN];
+                    for c in 0..RN {
+                        let bsum = _mm256_loadu_si256(t.bs[c].add(16 * sb) as *const __m256i);
+                        isum[c] = D::w(isum[c], sc[2], bsum);
+                    }
+                    for h in 0..2 {
+                        let q = q6k_unpack(blk.add(64 * h), blk.add(128 + 32 * h));
+                        for (j, qj) in q.iter().enumerate() {
+                            let sp = q6k_pair(&sc, &ctl, 4 * h + j);
+                            for c in 0..RN {
+                                let off = 256 * sb + 128 * h + 32 * j;
+                                let bv = _mm256_loadu_si256(t.b[c].add(off) as *const __m256i);
+                                isum[c] = D::w(isum[c], _mm256_maddubs_epi16(*qj, bv), sp);
+                            }
+                        }
+                    }
+                    for c in 0..RN {
+                        let scale = _mm_mul_ss(d, _mm_set_ss(*t.bd[c].add(sb)));
+                        acc[r][c] = q6k_fold(acc[r][c], isum[c], scale);
+                    }
+                }
+            }
+            for r in 0..RM {
+                for c in 0..RN {
+                    t.out[r][c] = _mm_cvtss_f32(acc[r][c]);
+                }
+            }
+        }
+    }
+
+    /// `Q6K` rows × `NCV` packed groups of 8 Q8_K columns (lane = column),
+    /// super-blocks combined as in [`q6k_fold`]: each super-block's exact
+    /// integer dot per column, scaled, into one running sum per column.
+    /// Per 16-element sub-block: VNNI sums 4 `vpdpbusd` steps and scales
+    /// them with one multiply; AVX2 scales each step's pair sums in `madd`.
+    #[inline(always)]
+    unsafe fn q6ki_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract (decoded Q6_K rows; groups as in packed.rs).
+        unsafe {
+            let nsb = t.k / 256;
+            let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
+            for sb in 0..nsb {
+                let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
+                for r in 0..RM {
+                    // −32·scale pairs against the columns' pairs of sums of 16.
+                    let mut off = [0i32; 8];
+                    let o = q6k_scales(_mm_loadu_si128(t.a6[r].add(16 * sb) as *const __m128i));
+                    _mm256_storeu_si256(off.as_mut_ptr() as *mut __m256i, o[2]);
+                    for (p, &op) in off.iter().enumerate() {
+                        let mp = _mm256_set1_epi32(op);
+                        for cv in 0..NCV {
+                            let bp = _mm256_loadu_si256(t.bc[cv].add(64 * sb + 8 * p) as *const __m256i);
+                            acc[r][cv] = D::w(acc[r][cv], mp, bp);
+                        }
+                    }
+                }
+                for j in 0..16 {
+                    let mut ak = [[_mm256_setzero_si256(); NCV]; RM];
+                    for s in 0..4 {
+                        let step = 64 * sb + 4 * j + s;
+                        let mut bv = [_mm256_setzero_si256(); NCV];
+                        for (cv, b) in bv.iter_mut().enumerate() {
+                            *b = _mm256_loadu_si256(t.b[cv].add(32 * step) as *const __m256i);
+                        }
+                        for r in 0..RM {
+                            let av = _mm256_set1_epi32(std::ptr::read_unaligned(t.a[r].add(4 * step) as *const i32));
+                            let sc = *t.a6[r].add(16 * sb + j) as i16;
+                            for cv in 0..NCV {
+                                if D::VNNI {
+                                    ak[r][cv] = D::ub(ak[r][cv], av, bv[cv]);
+                                } else {
+                                    let p = _mm256_maddubs_epi16(av, bv[cv]);
+                                    acc[r][cv] = D::w(acc[r][cv], p, _mm256_set1_epi16(sc));
+                                }
+                            }
+                        }
+                    }
+                    if D::VNNI {
+                        for r in 0..RM {
+                            let sc = _mm256_set1_epi32(*t.a6[r].add(16 * sb + j) as i32);
+                            for cv in 0..NCV {
+                                acc[r][cv] = _mm256_add_epi32(acc[r][cv], _mm256_mullo_epi32(ak[r][cv], sc));
+                            }
+                        }
+                    }
+                }
+                for r in 0..RM {
+                    let d = _mm256_broadcast_ss(&*t.ad[r].add(sb));
+                    for cv in 0..NCV {
+                        let bd = _mm256_loadu_ps(t.bd[cv].add(8 * sb));
+                        accf[r][cv] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][cv]), _mm256_mul_ps(d, bd), accf[r][cv]);
+                    }
+                }
+            }
+            for r in 0..RM {
+                for cv in 0..NCV {
+                    _mm256_storeu_ps(t.out[r][8 * cv..].as_mut_ptr(), accf[r][cv]);
+                }
+            }
+        }
+    }
+
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $q8i:ident, $q4ki:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $q6ki<const RM: usize, const NCV: usize>(t: &mut Tile) {
+                // SAFETY: selected only when the CPU has these features; KernFn contract.
+                unsafe { q6ki_body::<$dot, RM, NCV>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $g6k<const RM: usize, const RN: usize>(t: &mut Tile) {
+                // SAFETY: selected only when the CPU has these features; KernFn contract.
+                unsafe { gemv_q6k_body::<$dot, RM, RN>(t) }
+            }
+
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8i<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -1088,8 +1383,10 @@ mod x86 {
         gemv_q8_0_avx2,
         gemv_q5_0_avx2,
         gemv_q4k_avx2,
+        gemv_q6k_avx2,
         q8i_avx2,
         q4ki_avx2,
+        q6ki_avx2,
         Avx2
     );
     build!(
@@ -1104,8 +1401,10 @@ mod x86 {
         gemv_q8_0_vnni,
         gemv_q5_0_vnni,
         gemv_q4k_vnni,
+        gemv_q6k_vnni,
         q8i_vnni,
         q4ki_vnni,
+        q6ki_vnni,
         Vnni
     );
 }

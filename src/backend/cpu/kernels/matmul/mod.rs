@@ -13,24 +13,28 @@
 //!    routed to one expert) form one job, so each weight row is read once
 //!    per chunk of columns;
 //! 3. inside a task, per weight type and column count:
-//!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 / Q4_K
-//!      blocks, or 8-row dense F32/F16/BF16 kernels (`kern.rs`);
+//!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 /
+//!      Q4_K / Q6_K blocks (Q6_K's also for 2 to 4 columns), or 8-row dense
+//!      F32/F16/BF16 kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
-//!      elements × 8 columns) or register-blocked dense tiles (the `gemm`
-//!      crate for F32 only on request: `gemm_min_cols`);
+//!      elements × 8 columns) or register-blocked tiles (2-3 columns of
+//!      Q4_0/Q5_0/Q8_0/Q4_K; dense rows; the `gemm` crate for F32 only on
+//!      request: `gemm_min_cols`);
 //!    * batch invariance: every path of a weight type sums a column's block
 //!      products in one fixed order (Q4_0/Q5_0/Q8_0: 8 exact block dots per
 //!      step, one accumulator per block index mod 8, then the remaining
 //!      blocks; Q4_K: each super-block's exact integer dot and min
-//!      correction, scaled, into two running sums; dense: 8 lanes along K;
+//!      correction, scaled, into two running sums; Q6_K: each super-block's
+//!      exact integer dot, −32 offset included, scaled by `d·d_col` into one
+//!      running sum; dense: 8 lanes along K;
 //!      the row-dot types: one dot per row and column), so column j of
 //!      `mul_mat(W, X)` is bit-identical to `mul_mat(W, X[:, j])` whatever
 //!      the column count, tile or thread split (speculative decoding checks
 //!      drafts in a batch against one-token decoding; ggml's CPU products are
 //!      batch-invariant too);
-//!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K and the formats of ggml 0.25.3
+//!    * Q4_1, Q5_1, Q2_K, Q3_K, Q5_K and the formats of ggml 0.25.3
 //!      (IQ*, TQ*, MXFP4, NVFP4, Q1_0, Q2_0): `quant::vec_dot_fn` per (row,
 //!      column) on ggml's own activation blocks.
 //!
@@ -104,6 +108,8 @@ enum RowMode {
     Q8_0 { signed: bool },
     /// Q4_K → nibbles and metadata.
     Q4K,
+    /// Q6_K → six-bit quants, d and 16 scales.
+    Q6K,
 }
 
 /// Everything fixed by the weight type and the CPU.
@@ -128,8 +134,9 @@ fn plan(wt: GgmlType, isa: Isa) -> Result<Plan> {
         Q8_0 if simd && isa == Isa::Avx2 => (RowMode::Q8_0 { signed: true }, ActKind::Q8 { corr_mul: 0 }, Fmt::Q8S),
         Q8_0 => (RowMode::Q8_0 { signed: false }, ActKind::Q8 { corr_mul: 16 }, Fmt::Q8),
         Q4_K => (RowMode::Q4K, ActKind::Q8K, Fmt::Q4K),
+        Q6_K => (RowMode::Q6K, ActKind::Q8K, Fmt::Q6K),
         Q4_1 | Q5_1 => (RowMode::Direct, ActKind::Raw(Q8_1), Fmt::VecDot),
-        Q2_K | Q3_K | Q5_K | Q6_K => (RowMode::Direct, ActKind::Raw(Q8_K), Fmt::VecDot),
+        Q2_K | Q3_K | Q5_K => (RowMode::Direct, ActKind::Raw(Q8_K), Fmt::VecDot),
         // The IQ, TQ and FP4 formats, Q1_0, Q2_0: ggml's own activation
         // blocks (Q8_0 or Q8_K) and the row dot products.
         other if quant::vec_dot_fn_scalar(other).is_some() => {
@@ -151,6 +158,7 @@ fn gemv_plan(p: Plan) -> Plan {
         GgmlType::Q5_0 => Fmt::GemvQ5_0,
         GgmlType::Q8_0 => Fmt::GemvQ8_0,
         GgmlType::Q4_K => Fmt::GemvQ4K,
+        GgmlType::Q6_K => Fmt::GemvQ6K,
         _ => return p,
     };
     Plan { rows: RowMode::Direct, fmt, ..p }
@@ -168,6 +176,7 @@ fn packed_plan(p: Plan, max_cols: usize) -> Plan {
     match p.fmt {
         Fmt::Q8 => Plan { fmt: Fmt::Q8I, ..p },
         Fmt::Q4K => Plan { fmt: Fmt::Q4KI, ..p },
+        Fmt::Q6K => Plan { fmt: Fmt::Q6KI, ..p },
         _ => p,
     }
 }
@@ -234,6 +243,7 @@ struct Scratch {
     dmin: Vec<f32>,
     sc: Vec<u32>,
     mn: Vec<i16>,
+    sc6: Vec<i8>,
     out: Vec<f32>,
 }
 
@@ -248,6 +258,10 @@ fn max_cols(jobs: &[Job]) -> usize {
 fn refine(plan: Plan, jobs: &[Job]) -> Plan {
     match max_cols(jobs) {
         1 => gemv_plan(plan),
+        // Q6_K's raw-row kernel takes up to 4 columns (each super-block
+        // unpacked once in registers for all of them; measured faster than
+        // packed tiles up to 4 columns, slower from 5).
+        2..=4 if plan.wt == GgmlType::Q6_K => gemv_plan(plan),
         n => packed_plan(plan, n),
     }
 }
@@ -278,8 +292,11 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     }
     let max_cols = max_cols(jobs);
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
-    let packed =
-        if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI) { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
+    let packed = if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) {
+        Packed::new(acts, plan.act, jobs, plan.fmt == Fmt::Q6KI)
+    } else {
+        Packed::default()
+    };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
     let gemm = plan.fmt == Fmt::F32
         && plan.rows == RowMode::Direct
@@ -386,7 +403,7 @@ impl Run<'_> {
             let mut c = t.c0;
             while c < t.c1 {
                 let cols = self.rn.min(t.c1 - c);
-                if matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI) {
+                if matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) {
                     let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
                     for jj in 0..self.rn / packed::G {
                         let g = first + (c / packed::G + jj).min(last);
@@ -560,6 +577,21 @@ impl Run<'_> {
                     t.amn[i] = scr.mn[i * ns * 8..].as_ptr();
                 }
             }
+            RowMode::Q6K => {
+                let ns = k / 256;
+                scr.q.resize(MR * k, 0);
+                scr.d.resize(MR * ns, 0.0);
+                scr.sc6.resize(MR * ns * 16, 0);
+                for i in 0..rows {
+                    let (q, d) = (&mut scr.q[i * k..(i + 1) * k], &mut scr.d[i * ns..(i + 1) * ns]);
+                    decode::q6_k(row(i), q, d, &mut scr.sc6[i * ns * 16..(i + 1) * ns * 16], simd);
+                }
+                for i in 0..rows {
+                    t.a[i] = scr.q[i * k..].as_ptr();
+                    t.ad[i] = scr.d[i * ns..].as_ptr();
+                    t.a6[i] = scr.sc6[i * ns * 16..].as_ptr();
+                }
+            }
         }
         for i in rows..self.rm {
             t.a[i] = t.a[rows - 1];
@@ -567,6 +599,7 @@ impl Run<'_> {
             t.am[i] = t.am[rows - 1];
             t.asc[i] = t.asc[rows - 1];
             t.amn[i] = t.amn[rows - 1];
+            t.a6[i] = t.a6[rows - 1];
         }
         Ok(())
     }
@@ -587,7 +620,11 @@ impl Run<'_> {
                 let ns = k / 256;
                 t.b[j] = a.q[act * k..].as_ptr() as *const u8;
                 t.bd[j] = a.d[act * ns..].as_ptr();
-                t.bs[j] = a.bs[act * ns * 8..].as_ptr();
+                t.bs[j] = if self.plan.wt == GgmlType::Q6_K {
+                    a.bs16[act * ns * 16..].as_ptr()
+                } else {
+                    a.bs[act * ns * 8..].as_ptr()
+                };
             }
             // Not a tile format (the driver loops over rows itself).
             ActKind::Raw(_) => {}

@@ -10,7 +10,9 @@
 //! * `d`: Q8 `[K/32][8]` block scales; Q8K `[K/256][8]` super-block scales;
 //! * `c`: Q8 `[K/32][8]` exact block corrections (`8 ·` the per-lane value
 //!   in [`Acts::c`]); Q8K `[K/256][4][8]` pairs of 32-element sums packed as
-//!   two i16 in an i32 (for `vpdpwssd` against pairs of mins).
+//!   two i16 in an i32 (for `vpdpwssd` against pairs of mins), or with
+//!   `sums16` (Q6_K) `[K/256][8][8]` pairs of 16-element sums (against
+//!   pairs of −32·scale).
 
 use super::acts::{ActKind, Acts};
 use super::Job;
@@ -39,11 +41,14 @@ pub(super) struct Packed {
 }
 
 impl Packed {
-    /// Packs the columns of every job (`kind` is Q8 or Q8K).
-    pub(super) fn new(acts: &Acts, kind: ActKind, jobs: &[Job]) -> Packed {
+    /// Packs the columns of every job (`kind` is Q8 or Q8K; Q8K's sums are
+    /// the sums of 16 with `sums16`, else of 32).
+    pub(super) fn new(acts: &Acts, kind: ActKind, jobs: &[Job], sums16: bool) -> Packed {
         let k = acts.k;
+        // Pairs of sums per super-block.
+        let pairs = if sums16 { 8 } else { 4 };
         let (q_len, d_len, c_len) = match kind {
-            ActKind::Q8K => (k * G, (k / 256) * G, (k / 256) * 4 * G),
+            ActKind::Q8K => (k * G, (k / 256) * G, (k / 256) * pairs * G),
             _ => (k * G, (k / 32) * G, (k / 32) * G),
         };
         let mut first = Vec::with_capacity(jobs.len());
@@ -88,9 +93,13 @@ impl Packed {
                         for (j, &a) in src.iter().enumerate() {
                             for sb in 0..ns {
                                 d[sb * G + j] = acts.d[a * ns + sb];
-                                let bs = &acts.bs[(a * ns + sb) * 8..][..8];
-                                for pr in 0..4 {
-                                    c[(sb * 4 + pr) * G + j] =
+                                let bs = if sums16 {
+                                    &acts.bs16[(a * ns + sb) * 16..][..16]
+                                } else {
+                                    &acts.bs[(a * ns + sb) * 8..][..8]
+                                };
+                                for pr in 0..pairs {
+                                    c[(sb * pairs + pr) * G + j] =
                                         (bs[2 * pr] as u16 as u32 | ((bs[2 * pr + 1] as u16 as u32) << 16)) as i32;
                                 }
                             }

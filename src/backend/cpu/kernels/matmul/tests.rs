@@ -112,6 +112,19 @@ fn weights(ty: GgmlType, k: usize, rows: usize, rng: &mut Rng) -> (Vec<u8>, Vec<
                     }
                 }
             }
+            GgmlType::Q6_K => {
+                // Random bytes (every quant, high bit and scale, −128
+                // included) with a sane f16 `d` at the end of each block;
+                // decoded by the quant module for the reference.
+                let mut row: Vec<u8> = (0..k / 256 * 210).map(|_| rng.byte()).collect();
+                for blk in row.chunks_exact_mut(210) {
+                    blk[208..].copy_from_slice(&f16::from_f32(0.0001 + 0.001 * rng.f().abs()).to_bits().to_le_bytes());
+                }
+                let mut deq = vec![0f32; k];
+                crate::tensor::quant::dequantize_row(ty, &row, &mut deq).unwrap();
+                bytes.extend_from_slice(&row);
+                vals.extend(deq.iter().map(|&v| v as f64));
+            }
             other if crate::tensor::quant::quantize_requires_imatrix(other) => {
                 // Random valid blocks (every index, sign and sub-scale bit
                 // random) with a sane f16 scale, which these types keep in
@@ -226,9 +239,24 @@ fn mul_mat_all_kernel_types_match_reference() {
             mul_mat_case(ty, k, m, n, false);
         }
     }
-    for &(k, m, n) in &[(256, 7, 1), (512, 9, 5), (256, 11, 9), (768, 5, 1), (512, 2, 1), (2304, 5, 1), (2304, 7, 9)] {
-        mul_mat_case(GgmlType::Q4_K, k, m, n, false);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for &(k, m, n) in &[
+            (256, 7, 1),
+            (512, 9, 5),
+            (256, 11, 9),
+            (768, 5, 1),
+            (512, 2, 1),
+            (2304, 5, 1),
+            (2304, 7, 9),
+            (512, 6, 2),
+            (768, 5, 3),
+            (1024, 9, 17),
+            (512, 7, 4),
+        ] {
+            mul_mat_case(ty, k, m, n, false);
+        }
     }
+    mul_mat_case(GgmlType::Q6_K, 512, 5, 6, true);
     for ty in [GgmlType::F32, GgmlType::F16] {
         mul_mat_case(ty, 33, 7, 3, false);
         mul_mat_case(ty, 1, 3, 2, false);
@@ -243,7 +271,7 @@ fn mul_mat_vec_dot_types_match_reference() {
             mul_mat_case(ty, k, m, n, false);
         }
     }
-    for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+    for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K] {
         for &(k, m, n) in &[(256, 7, 1), (512, 3, 5)] {
             mul_mat_case(ty, k, m, n, false);
         }
@@ -385,8 +413,8 @@ fn mul_mat_types() -> Vec<GgmlType> {
 /// `mul_mat(W, X[:, j])` whatever the column count, thread count and the
 /// column's place in a tile (speculative decoding verifies a batch of draft
 /// tokens that plain decoding computes one at a time; ggml's CPU products
-/// are batch-invariant). Q4_K takes every path: the one-column kernel, the
-/// 2- and 3-column tiles and the packed tiles from 4 columns.
+/// are batch-invariant). Q4_K and Q6_K take every path: the one-column
+/// kernel, the 2- and 3-column tiles and the packed tiles from 4 columns.
 #[test]
 fn mul_mat_columns_are_batch_invariant() {
     batch_invariance(&mul_mat_types());
@@ -395,7 +423,7 @@ fn mul_mat_columns_are_batch_invariant() {
 /// For each of `types`, checks every column of several column counts on 1
 /// and 2 threads against the one-column product, bit for bit.
 fn batch_invariance(types: &[GgmlType]) {
-    let (m, ns) = (37usize, [2usize, 3, 5, 8, 9, 16, 17, 33]);
+    let (m, ns) = (37usize, [2usize, 3, 4, 5, 8, 9, 16, 17, 33]);
     let mut report = Vec::new();
     for &ty in types {
         // 2304: 9 super-blocks (a whole 8 and one more); 800: 25 blocks of 32.
