@@ -8,14 +8,15 @@
 //!   Q8_0 columns (i8 quants, f32 scales, per-lane integer corrections).
 //! * `Q8S`: as `Q8` with signed i8 row quants (Q8_0 weights without VNNI).
 //! * `Q4K`: rows of u8 nibbles with per-super-block d, dmin, 8 scales and
-//!   8 mins × Q8_K columns.
+//!   8 mins × Q8_K columns; portable only (SIMD builds take `GemvQ4K` or
+//!   `Q4KI`).
 //! * `Q6K`: rows of u8 six-bit quants with per-super-block d and 16 i8
 //!   scales × Q8_K columns (with their 16 sums of 16 for the −32 offset);
 //!   portable only (SIMD builds take `GemvQ6K` or `Q6KI`).
 //! * `Q8I`, `Q4KI`, `Q6KI`: the same rows × groups of 8 column-interleaved
 //!   columns (`packed.rs`), 8 or 16 columns per tile.
 //! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one column
-//!   (`GemvQ6K`: one to four) × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
+//!   (`GemvQ4K`, `GemvQ6K`: one to four) × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
 //!   blocks' dots reduced together and scaled with one FMA). The kernels of
 //!   each format (one column, tiles, packed tiles) combine a column's block
 //!   sums in one order, whatever the tile (batch invariance): Q4_0/Q5_0/Q8_0
@@ -239,14 +240,16 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::BF16 => pick!(bf16_avx2),
                 Fmt::Q8 => pick!(q8_avx2),
                 Fmt::Q8S => pick!(q8s_avx2),
-                Fmt::Q4K => pick!(q4k_avx2),
+                // Decoded Q4_K rows only go to packed tiles with SIMD
+                // (one to four columns read raw rows: `GemvQ4K`).
+                Fmt::Q4K => unreachable_kernel,
                 // Decoded Q6_K rows only go to packed tiles with SIMD
                 // (one to four columns read raw rows: `GemvQ6K`).
                 Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_avx2),
-                Fmt::GemvQ4K => pick1!(gemv_q4k_avx2),
+                Fmt::GemvQ4K => pick_raw!(gemv_q4k_avx2),
                 Fmt::GemvQ6K => pick_raw!(gemv_q6k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
@@ -263,14 +266,16 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::BF16 => pick!(bf16_vnni),
                 Fmt::Q8 => pick!(q8_vnni),
                 Fmt::Q8S => pick!(q8s_vnni),
-                Fmt::Q4K => pick!(q4k_vnni),
+                // Decoded Q4_K rows only go to packed tiles with SIMD
+                // (one to four columns read raw rows: `GemvQ4K`).
+                Fmt::Q4K => unreachable_kernel,
                 // Decoded Q6_K rows only go to packed tiles with SIMD
                 // (one to four columns read raw rows: `GemvQ6K`).
                 Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_vnni),
-                Fmt::GemvQ4K => pick1!(gemv_q4k_vnni),
+                Fmt::GemvQ4K => pick_raw!(gemv_q4k_vnni),
                 Fmt::GemvQ6K => pick_raw!(gemv_q6k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
@@ -316,7 +321,7 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
         };
         return (rm, 1);
     }
-    if fmt == Fmt::GemvQ6K {
+    if matches!(fmt, Fmt::GemvQ4K | Fmt::GemvQ6K) {
         return (1, ncols.min(4));
     }
     if ncols == 2 {
@@ -327,13 +332,11 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
     }
     match (isa, fmt) {
         // One group of 8 columns: a tile of 16 would compute it twice.
-        (_, Fmt::Q6KI) if ncols <= 8 => (6, 8),
+        (_, Fmt::Q4KI | Fmt::Q6KI) if ncols <= 8 => (6, 8),
         (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) => (2, 16),
         (_, Fmt::Q8I) => (6, 16),
         (_, Fmt::Q4KI | Fmt::Q6KI) => (4, 16),
         (Isa::Scalar, _) => (4, 4),
-        // 16 vector registers (the kernels are built for AVX2).
-        (_, Fmt::Q4K) => (2, 4),
         _ => (3, 4),
     }
 }
@@ -686,49 +689,6 @@ mod x86 {
         }
     }
 
-    /// Q4_K rows (u8 nibbles + super-block metadata) × Q8_K columns,
-    /// super-blocks combined as in [`gemv_q4k_body`] ([`q4k_fold`]).
-    #[inline(always)]
-    unsafe fn q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
-        // SAFETY: KernFn contract.
-        unsafe {
-            let nsb = t.k / 256;
-            let mut acc = [[_mm_setzero_ps(); RN]; RM];
-            for sb in 0..nsb {
-                let mut isum = [[_mm256_setzero_si256(); RN]; RM];
-                for j in 0..8 {
-                    let off = 256 * sb + 32 * j;
-                    let mut av = [_mm256_setzero_si256(); RM];
-                    let mut sc = [_mm256_setzero_si256(); RM];
-                    for r in 0..RM {
-                        av[r] = _mm256_loadu_si256(t.a[r].add(off) as *const __m256i);
-                        sc[r] = _mm256_set1_epi32(*t.asc[r].add(8 * sb + j) as i32);
-                    }
-                    for c in 0..RN {
-                        let bv = _mm256_loadu_si256(t.b[c].add(off) as *const __m256i);
-                        for r in 0..RM {
-                            isum[r][c] = D::w(isum[r][c], _mm256_maddubs_epi16(av[r], bv), sc[r]);
-                        }
-                    }
-                }
-                for r in 0..RM {
-                    let dd = _mm_set_ps(0.0, 0.0, *t.am[r].add(sb), *t.ad[r].add(sb));
-                    let mins = _mm_loadu_si128(t.amn[r].add(8 * sb) as *const __m128i);
-                    for c in 0..RN {
-                        let bsum = _mm_loadu_si128(t.bs[c].add(8 * sb) as *const __m128i);
-                        let sc = _mm_mul_ps(dd, _mm_set1_ps(*t.bd[c].add(sb)));
-                        acc[r][c] = q4k_fold(acc[r][c], isum[r][c], _mm_madd_epi16(mins, bsum), sc);
-                    }
-                }
-            }
-            for r in 0..RM {
-                for c in 0..RN {
-                    t.out[r][c] = q4k_result(acc[r][c]);
-                }
-            }
-        }
-    }
-
     /// Sums of each of 8 i32x8 vectors, as the 8 lanes of one vector.
     #[inline(always)]
     unsafe fn reduce8(s: &[__m256i; 8]) -> __m256i {
@@ -893,11 +853,13 @@ mod x86 {
         }
     }
 
-    /// One column × `RM` raw Q4_K rows (scales unpacked in registers, as
-    /// ggml's `ggml_vec_dot_q4_K_q8_K`).
+    /// `RN` (one to four) columns × `RM` raw Q4_K rows (scales unpacked in
+    /// registers once per super-block for every column, as ggml's
+    /// `ggml_vec_dot_q4_K_q8_K` does for one), super-blocks folded with
+    /// [`q4k_fold`].
     #[inline(always)]
-    unsafe fn gemv_q4k_body<D: Dot, const RM: usize>(t: &mut Tile) {
-        // SAFETY: KernFn contract (raw rows of k/256 super-blocks, one Q8_K column).
+    unsafe fn gemv_q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract (raw rows of k/256 super-blocks, RN Q8_K columns).
         unsafe {
             const KM1: u32 = 0x3f3f_3f3f;
             const KM2: u32 = 0x0f0f_0f0f;
@@ -908,12 +870,8 @@ mod x86 {
             for (k, s) in shuf.iter_mut().enumerate() {
                 *s = _mm256_set1_epi16(((2 * k as i16 + 1) << 8) | (2 * k as i16));
             }
-            let (b, bd, bs) = (t.b[0], t.bd[0], t.bs[0]);
-            let mut acc = [_mm_setzero_ps(); RM];
+            let mut acc = [[_mm_setzero_ps(); RN]; RM];
             for sb in 0..nsb {
-                let bdv = _mm_set1_ps(*bd.add(sb));
-                let bsum = _mm_loadu_si128(bs.add(8 * sb) as *const __m128i);
-                let bq = b.add(256 * sb);
                 for r in 0..RM {
                     let blk = t.a[r].add(144 * sb);
                     // [d, dmin, 0, 0].
@@ -927,22 +885,32 @@ mod x86 {
                     let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
                     let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
                     let scales = _mm256_broadcastsi128_si256(sc16);
-                    let mut isum = _mm256_setzero_si256();
+                    let mut isum = [_mm256_setzero_si256(); RN];
                     for g in 0..4 {
                         let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
                         let lo = _mm256_and_si256(v, mask);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                        let b0 = _mm256_loadu_si256(bq.add(64 * g) as *const __m256i);
-                        let b1 = _mm256_loadu_si256(bq.add(64 * g + 32) as *const __m256i);
-                        isum = D::w(isum, _mm256_maddubs_epi16(lo, b0), _mm256_shuffle_epi8(scales, shuf[2 * g]));
-                        isum = D::w(isum, _mm256_maddubs_epi16(hi, b1), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
+                        let (s0, s1) =
+                            (_mm256_shuffle_epi8(scales, shuf[2 * g]), _mm256_shuffle_epi8(scales, shuf[2 * g + 1]));
+                        for c in 0..RN {
+                            let bq = t.b[c].add(256 * sb + 64 * g);
+                            let b0 = _mm256_loadu_si256(bq as *const __m256i);
+                            let b1 = _mm256_loadu_si256(bq.add(32) as *const __m256i);
+                            isum[c] = D::w(isum[c], _mm256_maddubs_epi16(lo, b0), s0);
+                            isum[c] = D::w(isum[c], _mm256_maddubs_epi16(hi, b1), s1);
+                        }
                     }
-                    let m = _mm_madd_epi16(mn16, bsum);
-                    acc[r] = q4k_fold(acc[r], isum, m, _mm_mul_ps(dd, bdv));
+                    for c in 0..RN {
+                        let bsum = _mm_loadu_si128(t.bs[c].add(8 * sb) as *const __m128i);
+                        let sc = _mm_mul_ps(dd, _mm_set1_ps(*t.bd[c].add(sb)));
+                        acc[r][c] = q4k_fold(acc[r][c], isum[c], _mm_madd_epi16(mn16, bsum), sc);
+                    }
                 }
             }
             for r in 0..RM {
-                t.out[r][0] = q4k_result(acc[r]);
+                for c in 0..RN {
+                    t.out[r][c] = q4k_result(acc[r][c]);
+                }
             }
         }
     }
@@ -1296,7 +1264,7 @@ mod x86 {
     }
 
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $q4k:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q6ki<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -1334,9 +1302,9 @@ mod x86 {
                 unsafe { gemv_q8_body::<$dot, RM, RAW_Q5_0>(t) }
             }
             #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $g4k<const RM: usize>(t: &mut Tile) {
+            pub(super) unsafe fn $g4k<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { gemv_q4k_body::<$dot, RM>(t) }
+                unsafe { gemv_q4k_body::<$dot, RM, RN>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $f32<const RM: usize, const RN: usize>(t: &mut Tile) {
@@ -1363,11 +1331,6 @@ mod x86 {
                 // SAFETY: as above.
                 unsafe { q8_body::<$dot, RM, RN, true>(t) }
             }
-            #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $q4k<const RM: usize, const RN: usize>(t: &mut Tile) {
-                // SAFETY: as above.
-                unsafe { q4k_body::<$dot, RM, RN>(t) }
-            }
         };
     }
 
@@ -1378,7 +1341,6 @@ mod x86 {
         bf16_avx2,
         q8_avx2,
         q8s_avx2,
-        q4k_avx2,
         gemv_q4_0_avx2,
         gemv_q8_0_avx2,
         gemv_q5_0_avx2,
@@ -1396,7 +1358,6 @@ mod x86 {
         bf16_vnni,
         q8_vnni,
         q8s_vnni,
-        q4k_vnni,
         gemv_q4_0_vnni,
         gemv_q8_0_vnni,
         gemv_q5_0_vnni,

@@ -258,10 +258,10 @@ fn max_cols(jobs: &[Job]) -> usize {
 fn refine(plan: Plan, jobs: &[Job]) -> Plan {
     match max_cols(jobs) {
         1 => gemv_plan(plan),
-        // Q6_K's raw-row kernel takes up to 4 columns (each super-block
-        // unpacked once in registers for all of them; measured faster than
-        // packed tiles up to 4 columns, slower from 5).
-        2..=4 if plan.wt == GgmlType::Q6_K => gemv_plan(plan),
+        // The K-quants' raw-row kernels take up to 4 columns (each
+        // super-block unpacked once in registers for all of them; measured
+        // faster than packed tiles up to 4 columns, slower from 5).
+        2..=4 if matches!(plan.wt, GgmlType::Q4_K | GgmlType::Q6_K) => gemv_plan(plan),
         n => packed_plan(plan, n),
     }
 }
