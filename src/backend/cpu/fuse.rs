@@ -47,10 +47,19 @@ struct Candidate {
 /// Those of `view` (a tensor without storage).
 pub(crate) fn plan(ctx: &Context, graph: &Graph, view: impl Fn(TensorId) -> Result<TView>) -> Result<Fused> {
     let mut fused = Fused::default();
+    let mut cands = Vec::new();
+    for &c in &graph.nodes {
+        if let Some(cand) = candidate(ctx, c, &view)? {
+            cands.push(cand);
+        }
+    }
+    if cands.is_empty() {
+        // A graph without recurrent layers (qwen3's): nothing more to scan.
+        return Ok(fused);
+    }
     let pos: std::collections::HashMap<usize, usize> =
         graph.nodes.iter().enumerate().map(|(i, id)| (id.index(), i)).collect();
-    for &c in &graph.nodes {
-        let Some(cand) = candidate(ctx, c, &view)? else { continue };
+    for cand in cands {
         let (Some(&ig), Some(&ic)) = (pos.get(&cand.gdn.index()), pos.get(&cand.cpy.index())) else { continue };
         if fused.in_place.contains(&cand.gdn.index()) || !undisturbed(ctx, graph, &cand, (ig, ic), &view)? {
             continue;

@@ -236,14 +236,14 @@ impl Backend for CpuBackend {
                 if t.op.is_shape_only() || t.nelements() == 0 {
                     continue;
                 }
-                if fused.skipped.contains(&id.index()) {
+                if !fused.skipped.is_empty() && fused.skipped.contains(&id.index()) {
                     stats.fused_copies += 1;
                     continue;
                 }
                 let dst = self.view(ctx, storage, id)?;
                 let src: SmallVec<[TView; 6]> =
                     t.src.iter().map(|&s| self.view(ctx, storage, s)).collect::<Result<_>>()?;
-                let in_place = fused.in_place.contains(&id.index());
+                let in_place = !fused.in_place.is_empty() && fused.in_place.contains(&id.index());
                 if in_place {
                     stats.in_place_state_bytes += t.src.get(5).map_or(0, |&s| ctx.t(s).nbytes() as u64);
                 }
