@@ -226,7 +226,11 @@ fn run() -> shardgraph::Result<()> {
         (target, draft)
     };
     // The drafter's block before spending time on the baseline (the engine checks the rest).
-    let dhp = DflashHparams::from_gguf(&shardgraph::gguf::GgufFile::open(&draft_path)?)?;
+    let dhp =
+        shardgraph::gguf::GgufFile::open(&draft_path).and_then(|f| DflashHparams::from_gguf(&f)).unwrap_or_else(|e| {
+            eprintln!("--model-draft {}: {e}", draft_path.display());
+            std::process::exit(2)
+        });
     if dhp.block_size < 2 {
         eprintln!("{}: block_size {} leaves nothing to draft", draft_path.display(), dhp.block_size);
         std::process::exit(2);

@@ -96,6 +96,7 @@ fn bad_options_exit_with_the_value_in_the_message() {
         // -1 is llama.cpp's spelling of its default seed; other negatives are typos.
         ("mtp", vec!["--seed", "-2"], "--seed -2: not a valid value"),
         ("dflash2", vec!["--seed", "18446744073709551616"], "--seed 18446744073709551616: not a valid value"),
+        ("mtp", vec!["--seed", "4294967296"], "--seed 4294967296: not a valid value"),
         ("dflash2", vec!["--temp", "0.8", "--verify"], "--verify needs --temp 0 (greedy), given --temp 0.8"),
         ("mtp", vec!["--verify", "--temp", "1"], "--verify needs --temp 0 (greedy), given --temp 1"),
         (

@@ -461,10 +461,22 @@ fn rate(x: f64) -> String {
     }
 }
 
+/// A 32-bit seed from the clock and the process id (`--seed -1`).
+fn random_seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mix = (t.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32);
+    // splitmix64's finalizer spreads the bits; the seed is its low 32.
+    let z = (mix ^ (mix >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) & u64::from(u32::MAX)
+}
+
 /// llama.cpp's sampling options: `--temp` (default 0: greedy; llama.cpp's
 /// is 0.8), `--top-k` (default 40, 0 off), `--top-p` (default 0.95, 1
-/// off), `--min-p` (default 0.05, 0 off), `--seed` (default 4294967295,
-/// llama.cpp's `LLAMA_DEFAULT_SEED`, which `-1` also names; used as given). The filters apply once
+/// off), `--min-p` (default 0.05, 0 off), `--seed` (0 to 4294967295, as
+/// llama.cpp's 32-bit seeds; default 4294967295, used as given, so a run
+/// without `--seed` repeats; `-1` draws a new seed per run, as llama.cpp's
+/// `-1` does, and the run prints it). The filters apply once
 /// `--temp` is above 0. Exits with status 2 and a message naming the option
 /// and its value for a value that is not a number or out of range
 /// (`--temp` not finite, `--top-p` outside (0, 1], `--min-p` outside [0, 1]).
@@ -475,10 +487,11 @@ pub fn sampler(args: &[String]) -> SamplerParams {
         top_k: parsed(args, "--top-k", d.top_k),
         top_p: parsed(args, "--top-p", d.top_p),
         min_p: parsed(args, "--min-p", d.min_p),
-        // llama.cpp spells its default seed (LLAMA_DEFAULT_SEED) -1 too.
+        // llama.cpp's seeds are 32-bit; -1 (its LLAMA_DEFAULT_SEED) draws a
+        // new one per run, printed with the sampling settings.
         seed: match arg(args, "--seed").as_deref() {
-            Some("-1") => u64::from(u32::MAX),
-            _ => parsed(args, "--seed", d.seed),
+            Some("-1") => random_seed(),
+            _ => u64::from(parsed::<u32>(args, "--seed", d.seed as u32)),
         },
     };
     let bad = |m: String| -> ! {

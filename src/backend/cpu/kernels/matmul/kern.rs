@@ -240,12 +240,9 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::BF16 => pick!(bf16_avx2),
                 Fmt::Q8 => pick!(q8_avx2),
                 Fmt::Q8S => pick!(q8s_avx2),
-                // Decoded Q4_K rows only go to packed tiles with SIMD
-                // (one to four columns read raw rows: `GemvQ4K`).
-                Fmt::Q4K => unreachable_kernel,
-                // Decoded Q6_K rows only go to packed tiles with SIMD
-                // (one to four columns read raw rows: `GemvQ6K`).
-                Fmt::Q6K => unreachable_kernel,
+                // Decoded K-quant rows only go to packed tiles with SIMD (one
+                // to four columns read raw rows: `GemvQ4K`, `GemvQ6K`).
+                Fmt::Q4K | Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_avx2),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_avx2),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_avx2),
@@ -266,12 +263,9 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::BF16 => pick!(bf16_vnni),
                 Fmt::Q8 => pick!(q8_vnni),
                 Fmt::Q8S => pick!(q8s_vnni),
-                // Decoded Q4_K rows only go to packed tiles with SIMD
-                // (one to four columns read raw rows: `GemvQ4K`).
-                Fmt::Q4K => unreachable_kernel,
-                // Decoded Q6_K rows only go to packed tiles with SIMD
-                // (one to four columns read raw rows: `GemvQ6K`).
-                Fmt::Q6K => unreachable_kernel,
+                // Decoded K-quant rows only go to packed tiles with SIMD (one
+                // to four columns read raw rows: `GemvQ4K`, `GemvQ6K`).
+                Fmt::Q4K | Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
                 Fmt::GemvQ5_0 => pick1!(gemv_q5_0_vnni),
