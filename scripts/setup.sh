@@ -19,9 +19,31 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# ggml 0.15.3 builds for the host CPU (-march=native); on a CPU with
+# AVX512-FP16 its F16 products then accumulate in half precision (its
+# llamafile sgemm), which makes it no oracle for F16 mul_mat (NMSE ~4e-7
+# against the exact products, measured on a Xeon with AVX512-FP16). Build it
+# without those instructions there (the marker file records how it was built).
+GGML_MARK=.venv/ggml-0.15.3-build
+GGML_FLAGS=""
+if grep -qw avx512_fp16 /proc/cpuinfo 2>/dev/null; then
+  GGML_FLAGS="-mno-avx512fp16"
+fi
+GGML_ARGS=(--quiet --disable-pip-version-check --no-cache-dir)
 if ! .venv/bin/python -c "import ggml, os, sys; d=os.path.join(os.path.dirname(ggml.__file__),'lib'); sys.exit(0 if os.path.exists(os.path.join(d,'libggml-cpu.so')) else 1)" 2>/dev/null; then
-  echo "setup: building ggml 0.15.3 via pip install ggml-python==0.0.45 (about 2 minutes on 2 cores)"
-  .venv/bin/pip install --quiet --disable-pip-version-check ggml-python==0.0.45
+  GGML_BUILD=1
+elif [ "$(cat "$GGML_MARK" 2>/dev/null)" != "flags:$GGML_FLAGS" ]; then
+  # Built with other flags: replaced, its dependencies kept.
+  GGML_BUILD=1
+  GGML_ARGS+=(--force-reinstall --no-deps)
+else
+  GGML_BUILD=0
+fi
+if [ "$GGML_BUILD" = 1 ]; then
+  echo "setup: building ggml 0.15.3 via pip install ggml-python==0.0.45 (about 2 minutes on 2 cores; C flags: ${GGML_FLAGS:-none})"
+  # --no-cache-dir: never a wheel built earlier with other flags.
+  CMAKE_ARGS="-DCMAKE_C_FLAGS=$GGML_FLAGS -DCMAKE_CXX_FLAGS=$GGML_FLAGS" .venv/bin/pip install "${GGML_ARGS[@]}" ggml-python==0.0.45
+  echo "flags:$GGML_FLAGS" > "$GGML_MARK"
 fi
 if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('gguf') == '0.19.0' else 1)" 2>/dev/null; then
   echo "setup: installing the GGUF reference (pip install gguf==0.19.0)"
