@@ -10,8 +10,8 @@
 //! * [`ActKind::Q8`]: Q8_0 in a split layout (i8 quants, f32 block scales,
 //!   per-lane integer corrections) for the u8 × i8 block kernels.
 //! * [`ActKind::Q8K`]: Q8_K in a split layout (i8 quants, f32 super-block
-//!   scales, sums of each 32-element and of each 16-element sub-block) for
-//!   the k-quant kernels.
+//!   scales, sums of each 32-element sub-block, or of each 16-element one for
+//!   Q6_K) for the k-quant kernels.
 //!
 //! The Q8_0/Q8_1 quantizer reproduces ggml's x86 `quantize_row_q8_0` /
 //! `quantize_row_q8_1` (scale `amax/127`, multiplier `127/amax`, rounding to
@@ -42,7 +42,11 @@ pub(super) enum ActKind {
         corr_mul: i32,
     },
     /// Split Q8_K.
-    Q8K,
+    Q8K {
+        /// The sums in [`Acts::bs`] are of 16 quants (Q6_K's sub-blocks;
+        /// ggml's `bsums`), else of 32 (Q4_K's).
+        sums16: bool,
+    },
     /// ggml's own packed rows of `GgmlType` (Q8_0, Q8_1 or Q8_K), for
     /// `quant::vec_dot_fn` (see [`Acts::raw`]).
     Raw(GgmlType),
@@ -64,11 +68,9 @@ pub(super) struct Acts {
     /// from, `-corr_mul · Σq`, so that the integer dot of offset-encoded
     /// weights (`q_w + 8·corr_mul`) comes out exact.
     pub c: Vec<i32>,
-    /// Q8K: per super-block, the 8 sums of each 32-element sub-block.
+    /// Q8K: per super-block, the 8 sums of each 32-element sub-block, or
+    /// with `sums16` the 16 sums of each 16-element one (Q6_K's offset term).
     pub bs: Vec<i16>,
-    /// Q8K: per super-block, the 16 sums of each 16-element sub-block
-    /// (ggml's `bsums`; Q6_K's offset term).
-    pub bs16: Vec<i16>,
     /// Raw: the columns in ggml's block layout, [`Acts::raw_row`] bytes each.
     pub raw: Vec<u8>,
     /// Raw: bytes per column.
@@ -148,27 +150,31 @@ impl Acts {
                     },
                 )?;
             }
-            ActKind::Q8K => {
+            ActKind::Q8K { sums16 } => {
                 if k % QKK != 0 {
                     return Err(Error::Compute { detail: format!("mul_mat: K = {k} is not a multiple of {QKK}") });
                 }
                 let nsb = k / QKK;
                 acts.q = vec![0i8; total];
                 acts.d = vec![0f32; n * nsb];
-                acts.bs = vec![0i16; n * nsb * 8];
-                acts.bs16 = vec![0i16; n * nsb * 16];
+                let per = if sums16 { 16 } else { 8 };
+                acts.bs = vec![0i16; n * nsb * per];
                 acts.q
                     .par_chunks_mut(k)
                     .zip(acts.d.par_chunks_mut(nsb))
-                    .zip(acts.bs.par_chunks_mut(nsb * 8))
-                    .zip(acts.bs16.par_chunks_mut(nsb * 16))
+                    .zip(acts.bs.par_chunks_mut(nsb * per))
                     .zip(rows.par_iter())
                     .try_for_each_init(
-                        || vec![0f32; k],
-                        |tmp, ((((q, d), bs), bs16), &(i1, i2, i3))| -> Result<()> {
+                        // The row and, for sums of 16, the quantizer's sums of 32.
+                        || (vec![0f32; k], vec![0i16; if sums16 { nsb * 8 } else { 0 }]),
+                        |(tmp, bs32), (((q, d), bs), &(i1, i2, i3))| -> Result<()> {
                             b.load_row_f32(i1, i2, i3, tmp)?;
-                            quantize_q8k_row(tmp, q, d, bs);
-                            for (s, qs) in bs16.iter_mut().zip(q.chunks_exact(16)) {
+                            if !sums16 {
+                                quantize_q8k_row(tmp, q, d, bs);
+                                return Ok(());
+                            }
+                            quantize_q8k_row(tmp, q, d, bs32);
+                            for (s, qs) in bs.iter_mut().zip(q.chunks_exact(16)) {
                                 *s = qs.iter().map(|&v| v as i16).sum();
                             }
                             Ok(())

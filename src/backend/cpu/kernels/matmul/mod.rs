@@ -133,8 +133,8 @@ fn plan(wt: GgmlType, isa: Isa) -> Result<Plan> {
         Q5_0 => (RowMode::Q5_0, ActKind::Q8 { corr_mul: 2 }, Fmt::Q8),
         Q8_0 if simd && isa == Isa::Avx2 => (RowMode::Q8_0 { signed: true }, ActKind::Q8 { corr_mul: 0 }, Fmt::Q8S),
         Q8_0 => (RowMode::Q8_0 { signed: false }, ActKind::Q8 { corr_mul: 16 }, Fmt::Q8),
-        Q4_K => (RowMode::Q4K, ActKind::Q8K, Fmt::Q4K),
-        Q6_K => (RowMode::Q6K, ActKind::Q8K, Fmt::Q6K),
+        Q4_K => (RowMode::Q4K, ActKind::Q8K { sums16: false }, Fmt::Q4K),
+        Q6_K => (RowMode::Q6K, ActKind::Q8K { sums16: true }, Fmt::Q6K),
         Q4_1 | Q5_1 => (RowMode::Direct, ActKind::Raw(Q8_1), Fmt::VecDot),
         Q2_K | Q3_K | Q5_K => (RowMode::Direct, ActKind::Raw(Q8_K), Fmt::VecDot),
         // The IQ, TQ and FP4 formats, Q1_0, Q2_0: ggml's own activation
@@ -293,7 +293,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     let max_cols = max_cols(jobs);
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
     let packed = if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) {
-        Packed::new(acts, plan.act, jobs, plan.fmt == Fmt::Q6KI)
+        Packed::new(acts, plan.act, jobs)
     } else {
         Packed::default()
     };
@@ -343,7 +343,7 @@ fn make_tasks(run: &Run<'_>) -> Vec<Task> {
     let col_bytes = match run.plan.act {
         ActKind::F32 | ActKind::Round(_) => 4 * run.k,
         ActKind::Q8 { .. } => run.k + run.k / 4,
-        ActKind::Q8K => run.k + run.k / 16,
+        ActKind::Q8K { .. } => run.k + run.k / 16,
         ActKind::Raw(_) => run.acts.raw_row,
     }
     .max(1);
@@ -616,15 +616,12 @@ impl Run<'_> {
                 t.bd[j] = a.d[act * nb..].as_ptr();
                 t.bc[j] = a.c[act * nb..].as_ptr();
             }
-            ActKind::Q8K => {
+            ActKind::Q8K { sums16 } => {
                 let ns = k / 256;
+                let per = if sums16 { 16 } else { 8 };
                 t.b[j] = a.q[act * k..].as_ptr() as *const u8;
                 t.bd[j] = a.d[act * ns..].as_ptr();
-                t.bs[j] = if self.plan.wt == GgmlType::Q6_K {
-                    a.bs16[act * ns * 16..].as_ptr()
-                } else {
-                    a.bs[act * ns * 8..].as_ptr()
-                };
+                t.bs[j] = a.bs[act * ns * per..].as_ptr();
             }
             // Not a tile format (the driver loops over rows itself).
             ActKind::Raw(_) => {}

@@ -42,13 +42,13 @@ pub(super) struct Packed {
 
 impl Packed {
     /// Packs the columns of every job (`kind` is Q8 or Q8K; Q8K's sums are
-    /// the sums of 16 with `sums16`, else of 32).
-    pub(super) fn new(acts: &Acts, kind: ActKind, jobs: &[Job], sums16: bool) -> Packed {
+    /// of 16 quants with `sums16`, else of 32).
+    pub(super) fn new(acts: &Acts, kind: ActKind, jobs: &[Job]) -> Packed {
         let k = acts.k;
         // Pairs of sums per super-block.
-        let pairs = if sums16 { 8 } else { 4 };
+        let pairs = if matches!(kind, ActKind::Q8K { sums16: true }) { 8 } else { 4 };
         let (q_len, d_len, c_len) = match kind {
-            ActKind::Q8K => (k * G, (k / 256) * G, (k / 256) * pairs * G),
+            ActKind::Q8K { .. } => (k * G, (k / 256) * G, (k / 256) * pairs * G),
             _ => (k * G, (k / 32) * G, (k / 32) * G),
         };
         let mut first = Vec::with_capacity(jobs.len());
@@ -88,16 +88,12 @@ impl Packed {
                     }
                 }
                 match kind {
-                    ActKind::Q8K => {
+                    ActKind::Q8K { .. } => {
                         let ns = k / 256;
                         for (j, &a) in src.iter().enumerate() {
                             for sb in 0..ns {
                                 d[sb * G + j] = acts.d[a * ns + sb];
-                                let bs = if sums16 {
-                                    &acts.bs16[(a * ns + sb) * 16..][..16]
-                                } else {
-                                    &acts.bs[(a * ns + sb) * 8..][..8]
-                                };
+                                let bs = &acts.bs[(a * ns + sb) * 2 * pairs..][..2 * pairs];
                                 for pr in 0..pairs {
                                     c[(sb * pairs + pr) * G + j] =
                                         (bs[2 * pr] as u16 as u32 | ((bs[2 * pr + 1] as u16 as u32) << 16)) as i32;
