@@ -12,6 +12,14 @@ at small and large --ctx-size. With --write FILE the table goes into FILE
 
 Usage (after `cargo build --release --examples`):
     .venv/bin/python scripts/bench-vs-llama.py [--threads 2] [--repeat 3] [--write BENCHMARKS.md]
+
+`--whole-run FILE` instead runs llama.cpp once as a whole process would:
+load FILE, a context of --ctx-size cells, a 16-token prompt, --n-predict
+decoded tokens (no warm-up), then exit. `farm-bench` times it against the
+`decode` example with the same settings (peak memory, load + decode wall
+time; the BENCHMARKS.md rows "whole process"):
+    farm-bench --vs '.venv/bin/python scripts/bench-vs-llama.py --whole-run F --n-predict 32' \
+        -- target/release/examples/decode --model F --threads 2 --n-predict 32
 """
 
 import argparse
@@ -115,6 +123,34 @@ class Llama:
         return n_prompt / tp, n_gen / td
 
 
+def whole_run(path, threads, ctx, n_prompt, n_gen):
+    """llama.cpp as one process: load, prompt, decode, nothing else."""
+    llama = Llama(path)
+    L = llama.L
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = ctx, 512, 512
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.flash_attn_type = 1
+    c = L.llama_init_from_model(llama.model, cp)
+    if not c:
+        sys.exit(f"llama.cpp could not create a context of {ctx} cells")
+    pos = 0
+    batches = [[(j * 97 + 5) % 32000 for j in range(n_prompt)]] + [[(i * 31 + 7) % 32000] for i in range(n_gen)]
+    for ids in batches:
+        b = L.llama_batch_init(len(ids), 0, 1)
+        for k, t in enumerate(ids):
+            b.token[k], b.pos[k], b.n_seq_id[k] = t, pos + k, 1
+            b.seq_id[k][0] = 0
+            b.logits[k] = 1 if k == len(ids) - 1 else 0
+        b.n_tokens = len(ids)
+        if L.llama_decode(c, b) != 0:
+            sys.exit("llama_decode failed")
+        L.llama_batch_free(b)
+        pos += len(ids)
+    L.llama_free(c)
+    print(f"llama.cpp: prompt {n_prompt} tokens, decoded {n_gen} tokens")
+
+
 def spec(example, ctx, threads):
     args = [example, "--devices", "1", "--threads", str(threads), "--n-predict", "96"]
     if ctx:
@@ -132,7 +168,12 @@ def main():
     ap.add_argument("--n-predict", type=int, default=128, help="decoded tokens per run (default 128)")
     ap.add_argument("--write", help="write the table into this file (BENCHMARKS.md)")
     ap.add_argument("--rows", default="all", help="comma-separated row names to run (default all)")
+    ap.add_argument("--whole-run", metavar="FILE", help="run llama.cpp once on FILE as a whole process and exit")
+    ap.add_argument("--ctx-size", type=int, default=4096, help="cells of --whole-run's context (default 4096)")
     a = ap.parse_args()
+    if a.whole_run:
+        whole_run(a.whole_run, a.threads, a.ctx_size, 16, a.n_predict)
+        return
     th, rep, ng = a.threads, a.repeat, a.n_predict
     if not os.path.exists(MODEL):
         ours(["decode", "--n-predict", "1", "--ctx-size", "256"])  # writes the model

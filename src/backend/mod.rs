@@ -3,11 +3,13 @@
 //! reference; CUDA and HIP sit behind cargo features.
 
 pub mod cpu;
+mod mapped;
 #[cfg(sg_gpu)]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "cuda", feature = "hip"))))]
 pub mod cuda;
 mod storage;
 
+pub use mapped::MappedBytes;
 pub use storage::TensorStorage;
 
 use crate::error::Result;
@@ -109,6 +111,19 @@ pub trait Backend: Send + Sync {
     /// # Errors
     /// [`crate::Error::Alloc`] if `size` exceeds the buffer type's maximum or memory runs out.
     fn alloc_buffer(&self, size: usize) -> Result<Arc<dyn Buffer>>;
+    /// Adopts bytes of a memory-mapped file as a buffer of `bytes.len()`
+    /// bytes holding them, without copying, where the device computes on
+    /// host memory (the CPU backend: a private copy-on-write mapping of the
+    /// same file pages, so the weights cost their file size once); `None`
+    /// where the device copies instead (the default: GPUs, whose memory is
+    /// their own). Writes to the buffer never reach the file.
+    ///
+    /// # Errors
+    /// `Some(Err(`[`crate::Error::Alloc`]`))` if the range cannot be mapped.
+    fn map_buffer(&self, bytes: &MappedBytes) -> Option<Result<Arc<dyn Buffer>>> {
+        let _ = bytes;
+        None
+    }
     /// True if this backend can compute node `id` of `ctx` (op, types, layout).
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool;
     /// Computes every node of `graph`, reading and writing tensors through

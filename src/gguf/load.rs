@@ -1,8 +1,16 @@
 //! Loading GGUF tensors into placed storage: tensor-parallel device storage
-//! ([`SplitStore`]) or one CPU device ([`TensorStorage`]). Each tensor's
-//! bytes go from the mapped file straight into the destination
-//! (`SplitStore::set_tensor` / `TensorStorage::set_bytes` take `&[u8]`): no
-//! intermediate copy of the tensor or of the model.
+//! ([`SplitStore`]) or one CPU device ([`TensorStorage`]).
+//!
+//! Into a [`SplitStore`], a tensor of a mapped file is not copied at all:
+//! each device part that is one contiguous run of the tensor (mirrored, or
+//! a split of its rows) refers to its range of the file
+//! ([`SplitStore::set_tensor_mapped`]), and a CPU device computes on those
+//! pages where they are mapped (shared page cache, as llama.cpp's mmap), so
+//! the weights cost their file size once and loading reads nothing until
+//! a step needs it; GPUs copy each part once when the first run moves it
+//! there. Other parts (a split along a row, a file parsed from memory) are
+//! copied from the file straight into their part. Into a [`TensorStorage`]
+//! the bytes are copied into its allocated buffers (`set_bytes`).
 
 use super::gguf_err;
 use super::reader::{GgufFile, GgufTensor};
@@ -16,9 +24,9 @@ use std::collections::HashMap;
 /// What a bulk load did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadReport {
-    /// Tensors copied, with their context ids, in file order.
+    /// Tensors loaded, with their context ids, in file order.
     pub loaded: Vec<(String, TensorId)>,
-    /// Bytes copied from the file (single-device bytes; a mirrored tensor
+    /// Bytes loaded from the file (mapped or copied; single-device bytes: a mirrored tensor
     /// lands on every device but counts once).
     pub bytes: u64,
     /// Tensors of the file that no tensor of the context is named after
@@ -53,9 +61,10 @@ fn check_match(file: &GgufFile, t: &GgufTensor<'_>, ctx: &Context, id: TensorId)
     Ok(())
 }
 
-/// Copies file tensor `name` into context tensor `id`, which must be placed
-/// in `store` (in any split state): `store.set_tensor(ctx, id, 0, bytes)`
-/// with the bytes a slice of the mapped file.
+/// Loads file tensor `name` into context tensor `id`, which must be placed
+/// in `store` (in any split state): [`SplitStore::set_tensor_mapped`] with
+/// its range of a mapped file (no copy where a part is one run of it), else
+/// `store.set_tensor(ctx, id, 0, bytes)`.
 ///
 /// # Errors
 /// [`crate::Error::Gguf`] naming the tensor if the file lacks it or the
@@ -70,7 +79,10 @@ pub fn load_tensor_into_split_store(
 ) -> Result<usize> {
     let t = file.tensor(name)?;
     check_match(file, &t, ctx, id)?;
-    store.set_tensor(ctx, id, 0, t.data)?;
+    match file.mapped(&t) {
+        Some(m) => store.set_tensor_mapped(ctx, id, &m)?,
+        None => store.set_tensor(ctx, id, 0, t.data)?,
+    }
     Ok(t.data.len())
 }
 
@@ -142,7 +154,7 @@ pub fn load_into_split_store(file: &GgufFile, ctx: &Context, store: &mut SplitSt
     for &(i, id) in &pairs {
         let t = file.tensor_at(i).ok_or_else(|| gguf_err(file.name(), format!("tensor {i} has no data")))?;
         check_match(file, &t, ctx, id)?;
-        if store.locals(id).is_none() {
+        if store.get_stored(id).is_none() {
             return Err(crate::Error::Split {
                 detail: format!("tensor {:?} from {} is not placed on the devices", t.info.name, file.name()),
             });
@@ -151,7 +163,10 @@ pub fn load_into_split_store(file: &GgufFile, ctx: &Context, store: &mut SplitSt
     }
     let mut report = LoadReport { unused, ..LoadReport::default() };
     for (t, id) in tensors {
-        store.set_tensor(ctx, id, 0, t.data)?;
+        match file.mapped(&t) {
+            Some(m) => store.set_tensor_mapped(ctx, id, &m)?,
+            None => store.set_tensor(ctx, id, 0, t.data)?,
+        }
         report.bytes += t.data.len() as u64;
         report.loaded.push((t.info.name.clone(), id));
     }

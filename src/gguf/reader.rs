@@ -4,9 +4,11 @@
 
 use super::value::{bytes_at, decode_fixed, str_at, ArrNode, ArrayElem, ArrayRef, Items, Value, ValueType};
 use super::{gguf_err, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, MAX_TENSOR_NAME};
+use crate::backend::MappedBytes;
 use crate::error::{Error, Result};
 use crate::tensor::{GgmlType, MAX_DIMS};
 use std::path::Path;
+use std::sync::Arc;
 
 /// One tensor info of a GGUF file (or of a file being written).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,16 +71,18 @@ struct Kv {
     node: Node,
 }
 
-/// The bytes of a file: a read-only memory map, or an owned buffer.
+/// The bytes of a file: a read-only memory map (with the open file, so
+/// that devices can map tensor ranges of their own: [`GgufFile::mapped`]),
+/// or an owned buffer.
 enum Backing {
-    Mmap(memmap2::Mmap),
+    Mmap { map: Arc<memmap2::Mmap>, file: Arc<std::fs::File> },
     Owned(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mmap(m) => m,
+            Backing::Mmap { map, .. } => map,
             Backing::Owned(v) => v,
         }
     }
@@ -640,7 +644,8 @@ impl GgufFile {
             // SAFETY: the mapping is read-only and private to this value; the
             // documented contract is that the file is not modified while mapped.
             let map = unsafe { memmap2::Mmap::map(&file) };
-            Backing::Mmap(map.map_err(|e| gguf_err(&name, format!("cannot memory-map: {e}")))?)
+            let map = map.map_err(|e| gguf_err(&name, format!("cannot memory-map: {e}")))?;
+            Backing::Mmap { map: Arc::new(map), file: Arc::new(file) }
         };
         Self::from_backing(name, backing)
     }
@@ -694,7 +699,18 @@ impl GgufFile {
 
     /// True if the data is memory-mapped (opened with [`GgufFile::open`]).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.backing, Backing::Mmap(_))
+        matches!(self.backing, Backing::Mmap { .. })
+    }
+
+    /// Tensor `t`'s data as a range of the mapped file, which a device that
+    /// computes on host memory adopts without copying
+    /// ([`crate::Backend::map_buffer`]; the loaders in [`crate::gguf`] do);
+    /// `None` for a file parsed from memory ([`GgufFile::from_bytes`]) or a
+    /// tensor of another file.
+    pub fn mapped(&self, t: &GgufTensor<'_>) -> Option<MappedBytes> {
+        let Backing::Mmap { map, file } = &self.backing else { return None };
+        let same = std::ptr::eq(t.data.as_ptr(), map.as_ptr().wrapping_add(t.file_offset));
+        same.then(|| MappedBytes::new(file.clone(), map.clone(), t.file_offset, t.data.len())).flatten()
     }
 
     /// The format version (2 or 3; the layouts are the same for

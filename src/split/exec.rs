@@ -63,6 +63,10 @@ pub struct ExecCounters {
     /// writes: parts moved onto a device or into their planned state, and
     /// written caches copied back into their planned state.
     pub store_bytes_copied: u64,
+    /// Bytes of stored parts that a device adopted where a file maps them
+    /// (loaded weights on a CPU device, [`crate::Backend::map_buffer`]):
+    /// neither allocated nor copied.
+    pub bytes_mapped: u64,
     /// Device memory read to the host (the requested outputs), bytes.
     pub host_bytes_read: u64,
     /// Programs compiled.
@@ -623,6 +627,7 @@ impl MetaExecutor {
         report.counters = ExecCounters {
             bytes_allocated: c.bytes_allocated - before.bytes_allocated,
             store_bytes_copied: c.store_bytes_copied - before.store_bytes_copied,
+            bytes_mapped: c.bytes_mapped - before.bytes_mapped,
             host_bytes_read: c.host_bytes_read - before.host_bytes_read,
             compiles: c.compiles - before.compiles,
             runs: 1,
@@ -761,9 +766,17 @@ impl MetaExecutor {
             return Ok(());
         }
         let len = part.len();
+        // Loaded weights in a mapped file: adopted where they are mapped by
+        // a device that computes on host memory.
+        if let Some(buf) = part.mapped_bytes().and_then(|m| self.devices[j].map_buffer(m)) {
+            let buf = buf?;
+            counters.bytes_mapped += len as u64;
+            store.put_part(id, j, Part::device(self.ids[j], BufSlice { buf, offset: 0, len }));
+            return Ok(());
+        }
         let buf = self.alloc(j, len, counters)?;
         if !part.is_lazy_zeros() {
-            buf.set(0, &part.bytes()?)?;
+            buf.set(0, part.host_slice()?)?;
             counters.store_bytes_copied += len as u64;
         }
         store.put_part(id, j, Part::device(self.ids[j], BufSlice { buf, offset: 0, len }));

@@ -94,6 +94,41 @@ pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, 
     }
 }
 
+/// Where device `j`'s local bytes (as [`slice_local`] lays them out) lie in
+/// the full contiguous bytes of a tensor of type `ty` and shape `ne` in
+/// `state`: `Some(Some(range))` where they are one contiguous run of them
+/// (mirrored; partial on device 0; a split whose axis has only dimensions
+/// of 1 outside it, e.g. the rows of a matrix), `Some(None)` for a
+/// partial's zeros (devices past 0), `None` where they are gathered from
+/// several runs.
+///
+/// # Errors
+/// As [`slice_local`] for a state that does not fit the shape.
+pub(crate) fn local_range(
+    ty: GgmlType,
+    ne: [i64; 4],
+    state: &SplitState,
+    j: usize,
+) -> Result<Option<Option<std::ops::Range<usize>>>> {
+    let n = full_bytes(ty, ne)?;
+    match state {
+        SplitState::Mirrored => Ok(Some(Some(0..n))),
+        SplitState::Partial(_) => Ok(Some((j == 0).then_some(0..n))),
+        SplitState::Unknown => Err(Error::Split { detail: "cannot lay out a tensor in the Unknown state".into() }),
+        SplitState::Split(s) => {
+            s.validate(ne[s.axis.min(3)], s.n_devices().max(j + 1))?;
+            let (unit, _, outer, div) = axis_geometry(ty, ne, s.axis)?;
+            match s.ranges(j).as_slice() {
+                [] => Ok(Some(Some(0..0))),
+                &[(a, b)] if outer == 1 && a as usize % div == 0 && b as usize % div == 0 => {
+                    Ok(Some(Some(a as usize / div * unit..b as usize / div * unit)))
+                }
+                _ => Ok(None),
+            }
+        }
+    }
+}
+
 /// The full contiguous bytes of a tensor from every device's local part
 /// (`locals[j]` as [`slice_local`] lays it out): mirrored → device 0's copy;
 /// partial → the element-wise sum (F32, F16, BF16 summed in f32; I32, I64

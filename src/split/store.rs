@@ -10,6 +10,7 @@
 //! (quantizing per device part on the way in).
 
 use super::comm::BufSlice;
+use crate::backend::MappedBytes;
 use super::layout::{box_bytes, boxes, local_ne, slice_local, sum_addends};
 use super::planner::Plan;
 use super::state::SplitState;
@@ -30,30 +31,43 @@ pub(crate) struct Part {
     len: usize,
     host: std::sync::OnceLock<Arc<Vec<u8>>>,
     dev: Option<(u64, BufSlice)>,
+    /// Host bytes that are a range of a mapped file (a loaded weight, read
+    /// in place; a device that computes on host memory adopts them).
+    map: Option<MappedBytes>,
 }
 
 impl Part {
     /// A part held in host memory.
     pub(crate) fn host(bytes: Arc<Vec<u8>>) -> Arc<Part> {
-        Arc::new(Part { len: bytes.len(), host: std::sync::OnceLock::from(bytes), dev: None })
+        Arc::new(Part { len: bytes.len(), host: std::sync::OnceLock::from(bytes), dev: None, map: None })
+    }
+
+    /// A part whose bytes are a range of a mapped file (not copied).
+    pub(crate) fn mapped(bytes: MappedBytes) -> Arc<Part> {
+        Arc::new(Part { len: bytes.len(), host: std::sync::OnceLock::new(), dev: None, map: Some(bytes) })
+    }
+
+    /// The mapped file range holding the part's bytes, while it is not on a device.
+    pub(crate) fn mapped_bytes(&self) -> Option<&MappedBytes> {
+        self.map.as_ref().filter(|_| self.dev.is_none())
     }
 
     /// A zero-filled part of `len` bytes, allocated where it is first used
     /// (a device buffer starts zero-filled; the host allocates on a read).
     pub(crate) fn zeros(len: usize) -> Arc<Part> {
-        Arc::new(Part { len, host: std::sync::OnceLock::new(), dev: None })
+        Arc::new(Part { len, host: std::sync::OnceLock::new(), dev: None, map: None })
     }
 
     /// A part held in a buffer of device `device`.
     pub(crate) fn device(device: u64, slice: BufSlice) -> Arc<Part> {
-        Arc::new(Part { len: slice.len, host: std::sync::OnceLock::new(), dev: Some((device, slice)) })
+        Arc::new(Part { len: slice.len, host: std::sync::OnceLock::new(), dev: Some((device, slice)), map: None })
     }
 
     /// The same device slice with no host copy (after the device wrote it).
     pub(crate) fn refreshed(&self) -> Arc<Part> {
         match &self.dev {
             Some((d, s)) => Part::device(*d, s.clone()),
-            None => Arc::new(Part { len: self.len, host: self.host.clone(), dev: None }),
+            None => Arc::new(Part { len: self.len, host: self.host.clone(), dev: None, map: self.map.clone() }),
         }
     }
 
@@ -69,7 +83,7 @@ impl Part {
 
     /// True for a zero-filled part not allocated anywhere yet.
     pub(crate) fn is_lazy_zeros(&self) -> bool {
-        self.dev.is_none() && self.host.get().is_none()
+        self.dev.is_none() && self.map.is_none() && self.host.get().is_none()
     }
 
     /// Length in bytes.
@@ -82,6 +96,9 @@ impl Part {
     /// # Errors
     /// The device's copy error.
     pub(crate) fn bytes(&self) -> Result<Arc<Vec<u8>>> {
+        if let Some(m) = self.mapped_bytes() {
+            let _ = self.host.set(Arc::new(m.bytes().to_vec()));
+        }
         self.host_slice()?;
         self.host.get().cloned().ok_or_else(|| Error::Split { detail: "a part with no data".into() })
     }
@@ -91,6 +108,9 @@ impl Part {
     /// # Errors
     /// As [`Part::bytes`].
     pub(crate) fn host_slice(&self) -> Result<&[u8]> {
+        if let Some(m) = self.mapped_bytes().filter(|_| self.host.get().is_none()) {
+            return Ok(m.bytes());
+        }
         if self.host.get().is_none() {
             let mut v = vec![0u8; self.len];
             if let Some((_, s)) = &self.dev {
@@ -387,6 +407,53 @@ impl SplitStore {
         }
     }
 
+    /// Makes the bytes of a mapped file range the whole of tensor `id`
+    /// (placed, not a view; `bytes` as long as the tensor): each device part
+    /// that is one contiguous run of the tensor's bytes (mirrored, partial
+    /// on device 0, a split of a matrix's rows) refers to its range of the
+    /// file without copying, and moves onto a device that computes on host
+    /// memory as a mapping of the same pages ([`crate::Backend::map_buffer`]);
+    /// other parts are copied out, as [`SplitStore::set_tensor`] does. What
+    /// the parts held before is replaced.
+    ///
+    /// # Errors
+    /// [`Error::Split`] if `id` is not placed or is a view;
+    /// [`Error::DataMismatch`] if `bytes` is not the tensor's size.
+    pub fn set_tensor_mapped(&mut self, ctx: &Context, id: TensorId, bytes: &MappedBytes) -> Result<()> {
+        let t = ctx.tensor(id)?;
+        if t.view_src.is_some() {
+            return Err(Error::Split { detail: format!("{:?} is a view; load into its owner", t.name) });
+        }
+        if bytes.len() != t.nbytes() || bytes.len() != t.data_bytes() {
+            return Err(Error::DataMismatch {
+                name: t.name.clone(),
+                detail: format!("{} mapped bytes for {} ({} bytes)", bytes.len(), t.describe(), t.nbytes()),
+            });
+        }
+        let e = self.map.get(&id).ok_or_else(|| self.not_placed(ctx, id))?;
+        let state = e.state.clone();
+        let mut locals = Vec::with_capacity(e.locals.len());
+        for (j, p) in e.locals.iter().enumerate() {
+            let part = match super::layout::local_range(t.ty, t.ne, &state, j)? {
+                Some(Some(r)) => {
+                    let m = bytes.sub(r.start, r.len()).ok_or_else(|| oob(&t.name))?;
+                    Part::mapped(m)
+                }
+                Some(None) => Part::zeros(p.len()),
+                None => Part::host(Arc::new(super::layout::slice_local(t.ty, t.ne, bytes.bytes(), &state, j)?)),
+            };
+            if part.len() != p.len() {
+                return Err(Error::Split { detail: format!("{:?}: a part of {} bytes for {}", t.name, part.len(), p.len()) });
+            }
+            locals.push(part);
+        }
+        if let Some(e) = self.map.get_mut(&id) {
+            e.locals = locals;
+        }
+        self.generation += 1;
+        Ok(())
+    }
+
     /// Writes `data` at byte `offset` of tensor `id`'s single-device memory
     /// (for a view: of its owner's memory, from the view's offset), into
     /// every device part that holds those bytes, where the part lives (a
@@ -416,6 +483,7 @@ impl SplitStore {
                             len: s.len,
                             host: std::sync::OnceLock::from(Arc::new(bytes)),
                             dev: Some((*d, s.clone())),
+                            map: None,
                         })
                     }
                     None => Part::host(Arc::new(bytes)),
@@ -460,6 +528,7 @@ impl SplitStore {
                         len: s.len,
                         host: std::sync::OnceLock::from(Arc::new(c)),
                         dev: Some((*d, s.clone())),
+                        map: None,
                     })
                 }
                 None => Part::host(Arc::new(c)),

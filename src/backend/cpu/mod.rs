@@ -9,7 +9,7 @@ pub(crate) mod kernels;
 
 pub(crate) use access::TView;
 
-use super::{Backend, Buffer, BufferType, DeviceInfo, DeviceKind, TensorStorage};
+use super::{Backend, Buffer, BufferType, DeviceInfo, DeviceKind, MappedBytes, TensorStorage};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::tensor::TensorId;
@@ -188,6 +188,16 @@ impl Backend for CpuBackend {
         Ok(Arc::new(CpuBuffer::new(size)?))
     }
 
+    fn map_buffer(&self, bytes: &MappedBytes) -> Option<Result<Arc<dyn Buffer>>> {
+        // Every CPU kernel reads weights in their file layout (ggml's
+        // blocks), so any range can be computed on where it is mapped; an
+        // empty one is allocated (a map cannot be empty).
+        if bytes.is_empty() {
+            return None;
+        }
+        Some(CpuBuffer::mapped(bytes).map(|b| Arc::new(b) as Arc<dyn Buffer>))
+    }
+
     fn supports_op(&self, ctx: &Context, id: TensorId) -> bool {
         ctx.tensor(id).map(|t| kernels::supports(ctx, t)).unwrap_or(false)
     }
@@ -274,6 +284,8 @@ impl Backend for CpuBackend {
 /// ones ([`CpuBuffer::MAPPED_FROM`] bytes and up: weights, KV caches) are
 /// anonymous memory maps, zero-filled by the kernel page by page when first
 /// touched, so a 65536-cell cache costs nothing until cells are written.
+/// Weights of a mapped model file are computed on where the file is mapped
+/// ([`Backend::map_buffer`]: a private map, aligned as the file aligns them).
 pub struct CpuBuffer {
     ptr: *mut u8,
     size: usize,
@@ -287,7 +299,8 @@ pub struct CpuBuffer {
 enum Mem {
     /// The global allocator, with this layout.
     Heap(Layout),
-    /// An anonymous map (kept alive here; unmapped on drop).
+    /// An anonymous map, or a private (copy-on-write) map of a file's bytes
+    /// ([`CpuBuffer::mapped`]); kept alive here, unmapped on drop.
     Map(#[allow(dead_code)] memmap2::MmapMut),
 }
 
@@ -323,6 +336,18 @@ impl CpuBuffer {
             return Err(Error::Alloc { detail: format!("out of memory allocating {size} bytes") });
         }
         Ok(CpuBuffer { ptr, size, mem: Mem::Heap(layout), busy: Mutex::new(()) })
+    }
+
+    /// A buffer over a file's bytes, mapped privately ([`MappedBytes::map_private`]):
+    /// no copy, no anonymous memory until a write copies a page. Its start
+    /// is where the range lies in its page (GGUF aligns tensor data to 32
+    /// bytes; the kernels read with unaligned loads).
+    fn mapped(bytes: &MappedBytes) -> Result<Self> {
+        let mut map = bytes
+            .map_private()
+            .map_err(|e| Error::Alloc { detail: format!("mapping {} bytes of a file: {e}", bytes.len()) })?;
+        let (ptr, size) = (map.as_mut_ptr(), map.len());
+        Ok(CpuBuffer { ptr, size, mem: Mem::Map(map), busy: Mutex::new(()) })
     }
 
     /// Exclusive access to the memory (poisoning is ignored: the memory is plain bytes).
