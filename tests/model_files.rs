@@ -370,3 +370,41 @@ fn generated_files_carry_a_vocabulary_and_no_vocab_files_still_load() {
     assert!((d.mask_token as i64) < t.n_vocab);
     assert!(d.target_layers.iter().all(|&l| l < t.n_layer), "{:?} on {} layers", d.target_layers, t.n_layer);
 }
+
+/// A model file is computed on where it is mapped: loading a `qwen3`
+/// (llama.cpp's Q4_K_M types with Q8_0/Q5_0/Q5_K mixed in) onto one CPU
+/// device adopts every weight byte of the file (`bytes_mapped`) and copies
+/// none (the caches are allocated zeros); on 3 devices the mirrored parts
+/// and row splits are adopted too. The tokens and logits are those of the
+/// same file parsed from memory, whose weights are all copied.
+#[test]
+fn a_model_file_is_computed_where_it_is_mapped() {
+    let dir = Dir::new("mapped");
+    let path = dir.join("qwen3-mixed.gguf");
+    write_qwen3_gguf_with(&path, &hp(), &mixed(), 7, Weights::Random).unwrap();
+    let weight_bytes: u64 = GgufFile::open(&path).unwrap().iter_tensors().map(|t| t.data.len() as u64).sum();
+    let prompt = [11, 205, 3, 99, 42, 310, 7, 64];
+    let from_memory = GgufFile::from_bytes(std::fs::read(&path).unwrap(), "qwen3-mixed.gguf").unwrap();
+    let mut copied = Qwen3Session::load_file(&from_memory, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
+    let c = copied.runner().exec().counters();
+    assert_eq!((c.bytes_mapped, c.store_bytes_copied), (0, weight_bytes), "parsed from memory: copied");
+    let want = greedy(&mut copied, &prompt, 6);
+    let mut one = Qwen3Session::load(&path, &devices::cpu(&[1.0]), GgmlType::F16, 64).unwrap();
+    let c = one.runner().exec().counters();
+    assert_eq!((c.bytes_mapped, c.store_bytes_copied), (weight_bytes, 0), "one device: mapped, copied");
+    assert_eq!(greedy(&mut one, &prompt, 6), want, "tokens and logits of the mapped file");
+    let mut three = Qwen3Session::load(&path, &devices::cpu(&[3.0, 2.0, 1.0]), GgmlType::F16, 64).unwrap();
+    let c = three.runner().exec().counters();
+    println!("3 devices: {} bytes mapped, {} copied (file: {weight_bytes})", c.bytes_mapped, c.store_bytes_copied);
+    // Copied: the projections split along their rows (K), each device's
+    // part gathered from every row; everything else is mapped.
+    let by_k: u64 = GgufFile::open(&path)
+        .unwrap()
+        .iter_tensors()
+        .filter(|t| t.info.name.ends_with("attn_output.weight") || t.info.name.ends_with("ffn_down.weight"))
+        .map(|t| t.data.len() as u64)
+        .sum();
+    assert_eq!(c.store_bytes_copied, by_k, "3 devices: bytes copied");
+    assert!(c.bytes_mapped >= weight_bytes - by_k, "3 devices: {} bytes mapped", c.bytes_mapped);
+    check_split("mapped on 3 devices", greedy(&mut three, &prompt, 6), &want);
+}

@@ -1123,3 +1123,95 @@ fn a_tensor_of_another_context_is_foreign_to_the_store() {
     let e = store.set_f32(&ctx, z, &[0.0; 8]).unwrap_err();
     assert!(matches!(e, shardgraph::Error::Split { .. }) && e.to_string().contains("not placed"), "{e}");
 }
+
+/// Weights loaded from a mapped GGUF file (`load_into_split_store` of a
+/// file from `GgufFile::open`): on CPU devices every part that is one run
+/// of the tensor (mirrored, or a split of its rows) is computed on where
+/// the file maps it (`bytes_mapped`, nothing allocated or copied for it);
+/// a part gathered from several runs (a split along the rows) is copied.
+/// GPU devices copy every part. Either way the results are those of the
+/// same file parsed from memory (every part copied), and writing a loaded
+/// weight changes the next run's result but never the file.
+#[test]
+fn weights_of_a_mapped_file_are_computed_in_place_and_writes_never_reach_it() {
+    use shardgraph::gguf::{load_into_split_store, GgufFile, GgufWriter};
+    use shardgraph::split::{Planner, SplitPolicy, SplitSpec};
+    let mut rng = Rng::new(0x6d6170);
+    let (wv, vv) = (exact_values(F16, 64 * 6, &mut rng), exact_values(F32, 64 * 3, &mut rng));
+    let dir = std::env::temp_dir().join(format!("shardgraph-mapped-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("w.gguf");
+    let mut wr = GgufWriter::new();
+    wr.add_tensor("w", F16, &[64, 6]).unwrap();
+    wr.add_tensor("v", F32, &[64, 3]).unwrap();
+    wr.write_file(&path, |t, sink| sink.put(if t.name == "w" { &wv } else { &vv })).unwrap();
+    let file_bytes = std::fs::read(&path).unwrap();
+
+    let mut ctx = Context::new();
+    let w = named(&mut ctx, F16, &[64, 6], "w");
+    let v = named(&mut ctx, F32, &[64, 3], "v");
+    let x = input(&mut ctx, F32, &[64, 2], "x");
+    let (y, z) = (ctx.mul_mat(w, x).unwrap(), ctx.mul_mat(v, x).unwrap());
+    let g = ctx.build_forward(&[y, z]).unwrap();
+    // w by its rows (each device's part one run of the file), v along its
+    // rows (each part gathered from 3 runs).
+    let policy = SplitPolicy::new(&[1.0, 1.0])
+        .unwrap()
+        .rule("w", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] })
+        .rule("v", SplitSpec::Axis { axis: 0, granule: 32, segments: vec![] });
+    let plan = Planner::default().plan(&ctx, &g, &policy, &[]).unwrap();
+    let xv = exact_values(F32, 128, &mut rng);
+    let run = |file: &GgufFile, edit: Option<&[u8]>| {
+        let exec = devices::executor(2);
+        let mut store = SplitStore::new(2);
+        store.place_leafs(&ctx, &g, &plan).unwrap();
+        let report = load_into_split_store(file, &ctx, &mut store).unwrap();
+        assert_eq!(report.bytes as usize, wv.len() + vv.len());
+        store.set_tensor(&ctx, x, 0, &xv).unwrap();
+        let before = exec.counters();
+        let mut out = exec.execute(&ctx, &g, &plan, &mut store, &[y, z]).unwrap().outputs;
+        let c = exec.counters();
+        if let Some(new_w) = edit {
+            store.set_tensor(&ctx, w, 0, new_w).unwrap();
+            out = exec.execute(&ctx, &g, &plan, &mut store, &[y, z]).unwrap().outputs;
+        }
+        let outs: Vec<Vec<u8>> = out.into_iter().map(|o| o.bytes).collect();
+        (outs, c.bytes_mapped - before.bytes_mapped, c.store_bytes_copied - before.store_bytes_copied)
+    };
+    let on_cpu = devices::kind().starts_with("cpu");
+    let mapped = GgufFile::open(&path).unwrap();
+    let (outs, n_mapped, n_copied) = run(&mapped, None);
+    // w's two halves adopted where mapped; v's halves and the input (on
+    // both devices) copied.
+    let copied = vv.len() + 2 * xv.len();
+    let (want_mapped, want_copied) = if on_cpu { (wv.len(), copied) } else { (0, wv.len() + copied) };
+    assert_eq!((n_mapped as usize, n_copied as usize), (want_mapped, want_copied), "bytes mapped, copied");
+    let from_memory = GgufFile::from_bytes(file_bytes.clone(), "w.gguf").unwrap();
+    let (outs_mem, n_mapped_mem, _) = run(&from_memory, None);
+    assert_eq!(n_mapped_mem, 0);
+    assert_eq!(outs, outs_mem, "results of the mapped file vs the file parsed from memory");
+    // The products themselves (exact values: any summation order).
+    let vals = |ty: GgmlType, b: &[u8]| -> Vec<f64> {
+        match ty {
+            F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
+            _ => b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        }
+    };
+    let (wf, vf, xf) = (vals(F16, &wv), vals(F32, &vv), vals(F32, &xv));
+    let xf = &xf;
+    let product = |a: &[f64], rows: usize| -> Vec<u8> {
+        let p: Vec<f32> = (0..2)
+            .flat_map(|c| (0..rows).map(move |r| (0..64).map(|k| a[r * 64 + k] * xf[c * 64 + k]).sum::<f64>() as f32))
+            .collect();
+        f32_bytes(&p)
+    };
+    assert_eq!(outs, vec![product(&wf, 6), product(&vf, 3)]);
+    // A write to a mapped weight: the next run uses it; the file is unchanged.
+    let w2 = exact_values(F16, 64 * 6, &mut rng);
+    let (outs2, _, _) = run(&mapped, Some(&w2));
+    assert_eq!(outs2[0], product(&vals(F16, &w2), 6), "the written weight");
+    assert_eq!(std::fs::read(&path).unwrap(), file_bytes, "the file after a write to its mapped weight");
+    assert_eq!(mapped.tensor("w").unwrap().data, &wv[..], "the file's own mapping after the write");
+    assert_eq!(run(&mapped, None).0, outs, "a new load of the file after the write");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,10 +3,10 @@
 //! reference; CUDA and HIP sit behind cargo features.
 
 pub mod cpu;
-mod mapped;
 #[cfg(sg_gpu)]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "cuda", feature = "hip"))))]
 pub mod cuda;
+mod mapped;
 mod storage;
 
 pub use mapped::MappedBytes;

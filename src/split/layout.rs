@@ -98,7 +98,8 @@ pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, 
 /// the full contiguous bytes of a tensor of type `ty` and shape `ne` in
 /// `state`: `Some(Some(range))` where they are one contiguous run of them
 /// (mirrored; partial on device 0; a split whose axis has only dimensions
-/// of 1 outside it, e.g. the rows of a matrix), `Some(None)` for a
+/// of 1 outside it, e.g. the rows of a matrix, or that gives one device
+/// the whole axis), `Some(None)` for a
 /// partial's zeros (devices past 0), `None` where they are gathered from
 /// several runs.
 ///
@@ -120,6 +121,8 @@ pub(crate) fn local_range(
             let (unit, _, outer, div) = axis_geometry(ty, ne, s.axis)?;
             match s.ranges(j).as_slice() {
                 [] => Ok(Some(Some(0..0))),
+                // The whole axis (one device): all of it.
+                &[(0, b)] if b == ne[s.axis.min(3)] => Ok(Some(Some(0..n))),
                 &[(a, b)] if outer == 1 && a as usize % div == 0 && b as usize % div == 0 => {
                     Ok(Some(Some(a as usize / div * unit..b as usize / div * unit)))
                 }

@@ -10,10 +10,10 @@
 //! (quantizing per device part on the way in).
 
 use super::comm::BufSlice;
-use crate::backend::MappedBytes;
 use super::layout::{box_bytes, boxes, local_ne, slice_local, sum_addends};
 use super::planner::Plan;
 use super::state::SplitState;
+use crate::backend::MappedBytes;
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::tensor::{contiguous_strides, convert, GgmlType, TensorId};
@@ -443,7 +443,9 @@ impl SplitStore {
                 None => Part::host(Arc::new(super::layout::slice_local(t.ty, t.ne, bytes.bytes(), &state, j)?)),
             };
             if part.len() != p.len() {
-                return Err(Error::Split { detail: format!("{:?}: a part of {} bytes for {}", t.name, part.len(), p.len()) });
+                return Err(Error::Split {
+                    detail: format!("{:?}: a part of {} bytes for {}", t.name, part.len(), p.len()),
+                });
             }
             locals.push(part);
         }
