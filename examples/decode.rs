@@ -29,6 +29,11 @@
 //! examples generate, keeps its greedy tokens whatever its layers do). A
 //! file of another architecture, or with a tensor of a type this build
 //! cannot run, is refused naming it.
+//! `--batch-cost 1,2,4,8,16` then times one step of each of those token
+//! counts at the position the run ended (a speculative verify batch: the
+//! greedy token of every position; median of 5, each rolled back) and
+//! prints `batch cost: 1 tokens X ms (1.00x), 2 tokens Y ms (…x), …`, the
+//! ratios to one token.
 //! The result line reads `… ctx-size N: prompt N tokens X tokens/s; decode N
 //! tokens Y tokens/s; …`. `RUST_LOG=debug` logs every decode step: tokens,
 //! position, bytes moved, time.
@@ -65,6 +70,7 @@ const OPTIONS: &[&str] = &[
     "--n-predict",
     "--tokens",
     "--model",
+    "--batch-cost",
 ];
 
 /// The example model: 8 layers, n_embd 1024, 16 heads / 8 KV heads of 64,
@@ -152,6 +158,10 @@ fn run() -> shardgraph::Result<()> {
     s.decode(&first.argmax[first.argmax.len() - 1..], &[], false)?;
     s.restart()?;
     let run = greedy(&mut s, &prompt, ubatch, n_tokens, false, None)?;
+    let batch_cost = match spec::arg(&args, "--batch-cost") {
+        Some(v) => Some(batch_cost(&mut s, &v, *run.tokens.last().unwrap_or(&0))?),
+        None => None,
+    };
     println!(
         "{} {n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}, KV cache {kv}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
         s.arch(),
@@ -160,6 +170,9 @@ fn run() -> shardgraph::Result<()> {
         n_tokens as f64 / run.decode_s,
         run.bytes_moved / n_tokens.max(1) as u64
     );
+    if let Some(line) = batch_cost {
+        println!("{line}");
+    }
     // The check: the same run again on these devices, reading the logits
     // (the timed run reads only the tokens).
     let checked = if verify {
@@ -296,6 +309,40 @@ impl Session {
             Session::Qwen35(_) => "qwen35",
         }
     }
+}
+
+/// `--batch-cost`: the median time of one step of each token count in
+/// `list` (comma-separated) at the current position, 5 timed steps each
+/// after one untimed one (its program compiles), each rolled back; the line
+/// to print.
+fn batch_cost(s: &mut Session, list: &str, token: i32) -> shardgraph::Result<String> {
+    let counts: Vec<usize> = list
+        .split(',')
+        .map(|v| v.trim().parse().ok().filter(|&n: &usize| (1..=512).contains(&n)))
+        .collect::<Option<_>>()
+        .unwrap_or_else(|| {
+            eprintln!("--batch-cost {list}: token counts of 1..=512, comma-separated");
+            std::process::exit(2)
+        });
+    let at = s.target().n_past();
+    let mut out = Vec::new();
+    for &n in &counts {
+        let batch = vec![token; n];
+        let mut times = Vec::new();
+        for rep in 0..6 {
+            let t = Instant::now();
+            s.decode(&batch, &[], false)?;
+            if rep > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            s.target().rollback(at)?;
+        }
+        times.sort_by(f64::total_cmp);
+        out.push((n, times[times.len() / 2]));
+    }
+    let one = out.iter().find(|o| o.0 == 1).map_or(out[0].1, |o| o.1);
+    let cells: Vec<String> = out.iter().map(|(n, ms)| format!("{n} tokens {ms:.1} ms ({:.2}x)", ms / one)).collect();
+    Ok(format!("batch cost: {}", cells.join(", ")))
 }
 
 /// A timed greedy run: its tokens, the seconds of the prompt and of the

@@ -13,6 +13,12 @@ at small and large --ctx-size. With --write FILE the table goes into FILE
 Usage (after `cargo build --release --examples`):
     .venv/bin/python scripts/bench-vs-llama.py [--threads 2] [--repeat 3] [--write BENCHMARKS.md]
 
+`--batch-cost FILE` times llama.cpp's `llama_decode` of a batch of 1, 2,
+4, 8 and 16 tokens (every token's logits, as a speculative verify batch
+reads them) at position 32 of FILE, median of 5 each, rolled back
+(`llama_memory_seq_rm`), and prints the ratios to one token: the
+counterpart of the `decode` example's `--batch-cost 1,2,4,8,16`.
+
 `--whole-run FILE` instead runs llama.cpp once as a whole process would:
 load FILE, a context of --ctx-size cells, a 16-token prompt, --n-predict
 decoded tokens (no warm-up), then exit. `farm-bench` times it against the
@@ -151,6 +157,45 @@ def whole_run(path, threads, ctx, n_prompt, n_gen):
     print(f"llama.cpp: prompt {n_prompt} tokens, decoded {n_gen} tokens")
 
 
+def batch_cost(path, threads, counts=(1, 2, 4, 8, 16), reps=5):
+    """Median ms of one llama_decode of each token count at position 32."""
+    llama = Llama(path)
+    L = llama.L
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 4096, 512, 512
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.flash_attn_type = 1
+    c = L.llama_init_from_model(llama.model, cp)
+    mem = L.llama_get_memory(c)
+
+    def decode(ids, start, all_logits):
+        b = L.llama_batch_init(len(ids), 0, 1)
+        for k, t in enumerate(ids):
+            b.token[k], b.pos[k], b.n_seq_id[k] = t, start + k, 1
+            b.seq_id[k][0] = 0
+            b.logits[k] = 1 if all_logits or k == len(ids) - 1 else 0
+        b.n_tokens = len(ids)
+        rc = L.llama_decode(c, b)
+        L.llama_batch_free(b)
+        if rc != 0:
+            sys.exit(f"llama_decode returned {rc}")
+
+    decode([(i * 97 + 5) % 32000 for i in range(32)], 0, False)
+    out = []
+    for n in counts:
+        times = []
+        for rep in range(reps + 1):
+            t = time.perf_counter()
+            decode([7] * n, 32, True)
+            if rep > 0:
+                times.append((time.perf_counter() - t) * 1e3)
+            L.llama_memory_seq_rm(mem, 0, 32, -1)
+        out.append((n, statistics.median(times)))
+    L.llama_free(c)
+    one = out[0][1]
+    print("llama.cpp batch cost: " + ", ".join(f"{n} tokens {ms:.1f} ms ({ms / one:.2f}x)" for n, ms in out))
+
+
 def spec(example, ctx, threads):
     args = [example, "--devices", "1", "--threads", str(threads), "--n-predict", "96"]
     if ctx:
@@ -169,8 +214,12 @@ def main():
     ap.add_argument("--write", help="write the table into this file (BENCHMARKS.md)")
     ap.add_argument("--rows", default="all", help="comma-separated row names to run (default all)")
     ap.add_argument("--whole-run", metavar="FILE", help="run llama.cpp once on FILE as a whole process and exit")
+    ap.add_argument("--batch-cost", metavar="FILE", help="time llama.cpp's verify batches of 1-16 tokens on FILE")
     ap.add_argument("--ctx-size", type=int, default=4096, help="cells of --whole-run's context (default 4096)")
     a = ap.parse_args()
+    if a.batch_cost:
+        batch_cost(a.batch_cost, a.threads)
+        return
     if a.whole_run:
         whole_run(a.whole_run, a.threads, a.ctx_size, 16, a.n_predict)
         return
