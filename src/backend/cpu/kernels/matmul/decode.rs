@@ -97,20 +97,16 @@ pub(super) struct Q4kMeta<'a> {
 
 /// Q4_K row → u8 nibbles in element order plus metadata.
 pub(super) fn q4_k(src: &[u8], q: &mut [u8], m: Q4kMeta<'_>, simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` only with AVX2 + F16C; lengths are checked inside.
+        unsafe { x86::q4_k(src, q, m) };
+        return;
+    }
+    let _ = simd;
     for (sb, (blk, qs)) in src.chunks_exact(Q4_K_BYTES).zip(q.chunks_exact_mut(256)).enumerate() {
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `simd` only with AVX2 + F16C.
-            (m.d[sb], m.dmin[sb]) = unsafe { x86::f16_pair(blk) };
-        } else {
-            m.d[sb] = f16_at(blk, 0);
-            m.dmin[sb] = f16_at(blk, 2);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            m.d[sb] = f16_at(blk, 0);
-            m.dmin[sb] = f16_at(blk, 2);
-        }
+        m.d[sb] = f16_at(blk, 0);
+        m.dmin[sb] = f16_at(blk, 2);
         let s = &blk[4..16];
         for j in 0..8 {
             let (sc, mn) = if j < 4 {
@@ -122,13 +118,6 @@ pub(super) fn q4_k(src: &[u8], q: &mut [u8], m: Q4kMeta<'_>, simd: bool) {
             m.mn[8 * sb + j] = mn as i16;
         }
         let packed = &blk[16..144];
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `simd` only with AVX2; `packed` is 128 bytes and `qs` 256.
-            unsafe { x86::nibbles_k(packed, qs) };
-            continue;
-        }
-        let _ = simd;
         for g in 0..4 {
             for l in 0..32 {
                 let v = packed[32 * g + l];
@@ -142,18 +131,18 @@ pub(super) fn q4_k(src: &[u8], q: &mut [u8], m: Q4kMeta<'_>, simd: bool) {
 /// Q6_K row → u8 six-bit quants (0..63) in element order, per super-block
 /// scale `d` and 16 sub-block scales `sc`.
 pub(super) fn q6_k(src: &[u8], q: &mut [u8], d: &mut [f32], sc: &mut [i8], simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` only with AVX2 + F16C; lengths are checked inside.
+        unsafe { x86::q6_k(src, q, d, sc) };
+        return;
+    }
+    let _ = simd;
     for (sb, (blk, qs)) in src.chunks_exact(Q6_K_BYTES).zip(q.chunks_exact_mut(256)).enumerate() {
         d[sb] = f16_at(blk, 208);
         for (o, &v) in sc[16 * sb..16 * sb + 16].iter_mut().zip(&blk[192..208]) {
             *o = v as i8;
         }
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `simd` only with AVX2; `blk` is 210 bytes and `qs` 256.
-            unsafe { x86::quants_q6k(blk, qs) };
-            continue;
-        }
-        let _ = simd;
         for h in 0..2 {
             let (ql, qh) = (&blk[64 * h..64 * h + 64], &blk[128 + 32 * h..128 + 32 * h + 32]);
             let o = &mut qs[128 * h..128 * h + 128];
@@ -190,13 +179,6 @@ mod x86 {
         }
     }
 
-    /// Two adjacent f16 at `b[0..4]` as f32.
-    #[target_feature(enable = "avx2,f16c")]
-    pub(super) unsafe fn f16_pair(b: &[u8]) -> (f32, f32) {
-        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-    }
-
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn q4_0(src: &[u8], q: &mut [u8], d: &mut [f32]) {
         let nb = d.len().min(q.len() / 32).min(src.len() / Q4_0_BYTES);
@@ -229,38 +211,75 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn nibbles_k(packed: &[u8], q: &mut [u8]) {
-        if packed.len() < 128 || q.len() < 256 {
-            return;
-        }
+    /// [`super::q4_k`] with SIMD: per super-block, `d` and `dmin` by F16C,
+    /// the 8 six-bit scales and mins unpacked from their 12 bytes with
+    /// 32-bit masks (ggml's `get_scale_min_k4`, four at a time) and widened
+    /// in registers, the nibbles split with two masks; one bounds check per
+    /// row (the scalar unpacking and its per-element checks cost as much as
+    /// the 8-column product of the row).
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn q4_k(src: &[u8], q: &mut [u8], m: super::Q4kMeta<'_>) {
+        const KM1: u32 = 0x3f3f_3f3f;
+        const KM2: u32 = 0x0f0f_0f0f;
+        const KM3: u32 = 0x0303_0303;
+        let ns = (src.len() / super::Q4_K_BYTES)
+            .min(q.len() / 256)
+            .min(m.d.len())
+            .min(m.dmin.len())
+            .min(m.sc.len() / 8)
+            .min(m.mn.len() / 8);
         let mask = _mm256_set1_epi8(0x0f);
-        for g in 0..4 {
-            // SAFETY: 32 bytes at 32·g of 128, 64 bytes at 64·g of 256.
+        for sb in 0..ns {
+            // SAFETY: super-block `sb` lies in `src` (144 bytes), `q` (256),
+            // and its metadata slots in `m` (checked by `ns` above).
             unsafe {
-                let v = _mm256_loadu_si256(packed.as_ptr().add(32 * g) as *const __m256i);
-                _mm256_storeu_si256(q.as_mut_ptr().add(64 * g) as *mut __m256i, _mm256_and_si256(v, mask));
-                _mm256_storeu_si256(
-                    q.as_mut_ptr().add(64 * g + 32) as *mut __m256i,
-                    _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                let blk = src.as_ptr().add(sb * super::Q4_K_BYTES);
+                let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
+                *m.d.get_unchecked_mut(sb) = _mm_cvtss_f32(dd);
+                *m.dmin.get_unchecked_mut(sb) = _mm_cvtss_f32(_mm_movehdup_ps(dd));
+                let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
+                let (u0, u1, u2) = (u(0), u(1), u(2));
+                let sc = (u0 & KM1) as u64 | ((((u2 & KM2) | (((u0 >> 6) & KM3) << 4)) as u64) << 32);
+                let mn = (u1 & KM1) as u64 | (((((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4)) as u64) << 32);
+                let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
+                let sc32 = _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16));
+                _mm256_storeu_si256(m.sc.as_mut_ptr().add(8 * sb) as *mut __m256i, sc32);
+                _mm_storeu_si128(
+                    m.mn.as_mut_ptr().add(8 * sb) as *mut __m128i,
+                    _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64)),
                 );
+                let o = q.as_mut_ptr().add(256 * sb);
+                for g in 0..4 {
+                    let v = _mm256_loadu_si256(blk.add(16 + 32 * g) as *const __m256i);
+                    _mm256_storeu_si256(o.add(64 * g) as *mut __m256i, _mm256_and_si256(v, mask));
+                    _mm256_storeu_si256(
+                        o.add(64 * g + 32) as *mut __m256i,
+                        _mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                    );
+                }
             }
         }
     }
 
-    /// The 256 six-bit quants of a raw Q6_K super-block, in element order.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn quants_q6k(blk: &[u8], q: &mut [u8]) {
-        if blk.len() < Q6_K_BYTES || q.len() < 256 {
-            return;
-        }
-        for h in 0..2 {
-            // SAFETY: 64 bytes of `ql` at 64·h, 32 of `qh` at 128 + 32·h
-            // (inside the 210-byte block), 128 bytes at 128·h of `q`.
+    /// [`super::q6_k`] with SIMD: `d` by F16C, the 16 scales copied, the
+    /// quants unpacked as the raw-row kernel does; one bounds check per row.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn q6_k(src: &[u8], q: &mut [u8], d: &mut [f32], sc: &mut [i8]) {
+        let ns = (src.len() / Q6_K_BYTES).min(q.len() / 256).min(d.len()).min(sc.len() / 16);
+        for sb in 0..ns {
+            // SAFETY: super-block `sb` lies in `src` (210 bytes), `q` (256),
+            // `d` and `sc` (16), checked by `ns` above.
             unsafe {
-                let v = super::super::kern::q6k_unpack(blk.as_ptr().add(64 * h), blk.as_ptr().add(128 + 32 * h));
-                for (j, vj) in v.iter().enumerate() {
-                    _mm256_storeu_si256(q.as_mut_ptr().add(128 * h + 32 * j) as *mut __m256i, *vj);
+                let blk = src.as_ptr().add(sb * Q6_K_BYTES);
+                let h = std::ptr::read_unaligned(blk.add(208) as *const u16);
+                *d.get_unchecked_mut(sb) = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+                let s16 = _mm_loadu_si128(blk.add(192) as *const __m128i);
+                _mm_storeu_si128(sc.as_mut_ptr().add(16 * sb) as *mut __m128i, s16);
+                for half in 0..2 {
+                    let v = super::super::kern::q6k_unpack(blk.add(64 * half), blk.add(128 + 32 * half));
+                    for (j, vj) in v.iter().enumerate() {
+                        _mm256_storeu_si256(q.as_mut_ptr().add(256 * sb + 128 * half + 32 * j) as *mut __m256i, *vj);
+                    }
                 }
             }
         }

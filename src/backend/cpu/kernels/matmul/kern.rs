@@ -65,6 +65,12 @@ pub(super) struct Tile {
     pub bs: [*const i16; NR],
     /// Results `out[row][col]`.
     pub out: [[f32; NR]; MR],
+    /// The packed kernels' prefetch: `pf_bytes` of raw weights from `pf`
+    /// (the next row tile), hinted into cache a slice per step of K so that
+    /// they arrive while this tile computes (never read; may be null).
+    pub pf: *const u8,
+    /// Bytes of the span at `pf`.
+    pub pf_bytes: usize,
 }
 
 impl Default for Tile {
@@ -82,6 +88,8 @@ impl Default for Tile {
             bc: [std::ptr::null(); NR],
             bs: [std::ptr::null(); NR],
             out: [[0.0; NR]; MR],
+            pf: std::ptr::null(),
+            pf_bytes: 0,
         }
     }
 }
@@ -829,7 +837,9 @@ mod x86 {
                 let corr = _mm256_slli_epi32(_mm256_loadu_si256(bc.add(blk) as *const __m256i), 3);
                 for r in 0..RM {
                     let base = t.a[r].add(blk * bsz);
-                    prefetch_ahead(base, 8 * bsz, pf);
+                    if pf > 0 {
+                        prefetch_ahead(base, 8 * bsz, pf);
+                    }
                     let mut s = [_mm256_setzero_si256(); 8];
                     for (j, sj) in s.iter_mut().enumerate() {
                         let av = raw_block::<D, F>(base.add(j * bsz + 2));
@@ -866,9 +876,6 @@ mod x86 {
     /// llama.cpp's with 4 KiB ahead (1 KiB: 0.95x; 8-32 KiB: the same).
     #[inline(always)]
     unsafe fn prefetch_ahead(p: *const u8, bytes: usize, dist: usize) {
-        if dist == 0 {
-            return;
-        }
         let mut o = 0;
         while o < bytes {
             // SAFETY: a prefetch hint never faults (any address) and
@@ -876,6 +883,19 @@ mod x86 {
             unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(dist + o) as *const i8) };
             o += 64;
         }
+    }
+
+    /// Step `i` of `n` of the tile's spread prefetch ([`Tile::pf`]): the
+    /// `i`-th of `n` equal slices of the next tile's raw rows.
+    #[inline(always)]
+    unsafe fn prefetch_slice(t: &Tile, i: usize, n: usize) {
+        if t.pf_bytes == 0 {
+            return;
+        }
+        let per = t.pf_bytes.div_ceil(n.max(1)).next_multiple_of(64);
+        let start = i * per;
+        // SAFETY: prefetch hints only (never fault, read nothing).
+        unsafe { prefetch_ahead(t.pf.wrapping_add(start), per.min(t.pf_bytes.saturating_sub(start)), 0) };
     }
 
     /// `RN` (one to four) columns × `RM` raw Q4_K rows (scales unpacked in
@@ -900,7 +920,9 @@ mod x86 {
             for sb in 0..nsb {
                 for r in 0..RM {
                     let blk = t.a[r].add(144 * sb);
-                    prefetch_ahead(blk, 144, pf);
+                    if pf > 0 {
+                        prefetch_ahead(blk, 144, pf);
+                    }
                     // [d, dmin, 0, 0].
                     let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
                     let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
@@ -981,6 +1003,7 @@ mod x86 {
             let mut lane = [[[_mm256_setzero_ps(); 8]; NCV]; RM];
             let mut tail = [[_mm256_setzero_ps(); NCV]; RM];
             for blk in 0..nb {
+                prefetch_slice(t, blk, nb);
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for cv in 0..NCV {
                     let c = _mm256_loadu_si256(t.bc[cv].add(8 * blk) as *const __m256i);
@@ -1034,6 +1057,7 @@ mod x86 {
             let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
             let mut accm = [[_mm256_setzero_ps(); NCV]; RM];
             for sb in 0..nsb {
+                prefetch_slice(t, sb, nsb);
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for k in 0..8 {
                     let mut ak = [[_mm256_setzero_si256(); NCV]; RM];
@@ -1185,7 +1209,9 @@ mod x86 {
             for sb in 0..nsb {
                 for r in 0..RM {
                     let blk = t.a[r].add(210 * sb);
-                    prefetch_ahead(blk, 210, pf);
+                    if pf > 0 {
+                        prefetch_ahead(blk, 210, pf);
+                    }
                     let sc = q6k_scales(_mm_loadu_si128(blk.add(192) as *const __m128i));
                     let d =
                         _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk.add(208) as *const u16) as i32));
@@ -1231,6 +1257,7 @@ mod x86 {
             let nsb = t.k / 256;
             let mut accf = [[_mm256_setzero_ps(); NCV]; RM];
             for sb in 0..nsb {
+                prefetch_slice(t, sb, nsb);
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for r in 0..RM {
                     // −32·scale pairs against the columns' pairs of sums of 16.

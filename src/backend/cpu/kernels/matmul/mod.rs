@@ -401,14 +401,20 @@ impl Run<'_> {
         while r < t.r1 {
             let rows = self.rm.min(t.r1 - r);
             self.load_rows(job.a_off, r, rows, scr, &mut tile)?;
-            if self.plan.rows != RowMode::Direct {
-                // The next tile's rows stream in while this one computes.
-                self.prefetch_rows(job.a_off, r + rows, self.rm.min(t.r1.saturating_sub(r + rows)));
+            let next = self.rm.min(t.r1.saturating_sub(r + rows));
+            if self.packed_fmt() {
+                // The next tile's rows stream in while this one computes,
+                // a slice per step of K (a burst of hints at once stalls
+                // the core once its line fill buffers are full).
+                tile.pf = self.a[(job.a_off + (r + rows) * self.nb01).min(self.a.len())..].as_ptr();
+                tile.pf_bytes = if next == 0 { 0 } else { (next - 1) * self.nb01 + self.row_bytes };
+            } else if self.plan.rows != RowMode::Direct {
+                self.prefetch_rows(job.a_off, r + rows, next);
             }
             let mut c = t.c0;
             while c < t.c1 {
                 let cols = self.rn.min(t.c1 - c);
-                if matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) {
+                if self.packed_fmt() {
                     let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
                     for jj in 0..self.rn / packed::G {
                         let g = first + (c / packed::G + jj).min(last);
@@ -437,6 +443,11 @@ impl Run<'_> {
             r += rows;
         }
         self.store(t, &scr.out)
+    }
+
+    /// True for the column-interleaved formats (`packed.rs`).
+    fn packed_fmt(&self) -> bool {
+        matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI)
     }
 
     /// Writes a task's results (column-major, `r1 - r0` per column) to `dst`.
