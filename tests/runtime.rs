@@ -236,3 +236,72 @@ fn a_qwen35_decode_step_allocates_nothing_and_copies_only_its_new_cache_rows() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Speculative decoding on the `qwen35` hybrid, as the `mtp` example runs
+/// it (MTP drafts, 3 per step, verified in one batch whose every token's
+/// recurrent state lands in the device-side snapshots; a rejected draft
+/// rolls the states back by copying one snapshot on the devices): once a
+/// generation has run every shape, a second one of the same length
+/// compiles nothing, allocates nothing (executor and devices), and copies
+/// nothing from the host into the caches; the same with drafts that are
+/// all rejected (a rollback every step). On 1 and 2 devices.
+#[test]
+fn a_speculative_qwen35_generation_allocates_compiles_and_copies_nothing_once_warm() {
+    use shardgraph_models::generate::{write_qwen35_gguf_with, Weights};
+    use shardgraph_models::mtp::MtpDrafter;
+    use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session};
+    use shardgraph_models::speculative::{generate, SpecParams};
+    use shardgraph_models::step::Drafter;
+    #[path = "common/qwen35_tiny.rs"]
+    mod qwen35_tiny;
+    /// Drafts `n_max` copies of a token no permutation step gives.
+    struct Wrong;
+    impl Drafter<Qwen35Session> for Wrong {
+        fn draft(&mut self, _: &mut Qwen35Session, last: i32, _: i64, n_max: usize) -> shardgraph::Result<Vec<i32>> {
+            Ok(vec![last; n_max])
+        }
+    }
+    let hp = Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    let dir = std::env::temp_dir().join(format!("shardgraph-runtime-q35-spec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-mtp-q8_0.gguf");
+    write_qwen35_gguf_with(&path, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 7, Weights::Permutation).unwrap();
+    let prompt = [3, 14, 15, 92, 65, 35];
+    let params = SpecParams { n_max: 3, n_min: 1 };
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        let (devs, counters) = counting::devices(ratios.len(), None);
+        let devices = Devices::from_backends(devs).unwrap().with_tensor_split(&ratios).unwrap();
+        let mut s = Qwen35Session::load(&path, &devices, GgmlType::F16, 64).unwrap();
+        s.enable_snapshots(4).unwrap();
+        for mtp in [true, false] {
+            let run = |s: &mut Qwen35Session| {
+                s.reset().unwrap();
+                if mtp {
+                    let mut d = MtpDrafter::new(s, 0.0).unwrap();
+                    generate(s, &mut d, &prompt, 16, params).unwrap()
+                } else {
+                    generate(s, &mut Wrong, &prompt, 16, params).unwrap()
+                }
+            };
+            let (first, st) = run(&mut s);
+            let (before, dev_before) =
+                (s.runner().exec().counters(), counters.iter().map(|c| c.allocated()).sum::<u64>());
+            let (again, st2) = run(&mut s);
+            let c = s.runner().exec().counters();
+            let what = format!("{ratios:?}, {}: {st2:?}", if mtp { "MTP" } else { "all drafts rejected" });
+            assert_eq!(again, first, "{what}: tokens");
+            assert_eq!((st2.drafted, st2.accepted), (st.drafted, st.accepted), "{what}: the same steps");
+            if mtp {
+                assert!(st2.accepted * 2 >= st2.drafted && st2.drafted > 0, "{what}: MTP accepts");
+            } else {
+                assert_eq!(st2.accepted, 0, "{what}");
+            }
+            assert_eq!(c.compiles - before.compiles, 0, "{what}: compiled");
+            assert_eq!(c.bytes_allocated - before.bytes_allocated, 0, "{what}: bytes allocated");
+            assert_eq!(c.store_bytes_copied - before.store_bytes_copied, 0, "{what}: bytes copied into the caches");
+            let dev_after = counters.iter().map(|c| c.allocated()).sum::<u64>();
+            assert_eq!(dev_after - dev_before, 0, "{what}: device bytes allocated");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -54,6 +54,10 @@ pub struct Qwen35Session {
 /// the batch's tokens, (cache, single-device bytes) per recurrent cache)`.
 type Checkpoint = (i64, Vec<i32>, Vec<(TensorId, Vec<u8>)>);
 
+/// The graph cache's key of a rollback into a snapshot batch: the tokens kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct RollbackKey(i64);
+
 impl Qwen35Session {
     /// Opens a `qwen35` GGUF and loads it onto `devices` as
     /// [`Qwen35Session::load_file`] does.
@@ -304,26 +308,32 @@ impl Qwen35Session {
                     ),
                 });
             }
-            // Copy the states after token kept − 1 back into the caches, on every device.
-            self.ctx.truncate(self.base_len);
-            let mut writes = Vec::new();
-            // Row 0 of each one-row cache (set_rows: a write to the stored cache
-            // even though nothing in this graph reads it afterwards).
-            let row0 = self.ctx.new_tensor(GgmlType::I64, &[1])?;
-            self.ctx.set_input(row0)?;
-            let mut snaps = self.model.snapshots.clone().into_iter();
-            for l in &self.model.layers {
-                if let Qwen35Mixer::DeltaNet { cache_r, cache_s, .. } = l.mixer {
-                    let (snap_r, snap_s) = snaps
-                        .next()
-                        .and_then(|v| v.get(kept as usize - 1).copied())
-                        .ok_or_else(|| Error::Model { detail: "qwen35: a snapshot is missing".into() })?;
-                    writes.push(self.ctx.set_rows(cache_r, snap_r, row0)?);
-                    writes.push(self.ctx.set_rows(cache_s, snap_s, row0)?);
+            // Copy the states after token kept − 1 back into the caches, on
+            // every device: one graph per kept count, kept with the step
+            // graphs (its tensors, the row-index input among them, keep
+            // their ids and placements, so a rollback allocates nothing).
+            let (model, base) = (&self.model, self.base_len);
+            let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, RollbackKey(kept), |ctx| {
+                let mut writes = Vec::new();
+                // Row 0 of each one-row cache (set_rows: a write to the stored
+                // cache even though nothing in this graph reads it afterwards).
+                let row0 = ctx.new_tensor(GgmlType::I64, &[1])?;
+                ctx.set_input(row0)?;
+                let mut snaps = model.snapshots.clone().into_iter();
+                for l in &model.layers {
+                    if let Qwen35Mixer::DeltaNet { cache_r, cache_s, .. } = l.mixer {
+                        let (snap_r, snap_s) = snaps
+                            .next()
+                            .and_then(|v| v.get(kept as usize - 1).copied())
+                            .ok_or_else(|| Error::Model { detail: "qwen35: a snapshot is missing".into() })?;
+                        writes.push(ctx.set_rows(cache_r, snap_r, row0)?);
+                        writes.push(ctx.set_rows(cache_s, snap_s, row0)?);
+                    }
                 }
-            }
-            let graph = self.ctx.build_forward(&writes)?;
-            self.runner.run(&self.ctx, &graph, &[(row0, 0i64.to_le_bytes().to_vec())], &writes)?;
+                Ok((row0, writes))
+            })?;
+            let (row0, writes, graph) = (sg.step, &sg.outputs, &sg.graph);
+            self.runner.run(&self.ctx, graph, &[(row0, 0i64.to_le_bytes().to_vec())], writes)?;
             self.n_past = n_past;
             return Ok(());
         }
