@@ -65,7 +65,7 @@ pub(super) struct Tile {
     pub bs: [*const i16; NR],
     /// Results `out[row][col]`.
     pub out: [[f32; NR]; MR],
-    /// The packed kernels' prefetch: `pf_bytes` of raw weights from `pf`
+    /// The decoded-row kernels' prefetch: `pf_bytes` of raw weights from `pf`
     /// (the next row tile), hinted into cache a slice per step of K so that
     /// they arrive while this tile computes (never read; may be null).
     pub pf: *const u8,
@@ -343,7 +343,7 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
     }
     match (isa, fmt) {
         // One group of 8 columns: a tile of 16 would compute it twice.
-        (_, Fmt::Q4KI | Fmt::Q6KI) if ncols <= 8 => (6, 8),
+        (_, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) if ncols <= 8 => (6, 8),
         (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) => (2, 16),
         (_, Fmt::Q8I) => (6, 16),
         (_, Fmt::Q4KI | Fmt::Q6KI) => (4, 16),
@@ -658,6 +658,7 @@ mod x86 {
             while blk < nb {
                 let n = if blk < full { 8 } else { 1 };
                 for j in 0..n {
+                    prefetch_slice(t, blk + j, nb);
                     let mut av = [_mm256_setzero_si256(); RM];
                     let mut aa = [_mm256_setzero_si256(); RM];
                     for r in 0..RM {

@@ -402,10 +402,11 @@ impl Run<'_> {
             let rows = self.rm.min(t.r1 - r);
             self.load_rows(job.a_off, r, rows, scr, &mut tile)?;
             let next = self.rm.min(t.r1.saturating_sub(r + rows));
-            if self.packed_fmt() {
+            if self.plan.rows != RowMode::Direct && self.plan.isa != Isa::Scalar {
                 // The next tile's rows stream in while this one computes,
-                // a slice per step of K (a burst of hints at once stalls
-                // the core once its line fill buffers are full).
+                // a slice per step of K inside the SIMD kernels (a burst
+                // of hints at once stalls the core once its line fill
+                // buffers are full).
                 tile.pf = self.a[(job.a_off + (r + rows) * self.nb01).min(self.a.len())..].as_ptr();
                 tile.pf_bytes = if next == 0 { 0 } else { (next - 1) * self.nb01 + self.row_bytes };
             } else if self.plan.rows != RowMode::Direct {
