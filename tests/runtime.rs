@@ -20,6 +20,8 @@ use shardgraph_models::types::TensorTypes;
 mod counting;
 #[path = "common/decode.rs"]
 mod decode;
+#[path = "common/qwen35_tiny.rs"]
+mod qwen35_tiny;
 use decode::nmse;
 
 fn hp() -> Qwen3Hparams {
@@ -190,8 +192,6 @@ fn a_ctx_size_that_does_not_fit_is_an_error_before_allocating() {
 fn a_qwen35_decode_step_allocates_nothing_and_copies_only_its_new_cache_rows() {
     use shardgraph_models::generate::write_qwen35_gguf;
     use shardgraph_models::qwen35::Qwen35Session;
-    #[path = "common/qwen35_tiny.rs"]
-    mod qwen35_tiny;
     let hp = qwen35_tiny::tiny();
     let dir = std::env::temp_dir().join(format!("shardgraph-runtime-q35-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -252,8 +252,6 @@ fn a_speculative_qwen35_generation_allocates_compiles_and_copies_nothing_once_wa
     use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session};
     use shardgraph_models::speculative::{generate, SpecParams};
     use shardgraph_models::step::Drafter;
-    #[path = "common/qwen35_tiny.rs"]
-    mod qwen35_tiny;
     /// Drafts `n_max` copies of a token no permutation step gives.
     struct Wrong;
     impl Drafter<Qwen35Session> for Wrong {
