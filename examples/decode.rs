@@ -30,10 +30,11 @@
 //! file of another architecture, or with a tensor of a type this build
 //! cannot run, is refused naming it.
 //! `--batch-cost 1,2,4,8,16` then times one step of each of those token
-//! counts at the position the run ended (a speculative verify batch: the
-//! greedy token of every position; median of 5, each rolled back) and
-//! prints `batch cost: 1 tokens X ms (1.00x), 2 tokens Y ms (…x), …`, the
-//! ratios to one token.
+//! counts (1..=512; 1 is always timed) where the run ended (a speculative
+//! verify batch: the greedy token of every position; median of 5, each
+//! rolled back; the cache must hold the largest count too) and prints
+//! `batch cost: 1 tokens X ms (1.00x), 2 tokens Y ms (…x), …`, the ratios
+//! to one token.
 //! The result line reads `… ctx-size N: prompt N tokens X tokens/s; decode N
 //! tokens Y tokens/s; …`. `RUST_LOG=debug` logs every decode step: tokens,
 //! position, bytes moved, time.
@@ -113,7 +114,12 @@ fn run() -> shardgraph::Result<()> {
     // The prompt's ids (or a synthetic one of --n-prompt ids, made once the vocabulary is known).
     let given: Option<Vec<i32>> = Some(spec::prompt_tokens(&args, Vec::new)).filter(|p| !p.is_empty());
     let n_prompt = given.as_ref().map_or(n_prompt, Vec::len);
-    let Some(needed) = n_prompt.checked_add(n_tokens).and_then(|v| i64::try_from(v).ok()) else {
+    // `--batch-cost` counts, checked before anything runs (1 always among them).
+    let batch_counts = spec::arg(&args, "--batch-cost").map(|list| batch_counts(&list));
+    let largest_batch = batch_counts.as_ref().and_then(|c| c.iter().max().copied()).unwrap_or(0);
+    let Some(needed) =
+        n_prompt.checked_add(n_tokens).and_then(|v| v.checked_add(largest_batch)).and_then(|v| i64::try_from(v).ok())
+    else {
         bad(format!("no context can hold {n_prompt} prompt and {n_tokens} generated tokens"))
     };
     spec::ctx_request(&args, 4096, needed);
@@ -158,8 +164,8 @@ fn run() -> shardgraph::Result<()> {
     s.decode(&first.argmax[first.argmax.len() - 1..], &[], false)?;
     s.restart()?;
     let run = greedy(&mut s, &prompt, ubatch, n_tokens, false, None)?;
-    let batch_cost = match spec::arg(&args, "--batch-cost") {
-        Some(v) => Some(batch_cost(&mut s, &v, *run.tokens.last().unwrap_or(&0))?),
+    let batch_cost = match &batch_counts {
+        Some(c) => Some(batch_cost(&mut s, c, *run.tokens.last().unwrap_or(&0))?),
         None => None,
     };
     println!(
@@ -311,12 +317,11 @@ impl Session {
     }
 }
 
-/// `--batch-cost`: the median time of one step of each token count in
-/// `list` (comma-separated) at the current position, 5 timed steps each
-/// after one untimed one (its program compiles), each rolled back; the line
-/// to print.
-fn batch_cost(s: &mut Session, list: &str, token: i32) -> shardgraph::Result<String> {
-    let counts: Vec<usize> = list
+/// The token counts of `--batch-cost LIST` (comma-separated, each in
+/// 1..=512), with 1 first if the list lacks it (the ratios are to one
+/// token); exits with a message on a bad list.
+fn batch_counts(list: &str) -> Vec<usize> {
+    let mut counts: Vec<usize> = list
         .split(',')
         .map(|v| v.trim().parse().ok().filter(|&n: &usize| (1..=512).contains(&n)))
         .collect::<Option<_>>()
@@ -324,23 +329,38 @@ fn batch_cost(s: &mut Session, list: &str, token: i32) -> shardgraph::Result<Str
             eprintln!("--batch-cost {list}: token counts of 1..=512, comma-separated");
             std::process::exit(2)
         });
-    let at = s.target().n_past();
+    if !counts.contains(&1) {
+        counts.insert(0, 1);
+    }
+    counts
+}
+
+/// `--batch-cost`: the median time of one step of each token count in
+/// `counts` where the run ended, 5 timed steps each after one untimed one
+/// (its program compiles); the line to print. A step of several tokens is
+/// rolled back (a verify batch whose drafts are all rejected); a step of
+/// one is kept (a `qwen35` keeps no checkpoint to roll a single token back
+/// into), so later counts start a few positions on.
+fn batch_cost(s: &mut Session, counts: &[usize], token: i32) -> shardgraph::Result<String> {
     let mut out = Vec::new();
-    for &n in &counts {
+    for &n in counts {
         let batch = vec![token; n];
         let mut times = Vec::new();
         for rep in 0..6 {
+            let at = s.target().n_past();
             let t = Instant::now();
             s.decode(&batch, &[], false)?;
             if rep > 0 {
                 times.push(t.elapsed().as_secs_f64() * 1e3);
             }
-            s.target().rollback(at)?;
+            if n > 1 {
+                s.target().rollback(at)?;
+            }
         }
         times.sort_by(f64::total_cmp);
         out.push((n, times[times.len() / 2]));
     }
-    let one = out.iter().find(|o| o.0 == 1).map_or(out[0].1, |o| o.1);
+    let one = out.iter().find(|o| o.0 == 1).map_or(1.0, |o| o.1);
     let cells: Vec<String> = out.iter().map(|(n, ms)| format!("{n} tokens {ms:.1} ms ({:.2}x)", ms / one)).collect();
     Ok(format!("batch cost: {}", cells.join(", ")))
 }

@@ -818,6 +818,10 @@ sg_status sg_sampler_params_default(sg_sampler_params *p);
  * params->ctx_size cells plus the drafter's block (params NULL: defaults),
  * in *engine; free with sg_engine_free. Files, hyper-parameters, tensors
  * and each device's memory are checked before anything is allocated.
+ * CPU devices compute on the files' mapped pages (not copied), so the
+ * files must not be truncated or rewritten in place while the engine lives
+ * (as with llama.cpp's mmap: a truncated file faults, SIGBUS); replacing
+ * one by a rename is safe.
  * Errors: SG_ERR_INVALID_ARGUMENT (a bad draft_kind, draft_path missing
  * for SG_DRAFT_GGUF or given for another kind); SG_ERR_GGUF (a file
  * missing or malformed); SG_ERR_MODEL (an architecture other than

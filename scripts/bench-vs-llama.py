@@ -141,7 +141,8 @@ def whole_run(path, threads, ctx, n_prompt, n_gen):
     if not c:
         sys.exit(f"llama.cpp could not create a context of {ctx} cells")
     pos = 0
-    batches = [[(j * 97 + 5) % 32000 for j in range(n_prompt)]] + [[(i * 31 + 7) % 32000] for i in range(n_gen)]
+    vocab = min(32000, L.llama_vocab_n_tokens(L.llama_model_get_vocab(llama.model)))
+    batches = [[(j * 97 + 5) % vocab for j in range(n_prompt)]] + [[(i * 31 + 7) % vocab] for i in range(n_gen)]
     for ids in batches:
         b = L.llama_batch_init(len(ids), 0, 1)
         for k, t in enumerate(ids):
@@ -166,6 +167,8 @@ def batch_cost(path, threads, counts=(1, 2, 4, 8, 16), reps=5):
     cp.n_threads = cp.n_threads_batch = threads
     cp.flash_attn_type = 1
     c = L.llama_init_from_model(llama.model, cp)
+    if not c:
+        sys.exit("llama.cpp could not create a context of 4096 cells")
     mem = L.llama_get_memory(c)
 
     def decode(ids, start, all_logits):
@@ -180,7 +183,8 @@ def batch_cost(path, threads, counts=(1, 2, 4, 8, 16), reps=5):
         if rc != 0:
             sys.exit(f"llama_decode returned {rc}")
 
-    decode([(i * 97 + 5) % 32000 for i in range(32)], 0, False)
+    vocab = min(32000, L.llama_vocab_n_tokens(L.llama_model_get_vocab(llama.model)))
+    decode([(i * 97 + 5) % vocab for i in range(32)], 0, False)
     out = []
     for n in counts:
         times = []
@@ -189,7 +193,9 @@ def batch_cost(path, threads, counts=(1, 2, 4, 8, 16), reps=5):
             decode([7] * n, 32, True)
             if rep > 0:
                 times.append((time.perf_counter() - t) * 1e3)
-            L.llama_memory_seq_rm(mem, 0, 32, -1)
+            if not L.llama_memory_seq_rm(mem, 0, 32, -1):
+                sys.exit("llama.cpp cannot remove part of this model's sequence (a recurrent model): "
+                         "--batch-cost needs an attention-only model")
         out.append((n, statistics.median(times)))
     L.llama_free(c)
     one = out[0][1]
@@ -213,8 +219,9 @@ def main():
     ap.add_argument("--n-predict", type=int, default=128, help="decoded tokens per run (default 128)")
     ap.add_argument("--write", help="write the table into this file (BENCHMARKS.md)")
     ap.add_argument("--rows", default="all", help="comma-separated row names to run (default all)")
-    ap.add_argument("--whole-run", metavar="FILE", help="run llama.cpp once on FILE as a whole process and exit")
-    ap.add_argument("--batch-cost", metavar="FILE", help="time llama.cpp's verify batches of 1-16 tokens on FILE")
+    once.add_argument("--whole-run", metavar="FILE", help="run llama.cpp once on FILE as a whole process and exit")
+    once = ap.add_mutually_exclusive_group()
+    once.add_argument("--batch-cost", metavar="FILE", help="time llama.cpp's verify batches of 1-16 tokens on FILE")
     ap.add_argument("--ctx-size", type=int, default=4096, help="cells of --whole-run's context (default 4096)")
     a = ap.parse_args()
     if a.batch_cost:

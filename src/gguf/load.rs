@@ -9,7 +9,8 @@
 //! the weights cost their file size once and loading reads nothing until
 //! a step needs it; GPUs copy each part once when the first run moves it
 //! there. Other parts (a split along a row, a file parsed from memory) are
-//! copied from the file straight into their part. Into a [`TensorStorage`]
+//! copied from the file straight into their part. The file must therefore
+//! stay as it is while the model lives (see [`GgufFile::open`]). Into a [`TensorStorage`]
 //! the bytes are copied into its allocated buffers (`set_bytes`).
 
 use super::gguf_err;

@@ -620,8 +620,13 @@ impl GgufFile {
     /// mapping: [`GgufFile::tensor`] returns slices of it.
     ///
     /// The file must not be truncated or rewritten while the `GgufFile`
-    /// lives (as with every memory-mapped model loader; a shrinking file
-    /// makes later reads of the mapping fault).
+    /// lives, nor while a model loaded from it into a
+    /// [`crate::split::SplitStore`] does: CPU devices compute on the
+    /// file's pages ([`GgufFile::mapped`]). As with every memory-mapped
+    /// model loader (llama.cpp's too), a shrinking file makes later reads
+    /// of the mapping fault (`SIGBUS`) and a file rewritten in place changes
+    /// the weights under the model. Replacing it (a new file renamed over
+    /// the path) is safe: the old one stays mapped.
     ///
     /// # Errors
     /// [`Error::Gguf`] naming the path: the file cannot be opened or mapped,
