@@ -15,8 +15,8 @@
 //!   portable only (SIMD builds take `GemvQ6K` or `Q6KI`).
 //! * `Q8I`, `Q4KI`, `Q6KI`: the same rows × groups of 8 column-interleaved
 //!   columns (`packed.rs`), 8 or 16 columns per tile.
-//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one column
-//!   (`GemvQ4K`, `GemvQ6K`: one to four) × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
+//! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one to four
+//!   columns × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
 //!   blocks' dots reduced together and scaled with one FMA). The kernels of
 //!   each format (one column, tiles, packed tiles) combine a column's block
 //!   sums in one order, whatever the tile (batch invariance): Q4_0/Q5_0/Q8_0
@@ -121,14 +121,14 @@ pub(super) enum Fmt {
     Q4K,
     /// Q6_K rows, Q8_K columns.
     Q6K,
-    /// One column: raw Q4_0 rows × Q8 column (x86 only).
+    /// One to four columns: raw Q4_0 rows × Q8 columns (x86 only).
     GemvQ4_0,
-    /// One column: raw Q5_0 rows × Q8 column (x86 only).
+    /// One to four columns: raw Q5_0 rows × Q8 columns (x86 only).
     GemvQ5_0,
-    /// One column: raw Q8_0 rows × Q8 column (x86 only; offset-encoded with
+    /// One to four columns: raw Q8_0 rows × Q8 columns (x86 only; offset-encoded with
     /// VNNI, signed without).
     GemvQ8_0,
-    /// One column: raw Q4_K rows × Q8_K column (x86 only).
+    /// One to four columns: raw Q4_K rows × Q8_K columns (x86 only).
     GemvQ4K,
     /// One to four columns: raw Q6_K rows × Q8_K columns (x86 only).
     GemvQ6K,
@@ -239,11 +239,14 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
     #[cfg(target_arch = "x86_64")]
     macro_rules! pick1 {
         ($f:ident) => {
-            match rm {
-                1 => $f::<1> as KernFn,
-                2 => $f::<2> as KernFn,
-                8 => $f::<8> as KernFn,
-                _ => $f::<4> as KernFn,
+            match (rm, rn) {
+                (1, 2) => $f::<1, 2> as KernFn,
+                (1, 3) => $f::<1, 3> as KernFn,
+                (1, 4) => $f::<1, 4> as KernFn,
+                (1, _) => $f::<1, 1> as KernFn,
+                (2, _) => $f::<2, 1> as KernFn,
+                (8, _) => $f::<8, 1> as KernFn,
+                _ => $f::<4, 1> as KernFn,
             }
         };
     }
@@ -332,7 +335,7 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
         };
         return (rm, 1);
     }
-    if matches!(fmt, Fmt::GemvQ4K | Fmt::GemvQ6K) {
+    if matches!(fmt, Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::GemvQ6K) {
         return (1, ncols.min(4));
     }
     if ncols == 2 {
@@ -813,14 +816,16 @@ mod x86 {
         }
     }
 
-    /// One column × `RM` raw Q4_0 / Q8_0 / Q5_0 rows (`F`), 8 blocks per
-    /// step: the 8 block dots are reduced to one vector and scaled with one
-    /// FMA (one accumulator lane per block index mod 8), the blocks past the
-    /// last whole 8 summed apart. The tile kernels of these formats
-    /// (`q8_body`, `q8i_body`) combine blocks in this same order.
+    /// `RN` columns × `RM` raw Q4_0 / Q8_0 / Q5_0 rows (`F`), 8 blocks per
+    /// step: the 8 block dots of a column are reduced to one vector and
+    /// scaled with one FMA (one accumulator lane per block index mod 8), the
+    /// blocks past the last whole 8 summed apart. Each column is computed
+    /// exactly as alone (its weight blocks are re-read from L1 for the next
+    /// column), so the tile kernels of these formats (`q8_body`, `q8i_body`)
+    /// and every column count combine blocks in this same order.
     #[inline(always)]
-    unsafe fn gemv_q8_body<D: Dot, const RM: usize, const F: u8>(t: &mut Tile) {
-        // SAFETY: KernFn contract (raw rows of k/32 blocks, one Q8 column).
+    unsafe fn gemv_q8_body<D: Dot, const RM: usize, const RN: usize, const F: u8>(t: &mut Tile) {
+        // SAFETY: KernFn contract (raw rows of k/32 blocks, RN Q8 columns).
         unsafe {
             let bsz = match F {
                 RAW_Q8_0 => 34,
@@ -829,42 +834,48 @@ mod x86 {
             };
             let nb = t.k / 32;
             let pf = super::prefetch_distance();
-            let (b, bd, bc) = (t.b[0], t.bd[0], t.bc[0]);
-            let mut acc = [_mm256_setzero_ps(); RM];
-            let mut tail = [0f32; RM];
+            let mut acc = [[_mm256_setzero_ps(); RN]; RM];
+            let mut tail = [[0f32; RN]; RM];
             let mut blk = 0;
             while blk + 8 <= nb {
-                let bd8 = _mm256_loadu_ps(bd.add(blk));
-                let corr = _mm256_slli_epi32(_mm256_loadu_si256(bc.add(blk) as *const __m256i), 3);
                 for r in 0..RM {
                     let base = t.a[r].add(blk * bsz);
                     if pf > 0 {
                         prefetch_ahead(base, 8 * bsz, pf);
                     }
-                    let mut s = [_mm256_setzero_si256(); 8];
-                    for (j, sj) in s.iter_mut().enumerate() {
-                        let av = raw_block::<D, F>(base.add(j * bsz + 2));
-                        let bv = _mm256_loadu_si256(b.add(32 * (blk + j)) as *const __m256i);
-                        *sj = block_dot::<D, F>(av, bv);
+                    let sa = scales8(base, bsz);
+                    for c in 0..RN {
+                        let bd8 = _mm256_loadu_ps(t.bd[c].add(blk));
+                        let corr = _mm256_slli_epi32(_mm256_loadu_si256(t.bc[c].add(blk) as *const __m256i), 3);
+                        let mut s = [_mm256_setzero_si256(); 8];
+                        for (j, sj) in s.iter_mut().enumerate() {
+                            let av = raw_block::<D, F>(base.add(j * bsz + 2));
+                            let bv = _mm256_loadu_si256(t.b[c].add(32 * (blk + j)) as *const __m256i);
+                            *sj = block_dot::<D, F>(av, bv);
+                        }
+                        let tot = _mm256_add_epi32(reduce8(&s), corr);
+                        let sc = _mm256_mul_ps(sa, bd8);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), sc, acc[r][c]);
                     }
-                    let tot = _mm256_add_epi32(reduce8(&s), corr);
-                    let sc = _mm256_mul_ps(scales8(base, bsz), bd8);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), sc, acc[r]);
                 }
                 blk += 8;
             }
             while blk < nb {
                 for r in 0..RM {
                     let p = t.a[r].add(blk * bsz);
-                    let av = raw_block::<D, F>(p.add(2));
-                    let bv = _mm256_loadu_si256(b.add(32 * blk) as *const __m256i);
-                    let tot = hsum_i32(block_dot::<D, F>(av, bv)) + 8 * *bc.add(blk);
-                    tail[r] += tot as f32 * (f16_one(p) * *bd.add(blk));
+                    for c in 0..RN {
+                        let av = raw_block::<D, F>(p.add(2));
+                        let bv = _mm256_loadu_si256(t.b[c].add(32 * blk) as *const __m256i);
+                        let tot = hsum_i32(block_dot::<D, F>(av, bv)) + 8 * *t.bc[c].add(blk);
+                        tail[r][c] += tot as f32 * (f16_one(p) * *t.bd[c].add(blk));
+                    }
                 }
                 blk += 1;
             }
             for r in 0..RM {
-                t.out[r][0] = hsum(acc[r]) + tail[r];
+                for c in 0..RN {
+                    t.out[r][c] = hsum(acc[r][c]) + tail[r][c];
+                }
             }
         }
     }
@@ -1344,19 +1355,19 @@ mod x86 {
                 unsafe { q4ki_body::<$dot, RM, NCV>(t) }
             }
             #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $g40<const RM: usize>(t: &mut Tile) {
+            pub(super) unsafe fn $g40<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { gemv_q8_body::<$dot, RM, RAW_Q4_0>(t) }
+                unsafe { gemv_q8_body::<$dot, RM, RN, RAW_Q4_0>(t) }
             }
             #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $g80<const RM: usize>(t: &mut Tile) {
+            pub(super) unsafe fn $g80<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { gemv_q8_body::<$dot, RM, RAW_Q8_0>(t) }
+                unsafe { gemv_q8_body::<$dot, RM, RN, RAW_Q8_0>(t) }
             }
             #[target_feature(enable = $feat)]
-            pub(super) unsafe fn $g50<const RM: usize>(t: &mut Tile) {
+            pub(super) unsafe fn $g50<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { gemv_q8_body::<$dot, RM, RAW_Q5_0>(t) }
+                unsafe { gemv_q8_body::<$dot, RM, RN, RAW_Q5_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g4k<const RM: usize, const RN: usize>(t: &mut Tile) {

@@ -13,9 +13,10 @@
 //!    routed to one expert) form one job, so each weight row is read once
 //!    per chunk of columns;
 //! 3. inside a task, per weight type and column count:
-//!    * one column (decode): fused kernels reading raw Q4_0 / Q5_0 / Q8_0 /
-//!      Q4_K / Q6_K blocks (Q6_K's also for 2 to 4 columns), or 8-row dense
-//!      F32/F16/BF16 kernels (`kern.rs`);
+//!    * one to four columns (decode, small verify batches): fused kernels
+//!      reading raw Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks, each weight
+//!      row read from memory once for every column; one column of dense
+//!      F32/F16/BF16: 8-row kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
@@ -263,10 +264,19 @@ fn max_cols(jobs: &[Job]) -> usize {
 fn refine(plan: Plan, jobs: &[Job]) -> Plan {
     match max_cols(jobs) {
         1 => gemv_plan(plan),
-        // The K-quants' raw-row kernels take up to 4 columns (each
-        // super-block unpacked once in registers for all of them; measured
-        // faster than packed tiles up to 4 columns, slower from 5).
-        2..=4 if matches!(plan.wt, GgmlType::Q4_K | GgmlType::Q6_K) => gemv_plan(plan),
+        // The raw-row kernels take up to 4 columns (the weights read from
+        // memory once for all of them; K-quant super-blocks unpacked once in
+        // registers, Q4_0/Q5_0/Q8_0 blocks re-read from L1 per column):
+        // measured faster than tiles up to 4 columns (Q8_0, 1.7B shape: a
+        // batch of 4 tokens 2.0 → 1.5 single steps), slower from 5.
+        2..=4
+            if matches!(
+                plan.wt,
+                GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0
+            ) =>
+        {
+            gemv_plan(plan)
+        }
         n => packed_plan(plan, n),
     }
 }
