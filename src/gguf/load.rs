@@ -10,8 +10,9 @@
 //! a step needs it; GPUs copy each part once when the first run moves it
 //! there. Other parts (a split along a row, a file parsed from memory) are
 //! copied from the file straight into their part. The file must therefore
-//! stay as it is while the model lives (see [`GgufFile::open`]). Into a [`TensorStorage`]
-//! the bytes are copied into its allocated buffers (`set_bytes`).
+//! stay as it is while the model lives (see [`GgufFile::open`]). Into a
+//! [`TensorStorage`] the bytes are copied into its allocated buffers
+//! (`set_bytes`).
 
 use super::gguf_err;
 use super::reader::{GgufFile, GgufTensor};
@@ -27,8 +28,8 @@ use std::collections::HashMap;
 pub struct LoadReport {
     /// Tensors loaded, with their context ids, in file order.
     pub loaded: Vec<(String, TensorId)>,
-    /// Bytes loaded from the file (mapped or copied; single-device bytes: a mirrored tensor
-    /// lands on every device but counts once).
+    /// Bytes loaded from the file (mapped or copied; single-device bytes:
+    /// a mirrored tensor lands on every device but counts once).
     pub bytes: u64,
     /// Tensors of the file that no tensor of the context is named after
     /// (left alone), in file order.
@@ -62,6 +63,22 @@ fn check_match(file: &GgufFile, t: &GgufTensor<'_>, ctx: &Context, id: TensorId)
     Ok(())
 }
 
+/// Makes file tensor `t` (checked by [`check_match`]) the whole of `id` in
+/// `store`: its range of the mapped file where the file is mapped
+/// ([`SplitStore::set_tensor_mapped`]), else a copy of its bytes.
+fn set_from_file(
+    file: &GgufFile,
+    t: &GgufTensor<'_>,
+    ctx: &Context,
+    id: TensorId,
+    store: &mut SplitStore,
+) -> Result<()> {
+    match file.mapped(t) {
+        Some(m) => store.set_tensor_mapped(ctx, id, &m),
+        None => store.set_tensor(ctx, id, 0, t.data),
+    }
+}
+
 /// Loads file tensor `name` into context tensor `id`, which must be placed
 /// in `store` (in any split state): [`SplitStore::set_tensor_mapped`] with
 /// its range of a mapped file (no copy where a part is one run of it), else
@@ -80,10 +97,7 @@ pub fn load_tensor_into_split_store(
 ) -> Result<usize> {
     let t = file.tensor(name)?;
     check_match(file, &t, ctx, id)?;
-    match file.mapped(&t) {
-        Some(m) => store.set_tensor_mapped(ctx, id, &m)?,
-        None => store.set_tensor(ctx, id, 0, t.data)?,
-    }
+    set_from_file(file, &t, ctx, id, store)?;
     Ok(t.data.len())
 }
 
@@ -164,10 +178,7 @@ pub fn load_into_split_store(file: &GgufFile, ctx: &Context, store: &mut SplitSt
     }
     let mut report = LoadReport { unused, ..LoadReport::default() };
     for (t, id) in tensors {
-        match file.mapped(&t) {
-            Some(m) => store.set_tensor_mapped(ctx, id, &m)?,
-            None => store.set_tensor(ctx, id, 0, t.data)?,
-        }
+        set_from_file(file, &t, ctx, id, store)?;
         report.bytes += t.data.len() as u64;
         report.loaded.push((t.info.name.clone(), id));
     }

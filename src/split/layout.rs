@@ -94,39 +94,43 @@ pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, 
     }
 }
 
-/// Where device `j`'s local bytes (as [`slice_local`] lays them out) lie in
-/// the full contiguous bytes of a tensor of type `ty` and shape `ne` in
-/// `state`: `Some(Some(range))` where they are one contiguous run of them
-/// (mirrored; partial on device 0; a split whose axis has only dimensions
-/// of 1 outside it, e.g. the rows of a matrix, or that gives one device
-/// the whole axis), `Some(None)` for a
-/// partial's zeros (devices past 0), `None` where they are gathered from
-/// several runs.
+/// Where device `j`'s local bytes (as [`slice_local`] lays them out) come
+/// from in the full contiguous bytes of a tensor: [`local_run`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LocalRun {
+    /// One contiguous run of them: mirrored; partial on device 0; a split
+    /// whose axis has only dimensions of 1 outside it (the rows of a
+    /// matrix), or that gives the device the whole axis.
+    Run(std::ops::Range<usize>),
+    /// Zeros (a partial tensor's devices past 0).
+    Zeros,
+    /// Gathered from several runs (a split along a matrix's rows).
+    Gathered,
+}
+
+/// Device `j`'s [`LocalRun`] of a tensor of type `ty` and shape `ne` in
+/// `state`.
 ///
 /// # Errors
 /// As [`slice_local`] for a state that does not fit the shape.
-pub(crate) fn local_range(
-    ty: GgmlType,
-    ne: [i64; 4],
-    state: &SplitState,
-    j: usize,
-) -> Result<Option<Option<std::ops::Range<usize>>>> {
+pub(crate) fn local_run(ty: GgmlType, ne: [i64; 4], state: &SplitState, j: usize) -> Result<LocalRun> {
     let n = full_bytes(ty, ne)?;
     match state {
-        SplitState::Mirrored => Ok(Some(Some(0..n))),
-        SplitState::Partial(_) => Ok(Some((j == 0).then_some(0..n))),
+        SplitState::Mirrored => Ok(LocalRun::Run(0..n)),
+        SplitState::Partial(_) if j == 0 => Ok(LocalRun::Run(0..n)),
+        SplitState::Partial(_) => Ok(LocalRun::Zeros),
         SplitState::Unknown => Err(Error::Split { detail: "cannot lay out a tensor in the Unknown state".into() }),
         SplitState::Split(s) => {
             s.validate(ne[s.axis.min(3)], s.n_devices().max(j + 1))?;
             let (unit, _, outer, div) = axis_geometry(ty, ne, s.axis)?;
             match s.ranges(j).as_slice() {
-                [] => Ok(Some(Some(0..0))),
+                [] => Ok(LocalRun::Run(0..0)),
                 // The whole axis (one device): all of it.
-                &[(0, b)] if b == ne[s.axis.min(3)] => Ok(Some(Some(0..n))),
+                &[(0, b)] if b == ne[s.axis.min(3)] => Ok(LocalRun::Run(0..n)),
                 &[(a, b)] if outer == 1 && a as usize % div == 0 && b as usize % div == 0 => {
-                    Ok(Some(Some(a as usize / div * unit..b as usize / div * unit)))
+                    Ok(LocalRun::Run(a as usize / div * unit..b as usize / div * unit))
                 }
-                _ => Ok(None),
+                _ => Ok(LocalRun::Gathered),
             }
         }
     }

@@ -10,7 +10,7 @@
 //! (quantizing per device part on the way in).
 
 use super::comm::BufSlice;
-use super::layout::{box_bytes, boxes, local_ne, slice_local, sum_addends};
+use super::layout::{box_bytes, boxes, local_ne, slice_local, sum_addends, LocalRun};
 use super::planner::Plan;
 use super::state::SplitState;
 use crate::backend::MappedBytes;
@@ -434,13 +434,10 @@ impl SplitStore {
         let state = e.state.clone();
         let mut locals = Vec::with_capacity(e.locals.len());
         for (j, p) in e.locals.iter().enumerate() {
-            let part = match super::layout::local_range(t.ty, t.ne, &state, j)? {
-                Some(Some(r)) => {
-                    let m = bytes.sub(r.start, r.len()).ok_or_else(|| oob(&t.name))?;
-                    Part::mapped(m)
-                }
-                Some(None) => Part::zeros(p.len()),
-                None => Part::host(Arc::new(super::layout::slice_local(t.ty, t.ne, bytes.bytes(), &state, j)?)),
+            let part = match super::layout::local_run(t.ty, t.ne, &state, j)? {
+                LocalRun::Run(r) => Part::mapped(bytes.sub(r.start, r.len()).ok_or_else(|| oob(&t.name))?),
+                LocalRun::Zeros => Part::zeros(p.len()),
+                LocalRun::Gathered => Part::host(Arc::new(slice_local(t.ty, t.ne, bytes.bytes(), &state, j)?)),
             };
             if part.len() != p.len() {
                 return Err(Error::Split {
@@ -477,7 +474,7 @@ impl SplitStore {
         if start == 0 && data.len() == t.nbytes() && data.len() == t.data_bytes() {
             // The whole tensor: each part is written whole, where it lives.
             for (j, p) in e.locals.iter_mut().enumerate() {
-                let bytes = super::layout::slice_local(t.ty, t.ne, data, &state, j)?;
+                let bytes = slice_local(t.ty, t.ne, data, &state, j)?;
                 *p = match &p.dev {
                     Some((d, s)) => {
                         s.buf.set(s.offset, &bytes)?;

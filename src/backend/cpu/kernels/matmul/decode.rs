@@ -212,16 +212,13 @@ mod x86 {
     }
 
     /// [`super::q4_k`] with SIMD: per super-block, `d` and `dmin` by F16C,
-    /// the 8 six-bit scales and mins unpacked from their 12 bytes with
-    /// 32-bit masks (ggml's `get_scale_min_k4`, four at a time) and widened
-    /// in registers, the nibbles split with two masks; one bounds check per
-    /// row (the scalar unpacking and its per-element checks cost as much as
-    /// the 8-column product of the row).
+    /// the 8 six-bit scales and mins unpacked as the raw-row kernel does
+    /// (`kern::q4k_scales_mins`) and widened in registers, the nibbles split
+    /// with two masks; one bounds check per row (the scalar unpacking and
+    /// its per-element checks cost as much as the 8-column product of the
+    /// row).
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn q4_k(src: &[u8], q: &mut [u8], m: super::Q4kMeta<'_>) {
-        const KM1: u32 = 0x3f3f_3f3f;
-        const KM2: u32 = 0x0f0f_0f0f;
-        const KM3: u32 = 0x0303_0303;
         let ns = (src.len() / super::Q4_K_BYTES)
             .min(q.len() / 256)
             .min(m.d.len())
@@ -237,10 +234,7 @@ mod x86 {
                 let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
                 *m.d.get_unchecked_mut(sb) = _mm_cvtss_f32(dd);
                 *m.dmin.get_unchecked_mut(sb) = _mm_cvtss_f32(_mm_movehdup_ps(dd));
-                let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
-                let (u0, u1, u2) = (u(0), u(1), u(2));
-                let sc = (u0 & KM1) as u64 | ((((u2 & KM2) | (((u0 >> 6) & KM3) << 4)) as u64) << 32);
-                let mn = (u1 & KM1) as u64 | (((((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4)) as u64) << 32);
+                let (sc, mn) = super::super::kern::q4k_scales_mins(blk);
                 let sc32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64));
                 let sc32 = _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16));
                 _mm256_storeu_si256(m.sc.as_mut_ptr().add(8 * sb) as *mut __m256i, sc32);

@@ -494,7 +494,7 @@ unsafe fn q6k_scalar<const RM: usize, const RN: usize>(t: &mut Tile) {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::q6k_unpack;
+pub(super) use x86::{q4k_scales_mins, q6k_unpack};
 
 // ---------------------------------------------------------------------------
 // x86_64 kernels
@@ -918,9 +918,6 @@ mod x86 {
     unsafe fn gemv_q4k_body<D: Dot, const RM: usize, const RN: usize>(t: &mut Tile) {
         // SAFETY: KernFn contract (raw rows of k/256 super-blocks, RN Q8_K columns).
         unsafe {
-            const KM1: u32 = 0x3f3f_3f3f;
-            const KM2: u32 = 0x0f0f_0f0f;
-            const KM3: u32 = 0x0303_0303;
             let nsb = t.k / 256;
             let pf = super::prefetch_distance();
             let mask = _mm256_set1_epi8(0x0f);
@@ -937,14 +934,9 @@ mod x86 {
                     }
                     // [d, dmin, 0, 0].
                     let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
-                    let u = |i: usize| std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32);
-                    let (u0, u1, u2) = (u(0), u(1), u(2));
-                    let sc_lo = u0 & KM1;
-                    let sc_hi = (u2 & KM2) | (((u0 >> 6) & KM3) << 4);
-                    let mn_lo = u1 & KM1;
-                    let mn_hi = ((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4);
-                    let sc16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, sc_hi as i32, sc_lo as i32));
-                    let mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32));
+                    let (sc8, mn8) = q4k_scales_mins(blk);
+                    let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64));
+                    let mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn8 as i64));
                     let scales = _mm256_broadcastsi128_si256(sc16);
                     let mut isum = [_mm256_setzero_si256(); RN];
                     for g in 0..4 {
@@ -974,6 +966,26 @@ mod x86 {
                 }
             }
         }
+    }
+
+    /// The 8 six-bit scales and the 8 mins of the raw Q4_K super-block at
+    /// `blk`, each 8 bytes in a u64 (byte `j`: sub-block `j`), unpacked
+    /// from their 12 bytes four at a time with 32-bit masks (ggml's
+    /// `get_scale_min_k4`).
+    ///
+    /// # Safety
+    /// `blk` must be valid for reading the super-block's first 16 bytes.
+    #[inline(always)]
+    pub(in super::super) unsafe fn q4k_scales_mins(blk: *const u8) -> (u64, u64) {
+        const KM1: u32 = 0x3f3f_3f3f;
+        const KM2: u32 = 0x0f0f_0f0f;
+        const KM3: u32 = 0x0303_0303;
+        // SAFETY: bytes 4..16 of the super-block (the caller's contract).
+        let u = |i: usize| unsafe { std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32) };
+        let (u0, u1, u2) = (u(0), u(1), u(2));
+        let sc = (u0 & KM1) as u64 | ((((u2 & KM2) | (((u0 >> 6) & KM3) << 4)) as u64) << 32);
+        let mn = (u1 & KM1) as u64 | (((((u2 >> 4) & KM2) | (((u1 >> 6) & KM3) << 4)) as u64) << 32);
+        (sc, mn)
     }
 
     /// Q4_K's super-block step, the one order of every Q4_K kernel (batch

@@ -419,8 +419,6 @@ impl Run<'_> {
                 // buffers are full).
                 tile.pf = self.a[(job.a_off + (r + rows) * self.nb01).min(self.a.len())..].as_ptr();
                 tile.pf_bytes = if next == 0 { 0 } else { (next - 1) * self.nb01 + self.row_bytes };
-            } else if self.plan.rows != RowMode::Direct {
-                self.prefetch_rows(job.a_off, r + rows, next);
             }
             let mut c = t.c0;
             while c < t.c1 {
@@ -527,23 +525,6 @@ impl Run<'_> {
             );
         }
         true
-    }
-
-    /// Hints the CPU to fetch weight rows `r .. r + rows` into cache.
-    fn prefetch_rows(&self, a_off: usize, r: usize, rows: usize) {
-        #[cfg(target_arch = "x86_64")]
-        for i in 0..rows {
-            let o = a_off + (r + i) * self.nb01;
-            for line in self.a[o..o + self.row_bytes].chunks(64) {
-                // SAFETY: a prefetch hint on an address inside the slice; it
-                // never faults and changes no memory.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8)
-                };
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (a_off, r, rows);
     }
 
     /// Points the tile's rows at weight rows `r .. r + rows` (decoding them
