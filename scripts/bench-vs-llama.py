@@ -112,7 +112,8 @@ class Llama:
                 if rc != 0:
                     sys.exit(f"llama_decode returned {rc}")
 
-        prompt = [(i * 97 + 5) % 32000 for i in range(n_prompt)]
+        vocab = min(32000, L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model)))
+        prompt = [(i * 97 + 5) % vocab for i in range(n_prompt)]
         decode(prompt[:min(n_prompt, ubatch)], 0)
         decode([1], min(n_prompt, ubatch))
         L.llama_memory_clear(L.llama_get_memory(c), True)
@@ -122,7 +123,7 @@ class Llama:
         pos = n_prompt
         t = time.perf_counter()
         for i in range(n_gen):
-            decode([(i * 31 + 7) % 32000], pos)
+            decode([(i * 31 + 7) % vocab], pos)
             pos += 1
         td = time.perf_counter() - t
         L.llama_free(c)
