@@ -160,8 +160,8 @@ fn run() -> shardgraph::Result<()> {
     drop(file);
     // Warm-up, as llama.cpp's context creation: the weights move onto the
     // devices and the first programs compile; then the cache is forgotten.
-    let first = s.decode(&prompt[..prompt.len().min(ubatch)], &[], false)?;
-    s.decode(&first.argmax[first.argmax.len() - 1..], &[], false)?;
+    let first = s.target().decode_last(&prompt[..prompt.len().min(ubatch)], &[], false)?;
+    s.decode(&first.argmax, &[], false)?;
     s.restart()?;
     let run = greedy(&mut s, &prompt, ubatch, n_tokens, false, None)?;
     let batch_cost = match &batch_counts {
@@ -401,7 +401,9 @@ fn greedy(
     let mut last = 0;
     let mut prompt_out = None;
     for chunk in prompt.chunks(ubatch) {
-        let out = s.decode(chunk, &[], want_logits)?;
+        // The head runs for each chunk's last token only (llama.cpp's
+        // batches of a prompt output their last token).
+        let out = s.target().decode_last(chunk, &[], want_logits)?;
         last = *out.argmax.last().unwrap_or(&0);
         prompt_out = Some(out);
     }

@@ -18,7 +18,7 @@ use super::hparams::{read_shared, ArchKeys, HparamsCore, Model};
 use super::layers::{input, named, rms_norm_w};
 use super::policy::{device_without, layer_rules, qwen3_layer_granules};
 use super::runner::Runner;
-use super::step::{cell_bytes, i32_bytes, mask_bytes, step_output, StepOutput, Target};
+use super::step::{cell_bytes, head_rows, i32_bytes, mask_bytes, step_output, Outputs, StepOutput, Target};
 use super::types::{KvTypes, TensorTypes, OUTPUT};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
@@ -293,6 +293,23 @@ impl Qwen3 {
     /// [`Error::Model`] for `n_tokens < 1`, a tap beyond `n_layer`, or
     /// `n_kv` outside `1..=kv_size`; constructor errors.
     pub fn build_window(&self, ctx: &mut Context, n_tokens: i64, n_kv: i64, taps: &[usize]) -> Result<Qwen3Step> {
+        self.build_step(ctx, n_tokens, n_kv, taps, Outputs::All)
+    }
+
+    /// [`Qwen3::build_window`] with the head (final norm's product with
+    /// `output`, `logits` `[V, R]`, `argmax` `[R]`) on the rows `outputs`
+    /// names: `R = T`, or `R = 1` for [`Outputs::Last`].
+    ///
+    /// # Errors
+    /// As [`Qwen3::build_window`].
+    pub fn build_step(
+        &self,
+        ctx: &mut Context,
+        n_tokens: i64,
+        n_kv: i64,
+        taps: &[usize],
+        outputs: Outputs,
+    ) -> Result<Qwen3Step> {
         let hp = &self.hp;
         if n_tokens < 1 {
             return Err(Error::Model { detail: format!("qwen3: a step needs ≥ 1 token, got {n_tokens}") });
@@ -323,6 +340,7 @@ impl Qwen3 {
             tap_ids.push((hp.n_layer, x));
         }
         let xn = rms_norm_w(ctx, x, self.output_norm, hp.rms_eps)?;
+        let xn = head_rows(ctx, xn, outputs)?;
         let logits = ctx.mul_mat(self.output, xn)?;
         let argmax = ctx.argmax(logits)?;
         Ok(Qwen3Step { tokens, pos, mask, kv_idxs, writes, taps: tap_ids, logits, argmax })
@@ -496,6 +514,21 @@ impl Qwen3Session {
     /// [`Error::Model`] for no tokens, a token outside the vocabulary, or a
     /// KV cache too small for the positions; run errors.
     pub fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        self.decode_outputs(tokens, taps, want_logits, Outputs::All)
+    }
+
+    /// [`Qwen3Session::decode`] with the head on the rows `outputs` names
+    /// ([`Target::decode_last`]).
+    ///
+    /// # Errors
+    /// As [`Qwen3Session::decode`].
+    pub fn decode_outputs(
+        &mut self,
+        tokens: &[i32],
+        taps: &[usize],
+        want_logits: bool,
+        outputs: Outputs,
+    ) -> Result<StepOutput> {
         let t = tokens.len() as i64;
         let hp = &self.model.hp;
         if let Some(bad) = tokens.iter().find(|&&x| x < 0 || x as i64 >= hp.n_vocab) {
@@ -513,10 +546,10 @@ impl Qwen3Session {
             });
         }
         let n_kv = crate::kv_window(self.model.kv_size, self.n_past + t);
-        let key = (t, n_kv, taps.to_vec(), want_logits);
+        let key = (t, n_kv, taps.to_vec(), want_logits, outputs);
         let (model, base) = (&self.model, self.base_len);
         let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, key, |ctx| {
-            let step = model.build_window(ctx, t, n_kv, taps)?;
+            let step = model.build_step(ctx, t, n_kv, taps, outputs)?;
             // Only what the caller reads is read back (the logits stay on the
             // devices unless asked for).
             let mut outputs = step.outputs();
@@ -569,6 +602,10 @@ impl Target for Qwen3Session {
 
     fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
         Qwen3Session::decode(self, tokens, taps, want_logits)
+    }
+
+    fn decode_last(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        self.decode_outputs(tokens, taps, want_logits, Outputs::Last)
     }
 
     fn rollback(&mut self, n_past: i64) -> Result<()> {

@@ -314,13 +314,13 @@ fn decode_prompt<T: Target>(
 ) -> Result<(i32, Option<Vec<f32>>)> {
     let (taps, start) = (drafter.taps(), target.n_past());
     if !read_logits {
-        let out = target.decode(prompt, &taps, false)?;
+        let out = target.decode_last(prompt, &taps, false)?;
         drafter.accept(target, prompt, start, &out, prompt.len())?;
         return Ok((*out.argmax.last().ok_or_else(|| Error::Model { detail: "empty step".into() })?, None));
     }
     let (head, tail) = prompt.split_at(prompt.len() - 1);
     if !head.is_empty() {
-        let out = target.decode(head, &taps, false)?;
+        let out = target.decode_last(head, &taps, false)?;
         drafter.accept(target, head, start, &out, head.len())?;
     }
     let out = target.decode(tail, &taps, true)?;

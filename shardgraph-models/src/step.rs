@@ -11,6 +11,7 @@
 
 use shardgraph::error::{Error, Result};
 use shardgraph::tensor::TensorId;
+use shardgraph::graph::Context;
 
 /// What one decode step returns.
 #[derive(Clone, Debug, Default)]
@@ -21,6 +22,35 @@ pub struct StepOutput {
     pub logits: Option<Vec<f32>>,
     /// Hidden states entering the tapped layers, `[E, T]` each.
     pub taps: Vec<(usize, Vec<f32>)>,
+}
+
+/// The tokens of a step the head runs for (the final vocabulary product,
+/// its `argmax` and logits): llama.cpp's per-token `logits` flags of a
+/// batch, reduced to the two cases a decoder uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Outputs {
+    /// Every token: the greedy token after each (a verify batch).
+    #[default]
+    All,
+    /// The last token only (a prompt, or a chunk of one): `argmax` has one
+    /// element and the logits are `[V, 1]`. The head costs `V·E` per token
+    /// (a quarter of a Qwen3-0.6B step's products), so a prompt of `T`
+    /// tokens saves `T − 1` of them.
+    Last,
+}
+
+/// The columns of `x` (`[E, T]`, contiguous) the head runs on: all of them,
+/// or a view of the last one (`[E, 1]`).
+///
+/// # Errors
+/// Constructor errors (`x` not in `ctx`).
+pub(crate) fn head_rows(ctx: &mut Context, x: TensorId, outputs: Outputs) -> Result<TensorId> {
+    let t = ctx.tensor(x)?;
+    let (e, n, nb1) = (t.ne[0], t.ne[1], t.nb[1]);
+    match outputs {
+        Outputs::All => Ok(x),
+        Outputs::Last => ctx.view_2d(x, e, 1, nb1, (n.max(1) as usize - 1) * nb1),
+    }
 }
 
 /// A target model decoding one sequence: what the speculative loop needs
@@ -38,6 +68,27 @@ pub trait Target {
     /// # Errors
     /// The target's decode errors.
     fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput>;
+
+    /// [`Target::decode`] with the head run for the last token only
+    /// ([`Outputs::Last`]): `argmax` holds that token's greedy successor,
+    /// the logits (if `want_logits`) are `[V, 1]`; every tap still holds
+    /// all `T` rows. For prompts. The default decodes every row and keeps
+    /// the last; the sessions build a graph whose head reads one row.
+    ///
+    /// # Errors
+    /// As [`Target::decode`].
+    fn decode_last(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        let mut out = self.decode(tokens, taps, want_logits)?;
+        let t = out.argmax.len();
+        if t > 1 {
+            out.argmax.drain(..t - 1);
+            if let Some(l) = out.logits.as_mut() {
+                let v = l.len() / t;
+                l.drain(..l.len() - v);
+            }
+        }
+        Ok(out)
+    }
 
     /// Forgets every position from `n_past` on.
     ///

@@ -6,7 +6,7 @@
 
 use super::hparams::Qwen35Hparams;
 use crate::layers::{self, input, named, rms_norm_w, AttnShape, KvCache};
-use crate::step::MAX_DRAFT;
+use crate::step::{head_rows, Outputs, MAX_DRAFT};
 use crate::types::{KvTypes, TensorTypes, OUTPUT};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::Context;
@@ -384,6 +384,23 @@ impl Qwen35 {
     /// # Errors
     /// As [`Qwen35::build`]; [`Error::Model`] for `n_kv` outside `1..=kv_size`.
     pub fn build_window(&self, ctx: &mut Context, n_tokens: i64, n_kv: i64, taps: &[usize]) -> Result<Qwen35Step> {
+        self.build_step(ctx, n_tokens, n_kv, taps, Outputs::All)
+    }
+
+    /// [`Qwen35::build_window`] with the head (`logits` `[V, R]`, `argmax`
+    /// `[R]`) on the rows `outputs` names: `R = T`, or `R = 1` for
+    /// [`Outputs::Last`]; `h_nextn` and the taps keep all `T` rows.
+    ///
+    /// # Errors
+    /// As [`Qwen35::build_window`].
+    pub fn build_step(
+        &self,
+        ctx: &mut Context,
+        n_tokens: i64,
+        n_kv: i64,
+        taps: &[usize],
+        outputs: Outputs,
+    ) -> Result<Qwen35Step> {
         let hp = &self.hp;
         if n_tokens < 1 {
             return Err(Error::Model { detail: format!("qwen35: a step needs ≥ 1 token, got {n_tokens}") });
@@ -422,7 +439,8 @@ impl Qwen35 {
         if taps.contains(&hp.n_layer) {
             tap_ids.push((hp.n_layer, h_nextn));
         }
-        let logits = ctx.mul_mat(self.output, h_nextn)?;
+        let head = head_rows(ctx, h_nextn, outputs)?;
+        let logits = ctx.mul_mat(self.output, head)?;
         let argmax = ctx.argmax(logits)?;
         Ok(Qwen35Step { tokens, pos, mask, kv_idxs, snap_row, writes, taps: tap_ids, h_nextn, logits, argmax })
     }

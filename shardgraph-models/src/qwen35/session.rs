@@ -8,7 +8,8 @@ use super::hparams::Qwen35Hparams;
 use super::policy::qwen35_policy;
 use crate::runner::Runner;
 use crate::step::{
-    cell_bytes, f32_bytes, f32s, i32_bytes, i32s, imrope_positions, mask_bytes, step_output, StepOutput, Target,
+    cell_bytes, f32_bytes, f32s, i32_bytes, i32s, imrope_positions, mask_bytes, step_output, Outputs, StepOutput,
+    Target,
 };
 use crate::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
@@ -163,6 +164,21 @@ impl Qwen35Session {
     /// [`Error::Model`] for an empty batch, a token outside the vocabulary
     /// or a full KV cache; execution errors.
     pub fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        self.decode_outputs(tokens, taps, want_logits, Outputs::All)
+    }
+
+    /// [`Qwen35Session::decode`] with the head on the rows `outputs` names
+    /// ([`Target::decode_last`]).
+    ///
+    /// # Errors
+    /// As [`Qwen35Session::decode`].
+    pub fn decode_outputs(
+        &mut self,
+        tokens: &[i32],
+        taps: &[usize],
+        want_logits: bool,
+        outputs: Outputs,
+    ) -> Result<StepOutput> {
         let t = tokens.len() as i64;
         if t == 0 {
             return Err(Error::Model { detail: "qwen35: empty batch".into() });
@@ -192,10 +208,10 @@ impl Qwen35Session {
             self.checkpoint = Some((self.n_past, tokens.to_vec(), saved));
         }
         let n_kv = crate::kv_window(self.model.kv_size, self.n_past + t);
-        let key = (t, n_kv, taps.to_vec(), want_logits);
+        let key = (t, n_kv, taps.to_vec(), want_logits, outputs);
         let (model, base) = (&self.model, self.base_len);
         let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, key, |ctx| {
-            let step = model.build_window(ctx, t, n_kv, taps)?;
+            let step = model.build_step(ctx, t, n_kv, taps, outputs)?;
             let mut outputs = step.writes.clone();
             outputs.extend(step.taps.iter().map(|x| x.1));
             if want_logits {
@@ -489,6 +505,10 @@ impl Target for Qwen35Session {
 
     fn decode(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
         Qwen35Session::decode(self, tokens, taps, want_logits)
+    }
+
+    fn decode_last(&mut self, tokens: &[i32], taps: &[usize], want_logits: bool) -> Result<StepOutput> {
+        self.decode_outputs(tokens, taps, want_logits, Outputs::Last)
     }
 
     fn rollback(&mut self, n_past: i64) -> Result<()> {

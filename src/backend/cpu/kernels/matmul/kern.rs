@@ -13,8 +13,8 @@
 //! * `Q6K`: rows of u8 six-bit quants with per-super-block d and 16 i8
 //!   scales × Q8_K columns (with their 16 sums of 16 for the −32 offset);
 //!   portable only (SIMD builds take `GemvQ6K` or `Q6KI`).
-//! * `Q8I`, `Q4KI`, `Q6KI`: the same rows × groups of 8 column-interleaved
-//!   columns (`packed.rs`), 8 or 16 columns per tile.
+//! * `Q8I`, `Q8SI`, `Q4KI`, `Q6KI`: the same rows × groups of 8
+//!   column-interleaved columns (`packed.rs`), 8 or 16 columns per tile.
 //! * `GemvQ4_0`, `GemvQ5_0`, `GemvQ8_0`, `GemvQ4K`, `GemvQ6K`: one to four
 //!   columns × raw weight blocks (Q4_0/Q5_0/Q8_0: 8
 //!   blocks' dots reduced together and scaled with one FMA). The kernels of
@@ -134,10 +134,21 @@ pub(super) enum Fmt {
     GemvQ6K,
     /// `Q8` rows × packed groups of 8 Q8 columns (x86 only; see `packed.rs`).
     Q8I,
+    /// `Q8S` rows × packed groups of 8 Q8 columns (x86 only: Q8_0 weights
+    /// without VNNI, where u8 rows of up to 255 would overflow `maddubs`'s
+    /// i16 pair sums).
+    Q8SI,
     /// `Q4K` rows × packed groups of 8 Q8_K columns (x86 only).
     Q4KI,
     /// `Q6K` rows × packed groups of 8 Q8_K columns (x86 only).
     Q6KI,
+}
+
+impl Fmt {
+    /// True for the formats whose columns are packed groups (`packed.rs`).
+    pub(super) fn packed(self) -> bool {
+        matches!(self, Fmt::Q8I | Fmt::Q8SI | Fmt::Q4KI | Fmt::Q6KI)
+    }
 }
 
 /// How far ahead, in bytes, the raw-row kernels (one to four columns)
@@ -269,6 +280,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::GemvQ4K => pick_raw!(gemv_q4k_avx2),
                 Fmt::GemvQ6K => pick_raw!(gemv_q6k_avx2),
                 Fmt::Q8I => pick2!(q8i_avx2),
+                Fmt::Q8SI => pick2!(q8si_avx2),
                 Fmt::Q4KI => pick2!(q4ki_avx2),
                 Fmt::Q6KI => pick2!(q6ki_avx2),
                 Fmt::VecDot => unreachable_kernel,
@@ -292,6 +304,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::GemvQ4K => pick_raw!(gemv_q4k_vnni),
                 Fmt::GemvQ6K => pick_raw!(gemv_q6k_vnni),
                 Fmt::Q8I => pick2!(q8i_vnni),
+                Fmt::Q8SI => pick2!(q8si_vnni),
                 Fmt::Q4KI => pick2!(q4ki_vnni),
                 Fmt::Q6KI => pick2!(q6ki_vnni),
                 Fmt::VecDot => unreachable_kernel,
@@ -311,6 +324,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
             | Fmt::GemvQ4K
             | Fmt::GemvQ6K
             | Fmt::Q8I
+            | Fmt::Q8SI
             | Fmt::Q4KI
             | Fmt::Q6KI
             | Fmt::VecDot => unreachable_kernel,
@@ -346,9 +360,9 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
     }
     match (isa, fmt) {
         // One group of 8 columns: a tile of 16 would compute it twice.
-        (_, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) if ncols <= 8 => (6, 8),
-        (Isa::Avx2, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) => (2, 16),
-        (_, Fmt::Q8I) => (6, 16),
+        (_, f) if f.packed() && ncols <= 8 => (6, 8),
+        (Isa::Avx2, f) if f.packed() => (2, 16),
+        (_, Fmt::Q8I | Fmt::Q8SI) => (6, 16),
         (_, Fmt::Q4KI | Fmt::Q6KI) => (4, 16),
         (Isa::Scalar, _) => (4, 4),
         _ => (3, 4),
@@ -1013,17 +1027,20 @@ mod x86 {
         unsafe { _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc)) }
     }
 
-    /// `Q8` rows × `NCV` packed groups of 8 columns: per 4-element step one
-    /// broadcast of each row's 4 quants and one dot per group. Block sums
-    /// are combined in the order of [`gemv_q8_body`] (batch invariance):
-    /// one accumulator per block index mod 8 (kept in memory: touched once
-    /// per block), the blocks past the last whole 8 summed apart.
+    /// `Q8` rows (or signed `Q8S` rows: `SIGNED`, the `maddubs` sign trick
+    /// of [`q8_body`]) × `NCV` packed groups of 8 columns: per 4-element
+    /// step one broadcast of each row's 4 quants and one dot per group.
+    /// Block sums are combined in the order of [`gemv_q8_body`] (batch
+    /// invariance): one accumulator per block index mod 8 (kept in memory:
+    /// touched once per block), the blocks past the last whole 8 summed
+    /// apart.
     #[inline(always)]
-    unsafe fn q8i_body<D: Dot, const RM: usize, const NCV: usize>(t: &mut Tile) {
+    unsafe fn q8i_body<D: Dot, const RM: usize, const NCV: usize, const SIGNED: bool>(t: &mut Tile) {
         // SAFETY: KernFn contract (rows of k u8 + k/32 scales; groups as in packed.rs).
         unsafe {
             let nb = t.k / 32;
             let full = nb - nb % 8;
+            let ones = _mm256_set1_epi16(1);
             let mut lane = [[[_mm256_setzero_ps(); 8]; NCV]; RM];
             let mut tail = [[_mm256_setzero_ps(); NCV]; RM];
             for blk in 0..nb {
@@ -1043,8 +1060,18 @@ mod x86 {
                     }
                     for r in 0..RM {
                         let av = _mm256_set1_epi32(std::ptr::read_unaligned(t.a[r].add(4 * step) as *const i32));
-                        for cv in 0..NCV {
-                            acc[r][cv] = D::ub(acc[r][cv], av, bv[cv]);
+                        if SIGNED {
+                            // |a|·(b with a's sign): the exact products, with
+                            // an unsigned first operand (|a| ≤ 128).
+                            let aa = _mm256_sign_epi8(av, av);
+                            for cv in 0..NCV {
+                                let p = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(bv[cv], av));
+                                acc[r][cv] = _mm256_add_epi32(acc[r][cv], _mm256_madd_epi16(p, ones));
+                            }
+                        } else {
+                            for cv in 0..NCV {
+                                acc[r][cv] = D::ub(acc[r][cv], av, bv[cv]);
+                            }
                         }
                     }
                 }
@@ -1344,7 +1371,7 @@ mod x86 {
     }
 
     macro_rules! build {
-        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
+        ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q8si:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q6ki<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
@@ -1359,7 +1386,12 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q8i<const RM: usize, const NCV: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { q8i_body::<$dot, RM, NCV>(t) }
+                unsafe { q8i_body::<$dot, RM, NCV, false>(t) }
+            }
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $q8si<const RM: usize, const NCV: usize>(t: &mut Tile) {
+                // SAFETY: as above.
+                unsafe { q8i_body::<$dot, RM, NCV, true>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $q4ki<const RM: usize, const NCV: usize>(t: &mut Tile) {
@@ -1427,6 +1459,7 @@ mod x86 {
         gemv_q4k_avx2,
         gemv_q6k_avx2,
         q8i_avx2,
+        q8si_avx2,
         q4ki_avx2,
         q6ki_avx2,
         Avx2
@@ -1444,6 +1477,7 @@ mod x86 {
         gemv_q4k_vnni,
         gemv_q6k_vnni,
         q8i_vnni,
+        q8si_vnni,
         q4ki_vnni,
         q6ki_vnni,
         Vnni

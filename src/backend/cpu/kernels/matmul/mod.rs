@@ -174,13 +174,14 @@ fn gemv_plan(p: Plan) -> Plan {
 const PACKED_MIN_COLS: usize = 4;
 
 /// For several columns per matrix: the column-interleaved kernels where they
-/// exist (not for signed Q8_0 rows, which need the AVX2 sign trick).
+/// exist.
 fn packed_plan(p: Plan, max_cols: usize) -> Plan {
     if p.isa == Isa::Scalar || max_cols < PACKED_MIN_COLS {
         return p;
     }
     match p.fmt {
         Fmt::Q8 => Plan { fmt: Fmt::Q8I, ..p },
+        Fmt::Q8S => Plan { fmt: Fmt::Q8SI, ..p },
         Fmt::Q4K => Plan { fmt: Fmt::Q4KI, ..p },
         Fmt::Q6K => Plan { fmt: Fmt::Q6KI, ..p },
         _ => p,
@@ -307,7 +308,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     }
     let max_cols = max_cols(jobs);
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
-    let packed = if matches!(plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI) {
+    let packed = if plan.fmt.packed() {
         Packed::new(acts, plan.act, jobs)
     } else {
         Packed::default()
@@ -423,7 +424,7 @@ impl Run<'_> {
             let mut c = t.c0;
             while c < t.c1 {
                 let cols = self.rn.min(t.c1 - c);
-                if self.packed_fmt() {
+                if self.plan.fmt.packed() {
                     let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
                     for jj in 0..self.rn / packed::G {
                         let g = first + (c / packed::G + jj).min(last);
@@ -452,11 +453,6 @@ impl Run<'_> {
             r += rows;
         }
         self.store(t, &scr.out)
-    }
-
-    /// True for the column-interleaved formats (`packed.rs`).
-    fn packed_fmt(&self) -> bool {
-        matches!(self.plan.fmt, Fmt::Q8I | Fmt::Q4KI | Fmt::Q6KI)
     }
 
     /// Writes a task's results (column-major, `r1 - r0` per column) to `dst`.
