@@ -164,3 +164,34 @@ fn structured_weights_continue_along_the_permutation() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A prompt decoded with the head on its last token only
+/// (`Target::decode_last`, as llama.cpp's prompt batches) gives exactly
+/// that token's logits and greedy token of a whole-batch step (every
+/// product is batch-invariant), reads back one logits row, and leaves the
+/// same cache: the continuation is identical. On 1 and 2 devices (the head
+/// split by vocabulary on 2).
+#[test]
+fn a_prompt_with_the_head_on_its_last_token_equals_the_last_row_of_a_full_step() {
+    use shardgraph_models::step::Target;
+    let prompt = [3, 17, 42, 5, 88, 1, 9];
+    let v = hp().n_vocab as usize;
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        let types = TensorTypes::uniform(GgmlType::Q8_0);
+        let mut full = session(&ratios, &types, GgmlType::F16);
+        let mut last = session(&ratios, &types, GgmlType::F16);
+        let want = full.decode(&prompt, &[], true).unwrap();
+        let got = Target::decode_last(&mut last, &prompt, &[], true).unwrap();
+        let want_logits = want.logits.unwrap();
+        assert_eq!(want.argmax.len(), prompt.len());
+        assert_eq!(got.argmax, want.argmax[prompt.len() - 1..], "{ratios:?}");
+        assert_eq!(got.logits.unwrap(), want_logits[(prompt.len() - 1) * v..], "{ratios:?}");
+        assert_eq!(last.n_past(), full.n_past());
+        let mut tok = got.argmax[0];
+        for _ in 0..4 {
+            let (a, b) = (full.decode(&[tok], &[], true).unwrap(), last.decode(&[tok], &[], true).unwrap());
+            assert_eq!(a.logits, b.logits, "{ratios:?}: the caches differ");
+            tok = a.argmax[0];
+        }
+    }
+}

@@ -162,3 +162,38 @@ fn snapshot_rollback_equals_decoding_the_kept_tokens() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A prompt decoded with the head on its last token only
+/// (`Target::decode_last`) gives exactly that token's logits and greedy
+/// token of a whole-batch step, keeps every row of the taps (the NextN
+/// input, which an MTP drafter reads for the whole prompt), and leaves the
+/// same caches and recurrent states: the continuation is identical. On 1
+/// and 2 devices.
+#[test]
+fn a_prompt_with_the_head_on_its_last_token_equals_the_last_row_of_a_full_step() {
+    use shardgraph_models::step::Target;
+    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-last-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-q8_0.gguf");
+    write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
+    let prompt = [11, 205, 3, 99, 42, 310, 7];
+    let n_layer = tiny().core.n_layer as usize;
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        let mut full = Qwen35Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 64).unwrap();
+        let mut last = Qwen35Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 64).unwrap();
+        let want = full.decode(&prompt, &[n_layer], true).unwrap();
+        let got = Target::decode_last(&mut last, &prompt, &[n_layer], true).unwrap();
+        let (want_logits, got_logits) = (want.logits.unwrap(), got.logits.unwrap());
+        let v = want_logits.len() / prompt.len();
+        assert_eq!(got.argmax, want.argmax[prompt.len() - 1..], "{ratios:?}");
+        assert_eq!(got_logits, want_logits[(prompt.len() - 1) * v..], "{ratios:?}");
+        assert_eq!(got.taps, want.taps, "{ratios:?}: taps keep every row");
+        let mut tok = got.argmax[0];
+        for _ in 0..4 {
+            let (a, b) = (full.decode(&[tok], &[], true).unwrap(), last.decode(&[tok], &[], true).unwrap());
+            assert_eq!(a.logits, b.logits, "{ratios:?}: the states differ");
+            tok = a.argmax[0];
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -10,8 +10,8 @@
 //! `speculative`.
 
 use shardgraph::error::{Error, Result};
-use shardgraph::tensor::TensorId;
 use shardgraph::graph::Context;
+use shardgraph::tensor::TensorId;
 
 /// What one decode step returns.
 #[derive(Clone, Debug, Default)]

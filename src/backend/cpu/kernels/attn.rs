@@ -232,6 +232,8 @@ struct Scratch {
     sblk: Vec<f32>,
     active: [bool; KV_BLOCK],
     vblk: Vec<f32>,
+    /// A block of F16 K or V rows of one head converted to f32.
+    conv: Vec<f32>,
     mx: [f32; TILE_ROWS],
     sum: [f32; TILE_ROWS],
     slope: [f32; TILE_ROWS],
@@ -451,7 +453,7 @@ impl<'a> Job<'a> {
             // The block's F16 rows (every head of each cell, one stream)
             // dotted with every query row at once.
             let blk = self.k.f16_block(blk0, nb, kmax, ik3, &sc.koff[..nt], &sc.active[..nb])?;
-            (self.ops.scores_f16)(&blk, &sc.qf[..nt * d], &mut sc.sblk);
+            (self.ops.scores_f16)(&blk, &sc.qf[..nt * d], &mut sc.sblk, &mut sc.conv);
         } else {
             self.k.prefetch(blk1..(blk1 + KV_BLOCK).min(task.ic1), ik2, ik3);
         }
@@ -508,7 +510,7 @@ impl<'a> Job<'a> {
         if self.f16 {
             // Every query row's weighted V rows (every head of each cell, one stream).
             let blk = self.v.f16_block(blk0, nb, vmax, iv3, &sc.voff[..nt], &sc.active[..nb])?;
-            (self.ops.accum_f16)(&blk, &sc.sblk, &mut sc.acc[..nt * dv]);
+            (self.ops.accum_f16)(&blk, &sc.sblk, &mut sc.acc[..nt * dv], &mut sc.conv);
         }
         Ok(())
     }
@@ -591,6 +593,7 @@ impl Scratch {
             sblk: vec![0f32; TILE_ROWS * KV_BLOCK],
             active: [false; KV_BLOCK],
             vblk: vec![0f32; KV_BLOCK * dv],
+            conv: vec![0f32; KV_BLOCK * d.max(dv)],
             mx: [f32::NEG_INFINITY; TILE_ROWS],
             sum: [0.0; TILE_ROWS],
             slope: [1.0; TILE_ROWS],
@@ -660,14 +663,21 @@ fn check<'a>(op: &Op, dst: &TView, src: &'a [TView]) -> Result<Operands<'a>> {
     Ok(Operands { q, k, v, mask, sinks, kdot })
 }
 
-/// Tiles: runs of heads with one K head and one V head (or, F16, as many
-/// heads as there are), cut into blocks of [`TILE_ROWS`] rows; every key.
+/// Queries from which an F16 tile holds one K/V head's rows, not every
+/// head's: with many queries a converted K/V block is then shared by
+/// [`TILE_ROWS`] rows (a prompt), where a few queries (decoding, a verify
+/// batch) read each cell's row of every head in one stream.
+const HEAD_TILES_FROM: usize = 16;
+
+/// Tiles: runs of heads with one K head and one V head (or, F16 with fewer
+/// than [`HEAD_TILES_FROM`] queries, as many heads as there are), cut into
+/// blocks of [`TILE_ROWS`] rows; every key.
 fn tiles(job: &Job, n_q: usize, n_head: usize, n_batch: usize, n_kv: usize) -> Vec<Task> {
     let mut tiles = Vec::new();
     for iq3 in 0..n_batch {
         let mut h0 = 0;
         while h0 < n_head {
-            let h1 = if job.f16 {
+            let h1 = if job.f16 && n_q < HEAD_TILES_FROM {
                 n_head
             } else {
                 ((h0 / job.rk2 + 1) * job.rk2).min((h0 / job.rv2 + 1) * job.rv2).min(n_head)

@@ -308,11 +308,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     }
     let max_cols = max_cols(jobs);
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
-    let packed = if plan.fmt.packed() {
-        Packed::new(acts, plan.act, jobs)
-    } else {
-        Packed::default()
-    };
+    let packed = if plan.fmt.packed() { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
     let gemm = plan.fmt == Fmt::F32
         && plan.rows == RowMode::Direct
