@@ -177,7 +177,7 @@ fn a_prompt_with_the_head_on_its_last_token_equals_the_last_row_of_a_full_step()
     let path = dir.join("qwen35-q8_0.gguf");
     write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
     let prompt = [11, 205, 3, 99, 42, 310, 7];
-    let n_layer = tiny().core.n_layer as usize;
+    let n_layer = tiny().core.n_layer;
     for ratios in [vec![1.0], vec![1.0, 1.0]] {
         let mut full = Qwen35Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 64).unwrap();
         let mut last = Qwen35Session::load(&path, &devices::cpu(&ratios), GgmlType::F16, 64).unwrap();

@@ -29,7 +29,11 @@
 //! a tile holds the rows of every head instead and reads each cell's row of
 //! all heads in one stream (a cache row holds every head of its cell, so
 //! one head's rows are 1/H of the memory they pull into the cache): long
-//! contexts decode at the memory's bandwidth, not its latency. When there are few tiles and
+//! contexts decode at the memory's bandwidth, not its latency. A prompt
+//! (from [`HEAD_TILES_FROM`] queries) tiles F16 K/V by head again, and the
+//! vector kernels convert each block of that head's K and V rows to f32
+//! once for the tile's rows (register-blocked dots and accumulations, each
+//! row's sums in the order a row read alone gets). When there are few tiles and
 //! many keys (decoding), the keys are also split into chunks whose partial
 //! `(M, S, acc)` are merged afterwards, as ggml does; the chunking depends on
 //! the shapes only, never on the thread count, so results are reproducible.

@@ -20,7 +20,10 @@
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
-//!      elements × 8 columns) or register-blocked tiles (2-3 columns of
+//!      elements × 8 columns; without VNNI `maddubs`, and for Q8_0 rows,
+//!      whose u8 form would overflow its i16 pair sums, signed rows with
+//!      the sign trick: `Q8SI`, 1.5× the register-blocked tiles it
+//!      replaced on an AVX2 EPYC) or register-blocked tiles (2-3 columns of
 //!      Q4_0/Q5_0/Q8_0/Q4_K; dense rows; the `gemm` crate for F32 only on
 //!      request: `gemm_min_cols`);
 //!    * batch invariance: every path of a weight type sums a column's block

@@ -535,11 +535,14 @@ mod x86 {
                         let k = [kp.add(jj[0] * d), kp.add(jj[1] * d)];
                         if let [ta, tb] = *tr {
                             let s = dot_tile::<2, 2>([qp.add(ta * d), qp.add(tb * d)], k, d);
-                            (put(ta, jj[0], s[0][0]), put(ta, jj[1], s[0][1]));
-                            (put(tb, jj[0], s[1][0]), put(tb, jj[1], s[1][1]));
+                            put(ta, jj[0], s[0][0]);
+                            put(ta, jj[1], s[0][1]);
+                            put(tb, jj[0], s[1][0]);
+                            put(tb, jj[1], s[1][1]);
                         } else {
                             let s = dot_tile::<1, 2>([qp.add(tr[0] * d)], k, d);
-                            (put(tr[0], jj[0], s[0][0]), put(tr[0], jj[1], s[0][1]));
+                            put(tr[0], jj[0], s[0][0]);
+                            put(tr[0], jj[1], s[0][1]);
                         }
                     }
                     for &j in jc.remainder() {
