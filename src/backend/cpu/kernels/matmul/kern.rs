@@ -295,8 +295,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::BF16 => pick!(bf16_vnni),
                 Fmt::Q8 => pick!(q8_vnni),
                 Fmt::Q8S => pick!(q8s_vnni),
-                // Decoded K-quant rows only go to packed tiles with SIMD (one
-                // to four columns read raw rows: `GemvQ4K`, `GemvQ6K`).
+                // As for AVX2.
                 Fmt::Q4K | Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
                 Fmt::GemvQ8_0 => pick1!(gemv_q8_0_vnni),
