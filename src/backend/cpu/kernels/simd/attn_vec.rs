@@ -405,22 +405,32 @@ mod x86 {
 
     /// True if some K/V head of `b` has [`SHARED_ROWS`] query rows or more.
     fn shared(b: &super::BlockF16) -> bool {
-        let mut left: u64 = if b.nt >= 64 { u64::MAX } else { (1u64 << b.nt) - 1 };
-        while left != 0 {
-            let group = same_offset(b, left.trailing_zeros() as usize) & left;
-            if group.count_ones() >= SHARED_ROWS {
-                return true;
-            }
-            left &= !group;
-        }
-        false
+        head_groups(b).any(|g| g.count_ones() >= SHARED_ROWS)
     }
 
-    /// The rows of `b` that read their block rows at the same byte offset
-    /// as row `t0` (one K/V head), from `t0` on, as a bit set (`nt ≤ 64`).
-    fn same_offset(b: &super::BlockF16, t0: usize) -> u64 {
-        let o = b.offs[t0];
-        (t0..b.nt).filter(|&t| b.offs[t] == o).fold(0u64, |m, t| m | 1 << t)
+    /// The query rows of `b` grouped by the byte offset they read their
+    /// block rows at (one K/V head each), as bit sets, in the order of
+    /// their first rows (`nt ≤ 64`).
+    fn head_groups<'b>(b: &'b super::BlockF16<'_>) -> impl Iterator<Item = u64> + 'b {
+        let mut left: u64 = if b.nt >= 64 { u64::MAX } else { (1u64 << b.nt) - 1 };
+        std::iter::from_fn(move || {
+            (left != 0).then(|| {
+                let o = b.offs[left.trailing_zeros() as usize];
+                let group = (0..b.nt).filter(|&t| left >> t & 1 == 1 && b.offs[t] == o).fold(0, |m, t| m | 1 << t);
+                left &= !group;
+                group
+            })
+        })
+    }
+
+    /// The positions of the bits set in `m`, ascending: the first `.1` of
+    /// the array.
+    fn bit_positions(m: u64) -> ([usize; 64], usize) {
+        let (mut at, mut n) = ([0usize; 64], 0);
+        for i in (0..64).filter(|&i| m >> i & 1 == 1) {
+            (at[n], n) = (i, n + 1);
+        }
+        (at, n)
     }
 
     /// The live block rows at byte offset `off` of `b`, converted to f32
@@ -507,22 +517,12 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scores_f16_avx2(b: &super::BlockF16, q: &[f32], out: &mut [f32], conv: &mut [f32]) {
         let d = b.d;
-        let (mut live_at, mut n_live) = ([0usize; 64], 0);
-        for j in (0..b.n).filter(|&j| b.live[j]) {
-            (live_at[n_live], n_live) = (j, n_live + 1);
-        }
+        let (live_at, n_live) = bit_positions((0..b.n).filter(|&j| b.live[j]).fold(0, |m, j| m | 1 << j));
         let live = &live_at[..n_live];
-        let mut left: u64 = if b.nt == 64 { u64::MAX } else { (1u64 << b.nt) - 1 };
-        while left != 0 {
-            let t0 = left.trailing_zeros() as usize;
-            let group = same_offset(b, t0) & left;
-            left &= !group;
-            // SAFETY: the caller's features and bounds (off = offs[t0] ≤ max_off).
-            unsafe { convert_rows(b, b.offs[t0], conv) };
-            let (mut rows_at, mut n_rows) = ([0usize; 64], 0);
-            for t in (0..b.nt).filter(|&t| group >> t & 1 == 1) {
-                (rows_at[n_rows], n_rows) = (t, n_rows + 1);
-            }
+        for group in head_groups(b) {
+            // SAFETY: the caller's features and bounds (every offset ≤ max_off).
+            unsafe { convert_rows(b, b.offs[group.trailing_zeros() as usize], conv) };
+            let (rows_at, n_rows) = bit_positions(group);
             let rows = &rows_at[..n_rows];
             let (qp, kp) = (q.as_ptr(), conv.as_ptr());
             // SAFETY: query row t holds d floats at t·d < nt·d; converted row
@@ -569,17 +569,14 @@ mod x86 {
     unsafe fn accum_f16_avx2(b: &super::BlockF16, p: &[f32], acc: &mut [f32], conv: &mut [f32]) {
         let d = b.d;
         let d8 = d / 8 * 8;
-        let mut left: u64 = if b.nt == 64 { u64::MAX } else { (1u64 << b.nt) - 1 };
         let mut w = [0f32; 64];
         let mut js = [0usize; 64];
-        while left != 0 {
-            let t0 = left.trailing_zeros() as usize;
-            let group = same_offset(b, t0) & left;
-            left &= !group;
+        for group in head_groups(b) {
             // SAFETY: the caller's features and bounds.
-            unsafe { convert_rows(b, b.offs[t0], conv) };
+            unsafe { convert_rows(b, b.offs[group.trailing_zeros() as usize], conv) };
             let vp = conv.as_ptr();
-            for t in (0..b.nt).filter(|&t| group >> t & 1 == 1) {
+            let (rows_at, n_rows) = bit_positions(group);
+            for &t in &rows_at[..n_rows] {
                 // The rows this query row weighs, in order.
                 let mut nw = 0;
                 for j in (0..b.n).filter(|&j| b.live[j]) {
