@@ -21,6 +21,16 @@ mod qwen35_tiny;
 use nmse::nmse;
 use qwen35_tiny::tiny;
 
+/// The tiny `qwen35` written with every weight in `ty` (seed `seed`) into a
+/// fresh folder named by `tag`: (the folder, the file).
+fn tiny_file(tag: &str, ty: GgmlType, seed: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("qwen35-{ty}.gguf"));
+    write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(ty), seed).unwrap();
+    (dir, path)
+}
+
 fn run(path: &std::path::Path, ratios: &[f32], kv: GgmlType) -> (Vec<f32>, Vec<i32>) {
     let mut s = Qwen35Session::load(path, &devices::cpu(ratios), kv, 64).unwrap();
     let prompt = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5];
@@ -35,10 +45,7 @@ fn run(path: &std::path::Path, ratios: &[f32], kv: GgmlType) -> (Vec<f32>, Vec<i
 
 #[test]
 fn qwen35_on_n_devices_equals_one_device() {
-    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("qwen35-q8_0.gguf");
-    write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
+    let (dir, path) = tiny_file("tp", GgmlType::Q8_0, 3);
     for kv in [GgmlType::F16, GgmlType::Q4_0] {
         let (want, want_gen) = run(&path, &[1.0], kv);
         // Four devices cannot each hold a key head (6 heads of 64 in
@@ -128,10 +135,7 @@ fn a_claimed_but_missing_mtp_layer_is_an_error() {
 #[test]
 fn snapshot_rollback_equals_decoding_the_kept_tokens() {
     use shardgraph_models::qwen35::Qwen35Mixer;
-    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-snap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("qwen35-f32.gguf");
-    write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::F32), 5).unwrap();
+    let (dir, path) = tiny_file("snap", GgmlType::F32, 5);
     let states = |s: &Qwen35Session| -> Vec<Vec<u8>> {
         let mut v = Vec::new();
         for l in &s.model().layers {
@@ -172,10 +176,7 @@ fn snapshot_rollback_equals_decoding_the_kept_tokens() {
 #[test]
 fn a_prompt_with_the_head_on_its_last_token_equals_the_last_row_of_a_full_step() {
     use shardgraph_models::step::Target;
-    let dir = std::env::temp_dir().join(format!("shardgraph-qwen35-last-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("qwen35-q8_0.gguf");
-    write_qwen35_gguf(&path, &tiny(), &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
+    let (dir, path) = tiny_file("last", GgmlType::Q8_0, 3);
     let prompt = [11, 205, 3, 99, 42, 310, 7];
     let n_layer = tiny().core.n_layer;
     for ratios in [vec![1.0], vec![1.0, 1.0]] {
