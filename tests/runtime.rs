@@ -303,3 +303,103 @@ fn a_speculative_qwen35_generation_allocates_compiles_and_copies_nothing_once_wa
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// DFlash2 speculative decoding on the `qwen35` hybrid, as the engine runs
+/// it: the drafter attached to the target's session (its weights and caches
+/// in the target's context, its inject and block graphs run by the target's
+/// runner, so the one runner's counters cover both models), then `n_max + 1`
+/// device-side snapshot slots; and, apart, with no snapshots (a rollback
+/// restores the host checkpoint and decodes the kept tokens again). A
+/// drafter built to follow the target's permutation has every draft
+/// accepted; one built for another permutation has most rejected (a
+/// rollback of the states, and an inject of fewer rows than verified, on
+/// most steps). Once a generation has run every shape, a second identical
+/// one (after a reset; the drafter holds no state of its own, and its stale
+/// cache cells stay masked until overwritten) gives the same tokens and
+/// steps, compiles nothing, allocates nothing (executor and counted
+/// devices), and copies nothing from the host into the caches. On 1 and 2
+/// devices.
+#[test]
+fn a_dflash2_qwen35_generation_allocates_compiles_and_copies_nothing_once_warm() {
+    use shardgraph_models::dflash::{DflashDrafter, DflashHparams};
+    use shardgraph_models::generate::{write_dflash_gguf_with, write_qwen35_gguf_with, Weights};
+    use shardgraph_models::hparams::HparamsCore;
+    use shardgraph_models::qwen35::{Qwen35Hparams, Qwen35Session};
+    use shardgraph_models::speculative::{generate, SpecParams};
+    let hp = Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    let dir = std::env::temp_dir().join(format!("shardgraph-runtime-q35-dflash-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("qwen35-q8_0.gguf");
+    write_qwen35_gguf_with(&target, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 13, Weights::Permutation).unwrap();
+    // DFlash2: taps of a layer input and of the post-final-norm state, a
+    // convolution and the candidate selector.
+    let dhp = DflashHparams {
+        core: HparamsCore::qwen3(2, 256, 384, 6, 3, 32),
+        target_layers: vec![1, hp.n_layer],
+        target_hidden: 256,
+        block_size: 5,
+        mask_token: (hp.n_vocab - 1) as i32,
+        conv: Some((2, 16)),
+        selector: Some((32, 8)),
+    };
+    // The target's seed (its permutation) and another one.
+    let drafters = [13, 14].map(|seed| {
+        let path = dir.join(format!("dflash2-q8_0-{seed}.gguf"));
+        let types = TensorTypes::uniform(GgmlType::Q8_0);
+        write_dflash_gguf_with(&path, &dhp, &types, hp.n_vocab, seed, Weights::Permutation).unwrap();
+        path
+    });
+    let prompt = [3, 14, 15, 92, 65, 35];
+    let params = SpecParams { n_max: 4, n_min: 1 };
+    let kv = GgmlType::F16;
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        for (follows, drafter) in [true, false].into_iter().zip(&drafters) {
+            for snapshots in [true, false] {
+                let (devs, counters) = counting::devices(ratios.len(), None);
+                let devices = Devices::from_backends(devs).unwrap().with_tensor_split(&ratios).unwrap();
+                let mut s = Qwen35Session::load(&target, &devices, kv, 64).unwrap();
+                let mut d = DflashDrafter::attach_gguf(&mut s, drafter, kv, 0.0).unwrap();
+                if snapshots {
+                    // After the drafter, as the engine does: its policy is
+                    // the one the snapshots are placed under.
+                    s.enable_snapshots(params.n_max + 1).unwrap();
+                }
+                let mut run = |s: &mut Qwen35Session| {
+                    s.reset().unwrap();
+                    generate(s, &mut d, &prompt, 16, params).unwrap()
+                };
+                let (first, st) = run(&mut s);
+                let (before, dev_before) =
+                    (s.runner().exec().counters(), counters.iter().map(|c| c.allocated()).sum::<u64>());
+                let (again, st2) = run(&mut s);
+                let c = s.runner().exec().counters();
+                let what = format!(
+                    "{ratios:?}, {}, {}: {st2:?}",
+                    if follows { "drafter following the target" } else { "drafter following another permutation" },
+                    if snapshots { "snapshots" } else { "host checkpoints" }
+                );
+                assert_eq!(again, first, "{what}: tokens");
+                assert_eq!(st2, st, "{what}: the same steps");
+                if follows {
+                    assert!(st2.accepted * 2 >= st2.drafted && st2.drafted > 0, "{what}: DFlash2 accepts");
+                } else {
+                    assert!(st2.drafted > 0 && st2.accepted * 2 < st2.drafted, "{what}: drafts mostly rejected");
+                }
+                assert_eq!(c.compiles - before.compiles, 0, "{what}: compiled");
+                assert_eq!(c.bytes_allocated - before.bytes_allocated, 0, "{what}: bytes allocated");
+                assert_eq!(c.store_bytes_copied - before.store_bytes_copied, 0, "{what}: bytes copied into the caches");
+                let dev_after = counters.iter().map(|c| c.allocated()).sum::<u64>();
+                assert_eq!(dev_after - dev_before, 0, "{what}: device bytes allocated");
+                println!(
+                    "{what}: after load and warm-up: compiles {}, bytes allocated {} (devices {dev_before}), copied {}; \
+                     second run read to the host {}",
+                    before.compiles,
+                    before.bytes_allocated,
+                    before.store_bytes_copied,
+                    c.host_bytes_read - before.host_bytes_read
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
