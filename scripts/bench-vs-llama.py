@@ -19,6 +19,13 @@ reads them) at position 32 of FILE, median of 5 each, rolled back
 (`llama_memory_seq_rm`), and prints the ratios to one token: the
 counterpart of the `decode` example's `--batch-cost 1,2,4,8,16`.
 
+`--model FILE` runs the decode and prefill rows on FILE instead of the
+generated qwen3 file (any GGUF both engines load: the `mtp` example's
+qwen35 target, a real-shape file from scripts/real-shapes.py). `--quantize
+SRC DST --ftype q4_k_m` writes DST from SRC with llama.cpp's own quantizer
+(`llama_model_quantize`, requantizing a Q8_0 SRC if need be: for timing
+only), e.g. a Q4_K_M qwen35 from the `mtp` example's Q8_0 target.
+
 `--whole-run FILE` instead runs llama.cpp once as a whole process would:
 load FILE, a context of --ctx-size cells, a 16-token prompt, --n-predict
 decoded tokens (no warm-up), then exit. `farm-bench` times it against the
@@ -130,6 +137,24 @@ class Llama:
         return n_prompt / tp, n_gen / td
 
 
+def quantize(src, dst, ftype, threads):
+    """DST from SRC with llama.cpp's quantizer, as `llama-quantize
+    --allow-requantize SRC DST FTYPE` would."""
+    import llama_cpp as L
+
+    names = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+    if ftype not in names:
+        sys.exit(f"--ftype takes {', '.join(names)}, not {ftype}")
+    p = L.llama_model_quantize_default_params()
+    p.ftype = getattr(L, names[ftype])
+    p.nthread = threads
+    p.allow_requantize = True
+    rc = L.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
+    if rc != 0:
+        sys.exit(f"llama_model_quantize {src} -> {dst} ({ftype}) returned {rc}")
+    print(f"wrote {dst} ({ftype}) from {src}")
+
+
 def whole_run(path, threads, ctx, n_prompt, n_gen):
     """llama.cpp as one process: load, prompt, decode, nothing else."""
     llama = Llama(path)
@@ -223,8 +248,17 @@ def main():
     once = ap.add_mutually_exclusive_group()
     once.add_argument("--whole-run", metavar="FILE", help="run llama.cpp once on FILE as a whole process and exit")
     once.add_argument("--batch-cost", metavar="FILE", help="time llama.cpp's verify batches of 1-16 tokens on FILE")
+    once.add_argument("--quantize", nargs=2, metavar=("SRC", "DST"), help="write DST from SRC (--ftype) and exit")
+    ap.add_argument("--ftype", default="q4_k_m", help="file type of --quantize: q8_0 or q4_k_m (default q4_k_m)")
+    ap.add_argument("--model", help="the GGUF of the decode and prefill rows (default: the generated qwen3 file)")
     ap.add_argument("--ctx-size", type=int, default=4096, help="cells of --whole-run's context (default 4096)")
     a = ap.parse_args()
+    if a.quantize:
+        quantize(a.quantize[0], a.quantize[1], a.ftype, a.threads)
+        return
+    if a.model:
+        global MODEL
+        MODEL = a.model
     if a.batch_cost:
         batch_cost(a.batch_cost, a.threads)
         return
@@ -232,6 +266,8 @@ def main():
         whole_run(a.whole_run, a.threads, a.ctx_size, 16, a.n_predict)
         return
     th, rep, ng = a.threads, a.repeat, a.n_predict
+    if a.model and not os.path.exists(MODEL):
+        sys.exit(f"--model {MODEL}: no such file")
     if not os.path.exists(MODEL):
         ours(["decode", "--n-predict", "1", "--ctx-size", "256"])  # writes the model
     llama = Llama(MODEL)

@@ -348,6 +348,27 @@ fn concat_cases(v: &mut Vec<Case>) {
             Ok(Built::out(&[ctx.concat(a, b, dim)?]))
         }));
     }
+    // A conv state ([d_conv − 1, channels]) and the step's inputs seen
+    // transposed, as qwen35 builds its conv input; then the new state (the
+    // last d_conv − 1 columns) made contiguous: short rows both ways.
+    for ty in [F32, F16] {
+        v.push(Case::new(
+            "concat",
+            format!("dim=0,type={ty},conv state + transposed inputs"),
+            Compare::Exact,
+            move |ctx| {
+                let state = leaf(ctx, ty, &[3, 37, 1])?;
+                let x = leaf(ctx, ty, &[37, 2])?;
+                let xt = ctx.transpose(x)?;
+                let cin = ctx.concat(state, xt, 0)?;
+                // `cin` is a new [5, 37, 1] tensor: packed rows of 5.
+                let ts = ty.type_size();
+                let last = ctx.view_3d(cin, 3, 37, 1, 5 * ts, 5 * 37 * ts, 2 * ts)?;
+                let last = ctx.cont(last)?;
+                Ok(Built::out(&[cin, last]))
+            },
+        ));
+    }
     v.push(Case::new("concat", "dim=1,type=f32,view inputs", Compare::Exact, |ctx| {
         let a0 = leaf(ctx, F32, &[10, 4])?;
         let nb1 = ctx.nb(a0)[1];

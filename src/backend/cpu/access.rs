@@ -15,13 +15,16 @@
 //!    scratch by the same thread ([`TView::load_row_f32`] copies, it does not
 //!    borrow).
 //!
-//! No `&mut` reference to buffer memory is ever created here: reads and writes
-//! go through `ptr::read_unaligned`/`ptr::write_unaligned` and
+//! No `&mut` reference to buffer memory is created here but one: reads and
+//! writes go through `ptr::read_unaligned`/`ptr::write_unaligned` and
 //! byte-wise `ptr::copy_nonoverlapping` into caller-owned scratch (tensor
 //! data may sit at any byte offset, so no typed pointer into a buffer is ever
 //! dereferenced or copied through), so aliasing views
 //! (a view and its source, in-place results) never form overlapping Rust
-//! references.
+//! references. The one exception, [`TView::f32_rows_mut`], lends a task a
+//! slice of packed, aligned F32 rows that it alone reads and writes while it
+//! holds it (a recurrent state updated in place), so no other view touches
+//! those bytes for the slice's lifetime.
 
 use crate::error::Result;
 use crate::tensor::{quant, GgmlType, Tensor};
@@ -103,6 +106,45 @@ impl TView {
     pub fn is_contiguous(&self) -> bool {
         let ne_i = [self.ne[0] as i64, self.ne[1] as i64, self.ne[2] as i64, self.ne[3] as i64];
         crate::tensor::is_contiguous(self.ty, &ne_i, &self.nb)
+    }
+
+    /// Rows `i1 .. i1 + rows` of (i2, i3) as one mutable `f32` slice of
+    /// `rows · ne[0]` values, when the view holds F32 rows packed one after
+    /// another (`nb[0] = 4`, `nb[1] = 4·ne[0]`) at a 4-byte-aligned address;
+    /// `None` otherwise (the caller then copies rows through scratch), and
+    /// for rows or indices outside the view.
+    ///
+    /// # Safety
+    /// While the slice lives, no other thread and no other view reads or
+    /// writes these elements: the caller's task owns them (module invariant
+    /// 3, strengthened from "element by element" to "the whole run").
+    pub(crate) unsafe fn f32_rows_mut<'a>(
+        &self,
+        i1: usize,
+        i2: usize,
+        i3: usize,
+        rows: usize,
+    ) -> Option<&'a mut [f32]> {
+        let packed = self.ty == GgmlType::F32 && self.nb[0] == 4 && self.nb[1] == 4 * self.ne[0];
+        let inside = i1.checked_add(rows).is_some_and(|e| e <= self.ne[1]) && i2 < self.ne[2] && i3 < self.ne[3];
+        if !packed || !inside || rows == 0 || self.ne[0] == 0 {
+            return None;
+        }
+        let o = self.offset(0, i1, i2, i3);
+        let n = rows * self.ne[0];
+        if o.checked_add(4 * n).is_none_or(|e| e > self.span) {
+            return None;
+        }
+        // SAFETY: `o` is inside the span (checked above).
+        let p = unsafe { self.ptr.add(o) };
+        if p as usize % std::mem::align_of::<f32>() != 0 {
+            return None;
+        }
+        // SAFETY: `[o, o + 4n)` lies inside the span (checked above; module
+        // invariant 1: valid for reads and writes while the compute call
+        // runs), `p` is 4-byte aligned, any bit pattern is an f32, and the
+        // caller guarantees exclusive access for the slice's lifetime.
+        Some(unsafe { std::slice::from_raw_parts_mut(p as *mut f32, n) })
     }
 
     #[inline]
@@ -267,6 +309,52 @@ impl TView {
         let n = out.len().min(self.ty.type_size()).min(self.span.saturating_sub(o));
         // SAFETY: `[o, o+n)` is inside the span (clamped); `out` is caller-owned, so no overlap.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr(), n) }
+    }
+
+    /// True for the types [`TView::copy_elems_from`] copies: non-block
+    /// types of 1, 2 or 4 bytes.
+    pub(crate) fn copies_by_element(&self) -> bool {
+        self.ty.block_size() == 1 && matches!(self.ty.type_size(), 1 | 2 | 4)
+    }
+
+    /// Copies elements `s0 .. s0 + n` of row `j` (i1, i2, i3) of `src` to
+    /// elements `d0 ..` of row `i` of this view, one element at a time
+    /// through both views' strides (no scratch row, no call per element):
+    /// the short rows of `concat` and `cpy`, e.g. a conv state's 3 columns
+    /// per channel. Both views must hold one non-block type of 1, 2 or 4
+    /// bytes; otherwise nothing is copied and the result is false. `n` is
+    /// clamped to both rows; rows outside either view copy nothing.
+    pub(crate) fn copy_elems_from(
+        &self,
+        i: [usize; 3],
+        d0: usize,
+        src: &TView,
+        j: [usize; 3],
+        s0: usize,
+        n: usize,
+    ) -> bool {
+        let ts = self.ty.type_size();
+        if self.ty != src.ty || !self.copies_by_element() {
+            return false;
+        }
+        let inside = |v: &TView, r: [usize; 3]| r[0] < v.ne[1].max(1) && r[1] < v.ne[2].max(1) && r[2] < v.ne[3].max(1);
+        let n = n.min(self.ne[0].saturating_sub(d0)).min(src.ne[0].saturating_sub(s0));
+        if n == 0 || !inside(self, i) || !inside(src, j) {
+            return true;
+        }
+        let (mut od, mut os) = (self.offset(d0, i[0], i[1], i[2]), src.offset(s0, j[0], j[1], j[2]));
+        for _ in 0..n {
+            // Elements d0 + e < ne[0] and s0 + e < src.ne[0] (clamped
+            // above): inside both spans (invariant 2).
+            match ts {
+                4 => self.write(od, src.read::<u32>(os)),
+                2 => self.write(od, src.read::<u16>(os)),
+                _ => self.write(od, src.read::<u8>(os)),
+            }
+            od += self.nb[0];
+            os += src.nb[0];
+        }
+        true
     }
 
     /// Writes the raw bytes of one element (one block for block types) from

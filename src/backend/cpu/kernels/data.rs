@@ -43,6 +43,11 @@ fn min_rows(row_elems: usize) -> usize {
     (16384 / row_elems.max(1)).max(1)
 }
 
+/// Rows of at most this many elements are copied element by element
+/// ([`TView::copy_elems_from`]): below it, a row's scratch copy and two
+/// `memcpy` calls cost more than its elements.
+const SHORT_ROW: usize = 16;
+
 /// Units (elements, or blocks for block types) in one row of `v`.
 fn units(v: &TView) -> usize {
     v.ne[0] / v.ty.block_size()
@@ -174,6 +179,15 @@ fn copy_same_type(d: &TView, s: &TView) -> Result<()> {
     let ts = d.ty.type_size();
     let (du, su) = (units(d), units(s));
     let nrows = d.nrows();
+    if du == su && du <= SHORT_ROW && d.copies_by_element() {
+        // Short rows of the same length: element by element.
+        (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).for_each(|r| {
+            let (i1, i2, i3) = d.row_index(r);
+            let (j1, j2, j3) = s.row_index(r);
+            d.copy_elems_from([i1, i2, i3], 0, s, [j1, j2, j3], 0, du);
+        });
+        return Ok(());
+    }
     (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
         // The source-row cache is only for rows of other lengths: no
         // zero-filled scratch for the common whole-row copy.
@@ -335,6 +349,17 @@ fn concat(d: &TView, a: &TView, b: &TView, dim: usize) -> Result<()> {
     let ts = d.ty.type_size();
     let nrows = d.nrows();
     let (au, bu) = (units(a), units(b));
+    if dim == 0 && d.ne[0] <= SHORT_ROW && d.copies_by_element() {
+        // Short rows (a conv state and its new column, per channel):
+        // element by element, no scratch row (a, b and d share the type).
+        (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).for_each(|r| {
+            let (i1, i2, i3) = d.row_index(r);
+            let i = [i1, i2, i3];
+            d.copy_elems_from(i, 0, a, i, 0, au);
+            d.copy_elems_from(i, au, b, i, 0, bu);
+        });
+        return Ok(());
+    }
     (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
         || vec![0u8; units(d) * ts],
         |row, r| -> Result<()> {

@@ -197,9 +197,15 @@ impl GdnRun<'_> {
     /// Token `t` of head `h`, sequence `b` (q and k rows `iq1`/`iq3`,
     /// `ik1`/`ik3`): decays the state by `exp(g)`, adds
     /// `β·(v − S·k)` along `k`, and writes the output row `S·q · scale`.
+    /// Each row of the state goes through its two passes while it is in
+    /// L1 (decay, then its `S·k` term; update, then its `S·q` term): a row's
+    /// values depend only on that row, so this is the arithmetic of four
+    /// whole-state passes, in the same order per row.
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
         sc: &mut GdnScratch,
+        m: &mut [f32],
         t: usize,
         h: usize,
         b: usize,
@@ -211,22 +217,22 @@ impl GdnRun<'_> {
         self.k.load_row_f32(ik.0, t, ik.1, &mut sc.kr)?;
         self.v.load_row_f32(h, t, b, &mut sc.vr)?;
         let beta_v = self.beta.get_f32(0, h, t, b);
-        if self.dims.kda {
+        let decay = if self.dims.kda {
             self.g.load_row_f32(h, t, b, &mut sc.gr)?;
             sc.gr.iter_mut().for_each(|x| *x = x.exp());
-            for row in sc.m.chunks_exact_mut(s_v) {
-                row.iter_mut().zip(&sc.gr).for_each(|(x, e)| *x *= e);
-            }
+            None
         } else {
-            (ops.scale)(&mut sc.m, self.g.get_f32(0, h, t, b).exp());
-        }
-        for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
+            Some(self.g.get_f32(0, h, t, b).exp())
+        };
+        for (j, row) in m.chunks_exact_mut(s_v).enumerate() {
+            match decay {
+                Some(e) => (ops.scale)(row, e),
+                None => row.iter_mut().zip(&sc.gr).for_each(|(x, e)| *x *= e),
+            }
             sc.delta[j] = (sc.vr[j] - (ops.dot)(row, &sc.kr)) * beta_v;
         }
-        for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
+        for (j, row) in m.chunks_exact_mut(s_v).enumerate() {
             (ops.axpy)(row, &sc.kr, sc.delta[j]);
-        }
-        for (j, row) in sc.m.chunks_exact(s_v).enumerate() {
             sc.out[j] = (ops.dot)(row, &sc.qr) * self.scale;
         }
         self.runs.store_row_f32((b * self.dims.n_tok + t) * self.dims.n_head + h, 0, 0, &sc.out)
@@ -240,21 +246,35 @@ impl GdnRun<'_> {
         let (h, b) = (ir % n_head, ir / n_head);
         let iq = (h % self.q.ne[1], b / self.rq3);
         let ik = (h % self.k.ne[1], b / self.rk3);
-        for (j, row) in sc.m.chunks_exact_mut(s_v).enumerate() {
+        if self.in_place {
+            // SAFETY: task (h, b) is the only one that reads or writes this
+            // head's state (one task per pair, `gated_delta_net`), and the
+            // op's other operands and its result are other tensors.
+            if let Some(m) = unsafe { self.state.f32_rows_mut(0, h, b, s_v) } {
+                // The state is updated where it lies: no copy in or out.
+                for t in 0..n_tok {
+                    self.step(sc, m, t, h, b, iq, ik)?;
+                }
+                return Ok(());
+            }
+        }
+        let mut m = std::mem::take(&mut sc.m);
+        for (j, row) in m.chunks_exact_mut(s_v).enumerate() {
             self.state.load_row_f32(j, h, b, row)?;
         }
         for t in 0..n_tok {
-            self.step(sc, t, h, b, iq, ik)?;
+            self.step(sc, &mut m, t, h, b, iq, ik)?;
             if n_snap > 1 {
                 let slot = n_tok - 1 - t;
                 if slot < n_snap {
-                    self.write_state(&sc.m, slot, h, b)?;
+                    self.write_state(&m, slot, h, b)?;
                 }
             }
         }
         if n_snap == 1 {
-            self.write_state(&sc.m, 0, h, b)?;
+            self.write_state(&m, 0, h, b)?;
         }
+        sc.m = m;
         Ok(())
     }
 }
@@ -432,6 +452,76 @@ mod tests {
                 }
             }
             assert!(num / den < 1e-12, "nmse {:e}", num / den);
+        }
+    }
+
+    /// The fused in-place kernel updates the state where it lies (aligned
+    /// F32 rows lent by `TView::f32_rows_mut`) or, for a state it cannot
+    /// borrow (here: at an odd byte offset), through scratch copies; both
+    /// give the op's outputs and final state bit for bit, with scalar and
+    /// per-column gates, and the state part of the result is left unwritten.
+    #[test]
+    fn gated_delta_net_in_place_equals_the_op_and_its_copy() {
+        use super::{gated_delta_net, gated_delta_net_in_place};
+        use crate::backend::cpu::access::TView;
+        for &(s_v, h, n_t, n_s, g_vec) in &[(8usize, 2usize, 3usize, 2usize, false), (16, 3, 1, 1, true)] {
+            let mut ctx = Context::new();
+            let q = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h as i64, n_t as i64, n_s as i64).unwrap();
+            let k = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h as i64, n_t as i64, n_s as i64).unwrap();
+            let v = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, h as i64, n_t as i64, n_s as i64).unwrap();
+            let gw = if g_vec { s_v } else { 1 };
+            let g = ctx.new_tensor_4d(GgmlType::F32, gw as i64, h as i64, n_t as i64, n_s as i64).unwrap();
+            let beta = ctx.new_tensor_4d(GgmlType::F32, 1, h as i64, n_t as i64, n_s as i64).unwrap();
+            let st = ctx.new_tensor_4d(GgmlType::F32, s_v as i64, s_v as i64, h as i64, n_s as i64).unwrap();
+            let out = ctx.gated_delta_net(q, k, v, g, beta, st, 1).unwrap();
+            let mut seed = 5 + s_v as u64;
+            let bytes = |x: Vec<f32>| -> Vec<u8> { x.iter().flat_map(|e| e.to_le_bytes()).collect() };
+            let n_qk = s_v * h * n_t * n_s;
+            let mut bufs: Vec<Vec<u8>> = vec![
+                bytes(rand_vec(&mut seed, n_qk, -0.5, 0.5)),
+                bytes(rand_vec(&mut seed, n_qk, -0.5, 0.5)),
+                bytes(rand_vec(&mut seed, n_qk, -1.0, 1.0)),
+                bytes(rand_vec(&mut seed, gw * h * n_t * n_s, -1.0, 0.0)),
+                bytes(rand_vec(&mut seed, h * n_t * n_s, 0.0, 1.0)),
+            ];
+            let state0 = bytes(rand_vec(&mut seed, s_v * s_v * h * n_s, -1.0, 1.0));
+            let ids = [q, k, v, g, beta];
+            let src_views = |bufs: &mut [Vec<u8>], state: *mut u8| -> Vec<TView> {
+                let mut vs: Vec<TView> = ids
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    // SAFETY: each buffer holds its tensor's bytes and outlives the views.
+                    .map(|(&id, b)| unsafe { TView::new(b.as_mut_ptr(), ctx.t(id)) })
+                    .collect();
+                // SAFETY: `state` points at the state's bytes (checked by the caller).
+                vs.push(unsafe { TView::new(state, ctx.t(st)) });
+                vs
+            };
+            let op = ctx.t(out).op.clone();
+            let nbytes = ctx.t(out).nbytes();
+            // The op: outputs, then the final state.
+            let mut want = vec![0u8; nbytes];
+            let mut s_copy = state0.clone();
+            let srcs = src_views(&mut bufs, s_copy.as_mut_ptr());
+            // SAFETY: `want` holds the result's bytes.
+            let dst = unsafe { TView::new(want.as_mut_ptr(), ctx.t(out)) };
+            gated_delta_net(&op, &dst, &srcs, 1, false).unwrap();
+            let out_bytes = 4 * s_v * h * n_t * n_s;
+            for offset in [0usize, 2] {
+                let mut state = vec![0u8; state0.len() + offset];
+                state[offset..].copy_from_slice(&state0);
+                let mut got = vec![0xAB_u8; nbytes];
+                let srcs = src_views(&mut bufs, state[offset..].as_mut_ptr());
+                // SAFETY: `got` holds the result's bytes.
+                let dst = unsafe { TView::new(got.as_mut_ptr(), ctx.t(out)) };
+                // SAFETY: the slice is dropped at once; nothing else runs.
+                let borrowable = unsafe { srcs[5].f32_rows_mut(0, 0, 0, s_v) }.is_some();
+                assert_eq!(borrowable, offset == 0, "offset {offset}: the state is lent only when aligned");
+                gated_delta_net_in_place(&op, &dst, &srcs).unwrap();
+                assert_eq!(got[..out_bytes], want[..out_bytes], "offset {offset}: outputs");
+                assert_eq!(state[offset..], want[out_bytes..], "offset {offset}: final state, in place");
+                assert!(got[out_bytes..].iter().all(|&b| b == 0xAB), "offset {offset}: state part written");
+            }
         }
     }
 }
