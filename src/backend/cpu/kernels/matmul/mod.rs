@@ -407,6 +407,12 @@ impl Run<'_> {
             return self.store(t, &scr.out);
         }
         let mut tile = Tile { k: self.k, ..Tile::default() };
+        // One column tile (decode, small batches): its columns are set once
+        // for every row tile.
+        let one_col_tile = t.c1 - t.c0 <= self.rn;
+        if one_col_tile {
+            self.set_cols(&mut tile, t, t.c0);
+        }
         let mut r = t.r0;
         while r < t.r1 {
             let rows = self.rm.min(t.r1 - r);
@@ -423,18 +429,8 @@ impl Run<'_> {
             let mut c = t.c0;
             while c < t.c1 {
                 let cols = self.rn.min(t.c1 - c);
-                if self.plan.fmt.packed() {
-                    let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
-                    for jj in 0..self.rn / packed::G {
-                        let g = first + (c / packed::G + jj).min(last);
-                        tile.b[jj] = self.packed.q[g * self.packed.q_len..].as_ptr() as *const u8;
-                        tile.bd[jj] = self.packed.d[g * self.packed.d_len..].as_ptr();
-                        tile.bc[jj] = self.packed.c[g * self.packed.c_len..].as_ptr();
-                    }
-                } else {
-                    for jj in 0..self.rn {
-                        self.set_col(&mut tile, jj, job.cols[c + jj.min(cols - 1)].act);
-                    }
+                if !one_col_tile {
+                    self.set_cols(&mut tile, t, c);
                 }
                 // SAFETY: rows were bounds-checked against the weights in
                 // `execute` or point into `scr` (decoded above, not resized
@@ -608,6 +604,27 @@ impl Run<'_> {
     }
 
     /// Points tile column `j` at activation column `act`.
+    /// Points the tile's columns at the column tile starting at column `c`
+    /// of task `t` (packed groups, or each column's prepared activations;
+    /// columns past the task's last repeat it).
+    fn set_cols(&self, tile: &mut Tile, t: &Task, c: usize) {
+        let job = &self.jobs[t.job];
+        if self.plan.fmt.packed() {
+            let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
+            for jj in 0..self.rn / packed::G {
+                let g = first + (c / packed::G + jj).min(last);
+                tile.b[jj] = self.packed.q[g * self.packed.q_len..].as_ptr() as *const u8;
+                tile.bd[jj] = self.packed.d[g * self.packed.d_len..].as_ptr();
+                tile.bc[jj] = self.packed.c[g * self.packed.c_len..].as_ptr();
+            }
+        } else {
+            let cols = self.rn.min(t.c1 - c);
+            for jj in 0..self.rn {
+                self.set_col(tile, jj, job.cols[c + jj.min(cols - 1)].act);
+            }
+        }
+    }
+
     fn set_col(&self, t: &mut Tile, j: usize, act: usize) {
         let (k, a) = (self.k, self.acts);
         debug_assert!(j < NR);
