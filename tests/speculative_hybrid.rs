@@ -127,6 +127,47 @@ fn mtp_drafting_on_qwen35_equals_plain_greedy() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `mtp_update` (the drafter's update for accepted tokens: the MTP
+/// step's graph cut to its K/V writes) leaves the MTP cache `mtp_step`
+/// leaves: a chain of drafts after it gives the same tokens and
+/// probabilities bit for bit, on 1 and 2 devices, with random weights (so
+/// the tokens differ from row to row) and F16 and Q4_0 caches.
+#[test]
+fn an_mtp_update_writes_the_cache_an_mtp_step_writes() {
+    use shardgraph_models::generate::{write_qwen35_gguf_with, Weights};
+    let dir = std::env::temp_dir().join(format!("shardgraph-spec-mtp-update-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-mtp-random.gguf");
+    let hp = shardgraph_models::qwen35::Qwen35Hparams { n_nextn: 1, ..qwen35_tiny::tiny() };
+    write_qwen35_gguf_with(&path, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 21, Weights::Random).unwrap();
+    let e = hp.core.n_embd as usize;
+    let h: Vec<f32> = (0..4 * e).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+    let rows = [17, 230, 5, 98];
+    for kv in [GgmlType::F16, GgmlType::Q4_0] {
+        for ratios in [vec![1.0], vec![1.0, 1.0]] {
+            let chains: Vec<_> = [true, false]
+                .iter()
+                .map(|&step| {
+                    let mut s = Qwen35Session::load(&path, &devices::cpu(&ratios), kv, 64).unwrap();
+                    if step {
+                        let out = s.mtp_step(&rows, &h, 0).unwrap();
+                        assert_eq!(out.argmax.len(), rows.len());
+                    } else {
+                        s.mtp_update(&rows, &h, 0).unwrap();
+                    }
+                    s.mtp_chain(7, &h[..e], rows.len() as i64, 3).unwrap()
+                })
+                .collect();
+            let (toks, probs) = &chains[0];
+            assert_eq!(toks, &chains[1].0, "{ratios:?} kv {kv}: drafted tokens");
+            let bits = |p: &[f32]| p.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(probs), bits(&chains[1].1), "{ratios:?} kv {kv}: probabilities");
+            assert!(probs.iter().all(|p| p.is_finite() && *p > 0.0), "{probs:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// DFlash2 against the `qwen35` target (taps of a layer input and of the
 /// post-final-norm state, `dflash.target_layers` = [1, n_layer]): the
 /// seed's matrix — one device (`--split-mode none`), and tensor split on 2

@@ -90,7 +90,7 @@ impl Drafter<Qwen35Session> for MtpDrafter {
         let mut h = Vec::with_capacity(kept * e);
         h.extend_from_slice(&self.pending_h);
         h.extend_from_slice(&hs[..(kept - 1) * e]);
-        target.mtp_step(&batch[..kept], &h, start)?;
+        target.mtp_update(&batch[..kept], &h, start)?;
         self.pending_h = hs[(kept - 1) * e..kept * e].to_vec();
         Ok(())
     }

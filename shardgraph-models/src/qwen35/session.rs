@@ -397,6 +397,29 @@ impl Qwen35Session {
     /// [`Error::Model`] without a NextN block, for mismatched lengths, a
     /// token outside the vocabulary or a full KV cache; execution errors.
     pub fn mtp_step(&mut self, tokens: &[i32], h: &[f32], start: i64) -> Result<MtpOutput> {
+        let rep = self.mtp_rows(tokens, h, start, true)?;
+        let n = rep.len();
+        Ok(MtpOutput { h: f32s(&rep[n - 3]), argmax: i32s(&rep[n - 2]), top_prob: f32s(&rep[n - 1]) })
+    }
+
+    /// Writes the MTP head's KV cache for rows `(tokens[i], h[i])` at
+    /// positions `start + i`, and computes nothing else: the graph of
+    /// [`Qwen35Session::mtp_step`] cut to the K and V rows it stores (no
+    /// queries, attention, FFN or head, whose `[V, E]` product is most of an
+    /// MTP step for a real vocabulary). What a drafter needs for the tokens
+    /// the target accepted; the cache is bit for bit the one `mtp_step`
+    /// writes.
+    ///
+    /// # Errors
+    /// As [`Qwen35Session::mtp_step`].
+    pub fn mtp_update(&mut self, tokens: &[i32], h: &[f32], start: i64) -> Result<()> {
+        self.mtp_rows(tokens, h, start, false).map(|_| ())
+    }
+
+    /// The MTP step's graph over `tokens`, run; with `head`, the bytes of
+    /// `hN`, the greedy tokens and their probabilities (last three
+    /// entries), else only the cache writes.
+    fn mtp_rows(&mut self, tokens: &[i32], h: &[f32], start: i64, head: bool) -> Result<Vec<Vec<u8>>> {
         let t = tokens.len() as i64;
         let e = self.model.hp.n_embd as usize;
         if t == 0 || h.len() != tokens.len() * e {
@@ -416,28 +439,29 @@ impl Qwen35Session {
         }
         let n_kv = crate::kv_window(self.model.kv_size, start + t);
         let (model, base) = (&self.model, self.base_len);
-        let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, ("mtp step", t, n_kv), |ctx| {
+        let key = if head { "mtp step" } else { "mtp update" };
+        let sg = self.runner.graphs.get_or_build(&mut self.ctx, base, (key, t, n_kv), |ctx| {
             let step = model.build_mtp_window(ctx, t, n_kv)?;
             let mut outputs = step.writes.clone();
-            outputs.extend([step.h_out, step.argmax, step.top_prob]);
+            if head {
+                outputs.extend([step.h_out, step.argmax, step.top_prob]);
+            }
             Ok((step, outputs))
         })?;
         let (step, outputs, graph) = (&sg.step, &sg.outputs, &sg.graph);
         let pos: Vec<i32> = (0..t).map(|i| (start + i) as i32).collect();
-        let inputs = vec![
+        let mut inputs = vec![
             (step.tokens, i32_bytes(tokens)),
             (step.h, f32_bytes(h)),
             (step.pos, i32_bytes(&imrope_positions(&pos))),
-            (step.mask, mask_bytes(n_kv, pos.iter().map(|&p| p as i64))),
             (step.kv_idxs, cell_bytes(&pos)),
         ];
+        if head {
+            // Only the attention reads the mask (not in the writes' graph).
+            inputs.push((step.mask, mask_bytes(n_kv, pos.iter().map(|&p| p as i64))));
+        }
         let rep = self.runner.run(&self.ctx, graph, &inputs, outputs)?;
-        let n = outputs.len();
-        Ok(MtpOutput {
-            h: f32s(&rep.outputs[n - 3].bytes),
-            argmax: i32s(&rep.outputs[n - 2].bytes),
-            top_prob: f32s(&rep.outputs[n - 1].bytes),
-        })
+        Ok(rep.outputs.into_iter().map(|o| o.bytes).collect())
     }
 }
 
