@@ -1386,6 +1386,9 @@ mod x86 {
     /// register.
     macro_rules! rows_in_turn {
         ($t:ident, $rm:ident, $body:path) => {{
+            if $rm == 1 {
+                return $body($t);
+            }
             let rows = $t.a;
             let mut out = [[0f32; super::NR]; super::MR];
             for (r, o) in out.iter_mut().enumerate().take($rm) {
