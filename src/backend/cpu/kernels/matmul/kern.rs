@@ -215,23 +215,25 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
+/// Instantiates the dense tile kernel `$f` for the tile `$rm × $rn`.
+macro_rules! pick {
+    ($f:ident, $rm:expr, $rn:expr) => {
+        match ($rm, $rn) {
+            (1, 1) => $f::<1, 1> as KernFn,
+            (4, 1) => $f::<4, 1> as KernFn,
+            (8, 1) => $f::<8, 1> as KernFn,
+            (2, 4) => $f::<2, 4> as KernFn,
+            (4, 2) => $f::<4, 2> as KernFn,
+            (3, 4) => $f::<3, 4> as KernFn,
+            (4, 3) => $f::<4, 3> as KernFn,
+            _ => $f::<4, 4> as KernFn,
+        }
+    };
+}
+
 /// The kernel for `fmt` with a tile of `rm × rn` (both must be one of the
 /// sizes instantiated below: see [`tile_shape`]).
 pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
-    macro_rules! pick {
-        ($f:ident) => {
-            match (rm, rn) {
-                (1, 1) => $f::<1, 1> as KernFn,
-                (4, 1) => $f::<4, 1> as KernFn,
-                (8, 1) => $f::<8, 1> as KernFn,
-                (2, 4) => $f::<2, 4> as KernFn,
-                (4, 2) => $f::<4, 2> as KernFn,
-                (3, 4) => $f::<3, 4> as KernFn,
-                (4, 3) => $f::<4, 3> as KernFn,
-                _ => $f::<4, 4> as KernFn,
-            }
-        };
-    }
     #[cfg(target_arch = "x86_64")]
     macro_rules! pick2 {
         ($f:ident) => {
@@ -274,11 +276,11 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
         Isa::Avx2 => {
             use x86::*;
             match fmt {
-                Fmt::F32 => pick!(f32_avx2),
-                Fmt::F16 => pick!(f16_avx2),
-                Fmt::BF16 => pick!(bf16_avx2),
-                Fmt::Q8 => pick!(q8_avx2),
-                Fmt::Q8S => pick!(q8s_avx2),
+                Fmt::F32 => pick!(f32_avx2, rm, rn),
+                Fmt::F16 => pick!(f16_avx2, rm, rn),
+                Fmt::BF16 => pick!(bf16_avx2, rm, rn),
+                Fmt::Q8 => pick!(q8_avx2, rm, rn),
+                Fmt::Q8S => pick!(q8s_avx2, rm, rn),
                 // Decoded K-quant rows only go to packed tiles with SIMD (one
                 // to four columns read raw rows: `GemvQ4K`, `GemvQ6K`).
                 Fmt::Q4K | Fmt::Q6K => unreachable_kernel,
@@ -298,11 +300,11 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
         Isa::Vnni => {
             use x86::*;
             match fmt {
-                Fmt::F32 => pick!(f32_vnni),
-                Fmt::F16 => pick!(f16_vnni),
-                Fmt::BF16 => pick!(bf16_vnni),
-                Fmt::Q8 => pick!(q8_vnni),
-                Fmt::Q8S => pick!(q8s_vnni),
+                Fmt::F32 => pick!(f32_vnni, rm, rn),
+                Fmt::F16 => pick!(f16_vnni, rm, rn),
+                Fmt::BF16 => pick!(bf16_vnni, rm, rn),
+                Fmt::Q8 => pick!(q8_vnni, rm, rn),
+                Fmt::Q8S => pick!(q8s_vnni, rm, rn),
                 // As for AVX2.
                 Fmt::Q4K | Fmt::Q6K => unreachable_kernel,
                 Fmt::GemvQ4_0 => pick1!(gemv_q4_0_vnni),
@@ -317,25 +319,30 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::VecDot => unreachable_kernel,
             }
         }
-        _ => match fmt {
-            Fmt::F32 => pick!(dense_scalar_f32),
-            Fmt::F16 => pick!(dense_scalar_f16),
-            Fmt::BF16 => pick!(dense_scalar_bf16),
-            Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar),
-            Fmt::Q4K => pick!(q4k_scalar),
-            Fmt::Q6K => pick!(q6k_scalar),
-            // The driver never selects these without SIMD (nor `VecDot` as a tile).
-            Fmt::GemvQ4_0
-            | Fmt::GemvQ5_0
-            | Fmt::GemvQ8_0
-            | Fmt::GemvQ4K
-            | Fmt::GemvQ6K
-            | Fmt::Q8I
-            | Fmt::Q8SI
-            | Fmt::Q4KI
-            | Fmt::Q6KI
-            | Fmt::VecDot => unreachable_kernel,
-        },
+        _ => scalar_kernel(fmt, rm, rn),
+    }
+}
+
+/// The portable kernel for `fmt` (no SIMD) with a tile of `rm × rn`.
+fn scalar_kernel(fmt: Fmt, rm: usize, rn: usize) -> KernFn {
+    match fmt {
+        Fmt::F32 => pick!(dense_scalar_f32, rm, rn),
+        Fmt::F16 => pick!(dense_scalar_f16, rm, rn),
+        Fmt::BF16 => pick!(dense_scalar_bf16, rm, rn),
+        Fmt::Q8 | Fmt::Q8S => pick!(q8_scalar, rm, rn),
+        Fmt::Q4K => pick!(q4k_scalar, rm, rn),
+        Fmt::Q6K => pick!(q6k_scalar, rm, rn),
+        // The driver never selects these without SIMD (nor `VecDot` as a tile).
+        Fmt::GemvQ4_0
+        | Fmt::GemvQ5_0
+        | Fmt::GemvQ8_0
+        | Fmt::GemvQ4K
+        | Fmt::GemvQ6K
+        | Fmt::Q8I
+        | Fmt::Q8SI
+        | Fmt::Q4KI
+        | Fmt::Q6KI
+        | Fmt::VecDot => unreachable_kernel,
     }
 }
 
