@@ -36,13 +36,6 @@ pub(super) const MR: usize = 8;
 /// Largest column tile (packed kernels: two groups of 8).
 pub(super) const NR: usize = 16;
 
-/// Rows of one call of a raw-row kernel with one column (`GemvQ4_0` ..
-/// `GemvQ6K`), computed one after another: the driver's work per call
-/// (row pointers, the indirect call, copying results out) is shared by 8
-/// rows. Measured on a 2-core EPYC (Zen 3), qwen3 Q4_K_M example decode:
-/// that work was 7 % of a step with one row per call.
-pub(super) const ROWS_IN_TURN: usize = 8;
-
 /// One tile's operands and results. Pointers past the tile's `rm`/`rn` are
 /// copies of the last valid one (the driver pads), so kernels never branch
 /// on partial tiles.
@@ -248,11 +241,10 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
     #[cfg(target_arch = "x86_64")]
     macro_rules! pick_raw {
         ($f:ident) => {
-            match (rm, rn) {
-                (ROWS_IN_TURN, 1) => $f::<ROWS_IN_TURN, 1> as KernFn,
-                (_, 2) => $f::<1, 2> as KernFn,
-                (_, 3) => $f::<1, 3> as KernFn,
-                (_, 4) => $f::<1, 4> as KernFn,
+            match rn {
+                2 => $f::<1, 2> as KernFn,
+                3 => $f::<1, 3> as KernFn,
+                4 => $f::<1, 4> as KernFn,
                 _ => $f::<1, 1> as KernFn,
             }
         };
@@ -356,9 +348,9 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
         // prefetch streams busy.
         let rm = match fmt {
             Fmt::F32 | Fmt::F16 | Fmt::BF16 => 8,
-            // Fused quantized kernels: rows in turn, one at a time (it
-            // streams best and keeps every accumulator in a register).
-            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::GemvQ6K => ROWS_IN_TURN,
+            // Fused quantized kernels: one row at a time streams best and
+            // keeps every accumulator in a register.
+            Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::GemvQ6K => 1,
             _ => 4,
         };
         return (rm, 1);
@@ -1386,28 +1378,6 @@ mod x86 {
         }
     }
 
-    /// The raw-row kernels' `RM` rows, one after another, each through
-    /// the one-row body `$body` (so each row's sums are a one-row tile's):
-    /// one call from the driver per `RM` rows ([`ROWS_IN_TURN`](super::ROWS_IN_TURN)), while
-    /// one row at a time streams best and keeps every accumulator in a
-    /// register.
-    macro_rules! rows_in_turn {
-        ($t:ident, $rm:ident, $body:path) => {{
-            if $rm == 1 {
-                return $body($t);
-            }
-            let rows = $t.a;
-            let mut out = [[0f32; super::NR]; super::MR];
-            for (r, o) in out.iter_mut().enumerate().take($rm) {
-                $t.a[0] = rows[r];
-                $body($t);
-                *o = $t.out[0];
-            }
-            $t.a = rows;
-            $t.out = out;
-        }};
-    }
-
     macro_rules! build {
         ($feat:literal, $f32:ident, $f16:ident, $bf16:ident, $q8:ident, $q8s:ident, $g40:ident, $g80:ident, $g50:ident, $g4k:ident, $g6k:ident, $q8i:ident, $q8si:ident, $q4ki:ident, $q6ki:ident, $dot:ty) => {
             #[target_feature(enable = $feat)]
@@ -1418,7 +1388,7 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g6k<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { rows_in_turn!(t, RM, gemv_q6k_body::<$dot, 1, RN>) }
+                unsafe { gemv_q6k_body::<$dot, RM, RN>(t) }
             }
 
             #[target_feature(enable = $feat)]
@@ -1439,22 +1409,22 @@ mod x86 {
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g40<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: selected only when the CPU has these features; KernFn contract.
-                unsafe { rows_in_turn!(t, RM, gemv_q8_body::<$dot, 1, RN, RAW_Q4_0>) }
+                unsafe { gemv_q8_body::<$dot, RM, RN, RAW_Q4_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g80<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { rows_in_turn!(t, RM, gemv_q8_body::<$dot, 1, RN, RAW_Q8_0>) }
+                unsafe { gemv_q8_body::<$dot, RM, RN, RAW_Q8_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g50<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { rows_in_turn!(t, RM, gemv_q8_body::<$dot, 1, RN, RAW_Q5_0>) }
+                unsafe { gemv_q8_body::<$dot, RM, RN, RAW_Q5_0>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $g4k<const RM: usize, const RN: usize>(t: &mut Tile) {
                 // SAFETY: as above.
-                unsafe { rows_in_turn!(t, RM, gemv_q4k_body::<$dot, 1, RN>) }
+                unsafe { gemv_q4k_body::<$dot, RM, RN>(t) }
             }
             #[target_feature(enable = $feat)]
             pub(super) unsafe fn $f32<const RM: usize, const RN: usize>(t: &mut Tile) {
