@@ -249,7 +249,8 @@ impl GdnRun<'_> {
         if self.in_place {
             // SAFETY: task (h, b) is the only one that reads or writes this
             // head's state (one task per pair, `gated_delta_net`), and the
-            // op's other operands and its result are other tensors.
+            // op's other operands and its result lie in other memory (the
+            // fusion runs in place only then: `fuse.rs`, `undisturbed`).
             if let Some(m) = unsafe { self.state.f32_rows_mut(0, h, b, s_v) } {
                 // The state is updated where it lies: no copy in or out.
                 for t in 0..n_tok {
