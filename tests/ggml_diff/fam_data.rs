@@ -350,20 +350,24 @@ fn concat_cases(v: &mut Vec<Case>) {
     }
     // A conv state ([d_conv − 1, channels]) and the step's inputs seen
     // transposed, as qwen35 builds its conv input; then the new state (the
-    // last d_conv − 1 columns) made contiguous: short rows both ways.
-    for ty in [F32, F16] {
+    // last d_conv − 1 columns) made contiguous: short rows both ways. The
+    // [.., 37, 29, 4] shape has 4292 rows: more than one run of rows per
+    // task (4096 rows of 4 or 5), the second starting inside dims 1-3.
+    for (ty, planes) in [(F32, [1i64, 1]), (F16, [1, 1]), (F32, [29, 4])] {
         v.push(Case::new(
             "concat",
-            format!("dim=0,type={ty},conv state + transposed inputs"),
+            format!("dim=0,type={ty},conv state + transposed inputs,planes={planes:?}"),
             Compare::Exact,
             move |ctx| {
-                let state = leaf(ctx, ty, &[3, 37, 1])?;
-                let x = leaf(ctx, ty, &[37, 2])?;
+                let [p2, p3] = planes;
+                let state = leaf(ctx, ty, &[3, 37, p2, p3])?;
+                let x = leaf(ctx, ty, &[37, 2, p2, p3])?;
                 let xt = ctx.transpose(x)?;
                 let cin = ctx.concat(state, xt, 0)?;
-                // `cin` is a new [5, 37, 1] tensor: packed rows of 5.
+                // `cin` is a new [5, 37, p2, p3] tensor: packed rows of 5.
                 let ts = ty.type_size();
-                let last = ctx.view_3d(cin, 3, 37, 1, 5 * ts, 5 * 37 * ts, 2 * ts)?;
+                let (nb1, nb2) = (5 * ts, 5 * 37 * ts);
+                let last = ctx.view_4d(cin, 3, 37, p2, p3, nb1, nb2, nb2 * p2 as usize, 2 * ts)?;
                 let last = ctx.cont(last)?;
                 Ok(Built::out(&[cin, last]))
             },

@@ -311,50 +311,80 @@ impl TView {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(o), out.as_mut_ptr(), n) }
     }
 
-    /// True for the types [`TView::copy_elems_from`] copies: non-block
+    /// True for the types [`TView::copy_elems_rows`] copies: non-block
     /// types of 1, 2 or 4 bytes.
     pub(crate) fn copies_by_element(&self) -> bool {
         self.ty.block_size() == 1 && matches!(self.ty.type_size(), 1 | 2 | 4)
     }
 
-    /// Copies elements `s0 .. s0 + n` of row `j` (i1, i2, i3) of `src` to
-    /// elements `d0 ..` of row `i` of this view, one element at a time
-    /// through both views' strides (no scratch row, no call per element):
-    /// the short rows of `concat` and `cpy`, e.g. a conv state's 3 columns
-    /// per channel. Both views must hold one non-block type of 1, 2 or 4
-    /// bytes; otherwise nothing is copied and the result is false. `n` is
-    /// clamped to both rows; rows outside either view copy nothing.
-    pub(crate) fn copy_elems_from(
+    /// Copies elements `s0 .. s0 + n` of each flat row `r` in `rows` of
+    /// `src` to elements `d0 ..` of flat row `r` of this view (each view's
+    /// rows in its own ggml order), one element at a time through both
+    /// views' strides: the short rows of `concat` and `cpy`, e.g. a conv
+    /// state's 3 columns per channel. No scratch row and no call per
+    /// element, and each view's row index is stepped, not divided out, from
+    /// one row to the next (a row of 4 elements cost more in index
+    /// arithmetic than in copying when each row was placed alone). Both
+    /// views must hold one non-block type of 1, 2 or 4 bytes; otherwise
+    /// nothing is copied and the result is false. `n` is clamped to both
+    /// rows and `rows` to both views' row counts.
+    pub(crate) fn copy_elems_rows(
         &self,
-        i: [usize; 3],
+        rows: std::ops::Range<usize>,
         d0: usize,
         src: &TView,
-        j: [usize; 3],
         s0: usize,
         n: usize,
     ) -> bool {
-        let ts = self.ty.type_size();
         if self.ty != src.ty || !self.copies_by_element() {
             return false;
         }
-        let inside = |v: &TView, r: [usize; 3]| r[0] < v.ne[1].max(1) && r[1] < v.ne[2].max(1) && r[2] < v.ne[3].max(1);
         let n = n.min(self.ne[0].saturating_sub(d0)).min(src.ne[0].saturating_sub(s0));
-        if n == 0 || !inside(self, i) || !inside(src, j) {
+        let end = rows.end.min(self.nrows()).min(src.nrows());
+        if n == 0 || rows.start >= end {
             return true;
         }
-        let (mut od, mut os) = (self.offset(d0, i[0], i[1], i[2]), src.offset(s0, j[0], j[1], j[2]));
-        for _ in 0..n {
-            // Elements d0 + e < ne[0] and s0 + e < src.ne[0] (clamped
-            // above): inside both spans (invariant 2).
-            match ts {
-                4 => self.write(od, src.read::<u32>(os)),
-                2 => self.write(od, src.read::<u16>(os)),
-                _ => self.write(od, src.read::<u8>(os)),
+        let (mut di, mut si) = (self.row_index(rows.start), src.row_index(rows.start));
+        let (od0, os0) = (self.offset(d0, 0, 0, 0), src.offset(s0, 0, 0, 0));
+        let at = |v: &TView, i: (usize, usize, usize)| i.0 * v.nb[1] + i.1 * v.nb[2] + i.2 * v.nb[3];
+        for _ in rows.start..end {
+            // Rows below both row counts and elements d0 + e < ne[0],
+            // s0 + e < src.ne[0] (clamped above): inside both spans
+            // (invariant 2).
+            let (od, os) = (od0 + at(self, di), os0 + at(src, si));
+            match self.ty.type_size() {
+                4 => self.copy_run::<u32>(od, src, os, n),
+                2 => self.copy_run::<u16>(od, src, os, n),
+                _ => self.copy_run::<u8>(od, src, os, n),
             }
-            od += self.nb[0];
-            os += src.nb[0];
+            self.step_row(&mut di);
+            src.step_row(&mut si);
         }
         true
+    }
+
+    /// `n` elements of type `T` from byte `os` of `src` to byte `od` here,
+    /// each view's `nb[0]` apart (the caller keeps both runs in their spans).
+    #[inline(always)]
+    fn copy_run<T: Copy>(&self, od: usize, src: &TView, os: usize, n: usize) {
+        for e in 0..n {
+            self.write(od + e * self.nb[0], src.read::<T>(os + e * src.nb[0]));
+        }
+    }
+
+    /// The row after `i` (i1, i2, i3) in flat order ([`TView::row_index`]
+    /// of the next index).
+    #[inline(always)]
+    fn step_row(&self, i: &mut (usize, usize, usize)) {
+        i.0 += 1;
+        if i.0 >= self.ne[1].max(1) {
+            i.0 = 0;
+            i.1 += 1;
+            if i.1 >= self.ne[2].max(1) {
+                i.1 = 0;
+                i.2 += 1;
+            }
+        }
     }
 
     /// Writes the raw bytes of one element (one block for block types) from

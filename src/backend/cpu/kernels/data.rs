@@ -43,8 +43,15 @@ fn min_rows(row_elems: usize) -> usize {
     (16384 / row_elems.max(1)).max(1)
 }
 
+/// `nrows` rows of `row_elems` elements as parallel runs of
+/// [`min_rows`] rows (the last one shorter).
+fn row_runs(nrows: usize, row_elems: usize) -> impl ParallelIterator<Item = std::ops::Range<usize>> {
+    let per = min_rows(row_elems);
+    (0..nrows.div_ceil(per)).into_par_iter().map(move |c| c * per..((c + 1) * per).min(nrows))
+}
+
 /// Rows of at most this many elements are copied element by element
-/// ([`TView::copy_elems_from`]): below it, a row's scratch copy and two
+/// ([`TView::copy_elems_rows`]): below it, a row's scratch copy and two
 /// `memcpy` calls cost more than its elements.
 const SHORT_ROW: usize = 16;
 
@@ -180,11 +187,9 @@ fn copy_same_type(d: &TView, s: &TView) -> Result<()> {
     let (du, su) = (units(d), units(s));
     let nrows = d.nrows();
     if du == su && du <= SHORT_ROW && d.copies_by_element() {
-        // Short rows of the same length: element by element.
-        (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).for_each(|r| {
-            let (i1, i2, i3) = d.row_index(r);
-            let (j1, j2, j3) = s.row_index(r);
-            d.copy_elems_from([i1, i2, i3], 0, s, [j1, j2, j3], 0, du);
+        // Short rows of the same length: element by element, a run of rows per task.
+        row_runs(nrows, d.ne[0]).for_each(|rows| {
+            d.copy_elems_rows(rows, 0, s, 0, du);
         });
         return Ok(());
     }
@@ -352,11 +357,10 @@ fn concat(d: &TView, a: &TView, b: &TView, dim: usize) -> Result<()> {
     if dim == 0 && d.ne[0] <= SHORT_ROW && d.copies_by_element() {
         // Short rows (a conv state and its new column, per channel):
         // element by element, no scratch row (a, b and d share the type).
-        (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).for_each(|r| {
-            let (i1, i2, i3) = d.row_index(r);
-            let i = [i1, i2, i3];
-            d.copy_elems_from(i, 0, a, i, 0, au);
-            d.copy_elems_from(i, au, b, i, 0, bu);
+        // (a, b and d have the same rows: concat joins along dim 0 only.)
+        row_runs(nrows, d.ne[0]).for_each(|rows| {
+            d.copy_elems_rows(rows.clone(), 0, a, 0, au);
+            d.copy_elems_rows(rows, au, b, 0, bu);
         });
         return Ok(());
     }
