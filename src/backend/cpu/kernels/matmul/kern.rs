@@ -101,6 +101,48 @@ impl Default for Tile {
 /// size must be valid for the reads its format implies for `k` elements.
 pub(super) type KernFn = unsafe fn(&mut Tile);
 
+/// A one-column raw-row kernel over a run of rows (decode): row `i` of
+/// `out` is the dot of the raw weight row at `a0 + i·stride` with the
+/// tile's column 0, by the one-row tile kernel's own arithmetic (so
+/// bit-identical to it), with no call, tile set-up or result copy per row
+/// between them.
+///
+/// # Safety
+/// As [`KernFn`] for each of the rows `a0 + i·stride`, `i < out.len()`
+/// (row 0 of the tile is overwritten), and column 0 of the tile set.
+pub(super) type RowRunFn = unsafe fn(&mut Tile, *const u8, usize, &mut [f32]);
+
+/// The [`RowRunFn`] of a raw-row format with one column, if `isa` has one.
+pub(super) fn row_run(isa: Isa, fmt: Fmt) -> Option<RowRunFn> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            use x86::*;
+            match fmt {
+                Fmt::GemvQ4_0 => Some(run_q4_0_avx2),
+                Fmt::GemvQ5_0 => Some(run_q5_0_avx2),
+                Fmt::GemvQ8_0 => Some(run_q8_0_avx2),
+                Fmt::GemvQ4K => Some(run_q4k_avx2),
+                Fmt::GemvQ6K => Some(run_q6k_avx2),
+                _ => None,
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Vnni => {
+            use x86::*;
+            match fmt {
+                Fmt::GemvQ4_0 => Some(run_q4_0_vnni),
+                Fmt::GemvQ5_0 => Some(run_q5_0_vnni),
+                Fmt::GemvQ8_0 => Some(run_q8_0_vnni),
+                Fmt::GemvQ4K => Some(run_q4k_vnni),
+                Fmt::GemvQ6K => Some(run_q6k_vnni),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 /// Formats with tile kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Fmt {
@@ -1453,6 +1495,43 @@ mod x86 {
             }
         };
     }
+
+    /// The [`RowRunFn`](super::RowRunFn)s of one instruction set: each row
+    /// through the one-row, one-column body, inlined into one loop.
+    macro_rules! build_runs {
+        ($feat:literal, $dot:ty, $($name:ident => $body:path),* $(,)?) => {
+            $(
+                #[target_feature(enable = $feat)]
+                pub(super) unsafe fn $name(t: &mut Tile, a0: *const u8, stride: usize, out: &mut [f32]) {
+                    for (i, o) in out.iter_mut().enumerate() {
+                        t.a[0] = a0.wrapping_add(i * stride);
+                        // SAFETY: selected only when the CPU has these
+                        // features; RowRunFn contract (row i is valid).
+                        unsafe { $body(t) };
+                        *o = t.out[0][0];
+                    }
+                }
+            )*
+        };
+    }
+    build_runs!(
+        "avx2,fma,f16c",
+        Avx2,
+        run_q4_0_avx2 => gemv_q8_body::<Avx2, 1, 1, RAW_Q4_0>,
+        run_q5_0_avx2 => gemv_q8_body::<Avx2, 1, 1, RAW_Q5_0>,
+        run_q8_0_avx2 => gemv_q8_body::<Avx2, 1, 1, RAW_Q8_0>,
+        run_q4k_avx2 => gemv_q4k_body::<Avx2, 1, 1>,
+        run_q6k_avx2 => gemv_q6k_body::<Avx2, 1, 1>,
+    );
+    build_runs!(
+        "avx2,fma,f16c",
+        Vnni,
+        run_q4_0_vnni => gemv_q8_body::<Vnni, 1, 1, RAW_Q4_0>,
+        run_q5_0_vnni => gemv_q8_body::<Vnni, 1, 1, RAW_Q5_0>,
+        run_q8_0_vnni => gemv_q8_body::<Vnni, 1, 1, RAW_Q8_0>,
+        run_q4k_vnni => gemv_q4k_body::<Vnni, 1, 1>,
+        run_q6k_vnni => gemv_q6k_body::<Vnni, 1, 1>,
+    );
 
     build!(
         "avx2,fma,f16c",

@@ -65,7 +65,7 @@ use crate::error::{Error, Result};
 use crate::ops::{ops_outside, Op};
 use crate::tensor::{quant, GgmlType};
 use acts::{ActKind, Acts, SrcRow};
-use kern::{Fmt, Isa, KernFn, Tile, MR, NR};
+use kern::{Fmt, Isa, KernFn, RowRunFn, Tile, MR, NR};
 use packed::Packed;
 use rayon::prelude::*;
 
@@ -239,6 +239,9 @@ struct Run<'a> {
     jobs: &'a [Job],
     dst: &'a TView,
     kern: KernFn,
+    /// The one-column kernel over a task's whole run of raw rows (decode),
+    /// where the format has one.
+    row_run: Option<RowRunFn>,
     rm: usize,
     rn: usize,
     /// F32 rows and columns through the `gemm` crate instead of tile kernels.
@@ -313,13 +316,30 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
     let packed = if plan.fmt.packed() { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
+    let row_run =
+        if (rm, rn) == (1, 1) && plan.rows == RowMode::Direct { kern::row_run(plan.isa, plan.fmt) } else { None };
     let gemm = plan.fmt == Fmt::F32
         && plan.rows == RowMode::Direct
         && max_cols >= gemm_min_cols()
         && a.nb[1] % 4 == 0
         && jobs.iter().all(|j| (bytes.as_ptr() as usize).wrapping_add(j.a_off) % 4 == 0);
-    let run =
-        Run { plan, a: bytes, nb01: a.nb[1], row_bytes, m, k, acts, packed: &packed, jobs, dst, kern, rm, rn, gemm };
+    let run = Run {
+        plan,
+        a: bytes,
+        nb01: a.nb[1],
+        row_bytes,
+        m,
+        k,
+        acts,
+        packed: &packed,
+        jobs,
+        dst,
+        kern,
+        row_run,
+        rm,
+        rn,
+        gemm,
+    };
     let tasks = make_tasks(&run);
     tasks.par_iter().try_for_each_init(Scratch::default, |scr, t| run.task(t, scr))
 }
@@ -412,6 +432,14 @@ impl Run<'_> {
         let one_col_tile = t.c1 - t.c0 <= self.rn;
         if one_col_tile {
             self.set_cols(&mut tile, t, t.c0);
+            if let (Some(run), 1) = (self.row_run, ncol) {
+                let a0 = self.a[job.a_off + t.r0 * self.nb01..].as_ptr();
+                // SAFETY: rows r0..r1 of this matrix were bounds-checked
+                // against the weights in `execute` (raw rows: `Direct`);
+                // the column was checked by `act_len` and set above.
+                unsafe { run(&mut tile, a0, self.nb01, &mut scr.out[..nrow]) };
+                return self.store(t, &scr.out);
+            }
         }
         let mut r = t.r0;
         while r < t.r1 {
