@@ -15,8 +15,10 @@
 //! 3. inside a task, per weight type and column count:
 //!    * one to four columns (decode, small verify batches): fused kernels
 //!      reading raw Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks, each weight
-//!      row read from memory once for every column; one column of dense
-//!      F32/F16/BF16: 8-row kernels (`kern.rs`);
+//!      row read from memory once for every column; with one column a
+//!      task's rows run in one kernel loop (`RowRunFn`: no call, tile set-up
+//!      or result copy per row, which cost 6-8 % of a small model's decode
+//!      step); one column of dense F32/F16/BF16: 8-row kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
