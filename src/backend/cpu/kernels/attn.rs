@@ -419,6 +419,17 @@ impl<'a> Job<'a> {
         Ok(())
     }
 
+    /// A scaled score soft-capped (`softcap·tanh(s)`; unchanged without a
+    /// cap).
+    #[inline(always)]
+    fn capped(&self, s: f32) -> f32 {
+        if self.softcap != 0.0 {
+            self.softcap * s.tanh()
+        } else {
+            s
+        }
+    }
+
     /// The biased mask values of keys `blk0 .. blk0 + nb` for every row
     /// (`slope·mask`, 0 without a mask), and which keys some row sees.
     fn mask_block(&self, task: &Task, blk0: usize, nb: usize, sc: &mut Scratch) {
@@ -439,8 +450,14 @@ impl<'a> Job<'a> {
                 mrow.iter_mut().for_each(|x| *x *= slope);
             }
         }
-        for j in 0..nb {
-            sc.active[j] = (0..nt).any(|t| sc.mblk[t * KV_BLOCK + j] != f32::NEG_INFINITY);
+        // Row by row along the keys (contiguous): a key is active if some
+        // row sees it.
+        sc.active[..nb].iter_mut().for_each(|a| *a = false);
+        for t in 0..nt {
+            let mrow = &sc.mblk[t * KV_BLOCK..t * KV_BLOCK + nb];
+            for (a, &mv) in sc.active[..nb].iter_mut().zip(mrow) {
+                *a |= mv != f32::NEG_INFINITY;
+            }
         }
     }
 
@@ -452,15 +469,22 @@ impl<'a> Job<'a> {
     fn score_block(&self, task: &Task, blk0: usize, blk1: usize, kmax: usize, sc: &mut Scratch) -> Result<()> {
         let (d, nt, nb) = (self.d, task.rows(), blk1 - blk0);
         let (ik2, ik3, _, _) = self.kv_heads(task);
-        let k_f16 = self.f16;
-        if k_f16 {
+        if self.f16 {
             // The block's F16 rows (every head of each cell, one stream)
             // dotted with every query row at once.
             let blk = self.k.f16_block(blk0, nb, kmax, ik3, &sc.koff[..nt], &sc.active[..nb])?;
             (self.ops.scores_f16)(&blk, &sc.qf[..nt * d], &mut sc.sblk, &mut sc.conv);
-        } else {
-            self.k.prefetch(blk1..(blk1 + KV_BLOCK).min(task.ic1), ik2, ik3);
+            // Row by row along the keys (contiguous), each score as below:
+            // a key no row sees is masked (-inf) in every row.
+            for t in 0..nt {
+                let row = t * KV_BLOCK..t * KV_BLOCK + nb;
+                for (s, &mv) in sc.sblk[row.clone()].iter_mut().zip(&sc.mblk[row]) {
+                    *s = if mv == f32::NEG_INFINITY { mv } else { self.capped(*s * self.scale) + mv };
+                }
+            }
+            return Ok(());
         }
+        self.k.prefetch(blk1..(blk1 + KV_BLOCK).min(task.ic1), ik2, ik3);
         for j in 0..nb {
             if !sc.active[j] {
                 for t in 0..nt {
@@ -470,7 +494,6 @@ impl<'a> Job<'a> {
             }
             let ic = blk0 + j;
             let krow = match self.kdot {
-                KDot::Float { .. } if k_f16 => &[][..],
                 KDot::Float { .. } => {
                     self.k.row_f32(ic, ik2, ik3, &mut sc.kf)?;
                     &[][..]
@@ -484,15 +507,10 @@ impl<'a> Job<'a> {
                     continue;
                 }
                 let dot = match self.kdot {
-                    KDot::Float { .. } if k_f16 => sc.sblk[t * KV_BLOCK + j],
                     KDot::Float { .. } => (self.ops.dot)(&sc.qf[t * d..(t + 1) * d], &sc.kf),
                     KDot::Block { qrb, dot, .. } => dot(d, krow, &sc.qbytes[t * qrb..(t + 1) * qrb]),
                 };
-                let mut s = dot * self.scale;
-                if self.softcap != 0.0 {
-                    s = self.softcap * s.tanh();
-                }
-                sc.sblk[t * KV_BLOCK + j] = s + mv;
+                sc.sblk[t * KV_BLOCK + j] = self.capped(dot * self.scale) + mv;
             }
         }
         Ok(())
