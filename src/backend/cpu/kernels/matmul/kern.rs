@@ -116,29 +116,9 @@ pub(super) type RowRunFn = unsafe fn(&mut Tile, *const u8, usize, &mut [f32]);
 pub(super) fn row_run(isa: Isa, fmt: Fmt) -> Option<RowRunFn> {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            use x86::*;
-            match fmt {
-                Fmt::GemvQ4_0 => Some(run_q4_0_avx2),
-                Fmt::GemvQ5_0 => Some(run_q5_0_avx2),
-                Fmt::GemvQ8_0 => Some(run_q8_0_avx2),
-                Fmt::GemvQ4K => Some(run_q4k_avx2),
-                Fmt::GemvQ6K => Some(run_q6k_avx2),
-                _ => None,
-            }
-        }
+        Isa::Avx2 => x86::row_run_of::<x86::Avx2>(fmt),
         #[cfg(target_arch = "x86_64")]
-        Isa::Vnni => {
-            use x86::*;
-            match fmt {
-                Fmt::GemvQ4_0 => Some(run_q4_0_vnni),
-                Fmt::GemvQ5_0 => Some(run_q5_0_vnni),
-                Fmt::GemvQ8_0 => Some(run_q8_0_vnni),
-                Fmt::GemvQ4K => Some(run_q4k_vnni),
-                Fmt::GemvQ6K => Some(run_q6k_vnni),
-                _ => None,
-            }
-        }
+        Isa::Vnni => x86::row_run_of::<x86::Vnni>(fmt),
         _ => None,
     }
 }
@@ -1496,42 +1476,44 @@ mod x86 {
         };
     }
 
-    /// The [`RowRunFn`](super::RowRunFn)s of one instruction set: each row
-    /// through the one-row, one-column body, inlined into one loop.
-    macro_rules! build_runs {
-        ($feat:literal, $dot:ty, $($name:ident => $body:path),* $(,)?) => {
-            $(
-                #[target_feature(enable = $feat)]
-                pub(super) unsafe fn $name(t: &mut Tile, a0: *const u8, stride: usize, out: &mut [f32]) {
-                    for (i, o) in out.iter_mut().enumerate() {
-                        t.a[0] = a0.wrapping_add(i * stride);
-                        // SAFETY: selected only when the CPU has these
-                        // features; RowRunFn contract (row i is valid).
-                        unsafe { $body(t) };
-                        *o = t.out[0][0];
-                    }
+    /// Q4_K and Q6_K raw rows, numbered beside [`RAW_Q4_0`] .. for
+    /// [`run_rows`].
+    const RAW_Q4K: u8 = 3;
+    const RAW_Q6K: u8 = 4;
+
+    /// The [`RowRunFn`](super::RowRunFn) of raw format `F` with dot `D`:
+    /// each row through the one-row, one-column body, inlined into one
+    /// loop. (VNNI's dot is `asm!`, so both dots build with these features.)
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_rows<D: Dot, const F: u8>(t: &mut Tile, a0: *const u8, stride: usize, out: &mut [f32]) {
+        for (i, o) in out.iter_mut().enumerate() {
+            t.a[0] = a0.wrapping_add(i * stride);
+            // SAFETY: selected only when the CPU has these features;
+            // RowRunFn contract (row i is valid).
+            unsafe {
+                match F {
+                    RAW_Q4K => gemv_q4k_body::<D, 1, 1>(t),
+                    RAW_Q6K => gemv_q6k_body::<D, 1, 1>(t),
+                    _ => gemv_q8_body::<D, 1, 1, F>(t),
                 }
-            )*
-        };
+            }
+            *o = t.out[0][0];
+        }
     }
-    build_runs!(
-        "avx2,fma,f16c",
-        Avx2,
-        run_q4_0_avx2 => gemv_q8_body::<Avx2, 1, 1, RAW_Q4_0>,
-        run_q5_0_avx2 => gemv_q8_body::<Avx2, 1, 1, RAW_Q5_0>,
-        run_q8_0_avx2 => gemv_q8_body::<Avx2, 1, 1, RAW_Q8_0>,
-        run_q4k_avx2 => gemv_q4k_body::<Avx2, 1, 1>,
-        run_q6k_avx2 => gemv_q6k_body::<Avx2, 1, 1>,
-    );
-    build_runs!(
-        "avx2,fma,f16c",
-        Vnni,
-        run_q4_0_vnni => gemv_q8_body::<Vnni, 1, 1, RAW_Q4_0>,
-        run_q5_0_vnni => gemv_q8_body::<Vnni, 1, 1, RAW_Q5_0>,
-        run_q8_0_vnni => gemv_q8_body::<Vnni, 1, 1, RAW_Q8_0>,
-        run_q4k_vnni => gemv_q4k_body::<Vnni, 1, 1>,
-        run_q6k_vnni => gemv_q6k_body::<Vnni, 1, 1>,
-    );
+
+    /// The [`RowRunFn`](super::RowRunFn) of `fmt` with dot `D`, if `fmt`
+    /// reads raw rows.
+    pub(super) fn row_run_of<D: Dot>(fmt: super::Fmt) -> Option<super::RowRunFn> {
+        use super::Fmt;
+        Some(match fmt {
+            Fmt::GemvQ4_0 => run_rows::<D, RAW_Q4_0>,
+            Fmt::GemvQ5_0 => run_rows::<D, RAW_Q5_0>,
+            Fmt::GemvQ8_0 => run_rows::<D, RAW_Q8_0>,
+            Fmt::GemvQ4K => run_rows::<D, RAW_Q4K>,
+            Fmt::GemvQ6K => run_rows::<D, RAW_Q6K>,
+            _ => return None,
+        })
+    }
 
     build!(
         "avx2,fma,f16c",
