@@ -68,6 +68,36 @@ impl TensorStorage {
         self.slots[id.index()] = Some((buffer, offset));
     }
 
+    /// Places storage owner `id` of `ctx` at byte `offset` of `buffer`
+    /// (memory allocated elsewhere, such as a ggml buffer of an embedding
+    /// engine: shardgraph's ggml backend library binds the tensors of each
+    /// graph it receives where ggml's allocator put them). The buffer is
+    /// added once however many tensors it holds.
+    ///
+    /// # Errors
+    /// [`Error::ForeignTensor`] if the storage holds another context's
+    /// tensors; [`Error::InvalidOperand`] if `id` is a view (views follow
+    /// their owner); [`Error::OutOfBounds`] if the tensor's bytes leave the
+    /// buffer.
+    pub fn place_in(&mut self, ctx: &Context, id: TensorId, buffer: &Arc<dyn Buffer>, offset: usize) -> Result<()> {
+        self.bind_ctx(ctx)?;
+        let t = ctx.tensor(id)?;
+        if t.view_src.is_some() {
+            return Err(Error::operand("place_in", "id", format!("{} is a view", t.describe())));
+        }
+        if offset.checked_add(t.nbytes()).is_none_or(|e| e > buffer.size()) {
+            return Err(Error::OutOfBounds {
+                detail: format!("{} at byte {offset} of a {}-byte buffer", t.describe(), buffer.size()),
+            });
+        }
+        let bi = match self.buffers.iter().position(|b| Arc::ptr_eq(b, buffer)) {
+            Some(i) => i,
+            None => self.add_buffer(buffer.clone()),
+        };
+        self.place(id, bi, offset);
+        Ok(())
+    }
+
     /// True if `id` (or, for a view, its storage owner) has storage.
     pub fn has_storage(&self, ctx: &Context, id: TensorId) -> bool {
         self.locate(ctx, id).is_ok()

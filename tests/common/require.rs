@@ -11,6 +11,7 @@
 //! | `hipcc` on `PATH` | `SHARDGRAPH_REQUIRE_HIPCC` | hip_kernels (hipcc) |
 //! | hipRTC (ROCm's run-time compiler) | `SHARDGRAPH_REQUIRE_HIPRTC` | hip_kernels (hipRTC) |
 //! | a C++ compiler (`c++`) and binutils' `nm` | `SHARDGRAPH_REQUIRE_CXX` | shardgraph-capi's c_api |
+//! | llama.cpp's source and tools (`scripts/setup.sh` builds them from the llama-cpp-python 0.3.36 source, cached in `~/.cache/shardgraph`) | `SHARDGRAPH_REQUIRE_LLAMA_TOOLS` | shardgraph-ggml's layout and ggml_backend tests |
 //! | a GPU | `SHARDGRAPH_REQUIRE_GPU` | cuda_backend, cuda_kernels, hip_backend, the split tests on GPU devices, the cuda bench |
 #![allow(dead_code)]
 
@@ -27,6 +28,8 @@ pub enum Tool {
     Hiprtc,
     /// A C++ compiler (`c++`) and `nm`.
     Cxx,
+    /// llama.cpp's source tree and its built tools (`test-backend-ops`, …).
+    LlamaTools,
     /// A GPU the backend opens.
     Gpu,
 }
@@ -40,6 +43,7 @@ impl Tool {
             Tool::Hipcc => "SHARDGRAPH_REQUIRE_HIPCC",
             Tool::Hiprtc => "SHARDGRAPH_REQUIRE_HIPRTC",
             Tool::Cxx => "SHARDGRAPH_REQUIRE_CXX",
+            Tool::LlamaTools => "SHARDGRAPH_REQUIRE_LLAMA_TOOLS",
             Tool::Gpu => "SHARDGRAPH_REQUIRE_GPU",
         }
     }
@@ -52,6 +56,7 @@ impl Tool {
             Tool::Hipcc => "hipcc",
             Tool::Hiprtc => "hipRTC",
             Tool::Cxx => "a C++ compiler (`c++`) or binutils' `nm`",
+            Tool::LlamaTools => "llama.cpp's source and tools (scripts/setup.sh)",
             Tool::Gpu => "a GPU",
         }
     }

@@ -350,6 +350,14 @@ impl CpuBuffer {
         Ok(CpuBuffer { ptr, size, mem: Mem::Map(map), busy: Mutex::new(()) })
     }
 
+    /// The address of the first byte. Host memory, valid while the buffer
+    /// lives; an embedding engine that shares it (shardgraph's ggml backend
+    /// library gives it to ggml as the buffer's base) must not touch it
+    /// while a compute runs on the buffer.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// Exclusive access to the memory (poisoning is ignored: the memory is plain bytes).
     fn lock(&self) -> MutexGuard<'_, ()> {
         self.busy.lock().unwrap_or_else(|p| p.into_inner())

@@ -1,0 +1,327 @@
+//! A ggml graph as a shardgraph graph: every ggml node becomes the
+//! shardgraph op of the same ggml name, built with the core's checked
+//! constructors from the node's operands and `op_params` (laid out as
+//! ggml 0.25.3's `ggml.c` packs them), and then compared with the node:
+//! type, shape and, where memory is bound, the very address ggml gave it.
+//! Whatever does not translate exactly is an error naming the node, which
+//! `supports_op` turns into "not supported" (ggml's scheduler then gives
+//! the node to another backend).
+//!
+//! Leaves (weights, caches, inputs, results of earlier graphs) become
+//! tensors placed where their bytes are: the ggml buffer they lie in and the
+//! offset from its base. Shape-only ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE)
+//! are rebuilt from their sources wherever they appear, so a strided view of
+//! a cache costs nothing and lands on the same bytes.
+
+use crate::ffi::{ggml_tensor, GGML_MAX_SRC};
+use crate::ggml::{name, Ggml};
+use shardgraph::{
+    Context, GgmlType, GluOp, Graph, Op, RopeMode, RopeParams, SortOrder, TensorId, TensorStorage, UnaryOp,
+};
+use std::collections::{HashMap, HashSet};
+
+/// Where a ggml tensor's bytes are, in shardgraph's terms: a buffer of
+/// this library and the byte offset of the tensor's first byte.
+pub(crate) type Locate<'a> =
+    dyn Fn(&ggml_tensor) -> Result<(std::sync::Arc<dyn shardgraph::backend::Buffer>, usize), String> + 'a;
+
+/// A translated graph, ready to compute.
+pub(crate) struct Translated {
+    pub(crate) ctx: Context,
+    pub(crate) graph: Graph,
+    pub(crate) storage: TensorStorage,
+}
+
+/// Translates ggml tensors into one shardgraph context.
+pub(crate) struct Translator<'a> {
+    g: &'a Ggml,
+    ctx: Context,
+    map: HashMap<*const ggml_tensor, TensorId>,
+    /// The nodes of the graph being translated (others are leaves).
+    nodes: HashSet<*const ggml_tensor>,
+    /// Binds leaves and results to their bytes; `None` for `supports_op`.
+    locate: Option<&'a Locate<'a>>,
+    storage: TensorStorage,
+    /// Each translated tensor that is not a view in our context, with the
+    /// ggml tensor it stands for (placed after translation).
+    owners: Vec<(TensorId, *const ggml_tensor)>,
+}
+
+fn f32_param(t: &ggml_tensor, i: usize) -> f32 {
+    f32::from_bits(t.op_params[i] as u32)
+}
+
+fn tensor_name(t: &ggml_tensor) -> String {
+    let bytes: Vec<u8> = t.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// ggml's name of `t`'s op ("MUL_MAT", "UNARY", …).
+pub(crate) fn op_name(g: &Ggml, t: &ggml_tensor) -> String {
+    // SAFETY: ggml_op_name accepts any op value of a tensor ggml made.
+    name(unsafe { (g.op_name)(t.op) })
+}
+
+/// The strides of a packed tensor of type `ty` and shape `ne` (ggml's
+/// `ggml_new_tensor`).
+fn packed_nb(ty: GgmlType, ne: &[i64; 4]) -> [usize; 4] {
+    let mut nb = [0usize; 4];
+    nb[0] = ty.type_size();
+    nb[1] = ty.row_size(ne[0]).unwrap_or(0);
+    nb[2] = nb[1] * ne[1] as usize;
+    nb[3] = nb[2] * ne[2] as usize;
+    nb
+}
+
+impl<'a> Translator<'a> {
+    /// A translator of the graph whose nodes are `nodes`; with `locate`,
+    /// every tensor is bound to its bytes.
+    pub(crate) fn new(g: &'a Ggml, nodes: &[*mut ggml_tensor], locate: Option<&'a Locate<'a>>) -> Self {
+        Translator {
+            g,
+            ctx: Context::new(),
+            map: HashMap::new(),
+            nodes: nodes.iter().map(|&p| p as *const ggml_tensor).collect(),
+            locate,
+            storage: TensorStorage::new(),
+            owners: Vec::new(),
+        }
+    }
+
+    /// Translates `t` (and what it reads), once.
+    ///
+    /// # Safety
+    /// `t` and every tensor it reaches through `src` and `view_src` are
+    /// live ggml tensors.
+    pub(crate) unsafe fn tensor(&mut self, t: *const ggml_tensor) -> Result<TensorId, String> {
+        if let Some(&id) = self.map.get(&t) {
+            return Ok(id);
+        }
+        // SAFETY: the caller's promise.
+        let tr = unsafe { &*t };
+        let op = op_name(self.g, tr);
+        let shape_only = matches!(op.as_str(), "VIEW" | "RESHAPE" | "PERMUTE" | "TRANSPOSE");
+        let id = if shape_only || (op != "NONE" && self.nodes.contains(&t)) {
+            let mut srcs = [None; GGML_MAX_SRC];
+            for (i, s) in tr.src.iter().enumerate() {
+                if !s.is_null() {
+                    // SAFETY: as above.
+                    srcs[i] = Some(unsafe { self.tensor(*s) }?);
+                }
+            }
+            let id = self.op(tr, &op, &srcs).map_err(|e| format!("{op} {:?}: {e}", tensor_name(tr)))?;
+            self.check(tr, id, &op)?;
+            id
+        } else {
+            self.leaf(tr)?
+        };
+        if self.ctx.tensor(id).map_err(|e| e.to_string())?.view_src.is_none() {
+            self.owners.push((id, t));
+        }
+        self.map.insert(t, id);
+        Ok(id)
+    }
+
+    /// A tensor whose bytes exist before the graph runs.
+    fn leaf(&mut self, t: &ggml_tensor) -> Result<TensorId, String> {
+        let ty = GgmlType::from_id(t.type_ as u32).map_err(|e| e.to_string())?;
+        let id = self.ctx.new_tensor(ty, &t.ne).map_err(|e| e.to_string())?;
+        let n = tensor_name(t);
+        if !n.is_empty() {
+            self.ctx.set_name(id, &n).map_err(|e| e.to_string())?;
+        }
+        if t.nb != packed_nb(ty, &t.ne) {
+            return Err(format!("leaf {n:?} is not packed (nb {:?})", t.nb));
+        }
+        Ok(id)
+    }
+
+    /// Our op for ggml node `t` with operands `s`.
+    fn op(&mut self, t: &ggml_tensor, op: &str, s: &[Option<TensorId>; GGML_MAX_SRC]) -> shardgraph::Result<TensorId> {
+        let c = &mut self.ctx;
+        let need = |i: usize| s[i].ok_or_else(|| bad("ggml", "src", format!("src{i} missing")));
+        let p = &t.op_params;
+        let a = need(0)?;
+        let id = match op {
+            "DUP" => c.dup(a)?,
+            "CPY" => c.cpy(a, need(1)?)?,
+            "CONT" => c.cont_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3])?,
+            "RESHAPE" => c.reshape_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3])?,
+            "VIEW" => {
+                let offs = t.view_offs;
+                c.view_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3], t.nb[1], t.nb[2], t.nb[3], offs)?
+            }
+            "PERMUTE" => c.permute(a, [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])?,
+            "TRANSPOSE" => c.transpose(a)?,
+            "GET_ROWS" => c.get_rows(a, need(1)?)?,
+            "SET_ROWS" => c.set_rows(a, need(1)?, need(2)?)?,
+            "CONCAT" => c.concat(a, need(1)?, p[0] as usize)?,
+            "REPEAT" => c.repeat_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3])?,
+            "PAD" if p[8] == 0 => c.pad_ext(a, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])?,
+            "ADD" => c.add(a, need(1)?)?,
+            "SUB" => c.sub(a, need(1)?)?,
+            "MUL" => c.mul(a, need(1)?)?,
+            "DIV" => c.div(a, need(1)?)?,
+            "ADD1" => c.add1(a, need(1)?)?,
+            "ADD_ID" => c.add_id(a, need(1)?, need(2)?)?,
+            "SCALE" => c.scale_bias(a, f32_param(t, 0), f32_param(t, 1))?,
+            "CLAMP" => c.clamp(a, f32_param(t, 0), f32_param(t, 1))?,
+            "SQR" => c.sqr(a)?,
+            "SQRT" => c.sqrt(a)?,
+            "UNARY" => {
+                // SAFETY: ggml_unary_op_name accepts any value (out of range: null).
+                let u = name(unsafe { (self.g.unary_op_name)(p[0]) }).to_ascii_lowercase();
+                let f = UNARY
+                    .iter()
+                    .find(|f| f.name() == u)
+                    .ok_or_else(|| bad("unary", "op", format!("{u} is not supported")))?;
+                c.unary(a, *f)?
+            }
+            "GLU" => {
+                // SAFETY: as above.
+                let u = name(unsafe { (self.g.glu_op_name)(p[0]) }).to_ascii_lowercase();
+                let f = match u.as_str() {
+                    "swiglu" => GluOp::Swiglu,
+                    "geglu" => GluOp::Geglu,
+                    _ => return Err(bad("glu", "op", format!("{u} is not supported"))),
+                };
+                match s[1] {
+                    Some(b) => c.glu_split(a, b, f)?,
+                    None => c.glu(a, f, p[1] != 0)?,
+                }
+            }
+            "FILL" => c.fill(a, f32_param(t, 0))?,
+            "SUM" => c.sum(a)?,
+            "SUM_ROWS" => c.sum_rows(a)?,
+            "MEAN" => c.mean(a)?,
+            "ARGMAX" => c.argmax(a)?,
+            "TOP_K" => c.top_k(a, t.ne[0] as i32)?,
+            "ARGSORT" => c.argsort(a, if p[0] == 0 { SortOrder::Asc } else { SortOrder::Desc })?,
+            "RMS_NORM" => c.rms_norm(a, f32_param(t, 0))?,
+            "NORM" => c.norm(a, f32_param(t, 0))?,
+            "L2_NORM" => c.l2_norm(a, f32_param(t, 0))?,
+            "SOFT_MAX" => {
+                let r = c.soft_max_ext(a, s[1], f32_param(t, 0), f32_param(t, 1))?;
+                match s[2] {
+                    Some(sinks) => c.soft_max_add_sinks(r, sinks)?,
+                    None => r,
+                }
+            }
+            "ROPE" if p[15] == 0 => {
+                let mode = [RopeMode::Normal, RopeMode::Neox, RopeMode::Mrope, RopeMode::Imrope]
+                    .into_iter()
+                    .find(|m| m.ggml_mode() == p[2])
+                    .ok_or_else(|| bad("rope", "mode", format!("mode {} is not supported", p[2])))?;
+                let params = RopeParams {
+                    n_dims: p[1],
+                    mode,
+                    n_ctx_orig: p[4],
+                    freq_base: f32_param(t, 5),
+                    freq_scale: f32_param(t, 6),
+                    ext_factor: f32_param(t, 7),
+                    attn_factor: f32_param(t, 8),
+                    beta_fast: f32_param(t, 9),
+                    beta_slow: f32_param(t, 10),
+                    sections: [p[11], p[12], p[13], p[14]],
+                };
+                match mode {
+                    RopeMode::Normal | RopeMode::Neox => c.rope_ext(a, need(1)?, s[2], params)?,
+                    _ => c.rope_multi(a, need(1)?, s[2], params)?,
+                }
+            }
+            "MUL_MAT" => c.mul_mat(a, need(1)?)?,
+            "MUL_MAT_ID" => c.mul_mat_id(a, need(1)?, need(2)?)?,
+            "FLASH_ATTN_EXT" => {
+                let r =
+                    c.flash_attn_ext(a, need(1)?, need(2)?, s[3], f32_param(t, 0), f32_param(t, 1), f32_param(t, 2))?;
+                match s[4] {
+                    Some(sinks) => c.flash_attn_ext_add_sinks(r, sinks)?,
+                    None => r,
+                }
+            }
+            "SSM_CONV" => c.ssm_conv(a, need(1)?)?,
+            "GATED_DELTA_NET" => c.gated_delta_net(a, need(1)?, need(2)?, need(3)?, need(4)?, need(5)?, p[0] as i64)?,
+            _ => return Err(bad("ggml", "op", format!("{op} is not supported"))),
+        };
+        let n = tensor_name(t);
+        if !n.is_empty() {
+            c.set_name(id, &n)?;
+        }
+        Ok(id)
+    }
+
+    /// Checks our tensor against ggml's: type, shape, strides.
+    fn check(&self, t: &ggml_tensor, id: TensorId, op: &str) -> Result<(), String> {
+        let ours = self.ctx.tensor(id).map_err(|e| e.to_string())?;
+        if ours.ty.id() != t.type_ as u32 || ours.ne != t.ne || ours.nb != t.nb {
+            return Err(format!(
+                "{op} {:?}: ggml has type {} ne {:?} nb {:?}, shardgraph {} ne {:?} nb {:?}",
+                tensor_name(t),
+                // SAFETY: ggml_type_name accepts any type id (unknown: null).
+                name(unsafe { (self.g.type_name)(t.type_) }),
+                t.ne,
+                t.nb,
+                ours.ty.name(),
+                ours.ne,
+                ours.nb
+            ));
+        }
+        if !matches!(ours.op, Op::None) && ours.view_src.is_none() && !t.view_src.is_null() && !ours.op.can_inplace() {
+            return Err(format!(
+                "{op} {:?} writes into its source, which shardgraph does not do for it",
+                tensor_name(t)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Binds every tensor to its bytes and checks each lands where ggml put
+    /// it; builds the graph of `outputs`.
+    ///
+    /// # Safety
+    /// Every translated ggml tensor is still live.
+    pub(crate) unsafe fn finish(mut self, outputs: &[TensorId]) -> Result<Translated, String> {
+        let locate = self.locate.ok_or("no memory to bind")?;
+        for &(id, t) in &self.owners {
+            // SAFETY: the caller's promise.
+            let (buf, off) = locate(unsafe { &*t })?;
+            self.storage.place_in(&self.ctx, id, &buf, off).map_err(|e| e.to_string())?;
+        }
+        for (&t, &id) in &self.map {
+            // SAFETY: as above.
+            let (buf, off) = locate(unsafe { &*t })?;
+            let (b, o) = self.storage.locate(&self.ctx, id).map_err(|e| e.to_string())?;
+            if !std::sync::Arc::ptr_eq(b, &buf) || o != off {
+                // SAFETY: as above.
+                let n = tensor_name(unsafe { &*t });
+                return Err(format!("{n:?} is at byte {off} for ggml but at {o} for shardgraph"));
+            }
+        }
+        let graph = self.ctx.build_forward(outputs).map_err(|e| e.to_string())?;
+        Ok(Translated { ctx: self.ctx, graph, storage: self.storage })
+    }
+
+    /// The context (for `supports_op`'s backend check).
+    pub(crate) fn context(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+/// Every unary op shardgraph runs, matched by ggml's name.
+const UNARY: [UnaryOp; 10] = [
+    UnaryOp::Abs,
+    UnaryOp::Neg,
+    UnaryOp::Tanh,
+    UnaryOp::Relu,
+    UnaryOp::Sigmoid,
+    UnaryOp::Gelu,
+    UnaryOp::GeluQuick,
+    UnaryOp::Silu,
+    UnaryOp::Exp,
+    UnaryOp::Softplus,
+];
+
+/// An operand shardgraph does not take from ggml.
+fn bad(op: &'static str, operand: &'static str, detail: String) -> shardgraph::Error {
+    shardgraph::Error::InvalidOperand { op, operand, detail }
+}
