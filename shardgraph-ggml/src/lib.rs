@@ -530,7 +530,13 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
         let b = t.buffer;
         // SAFETY: a non-null buffer of a live tensor is live.
         if b.is_null() || unsafe { (*b).buft } != s.buft {
-            return Err("a tensor outside the SG device's buffers".into());
+            let name: Vec<u8> = t.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+            return Err(format!(
+                "{:?} (op {}) lies outside the SG device's buffers ({})",
+                String::from_utf8_lossy(&name),
+                translate::op_name(g, t),
+                if b.is_null() { "in no buffer" } else { "in another backend's buffer" }
+            ));
         }
         // SAFETY: ours (checked above).
         let bc = unsafe { buf_ctx(b) };
@@ -540,8 +546,14 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
     let mut tr = translate::Translator::new(g, &nodes, Some(&locate));
     let mut outputs = Vec::with_capacity(nodes.len());
     for &t in &nodes {
+        // A shape-only node computes nothing: it is translated where a node
+        // reads it (ggml's scheduler may list one whose source lies in
+        // another backend's memory, which it copies for the readers).
         // SAFETY: ggml's live nodes.
-        outputs.push(unsafe { tr.tensor(t) }?);
+        if !translate::is_shape_only(g, unsafe { &*t }) {
+            // SAFETY: as above.
+            outputs.push(unsafe { tr.tensor(t) }?);
+        }
     }
     if outputs.is_empty() {
         return Ok(());

@@ -62,6 +62,12 @@ pub(crate) fn op_name(g: &Ggml, t: &ggml_tensor) -> String {
     name(unsafe { (g.op_name)(t.op) })
 }
 
+/// True for ggml's shape-only ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE),
+/// which compute nothing.
+pub(crate) fn is_shape_only(g: &Ggml, t: &ggml_tensor) -> bool {
+    matches!(op_name(g, t).as_str(), "VIEW" | "RESHAPE" | "PERMUTE" | "TRANSPOSE")
+}
+
 /// The strides of a packed tensor of type `ty` and shape `ne` (ggml's
 /// `ggml_new_tensor`).
 fn packed_nb(ty: GgmlType, ne: &[i64; 4]) -> [usize; 4] {
@@ -100,7 +106,7 @@ impl<'a> Translator<'a> {
         // SAFETY: the caller's promise.
         let tr = unsafe { &*t };
         let op = op_name(self.g, tr);
-        let shape_only = matches!(op.as_str(), "VIEW" | "RESHAPE" | "PERMUTE" | "TRANSPOSE");
+        let shape_only = is_shape_only(self.g, tr);
         let id = if shape_only || (op != "NONE" && self.nodes.contains(&t)) {
             let mut srcs = [None; GGML_MAX_SRC];
             for (i, s) in tr.src.iter().enumerate() {
@@ -110,7 +116,7 @@ impl<'a> Translator<'a> {
                 }
             }
             let id = self.op(tr, &op, &srcs).map_err(|e| format!("{op} {:?}: {e}", tensor_name(tr)))?;
-            self.check(tr, id, &op)?;
+            self.check(tr, id, &op, &srcs)?;
             id
         } else {
             self.leaf(tr)?
@@ -154,7 +160,8 @@ impl<'a> Translator<'a> {
             "PERMUTE" => c.permute(a, [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])?,
             "TRANSPOSE" => c.transpose(a)?,
             "GET_ROWS" => c.get_rows(a, need(1)?)?,
-            "SET_ROWS" => c.set_rows(a, need(1)?, need(2)?)?,
+            // ggml's sources are [rows, indices, destination].
+            "SET_ROWS" => c.set_rows(need(2)?, a, need(1)?)?,
             "CONCAT" => c.concat(a, need(1)?, p[0] as usize)?,
             "REPEAT" => c.repeat_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3])?,
             "PAD" if p[8] == 0 => c.pad_ext(a, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])?,
@@ -250,9 +257,20 @@ impl<'a> Translator<'a> {
         Ok(id)
     }
 
-    /// Checks our tensor against ggml's: type, shape, strides.
-    fn check(&self, t: &ggml_tensor, id: TensorId, op: &str) -> Result<(), String> {
+    /// Checks our tensor against ggml's: type, shape, strides, and each
+    /// source in ggml's position.
+    fn check(
+        &self,
+        t: &ggml_tensor,
+        id: TensorId,
+        op: &str,
+        srcs: &[Option<TensorId>; GGML_MAX_SRC],
+    ) -> Result<(), String> {
         let ours = self.ctx.tensor(id).map_err(|e| e.to_string())?;
+        let theirs: Vec<TensorId> = srcs.iter().map_while(|s| *s).collect();
+        if ours.src.as_slice() != theirs.as_slice() {
+            return Err(format!("{op} {:?}: shardgraph's sources are not ggml's, in ggml's order", tensor_name(t)));
+        }
         if ours.ty.id() != t.type_ as u32 || ours.ne != t.ne || ours.nb != t.nb {
             return Err(format!(
                 "{op} {:?}: ggml has type {} ne {:?} nb {:?}, shardgraph {} ne {:?} nb {:?}",
