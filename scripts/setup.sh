@@ -67,8 +67,50 @@ if ! command -v hipcc >/dev/null; then
          "install it with: sudo apt-get install hipcc libamdhip64-dev (Debian 12), or ROCm's own packages"
   fi
 fi
+# llama.cpp's own source and tools, for shardgraph-ggml (the ggml backend
+# library): the llama-cpp-python 0.3.36 source distribution (the tree its
+# libllama was built from: ggml 0.25.3's headers, tests/test-backend-ops.cpp)
+# unpacked into the cache folder, and ggml's test-backend-ops built from it
+# (cmake and ninja from pip; about 4 minutes on 2 cores, once per CPU: the
+# build is -march=native, so a marker records the CPU's flags).
+CACHE=${SHARDGRAPH_CACHE:-$HOME/.cache/shardgraph}
+LLAMA_SDIST=llama_cpp_python-0.3.36
+LLAMA_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMA_SRC="$CACHE/$LLAMA_SDIST/vendor/llama.cpp"
+if [ ! -f "$LLAMA_SRC/ggml/src/ggml-backend-impl.h" ]; then
+  echo "setup: fetching llama.cpp's source ($LLAMA_SDIST.tar.gz, 77 MB) into $CACHE"
+  mkdir -p "$CACHE"
+  .venv/bin/python - "$CACHE" "$LLAMA_SDIST" "$LLAMA_SHA256" <<'PY'
+import hashlib, re, sys, tarfile, urllib.request, os
+cache, name, sha = sys.argv[1:4]
+index = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-python/").read().decode()
+url = next(u for u in re.findall(r'href="([^"#]+)', index) if u.endswith(name + ".tar.gz"))
+data = urllib.request.urlopen(url).read()
+if hashlib.sha256(data).hexdigest() != sha:
+    sys.exit(f"setup: {url} does not have the pinned sha256 {sha}")
+path = os.path.join(cache, name + ".tar.gz")
+open(path, "wb").write(data)
+with tarfile.open(path) as t:
+    t.extractall(cache)
+os.remove(path)
+PY
+fi
+if ! .venv/bin/python -c "import cmake, ninja" 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check cmake ninja
+fi
+LLAMA_BUILD="$CACHE/llama-0.3.36-build"
+LLAMA_MARK="src:$LLAMA_SRC cpu:$(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)"
+if [ ! -x "$LLAMA_BUILD/bin/test-backend-ops" ] || [ "$(cat "$LLAMA_BUILD/.shardgraph-mark" 2>/dev/null)" != "$LLAMA_MARK" ]; then
+  echo "setup: building llama.cpp's test-backend-ops in $LLAMA_BUILD (about 4 minutes on 2 cores)"
+  rm -rf "$LLAMA_BUILD"
+  PATH="$PWD/.venv/bin:$PATH" cmake -S "$LLAMA_SRC" -B "$LLAMA_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON -DBUILD_SHARED_LIBS=ON >/dev/null
+  PATH="$PWD/.venv/bin:$PATH" ninja -C "$LLAMA_BUILD" test-backend-ops >/dev/null
+  echo "$LLAMA_MARK" > "$LLAMA_BUILD/.shardgraph-mark"
+fi
 .venv/bin/python -c "import ggml, os; print('setup: ggml oracle at', os.path.join(os.path.dirname(ggml.__file__), 'lib'))"
 .venv/bin/python -c "import gguf, importlib.metadata as m; print('setup: gguf', m.version('gguf'), 'at', gguf.__path__[0])"
 .venv/bin/python -c "import importlib.metadata as m; print('setup: llama-cpp-python', m.version('llama_cpp_python'))"
 .venv/bin/python -c "import importlib.metadata as m, glob, sys; d = glob.glob(sys.prefix + '/lib/python3*/site-packages/nvidia/cu13/lib'); print('setup: NVRTC', m.version('nvidia-cuda-nvrtc'), 'at', d[0] if d else '?')"
 if command -v hipcc >/dev/null; then echo "setup: hipcc at $(command -v hipcc)"; fi
+echo "setup: llama.cpp source at $LLAMA_SRC, test-backend-ops at $LLAMA_BUILD/bin"

@@ -86,11 +86,12 @@ fn resolve() -> Result<Ggml, String> {
             Ok(p)
         }
     };
-    // SAFETY (every transmute below): each symbol is the ggml 0.25.3
-    // function of that name, whose C signature is the Rust type it is
-    // transmuted to (ggml.h, ggml-backend-impl.h); the version is checked
-    // right after.
-    let version: unsafe extern "C" fn() -> *const c_char = unsafe { std::mem::transmute(sym("ggml_version")?) };
+    let version = sym("ggml_version")?;
+    // Each symbol below is the ggml 0.25.3 function of that name, whose C
+    // signature is the Rust type it is transmuted to (ggml.h,
+    // ggml-backend-impl.h); the version is checked right after this one.
+    // SAFETY: as said above.
+    let version: unsafe extern "C" fn() -> *const c_char = unsafe { std::mem::transmute(version) };
     // SAFETY: ggml_version returns a static NUL-terminated string.
     let version = unsafe { CStr::from_ptr(version()) }.to_string_lossy().into_owned();
     if !version.starts_with("0.25.") {

@@ -8,7 +8,7 @@
 //!
 //! The registry `SG` has one device, `SG`. Its buffers are shardgraph CPU
 //! buffers (host memory); its backend translates each `ggml_cgraph` it is
-//! given into a shardgraph graph op by op ([`translate`], ops matched by
+//! given into a shardgraph graph op by op (`translate.rs`, ops matched by
 //! their ggml names) and computes it there, on the bytes where ggml's
 //! allocator placed them. `supports_op` is true exactly where that
 //! translation succeeds and the shardgraph backend runs the node, so ggml's

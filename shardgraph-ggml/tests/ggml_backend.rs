@@ -1,0 +1,203 @@
+//! The library as ggml's own programs load it: ggml's `test-backend-ops`
+//! (built by `scripts/setup.sh` from the llama.cpp tree of llama-cpp-python
+//! 0.3.36, ggml 0.25.3) compares the `SG` backend with ggml's CPU backend
+//! op by op, and llama.cpp (the set-up's llama-cpp-python) runs generated
+//! qwen3 and qwen35 files with every layer on `SG`
+//! (`scripts/llama-on-sg.py`), against its own CPU backend.
+//!
+//! Without the built tools or the venv the tests print `SKIPPED` and pass,
+//! unless `SHARDGRAPH_REQUIRE_LLAMA_TOOLS` is set (as `.ci/run` does).
+
+#[path = "../../tests/common/require.rs"]
+mod require;
+
+use require::{or_skip, Tool};
+use shardgraph::GgmlType;
+use shardgraph_models::generate::{write_qwen35_gguf_with, write_qwen3_gguf_with, Weights};
+use shardgraph_models::hparams::HparamsCore;
+use shardgraph_models::qwen3::Qwen3Hparams;
+use shardgraph_models::qwen35::Qwen35Hparams;
+use shardgraph_models::types::TensorTypes;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_path_buf()
+}
+
+/// `libshardgraph_ggml.so`, which cargo builds with this test (the crate's
+/// cdylib, in `target/<profile>/deps` next to the test and in
+/// `target/<profile>`).
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let deps = exe.parent().expect("deps").to_path_buf();
+    [deps.join("libshardgraph_ggml.so"), deps.parent().expect("profile").join("libshardgraph_ggml.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("cargo builds the cdylib with the tests")
+}
+
+/// ggml's `test-backend-ops` of the set-up, or why not.
+fn test_backend_ops() -> Result<PathBuf, String> {
+    let cache = std::env::var_os("SHARDGRAPH_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/shardgraph")))
+        .ok_or("no HOME")?;
+    let exe = cache.join("llama-0.3.36-build/bin/test-backend-ops");
+    exe.is_file().then_some(exe.clone()).ok_or_else(|| format!("{} is missing (run ./scripts/setup.sh)", exe.display()))
+}
+
+/// Counts of one `test-backend-ops test -b SG -o <op>` run.
+#[derive(Debug, Default)]
+struct Counts {
+    ok: usize,
+    failed: usize,
+    unsupported: usize,
+}
+
+fn run_ops(exe: &Path, op: &str, params: Option<&str>) -> (Counts, String) {
+    let mut cmd = Command::new(exe);
+    cmd.args(["test", "-b", "SG", "-o", op]).env("GGML_BACKEND_PATH", library());
+    if let Some(p) = params {
+        cmd.args(["-p", p]);
+    }
+    let out = cmd.output().expect("test-backend-ops runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let mut c = Counts::default();
+    for l in text.lines() {
+        if l.contains("not supported [SG]") {
+            c.unsupported += 1;
+        } else if l.ends_with("OK\u{1b}[0m") && l.contains('(') {
+            c.ok += 1;
+        } else if l.contains("FAIL") && l.contains('(') {
+            c.failed += 1;
+        }
+    }
+    assert!(out.status.success() || c.failed > 0, "test-backend-ops -o {op} exited with {}: {text}", out.status);
+    (c, text)
+}
+
+/// ggml's own op tests, on the ops the qwen3, qwen35 and DFlash2 graphs
+/// use (the long flash-attention and matrix suites filtered to the head
+/// sizes and types those models have): every case SG supports equals
+/// ggml's CPU backend within test-backend-ops' tolerances, and the ops the
+/// models need are supported for their shapes.
+#[test]
+fn test_backend_ops_passes_on_sg() {
+    let Some(exe) = or_skip(Tool::LlamaTools, "test_backend_ops_passes_on_sg", test_backend_ops()) else {
+        return;
+    };
+    let ops: &[(&str, Option<&str>)] = &[
+        ("ADD", None),
+        ("MUL", None),
+        ("SCALE", None),
+        ("RMS_NORM", None),
+        ("L2_NORM", None),
+        ("SOFT_MAX", None),
+        ("ROPE", Some("type=f32")),
+        ("GET_ROWS", None),
+        ("SET_ROWS", None),
+        ("CONT", None),
+        ("CONCAT", None),
+        ("SILU", None),
+        ("SIGMOID", None),
+        ("SOFTPLUS", None),
+        ("SWIGLU", None),
+        ("SSM_CONV", None),
+        ("GATED_DELTA_NET", None),
+        ("MUL_MAT", Some("type_a=(f32|f16|q8_0|q4_K|q6_K),type_b=f32")),
+        ("FLASH_ATTN_EXT", Some("hsk=128,hsv=128,.*type_K=(f16|q8_0)")),
+    ];
+    let mut failures = Vec::new();
+    println!("{:<16} {:>6} {:>6} {:>14}", "op", "passed", "failed", "not supported");
+    for &(op, params) in ops {
+        let (c, text) = run_ops(&exe, op, params);
+        println!("{op:<16} {:>6} {:>6} {:>14}", c.ok, c.failed, c.unsupported);
+        if c.failed > 0 {
+            failures
+                .push(text.lines().filter(|l| l.contains("FAIL")).map(str::to_string).collect::<Vec<_>>().join("\n"));
+        }
+        assert!(c.ok > 0, "{op}: no case ran on SG:\n{text}");
+    }
+    assert!(failures.is_empty(), "cases where SG differs from ggml's CPU backend:\n{}", failures.join("\n"));
+}
+
+/// The set-up's python with llama-cpp-python 0.3.36, or why not.
+fn python() -> Result<PathBuf, String> {
+    let py = root().join(".venv/bin/python");
+    let ok = Command::new(&py)
+        .args(["-c", "import importlib.metadata as m, sys; sys.exit(m.version('llama_cpp_python') != '0.3.36')"])
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(py).ok_or_else(|| "no .venv with llama-cpp-python 0.3.36 (run ./scripts/setup.sh)".into())
+}
+
+/// llama.cpp with every layer on SG gives its own CPU backend's logits
+/// (NMSE ≤ 1e-3, the bound the issue sets; measured ~1e-5) and the same
+/// greedy tokens over 32 steps, on a qwen3 file with llama.cpp's Q4_K_M
+/// type mix, a tied Q8_0 qwen3 and a Q8_0 qwen35 hybrid (both with the
+/// permutation weights, whose wide margins make the greedy tokens a sharp
+/// test). The scheduler's graph splits are printed: llama.cpp keeps the
+/// token embeddings on its CPU backend, so a step is at most 2 splits.
+#[test]
+fn llama_cpp_runs_models_on_sg() {
+    let Some(py) = or_skip(Tool::LlamaTools, "llama_cpp_runs_models_on_sg", python()) else { return };
+    let dir = std::env::temp_dir().join(format!("sg-ggml-models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let q3 = Qwen3Hparams { core: HparamsCore::qwen3(2, 256, 512, 8, 4, 64), n_vocab: 320, n_ctx_train: 4096 };
+    let q35 = Qwen35Hparams {
+        core: HparamsCore {
+            n_layer: 4,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            rms_eps: 1e-6,
+            rope_base: 1e7,
+        },
+        n_vocab: 320,
+        n_rot: 16,
+        rope_sections: [3, 3, 2, 0],
+        full_attention_interval: 2,
+        d_conv: 4,
+        d_state: 32,
+        n_k_heads: 2,
+        n_v_heads: 4,
+        n_nextn: 0,
+        n_ctx_train: 4096,
+    };
+    let files = [("qwen3-q4_k_m.gguf", 0), ("qwen3-tied-q8_0.gguf", 1), ("qwen35-q8_0.gguf", 2)];
+    for (name, kind) in files {
+        let path = dir.join(name);
+        match kind {
+            0 => write_qwen3_gguf_with(&path, &q3, &TensorTypes::llama_q4_k_m(2), 5, Weights::Permutation).map(|_| ()),
+            1 => {
+                write_qwen3_gguf_with(&path, &q3, &TensorTypes::uniform(GgmlType::Q8_0).tied(), 6, Weights::Permutation)
+                    .map(|_| ())
+            }
+            _ => write_qwen35_gguf_with(&path, &q35, &TensorTypes::uniform(GgmlType::Q8_0), 7, Weights::Permutation)
+                .map(|_| ()),
+        }
+        .expect("the GGUF");
+        let out = Command::new(&py)
+            .arg(root().join("scripts/llama-on-sg.py"))
+            .arg("--lib")
+            .arg(library())
+            .arg("--model")
+            .arg(&path)
+            .args(["--prompt", "11,205,3,99,42,310,7,64", "--n-gen", "32", "--json"])
+            .output()
+            .expect("python runs");
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or_default()).expect("json");
+        let (nmse, steps) = (v["prompt_nmse"].as_f64().unwrap(), v["max_step_nmse"].as_f64().unwrap());
+        println!("{name}: prompt NMSE {nmse:.3e}, steps max NMSE {steps:.3e}, splits {}", v["splits"]);
+        assert!(nmse <= 1e-3 && steps <= 1e-3, "{name}: NMSE {nmse:e} / {steps:e} above 1e-3");
+        assert!(v["tokens_equal"].as_bool().unwrap(), "{name}: greedy tokens differ: {v}");
+        let sg = v["splits"]["SG"].as_array().expect("SG's split counts");
+        assert!(!sg.is_empty() && sg.iter().all(|s| s.as_u64().is_some_and(|n| n <= 2)), "{name}: splits {sg:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
