@@ -69,14 +69,13 @@ pub(crate) fn is_shape_only(g: &Ggml, t: &ggml_tensor) -> bool {
 }
 
 /// The strides of a packed tensor of type `ty` and shape `ne` (ggml's
-/// `ggml_new_tensor`).
-fn packed_nb(ty: GgmlType, ne: &[i64; 4]) -> [usize; 4] {
-    let mut nb = [0usize; 4];
-    nb[0] = ty.type_size();
-    nb[1] = ty.row_size(ne[0]).unwrap_or(0);
-    nb[2] = nb[1] * ne[1] as usize;
-    nb[3] = nb[2] * ne[2] as usize;
-    nb
+/// `ggml_new_tensor`); `None` on overflow or a negative extent.
+fn packed_nb(ty: GgmlType, ne: &[i64; 4]) -> Option<[usize; 4]> {
+    let n = |i: usize| usize::try_from(ne[i]).ok();
+    let mut nb = [ty.type_size(), ty.row_size(ne[0]).ok()?, 0, 0];
+    nb[2] = nb[1].checked_mul(n(1)?)?;
+    nb[3] = nb[2].checked_mul(n(2)?)?;
+    Some(nb)
 }
 
 impl<'a> Translator<'a> {
@@ -136,7 +135,7 @@ impl<'a> Translator<'a> {
         if !n.is_empty() {
             self.ctx.set_name(id, &n).map_err(|e| e.to_string())?;
         }
-        if t.nb != packed_nb(ty, &t.ne) {
+        if Some(t.nb) != packed_nb(ty, &t.ne) {
             return Err(format!("leaf {n:?} is not packed (nb {:?})", t.nb));
         }
         Ok(id)
@@ -144,6 +143,12 @@ impl<'a> Translator<'a> {
 
     /// Our op for ggml node `t` with operands `s`.
     fn op(&mut self, t: &ggml_tensor, op: &str, s: &[Option<TensorId>; GGML_MAX_SRC]) -> shardgraph::Result<TensorId> {
+        // A quantized destination from another float type: ggml's CPU
+        // backend rounds through its own path (BF16 → Q8_0 differs in the
+        // last bit of some blocks), so only F32 sources are taken.
+        if op == "CPY" && self.quantized_from_non_f32(s) {
+            return Err(bad("cpy", "src0", "a quantized destination takes F32 sources only".into()));
+        }
         let c = &mut self.ctx;
         let need = |i: usize| s[i].ok_or_else(|| bad("ggml", "src", format!("src{i} missing")));
         let p = &t.op_params;
@@ -154,7 +159,9 @@ impl<'a> Translator<'a> {
             "CONT" => c.cont_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3])?,
             "RESHAPE" => c.reshape_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3])?,
             "VIEW" => {
-                let offs = t.view_offs;
+                // The offset from the source is the op's parameter (a
+                // size_t); `view_offs` counts from the storage owner.
+                let offs = (p[0] as u32 as u64 | (p[1] as u32 as u64) << 32) as usize;
                 c.view_4d(a, t.ne[0], t.ne[1], t.ne[2], t.ne[3], t.nb[1], t.nb[2], t.nb[3], offs)?
             }
             "PERMUTE" => c.permute(a, [p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])?,
@@ -257,6 +264,13 @@ impl<'a> Translator<'a> {
         Ok(id)
     }
 
+    /// True when a copy's destination (`s[1]`) is quantized and its source
+    /// (`s[0]`) is not F32.
+    fn quantized_from_non_f32(&self, s: &[Option<TensorId>; GGML_MAX_SRC]) -> bool {
+        let ty = |i: usize| s[i].and_then(|id| self.ctx.tensor(id).ok()).map(|t| t.ty);
+        ty(1).is_some_and(|d| d.is_quantized()) && ty(0).is_some_and(|t| t != GgmlType::F32)
+    }
+
     /// Checks our tensor against ggml's: type, shape, strides, and each
     /// source in ggml's position.
     fn check(
@@ -268,7 +282,8 @@ impl<'a> Translator<'a> {
     ) -> Result<(), String> {
         let ours = self.ctx.tensor(id).map_err(|e| e.to_string())?;
         let theirs: Vec<TensorId> = srcs.iter().map_while(|s| *s).collect();
-        if ours.src.as_slice() != theirs.as_slice() {
+        // A gap (sinks without a mask) would hide a source from the check.
+        if ours.src.as_slice() != theirs.as_slice() || srcs[theirs.len()..].iter().any(Option::is_some) {
             return Err(format!("{op} {:?}: shardgraph's sources are not ggml's, in ggml's order", tensor_name(t)));
         }
         if ours.ty.id() != t.type_ as u32 || ours.ne != t.ne || ours.nb != t.nb {

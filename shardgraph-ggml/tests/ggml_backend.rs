@@ -98,6 +98,7 @@ fn test_backend_ops_passes_on_sg() {
         ("GET_ROWS", None),
         ("SET_ROWS", None),
         ("CONT", None),
+        ("CPY", None),
         ("CONCAT", None),
         ("SILU", None),
         ("SIGMOID", None),
@@ -120,6 +121,44 @@ fn test_backend_ops_passes_on_sg() {
         assert!(c.ok > 0, "{op}: no case ran on SG:\n{text}");
     }
     assert!(failures.is_empty(), "cases where SG differs from ggml's CPU backend:\n{}", failures.join("\n"));
+}
+
+/// A view of a view at non-zero offsets (`tests/c/view_of_view.c`, built
+/// with `cc` against the pinned headers and the built libggml): SG computes
+/// `2 · x[6..10]` = 12 14 16 18. ggml's `view_offs` of the inner view counts
+/// from the storage owner, its op parameter from the outer view; reading
+/// the wrong one was accepted by `supports_op` and then failed the compute.
+#[test]
+fn a_view_of_a_view_lands_on_ggmls_bytes() {
+    let Some(exe) = or_skip(Tool::LlamaTools, "a_view_of_a_view_lands_on_ggmls_bytes", test_backend_ops()) else {
+        return;
+    };
+    let bin = exe.parent().expect("the build's bin folder").to_path_buf();
+    let cache = bin.parent().and_then(Path::parent).expect("the cache folder");
+    let include = cache.join("llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/include");
+    let dir = std::env::temp_dir().join(format!("sg-ggml-vv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = dir.join("view_of_view");
+    let out = Command::new("cc")
+        .arg("-I")
+        .arg(&include)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/view_of_view.c"))
+        .arg("-o")
+        .arg(&prog)
+        .arg(format!("-L{}", bin.display()))
+        .args(["-lggml", "-lggml-base"])
+        .arg(format!("-Wl,-rpath,{}", bin.display()))
+        .output()
+        .expect("cc runs");
+    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    let run = Command::new(&prog).arg(library()).output().expect("the program runs");
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        text.contains("status 0") && text.contains("y = 12 14 16 18"),
+        "{text}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The set-up's python with llama-cpp-python 0.3.36, or why not.
