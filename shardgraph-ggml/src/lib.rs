@@ -293,7 +293,12 @@ unsafe extern "C" fn dev_init_backend(dev: *mut ggml_backend_device, _params: *c
                 return std::ptr::null_mut();
             }
         };
-        let ctx = Box::into_raw(Box::new(BackendCtx { cpu: Mutex::new((n, cpu)) }));
+        let ctx = Box::into_raw(Box::new(BackendCtx {
+            cpu: Mutex::new((n, cpu)),
+            cache: Mutex::new(Vec::new()),
+            hits: Default::default(),
+            misses: Default::default(),
+        }));
         Box::into_raw(Box::new(ggml_backend {
             guid: &GUID as *const [u8; 16] as *mut [u8; 16],
             iface: ggml_backend_i {
@@ -389,6 +394,7 @@ unsafe fn buf_ctx<'a>(b: *mut ggml_backend_buffer) -> &'a BufCtx {
 }
 
 unsafe extern "C" fn buffer_free(b: *mut ggml_backend_buffer) {
+    BUFFER_GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     // SAFETY: ggml calls this once, on a buffer of ours.
     drop(unsafe { Box::from_raw((*b).context as *mut BufCtx) });
 }
@@ -470,13 +476,33 @@ static GUID: [u8; 16] = *b"shardgraph-ggml\0";
 /// A backend instance: its CPU device and that device's thread count.
 struct BackendCtx {
     cpu: Mutex<(usize, CpuBackend)>,
+    /// The last [`CACHED`] translations, most recent first, by
+    /// [`translate::fingerprint`].
+    cache: Mutex<Vec<(u64, Arc<translate::Translated>)>>,
+    /// Graphs computed from a cached translation, and translated anew.
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
 }
+
+/// Translations a backend keeps.
+const CACHED: usize = 8;
+
+/// Bumped whenever a buffer is freed: cached translations that may hold it
+/// no longer match, and are dropped as new ones come.
+static BUFFER_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 unsafe extern "C" fn backend_get_name(_: *mut ggml_backend) -> *const c_char {
     c"SG".as_ptr()
 }
 
 unsafe extern "C" fn backend_free(be: *mut ggml_backend) {
+    if verbose() {
+        // SAFETY: a backend of ours, not yet freed.
+        let c = unsafe { &*((*be).context as *const BackendCtx) };
+        let (h, m) =
+            (c.hits.load(std::sync::atomic::Ordering::Relaxed), c.misses.load(std::sync::atomic::Ordering::Relaxed));
+        eprintln!("shardgraph-ggml: graphs computed from a cached translation {h}, translated {m}");
+    }
     // SAFETY: ggml frees each backend of ours once.
     unsafe {
         drop(Box::from_raw((*be).context as *mut BackendCtx));
@@ -515,7 +541,35 @@ unsafe extern "C" fn backend_graph_compute(be: *mut ggml_backend, cgraph: *mut g
     })
 }
 
-/// Translates and computes `cgraph`.
+/// Translates `nodes` (`None`: nothing to compute).
+///
+/// # Safety
+/// The nodes are live.
+unsafe fn translate_graph(
+    g: &ggml::Ggml,
+    nodes: &[*mut ggml_tensor],
+    locate: &translate::Locate<'_>,
+) -> Result<Option<translate::Translated>, String> {
+    let mut tr = translate::Translator::new(g, nodes, Some(locate));
+    let mut outputs = Vec::with_capacity(nodes.len());
+    for &t in nodes {
+        // A shape-only node computes nothing: it is translated where a node
+        // reads it (ggml's scheduler may list one whose source lies in
+        // another backend's memory, which it copies for the readers).
+        // SAFETY: ggml's live nodes.
+        if !translate::is_shape_only(g, unsafe { &*t }) {
+            // SAFETY: as above.
+            outputs.push(unsafe { tr.tensor(t) }?);
+        }
+    }
+    if outputs.is_empty() {
+        return Ok(None);
+    }
+    // SAFETY: the nodes are still live.
+    unsafe { tr.finish(&outputs) }.map(Some)
+}
+
+/// Translates (or finds the translation of) and computes `cgraph`.
 ///
 /// # Safety
 /// `cgraph` is a live graph whose tensors lie in buffers of this library.
@@ -543,23 +597,42 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
         let off = (t.data as usize).wrapping_sub(bc.base as usize);
         Ok((bc.buf.clone(), off))
     };
-    let mut tr = translate::Translator::new(g, &nodes, Some(&locate));
-    let mut outputs = Vec::with_capacity(nodes.len());
-    for &t in &nodes {
-        // A shape-only node computes nothing: it is translated where a node
-        // reads it (ggml's scheduler may list one whose source lies in
-        // another backend's memory, which it copies for the readers).
-        // SAFETY: ggml's live nodes.
-        if !translate::is_shape_only(g, unsafe { &*t }) {
+    let base_of = |b: *mut ggml_backend_buffer| {
+        // SAFETY: a non-null buffer of a live tensor is live; ours have a BufCtx.
+        if !b.is_null() && unsafe { (*b).buft } == s.buft {
             // SAFETY: as above.
-            outputs.push(unsafe { tr.tensor(t) }?);
+            unsafe { buf_ctx(b) }.base as usize
+        } else {
+            0
         }
-    }
-    if outputs.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: the nodes are still live.
-    let t = unsafe { tr.finish(&outputs) }?;
+    };
+    let generation = BUFFER_GENERATION.load(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the nodes are live.
+    let key = unsafe { translate::fingerprint(&nodes, generation, &base_of) };
+    let hit = {
+        let mut cache = ctx.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.iter().position(|(k, _)| *k == key).map(|i| {
+            let e = cache.remove(i);
+            let t = e.1.clone();
+            cache.insert(0, e);
+            t
+        })
+    };
+    let counter = if hit.is_some() { &ctx.hits } else { &ctx.misses };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = match hit {
+        Some(t) => t,
+        None => {
+            // SAFETY: the nodes are live.
+            let Some(t) = (unsafe { translate_graph(g, &nodes, &locate) })? else { return Ok(()) };
+            let t = Arc::new(t);
+            let mut cache = ctx.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.retain(|(k, _)| *k != key);
+            cache.insert(0, (key, t.clone()));
+            cache.truncate(CACHED);
+            t
+        }
+    };
     let cpu = ctx.cpu.lock().unwrap_or_else(|p| p.into_inner());
     cpu.1.compute(&t.ctx, &t.graph, &t.storage).map_err(|e| e.to_string())
 }

@@ -62,6 +62,48 @@ pub(crate) fn op_name(g: &Ggml, t: &ggml_tensor) -> String {
     name(unsafe { (g.op_name)(t.op) })
 }
 
+/// A fingerprint of everything translating `nodes` reads: each node's and
+/// each source's (and view chain's) address, type, op, parameters, shape,
+/// strides, data address and buffer (with `base_of` its base address), and
+/// `generation` (bumped whenever a buffer is freed). Two graphs with the
+/// same fingerprint translate to the same program on the same bytes, so a
+/// decode step replays the translation of the step before it (llama.cpp
+/// reuses its graph objects between steps of one shape).
+///
+/// # Safety
+/// Every node and every tensor it reaches are live.
+pub(crate) unsafe fn fingerprint(
+    nodes: &[*mut ggml_tensor],
+    generation: u64,
+    base_of: &dyn Fn(*mut crate::ffi::ggml_backend_buffer) -> usize,
+) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    generation.hash(&mut h);
+    let one = |h: &mut std::collections::hash_map::DefaultHasher, t: *const ggml_tensor| {
+        // SAFETY: the caller's promise.
+        let r = unsafe { &*t };
+        (t as usize, r.type_, r.op, r.op_params, r.ne, r.nb, r.data as usize).hash(h);
+        (r.view_src as usize, r.view_offs, r.buffer as usize, base_of(r.buffer)).hash(h);
+    };
+    for &n in nodes {
+        one(&mut h, n);
+        // SAFETY: as above.
+        for &s in unsafe { &(*n).src } {
+            let mut v = s as *const ggml_tensor;
+            let mut depth = 0;
+            while !v.is_null() && depth < 8 {
+                one(&mut h, v);
+                // SAFETY: as above.
+                v = unsafe { (*v).view_src };
+                depth += 1;
+            }
+            (usize::MAX).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 /// True for ggml's shape-only ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE),
 /// which compute nothing.
 pub(crate) fn is_shape_only(g: &Ggml, t: &ggml_tensor) -> bool {
