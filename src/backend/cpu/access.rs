@@ -265,6 +265,28 @@ impl TView {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o), n) }
     }
 
+    /// Copies bytes `start .. start + len` of packed row (j1, j2, j3) of
+    /// `src` to the same bytes of packed row (i1, i2, i3) of this view, with
+    /// no scratch in between (one `memmove`: the rows may lie in one buffer,
+    /// even overlap, as a copy between views of one cache does). Both views
+    /// have the same type; the range is clamped to both spans.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn copy_row_bytes_from(
+        &self,
+        (i1, i2, i3): (usize, usize, usize),
+        src: &TView,
+        (j1, j2, j3): (usize, usize, usize),
+        start: usize,
+        len: usize,
+    ) {
+        let (o, so) = (self.offset(0, i1, i2, i3) + start, src.offset(0, j1, j2, j3) + start);
+        let n = len.min(self.span.saturating_sub(o)).min(src.span.saturating_sub(so));
+        // SAFETY: both ranges are inside their spans (clamped; invariant 1);
+        // `ptr::copy` allows the two to overlap, and no reference to either
+        // is formed. Threads copy disjoint destination ranges (invariant 3).
+        unsafe { std::ptr::copy(src.ptr.add(so), self.ptr.add(o), n) }
+    }
+
     /// The whole span as a shared byte slice, for read-heavy kernels (the
     /// matrix product reads weight rows in place instead of copying them).
     /// Element (i0, i1, i2, i3) starts at byte

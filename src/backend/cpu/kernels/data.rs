@@ -60,6 +60,32 @@ fn units(v: &TView) -> usize {
     v.ne[0] / v.ty.block_size()
 }
 
+/// Bytes of a row one task copies at most ([`copy_packed_rows`]).
+const COPY_CHUNK: usize = 64 << 10;
+
+/// Same-type copy of `nrows` packed rows of `row_bytes` bytes: row `r` of
+/// `d` (at `d.row_index(r)`) from the source row `src_row(r)` gives, raw
+/// bytes straight from one to the other (no scratch), in chunks of at most
+/// [`COPY_CHUNK`] bytes spread over the threads: a recurrent state of a
+/// megabyte per row (llama.cpp's graphs copy them with `get_rows` and
+/// `cpy`) moves once, on every thread.
+fn copy_packed_rows(
+    d: &TView,
+    s: &TView,
+    nrows: usize,
+    row_bytes: usize,
+    src_row: &(dyn Fn(usize) -> Result<(usize, usize, usize)> + Sync),
+) -> Result<()> {
+    let chunks = row_bytes.div_ceil(COPY_CHUNK).max(1);
+    let per = (COPY_CHUNK / row_bytes.max(1)).max(1);
+    (0..nrows * chunks).into_par_iter().with_min_len(per).try_for_each(|k| {
+        let (r, c) = (k / chunks, k % chunks);
+        let start = c * COPY_CHUNK;
+        d.copy_row_bytes_from(d.row_index(r), s, src_row(r)?, start, COPY_CHUNK.min(row_bytes - start));
+        Ok(())
+    })
+}
+
 /// Loads the raw bytes of row (i1, i2, i3) of `v` into `out`
 /// (`units(v) · type_size` bytes), for any strides.
 fn load_bytes(v: &TView, i1: usize, i2: usize, i3: usize, out: &mut [u8]) {
@@ -193,6 +219,9 @@ fn copy_same_type(d: &TView, s: &TView) -> Result<()> {
         });
         return Ok(());
     }
+    if du == su && d.rows_packed() && s.rows_packed() {
+        return copy_packed_rows(d, s, nrows, du * ts, &|r| Ok(s.row_index(r)));
+    }
     (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
         // The source-row cache is only for rows of other lengths: no
         // zero-filled scratch for the common whole-row copy.
@@ -273,6 +302,20 @@ fn get_rows(d: &TView, a: &TView, b: &TView) -> Result<()> {
     let same = d.ty == a.ty;
     let ts = a.ty.type_size();
     let nrows = d.nrows();
+    if same && d.rows_packed() && a.rows_packed() {
+        let index = |r: usize| -> Result<(usize, usize, usize)> {
+            let (i10, i11, i12) = d.row_index(r);
+            let idx = b.get_i64(i10, i11, i12, 0);
+            if idx < 0 || idx as u64 >= n_table as u64 {
+                return Err(compute_err(format!(
+                    "get_rows: index {idx} at [{i10}, {i11}, {i12}] outside the table's {n_table} rows (src0 {}{:?})",
+                    a.ty, a.ne
+                )));
+            }
+            Ok((idx as usize, i11, i12))
+        };
+        return copy_packed_rows(d, a, nrows, units(a) * ts, &index);
+    }
     (0..nrows).into_par_iter().with_min_len(min_rows(ne0)).try_for_each_init(
         || (vec![0f32; ne0], vec![0u8; units(a) * ts], HalfScratch::default()),
         |(frow, brow, hs), r| -> Result<()> {
