@@ -71,7 +71,7 @@ fi
 # library): the llama-cpp-python 0.3.36 source distribution (the tree its
 # libllama was built from: ggml 0.25.3's headers, tests/test-backend-ops.cpp)
 # unpacked into the cache folder, and ggml's test-backend-ops built from it
-# (cmake and ninja from pip; about 4 minutes on 2 cores, once per CPU: the
+# and llama-bench (cmake and ninja from pip; about 8 minutes on 2 cores, once per CPU: the
 # build is -march=native, so a marker records the CPU's flags).
 CACHE=${SHARDGRAPH_CACHE:-$HOME/.cache/shardgraph}
 LLAMA_SDIST=llama_cpp_python-0.3.36
@@ -100,12 +100,12 @@ if ! .venv/bin/python -c "import cmake, ninja" 2>/dev/null; then
 fi
 LLAMA_BUILD="$CACHE/llama-0.3.36-build"
 LLAMA_MARK="src:$LLAMA_SRC cpu:$(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)"
-if [ ! -x "$LLAMA_BUILD/bin/test-backend-ops" ] || [ "$(cat "$LLAMA_BUILD/.shardgraph-mark" 2>/dev/null)" != "$LLAMA_MARK" ]; then
-  echo "setup: building llama.cpp's test-backend-ops in $LLAMA_BUILD (about 4 minutes on 2 cores)"
-  rm -rf "$LLAMA_BUILD"
+if [ ! -x "$LLAMA_BUILD/bin/test-backend-ops" ] || [ ! -x "$LLAMA_BUILD/bin/llama-bench" ] || [ "$(cat "$LLAMA_BUILD/.shardgraph-mark" 2>/dev/null)" != "$LLAMA_MARK" ]; then
+  echo "setup: building llama.cpp's test-backend-ops and llama-bench in $LLAMA_BUILD (about 8 minutes on 2 cores)"
+  if [ "$(cat "$LLAMA_BUILD/.shardgraph-mark" 2>/dev/null)" != "$LLAMA_MARK" ]; then rm -rf "$LLAMA_BUILD"; fi
   PATH="$PWD/.venv/bin:$PATH" cmake -S "$LLAMA_SRC" -B "$LLAMA_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON -DBUILD_SHARED_LIBS=ON >/dev/null
-  PATH="$PWD/.venv/bin:$PATH" ninja -C "$LLAMA_BUILD" test-backend-ops >/dev/null
+  PATH="$PWD/.venv/bin:$PATH" ninja -C "$LLAMA_BUILD" test-backend-ops llama-bench >/dev/null
   echo "$LLAMA_MARK" > "$LLAMA_BUILD/.shardgraph-mark"
 fi
 .venv/bin/python -c "import ggml, os; print('setup: ggml oracle at', os.path.join(os.path.dirname(ggml.__file__), 'lib'))"
@@ -113,4 +113,4 @@ fi
 .venv/bin/python -c "import importlib.metadata as m; print('setup: llama-cpp-python', m.version('llama_cpp_python'))"
 .venv/bin/python -c "import importlib.metadata as m, glob, sys; d = glob.glob(sys.prefix + '/lib/python3*/site-packages/nvidia/cu13/lib'); print('setup: NVRTC', m.version('nvidia-cuda-nvrtc'), 'at', d[0] if d else '?')"
 if command -v hipcc >/dev/null; then echo "setup: hipcc at $(command -v hipcc)"; fi
-echo "setup: llama.cpp source at $LLAMA_SRC, test-backend-ops at $LLAMA_BUILD/bin"
+echo "setup: llama.cpp source at $LLAMA_SRC, test-backend-ops and llama-bench at $LLAMA_BUILD/bin"
