@@ -264,23 +264,8 @@ impl<'a> Translator<'a> {
                 }
             }
             "ROPE" if p[15] == 0 => {
-                let mode = [RopeMode::Normal, RopeMode::Neox, RopeMode::Mrope, RopeMode::Imrope]
-                    .into_iter()
-                    .find(|m| m.ggml_mode() == p[2])
-                    .ok_or_else(|| bad("rope", "mode", format!("mode {} is not supported", p[2])))?;
-                let params = RopeParams {
-                    n_dims: p[1],
-                    mode,
-                    n_ctx_orig: p[4],
-                    freq_base: f32_param(t, 5),
-                    freq_scale: f32_param(t, 6),
-                    ext_factor: f32_param(t, 7),
-                    attn_factor: f32_param(t, 8),
-                    beta_fast: f32_param(t, 9),
-                    beta_slow: f32_param(t, 10),
-                    sections: [p[11], p[12], p[13], p[14]],
-                };
-                match mode {
+                let params = rope_params(t)?;
+                match params.mode {
                     RopeMode::Normal | RopeMode::Neox => c.rope_ext(a, need(1)?, s[2], params)?,
                     _ => c.rope_multi(a, need(1)?, s[2], params)?,
                 }
@@ -380,6 +365,28 @@ impl<'a> Translator<'a> {
     pub(crate) fn context(&self) -> &Context {
         &self.ctx
     }
+}
+
+/// A ROPE node's parameters (`ggml_rope_impl`'s layout: n_dims at 1, mode
+/// at 2, n_ctx_orig at 4, the six floats at 5-10, the sections at 11-14).
+fn rope_params(t: &ggml_tensor) -> shardgraph::Result<RopeParams> {
+    let p = &t.op_params;
+    let mode = [RopeMode::Normal, RopeMode::Neox, RopeMode::Mrope, RopeMode::Imrope]
+        .into_iter()
+        .find(|m| m.ggml_mode() == p[2])
+        .ok_or_else(|| bad("rope", "mode", format!("mode {} is not supported", p[2])))?;
+    Ok(RopeParams {
+        n_dims: p[1],
+        mode,
+        n_ctx_orig: p[4],
+        freq_base: f32_param(t, 5),
+        freq_scale: f32_param(t, 6),
+        ext_factor: f32_param(t, 7),
+        attn_factor: f32_param(t, 8),
+        beta_fast: f32_param(t, 9),
+        beta_slow: f32_param(t, 10),
+        sections: [p[11], p[12], p[13], p[14]],
+    })
 }
 
 /// Every unary op shardgraph runs, matched by ggml's name.
