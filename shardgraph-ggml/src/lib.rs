@@ -477,8 +477,10 @@ static GUID: [u8; 16] = *b"shardgraph-ggml\0";
 struct BackendCtx {
     cpu: Mutex<(usize, CpuBackend)>,
     /// The last [`CACHED`] translations, most recent first, by
-    /// [`translate::fingerprint`].
-    cache: Mutex<Vec<(u64, Arc<translate::Translated>)>>,
+    /// [`translate::fingerprint`], each with the buffer generation it was
+    /// made in (entries of older generations are dropped: they may hold
+    /// freed buffers).
+    cache: Mutex<Vec<(u128, u64, Arc<translate::Translated>)>>,
     /// Graphs computed from a cached translation, and translated anew.
     hits: std::sync::atomic::AtomicU64,
     misses: std::sync::atomic::AtomicU64,
@@ -611,9 +613,10 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
     let key = unsafe { translate::fingerprint(&nodes, generation, &base_of) };
     let hit = {
         let mut cache = ctx.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache.iter().position(|(k, _)| *k == key).map(|i| {
+        cache.retain(|(_, gen, _)| *gen == generation);
+        cache.iter().position(|(k, _, _)| *k == key).map(|i| {
             let e = cache.remove(i);
-            let t = e.1.clone();
+            let t = e.2.clone();
             cache.insert(0, e);
             t
         })
@@ -627,8 +630,8 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
             let Some(t) = (unsafe { translate_graph(g, &nodes, &locate) })? else { return Ok(()) };
             let t = Arc::new(t);
             let mut cache = ctx.cache.lock().unwrap_or_else(|p| p.into_inner());
-            cache.retain(|(k, _)| *k != key);
-            cache.insert(0, (key, t.clone()));
+            cache.retain(|(k, gen, _)| *k != key && *gen == generation);
+            cache.insert(0, (key, generation, t.clone()));
             cache.truncate(CACHED);
             t
         }

@@ -76,9 +76,12 @@ pub(crate) unsafe fn fingerprint(
     nodes: &[*mut ggml_tensor],
     generation: u64,
     base_of: &dyn Fn(*mut crate::ffi::ggml_backend_buffer) -> usize,
-) -> u64 {
+) -> u128 {
     use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // Two differently seeded 64-bit hashes: 128 bits against collisions.
+    let (mut h, mut h2) =
+        (std::collections::hash_map::DefaultHasher::new(), std::collections::hash_map::DefaultHasher::new());
+    0x5347_u64.hash(&mut h2);
     generation.hash(&mut h);
     let one = |h: &mut std::collections::hash_map::DefaultHasher, t: *const ggml_tensor| {
         // SAFETY: the caller's promise.
@@ -86,22 +89,32 @@ pub(crate) unsafe fn fingerprint(
         (t as usize, r.type_, r.op, r.op_params, r.ne, r.nb, r.data as usize).hash(h);
         (r.view_src as usize, r.view_offs, r.buffer as usize, base_of(r.buffer)).hash(h);
     };
+    let mut material = Vec::new();
     for &n in nodes {
-        one(&mut h, n);
+        material.push(n as *const ggml_tensor);
         // SAFETY: as above.
         for &s in unsafe { &(*n).src } {
             let mut v = s as *const ggml_tensor;
             let mut depth = 0;
             while !v.is_null() && depth < 8 {
-                one(&mut h, v);
+                material.push(v);
                 // SAFETY: as above.
                 v = unsafe { (*v).view_src };
                 depth += 1;
             }
-            (usize::MAX).hash(&mut h);
+            material.push(std::ptr::null());
         }
     }
-    h.finish()
+    for &t in &material {
+        for h in [&mut h, &mut h2] {
+            if t.is_null() {
+                usize::MAX.hash(h);
+            } else {
+                one(h, t);
+            }
+        }
+    }
+    (h.finish() as u128) << 64 | h2.finish() as u128
 }
 
 /// True for ggml's shape-only ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE),

@@ -265,11 +265,18 @@ impl TView {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(o), n) }
     }
 
+    /// True when the two views' spans share a byte.
+    pub(crate) fn overlaps(&self, other: &TView) -> bool {
+        let ((a0, a1), (b0, b1)) = (self.addr_range(), other.addr_range());
+        a0 < b1 && b0 < a1
+    }
+
     /// Copies bytes `start .. start + len` of packed row (j1, j2, j3) of
     /// `src` to the same bytes of packed row (i1, i2, i3) of this view, with
-    /// no scratch in between (one `memmove`: the rows may lie in one buffer,
-    /// even overlap, as a copy between views of one cache does). Both views
-    /// have the same type; the range is clamped to both spans.
+    /// no scratch in between (one `memcpy`). The two views must not overlap
+    /// (chunks of one row go to different threads: an overlapping copy
+    /// would race; [`TView::overlaps`] tells). Both views have the same
+    /// type; the range is clamped to both spans.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn copy_row_bytes_from(
         &self,
@@ -281,10 +288,14 @@ impl TView {
     ) {
         let (o, so) = (self.offset(0, i1, i2, i3) + start, src.offset(0, j1, j2, j3) + start);
         let n = len.min(self.span.saturating_sub(o)).min(src.span.saturating_sub(so));
-        // SAFETY: both ranges are inside their spans (clamped; invariant 1);
-        // `ptr::copy` allows the two to overlap, and no reference to either
-        // is formed. Threads copy disjoint destination ranges (invariant 3).
-        unsafe { std::ptr::copy(src.ptr.add(so), self.ptr.add(o), n) }
+        if n == 0 {
+            return;
+        }
+        // SAFETY: both ranges are inside their spans (clamped, and non-empty,
+        // so `o` and `so` are inside them; invariant 1); no reference to
+        // either is formed. The caller copies between views that do not
+        // overlap, and threads copy disjoint destination ranges (invariant 3).
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr.add(so), self.ptr.add(o), n) }
     }
 
     /// The whole span as a shared byte slice, for read-heavy kernels (the

@@ -63,7 +63,8 @@ fn units(v: &TView) -> usize {
 /// Bytes of a row one task copies at most ([`copy_packed_rows`]).
 const COPY_CHUNK: usize = 64 << 10;
 
-/// Same-type copy of `nrows` packed rows of `row_bytes` bytes: row `r` of
+/// Same-type copy of `nrows` packed rows of `row_bytes` bytes between
+/// views that do not overlap (others go through scratch rows): row `r` of
 /// `d` (at `d.row_index(r)`) from the source row `src_row(r)` gives, raw
 /// bytes straight from one to the other (no scratch), in chunks of at most
 /// [`COPY_CHUNK`] bytes spread over the threads: a recurrent state of a
@@ -219,7 +220,7 @@ fn copy_same_type(d: &TView, s: &TView) -> Result<()> {
         });
         return Ok(());
     }
-    if du == su && d.rows_packed() && s.rows_packed() {
+    if du == su && d.rows_packed() && s.rows_packed() && !d.overlaps(s) {
         return copy_packed_rows(d, s, nrows, du * ts, &|r| Ok(s.row_index(r)));
     }
     (0..nrows).into_par_iter().with_min_len(min_rows(d.ne[0])).try_for_each_init(
@@ -302,7 +303,7 @@ fn get_rows(d: &TView, a: &TView, b: &TView) -> Result<()> {
     let same = d.ty == a.ty;
     let ts = a.ty.type_size();
     let nrows = d.nrows();
-    if same && d.rows_packed() && a.rows_packed() {
+    if same && d.rows_packed() && a.rows_packed() && !d.overlaps(a) {
         let index = |r: usize| -> Result<(usize, usize, usize)> {
             let (i10, i11, i12) = d.row_index(r);
             let idx = b.get_i64(i10, i11, i12, 0);
