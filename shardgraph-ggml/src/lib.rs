@@ -25,6 +25,7 @@
 
 mod ffi;
 mod ggml;
+mod meta;
 mod paths;
 #[cfg(test)]
 #[path = "../../tests/common/require.rs"]
@@ -58,7 +59,7 @@ unsafe impl Sync for State {}
 
 static STATE: OnceLock<Option<State>> = OnceLock::new();
 
-fn verbose() -> bool {
+pub(crate) fn verbose() -> bool {
     std::env::var("SHARDGRAPH_GGML_VERBOSE").is_ok_and(|v| v == "1")
 }
 
@@ -293,7 +294,15 @@ unsafe extern "C" fn dev_init_backend(dev: *mut ggml_backend_device, _params: *c
                 return std::ptr::null_mut();
             }
         };
+        let meta = match meta::Meta::from_env(n) {
+            Ok(m) => m.map(Mutex::new),
+            Err(e) => {
+                eprintln!("shardgraph-ggml: {e}");
+                return std::ptr::null_mut();
+            }
+        };
         let ctx = Box::into_raw(Box::new(BackendCtx {
+            meta,
             cpu: Mutex::new((n, cpu)),
             cache: Mutex::new(Vec::new()),
             hits: Default::default(),
@@ -481,13 +490,16 @@ struct BackendCtx {
     /// made in (entries of older generations are dropped: they may hold
     /// freed buffers).
     cache: Mutex<Vec<(u128, u64, Arc<translate::Translated>)>>,
+    /// The meta backend over `SHARDGRAPH_DEVICES`' sub-devices (`None`:
+    /// one CPU device, `cpu`).
+    meta: Option<Mutex<meta::Meta>>,
     /// Graphs computed from a cached translation, and translated anew.
     hits: std::sync::atomic::AtomicU64,
     misses: std::sync::atomic::AtomicU64,
 }
 
 /// Translations a backend keeps.
-const CACHED: usize = 8;
+pub(crate) const CACHED: usize = 8;
 
 /// Bumped whenever a buffer is freed: cached translations that may hold it
 /// no longer match, and are dropped as new ones come.
@@ -543,6 +555,27 @@ unsafe extern "C" fn backend_graph_compute(be: *mut ggml_backend, cgraph: *mut g
     })
 }
 
+/// The SG buffer holding `t` and the byte offset of its first byte.
+///
+/// # Safety
+/// `t` is a live tensor.
+pub(crate) unsafe fn host_place(t: &ggml_tensor) -> Result<(Arc<dyn shardgraph::backend::Buffer>, usize), String> {
+    let s = state().ok_or("not initialised")?;
+    let b = t.buffer;
+    // SAFETY: a non-null buffer of a live tensor is live.
+    if b.is_null() || unsafe { (*b).buft } != s.buft {
+        let name: Vec<u8> = t.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        return Err(format!(
+            "{:?} lies outside the SG device's buffers ({})",
+            String::from_utf8_lossy(&name),
+            if b.is_null() { "in no buffer" } else { "in another backend's buffer" }
+        ));
+    }
+    // SAFETY: ours (checked above).
+    let bc = unsafe { buf_ctx(b) };
+    Ok((bc.buf.clone(), (t.data as usize).wrapping_sub(bc.base as usize)))
+}
+
 /// Translates `nodes` (`None`: nothing to compute).
 ///
 /// # Safety
@@ -582,23 +615,8 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
     let n = unsafe { (g.graph_n_nodes)(cgraph) }.max(0);
     // SAFETY: as above, 0 <= i < n.
     let nodes: Vec<*mut ggml_tensor> = (0..n).map(|i| unsafe { (g.graph_node)(cgraph, i) }).collect();
-    let locate = |t: &ggml_tensor| -> Result<(Arc<dyn shardgraph::backend::Buffer>, usize), String> {
-        let b = t.buffer;
-        // SAFETY: a non-null buffer of a live tensor is live.
-        if b.is_null() || unsafe { (*b).buft } != s.buft {
-            let name: Vec<u8> = t.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-            return Err(format!(
-                "{:?} (op {}) lies outside the SG device's buffers ({})",
-                String::from_utf8_lossy(&name),
-                translate::op_name(g, t),
-                if b.is_null() { "in no buffer" } else { "in another backend's buffer" }
-            ));
-        }
-        // SAFETY: ours (checked above).
-        let bc = unsafe { buf_ctx(b) };
-        let off = (t.data as usize).wrapping_sub(bc.base as usize);
-        Ok((bc.buf.clone(), off))
-    };
+    // SAFETY: the tensors of a live graph are live.
+    let locate = |t: &ggml_tensor| unsafe { host_place(t) };
     let base_of = |b: *mut ggml_backend_buffer| {
         // SAFETY: a non-null buffer of a live tensor is live; ours have a BufCtx.
         if !b.is_null() && unsafe { (*b).buft } == s.buft {
@@ -611,6 +629,11 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
     let generation = BUFFER_GENERATION.load(std::sync::atomic::Ordering::SeqCst);
     // SAFETY: the nodes are live.
     let key = unsafe { translate::fingerprint(&nodes, generation, &base_of) };
+    if let Some(m) = &ctx.meta {
+        let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the nodes are live, in SG buffers.
+        return unsafe { m.compute(g, &nodes, key) };
+    }
     let hit = {
         let mut cache = ctx.cache.lock().unwrap_or_else(|p| p.into_inner());
         cache.retain(|(_, gen, _)| *gen == generation);

@@ -148,6 +148,24 @@ impl<'a> Translator<'a> {
         }
     }
 
+    /// A translator that adds the graph to `ctx`, where the tensors of
+    /// `known` already stand for those ggml tensors (the meta backend's
+    /// resident weights and caches); nothing is bound to memory.
+    pub(crate) fn within(
+        g: &'a Ggml,
+        ctx: Context,
+        known: HashMap<*const ggml_tensor, TensorId>,
+        nodes: &[*mut ggml_tensor],
+    ) -> Self {
+        Translator { ctx, map: known, ..Translator::new(g, nodes, None) }
+    }
+
+    /// The context and every ggml tensor translated (with its id), ending a
+    /// [`Translator::within`].
+    pub(crate) fn into_parts(self) -> (Context, HashMap<*const ggml_tensor, TensorId>) {
+        (self.ctx, self.map)
+    }
+
     /// Translates `t` (and what it reads), once.
     ///
     /// # Safety

@@ -1,0 +1,246 @@
+//! SG over several sub-devices: the graphs ggml gives the backend run
+//! tensor-parallel through shardgraph's meta backend (planner, store,
+//! executor), with results equal to one device's.
+//!
+//! `SHARDGRAPH_DEVICES` names the sub-devices (`CPU,CPU`; the names and
+//! checks of [`Devices::parse`]) and `SHARDGRAPH_TENSOR_SPLIT` their ratios
+//! (`3,2,1`, [`Devices::with_tensor_split`]); bad values are an error when
+//! the backend is made.
+//!
+//! One persistent context per backend holds the resident tensors: weights
+//! (ggml buffers of usage WEIGHTS) and caches (usage ANY: written by the
+//! graphs, so after their first upload they live in the store alone). Each
+//! new graph is translated into that context (cached by the same
+//! fingerprint as the one-device path), planned (the planner caches plans
+//! by structure), and run by the executor. Leaves in ggml's compute buffers
+//! (the step's inputs, results of other backends' splits) are uploaded each
+//! run; the graph's outputs (nodes flagged OUTPUT, and the last node) are
+//! written back where ggml's allocator put them.
+//!
+//! The split policy is llama.cpp's feed-forward split by name (Megatron's
+//! MLP: `ffn_gate`/`ffn_up` by rows, `ffn_down` by columns in 256-element
+//! granules); every other tensor is mirrored.
+
+use crate::ffi::ggml_tensor;
+use crate::ggml::Ggml;
+use crate::translate::{self, Translator};
+use shardgraph::split::{Devices, MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitStore};
+use shardgraph::{Context, Graph, Op, TensorId};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// `GGML_BACKEND_BUFFER_USAGE_COMPUTE`.
+const USAGE_COMPUTE: i32 = 2;
+/// `GGML_TENSOR_FLAG_OUTPUT`.
+const FLAG_OUTPUT: i32 = 2;
+
+/// One translated graph of the persistent context.
+struct MetaGraph {
+    graph: Graph,
+    /// Every leaf of the graph with its ggml tensor.
+    leaves: Vec<(TensorId, *const ggml_tensor)>,
+    /// What is written back to ggml's memory after a run.
+    outputs: Vec<(TensorId, *const ggml_tensor)>,
+}
+
+// SAFETY: the raw ggml pointers are only read while the graph they came
+// from is being computed (a cache hit means the same live tensors).
+unsafe impl Send for MetaGraph {}
+// SAFETY: as above.
+unsafe impl Sync for MetaGraph {}
+
+/// The meta backend behind one SG backend.
+pub(crate) struct Meta {
+    policy: SplitPolicy,
+    planner: Planner,
+    exec: MetaExecutor,
+    store: SplitStore,
+    ctx: Context,
+    /// Resident tensors by their ggml tensor.
+    resident: HashMap<*const ggml_tensor, TensorId>,
+    /// Resident tensors whose bytes are in the store.
+    uploaded: HashSet<TensorId>,
+    graphs: Vec<(u128, Arc<MetaGraph>)>,
+    /// A description for the device ("2 sub-devices: CPU0, CPU1").
+    pub(crate) description: String,
+}
+
+// SAFETY: the raw pointers are keys only (compared, never dereferenced
+// outside a compute of the graph they came from).
+unsafe impl Send for Meta {}
+
+impl Meta {
+    /// The sub-devices from the environment, or `None` for one device.
+    ///
+    /// # Errors
+    /// A bad `SHARDGRAPH_DEVICES` or `SHARDGRAPH_TENSOR_SPLIT`.
+    pub(crate) fn from_env(threads: usize) -> Result<Option<Meta>, String> {
+        let Ok(list) = std::env::var("SHARDGRAPH_DEVICES") else { return Ok(None) };
+        let n = list.split(',').count().max(1);
+        let mut devices =
+            Devices::parse(&list, (threads / n).max(1)).map_err(|e| format!("SHARDGRAPH_DEVICES: {e}"))?;
+        if let Ok(r) = std::env::var("SHARDGRAPH_TENSOR_SPLIT") {
+            let ratios = r
+                .split(',')
+                .map(|x| x.trim().parse::<f32>().map_err(|e| format!("SHARDGRAPH_TENSOR_SPLIT {r:?}: {e}")))
+                .collect::<Result<Vec<f32>, String>>()?;
+            devices = devices.with_tensor_split(&ratios).map_err(|e| format!("SHARDGRAPH_TENSOR_SPLIT: {e}"))?;
+        }
+        let rows = SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] };
+        let policy = devices
+            .policy()
+            .map_err(|e| e.to_string())?
+            .rule("blk.*.ffn_gate.weight", rows.clone())
+            .rule("blk.*.ffn_up.weight", rows)
+            .rule("blk.*.ffn_down.weight", SplitSpec::Axis { axis: 0, granule: 256, segments: vec![] })
+            .rule("*", SplitSpec::Mirrored);
+        let description = format!("{} sub-devices: {}", devices.n_devices(), devices.names().join(", "));
+        Ok(Some(Meta {
+            policy,
+            planner: Planner::default(),
+            exec: devices.executor().map_err(|e| e.to_string())?,
+            store: devices.store(),
+            ctx: Context::new(),
+            resident: HashMap::new(),
+            uploaded: HashSet::new(),
+            graphs: Vec::new(),
+            description,
+        }))
+    }
+
+    /// Computes `nodes` tensor-parallel; `key` is their fingerprint.
+    ///
+    /// # Safety
+    /// The nodes and what they reach are live ggml tensors in SG buffers.
+    pub(crate) unsafe fn compute(&mut self, g: &Ggml, nodes: &[*mut ggml_tensor], key: u128) -> Result<(), String> {
+        let mg = match self.graphs.iter().find(|(k, _)| *k == key) {
+            Some((_, m)) => m.clone(),
+            None => {
+                // SAFETY: the caller's promise.
+                let Some(m) = (unsafe { self.translate(g, nodes) })? else { return Ok(()) };
+                let m = Arc::new(m);
+                self.graphs.insert(0, (key, m.clone()));
+                self.graphs.truncate(crate::CACHED);
+                m
+            }
+        };
+        let plan = self.planner.plan_for(&self.ctx, &mg.graph, &self.policy).map_err(|e| e.to_string())?;
+        self.store.place_leafs(&self.ctx, &mg.graph, plan).map_err(|e| e.to_string())?;
+        for &(id, t) in &mg.leaves {
+            let resident = self.resident.get(&t) == Some(&id);
+            if resident && self.uploaded.contains(&id) {
+                continue;
+            }
+            let n = self.ctx.tensor(id).map_err(|e| e.to_string())?.nbytes();
+            // SAFETY: live (the caller's promise).
+            let bytes = unsafe { host_bytes(&*t, n) }?;
+            self.store.set_tensor(&self.ctx, id, 0, &bytes).map_err(|e| e.to_string())?;
+            if resident {
+                self.uploaded.insert(id);
+            }
+        }
+        let ids: Vec<TensorId> = mg.outputs.iter().map(|o| o.0).collect();
+        let report = self.exec.execute(&self.ctx, &mg.graph, plan, &mut self.store, &ids).map_err(|e| e.to_string())?;
+        for (out, &(_, t)) in report.outputs.iter().zip(&mg.outputs) {
+            // SAFETY: live.
+            unsafe { write_host(&*t, &out.bytes) }?;
+        }
+        Ok(())
+    }
+
+    /// Translates `nodes` into the persistent context.
+    ///
+    /// # Safety
+    /// As [`Meta::compute`].
+    unsafe fn translate(&mut self, g: &Ggml, nodes: &[*mut ggml_tensor]) -> Result<Option<MetaGraph>, String> {
+        let ctx = std::mem::take(&mut self.ctx);
+        let mut tr = Translator::within(g, ctx, self.resident.clone(), nodes);
+        let mut outputs = Vec::new();
+        // Every node, in ggml's order: a cache write (`set_rows`) is no
+        // ancestor of the attention that reads the cache after it, so the
+        // graph is built from all of them, which keeps ggml's order.
+        let mut all = Vec::new();
+        let mut last = None;
+        let mut result = Ok(());
+        for &t in nodes {
+            // SAFETY: live.
+            let tr_ref = unsafe { &*t };
+            if translate::is_shape_only(g, tr_ref) {
+                continue;
+            }
+            // SAFETY: live.
+            match unsafe { tr.tensor(t) } {
+                Ok(id) => {
+                    all.push(id);
+                    if tr_ref.flags & FLAG_OUTPUT != 0 {
+                        outputs.push((id, t as *const ggml_tensor));
+                    }
+                    last = Some((id, t as *const ggml_tensor));
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let (ctx, map) = tr.into_parts();
+        self.ctx = ctx;
+        result?;
+        let Some(last) = last else { return Ok(None) };
+        if !outputs.contains(&last) {
+            outputs.push(last);
+        }
+        let mut leaves = Vec::new();
+        for (&t, &id) in &map {
+            let tensor = self.ctx.tensor(id).map_err(|e| e.to_string())?;
+            if !matches!(tensor.op, Op::None) {
+                continue;
+            }
+            // SAFETY: live.
+            let b = unsafe { (*t).buffer };
+            // SAFETY: a live tensor's buffer.
+            if !b.is_null() && unsafe { (*b).usage } != USAGE_COMPUTE {
+                self.resident.insert(t, id);
+            }
+            leaves.push((id, t));
+        }
+        if crate::verbose() {
+            let names: Vec<String> = outputs.iter().map(|o| self.ctx.display_name(o.0)).collect();
+            let n_in = leaves.iter().filter(|(id, _)| !self.resident.values().any(|r| r == id)).count();
+            eprintln!(
+                "shardgraph-ggml: meta graph of {} nodes, outputs {names:?}, {} leaves ({n_in} inputs)",
+                nodes.len(),
+                leaves.len()
+            );
+        }
+        let graph = self.ctx.build_forward(&all).map_err(|e| e.to_string())?;
+        let in_graph: HashSet<TensorId> = graph.leafs().iter().copied().collect();
+        leaves.retain(|(id, _)| in_graph.contains(id));
+        Ok(Some(MetaGraph { graph, leaves, outputs }))
+    }
+}
+
+/// The `n` bytes of `t` in its SG buffer.
+///
+/// # Safety
+/// `t` is a live tensor.
+unsafe fn host_bytes(t: &ggml_tensor, n: usize) -> Result<Vec<u8>, String> {
+    // SAFETY: the caller's promise.
+    let (buf, off) = unsafe { crate::host_place(t) }?;
+    let mut v = vec![0u8; n];
+    buf.get(off, &mut v).map_err(|e| e.to_string())?;
+    Ok(v)
+}
+
+/// Writes `bytes` where `t` lies in its SG buffer.
+///
+/// # Safety
+/// `t` is a live tensor.
+unsafe fn write_host(t: &ggml_tensor, bytes: &[u8]) -> Result<(), String> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the caller's promise.
+    let (buf, off) = unsafe { crate::host_place(t) }?;
+    buf.set(off, bytes).map_err(|e| e.to_string())
+}
