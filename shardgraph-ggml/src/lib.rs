@@ -273,6 +273,7 @@ unsafe extern "C" fn dev_supports_op(_: *mut ggml_backend_device, op: *const ggm
         let mut tr = translate::Translator::new(g, &[op as *mut ggml_tensor], None);
         // SAFETY: ggml passes a live tensor whose sources are live.
         match unsafe { tr.tensor(op) } {
+            Ok(_) if meta_copy_into_strided(g, op) => false,
             Ok(id) => s.alloc.supports_op(tr.context(), id),
             Err(e) => {
                 if verbose() {
@@ -282,6 +283,17 @@ unsafe extern "C" fn dev_supports_op(_: *mut ggml_backend_device, op: *const ggm
             }
         }
     })
+}
+
+/// Over sub-devices a copy's destination lives in the store and is read
+/// back where ggml put the node: only a packed destination is.
+fn meta_copy_into_strided(g: &ggml::Ggml, op: *const ggml_tensor) -> bool {
+    // SAFETY: ggml passes a live tensor whose sources are live.
+    let t = unsafe { &*op };
+    std::env::var_os("SHARDGRAPH_DEVICES").is_some()
+        && translate::op_name(g, t) == "CPY"
+        // SAFETY: as above (a CPY has two sources).
+        && (t.src[1].is_null() || !translate::is_packed(unsafe { &*t.src[1] }))
 }
 
 unsafe extern "C" fn dev_init_backend(dev: *mut ggml_backend_device, _params: *const c_char) -> *mut ggml_backend {
@@ -404,6 +416,10 @@ unsafe fn buf_ctx<'a>(b: *mut ggml_backend_buffer) -> &'a BufCtx {
 
 unsafe extern "C" fn buffer_free(b: *mut ggml_backend_buffer) {
     BUFFER_GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: ggml frees a live buffer of ours.
+    if unsafe { (*b).usage } != 2 {
+        RESIDENT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
     // SAFETY: ggml calls this once, on a buffer of ours.
     drop(unsafe { Box::from_raw((*b).context as *mut BufCtx) });
 }
@@ -505,6 +521,10 @@ pub(crate) const CACHED: usize = 8;
 /// no longer match, and are dropped as new ones come.
 static BUFFER_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Bumped whenever a buffer that is not a compute buffer (weights, caches)
+/// is freed: the meta backend's resident tensors may be gone.
+pub(crate) static RESIDENT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 unsafe extern "C" fn backend_get_name(_: *mut ggml_backend) -> *const c_char {
     c"SG".as_ptr()
 }
@@ -516,6 +536,13 @@ unsafe extern "C" fn backend_free(be: *mut ggml_backend) {
         let (h, m) =
             (c.hits.load(std::sync::atomic::Ordering::Relaxed), c.misses.load(std::sync::atomic::Ordering::Relaxed));
         eprintln!("shardgraph-ggml: graphs computed from a cached translation {h}, translated {m}");
+        if let Some(meta) = &c.meta {
+            let meta = meta.lock().unwrap_or_else(|p| p.into_inner());
+            eprintln!(
+                "shardgraph-ggml: {}: {} runs, {} bytes exchanged between sub-devices",
+                meta.description, meta.runs, meta.bytes_moved
+            );
+        }
     }
     // SAFETY: ggml frees each backend of ours once.
     unsafe {

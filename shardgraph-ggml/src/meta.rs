@@ -8,13 +8,13 @@
 //! the backend is made.
 //!
 //! One persistent context per backend holds the resident tensors: weights
-//! (ggml buffers of usage WEIGHTS) and caches (usage ANY: written by the
-//! graphs, so after their first upload they live in the store alone). Each
+//! (ggml buffers of usage WEIGHTS) and caches (leaves a graph writes with
+//! `set_rows`/`cpy`: after their first upload they live in the store alone,
+//! so ggml's `get_tensor` of a cache reads stale bytes). Each
 //! new graph is translated into that context (cached by the same
 //! fingerprint as the one-device path), planned (the planner caches plans
-//! by structure), and run by the executor. Leaves in ggml's compute buffers
-//! (the step's inputs, results of other backends' splits) are uploaded each
-//! run; the graph's outputs (nodes flagged OUTPUT, and the last node) are
+//! by structure), and run by the executor. Every other leaf (the step's
+//! inputs, results of other backends' splits) is uploaded each run; the graph's outputs (nodes flagged OUTPUT, and the last node) are
 //! written back where ggml's allocator put them.
 //!
 //! The split policy is llama.cpp's feed-forward split by name (Megatron's
@@ -29,8 +29,8 @@ use shardgraph::{Context, Graph, Op, TensorId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// `GGML_BACKEND_BUFFER_USAGE_COMPUTE`.
-const USAGE_COMPUTE: i32 = 2;
+/// `GGML_BACKEND_BUFFER_USAGE_WEIGHTS`.
+const USAGE_WEIGHTS: i32 = 1;
 /// `GGML_TENSOR_FLAG_OUTPUT`.
 const FLAG_OUTPUT: i32 = 2;
 
@@ -51,6 +51,11 @@ unsafe impl Sync for MetaGraph {}
 
 /// The meta backend behind one SG backend.
 pub(crate) struct Meta {
+    devices: Devices,
+    /// [`crate::RESIDENT_GENERATION`] when the resident tensors were
+    /// gathered: a freed weights or cache buffer makes them stale, and the
+    /// whole state starts again.
+    resident_generation: u64,
     policy: SplitPolicy,
     planner: Planner,
     exec: MetaExecutor,
@@ -63,6 +68,9 @@ pub(crate) struct Meta {
     graphs: Vec<(u128, Arc<MetaGraph>)>,
     /// A description for the device ("2 sub-devices: CPU0, CPU1").
     pub(crate) description: String,
+    /// Runs, and bytes the sub-devices exchanged over them.
+    pub(crate) runs: u64,
+    pub(crate) bytes_moved: u64,
 }
 
 // SAFETY: the raw pointers are keys only (compared, never dereferenced
@@ -96,15 +104,19 @@ impl Meta {
             .rule("*", SplitSpec::Mirrored);
         let description = format!("{} sub-devices: {}", devices.n_devices(), devices.names().join(", "));
         Ok(Some(Meta {
+            resident_generation: crate::RESIDENT_GENERATION.load(std::sync::atomic::Ordering::SeqCst),
+            store: devices.store(),
             policy,
             planner: Planner::default(),
             exec: devices.executor().map_err(|e| e.to_string())?,
-            store: devices.store(),
+            devices,
             ctx: Context::new(),
             resident: HashMap::new(),
             uploaded: HashSet::new(),
             graphs: Vec::new(),
             description,
+            runs: 0,
+            bytes_moved: 0,
         }))
     }
 
@@ -113,6 +125,18 @@ impl Meta {
     /// # Safety
     /// The nodes and what they reach are live ggml tensors in SG buffers.
     pub(crate) unsafe fn compute(&mut self, g: &Ggml, nodes: &[*mut ggml_tensor], key: u128) -> Result<(), String> {
+        let generation = crate::RESIDENT_GENERATION.load(std::sync::atomic::Ordering::SeqCst);
+        if generation != self.resident_generation {
+            // A weights or cache buffer was freed: its tensors' addresses
+            // may now name others. Start again (weights are uploaded anew).
+            self.store = self.devices.store();
+            self.ctx = Context::new();
+            self.resident.clear();
+            self.uploaded.clear();
+            self.graphs.clear();
+            self.planner = Planner::default();
+            self.resident_generation = generation;
+        }
         let mg = match self.graphs.iter().find(|(k, _)| *k == key) {
             Some((_, m)) => m.clone(),
             None => {
@@ -141,6 +165,8 @@ impl Meta {
         }
         let ids: Vec<TensorId> = mg.outputs.iter().map(|o| o.0).collect();
         let report = self.exec.execute(&self.ctx, &mg.graph, plan, &mut self.store, &ids).map_err(|e| e.to_string())?;
+        self.runs += 1;
+        self.bytes_moved += report.bytes_moved;
         for (out, &(_, t)) in report.outputs.iter().zip(&mg.outputs) {
             // SAFETY: live.
             unsafe { write_host(&*t, &out.bytes) }?;
@@ -183,23 +209,62 @@ impl Meta {
                 }
             }
         }
+        let known = self.resident.clone();
         let (ctx, map) = tr.into_parts();
         self.ctx = ctx;
         result?;
         let Some(last) = last else { return Ok(None) };
+        // Results ggml's caller may read: nodes flagged OUTPUT, the last
+        // node, and every node no other node reads (ggml's test harness
+        // reads those). Writes into a cache (`set_rows`/`cpy` results) are
+        // not copied back: the cache lives in the store.
+        let mut read = HashSet::new();
+        for &n in nodes {
+            // SAFETY: live.
+            for &src in unsafe { &(*n).src } {
+                let mut v = src as *const ggml_tensor;
+                while !v.is_null() && read.insert(v) {
+                    // SAFETY: live.
+                    v = unsafe { (*v).view_src };
+                }
+            }
+        }
+        for &n in nodes {
+            let t = n as *const ggml_tensor;
+            // SAFETY: live.
+            if read.contains(&t) || translate::is_shape_only(g, unsafe { &*n }) {
+                continue;
+            }
+            let Some(&id) = map.get(&t) else { continue };
+            let writes = self.ctx.tensor(id).map_err(|e| e.to_string())?.op.writes_through_view();
+            if !writes && !outputs.iter().any(|o: &(TensorId, *const ggml_tensor)| o.1 == t) {
+                outputs.push((id, t));
+            }
+        }
         if !outputs.contains(&last) {
             outputs.push(last);
         }
+        // Leaves the graph writes (caches: `set_rows`/`cpy` destinations)
+        // live in the store from their first upload on; so do weights.
+        // Other leaves (inputs, results of other backends, any buffer the
+        // caller fills) are uploaded every run.
+        let written = written_leaves(&self.ctx, &all)?;
         let mut leaves = Vec::new();
         for (&t, &id) in &map {
             let tensor = self.ctx.tensor(id).map_err(|e| e.to_string())?;
             if !matches!(tensor.op, Op::None) {
                 continue;
             }
+            if known.contains_key(&t) {
+                // Resident from an earlier graph (its ggml tensor need not
+                // be in this one: not dereferenced).
+                leaves.push((id, t));
+                continue;
+            }
             // SAFETY: live.
             let b = unsafe { (*t).buffer };
             // SAFETY: a live tensor's buffer.
-            if !b.is_null() && unsafe { (*b).usage } != USAGE_COMPUTE {
+            if !b.is_null() && (unsafe { (*b).usage } == USAGE_WEIGHTS || written.contains(&id)) {
                 self.resident.insert(t, id);
             }
             leaves.push((id, t));
@@ -218,6 +283,26 @@ impl Meta {
         leaves.retain(|(id, _)| in_graph.contains(id));
         Ok(Some(MetaGraph { graph, leaves, outputs }))
     }
+}
+
+/// The leaves that the nodes `all` write through views (`set_rows`/`cpy`
+/// destinations: caches).
+fn written_leaves(ctx: &Context, all: &[TensorId]) -> Result<HashSet<TensorId>, String> {
+    let mut written = HashSet::new();
+    for &id in all {
+        let t = ctx.tensor(id).map_err(|e| e.to_string())?;
+        if let Some(k) = t.op.written_src() {
+            let mut d = t.src.get(k).copied();
+            while let Some(v) = d {
+                let vt = ctx.tensor(v).map_err(|e| e.to_string())?;
+                if vt.view_src.is_none() {
+                    written.insert(v);
+                }
+                d = vt.view_src;
+            }
+        }
+    }
+    Ok(written)
 }
 
 /// The `n` bytes of `t` in its SG buffer.

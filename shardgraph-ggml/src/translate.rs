@@ -117,6 +117,11 @@ pub(crate) unsafe fn fingerprint(
     (h.finish() as u128) << 64 | h2.finish() as u128
 }
 
+/// True when `t` is laid out packed (ggml's `ggml_is_contiguous`).
+pub(crate) fn is_packed(t: &ggml_tensor) -> bool {
+    GgmlType::from_id(t.type_ as u32).is_ok_and(|ty| packed_nb(ty, &t.ne) == Some(t.nb))
+}
+
 /// True for ggml's shape-only ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE),
 /// which compute nothing.
 pub(crate) fn is_shape_only(g: &Ggml, t: &ggml_tensor) -> bool {
@@ -125,7 +130,7 @@ pub(crate) fn is_shape_only(g: &Ggml, t: &ggml_tensor) -> bool {
 
 /// The strides of a packed tensor of type `ty` and shape `ne` (ggml's
 /// `ggml_new_tensor`); `None` on overflow or a negative extent.
-fn packed_nb(ty: GgmlType, ne: &[i64; 4]) -> Option<[usize; 4]> {
+pub(crate) fn packed_nb(ty: GgmlType, ne: &[i64; 4]) -> Option<[usize; 4]> {
     let n = |i: usize| usize::try_from(ne[i]).ok();
     let mut nb = [ty.type_size(), ty.row_size(ne[0]).ok()?, 0, 0];
     nb[2] = nb[1].checked_mul(n(1)?)?;

@@ -55,9 +55,12 @@ struct Counts {
     unsupported: usize,
 }
 
-fn run_ops(exe: &Path, op: &str, params: Option<&str>) -> (Counts, String) {
+fn run_ops(exe: &Path, op: &str, params: Option<&str>, devices: Option<&str>) -> (Counts, String) {
     let mut cmd = Command::new(exe);
-    cmd.args(["test", "-b", "SG", "-o", op]).env("GGML_BACKEND_PATH", library());
+    cmd.args(["test", "-b", "SG", "-o", op]).env("GGML_BACKEND_PATH", library()).env_remove("SHARDGRAPH_DEVICES");
+    if let Some(d) = devices {
+        cmd.env("SHARDGRAPH_DEVICES", d);
+    }
     if let Some(p) = params {
         cmd.args(["-p", p]);
     }
@@ -77,8 +80,8 @@ fn run_ops(exe: &Path, op: &str, params: Option<&str>) -> (Counts, String) {
     (c, text)
 }
 
-/// ggml's own op tests, on the ops the qwen3, qwen35 and DFlash2 graphs
-/// use (the long flash-attention and matrix suites filtered to the head
+/// ggml's own op tests, on one CPU device and on 2 CPU sub-devices, on
+/// the ops the qwen3, qwen35 and DFlash2 graphs use (the long flash-attention and matrix suites filtered to the head
 /// sizes and types those models have): every case SG supports equals
 /// ggml's CPU backend within test-backend-ops' tolerances, and the ops the
 /// models need are supported for their shapes.
@@ -107,18 +110,37 @@ fn test_backend_ops_passes_on_sg() {
         ("SSM_CONV", None),
         ("GATED_DELTA_NET", None),
         ("MUL_MAT", Some("type_a=(f32|f16|q8_0|q4_K|q6_K),type_b=f32")),
-        ("FLASH_ATTN_EXT", Some("hsk=128,hsv=128,.*type_K=(f16|q8_0)")),
+        ("FLASH_ATTN_EXT", Some("hsk=128,hsv=128,.*kv=512,.*type_K=(f16|q8_0)")),
     ];
     let mut failures = Vec::new();
-    println!("{:<16} {:>6} {:>6} {:>14}", "op", "passed", "failed", "not supported");
-    for &(op, params) in ops {
-        let (c, text) = run_ops(&exe, op, params);
-        println!("{op:<16} {:>6} {:>6} {:>14}", c.ok, c.failed, c.unsupported);
-        if c.failed > 0 {
-            failures
-                .push(text.lines().filter(|l| l.contains("FAIL")).map(str::to_string).collect::<Vec<_>>().join("\n"));
+    // One CPU device: every op; 2 CPU sub-devices (the meta backend behind
+    // SG): the ops of the models' graphs, the matrix and attention suites
+    // narrowed to the models' types and GQA shape (the test's time).
+    let meta: &[(&str, Option<&str>)] = &[
+        ("ADD", None),
+        ("MUL", None),
+        ("RMS_NORM", None),
+        ("SOFT_MAX", None),
+        ("ROPE", Some("type=f32")),
+        ("GET_ROWS", None),
+        ("SET_ROWS", None),
+        ("CPY", None),
+        ("SWIGLU", None),
+        ("MUL_MAT", Some("type_a=(q8_0|q4_K),type_b=f32")),
+        ("FLASH_ATTN_EXT", Some("hsk=128,hsv=128,nh=4,nr23=\\[4,1\\],kv=512,.*type_K=f16")),
+    ];
+    println!("{:<16} {:<8} {:>6} {:>6} {:>14}", "op", "devices", "passed", "failed", "not supported");
+    for (devices, list) in [(None, ops), (Some("CPU,CPU"), meta)] {
+        for &(op, params) in list {
+            let (c, text) = run_ops(&exe, op, params, devices);
+            let label = devices.unwrap_or("CPU");
+            println!("{op:<16} {label:<8} {:>6} {:>6} {:>14}", c.ok, c.failed, c.unsupported);
+            if c.failed > 0 {
+                let lines: Vec<&str> = text.lines().filter(|l| l.contains("FAIL")).collect();
+                failures.push(format!("{label}: {}", lines.join("\n")));
+            }
+            assert!(c.ok > 0, "{op} on {label}: no case ran on SG:\n{text}");
         }
-        assert!(c.ok > 0, "{op}: no case ran on SG:\n{text}");
     }
     assert!(failures.is_empty(), "cases where SG differs from ggml's CPU backend:\n{}", failures.join("\n"));
 }
@@ -171,7 +193,8 @@ fn python() -> Result<PathBuf, String> {
     ok.then_some(py).ok_or_else(|| "no .venv with llama-cpp-python 0.3.36 (run ./scripts/setup.sh)".into())
 }
 
-/// llama.cpp with every layer on SG gives its own CPU backend's logits
+/// llama.cpp with every layer on SG (one CPU device, and 2 and 3 CPU
+/// sub-devices through the meta backend) gives its own CPU backend's logits
 /// (NMSE ≤ 1e-3, the bound the issue sets; measured ~1e-5) and the same
 /// greedy tokens over 32 steps, on a qwen3 file with llama.cpp's Q4_K_M
 /// type mix, a tied Q8_0 qwen3 and a Q8_0 qwen35 hybrid (both with the
@@ -219,24 +242,49 @@ fn llama_cpp_runs_models_on_sg() {
                 .map(|_| ()),
         }
         .expect("the GGUF");
-        let out = Command::new(&py)
-            .arg(root().join("scripts/llama-on-sg.py"))
-            .arg("--lib")
-            .arg(library())
-            .arg("--model")
-            .arg(&path)
-            .args(["--prompt", "11,205,3,99,42,310,7,64", "--n-gen", "32", "--json"])
-            .output()
-            .expect("python runs");
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or_default()).expect("json");
-        let (nmse, steps) = (v["prompt_nmse"].as_f64().unwrap(), v["max_step_nmse"].as_f64().unwrap());
-        println!("{name}: prompt NMSE {nmse:.3e}, steps max NMSE {steps:.3e}, splits {}", v["splits"]);
-        assert!(nmse <= 1e-3 && steps <= 1e-3, "{name}: NMSE {nmse:e} / {steps:e} above 1e-3");
-        assert!(v["tokens_equal"].as_bool().unwrap(), "{name}: greedy tokens differ: {v}");
-        let sg = v["splits"]["SG"].as_array().expect("SG's split counts");
-        assert!(!sg.is_empty() && sg.iter().all(|s| s.as_u64().is_some_and(|n| n <= 2)), "{name}: splits {sg:?}");
+        // One CPU device; 2 sub-devices 1:1 and 3 sub-devices 3:2:1
+        // through the meta backend (llama.cpp's FFN split by name).
+        for (devices, split) in [(None, None), (Some("CPU,CPU"), None), (Some("CPU,CPU,CPU"), Some("3,2,1"))] {
+            let mut cmd = Command::new(&py);
+            cmd.arg(root().join("scripts/llama-on-sg.py"))
+                .arg("--lib")
+                .arg(library())
+                .arg("--model")
+                .arg(&path)
+                .args(["--prompt", "11,205,3,99,42,310,7,64", "--n-gen", "32", "--json"])
+                .env("SHARDGRAPH_GGML_VERBOSE", "1")
+                .env_remove("SHARDGRAPH_DEVICES")
+                .env_remove("SHARDGRAPH_TENSOR_SPLIT");
+            if let Some(d) = devices {
+                cmd.env("SHARDGRAPH_DEVICES", d);
+            }
+            if let Some(r) = split {
+                cmd.env("SHARDGRAPH_TENSOR_SPLIT", r);
+            }
+            let out = cmd.output().expect("python runs");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{name} on {devices:?}: {err}");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or_default()).expect("json");
+            let (nmse, steps) = (v["prompt_nmse"].as_f64().unwrap(), v["max_step_nmse"].as_f64().unwrap());
+            let moved = err
+                .lines()
+                .find_map(|l| l.split(" bytes exchanged").next().filter(|_| l.contains("bytes exchanged")))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+            println!(
+                "{name} on {}: prompt NMSE {nmse:.3e}, steps max NMSE {steps:.3e}, splits {}, bytes exchanged {moved:?}",
+                devices.unwrap_or("SG (1 CPU)"),
+                v["splits"]
+            );
+            assert!(nmse <= 1e-3 && steps <= 1e-3, "{name} on {devices:?}: NMSE {nmse:e} / {steps:e} above 1e-3");
+            assert!(v["tokens_equal"].as_bool().unwrap(), "{name} on {devices:?}: greedy tokens differ: {v}");
+            let sg = v["splits"]["SG"].as_array().expect("SG's split counts");
+            assert!(!sg.is_empty() && sg.iter().all(|s| s.as_u64().is_some_and(|n| n <= 2)), "{name}: splits {sg:?}");
+            if devices.is_some() {
+                // The FFN weights are split: each step all-reduces.
+                assert!(moved.is_some_and(|b| b > 0), "{name} on {devices:?}: no bytes exchanged: {err}");
+            }
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
