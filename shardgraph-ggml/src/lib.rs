@@ -591,10 +591,9 @@ pub(crate) unsafe fn host_place(t: &ggml_tensor) -> Result<(Arc<dyn shardgraph::
     let b = t.buffer;
     // SAFETY: a non-null buffer of a live tensor is live.
     if b.is_null() || unsafe { (*b).buft } != s.buft {
-        let name: Vec<u8> = t.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         return Err(format!(
             "{:?} lies outside the SG device's buffers ({})",
-            String::from_utf8_lossy(&name),
+            translate::tensor_name(t),
             if b.is_null() { "in no buffer" } else { "in another backend's buffer" }
         ));
     }

@@ -51,7 +51,8 @@ fn f32_param(t: &ggml_tensor, i: usize) -> f32 {
     f32::from_bits(t.op_params[i] as u32)
 }
 
-fn tensor_name(t: &ggml_tensor) -> String {
+/// `t`'s name (up to its NUL).
+pub(crate) fn tensor_name(t: &ggml_tensor) -> String {
     let bytes: Vec<u8> = t.name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -263,7 +264,7 @@ impl<'a> Translator<'a> {
             "UNARY" => {
                 // SAFETY: ggml_unary_op_name accepts any value (out of range: null).
                 let u = name(unsafe { (self.g.unary_op_name)(p[0]) }).to_ascii_lowercase();
-                let f = UNARY
+                let f = UnaryOp::ALL
                     .iter()
                     .find(|f| f.name() == u)
                     .ok_or_else(|| bad("unary", "op", format!("{u} is not supported")))?;
@@ -424,20 +425,6 @@ fn rope_params(t: &ggml_tensor) -> shardgraph::Result<RopeParams> {
         sections: [p[11], p[12], p[13], p[14]],
     })
 }
-
-/// Every unary op shardgraph runs, matched by ggml's name.
-const UNARY: [UnaryOp; 10] = [
-    UnaryOp::Abs,
-    UnaryOp::Neg,
-    UnaryOp::Tanh,
-    UnaryOp::Relu,
-    UnaryOp::Sigmoid,
-    UnaryOp::Gelu,
-    UnaryOp::GeluQuick,
-    UnaryOp::Silu,
-    UnaryOp::Exp,
-    UnaryOp::Softplus,
-];
 
 /// An operand shardgraph does not take from ggml.
 fn bad(op: &'static str, operand: &'static str, detail: String) -> shardgraph::Error {

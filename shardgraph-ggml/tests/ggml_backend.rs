@@ -8,6 +8,8 @@
 //! Without the built tools or the venv the tests print `SKIPPED` and pass,
 //! unless `SHARDGRAPH_REQUIRE_LLAMA_TOOLS` is set (as `.ci/run` does).
 
+#[path = "../../tests/common/qwen35_tiny.rs"]
+mod qwen35_tiny;
 #[path = "../../tests/common/require.rs"]
 mod require;
 
@@ -16,7 +18,6 @@ use shardgraph::GgmlType;
 use shardgraph_models::generate::{write_qwen35_gguf_with, write_qwen3_gguf_with, Weights};
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::Qwen3Hparams;
-use shardgraph_models::qwen35::Qwen35Hparams;
 use shardgraph_models::types::TensorTypes;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -207,28 +208,7 @@ fn llama_cpp_runs_models_on_sg() {
     let dir = std::env::temp_dir().join(format!("sg-ggml-models-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let q3 = Qwen3Hparams { core: HparamsCore::qwen3(2, 256, 512, 8, 4, 64), n_vocab: 320, n_ctx_train: 4096 };
-    let q35 = Qwen35Hparams {
-        core: HparamsCore {
-            n_layer: 4,
-            n_embd: 256,
-            n_ff: 512,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 64,
-            rms_eps: 1e-6,
-            rope_base: 1e7,
-        },
-        n_vocab: 320,
-        n_rot: 16,
-        rope_sections: [3, 3, 2, 0],
-        full_attention_interval: 2,
-        d_conv: 4,
-        d_state: 32,
-        n_k_heads: 2,
-        n_v_heads: 4,
-        n_nextn: 0,
-        n_ctx_train: 4096,
-    };
+    let q35 = qwen35_tiny::tiny();
     let files = [("qwen3-q4_k_m.gguf", 0), ("qwen3-tied-q8_0.gguf", 1), ("qwen35-q8_0.gguf", 2)];
     for (name, kind) in files {
         let path = dir.join(name);

@@ -43,6 +43,20 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// Every unary op, in declaration order.
+    pub const ALL: [UnaryOp; 10] = [
+        UnaryOp::Abs,
+        UnaryOp::Neg,
+        UnaryOp::Tanh,
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Gelu,
+        UnaryOp::GeluQuick,
+        UnaryOp::Silu,
+        UnaryOp::Exp,
+        UnaryOp::Softplus,
+    ];
+
     /// ggml's name (`ggml_unary_op_name`).
     pub fn name(self) -> &'static str {
         match self {

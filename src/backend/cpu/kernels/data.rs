@@ -303,38 +303,32 @@ fn get_rows(d: &TView, a: &TView, b: &TView) -> Result<()> {
     let same = d.ty == a.ty;
     let ts = a.ty.type_size();
     let nrows = d.nrows();
+    // Destination row `r` → its source row, the index checked.
+    let source = |r: usize| -> Result<(usize, usize, usize)> {
+        let (i10, i11, i12) = d.row_index(r);
+        let idx = b.get_i64(i10, i11, i12, 0);
+        if idx < 0 || idx as u64 >= n_table as u64 {
+            return Err(compute_err(format!(
+                "get_rows: index {idx} at [{i10}, {i11}, {i12}] outside the table's {n_table} rows (src0 {}{:?})",
+                a.ty, a.ne
+            )));
+        }
+        Ok((idx as usize, i11, i12))
+    };
     if same && d.rows_packed() && a.rows_packed() && !d.overlaps(a) {
-        let index = |r: usize| -> Result<(usize, usize, usize)> {
-            let (i10, i11, i12) = d.row_index(r);
-            let idx = b.get_i64(i10, i11, i12, 0);
-            if idx < 0 || idx as u64 >= n_table as u64 {
-                return Err(compute_err(format!(
-                    "get_rows: index {idx} at [{i10}, {i11}, {i12}] outside the table's {n_table} rows (src0 {}{:?})",
-                    a.ty, a.ne
-                )));
-            }
-            Ok((idx as usize, i11, i12))
-        };
-        return copy_packed_rows(d, a, nrows, units(a) * ts, &index);
+        return copy_packed_rows(d, a, nrows, units(a) * ts, &source);
     }
     (0..nrows).into_par_iter().with_min_len(min_rows(ne0)).try_for_each_init(
         || (vec![0f32; ne0], vec![0u8; units(a) * ts], HalfScratch::default()),
         |(frow, brow, hs), r| -> Result<()> {
             let (i10, i11, i12) = d.row_index(r);
-            let idx = b.get_i64(i10, i11, i12, 0);
-            if idx < 0 || idx as u64 >= n_table as u64 {
-                return Err(compute_err(format!(
-                    "get_rows: index {idx} at [{i10}, {i11}, {i12}] outside the table's {n_table} rows (src0 {}{:?})",
-                    a.ty, a.ne
-                )));
-            }
-            let idx = idx as usize;
+            let (idx, j1, j2) = source(r)?;
             if same {
-                load_bytes(a, idx, i11, i12, brow);
+                load_bytes(a, idx, j1, j2, brow);
                 store_bytes(d, i10, i11, i12, brow);
                 Ok(())
             } else {
-                load_f32(a, idx, i11, i12, frow, hs)?;
+                load_f32(a, idx, j1, j2, frow, hs)?;
                 store_f32(d, i10, i11, i12, frow, hs)
             }
         },
