@@ -186,6 +186,10 @@ struct Analysis {
     misaligned: HashSet<TensorId>,
     /// Nodes derived from a selection among near-equal values.
     tie_sensitive: HashSet<TensorId>,
+    /// What each selection (argmax, top_k, argsort) read from its source on
+    /// one device: a write later in the graph may overwrite that memory, so
+    /// the run's final storage does not say what the selection saw.
+    selected_from: HashMap<TensorId, Vec<f32>>,
     /// Each node's [`Precision`].
     precision: HashMap<TensorId, Precision>,
     /// Each node's largest finite magnitude over itself and everything it depends on.
@@ -280,11 +284,38 @@ impl Analysis {
         // over rows with near-equal values: which of two near-equal values wins
         // depends on the last bit; the selection itself is compared by the
         // values it selects, what is derived from it for finiteness only.
+        let owner_of = |id: TensorId| ctx.tensor(id).unwrap().view_src.unwrap_or(id);
+        let mut selected_from = HashMap::new();
+        for (k, &id) in graph.nodes().iter().enumerate() {
+            let t = ctx.tensor(id).unwrap();
+            if !is_selection(&t.op) {
+                continue;
+            }
+            let read = owner_of(t.src[0]);
+            let overwritten = graph.nodes()[k + 1..].iter().any(|&w| {
+                let tw = ctx.tensor(w).unwrap();
+                tw.op.written_src().is_some_and(|d| owner_of(tw.src[d]) == read)
+            });
+            let values = if overwritten {
+                // The graph up to the selection, in the same order (a prefix
+                // of a post-order is its own post-order), with the same leaf
+                // values: what the source held when the selection ran.
+                ctx.build_forward(&graph.nodes()[..=k])
+                    .ok()
+                    .and_then(|g| random_graph::compute_one_device(ctx, &g).ok().filter(|r| r.2).map(|r| r.0))
+                    .and_then(|st| st.get_f32(ctx, t.src[0]).ok())
+            } else {
+                f32s(t.src[0]).ok()
+            };
+            if let Some(v) = values {
+                selected_from.insert(id, v);
+            }
+        }
         let mut tie_sensitive = HashSet::new();
         for &id in graph.nodes() {
             let t = ctx.tensor(id).unwrap();
             let near_ties = is_selection(&t.op)
-                && f32s(t.src[0]).is_ok_and(|v| {
+                && selected_from.get(&id).is_some_and(|v| {
                     let w = ctx.tensor(t.src[0]).unwrap().ne[0].max(1) as usize;
                     v.chunks(w).any(|row| {
                         let mut r: Vec<f32> = row.iter().copied().filter(|x| x.is_finite()).collect();
@@ -299,7 +330,6 @@ impl Analysis {
         // A write whose other operands read the memory it writes (set_rows of a
         // tensor into a permuted view of itself) depends on the kernel's loop
         // order on one device; such graphs check planning, execution and bytes.
-        let owner_of = |id: TensorId| ctx.tensor(id).unwrap().view_src.unwrap_or(id);
         let aliased = graph.nodes().iter().any(|&id| {
             let t = ctx.tensor(id).unwrap();
             let Some(dst) = t.op.written_src() else { return false };
@@ -366,7 +396,7 @@ impl Analysis {
                 Some((id, e / (PERTURBATION as f64).powi(2)))
             })
             .collect();
-        Analysis { specials, aliased, misaligned, tie_sensitive, precision, scale, amplification }
+        Analysis { specials, aliased, misaligned, tie_sensitive, selected_from, precision, scale, amplification }
     }
 }
 
@@ -450,7 +480,9 @@ fn compare_output(
             return Ok(());
         }
         let src = ctx.tensor(t.src[0]).unwrap();
-        let sv = storage.get_f32(ctx, t.src[0]).unwrap();
+        let Some(sv) = info.selected_from.get(&o) else {
+            return Err(TestCaseError::fail(format!("{name}: the values it selects from are unknown\n{}", report())));
+        };
         // argmax gives one index per row (`[rows]`), top_k and argsort `[k, rows]`.
         let per_row = if matches!(t.op, Op::Argmax) { 1 } else { t.ne[0].max(1) as usize };
         let w_in = src.ne[0].max(1) as usize;
@@ -735,4 +767,51 @@ fn a_write_into_a_cast_result_reads_the_cast() {
     for n in [1, 2] {
         assert_split_equals_one_device(&ctx, out, n, &mirrored);
     }
+}
+
+/// Fixed test defect (seed 11690262811911437144): an argsort read a view of
+/// a `mul_mat` result that a later `set_rows` overwrote, and the check read
+/// the values it selected from the run's final storage. It now reads what
+/// the source held when the selection ran ([`Analysis::selected_from`]).
+#[test]
+fn a_selection_is_checked_against_what_it_read_before_a_later_write() {
+    let leafs = [Leaf { ty: 7, ne: vec![2, 3, 4] }, Leaf { ty: 0, ne: vec![0] }];
+    let steps: [Step; 20] = [
+        (66, 2157918502, 109416539, 389319895),
+        (14, 3061051939, 0, 0),
+        (36, 2406775828, 0, 0),
+        (0, 1636718202, 1969730902, 0),
+        (19, 55282551, 0, 1600073652),
+        (159, 1689330866, 0, 0),
+        (230, 992093941, 0, 0),
+        (13, 2207153715, 0, 0),
+        (4, 2304023556, 0, 0),
+        (0, 1234929394, 0, 1329556156),
+        (193, 1923077547, 0, 0),
+        (29, 2896418054, 0, 0),
+        (0, 3646654209, 0, 0),
+        (0, 2706878144, 0, 0),
+        (0, 2830724418, 0, 0),
+        (0, 3309698226, 0, 0),
+        (0, 2513708617, 0, 0),
+        (4, 2338424327, 0, 0),
+        (0, 3409321235, 0, 0),
+        (8, 3214077773, 0, 0),
+    ];
+    let (ctx, accepted) = build(&leafs, &steps).expect("the case builds");
+    let graph = ctx.build_forward(&accepted).unwrap();
+    let (storage, _, _) = random_graph::compute_one_device(&ctx, &graph).unwrap();
+    let runs = Runs { moved: storage.clone(), mixed: storage.clone(), nudged: storage.clone(), storage };
+    let info = Analysis::new(&ctx, &graph, &runs);
+    // The argsort's source is a view of what the set_rows overwrites: the
+    // values it read differ from the final ones.
+    let sel = graph
+        .nodes()
+        .iter()
+        .copied()
+        .find(|&id| matches!(ctx.tensor(id).unwrap().op, Op::Argsort { .. }) && ctx.tensor(id).unwrap().ne[0] == 3);
+    let sel = sel.expect("the case has an argsort of 3-wide rows");
+    let src = ctx.tensor(sel).unwrap().src[0];
+    assert_ne!(info.selected_from[&sel], runs.storage.get_f32(&ctx, src).unwrap());
+    check_split(&leafs, &steps).unwrap();
 }
