@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PATCH = ROOT / "scripts" / "llama-spec-simple.patch"
 DEFAULT_SRC = [
     os.environ.get("LLAMA_CPP_SRC", ""),
+    str(Path.home() / ".cache" / "shardgraph" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"),
     "/work/ref/llama_cpp_python-0.3.36/vendor/llama.cpp",
 ]
 CACHE = Path(os.environ.get("SHARDGRAPH_LLAMA_TOOLS", Path.home() / ".cache" / "shardgraph" / "llama-tools"))

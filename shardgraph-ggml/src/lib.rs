@@ -27,6 +27,7 @@ mod ffi;
 mod ggml;
 mod meta;
 mod paths;
+mod policy;
 #[cfg(test)]
 #[path = "../../tests/common/require.rs"]
 mod require;

@@ -17,14 +17,14 @@
 //! inputs, results of other backends' splits) is uploaded each run; the graph's outputs (nodes flagged OUTPUT, and the last node) are
 //! written back where ggml's allocator put them.
 //!
-//! The split policy is llama.cpp's feed-forward split by name (Megatron's
-//! MLP: `ffn_gate`/`ffn_up` by rows, `ffn_down` by columns in 256-element
-//! granules); every other tensor is mirrored.
+//! The split policy is [`crate::policy`]'s, by tensor name: feed-forward
+//! and attention split as Megatron-LM (and llama.cpp) split them, the rest
+//! mirrored.
 
 use crate::ffi::ggml_tensor;
 use crate::ggml::Ggml;
 use crate::translate::{self, Translator};
-use shardgraph::split::{Devices, MetaExecutor, Planner, SplitPolicy, SplitSpec, SplitStore};
+use shardgraph::split::{Devices, MetaExecutor, Planner, SplitPolicy, SplitStore};
 use shardgraph::{Context, Graph, Op, TensorId};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -57,6 +57,10 @@ pub(crate) struct Meta {
     /// whole state starts again.
     resident_generation: u64,
     policy: SplitPolicy,
+    /// The policy's attention rules come from the first graph translated
+    /// (its layers' shapes); later graphs keep them (their weights live
+    /// in the store as that policy placed them).
+    policy_fixed: bool,
     planner: Planner,
     exec: MetaExecutor,
     store: SplitStore,
@@ -94,19 +98,13 @@ impl Meta {
                 .collect::<Result<Vec<f32>, String>>()?;
             devices = devices.with_tensor_split(&ratios).map_err(|e| format!("SHARDGRAPH_TENSOR_SPLIT: {e}"))?;
         }
-        let rows = SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] };
-        let policy = devices
-            .policy()
-            .map_err(|e| e.to_string())?
-            .rule("blk.*.ffn_gate.weight", rows.clone())
-            .rule("blk.*.ffn_up.weight", rows)
-            .rule("blk.*.ffn_down.weight", SplitSpec::Axis { axis: 0, granule: 256, segments: vec![] })
-            .rule("*", SplitSpec::Mirrored);
+        let policy = crate::policy::llama_policy(&devices, &Context::new())?;
         let description = format!("{} sub-devices: {}", devices.n_devices(), devices.names().join(", "));
         Ok(Some(Meta {
             resident_generation: crate::RESIDENT_GENERATION.load(std::sync::atomic::Ordering::SeqCst),
             store: devices.store(),
             policy,
+            policy_fixed: false,
             planner: Planner::default(),
             exec: devices.executor().map_err(|e| e.to_string())?,
             devices,
@@ -135,6 +133,7 @@ impl Meta {
             self.uploaded.clear();
             self.graphs.clear();
             self.planner = Planner::default();
+            self.policy_fixed = false;
             self.resident_generation = generation;
         }
         let mg = match self.graphs.iter().find(|(k, _)| *k == key) {
@@ -142,6 +141,10 @@ impl Meta {
             None => {
                 // SAFETY: the caller's promise.
                 let Some(m) = (unsafe { self.translate(g, nodes) })? else { return Ok(()) };
+                if !self.policy_fixed {
+                    self.policy = crate::policy::llama_policy(&self.devices, &self.ctx)?;
+                    self.policy_fixed = true;
+                }
                 let m = Arc::new(m);
                 self.graphs.insert(0, (key, m.clone()));
                 self.graphs.truncate(crate::CACHED);
@@ -210,7 +213,7 @@ impl Meta {
             }
         }
         let known = self.resident.clone();
-        let (ctx, map) = tr.into_parts();
+        let (ctx, map, spans) = tr.into_parts();
         self.ctx = ctx;
         result?;
         let Some(last) = last else { return Ok(None) };
@@ -269,6 +272,11 @@ impl Meta {
             }
             leaves.push((id, t));
         }
+        // Strided inputs: the bytes they span, uploaded every run.
+        if let Some(&(id, _)) = spans.iter().find(|s| written.contains(&s.0)) {
+            return Err(format!("{:?}: a strided leaf the graph writes", self.ctx.display_name(id)));
+        }
+        leaves.extend(spans);
         if crate::verbose() {
             let names: Vec<String> = outputs.iter().map(|o| self.ctx.display_name(o.0)).collect();
             let n_in = leaves.iter().filter(|(id, _)| !self.resident.values().any(|r| r == id)).count();

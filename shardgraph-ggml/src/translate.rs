@@ -45,6 +45,9 @@ pub(crate) struct Translator<'a> {
     /// Each translated tensor that is not a view in our context, with the
     /// ggml tensor it stands for (placed after translation).
     owners: Vec<(TensorId, *const ggml_tensor)>,
+    /// The packed leaves that stand for strided ggml leaves (their bytes
+    /// start at the ggml tensor's `data`), see [`Translator::leaf`].
+    spans: Vec<(TensorId, *const ggml_tensor)>,
 }
 
 fn f32_param(t: &ggml_tensor, i: usize) -> f32 {
@@ -139,6 +142,11 @@ pub(crate) fn packed_nb(ty: GgmlType, ne: &[i64; 4]) -> Option<[usize; 4]> {
     Some(nb)
 }
 
+/// What [`Translator::into_parts`] returns: the context, every ggml tensor
+/// translated with its id, and the leaves that stand for strided ggml
+/// leaves' bytes ([`Translator::leaf`]).
+pub(crate) type Parts = (Context, HashMap<*const ggml_tensor, TensorId>, Vec<(TensorId, *const ggml_tensor)>);
+
 impl<'a> Translator<'a> {
     /// A translator of the graph whose nodes are `nodes`; with `locate`,
     /// every tensor is bound to its bytes.
@@ -151,6 +159,7 @@ impl<'a> Translator<'a> {
             locate,
             storage: TensorStorage::new(),
             owners: Vec::new(),
+            spans: Vec::new(),
         }
     }
 
@@ -168,36 +177,82 @@ impl<'a> Translator<'a> {
 
     /// The context and every ggml tensor translated (with its id), ending a
     /// [`Translator::within`].
-    pub(crate) fn into_parts(self) -> (Context, HashMap<*const ggml_tensor, TensorId>) {
-        (self.ctx, self.map)
+    pub(crate) fn into_parts(self) -> Parts {
+        (self.ctx, self.map, self.spans)
     }
 
     /// Translates `t` (and what it reads), once.
+    ///
+    /// Sources are visited depth-first, in ggml's source order, with an
+    /// explicit stack: a model's graph chains thousands of nodes (a
+    /// recursion that deep overflowed the caller's thread stack).
     ///
     /// # Safety
     /// `t` and every tensor it reaches through `src` and `view_src` are
     /// live ggml tensors.
     pub(crate) unsafe fn tensor(&mut self, t: *const ggml_tensor) -> Result<TensorId, String> {
-        if let Some(&id) = self.map.get(&t) {
-            return Ok(id);
+        let mut stack = vec![(t, false)];
+        let mut open = HashSet::new();
+        while let Some((u, expanded)) = stack.pop() {
+            if self.map.contains_key(&u) {
+                continue;
+            }
+            // SAFETY: the caller's promise.
+            let ur = unsafe { &*u };
+            if !expanded && self.is_node(ur, u) {
+                // A tensor met again before its sources are done reads
+                // itself through them: not a graph ggml can build.
+                if !open.insert(u) {
+                    return Err(format!("{:?} depends on itself", tensor_name(ur)));
+                }
+                stack.push((u, true));
+                // `ggml_cast` names its own result as the copy's
+                // destination (src[1] = itself): not a source to visit.
+                let pending = ur.src.iter().rev().map(|&s| s as *const ggml_tensor);
+                stack.extend(
+                    pending.filter(|&s| !s.is_null() && s != u && !self.map.contains_key(&s)).map(|s| (s, false)),
+                );
+                continue;
+            }
+            // SAFETY: the caller's promise; its sources are translated.
+            unsafe { self.translate_one(u) }?;
         }
+        self.map.get(&t).copied().ok_or_else(|| "a tensor was not translated".to_string())
+    }
+
+    /// True if `t` is computed by this graph (an op node of it, or a view
+    /// or reshape of something), false for a leaf whose bytes exist.
+    fn is_node(&self, tr: &ggml_tensor, t: *const ggml_tensor) -> bool {
+        is_shape_only(self.g, tr) || (op_name(self.g, tr) != "NONE" && self.nodes.contains(&t))
+    }
+
+    /// Translates `t`, whose sources are translated already.
+    ///
+    /// # Safety
+    /// `t` and its sources are live ggml tensors.
+    unsafe fn translate_one(&mut self, t: *const ggml_tensor) -> Result<TensorId, String> {
         // SAFETY: the caller's promise.
         let tr = unsafe { &*t };
-        let op = op_name(self.g, tr);
-        let shape_only = is_shape_only(self.g, tr);
-        let id = if shape_only || (op != "NONE" && self.nodes.contains(&t)) {
+        let id = if self.is_node(tr, t) {
+            let op = op_name(self.g, tr);
             let mut srcs = [None; GGML_MAX_SRC];
             for (i, s) in tr.src.iter().enumerate() {
-                if !s.is_null() {
-                    // SAFETY: as above.
-                    srcs[i] = Some(unsafe { self.tensor(*s) }?);
+                if !s.is_null() && *s as *const ggml_tensor != t {
+                    let src = self.map.get(&(*s as *const ggml_tensor)).copied();
+                    srcs[i] = Some(src.ok_or_else(|| format!("{op}: source {i} not translated first"))?);
                 }
             }
-            let id = self.op(tr, &op, &srcs).map_err(|e| format!("{op} {:?}: {e}", tensor_name(tr)))?;
+            let cast = op == "CPY" && tr.src[1] as *const ggml_tensor == t;
+            let id = if cast { self.cast(tr, t, srcs[0]) } else { self.op(tr, &op, &srcs) };
+            let id = id.map_err(|e| format!("{op} {:?}: {e}", tensor_name(tr)))?;
+            if cast {
+                // The self-reference stands for the destination we made.
+                srcs[1] = self.ctx.tensor(id).ok().and_then(|x| x.src.get(1).copied());
+            }
             self.check(tr, id, &op, &srcs)?;
             id
         } else {
-            self.leaf(tr)?
+            self.leaf(tr, t)?
         };
         if self.ctx.tensor(id).map_err(|e| e.to_string())?.view_src.is_none() {
             self.owners.push((id, t));
@@ -206,18 +261,55 @@ impl<'a> Translator<'a> {
         Ok(id)
     }
 
+    /// `ggml_cast` (a CPY whose destination is the node itself): a copy of
+    /// `a` converted to the node's type, into a destination of our own,
+    /// bound to the node's bytes when this translation binds memory.
+    fn cast(&mut self, t: &ggml_tensor, tp: *const ggml_tensor, a: Option<TensorId>) -> shardgraph::Result<TensorId> {
+        let a = a.ok_or_else(|| bad("cpy", "src0", "missing".into()))?;
+        let ty = GgmlType::from_id(t.type_ as u32)?;
+        if ty.is_quantized() && self.ctx.tensor(a)?.ty != GgmlType::F32 {
+            return Err(bad("cpy", "src0", "a quantized destination takes F32 sources only".into()));
+        }
+        if self.locate.is_none() {
+            return self.ctx.cast(a, ty);
+        }
+        let dst = self.ctx.new_tensor(ty, &t.ne)?;
+        self.owners.push((dst, tp));
+        self.ctx.cpy(a, dst)
+    }
+
     /// A tensor whose bytes exist before the graph runs.
-    fn leaf(&mut self, t: &ggml_tensor) -> Result<TensorId, String> {
+    ///
+    /// A strided one (ggml's scheduler copies a view input into a tensor of
+    /// the view's strides, `ggml_dup_tensor_layout`) becomes a packed 1-D
+    /// leaf over the bytes it spans, with a view of it in ggml's strides;
+    /// that leaf stands for the ggml tensor's memory ([`Translator::spans`]).
+    fn leaf(&mut self, t: &ggml_tensor, tp: *const ggml_tensor) -> Result<TensorId, String> {
         let ty = GgmlType::from_id(t.type_ as u32).map_err(|e| e.to_string())?;
-        let id = self.ctx.new_tensor(ty, &t.ne).map_err(|e| e.to_string())?;
         let n = tensor_name(t);
-        if !n.is_empty() {
-            self.ctx.set_name(id, &n).map_err(|e| e.to_string())?;
+        if Some(t.nb) == packed_nb(ty, &t.ne) {
+            let id = self.ctx.new_tensor(ty, &t.ne).map_err(|e| e.to_string())?;
+            if !n.is_empty() {
+                self.ctx.set_name(id, &n).map_err(|e| e.to_string())?;
+            }
+            return Ok(id);
         }
-        if Some(t.nb) != packed_nb(ty, &t.ne) {
-            return Err(format!("leaf {n:?} is not packed (nb {:?})", t.nb));
+        let ts = ty.type_size();
+        let not_packed = || format!("leaf {n:?} is not packed (nb {:?}) and not a strided view of whole elements", t.nb);
+        if ty.block_size() != 1 || t.nb[0] != ts || t.nb.iter().any(|b| b % ts != 0) || t.ne.iter().any(|&e| e < 1) {
+            return Err(not_packed());
         }
-        Ok(id)
+        // The last byte it reaches, past the first: Σ (ne_i - 1)·nb_i.
+        let reach = (0..4).try_fold(0usize, |acc, i| {
+            usize::try_from(t.ne[i] - 1).ok()?.checked_mul(t.nb[i])?.checked_add(acc)
+        });
+        let elems = reach.ok_or_else(not_packed)? / ts + 1;
+        let owner = self.ctx.new_tensor(ty, &[elems as i64]).map_err(|e| e.to_string())?;
+        self.ctx.set_name(owner, &format!("{n} (span)")).map_err(|e| e.to_string())?;
+        self.spans.push((owner, tp));
+        self.owners.push((owner, tp));
+        let [n0, n1, n2, n3] = t.ne;
+        self.ctx.view_4d(owner, n0, n1, n2, n3, t.nb[1], t.nb[2], t.nb[3], 0).map_err(|e| e.to_string())
     }
 
     /// Our op for ggml node `t` with operands `s`.

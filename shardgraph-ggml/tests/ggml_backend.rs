@@ -224,7 +224,14 @@ fn llama_cpp_runs_models_on_sg() {
         .expect("the GGUF");
         // One CPU device; 2 sub-devices 1:1 and 3 sub-devices 3:2:1
         // through the meta backend (llama.cpp's FFN split by name).
-        for (devices, split) in [(None, None), (Some("CPU,CPU"), None), (Some("CPU,CPU,CPU"), Some("3,2,1"))] {
+        let mut configs = vec![(None, None), (Some("CPU,CPU"), None), (Some("CPU,CPU,CPU"), Some("3,2,1"))];
+        if cfg!(feature = "cuda-emu") && kind == 1 {
+            // Emulated GPU sub-devices (NVIDIA's 32-wide warps, a CDNA GPU's
+            // 64-wide waves): the GPU backend's kernels and copies under
+            // llama.cpp's graphs (slow: one file).
+            configs.extend([(Some("EMU,EMU"), None), (Some("EMUHIP,EMUHIP"), None)]);
+        }
+        for (devices, split) in configs {
             let mut cmd = Command::new(&py);
             cmd.arg(root().join("scripts/llama-on-sg.py"))
                 .arg("--lib")
