@@ -25,7 +25,7 @@ ours, position for position. (A second llama.cpp run on the bare prompt
 checks that first token: its generated tokens must equal ours.)
 
 Usage: scripts/llama-spec-compare.py [--llama-src DIR] [--n-predict 64]
-       [--pairs dflash2,mtp] [--threads 2] [--keep-going]
+       [--pairs dflash2,mtp] [--threads 2] [--build-only]
 Needs: cargo build --release --examples (it runs target/release/examples/*);
 cmake and ninja (from PATH, else pip-installed into the cache's venv); a
 C++ compiler. The build takes about 4 minutes on 2 free cores.
@@ -71,7 +71,9 @@ def tools_path():
 def build(src: Path) -> Path:
     """The patched llama-speculative-simple, built once per source and patch
     (the cache's `spec-simple.key` names the pair its `src/` and `build/` hold)."""
-    key = hashlib.sha256(str(src.resolve()).encode() + PATCH.read_bytes()).hexdigest()[:16]
+    # GGML_NATIVE: a build is for this CPU's flags as well.
+    flags = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+    key = hashlib.sha256(str(src.resolve()).encode() + PATCH.read_bytes() + flags.encode()).hexdigest()[:16]
     stamp = CACHE / "spec-simple.key"
     exe = CACHE / "build" / "bin" / "llama-speculative-simple"
     if exe.exists() and stamp.exists() and stamp.read_text().strip() == key:
@@ -180,12 +182,17 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", default="dflash2,mtp")
     ap.add_argument("--prompt-tokens", default="11,400,789,1178,1567,1956,2345,2734")
+    ap.add_argument("--build-only", action="store_true",
+                    help="build (or find cached) llama-speculative-simple, print its path and stop")
     a = ap.parse_args()
     src = next((Path(s) for s in [a.llama_src or ""] + DEFAULT_SRC if s and Path(s, "CMakeLists.txt").exists()),
                None)
     if src is None:
         sys.exit("llama.cpp's source not found: give --llama-src or LLAMA_CPP_SRC")
     exe = build(src)
+    if a.build_only:
+        print(exe)
+        return
     files = ensure_files()
     prompt = [int(t) for t in a.prompt_tokens.split(",")]
     ok = True

@@ -108,6 +108,14 @@ if [ ! -x "$LLAMA_BUILD/bin/test-backend-ops" ] || [ ! -x "$LLAMA_BUILD/bin/llam
   PATH="$PWD/.venv/bin:$PATH" ninja -C "$LLAMA_BUILD" test-backend-ops llama-bench >/dev/null
   echo "$LLAMA_MARK" > "$LLAMA_BUILD/.shardgraph-mark"
 fi
+# llama.cpp's speculative loop: llama-speculative-simple with
+# scripts/llama-spec-simple.patch (the prompt as token ids, one line per
+# step), for the seeds' DFlash2 command on SG (shardgraph-ggml's tests) and
+# scripts/llama-spec-compare.py; its own build tree in $CACHE/llama-tools
+# (about 5 minutes on 2 cores, once per CPU and patch).
+PATH="$PWD/.venv/bin:$PATH" LLAMA_CPP_SRC="$LLAMA_SRC" SHARDGRAPH_LLAMA_TOOLS="$CACHE/llama-tools" \
+  .venv/bin/python scripts/llama-spec-compare.py --build-only 2>/dev/null \
+  | sed 's/^/setup: llama-speculative-simple at /'
 .venv/bin/python -c "import ggml, os; print('setup: ggml oracle at', os.path.join(os.path.dirname(ggml.__file__), 'lib'))"
 .venv/bin/python -c "import gguf, importlib.metadata as m; print('setup: gguf', m.version('gguf'), 'at', gguf.__path__[0])"
 .venv/bin/python -c "import importlib.metadata as m; print('setup: llama-cpp-python', m.version('llama_cpp_python'))"

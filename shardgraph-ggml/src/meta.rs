@@ -144,6 +144,13 @@ impl Meta {
                 if !self.policy_fixed {
                     self.policy = crate::policy::llama_policy(&self.devices, &self.ctx)?;
                     self.policy_fixed = true;
+                    if crate::verbose() {
+                        let n = crate::policy::attention_rules(&self.ctx)
+                            .iter()
+                            .filter(|r| r.0.ends_with("attn_q.weight"))
+                            .count();
+                        eprintln!("shardgraph-ggml: attention split by KV-head groups in {n} layers");
+                    }
                 }
                 let m = Arc::new(m);
                 self.graphs.insert(0, (key, m.clone()));

@@ -66,8 +66,18 @@ pub(crate) fn attention_rules(ctx: &Context) -> Vec<(String, SplitSpec)> {
     rules
 }
 
-/// Layer `l`'s rules, or none: `get` gives a tensor's `ne` and block size.
-fn layer_rules(l: u32, get: &dyn Fn(&str) -> Option<([i64; 4], i64)>) -> Vec<(String, SplitSpec)> {
+/// A tensor's `ne` and its type's block size, by name.
+type Lookup<'a> = &'a dyn Fn(&str) -> Option<([i64; 4], i64)>;
+
+/// Layer `l`'s rules, or none.
+///
+/// The unit of the split is `m` KV-head groups, the fewest (a divisor of
+/// the KV-head count) whose columns of `attn_output` and cache elements
+/// are whole blocks of their types (heads of 64 with Q4_K's 256-element
+/// blocks: two groups of two query heads), so every tensor of the layer
+/// has the same number of units and each device gets the same heads in all
+/// of them. With fewer than two units the layer stays mirrored.
+fn layer_rules(l: u32, get: Lookup) -> Vec<(String, SplitSpec)> {
     let w = |s: &str| format!("blk.{l}.{s}.weight");
     let (Some(norm), Some(q), Some(k), Some(v), Some(o)) =
         (get(&w("attn_k_norm")), get(&w("attn_q")), get(&w("attn_k")), get(&w("attn_v")), get(&w("attn_output")))
@@ -79,28 +89,22 @@ fn layer_rules(l: u32, get: &dyn Fn(&str) -> Option<([i64; 4], i64)>) -> Vec<(St
         return vec![];
     }
     let n_kv = k.0[1] / hd;
-    // One KV-head group's share of a length, if it divides evenly (and, on
-    // axis 0 of a block type, into whole blocks).
-    let group = |len: i64, block: i64| (n_kv > 0 && len % n_kv == 0 && (len / n_kv) % block == 0).then(|| len / n_kv);
-    let (Some(gq), Some(gk), Some(gv), Some(go)) = (group(q.0[1], 1), group(k.0[1], 1), group(v.0[1], 1), group(o.0[0], o.1))
-    else {
-        return vec![];
-    };
+    let caches: Vec<(String, ([i64; 4], i64))> =
+        ["k", "v"].iter().filter_map(|c| Some((format!("cache_{c}_l{l}"), get(&format!("cache_{c}_l{l}"))?))).collect();
+    // (length along the split axis, block size along it) of each tensor.
+    let mut lens = vec![(q.0[1], 1), (k.0[1], 1), (v.0[1], 1), (o.0[0], o.1)];
+    lens.extend(caches.iter().map(|(_, (ne, block))| (ne[0], *block)));
+    let fits =
+        |m: i64| n_kv % m == 0 && lens.iter().all(|&(len, block)| len % n_kv == 0 && (len / n_kv * m) % block == 0);
+    let Some(m) = (1..=n_kv / 2).find(|&m| fits(m)) else { return vec![] };
+    let unit = |len: i64| len / n_kv * m;
     let mut rules = vec![
-        (w("attn_q"), axis(1, gq)),
-        (w("attn_k"), axis(1, gk)),
-        (w("attn_v"), axis(1, gv)),
-        (w("attn_output"), axis(0, go)),
+        (w("attn_q"), axis(1, unit(q.0[1]))),
+        (w("attn_k"), axis(1, unit(k.0[1]))),
+        (w("attn_v"), axis(1, unit(v.0[1]))),
+        (w("attn_output"), axis(0, unit(o.0[0]))),
     ];
-    for c in ["k", "v"] {
-        let name = format!("cache_{c}_l{l}");
-        let Some((ne, block)) = get(&name) else { continue };
-        match group(ne[0], block) {
-            Some(g) => rules.push((name, axis(0, g))),
-            // A cache that cannot follow the heads: the layer stays mirrored.
-            None => return vec![],
-        }
-    }
+    rules.extend(caches.into_iter().map(|(name, (ne, _))| (name, axis(0, unit(ne[0])))));
     rules
 }
 
@@ -108,7 +112,7 @@ fn layer_rules(l: u32, get: &dyn Fn(&str) -> Option<([i64; 4], i64)>) -> Vec<(St
 mod tests {
     use super::*;
 
-    fn shapes(entries: &[(&str, [i64; 4], i64)]) -> impl Fn(&str) -> Option<([i64; 4], i64)> + '_ {
+    fn shapes<'a>(entries: &'a [(&'a str, [i64; 4], i64)]) -> impl Fn(&str) -> Option<([i64; 4], i64)> + 'a {
         move |n| entries.iter().find(|e| e.0 == n).map(|e| (e.1, e.2))
     }
 
@@ -137,24 +141,30 @@ mod tests {
     }
 
     #[test]
-    fn a_layer_that_does_not_divide_stays_mirrored() {
+    fn block_types_make_the_unit_several_groups_or_keep_the_layer_mirrored() {
         let base = [
             ("blk.0.attn_k_norm.weight", [64, 1, 1, 1], 1),
-            ("blk.0.attn_q.weight", [256, 512, 1, 1], 1),
-            ("blk.0.attn_k.weight", [256, 256, 1, 1], 1),
-            ("blk.0.attn_v.weight", [256, 256, 1, 1], 1),
-            ("blk.0.attn_output.weight", [512, 256, 1, 1], 256),
+            ("blk.0.attn_q.weight", [1024, 1024, 1, 1], 256),
+            ("blk.0.attn_k.weight", [1024, 512, 1, 1], 256),
+            ("blk.0.attn_v.weight", [1024, 512, 1, 1], 256),
+            ("blk.0.attn_output.weight", [1024, 1024, 1, 1], 256),
         ];
-        // attn_output's group of 128 columns cuts its 256-element blocks.
-        assert!(layer_rules(0, &shapes(&base)).is_empty());
+        // 8 KV heads of 64, 2 query heads each: a group's 128 columns of
+        // attn_output cut its Q4_K blocks, two groups are one block.
+        let r = layer_rules(0, &shapes(&base));
+        assert_eq!(r[0], ("blk.0.attn_q.weight".to_string(), axis(1, 256)));
+        assert_eq!(r[1], ("blk.0.attn_k.weight".to_string(), axis(1, 128)));
+        assert_eq!(r[3], ("blk.0.attn_output.weight".to_string(), axis(0, 256)));
         // No K norm: no head size.
         assert!(layer_rules(0, &shapes(&base[1..])).is_empty());
-        // A cache whose heads cut its blocks (4 heads of 64 in Q4_K's 256).
+        // A cache whose unit must be 4 groups (heads of 64 in 256-blocks).
         let mut t = base.to_vec();
-        t[4].2 = 32;
-        t.push(("cache_k_l0", [256, 4096, 1, 1], 256));
+        t.push(("cache_k_l0", [512, 4096, 1, 1], 256));
+        let r = layer_rules(0, &shapes(&t));
+        assert_eq!(r[3], ("blk.0.attn_output.weight".to_string(), axis(0, 512)));
+        assert_eq!(r[4], ("cache_k_l0".to_string(), axis(0, 256)));
+        // A block as wide as all the heads: one unit, mirrored.
+        t[5] = ("cache_k_l0", [512, 4096, 1, 1], 512);
         assert!(layer_rules(0, &shapes(&t)).is_empty());
-        t.pop();
-        assert_eq!(layer_rules(0, &shapes(&t)).len(), 4);
     }
 }

@@ -184,8 +184,11 @@ impl<'a> Translator<'a> {
     /// Translates `t` (and what it reads), once.
     ///
     /// Sources are visited depth-first, in ggml's source order, with an
-    /// explicit stack: a model's graph chains thousands of nodes (a
-    /// recursion that deep overflowed the caller's thread stack).
+    /// explicit stack (no depth limit of the caller's thread stack); a
+    /// tensor that reaches itself through its sources is an error, except
+    /// `ggml_cast`'s self-reference (a CPY whose destination is the node:
+    /// the recursive walk this replaced followed it until the stack
+    /// overflowed, on llama.cpp's DFlash2 drafter).
     ///
     /// # Safety
     /// `t` and every tensor it reaches through `src` and `view_src` are
@@ -237,12 +240,12 @@ impl<'a> Translator<'a> {
             let op = op_name(self.g, tr);
             let mut srcs = [None; GGML_MAX_SRC];
             for (i, s) in tr.src.iter().enumerate() {
-                if !s.is_null() && *s as *const ggml_tensor != t {
+                if !s.is_null() && !std::ptr::eq(*s, t) {
                     let src = self.map.get(&(*s as *const ggml_tensor)).copied();
                     srcs[i] = Some(src.ok_or_else(|| format!("{op}: source {i} not translated first"))?);
                 }
             }
-            let cast = op == "CPY" && tr.src[1] as *const ggml_tensor == t;
+            let cast = op == "CPY" && std::ptr::eq(tr.src[1], t);
             let id = if cast { self.cast(tr, t, srcs[0]) } else { self.op(tr, &op, &srcs) };
             let id = id.map_err(|e| format!("{op} {:?}: {e}", tensor_name(tr)))?;
             if cast {
@@ -295,14 +298,14 @@ impl<'a> Translator<'a> {
             return Ok(id);
         }
         let ts = ty.type_size();
-        let not_packed = || format!("leaf {n:?} is not packed (nb {:?}) and not a strided view of whole elements", t.nb);
+        let not_packed =
+            || format!("leaf {n:?} is not packed (nb {:?}) and not a strided view of whole elements", t.nb);
         if ty.block_size() != 1 || t.nb[0] != ts || t.nb.iter().any(|b| b % ts != 0) || t.ne.iter().any(|&e| e < 1) {
             return Err(not_packed());
         }
         // The last byte it reaches, past the first: Σ (ne_i - 1)·nb_i.
-        let reach = (0..4).try_fold(0usize, |acc, i| {
-            usize::try_from(t.ne[i] - 1).ok()?.checked_mul(t.nb[i])?.checked_add(acc)
-        });
+        let reach =
+            (0..4).try_fold(0usize, |acc, i| usize::try_from(t.ne[i] - 1).ok()?.checked_mul(t.nb[i])?.checked_add(acc));
         let elems = reach.ok_or_else(not_packed)? / ts + 1;
         let owner = self.ctx.new_tensor(ty, &[elems as i64]).map_err(|e| e.to_string())?;
         self.ctx.set_name(owner, &format!("{n} (span)")).map_err(|e| e.to_string())?;

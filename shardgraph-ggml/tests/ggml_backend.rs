@@ -48,6 +48,19 @@ fn test_backend_ops() -> Result<PathBuf, String> {
     exe.is_file().then_some(exe.clone()).ok_or_else(|| format!("{} is missing (run ./scripts/setup.sh)", exe.display()))
 }
 
+/// The set-up's `llama-speculative-simple` (patched to take the prompt as
+/// token ids and print one line per step), or why not.
+fn speculative_simple() -> Result<PathBuf, String> {
+    let dir = std::env::var_os("SHARDGRAPH_LLAMA_TOOLS").map(PathBuf::from).or_else(|| {
+        let cache = std::env::var_os("SHARDGRAPH_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/shardgraph")))?;
+        Some(cache.join("llama-tools"))
+    });
+    let exe = dir.ok_or("no HOME")?.join("build/bin/llama-speculative-simple");
+    exe.is_file().then_some(exe.clone()).ok_or_else(|| format!("{} is missing (run ./scripts/setup.sh)", exe.display()))
+}
+
 /// Counts of one `test-backend-ops test -b SG -o <op>` run.
 #[derive(Debug, Default)]
 struct Counts {
@@ -153,19 +166,40 @@ fn test_backend_ops_passes_on_sg() {
 /// the wrong one was accepted by `supports_op` and then failed the compute.
 #[test]
 fn a_view_of_a_view_lands_on_ggmls_bytes() {
-    let Some(exe) = or_skip(Tool::LlamaTools, "a_view_of_a_view_lands_on_ggmls_bytes", test_backend_ops()) else {
-        return;
-    };
+    let Some(text) = run_c_program("view_of_view", None) else { return };
+    assert!(text.contains("status 0") && text.contains("y = 12 14 16 18"), "{text}");
+}
+
+/// `tests/c/llama_shapes.c`, on one device and on 2 sub-devices: two
+/// shapes of llama.cpp's DFlash2 drafter graph that SG failed, `ggml_cast`
+/// (a CPY whose destination is itself: the recursive source walk followed
+/// it until the stack overflowed, a segfault) and a strided input leaf (the
+/// scheduler's copy of a view input: refused at compute, so the drafter
+/// gave no drafts), plus a chain of 30000 nodes, each with its exact result.
+#[test]
+fn deep_chains_casts_and_strided_inputs_compute_on_sg() {
+    for devices in [None, Some("CPU,CPU")] {
+        let Some(text) = run_c_program("llama_shapes", devices) else { return };
+        let want = ["supports_op 1 1", "status 0", "y1 = 1 3 5 7", "y2 = 0.5 1.5 2.5 3.5", "y3 = 0 1 4 5 8 9"];
+        assert!(want.iter().all(|w| text.contains(w)), "{devices:?}: {text}");
+    }
+}
+
+/// Compiles `tests/c/<name>.c` with `cc` against the pinned headers and the
+/// set-up's libggml, runs it on the library (SG over `devices`, if given),
+/// and returns its output; `None` when the tools are missing (skipped).
+fn run_c_program(name: &str, devices: Option<&str>) -> Option<String> {
+    let exe = or_skip(Tool::LlamaTools, name, test_backend_ops())?;
     let bin = exe.parent().expect("the build's bin folder").to_path_buf();
     let cache = bin.parent().and_then(Path::parent).expect("the cache folder");
     let include = cache.join("llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/include");
-    let dir = std::env::temp_dir().join(format!("sg-ggml-vv-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("sg-ggml-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let prog = dir.join("view_of_view");
+    let prog = dir.join(name);
     let out = Command::new("cc")
         .arg("-I")
         .arg(&include)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/view_of_view.c"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c")))
         .arg("-o")
         .arg(&prog)
         .arg(format!("-L{}", bin.display()))
@@ -174,14 +208,14 @@ fn a_view_of_a_view_lands_on_ggmls_bytes() {
         .output()
         .expect("cc runs");
     assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
-    let run = Command::new(&prog).arg(library()).output().expect("the program runs");
-    let text = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        text.contains("status 0") && text.contains("y = 12 14 16 18"),
-        "{text}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let mut cmd = Command::new(&prog);
+    cmd.arg(library()).env_remove("SHARDGRAPH_DEVICES").env_remove("SHARDGRAPH_TENSOR_SPLIT");
+    if let Some(d) = devices {
+        cmd.env("SHARDGRAPH_DEVICES", d);
+    }
+    let run = cmd.output().expect("the program runs");
     let _ = std::fs::remove_dir_all(&dir);
+    Some(format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr)))
 }
 
 /// The set-up's python with llama-cpp-python 0.3.36, or why not.
@@ -273,5 +307,79 @@ fn llama_cpp_runs_models_on_sg() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One run of llama.cpp's speculative loop: its step lines, `n_drafted`,
+/// `n_accept` and the decode speed it prints.
+struct SpecRun {
+    steps: Vec<String>,
+    drafted: u64,
+    accepted: u64,
+    tokens_per_s: f64,
+    log: String,
+}
+
+fn speculative_run(exe: &Path, target: &Path, drafter: &Path, devices: Option<&str>) -> SpecRun {
+    let mut cmd = Command::new(exe);
+    // The seeds' command (--spec-type draft-dflash, 6 drafts, 65536 cells
+    // of q4_0 K and V), greedy, on the prompt as token ids.
+    cmd.arg("-m").arg(target).arg("-md").arg(drafter);
+    cmd.args(["--spec-type", "draft-dflash", "--spec-draft-n-max", "6", "--ctx-size", "65536"]);
+    cmd.args(["--cache-type-k", "q4_0", "--cache-type-v", "q4_0", "-p", "11,400,789,1178,1567,1956,345,734"]);
+    cmd.args(["-n", "48", "--temp", "0", "-t", "2"])
+        .env_remove("SHARDGRAPH_DEVICES")
+        .env_remove("SHARDGRAPH_TENSOR_SPLIT");
+    if let Some(d) = devices {
+        cmd.args(["--device", "SG", "--device-draft", "SG", "-ngl", "99", "-ngld", "99"]);
+        cmd.env("GGML_BACKEND_PATH", library()).env("SHARDGRAPH_DEVICES", d).env("SHARDGRAPH_GGML_VERBOSE", "1");
+    }
+    let out = cmd.output().expect("llama-speculative-simple runs");
+    let (stdout, log) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "llama-speculative-simple on {devices:?} exited with {}: {log}", out.status);
+    let value =
+        |key: &str| log.lines().find_map(|l| l.split_once(key).map(|(_, v)| v.trim().to_string())).unwrap_or_default();
+    let speed = value("decoded").rsplit(' ').nth(1).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    SpecRun {
+        steps: stdout.lines().filter(|l| l.starts_with("step ")).map(str::to_string).collect(),
+        drafted: value("n_drafted =").parse().unwrap_or(0),
+        accepted: value("n_accept  =").parse().unwrap_or(0),
+        tokens_per_s: speed,
+        log,
+    }
+}
+
+/// The seeds' command through llama.cpp's own speculative loop: its DFlash2
+/// drafter and qwen3 target with both models on SG over 2 CPU sub-devices
+/// (1:1) run without an abort and give llama.cpp's one-CPU-device result
+/// step for step (drafts, accepted counts, tokens). The files are the
+/// example pair (`write_example_pair`: the drafter predicts the target's
+/// permutation, so drafts are accepted and the loop is exercised).
+#[test]
+fn llama_cpp_dflash2_on_sg_sub_devices_equals_one_cpu_device() {
+    let Some(exe) = or_skip(Tool::LlamaTools, "llama_cpp_dflash2_on_sg", speculative_simple()) else { return };
+    let dir = std::env::temp_dir().join(format!("sg-ggml-dflash2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (target, drafter) = shardgraph_models::generate::write_example_pair(&dir).expect("the example pair");
+    let cpu = speculative_run(&exe, &target, &drafter, None);
+    let sg = speculative_run(&exe, &target, &drafter, Some("CPU,CPU"));
+    for (name, r) in [("CPU", &cpu), ("SG = CPU,CPU", &sg)] {
+        println!(
+            "{name}: {} steps, drafted {}, accepted {} ({:.1} %), {:.1} tokens/s",
+            r.steps.len(),
+            r.drafted,
+            r.accepted,
+            100.0 * r.accepted as f64 / r.drafted.max(1) as f64,
+            r.tokens_per_s
+        );
+    }
+    assert!(cpu.drafted > 0 && cpu.accepted > 0, "llama.cpp drafted nothing on its CPU backend: {}", cpu.log);
+    assert!(!cpu.steps.is_empty(), "no step lines (is llama-speculative-simple patched?)");
+    assert_eq!(sg.steps, cpu.steps, "steps on SG differ from one CPU device:\n{}", sg.log);
+    assert_eq!((sg.drafted, sg.accepted), (cpu.drafted, cpu.accepted));
+    // Both models ran through the meta backend and exchanged bytes.
+    let runs: Vec<&str> = sg.log.lines().filter(|l| l.contains("bytes exchanged between sub-devices")).collect();
+    let busy = runs.iter().filter(|l| !l.contains(": 0 runs")).count();
+    assert!(busy >= 2, "expected the target's and the drafter's SG backends to run: {runs:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
