@@ -10,7 +10,9 @@
 //! - attention, per layer, by KV-head groups: `attn_q`, `attn_k`, `attn_v`
 //!   by rows in granules of one group's rows, `attn_output` by columns in
 //!   one group's columns, the caches on axis 0 by KV heads, so each device
-//!   computes its heads end to end and one all-reduce follows `attn_output`.
+//!   computes its heads end to end and one all-reduce follows `attn_output`;
+//! - the output head (`output.weight`, or `token_embd.weight` when tied) by
+//!   vocabulary rows.
 //!
 //! The head size is `blk.N.attn_k_norm.weight`'s length (Qwen3's and
 //! Qwen3.5's per-head K norm); a layer without one, or whose shapes or
@@ -40,6 +42,10 @@ pub(crate) fn llama_policy(devices: &Devices, ctx: &Context) -> Result<SplitPoli
         .rule("blk.*.ffn_gate.weight", axis(1, 1))
         .rule("blk.*.ffn_up.weight", axis(1, 1))
         .rule("blk.*.ffn_down.weight", axis(0, 256))
+        // The output head by vocabulary rows (a tied head reads
+        // token_embd): each device scores its share of the vocabulary.
+        .rule("output.weight", axis(1, 1))
+        .rule("token_embd.weight", axis(1, 1))
         .rule("*", SplitSpec::Mirrored))
 }
 
