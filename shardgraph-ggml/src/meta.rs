@@ -70,6 +70,9 @@ pub(crate) struct Meta {
     /// Resident tensors whose bytes are in the store.
     uploaded: HashSet<TensorId>,
     graphs: Vec<(u128, Arc<MetaGraph>)>,
+    /// The ggml tensors earlier graphs wrote back: the only results of
+    /// another SG graph a graph may read (see [`Meta::translate`]).
+    written_back: HashSet<*const ggml_tensor>,
     /// A description for the device ("2 sub-devices: CPU0, CPU1").
     pub(crate) description: String,
     /// Runs, and bytes the sub-devices exchanged over them.
@@ -112,6 +115,7 @@ impl Meta {
             resident: HashMap::new(),
             uploaded: HashSet::new(),
             graphs: Vec::new(),
+            written_back: HashSet::new(),
             description,
             runs: 0,
             bytes_moved: 0,
@@ -132,6 +136,7 @@ impl Meta {
             self.resident.clear();
             self.uploaded.clear();
             self.graphs.clear();
+            self.written_back.clear();
             self.planner = Planner::default();
             self.policy_fixed = false;
             self.resident_generation = generation;
@@ -227,7 +232,10 @@ impl Meta {
         // Results ggml's caller may read: nodes flagged OUTPUT, the last
         // node, and every node no other node reads (ggml's test harness
         // reads those). Writes into a cache (`set_rows`/`cpy` results) are
-        // not copied back: the cache lives in the store.
+        // not copied back: the cache lives in the store. Nothing else is:
+        // ggml's allocator may have given a node's memory to a later one
+        // once its readers ran (a result another SG graph of the step reads
+        // is refused below).
         let mut read = HashSet::new();
         for &n in nodes {
             // SAFETY: live.
@@ -246,14 +254,20 @@ impl Meta {
                 continue;
             }
             let Some(&id) = map.get(&t) else { continue };
-            let writes = self.ctx.tensor(id).map_err(|e| e.to_string())?.op.writes_through_view();
-            if !writes && !outputs.iter().any(|o: &(TensorId, *const ggml_tensor)| o.1 == t) {
+            let op = &self.ctx.tensor(id).map_err(|e| e.to_string())?.op;
+            // A cast's copy writes a tensor of its own (`ggml_cast`: the
+            // node is its destination), which the caller may read.
+            // SAFETY: live.
+            let cast = unsafe { std::ptr::eq((*t).src[1], t) };
+            if (!op.writes_through_view() || cast) && !outputs.iter().any(|o: &(TensorId, *const ggml_tensor)| o.1 == t)
+            {
                 outputs.push((id, t));
             }
         }
         if !outputs.contains(&last) {
             outputs.push(last);
         }
+        self.written_back.extend(outputs.iter().map(|o| o.1));
         // Leaves the graph writes (caches: `set_rows`/`cpy` destinations)
         // live in the store from their first upload on; so do weights.
         // Other leaves (inputs, results of other backends, any buffer the
@@ -278,6 +292,23 @@ impl Meta {
                 self.resident.insert(t, id);
             }
             leaves.push((id, t));
+        }
+        // A leaf that is a node of ggml's graph (not an input, not the
+        // scheduler's copy of another backend's result) is a result of an
+        // earlier SG graph of the step (llama.cpp split the step into
+        // several SG graphs: `-nkvo`, or an op SG does not take): only what
+        // that graph wrote back is in ggml's memory.
+        for &(id, t) in &leaves {
+            // SAFETY: live.
+            let computed_elsewhere = unsafe { translate::op_name(g, &*t) != "NONE" };
+            if computed_elsewhere && self.resident.get(&t) != Some(&id) && !self.written_back.contains(&t) {
+                return Err(format!(
+                    "{:?} is a result of an earlier SG graph that stays on the sub-devices: over sub-devices \
+                     a step must be one SG graph (llama.cpp splits it with -nkvo, or around an op SG does \
+                     not take)",
+                    self.ctx.display_name(id)
+                ));
+            }
         }
         // Strided inputs: the bytes they span, uploaded every run.
         if let Some(&(id, _)) = spans.iter().find(|s| written.contains(&s.0)) {

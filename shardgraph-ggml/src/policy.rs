@@ -6,7 +6,7 @@
 //! The layout is Megatron-LM's (Shoeybi et al. 2019, section 3), which
 //! llama.cpp's `--split-mode tensor` also uses:
 //! - feed-forward: `ffn_gate`/`ffn_up` by rows (axis 1), `ffn_down` by
-//!   columns (axis 0) in 256-element granules (whole blocks of every type);
+//!   columns (axis 0), in granules of `ffn_down`'s block ([`ffn_rules`]);
 //! - attention, per layer, by KV-head groups: `attn_q`, `attn_k`, `attn_v`
 //!   by rows in granules of one group's rows, `attn_output` by columns in
 //!   one group's columns, the caches on axis 0 by KV heads, so each device
@@ -35,13 +35,10 @@ fn axis(axis: usize, granule: i64) -> SplitSpec {
 /// The devices' ratios are invalid ([`Devices::policy`]).
 pub(crate) fn llama_policy(devices: &Devices, ctx: &Context) -> Result<SplitPolicy, String> {
     let mut policy = devices.policy().map_err(|e| e.to_string())?;
-    for (pattern, spec) in attention_rules(ctx) {
+    for (pattern, spec) in attention_rules(ctx).into_iter().chain(ffn_rules(ctx)) {
         policy = policy.rule(&pattern, spec);
     }
     Ok(policy
-        .rule("blk.*.ffn_gate.weight", axis(1, 1))
-        .rule("blk.*.ffn_up.weight", axis(1, 1))
-        .rule("blk.*.ffn_down.weight", axis(0, 256))
         // The output head by vocabulary rows (a tied head reads
         // token_embd): each device scores its share of the vocabulary.
         .rule("output.weight", axis(1, 1))
@@ -68,6 +65,29 @@ pub(crate) fn attention_rules(ctx: &Context) -> Vec<(String, SplitSpec)> {
     let mut rules = Vec::new();
     for l in layers {
         rules.extend(layer_rules(l, &|n: &str| by_name.get(n).copied()));
+    }
+    rules
+}
+
+/// The feed-forward rules of every layer whose `ffn_down` is in `ctx`:
+/// `ffn_gate`/`ffn_up` by rows and `ffn_down` by columns, all three in
+/// granules of `ffn_down`'s block (so each device's rows of the first two
+/// are its columns of the third: no reshuffle between them); a layer whose
+/// width is not at least two whole blocks stays mirrored.
+pub(crate) fn ffn_rules(ctx: &Context) -> Vec<(String, SplitSpec)> {
+    let mut rules = Vec::new();
+    for id in ctx.ids() {
+        let Ok(t) = ctx.tensor(id) else { continue };
+        let Some(layer) = t.name.strip_prefix("blk.").and_then(|n| n.strip_suffix(".ffn_down.weight")) else {
+            continue;
+        };
+        let (n_ff, block) = (t.ne[0], t.ty.block_size() as i64);
+        if block < 1 || n_ff % block != 0 || n_ff / block < 2 {
+            continue;
+        }
+        for (name, ax) in [("ffn_gate", 1), ("ffn_up", 1), ("ffn_down", 0)] {
+            rules.push((format!("blk.{layer}.{name}.weight"), axis(ax, block)));
+        }
     }
     rules
 }
@@ -172,5 +192,28 @@ mod tests {
         // A block as wide as all the heads: one unit, mirrored.
         t[5] = ("cache_k_l0", [512, 4096, 1, 1], 512);
         assert!(layer_rules(0, &shapes(&t)).is_empty());
+    }
+
+    #[test]
+    fn ffn_layers_split_in_ffn_downs_blocks_or_stay_mirrored() {
+        use shardgraph::GgmlType;
+        let mut ctx = Context::new();
+        // 11 Q6_K blocks (llama.cpp's Q4_K_M puts ffn_down in Q6_K); an F16
+        // layer of 2848 (not a multiple of 256); one block only.
+        for (l, ty, n_ff) in [(0, GgmlType::Q6_K, 2816), (1, GgmlType::F16, 2848), (2, GgmlType::Q4_K, 256)] {
+            let t = ctx.new_tensor(ty, &[n_ff, 1024]).unwrap();
+            ctx.set_name(t, &format!("blk.{l}.ffn_down.weight")).unwrap();
+        }
+        let mut r = ffn_rules(&ctx);
+        r.sort_by(|a, b| a.0.cmp(&b.0));
+        let want = [
+            ("blk.0.ffn_down.weight", axis(0, 256)),
+            ("blk.0.ffn_gate.weight", axis(1, 256)),
+            ("blk.0.ffn_up.weight", axis(1, 256)),
+            ("blk.1.ffn_down.weight", axis(0, 1)),
+            ("blk.1.ffn_gate.weight", axis(1, 1)),
+            ("blk.1.ffn_up.weight", axis(1, 1)),
+        ];
+        assert_eq!(r, want.map(|(n, s)| (n.to_string(), s)).to_vec());
     }
 }
