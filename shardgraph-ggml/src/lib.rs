@@ -308,7 +308,7 @@ unsafe extern "C" fn dev_init_backend(dev: *mut ggml_backend_device, _params: *c
             }
         };
         let meta = match meta::Meta::from_env(n) {
-            Ok(m) => m.map(Mutex::new),
+            Ok(m) => m.map(|m| Arc::new(Mutex::new(m))),
             Err(e) => {
                 eprintln!("shardgraph-ggml: {e}");
                 return std::ptr::null_mut();
@@ -417,6 +417,7 @@ unsafe fn buf_ctx<'a>(b: *mut ggml_backend_buffer) -> &'a BufCtx {
 
 unsafe extern "C" fn buffer_free(b: *mut ggml_backend_buffer) {
     BUFFER_GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    RESIDENT.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, e| e.0 != b as usize);
     // SAFETY: ggml frees a live buffer of ours.
     if unsafe { (*b).usage } != 2 {
         RESIDENT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -454,6 +455,13 @@ unsafe extern "C" fn buffer_set_tensor(
         if let Err(e) = ctx.buf.set(off, src) {
             eprintln!("shardgraph-ggml: set_tensor: {e}");
         }
+        // SAFETY: as above.
+        if let Some((meta, owner, at)) = unsafe { resident_of(t, offset) } {
+            let r = meta.lock().unwrap_or_else(|p| p.into_inner()).write_resident(owner, at, src);
+            if let Err(e) = r {
+                eprintln!("shardgraph-ggml: set_tensor of a resident tensor: {e}");
+            }
+        }
     })
 }
 
@@ -468,6 +476,14 @@ unsafe extern "C" fn buffer_get_tensor(
         // SAFETY: ggml passes its buffer, a tensor in it and `size` writable bytes.
         let (ctx, off, dst) =
             unsafe { (buf_ctx(b), offset_of(b, t, offset), std::slice::from_raw_parts_mut(data as *mut u8, size)) };
+        // SAFETY: as above.
+        if let Some((meta, owner, at)) = unsafe { resident_of(t, offset) } {
+            match meta.lock().unwrap_or_else(|p| p.into_inner()).read_resident(owner, at, dst) {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => eprintln!("shardgraph-ggml: get_tensor of a resident tensor: {e}"),
+            }
+        }
         if let Err(e) = ctx.buf.get(off, dst) {
             eprintln!("shardgraph-ggml: get_tensor: {e}");
         }
@@ -484,15 +500,40 @@ unsafe extern "C" fn buffer_memset_tensor(
     guard((), || {
         // SAFETY: ggml passes its buffer and a tensor in it.
         let (ctx, off) = unsafe { (buf_ctx(b), offset_of(b, t, offset)) };
-        if let Err(e) = ctx.buf.set(off, &vec![value; size]) {
+        let bytes = vec![value; size];
+        if let Err(e) = ctx.buf.set(off, &bytes) {
             eprintln!("shardgraph-ggml: memset_tensor: {e}");
+        }
+        // SAFETY: as above.
+        if let Some((meta, owner, at)) = unsafe { resident_of(t, offset) } {
+            if let Err(e) = meta.lock().unwrap_or_else(|p| p.into_inner()).write_resident(owner, at, &bytes) {
+                eprintln!("shardgraph-ggml: memset_tensor of a resident tensor: {e}");
+            }
         }
     })
 }
 
 unsafe extern "C" fn buffer_clear(b: *mut ggml_backend_buffer, value: u8) {
-    // SAFETY: a buffer of ours.
-    guard((), || unsafe { buf_ctx(b) }.buf.clear(value))
+    guard((), || {
+        // SAFETY: a buffer of ours.
+        unsafe { buf_ctx(b) }.buf.clear(value);
+        // Its resident tensors (llama.cpp clears its caches this way).
+        let held: Vec<(usize, usize, std::sync::Weak<Mutex<meta::Meta>>)> = {
+            let reg = RESIDENT.lock().unwrap_or_else(|p| p.into_inner());
+            reg.iter().filter(|(_, e)| e.0 == b as usize).map(|(&t, e)| (t, e.1, e.2.clone())).collect()
+        };
+        for (t, n, meta) in held {
+            let Some(meta) = meta.upgrade() else { continue };
+            let r = meta.lock().unwrap_or_else(|p| p.into_inner()).write_resident(
+                t as *const ggml_tensor,
+                0,
+                &vec![value; n],
+            );
+            if let Err(e) = r {
+                eprintln!("shardgraph-ggml: clear of a resident tensor: {e}");
+            }
+        }
+    })
 }
 
 // ---- backend ----
@@ -509,7 +550,7 @@ struct BackendCtx {
     cache: Mutex<Vec<(u128, u64, Arc<translate::Translated>)>>,
     /// The meta backend over `SHARDGRAPH_DEVICES`' sub-devices (`None`:
     /// one CPU device, `cpu`).
-    meta: Option<Mutex<meta::Meta>>,
+    meta: Option<Arc<Mutex<meta::Meta>>>,
     /// Graphs computed from a cached translation, and translated anew.
     hits: std::sync::atomic::AtomicU64,
     misses: std::sync::atomic::AtomicU64,
@@ -524,6 +565,35 @@ static BUFFER_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::Atom
 
 /// Bumped whenever a buffer that is not a compute buffer (weights, caches)
 /// is freed: the meta backend's resident tensors may be gone.
+/// Resident tensors of the meta backends (SG over sub-devices), by ggml
+/// tensor: (its buffer, its bytes, the meta backend whose store holds its
+/// bytes). Their ggml memory is what was uploaded once; the buffer
+/// functions below read and write them in the store instead.
+type Registry = std::collections::HashMap<usize, (usize, usize, std::sync::Weak<Mutex<meta::Meta>>)>;
+static RESIDENT: std::sync::LazyLock<Mutex<Registry>> = std::sync::LazyLock::new(|| Mutex::new(Registry::new()));
+
+/// The meta backend holding `t` (or the storage owner of view `t`) and the
+/// byte offset in it of byte `offset` of `t`.
+///
+/// # Safety
+/// `t` is a live tensor.
+unsafe fn resident_of(
+    t: *const ggml_tensor,
+    offset: usize,
+) -> Option<(Arc<Mutex<meta::Meta>>, *const ggml_tensor, usize)> {
+    // SAFETY: the caller's promise.
+    let tr = unsafe { &*t };
+    let (owner, extra) = if tr.view_src.is_null() {
+        (t, 0)
+    } else {
+        // SAFETY: a view's owner is live while the view is.
+        (tr.view_src as *const ggml_tensor, (tr.data as usize).wrapping_sub(unsafe { (*tr.view_src).data } as usize))
+    };
+    let reg = RESIDENT.lock().unwrap_or_else(|p| p.into_inner());
+    let meta = reg.get(&(owner as usize))?.2.upgrade()?;
+    Some((meta, owner, extra.wrapping_add(offset)))
+}
+
 pub(crate) static RESIDENT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 unsafe extern "C" fn backend_get_name(_: *mut ggml_backend) -> *const c_char {
@@ -656,10 +726,18 @@ unsafe fn compute(ctx: &BackendCtx, cgraph: *mut ggml_cgraph) -> Result<(), Stri
     let generation = BUFFER_GENERATION.load(std::sync::atomic::Ordering::SeqCst);
     // SAFETY: the nodes are live.
     let key = unsafe { translate::fingerprint(&nodes, generation, &base_of) };
-    if let Some(m) = &ctx.meta {
-        let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the nodes are live, in SG buffers.
-        return unsafe { m.compute(g, &nodes, key) };
+    if let Some(arc) = &ctx.meta {
+        let (result, new) = {
+            let mut m = arc.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: the nodes are live, in SG buffers.
+            let r = unsafe { m.compute(g, &nodes, key) };
+            (r, m.take_new_resident())
+        };
+        let mut reg = RESIDENT.lock().unwrap_or_else(|p| p.into_inner());
+        for (t, b, n) in new {
+            reg.insert(t as usize, (b as usize, n, Arc::downgrade(arc)));
+        }
+        return result;
     }
     let hit = {
         let mut cache = ctx.cache.lock().unwrap_or_else(|p| p.into_inner());

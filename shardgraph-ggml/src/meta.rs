@@ -69,6 +69,9 @@ pub(crate) struct Meta {
     resident: HashMap<*const ggml_tensor, TensorId>,
     /// Resident tensors whose bytes are in the store.
     uploaded: HashSet<TensorId>,
+    /// Resident tensors not yet announced to the buffers' registry (see
+    /// [`Meta::take_new_resident`]): ggml tensor, its buffer, its size.
+    new_resident: Vec<(*const ggml_tensor, *const crate::ffi::ggml_backend_buffer, usize)>,
     graphs: Vec<(u128, Arc<MetaGraph>)>,
     /// The ggml tensors earlier graphs wrote back: the only results of
     /// another SG graph a graph may read (see [`Meta::translate`]).
@@ -114,6 +117,7 @@ impl Meta {
             ctx: Context::new(),
             resident: HashMap::new(),
             uploaded: HashSet::new(),
+            new_resident: Vec::new(),
             graphs: Vec::new(),
             written_back: HashSet::new(),
             description,
@@ -187,6 +191,40 @@ impl Meta {
             unsafe { write_host(&*t, &out.bytes) }?;
         }
         Ok(())
+    }
+
+    /// The resident tensors made since the last call (ggml tensor, its
+    /// buffer, its bytes), for the buffers' registry: ggml's `set_tensor`,
+    /// `get_tensor`, `memset_tensor` and `clear` of one of them go to the
+    /// store, where its bytes live (llama.cpp saves and restores its
+    /// caches through them).
+    pub(crate) fn take_new_resident(
+        &mut self,
+    ) -> Vec<(*const ggml_tensor, *const crate::ffi::ggml_backend_buffer, usize)> {
+        std::mem::take(&mut self.new_resident)
+    }
+
+    /// Writes `data` at byte `offset` of resident tensor `t` in the store;
+    /// false if `t`'s bytes are not there (not resident, or not uploaded
+    /// yet: its ggml memory is uploaded at its first use).
+    ///
+    /// # Errors
+    /// The store's (a range outside the tensor).
+    pub(crate) fn write_resident(&mut self, t: *const ggml_tensor, offset: usize, data: &[u8]) -> Result<bool, String> {
+        let Some(&id) = self.resident.get(&t).filter(|id| self.uploaded.contains(id)) else { return Ok(false) };
+        self.store.set_tensor(&self.ctx, id, offset, data).map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+
+    /// Reads byte `offset..` of resident tensor `t` from the store into
+    /// `out`; false as [`Meta::write_resident`].
+    ///
+    /// # Errors
+    /// The store's.
+    pub(crate) fn read_resident(&self, t: *const ggml_tensor, offset: usize, out: &mut [u8]) -> Result<bool, String> {
+        let Some(&id) = self.resident.get(&t).filter(|id| self.uploaded.contains(id)) else { return Ok(false) };
+        self.store.get_tensor(&self.ctx, id, offset, out).map_err(|e| e.to_string())?;
+        Ok(true)
     }
 
     /// Translates `nodes` into the persistent context.
@@ -290,6 +328,7 @@ impl Meta {
             // SAFETY: a live tensor's buffer.
             if !b.is_null() && (unsafe { (*b).usage } == USAGE_WEIGHTS || written.contains(&id)) {
                 self.resident.insert(t, id);
+                self.new_resident.push((t, b, tensor.nbytes()));
             }
             leaves.push((id, t));
         }

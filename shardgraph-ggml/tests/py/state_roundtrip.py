@@ -1,0 +1,94 @@
+"""llama.cpp's sequence state saved and restored with every layer on SG.
+
+Usage: state_roundtrip.py MODEL LIB  (SHARDGRAPH_DEVICES as the caller sets it)
+
+On llama.cpp's CPU backend and then on SG: decode a prompt, save the
+sequence state (llama_state_seq_get_data), decode other tokens, drop the
+sequence, restore the state and decode one token; also load the saved
+state into a new context and decode the same token; and decode prompt +
+token in a fresh context. Prints one JSON line per backend with the NMSE
+of the restored and the moved logits against the fresh ones, and a last
+line with SG's fresh logits against the CPU backend's.
+"""
+import ctypes
+import json
+import os
+import sys
+
+import llama_cpp as L
+
+model_path, lib = sys.argv[1], sys.argv[2]
+
+
+@L.llama_log_callback
+def quiet(level, text, user):
+    pass
+
+
+L.llama_log_set(quiet, None)
+L.llama_backend_init()
+ggml = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml.so"))
+ggml.ggml_backend_load.restype = ctypes.c_void_p
+ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
+ggml.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+ggml.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+if not ggml.ggml_backend_load(lib.encode()):
+    sys.exit(f"cannot load {lib}")
+sg = ggml.ggml_backend_dev_by_name(b"SG")
+PROMPT, OTHER, NEXT = [11, 205, 3, 99, 42, 310, 7, 64], [5, 6, 7, 8], [27]
+
+
+def context(model):
+    p = L.llama_context_default_params()
+    p.n_ctx, p.n_batch, p.n_ubatch, p.n_threads, p.n_threads_batch = 256, 16, 16, 2, 2
+    c = L.llama_init_from_model(model, p)
+    assert c, "context"
+    return c
+
+
+def decode(c, model, ids, start):
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    b = L.llama_batch_init(len(ids), 0, 1)
+    for i, t in enumerate(ids):
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, start + i, 1, i == len(ids) - 1
+        b.seq_id[i][0] = 0
+    b.n_tokens = len(ids)
+    rc = L.llama_decode(c, b)
+    L.llama_batch_free(b)
+    assert rc == 0, f"llama_decode: {rc}"
+    return list(ctypes.cast(L.llama_get_logits_ith(c, -1), ctypes.POINTER(ctypes.c_float))[:n_vocab])
+
+
+def nmse(x, y):
+    return sum((a - b) ** 2 for a, b in zip(x, y)) / max(1e-30, sum(b * b for b in y))
+
+
+fresh = {}
+for name, dev in (("CPU", None), ("SG", sg)):
+    mp = L.llama_model_default_params()
+    devices = (ctypes.c_void_p * 2)(dev, None) if dev else (ctypes.c_void_p * 1)(None)
+    mp.n_gpu_layers, mp.devices = (999 if dev else 0), ctypes.cast(devices, ctypes.c_void_p)
+    model = L.llama_model_load_from_file(model_path.encode(), mp)
+    assert model, "model"
+    c = context(model)
+    decode(c, model, PROMPT, 0)
+    n = L.llama_state_seq_get_size(c, 0)
+    saved = (ctypes.c_uint8 * n)()
+    assert L.llama_state_seq_get_data(c, saved, n, 0) == n
+    decode(c, model, OTHER, len(PROMPT))
+    L.llama_memory_seq_rm(L.llama_get_memory(c), 0, -1, -1)
+    assert L.llama_state_seq_set_data(c, saved, n, 0) == n
+    restored = decode(c, model, NEXT, len(PROMPT))
+    L.llama_free(c)
+    c = context(model)
+    assert L.llama_state_seq_set_data(c, saved, n, 0) == n
+    moved = decode(c, model, NEXT, len(PROMPT))
+    L.llama_free(c)
+    c = context(model)
+    decode(c, model, PROMPT, 0)
+    fresh[name] = decode(c, model, NEXT, len(PROMPT))
+    L.llama_free(c)
+    L.llama_model_free(model)
+    print(json.dumps({"backend": name, "state_bytes": n, "restored_nmse": nmse(restored, fresh[name]),
+                      "moved_nmse": nmse(moved, fresh[name])}), flush=True)
+print(json.dumps({"sg_vs_cpu_nmse": nmse(fresh["SG"], fresh["CPU"])}), flush=True)
