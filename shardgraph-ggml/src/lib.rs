@@ -14,14 +14,22 @@
 //! translation succeeds and the shardgraph backend runs the node, so ggml's
 //! scheduler gives everything else to another backend.
 //!
-//! Environment: `SHARDGRAPH_THREADS` (worker threads; default the
-//! machine's parallelism, and llama.cpp's `--threads` through
-//! `ggml_backend_set_n_threads`), `SHARDGRAPH_GGML_VERBOSE=1` (each graph's
-//! translation errors on standard error).
+//! Translations are cached by a fingerprint of the graph (a decode step
+//! replays the one of the step before). With `SHARDGRAPH_DEVICES` the
+//! graphs run tensor-parallel over sub-devices (`meta.rs`, split by
+//! `policy.rs`); the tensors that live in the sub-devices' store (weights,
+//! caches) are read and written there by ggml's buffer functions.
 //!
-//! What is not here yet: several sub-devices (tensor parallelism through
-//! the meta backend), caching translated graphs by structure, events and
-//! asynchronous copies.
+//! Environment: `SHARDGRAPH_THREADS` (worker threads; default the
+//! machine's parallelism, and on one device llama.cpp's `--threads`
+//! through `ggml_backend_set_n_threads`; sub-devices take their share of
+//! `SHARDGRAPH_THREADS` when the backend is made), `SHARDGRAPH_DEVICES`,
+//! `SHARDGRAPH_TENSOR_SPLIT`, `SHARDGRAPH_GGML_VERBOSE=1` (translation
+//! errors, cache hits, bytes exchanged, on standard error).
+//!
+//! What is not here yet: events and asynchronous copies; a step that
+//! llama.cpp splits into several SG graphs over sub-devices (`-nkvo`) is
+//! refused with an error.
 
 mod ffi;
 mod ggml;
