@@ -425,11 +425,20 @@ unsafe fn buf_ctx<'a>(b: *mut ggml_backend_buffer) -> &'a BufCtx {
 
 unsafe extern "C" fn buffer_free(b: *mut ggml_backend_buffer) {
     BUFFER_GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    RESIDENT.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, e| e.0 != b as usize);
-    // SAFETY: ggml frees a live buffer of ours.
-    if unsafe { (*b).usage } != 2 {
-        RESIDENT_GENERATION.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
+    guard((), || {
+        // The meta backends that hold tensors of this buffer start again
+        // (its tensors' addresses may later name others); the others keep
+        // their state (freeing one llama.cpp context must not reset
+        // another's caches).
+        let holders: Vec<std::sync::Weak<Mutex<meta::Meta>>> = {
+            let mut reg = RESIDENT.lock().unwrap_or_else(|p| p.into_inner());
+            let held: Vec<usize> = reg.iter().filter(|(_, e)| e.0 == b as usize).map(|(&t, _)| t).collect();
+            held.iter().filter_map(|t| reg.remove(t)).map(|e| e.2).collect()
+        };
+        for m in holders.iter().filter_map(std::sync::Weak::upgrade) {
+            m.lock().unwrap_or_else(|p| p.into_inner()).stale = true;
+        }
+    });
     // SAFETY: ggml calls this once, on a buffer of ours.
     drop(unsafe { Box::from_raw((*b).context as *mut BufCtx) });
 }
@@ -601,8 +610,6 @@ unsafe fn resident_of(
     let meta = reg.get(&(owner as usize))?.2.upgrade()?;
     Some((meta, owner, extra.wrapping_add(offset)))
 }
-
-pub(crate) static RESIDENT_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 unsafe extern "C" fn backend_get_name(_: *mut ggml_backend) -> *const c_char {
     c"SG".as_ptr()

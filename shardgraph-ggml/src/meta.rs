@@ -52,10 +52,10 @@ unsafe impl Sync for MetaGraph {}
 /// The meta backend behind one SG backend.
 pub(crate) struct Meta {
     devices: Devices,
-    /// [`crate::RESIDENT_GENERATION`] when the resident tensors were
-    /// gathered: a freed weights or cache buffer makes them stale, and the
-    /// whole state starts again.
-    resident_generation: u64,
+    /// Set when a buffer holding one of its resident tensors was freed:
+    /// their addresses may now name other tensors, so the whole state
+    /// starts again at the next compute (weights are uploaded anew).
+    pub(crate) stale: bool,
     policy: SplitPolicy,
     /// The policy's attention rules come from the first graph translated
     /// (its layers' shapes); later graphs keep them (their weights live
@@ -107,7 +107,7 @@ impl Meta {
         let policy = crate::policy::llama_policy(&devices, &Context::new())?;
         let description = format!("{} sub-devices: {}", devices.n_devices(), devices.names().join(", "));
         Ok(Some(Meta {
-            resident_generation: crate::RESIDENT_GENERATION.load(std::sync::atomic::Ordering::SeqCst),
+            stale: false,
             store: devices.store(),
             policy,
             policy_fixed: false,
@@ -131,10 +131,10 @@ impl Meta {
     /// # Safety
     /// The nodes and what they reach are live ggml tensors in SG buffers.
     pub(crate) unsafe fn compute(&mut self, g: &Ggml, nodes: &[*mut ggml_tensor], key: u128) -> Result<(), String> {
-        let generation = crate::RESIDENT_GENERATION.load(std::sync::atomic::Ordering::SeqCst);
-        if generation != self.resident_generation {
-            // A weights or cache buffer was freed: its tensors' addresses
-            // may now name others. Start again (weights are uploaded anew).
+        if self.stale {
+            // A buffer of a resident tensor was freed: its tensors'
+            // addresses may now name others. Start again (weights are
+            // uploaded anew).
             self.store = self.devices.store();
             self.ctx = Context::new();
             self.resident.clear();
@@ -143,7 +143,7 @@ impl Meta {
             self.written_back.clear();
             self.planner = Planner::default();
             self.policy_fixed = false;
-            self.resident_generation = generation;
+            self.stale = false;
         }
         let mg = match self.graphs.iter().find(|(k, _)| *k == key) {
             Some((_, m)) => m.clone(),
@@ -241,10 +241,14 @@ impl Meta {
         let mut all = Vec::new();
         let mut last = None;
         let mut result = Ok(());
+        let mut flagged_views = Vec::new();
         for &t in nodes {
             // SAFETY: live.
             let tr_ref = unsafe { &*t };
             if translate::is_shape_only(g, tr_ref) {
+                if tr_ref.flags & FLAG_OUTPUT != 0 {
+                    flagged_views.push(tr_ref.view_src as *const ggml_tensor);
+                }
                 continue;
             }
             // SAFETY: live.
@@ -267,39 +271,15 @@ impl Meta {
         self.ctx = ctx;
         result?;
         let Some(last) = last else { return Ok(None) };
-        // Results ggml's caller may read: nodes flagged OUTPUT, the last
-        // node, and every node no other node reads (ggml's test harness
-        // reads those). Writes into a cache (`set_rows`/`cpy` results) are
-        // not copied back: the cache lives in the store. Nothing else is:
-        // ggml's allocator may have given a node's memory to a later one
-        // once its readers ran (a result another SG graph of the step reads
-        // is refused below).
-        let mut read = HashSet::new();
-        for &n in nodes {
-            // SAFETY: live.
-            for &src in unsafe { &(*n).src } {
-                let mut v = src as *const ggml_tensor;
-                while !v.is_null() && read.insert(v) {
-                    // SAFETY: live.
-                    v = unsafe { (*v).view_src };
-                }
-            }
-        }
-        for &n in nodes {
-            let t = n as *const ggml_tensor;
-            // SAFETY: live.
-            if read.contains(&t) || translate::is_shape_only(g, unsafe { &*n }) {
-                continue;
-            }
-            let Some(&id) = map.get(&t) else { continue };
+        // SAFETY: live.
+        unsafe { self.unread_results(g, nodes, &map, &mut outputs) }?;
+        // A view or reshape the caller reads (flagged OUTPUT): its storage
+        // owner, when this graph computes it (not a cache write).
+        for v in flagged_views {
+            let Some(&id) = map.get(&v) else { continue };
             let op = &self.ctx.tensor(id).map_err(|e| e.to_string())?.op;
-            // A cast's copy writes a tensor of its own (`ggml_cast`: the
-            // node is its destination), which the caller may read.
-            // SAFETY: live.
-            let cast = unsafe { std::ptr::eq((*t).src[1], t) };
-            if (!op.writes_through_view() || cast) && !outputs.iter().any(|o: &(TensorId, *const ggml_tensor)| o.1 == t)
-            {
-                outputs.push((id, t));
+            if !matches!(op, Op::None) && !op.writes_through_view() && !outputs.iter().any(|o| o.1 == v) {
+                outputs.push((id, v));
             }
         }
         if !outputs.contains(&last) {
@@ -338,9 +318,11 @@ impl Meta {
         // several SG graphs: `-nkvo`, or an op SG does not take): only what
         // that graph wrote back is in ggml's memory.
         for &(id, t) in &leaves {
-            // SAFETY: live.
-            let computed_elsewhere = unsafe { translate::op_name(g, &*t) != "NONE" };
-            if computed_elsewhere && self.resident.get(&t) != Some(&id) && !self.written_back.contains(&t) {
+            if self.resident.get(&t) == Some(&id) || self.written_back.contains(&t) {
+                continue;
+            }
+            // SAFETY: live (not a resident of an earlier graph: a leaf of this one).
+            if unsafe { translate::op_name(g, &*t) != "NONE" } {
                 return Err(format!(
                     "{:?} is a result of an earlier SG graph that stays on the sub-devices: over sub-devices \
                      a step must be one SG graph (llama.cpp splits it with -nkvo, or around an op SG does \
@@ -367,6 +349,55 @@ impl Meta {
         let in_graph: HashSet<TensorId> = graph.leafs().iter().copied().collect();
         leaves.retain(|(id, _)| in_graph.contains(id));
         Ok(Some(MetaGraph { graph, leaves, outputs }))
+    }
+}
+
+impl Meta {
+    /// Adds to `outputs` the results ggml's caller may read besides the
+    /// nodes flagged OUTPUT and the last node: every node no other node
+    /// reads (ggml's test harness reads those). Writes into a cache
+    /// (`set_rows`/`cpy` results) are not copied back: the cache lives in
+    /// the store. Nothing else is: ggml's allocator may have given a node's
+    /// memory to a later one once its readers ran (a result another SG
+    /// graph of the step reads is refused by [`Meta::translate`]).
+    ///
+    /// # Safety
+    /// As [`Meta::compute`].
+    unsafe fn unread_results(
+        &self,
+        g: &Ggml,
+        nodes: &[*mut ggml_tensor],
+        map: &HashMap<*const ggml_tensor, TensorId>,
+        outputs: &mut Vec<(TensorId, *const ggml_tensor)>,
+    ) -> Result<(), String> {
+        let mut read = HashSet::new();
+        for &n in nodes {
+            // SAFETY: live.
+            for &src in unsafe { &(*n).src } {
+                let mut v = src as *const ggml_tensor;
+                while !v.is_null() && read.insert(v) {
+                    // SAFETY: live.
+                    v = unsafe { (*v).view_src };
+                }
+            }
+        }
+        for &n in nodes {
+            let t = n as *const ggml_tensor;
+            // SAFETY: live.
+            if read.contains(&t) || translate::is_shape_only(g, unsafe { &*n }) {
+                continue;
+            }
+            let Some(&id) = map.get(&t) else { continue };
+            let op = &self.ctx.tensor(id).map_err(|e| e.to_string())?.op;
+            // A cast's copy writes a tensor of its own (`ggml_cast`: the
+            // node is its destination), which the caller may read.
+            // SAFETY: live.
+            let cast = unsafe { std::ptr::eq((*t).src[1], t) };
+            if (!op.writes_through_view() || cast) && !outputs.iter().any(|o| o.1 == t) {
+                outputs.push((id, t));
+            }
+        }
+        Ok(())
     }
 }
 

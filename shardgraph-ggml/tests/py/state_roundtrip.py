@@ -5,10 +5,12 @@ Usage: state_roundtrip.py MODEL LIB  (SHARDGRAPH_DEVICES as the caller sets it)
 On llama.cpp's CPU backend and then on SG: decode a prompt, save the
 sequence state (llama_state_seq_get_data), decode other tokens, drop the
 sequence, restore the state and decode one token; also load the saved
-state into a new context and decode the same token; and decode prompt +
-token in a fresh context. Prints one JSON line per backend with the NMSE
-of the restored and the moved logits against the fresh ones, and a last
-line with SG's fresh logits against the CPU backend's.
+state into a new context and decode the same token; decode the prompt in
+a context A, make a second context, decode in it and free it, then decode
+the token in A (freeing one context must not touch another's caches); and
+decode prompt + token in a fresh context. Prints one JSON line per backend
+with the NMSE of the restored, the moved and A's logits against the fresh
+ones, and a last line with SG's fresh logits against the CPU backend's.
 """
 import ctypes
 import json
@@ -84,11 +86,19 @@ for name, dev in (("CPU", None), ("SG", sg)):
     assert L.llama_state_seq_set_data(c, saved, n, 0) == n
     moved = decode(c, model, NEXT, len(PROMPT))
     L.llama_free(c)
+    a = context(model)
+    decode(a, model, PROMPT, 0)
+    b = context(model)
+    decode(b, model, OTHER, 0)
+    L.llama_free(b)
+    after_other = decode(a, model, NEXT, len(PROMPT))
+    L.llama_free(a)
     c = context(model)
     decode(c, model, PROMPT, 0)
     fresh[name] = decode(c, model, NEXT, len(PROMPT))
     L.llama_free(c)
     L.llama_model_free(model)
     print(json.dumps({"backend": name, "state_bytes": n, "restored_nmse": nmse(restored, fresh[name]),
-                      "moved_nmse": nmse(moved, fresh[name])}), flush=True)
+                      "moved_nmse": nmse(moved, fresh[name]),
+                      "other_freed_nmse": nmse(after_other, fresh[name])}), flush=True)
 print(json.dumps({"sg_vs_cpu_nmse": nmse(fresh["SG"], fresh["CPU"])}), flush=True)
