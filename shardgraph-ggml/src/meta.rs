@@ -91,9 +91,15 @@ impl Meta {
     /// The sub-devices from the environment, or `None` for one device.
     ///
     /// # Errors
-    /// A bad `SHARDGRAPH_DEVICES` or `SHARDGRAPH_TENSOR_SPLIT`.
+    /// A bad `SHARDGRAPH_DEVICES` or `SHARDGRAPH_TENSOR_SPLIT`, or the ratios without the devices.
     pub(crate) fn from_env(threads: usize) -> Result<Option<Meta>, String> {
-        let Ok(list) = std::env::var("SHARDGRAPH_DEVICES") else { return Ok(None) };
+        let Ok(list) = std::env::var("SHARDGRAPH_DEVICES") else {
+            // Ratios without devices would be ignored: say so instead.
+            if let Ok(r) = std::env::var("SHARDGRAPH_TENSOR_SPLIT") {
+                return Err(format!("SHARDGRAPH_TENSOR_SPLIT={r:?} needs SHARDGRAPH_DEVICES (e.g. CPU,CPU)"));
+            }
+            return Ok(None);
+        };
         let n = list.split(',').count().max(1);
         let mut devices =
             Devices::parse(&list, (threads / n).max(1)).map_err(|e| format!("SHARDGRAPH_DEVICES: {e}"))?;

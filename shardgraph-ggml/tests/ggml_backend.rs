@@ -71,7 +71,10 @@ struct Counts {
 
 fn run_ops(exe: &Path, op: &str, params: Option<&str>, devices: Option<&str>) -> (Counts, String) {
     let mut cmd = Command::new(exe);
-    cmd.args(["test", "-b", "SG", "-o", op]).env("GGML_BACKEND_PATH", library()).env_remove("SHARDGRAPH_DEVICES");
+    cmd.args(["test", "-b", "SG", "-o", op])
+        .env("GGML_BACKEND_PATH", library())
+        .env_remove("SHARDGRAPH_DEVICES")
+        .env_remove("SHARDGRAPH_TENSOR_SPLIT");
     if let Some(d) = devices {
         cmd.env("SHARDGRAPH_DEVICES", d);
     }
