@@ -227,18 +227,7 @@ fn binary_spec(
 fn all_specs() -> Vec<OpSpec> {
     let mut v: Vec<OpSpec> = Vec::new();
     // Element-wise unary.
-    for u in [
-        UnaryOp::Abs,
-        UnaryOp::Neg,
-        UnaryOp::Tanh,
-        UnaryOp::Relu,
-        UnaryOp::Sigmoid,
-        UnaryOp::Gelu,
-        UnaryOp::GeluQuick,
-        UnaryOp::Silu,
-        UnaryOp::Exp,
-        UnaryOp::Softplus,
-    ] {
+    for u in UnaryOp::ALL {
         v.push(unary_spec(u.name(), Fill::Rand, move |c, x| c.unary(x, u).unwrap()));
     }
     v.push(unary_spec("sqr", Fill::Rand, |c, x| c.sqr(x).unwrap()));

@@ -103,18 +103,7 @@ pub fn apply(ctx: &mut Context, pool: &mut Vec<TensorId>, step: Step) -> Option<
             ctx.div(a, b)
         }
         4 => {
-            let ops = [
-                UnaryOp::Abs,
-                UnaryOp::Neg,
-                UnaryOp::Tanh,
-                UnaryOp::Relu,
-                UnaryOp::Sigmoid,
-                UnaryOp::Gelu,
-                UnaryOp::GeluQuick,
-                UnaryOp::Silu,
-                UnaryOp::Exp,
-                UnaryOp::Softplus,
-            ];
+            let ops = UnaryOp::ALL;
             ctx.unary(a, ops[y as usize % ops.len()])
         }
         5 => ctx.scale_bias(a, (y % 7) as f32 - 3.0, (z % 3) as f32),

@@ -175,19 +175,7 @@ fn affine_cases(v: &mut Vec<Case>) {
 }
 
 fn unary_cases(v: &mut Vec<Case>) {
-    let all = [
-        UnaryOp::Abs,
-        UnaryOp::Neg,
-        UnaryOp::Tanh,
-        UnaryOp::Relu,
-        UnaryOp::Sigmoid,
-        UnaryOp::Gelu,
-        UnaryOp::GeluQuick,
-        UnaryOp::Silu,
-        UnaryOp::Exp,
-        UnaryOp::Softplus,
-    ];
-    for u in all {
+    for u in UnaryOp::ALL {
         let types: &[GgmlType] = match u {
             UnaryOp::Gelu | UnaryOp::GeluQuick | UnaryOp::Silu => &[F32, F16],
             _ => &[F32, F16, BF16],
