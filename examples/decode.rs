@@ -7,7 +7,7 @@
 //!
 //! Options (llama.cpp's names): `--devices N` (default 1, or as many as
 //! `--tensor-split` gives), `--tensor-split r0,r1,..` (default equal),
-//! `--split-mode none|tensor` (none: one device), `--threads N` (per device, default 1),
+//! `--split-mode none|layer|tensor` (none: one device), `--threads N` (per device, default 1),
 //! `--ctx-size N` (KV cells, default 4096), `--fit on|off` (on: the largest
 //! context of 256-cell steps up to `--ctx-size` that fits every device,
 //! sized from the plans before anything is allocated; default off),

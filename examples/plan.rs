@@ -16,7 +16,7 @@
 //! drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions
 //! (shardgraph-models/MODELS.md, section 4.8) and its candidate selector; both
 //! Q8_0, their block and injection steps planned too), `--devices N`,
-//! `--tensor-split r0,r1,..`, `--split-mode none|tensor` (default tensor; none
+//! `--tensor-split r0,r1,..`, `--split-mode none|layer|tensor` (default tensor; none
 //! plans one device), `--ctx-size` (KV cells, default 4096),
 //! `--cache-type-k TYPE` and `--cache-type-v TYPE` (llama.cpp's cache types,
 //! default f16; q4_0 for qwen35-27b), `--tokens T` (batch, default 1).
@@ -60,7 +60,8 @@ fn main() {
 
 fn run(args: &[String]) -> shardgraph::Result<()> {
     let model = arg(args, "--model").unwrap_or_else(|| "qwen3-8b".into());
-    let (ratios, _) = spec::devices(args, 2);
+    let (ratios, mode) = spec::devices(args, 2);
+    let layer = mode == "layer";
     let n = ratios.len();
     let qwen35 = model == "qwen35-27b";
     let kv_size: i64 = parsed(args, "--ctx-size", if qwen35 { 65536 } else { 4096 });
@@ -74,7 +75,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     let kv_type = if qwen35 && !given { KvTypes::from(GgmlType::Q4_0) } else { spec::cache_types(args) };
     if qwen35 {
         let draft = arg(args, "--draft").unwrap_or_else(|| "dflash2".into());
-        return plan_qwen35(&ratios, kv_size, kv_type, tokens, &draft);
+        return plan_qwen35(&ratios, kv_size, kv_type, tokens, &draft, layer);
     }
     // shardgraph-models/MODELS.md, section 2.4; a Q4_K_M-like file keeps attn_v
     // and ffn_down at Q6_K.
@@ -127,6 +128,7 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     let step = m.build(&mut ctx, tokens, &taps)?;
     let graph = ctx.build_forward(&step.outputs())?;
     let policy = match &drafter {
+        _ if layer => shardgraph::split::SplitPolicy::layer_split(&ratios, hp.core.n_layer)?,
         Some(d) => qwen3_dflash_policy(&hp, &types, &d.hp, &TensorTypes::uniform(GgmlType::Q8_0), &ratios)?,
         None => qwen3_policy(&hp, &types, &ratios)?,
     };
@@ -189,7 +191,14 @@ fn bytes_per_device(ctx: &Context, plan: &shardgraph::split::Plan, ids: &[shardg
 /// 3.7): 64 layers (48 Gated-DeltaNet + 16 gated attention), its NextN (MTP)
 /// layer, and its 5-layer DFlash2 drafter (shardgraph-models/MODELS.md, section
 /// 4.8), without allocating weights.
-fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: KvTypes, tokens: i64, draft: &str) -> shardgraph::Result<()> {
+fn plan_qwen35(
+    ratios: &[f32],
+    kv_size: i64,
+    kv_type: KvTypes,
+    tokens: i64,
+    draft: &str,
+    layer: bool,
+) -> shardgraph::Result<()> {
     let n = ratios.len();
     let hp = Qwen35Hparams {
         core: HparamsCore { rope_base: 1e7, ..HparamsCore::qwen3(64, 5120, 17408, 24, 4, 256) },
@@ -227,6 +236,7 @@ fn plan_qwen35(ratios: &[f32], kv_size: i64, kv_type: KvTypes, tokens: i64, draf
         }
     };
     let policy = match &drafter {
+        _ if layer => shardgraph::split::SplitPolicy::layer_split(ratios, hp.core.n_layer)?,
         Some(d) => qwen35_dflash_policy(&hp, &types, &d.hp, &TensorTypes::uniform(GgmlType::Q8_0), ratios)?,
         None => qwen35_policy(&hp, &types, ratios)?,
     };

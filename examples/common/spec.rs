@@ -69,7 +69,9 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
 }
 
 /// `--devices`, `--tensor-split` and `--split-mode` (llama.cpp's: `none` is
-/// one device, and the other two are then ignored): the tensor-split
+/// one device, and the other two are then ignored; `layer` puts each layer
+/// whole on one device, the ratios setting the devices' shares of the
+/// layers; `tensor`, the default, splits every layer): the tensor-split
 /// ratios, one per device, and the mode. The device count is `--devices`,
 /// else the number of `--device` names, else the number of `--tensor-split`
 /// ratios, else `default_n`. Exits with a message on bad values.
@@ -80,7 +82,7 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
     };
     let mode = arg(args, "--split-mode").unwrap_or_else(|| "tensor".into());
     match mode.as_str() {
-        "tensor" => {}
+        "tensor" | "layer" => {}
         // The whole model on the main device (a --devices given is still
         // checked: 0 or too many is a typo, not ignored).
         "none" => {
@@ -92,7 +94,7 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
             }
             return (vec![1.0], mode);
         }
-        other => fail(format!("--split-mode {other}: use none or tensor")),
+        other => fail(format!("--split-mode {other}: use none, layer or tensor")),
     }
     let listed = arg(args, "--device").map(|l| l.split(',').count());
     let split: Option<Vec<f32>> = arg(args, "--tensor-split").map(|s| {
@@ -166,7 +168,12 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
         }
         None => Devices::cpu(n, threads).unwrap_or_else(|e| fail(format!("--devices {n} --threads {threads}"), &e)),
     };
-    Ok(devices.with_tensor_split(ratios).unwrap_or_else(|e| fail(format!("--tensor-split {ratios:?}"), &e)))
+    let mode = match arg(args, "--split-mode").as_deref() {
+        Some("layer") => shardgraph::split::SplitMode::Layer,
+        _ => shardgraph::split::SplitMode::Tensor,
+    };
+    let devices = devices.with_tensor_split(ratios).unwrap_or_else(|e| fail(format!("--tensor-split {ratios:?}"), &e));
+    Ok(devices.with_split_mode(mode))
 }
 
 /// `--ctx-size` (llama.cpp's: the KV cells a run can use, prompt and

@@ -457,7 +457,7 @@ impl Qwen3Session {
         let types = TensorTypes::from_file(file);
         let mut ctx = Context::new();
         let model = Qwen3::new(&mut ctx, hp.clone(), &types, kv_types, kv_size)?;
-        let policy = qwen3_policy(&hp, &types, devices.ratios())?;
+        let policy = devices.model_policy(hp.core.n_layer, |r| qwen3_policy(&hp, &types, r))?;
         let mut runner = Runner::new(policy, devices)?;
         let what = format!("qwen3 weights and KV caches of {} cells", model.kv_size);
         crate::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen3", &what)?;

@@ -716,7 +716,25 @@ impl<'a> Compiler<'a> {
         } else {
             self.fetch_sources(node, &needs)?
         };
-        let lid = if let Some(owner) = view_owner(&self.l, ctx, t, &srcs, &out_state) {
+        let parent = t.src.first().map(|&p| ctx.t(p));
+        let alone = alone_on(&out_state, &needs, self.n)
+            .filter(|_| t.nelements() > 0 && !super::rules::reads_owner_layout(t, parent));
+        let lid = if alone.is_some_and(|h| h != self.j) {
+            // It runs on another device alone: nothing of it is here.
+            self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?
+        } else if alone.is_some() {
+            // It runs here alone, over whole sources laid out as on one device.
+            let m = vec![SplitState::Mirrored; srcs.len()];
+            if view_owner(&self.l, ctx, t, &srcs, &SplitState::Mirrored).is_some() {
+                return Err(node_err(
+                    t,
+                    &out_state,
+                    Error::Split { detail: "a view of a parent in another layout".into() },
+                ));
+            }
+            local_op(&mut self.l, ctx, t, &srcs, &m, &SplitState::Mirrored, self.j)
+                .map_err(|e| node_err(t, &out_state, e))?
+        } else if let Some(owner) = view_owner(&self.l, ctx, t, &srcs, &out_state) {
             // A view the parent's local copy cannot express: view the owner's memory.
             let olid = self.fetch(owner, &out_state)?;
             self.l
@@ -753,9 +771,11 @@ impl<'a> Compiler<'a> {
         let out_state = self.state_of(node);
         let needs = self.needs(node);
         let srcs = self.fetch_sources(node, &needs)?;
-        let w = match t.op {
-            Op::Cpy => self.l.cpy(srcs[0], srcs[1]),
-            Op::SetRows => self.l.set_rows(srcs[2], srcs[0], srcs[1]),
+        let w = match (t.op.clone(), alone_on(&out_state, &needs, self.n).filter(|_| t.nelements() > 0)) {
+            // Another device writes its whole destination alone.
+            (_, Some(h)) if h != self.j => Ok(self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?),
+            (Op::Cpy, _) => self.l.cpy(srcs[0], srcs[1]),
+            (Op::SetRows, _) => self.l.set_rows(srcs[2], srcs[0], srcs[1]),
             _ => return Err(Error::Split { detail: format!("{} is not a write", t.op.name()) }),
         }
         .map_err(|e| node_err(t, &out_state, e))?;
@@ -767,7 +787,8 @@ impl<'a> Compiler<'a> {
         if covers_owner(ctx, t)
             && (after == out_state
                 || ot.ne == t.ne
-                || after == SplitState::Mirrored && out_state == SplitState::Mirrored)
+                || after == SplitState::Mirrored && out_state == SplitState::Mirrored
+                || after.sole_holder().is_some() && after.sole_holder() == out_state.sole_holder())
         {
             // The same bytes in the owner's shape.
             let w = self.contiguous(w)?;
@@ -1052,14 +1073,23 @@ fn view_owner(l: &Context, ctx: &Context, t: &Tensor, srcs: &[TensorId], out: &S
     let parent = ctx.t(t.src[0]);
     let lp = l.t(srcs[0]);
     let same = lp.ne == parent.ne && lp.nb == parent.nb;
-    let inside = parent.view_src.is_none() || {
-        let span = crate::tensor::checked_nbytes(t.ty, &t.ne, &t.nb).unwrap_or(usize::MAX);
-        t.view_offs >= parent.view_offs && t.view_offs.saturating_add(span) <= parent.view_offs + parent.nbytes()
-    };
-    if (parent.is_contiguous() || same) && inside {
+    if (parent.is_contiguous() || same) && super::rules::view_inside_parent(t, parent) {
         return None;
     }
     t.view_src
+}
+
+/// The device a node runs on alone ([`super::rules`]' one-device
+/// strategy, or a family rule's that comes to the same): its result lies
+/// whole on that device and every source it reads is mirrored or lies
+/// whole there, so that device computes it as one device would and the
+/// others hold nothing of it.
+fn alone_on(out: &SplitState, needs: &[SplitState], n: usize) -> Option<usize> {
+    if n < 2 {
+        return None;
+    }
+    let h = out.sole_holder()?;
+    needs.iter().all(|s| *s == SplitState::Mirrored || s.sole_holder() == Some(h)).then_some(h)
 }
 
 fn node_err(t: &Tensor, st: &SplitState, e: Error) -> Error {

@@ -3,7 +3,7 @@
 //! devices and the communicator — from which the split policy, the store and
 //! the executor take their device count, so they cannot disagree.
 
-use super::{Comm, MetaExecutor, SplitPolicy, SplitStore};
+use super::{Comm, MetaExecutor, SplitMode, SplitPolicy, SplitStore};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -34,6 +34,7 @@ pub struct Devices {
     ratios: Vec<f32>,
     threads: usize,
     comm: Option<Arc<dyn Comm>>,
+    mode: SplitMode,
 }
 
 impl std::fmt::Debug for Devices {
@@ -57,7 +58,7 @@ impl Devices {
         check_count(n)?;
         check_threads(n, threads)?;
         let backends = (0..n).map(|_| cpu_device(threads)).collect::<Result<Vec<_>>>()?;
-        Ok(Devices { ratios: vec![1.0; n], threads, backends, comm: None })
+        Ok(Devices { ratios: vec![1.0; n], threads, backends, comm: None, mode: SplitMode::Tensor })
     }
 
     /// The devices `names` lists, one per rank, equal ratios (llama.cpp's
@@ -83,7 +84,7 @@ impl Devices {
         }
         let backends = open_backends(&kinds, threads)?;
         let n = backends.len();
-        Ok(Devices { backends, ratios: vec![1.0; n], threads, comm: None })
+        Ok(Devices { backends, ratios: vec![1.0; n], threads, comm: None, mode: SplitMode::Tensor })
     }
 
     /// [`Devices::open`] over a comma-separated list (`"CUDA0,CUDA1"`), as
@@ -104,7 +105,7 @@ impl Devices {
     pub fn from_backends(backends: Vec<Arc<dyn Backend>>) -> Result<Self> {
         check_count(backends.len())?;
         let n = backends.len();
-        Ok(Devices { backends, ratios: vec![1.0; n], threads: 0, comm: None })
+        Ok(Devices { backends, ratios: vec![1.0; n], threads: 0, comm: None, mode: SplitMode::Tensor })
     }
 
     /// The same devices with tensor-split ratios (llama.cpp's
@@ -187,6 +188,38 @@ impl Devices {
     /// True when every device is a CPU backend.
     pub fn all_cpu(&self) -> bool {
         self.backends.iter().all(|b| b.device().kind == crate::backend::DeviceKind::Cpu)
+    }
+
+    /// The same devices with a model spread over them by `mode`
+    /// (llama.cpp's `--split-mode tensor|layer`; tensor by default), which
+    /// [`Devices::model_policy`] follows.
+    pub fn with_split_mode(mut self, mode: SplitMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How a model is spread over these devices.
+    pub fn split_mode(&self) -> SplitMode {
+        self.mode
+    }
+
+    /// The policy for a model of `n_layer` repeating layers with
+    /// llama.cpp's tensor names over these devices: under
+    /// [`SplitMode::Layer`], [`SplitPolicy::layer_split`] at their ratios;
+    /// under [`SplitMode::Tensor`], `tensor(ratios)` (the model's own
+    /// tensor-split policy).
+    ///
+    /// # Errors
+    /// What `tensor` returns; [`Error::Split`] for ratios the policy refuses.
+    pub fn model_policy(
+        &self,
+        n_layer: usize,
+        tensor: impl FnOnce(&[f32]) -> Result<SplitPolicy>,
+    ) -> Result<SplitPolicy> {
+        match self.mode {
+            SplitMode::Layer => SplitPolicy::layer_split(&self.ratios, n_layer),
+            SplitMode::Tensor => tensor(&self.ratios),
+        }
     }
 
     /// A split policy over these devices with their ratios and no rules yet

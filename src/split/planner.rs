@@ -323,10 +323,12 @@ impl Planner {
             readers: None,
             packed: HashSet::new(),
             pinned,
+            homes: HashMap::new(),
         };
         for (&l, st) in graph.leafs().iter().zip(leafs) {
             w.states[l.index()] = Some(st);
         }
+        w.homes = homes(ctx, graph, &w.states);
         for &node in graph.nodes() {
             let t = ctx.t(node);
             let cur = w.current(t);
@@ -335,7 +337,7 @@ impl Planner {
             let best = cands
                 .iter()
                 .enumerate()
-                .map(|(ci, c)| (w.price(t, c, &cur, scratch), ci))
+                .map(|(ci, c)| (w.price(node, c, &cur, scratch), ci))
                 .filter(|(cost, _)| cost.is_finite())
                 .fold(None, |best: Option<(f64, usize)>, (cost, ci)| match best {
                     Some((bc, _)) if cost >= bc => best,
@@ -378,6 +380,80 @@ struct Walk<'a> {
     /// Split weights the policy keeps split ([`SplitPolicy::keep_weights_split`]):
     /// converting one costs [`KEEP_SPLIT_PENALTY`] on top of its traffic.
     pinned: HashSet<usize>,
+    /// Where each node's result is wanted ([`homes`]).
+    homes: HashMap<usize, Home>,
+}
+
+/// Where the weights a node's result meets want it: whole on one device
+/// (weights that lie whole there: a layer of `--split-mode layer`), or
+/// spread over the devices (weights split across them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Home {
+    On(usize),
+    Spread,
+}
+
+/// Each node's [`Home`], by index, from the states of the stored leafs
+/// (`states`; graph inputs and scratch destinations have none): a node
+/// reading such a leaf, directly or through views of it, is at that leaf's
+/// home; any other node is at the home of its first reader that has one.
+/// The greedy walk prices a candidate whose result is not where its home
+/// wants it with the move there ([`Walk::price`]): without it a node whose
+/// sources lie on another device than its consumers' weights would run
+/// where its sources are and move its result, and the next node again.
+fn homes(ctx: &Context, graph: &Graph, states: &[Option<SplitState>]) -> HashMap<usize, Home> {
+    let mut home: HashMap<usize, Home> = HashMap::new();
+    for &l in graph.leafs() {
+        let t = ctx.t(l);
+        if t.flags.input || t.flags.scratch {
+            continue;
+        }
+        let h = match &states[l.index()] {
+            Some(s) if s.sole_holder().is_some() => s.sole_holder().map(Home::On),
+            Some(SplitState::Split(_) | SplitState::Partial(_)) => Some(Home::Spread),
+            _ => None,
+        };
+        if let Some(h) = h {
+            home.insert(l.index(), h);
+        }
+    }
+    // Forward: a node takes the home of a stored leaf it reads, through
+    // views (a shape-only node is where its parent is).
+    let mut anchored: HashMap<usize, Home> = home;
+    for &n in graph.nodes() {
+        let t = ctx.t(n);
+        let h = if t.op.is_shape_only() {
+            t.src.first().and_then(|s| anchored.get(&s.index()).copied())
+        } else {
+            // Stored leafs and views of them (not other computed nodes).
+            t.src.iter().find_map(|s| {
+                let st = ctx.t(*s);
+                (st.op.is_leaf() || st.op.is_shape_only()).then(|| anchored.get(&s.index()).copied()).flatten()
+            })
+        };
+        if let Some(h) = h {
+            anchored.insert(n.index(), h);
+        }
+    }
+    // Backward: a node with no home of its own is wanted where its first
+    // reader is.
+    let mut first_reader: HashMap<usize, TensorId> = HashMap::new();
+    for &n in graph.nodes() {
+        for s in &ctx.t(n).src {
+            first_reader.entry(s.index()).or_insert(n);
+        }
+    }
+    let mut out: HashMap<usize, Home> = HashMap::new();
+    for &n in graph.nodes().iter().rev() {
+        let h = anchored
+            .get(&n.index())
+            .copied()
+            .or_else(|| first_reader.get(&n.index()).and_then(|r| out.get(&r.index()).copied()));
+        if let Some(h) = h {
+            out.insert(n.index(), h);
+        }
+    }
+    out
 }
 
 /// What converting a weight the policy keeps split costs the walk, in
@@ -408,6 +484,15 @@ impl Walk<'_> {
     fn candidates(&mut self, node: TensorId, cur: &[SplitState], scratch: bool) -> Vec<super::rules::Candidate> {
         let (ctx, t) = (self.ctx, self.ctx.t(node));
         let mut cands = candidates(ctx, t, cur, self.n);
+        // Where its consumers' weights lie whole on one device, running
+        // there is a strategy too (first: it wins a tie).
+        if let Some(&Home::On(h)) = self.homes.get(&node.index()) {
+            if !cands.iter().any(|c| c.output.sole_holder() == Some(h)) {
+                if let Some(c) = super::rules::on_device(ctx, t, cur, self.n, h) {
+                    cands.insert(0, c);
+                }
+            }
+        }
         if cands.iter().any(|c| c.packed) {
             let graph = self.graph;
             let readers = self.readers.get_or_insert_with(|| readers_of(ctx, graph));
@@ -436,8 +521,8 @@ impl Walk<'_> {
     /// its input conversions (each also losing a tie and paying a local
     /// copy), its row combine, and the later reduction of a partial result.
     /// Infinite when it would convert a packed result.
-    fn price(&self, t: &crate::tensor::Tensor, c: &super::rules::Candidate, cur: &[SplitState], scratch: bool) -> f64 {
-        let (n, link) = (self.n, self.link);
+    fn price(&self, node: TensorId, c: &super::rules::Candidate, cur: &[SplitState], scratch: bool) -> f64 {
+        let (n, link, t) = (self.n, self.link, self.ctx.t(node));
         let mut cost = 0.0;
         for (k, need) in c.inputs.iter().enumerate() {
             let s = t.src[k];
@@ -464,6 +549,21 @@ impl Walk<'_> {
         }
         if let Some(b) = c.combine_bytes {
             cost += combine_traffic(b, n).time(link);
+        }
+        // A result that lies whole on one device where its home is
+        // elsewhere, or elsewhere than its home device, will be moved.
+        let wanted = match self.homes.get(&node.index()) {
+            Some(Home::On(h)) if c.output.sole_holder() != Some(*h) && !matches!(c.output, SplitState::Partial(_)) => {
+                SplitState::on_device(*h, n, &t.ne)
+            }
+            Some(Home::Spread) if c.output.sole_holder().is_some() => Some(SplitState::Mirrored),
+            _ => None,
+        };
+        if let Some(tr) = wanted.and_then(|w| conversion(&c.output, &w, t.data_bytes() as u64, n)) {
+            // As an input conversion costs, and a little more: between
+            // moving the sources to the home and the result from elsewhere
+            // (the same bytes), the node runs at its home.
+            cost += tr.time(link) + 2e-12 + t.data_bytes() as f64 / link.local_bandwidth;
         }
         // A partial result is reduced later (an all-reduce, or the
         // reduce-scatter/all-reduce of whatever linear consumers carry

@@ -42,6 +42,11 @@ pub enum SplitSpec {
         /// split on its own; empty = one part (the whole axis).
         segments: Vec<i64>,
     },
+    /// The whole tensor on device `j` (0-based, in the policy's device
+    /// order) and nothing on the others: llama.cpp's `--split-mode layer`,
+    /// which places each layer's weights and caches on one device. Resolves
+    /// to [`SplitState::on_device`] (mirrored for a tensor with no elements).
+    OnDevice(usize),
 }
 
 /// A name rule: `pattern` with `*` wildcards (any run of characters,
@@ -67,6 +72,8 @@ pub struct SplitPolicy {
     /// Memory first: the planner may not convert (gather) a split weight
     /// ([`SplitPolicy::keep_weights_split`]).
     keep_weights_split: bool,
+    /// The layer count of a [`SplitPolicy::layer_split`] policy.
+    layers: Option<usize>,
     /// Process-unique, renewed by every change: what plan caches key the
     /// leaf states this policy gives by.
     id: u64,
@@ -115,6 +122,7 @@ impl SplitPolicy {
             ratios: ratios.to_vec(),
             rules: Vec::new(),
             callback: None,
+            layers: None,
             keep_weights_split: false,
             id: next_policy_id(),
         })
@@ -198,6 +206,13 @@ impl SplitPolicy {
     fn resolve(&self, leaf: &LeafInfo, spec: &SplitSpec) -> std::result::Result<SplitState, String> {
         let (axis, granule, segments) = match spec {
             SplitSpec::Mirrored => return Ok(SplitState::Mirrored),
+            SplitSpec::OnDevice(j) if *j >= self.ratios.len() => {
+                return Err(format!("device {j} is not one of the policy's {} devices", self.ratios.len()))
+            }
+            SplitSpec::OnDevice(_) if leaf.ne.contains(&0) => return Ok(SplitState::Mirrored),
+            SplitSpec::OnDevice(j) => {
+                return SplitState::on_device(*j, self.ratios.len(), &leaf.ne).ok_or_else(|| "no device".into())
+            }
             SplitSpec::Axis { axis, granule, segments } => (*axis, *granule, segments),
         };
         if axis > 3 {
@@ -228,6 +243,113 @@ impl SplitPolicy {
         let s = AxisSplit { axis, segments: segs, repeat: 1 };
         s.validate(len, self.ratios.len()).map_err(|e| e.to_string())?;
         Ok(SplitState::Split(s))
+    }
+}
+
+/// How a model is spread over the devices (llama.cpp's `--split-mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SplitMode {
+    /// Every layer's weights split over the devices by the model's policy
+    /// (`--split-mode tensor`; the default).
+    #[default]
+    Tensor,
+    /// Each layer's weights and caches whole on one device, the devices'
+    /// shares of the layers set by the tensor-split ratios
+    /// ([`SplitPolicy::layer_split`]; `--split-mode layer`, llama.cpp's
+    /// default multi-GPU mode).
+    Layer,
+}
+
+impl SplitMode {
+    /// `tensor` or `layer` (llama.cpp's spelling of the flag's value).
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitMode::Tensor => "tensor",
+            SplitMode::Layer => "layer",
+        }
+    }
+}
+
+/// The device llama.cpp's `--split-mode layer` gives layer `il` of a model
+/// of `n_layer` repeating layers (`il == n_layer`: the output layer) under
+/// the tensor-split `ratios` (llama.cpp's `llama_model::load_tensors`: the
+/// first device whose cumulative share exceeds `il / (n_layer + 1)`; a
+/// device with a zero ratio gets no layer).
+pub fn layer_device(il: usize, n_layer: usize, ratios: &[f32]) -> usize {
+    let total: f64 = ratios.iter().map(|&r| f64::from(r.max(0.0))).sum();
+    let at = il as f64 / (n_layer as f64 + 1.0);
+    let mut acc = 0.0;
+    for (j, &r) in ratios.iter().enumerate() {
+        acc += f64::from(r.max(0.0));
+        if total > 0.0 && acc / total > at {
+            return j;
+        }
+    }
+    ratios.len().saturating_sub(1)
+}
+
+/// The layer a tensor named as llama.cpp names them belongs to: `blk.<il>.`
+/// anywhere in the name (a weight, with any prefix), or a per-layer cache
+/// `<cache>_l<il>` with an optional `_<suffix>` (`cache_k_l3`,
+/// `cache_r_l3_1`); `None` otherwise.
+fn layer_of(name: &str) -> Option<usize> {
+    let digits = |s: &str| -> Option<(usize, usize)> {
+        let n = s.bytes().take_while(u8::is_ascii_digit).count();
+        (n > 0).then(|| s[..n].parse().ok().map(|v| (v, n))).flatten()
+    };
+    if let Some(at) = name.find("blk.") {
+        let rest = &name[at + 4..];
+        if let Some((il, n)) = digits(rest) {
+            if rest[n..].starts_with('.') {
+                return Some(il);
+            }
+        }
+    }
+    let base = name.rsplit('.').next().unwrap_or(name);
+    if !base.starts_with("cache_") {
+        return None;
+    }
+    // `cache_k_l3`, `cache_r_l3_1`: the `_`-separated part `l<digits>`.
+    base.split('_')
+        .skip(1)
+        .find_map(|p| p.strip_prefix('l').and_then(|d| digits(d).filter(|&(_, n)| n == d.len())).map(|(il, _)| il))
+}
+
+impl SplitPolicy {
+    /// llama.cpp's `--split-mode layer` over the devices of `ratios`, for a
+    /// model of `n_layer` repeating layers whose tensors have llama.cpp's
+    /// names: each layer's weights (`blk.<il>.*`) and caches
+    /// (`cache_*_l<il>`) whole on [`layer_device`]'s device for it, the
+    /// output head and final norm (`output.weight`, `output_norm.weight`) on
+    /// the output layer's, the token embeddings (`token_embd.weight`) on the
+    /// first device with a share ([`SplitSpec::OnDevice`]); everything else
+    /// mirrored. The planner then runs each layer where its weights are and
+    /// moves the activations between devices at layer boundaries.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for ratios [`SplitPolicy::new`] refuses.
+    pub fn layer_split(ratios: &[f32], n_layer: usize) -> Result<SplitPolicy> {
+        let r = ratios.to_vec();
+        let first = r.iter().position(|&x| x > 0.0).unwrap_or(0);
+        let policy = SplitPolicy::new(ratios)?.with_callback(move |leaf| {
+            if let Some(il) = layer_of(leaf.name) {
+                return Some(SplitSpec::OnDevice(layer_device(il.min(n_layer), n_layer, &r)));
+            }
+            match leaf.name {
+                "output.weight" | "output_norm.weight" => Some(SplitSpec::OnDevice(layer_device(n_layer, n_layer, &r))),
+                "token_embd.weight" => Some(SplitSpec::OnDevice(first)),
+                _ => None,
+            }
+        });
+        let mut policy = policy.rule("*", SplitSpec::Mirrored);
+        policy.layers = Some(n_layer);
+        Ok(policy)
+    }
+
+    /// The layer count a [`SplitPolicy::layer_split`] policy was made for
+    /// (`None` for any other policy).
+    pub fn layer_split_of(&self) -> Option<usize> {
+        self.layers
     }
 }
 
@@ -267,6 +389,39 @@ mod tests {
 
     fn leaf(name: &str, ty: GgmlType, ne: [i64; 4]) -> LeafInfo<'_> {
         LeafInfo { name, ne, ty }
+    }
+
+    #[test]
+    fn layer_split_places_each_layer_whole_as_llama_cpp_does() {
+        // llama.cpp: upper_bound of il / (n_layer + 1) in the cumulative
+        // shares [0.5, 1.0]: 28 layers + output over 2 devices.
+        let on: Vec<usize> = (0..=28).map(|il| layer_device(il, 28, &[1.0, 1.0])).collect();
+        assert_eq!(on.iter().filter(|&&d| d == 0).count(), 15);
+        assert_eq!((on[14], on[15], on[28]), (0, 1, 1));
+        // A zero share gets no layer; 3:1 gives the first device 3/4.
+        assert!((0..=28).all(|il| layer_device(il, 28, &[1.0, 0.0, 1.0]) != 1));
+        assert_eq!((0..=28).filter(|&il| layer_device(il, 28, &[3.0, 1.0]) == 0).count(), 22);
+        assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
+        assert_eq!(layer_of("dflash.blk.3.ffn_up.weight"), Some(3));
+        assert_eq!(layer_of("cache_k_l7"), Some(7));
+        assert_eq!(layer_of("cache_r_l3_1"), Some(3));
+        assert_eq!(layer_of("blk.x.attn_q.weight"), None);
+        assert_eq!(layer_of("output.weight"), None);
+        assert_eq!(layer_of("cache_k"), None);
+        let p = SplitPolicy::layer_split(&[1.0, 1.0], 4).unwrap();
+        assert_eq!(p.layer_split_of(), Some(4));
+        let st = |name: &str| p.state_for(&leaf(name, GgmlType::Q4_K, [256, 8, 1, 1])).unwrap().unwrap();
+        // Layers 0-2 on device 0 (2.5 of 5), layer 3 and the output on 1.
+        assert_eq!(st("blk.2.attn_q.weight").sole_holder(), Some(0));
+        assert_eq!(st("blk.3.attn_q.weight").sole_holder(), Some(1));
+        assert_eq!(st("cache_v_l3").sole_holder(), Some(1));
+        assert_eq!(st("output.weight").sole_holder(), Some(1));
+        assert_eq!(st("token_embd.weight").sole_holder(), Some(0));
+        assert_eq!(st("rope_freqs.weight"), SplitState::Mirrored);
+        assert!(SplitPolicy::new(&[1.0]).unwrap().layer_split_of().is_none());
+        // A device outside the policy is an error naming the tensor.
+        let bad = SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("w", SplitSpec::OnDevice(2));
+        assert!(bad.state_for(&leaf("w", GgmlType::F32, [4, 1, 1, 1])).is_err());
     }
 
     #[test]

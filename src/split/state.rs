@@ -161,6 +161,32 @@ impl SplitState {
         }
     }
 
+    /// The one device that holds all of this tensor, if it lies whole on
+    /// one device: a split of a non-empty axis whose every other extent is
+    /// zero (llama.cpp's `--split-mode layer` places each layer so, and
+    /// `--tensor-split 1,0` any tensor). `None` for every other state.
+    pub fn sole_holder(&self) -> Option<usize> {
+        let SplitState::Split(s) = self else { return None };
+        let len = s.axis_len();
+        if len <= 0 {
+            return None;
+        }
+        (0..s.n_devices()).find(|&j| s.local_len(j) == len)
+    }
+
+    /// The state of a tensor of extents `ne` (ggml order) that lies whole on
+    /// device `j` of `n`, in the one form the planner gives such tensors:
+    /// split on axis 3, all of it on `j` (`[0, .., ne[3], .., 0]`). `None`
+    /// when `j ≥ n` or the tensor has no elements (nothing to hold).
+    pub fn on_device(j: usize, n: usize, ne: &[i64; 4]) -> Option<SplitState> {
+        if j >= n || ne.iter().any(|&e| e <= 0) {
+            return None;
+        }
+        let mut extents = vec![0; n];
+        extents[j] = ne[3];
+        Some(SplitState::split(3, extents))
+    }
+
     /// Whether a tensor of `ty` can be laid out in this state: a block type
     /// (Q8_0, Q4_K, IQ4_XS, …) holds no partial sum (no device can add
     /// blocks) and is cut on axis 0 only at block boundaries (every extent a
@@ -259,6 +285,24 @@ mod tests {
         let z = AxisSplit::even(0, vec![3, 0, 1]);
         assert!(z.ranges(1).is_empty());
         assert_eq!(z.ranges(2), vec![(3, 4)]);
+    }
+
+    #[test]
+    fn a_split_with_one_nonzero_extent_lies_whole_on_that_device() {
+        assert_eq!(SplitState::split(1, vec![0, 7, 0]).sole_holder(), Some(1));
+        assert_eq!(
+            SplitState::Split(AxisSplit { axis: 0, segments: vec![vec![3, 0], vec![2, 0]], repeat: 2 }).sole_holder(),
+            Some(0)
+        );
+        assert_eq!(SplitState::split(1, vec![3, 4]).sole_holder(), None);
+        assert_eq!(SplitState::split(1, vec![0, 0]).sole_holder(), None);
+        assert_eq!(SplitState::Mirrored.sole_holder(), None);
+        assert_eq!(SplitState::partial().sole_holder(), None);
+        let on = SplitState::on_device(2, 3, &[4, 5, 1, 6]).unwrap();
+        assert_eq!(on, SplitState::split(3, vec![0, 0, 6]));
+        assert_eq!(on.sole_holder(), Some(2));
+        assert!(SplitState::on_device(3, 3, &[4, 5, 1, 6]).is_none());
+        assert!(SplitState::on_device(0, 2, &[4, 5, 1, 0]).is_none());
     }
 
     #[test]

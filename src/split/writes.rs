@@ -20,12 +20,20 @@ pub(crate) fn covers_owner(ctx: &Context, t: &Tensor) -> bool {
 
 /// The state the owner of write node `t` is in after the write, given the
 /// write's output state: the output's own state when the write covers the
-/// owner with the same shape; mirrored otherwise.
+/// owner with the same shape (whole on one device when the write was:
+/// [`SplitState::on_device`] in the owner's shape); mirrored otherwise.
 pub(crate) fn owner_state_after_write(ctx: &Context, t: &Tensor, out: &SplitState) -> SplitState {
     let Some(o) = t.view_src else { return SplitState::Mirrored };
     let ot = ctx.t(o);
     if !covers_owner(ctx, t) {
         return SplitState::Mirrored;
+    }
+    if let (Some(j), SplitState::Split(s)) = (out.sole_holder(), out) {
+        // Written whole on one device: the owner lies whole there.
+        if ot.ne == t.ne {
+            return out.clone();
+        }
+        return SplitState::on_device(j, s.n_devices(), &ot.ne).unwrap_or(SplitState::Mirrored);
     }
     match out {
         SplitState::Split(s) if ot.ne != t.ne => {

@@ -101,7 +101,8 @@ impl Qwen35Session {
         let types = TensorTypes::from_file(file);
         let mut ctx = Context::new();
         let model = Qwen35::new(&mut ctx, hp, &types, kv_types, kv_size)?;
-        let policy = qwen35_policy(&model.hp, &types, devices.ratios())?;
+        let n_layer = model.hp.core.n_layer;
+        let policy = devices.model_policy(n_layer, |r| qwen35_policy(&model.hp, &types, r))?;
         let mut runner = Runner::new(policy, devices)?;
         let what = format!("qwen35 weights and caches (KV caches of {} cells)", model.kv_size);
         crate::place_and_load(file, &ctx, model.base_len, &mut runner, "qwen35", &what).map_err(|e| match e {

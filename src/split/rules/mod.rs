@@ -70,6 +70,7 @@ pub(crate) struct Node<'a> {
 pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize) -> Vec<Candidate> {
     let x = Node { ctx, t, src: t.src.iter().map(|&s| ctx.t(s)).collect(), cur, n };
     let mut out = Vec::new();
+    on_one_device(&x, &mut out);
     match t.op.family() {
         OpFamily::Elementwise => elementwise::candidates(&x, &mut out),
         OpFamily::Reduce => reduce::candidates(&x, &mut out),
@@ -88,6 +89,91 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
     out.retain(|c| c.output.suits(t.ty) && c.inputs.iter().zip(&x.src).all(|(st, s)| st.suits(s.ty)));
     out.push(Candidate::new(vec![SplitState::Mirrored; x.src.len()], SplitState::Mirrored));
     out
+}
+
+/// The strategies of any op whose sources lie whole on one device or are
+/// mirrored (llama.cpp's `--split-mode layer`, a `--tensor-split` share of
+/// zero): for each device `j` some source lies whole on, the node runs on
+/// `j` alone, as on one device, and its result lies whole on `j` (in the
+/// state of a same-shaped source that does, else [`SplitState::on_device`]);
+/// every other source that is not mirrored is
+/// moved there first (a point-to-point copy; a partial sum reduced there).
+/// The other devices take no part. Offered first, so a family rule's
+/// strategy of the same cost (a split whose extents are all on `j`) does
+/// not win over it. A view or a write is offered it only where the tensor
+/// whose memory it is already lies whole on `j` (its layout there is one
+/// device's).
+fn on_one_device(x: &Node, out: &mut Vec<Candidate>) {
+    let mut homes: Vec<usize> = x.cur.iter().filter_map(SplitState::sole_holder).collect();
+    homes.sort_unstable();
+    homes.dedup();
+    out.extend(homes.into_iter().filter_map(|j| one_device(x, j)));
+}
+
+/// The one-device strategy of [`on_one_device`] on device `j`, if it may run there.
+fn one_device(x: &Node, j: usize) -> Option<Candidate> {
+    if x.n < 2 || x.t.nelements() == 0 || j >= x.n {
+        return None;
+    }
+    if reads_owner_layout(x.t, x.src.first().copied()) {
+        return None;
+    }
+    if x.t.op.is_view_op() {
+        // The tensor whose memory the result is (a view's parent, a
+        // write's destination) must already lie whole on `j`; a write's
+        // deferred destination is laid out as needed.
+        let a = x.t.op.written_src().unwrap_or(0);
+        let anchored = match x.cur.get(a) {
+            Some(SplitState::Unknown) => x.t.op.writes_through_view(),
+            Some(c) => c.sole_holder() == Some(j),
+            None => false,
+        };
+        if !anchored {
+            return None;
+        }
+    }
+    // In the state of a source of the same shape lying whole on `j` (a
+    // write's destination stays in its own), else in the one form.
+    let same = x.cur.iter().zip(&x.src).find(|(c, s)| c.sole_holder() == Some(j) && s.ne == x.t.ne);
+    let output = same.map(|(c, _)| c.clone()).or_else(|| SplitState::on_device(j, x.n, &x.t.ne))?;
+    let inputs: Option<Vec<SplitState>> = x
+        .cur
+        .iter()
+        .zip(&x.src)
+        .map(|(cur, s)| match cur {
+            SplitState::Mirrored => Some(SplitState::Mirrored),
+            c if c.sole_holder() == Some(j) => Some(c.clone()),
+            _ => SplitState::on_device(j, x.n, &s.ne),
+        })
+        .collect();
+    let c = Candidate::new(inputs?, output);
+    (c.output.suits(x.t.ty) && c.inputs.iter().zip(&x.src).all(|(st, s)| st.suits(s.ty))).then_some(c)
+}
+
+/// [`on_one_device`]'s strategy for node `t` (sources in states `cur`, `n`
+/// devices) on device `j`, which no source need lie on: what the planner
+/// offers a node whose consumers' weights lie whole on `j`.
+pub(crate) fn on_device(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize, j: usize) -> Option<Candidate> {
+    let x = Node { ctx, t, src: t.src.iter().map(|&s| ctx.t(s)).collect(), cur, n };
+    one_device(&x, j)
+}
+
+/// True for a `view` whose strides are its owner's, which one device's
+/// copy of its parent need not share: a view of a parent that is not
+/// contiguous or whose bytes it reaches outside. It does not run on one
+/// device alone (its parent may be held there in another layout).
+pub(crate) fn reads_owner_layout(t: &Tensor, parent: Option<&Tensor>) -> bool {
+    t.op == crate::ops::Op::View && parent.is_none_or(|p| !p.is_contiguous() || !view_inside_parent(t, p))
+}
+
+/// True if view `t` of `parent` reads only bytes of its parent (always for
+/// a parent that is not itself a view); a view reaching outside them reads
+/// its owner's memory.
+pub(crate) fn view_inside_parent(t: &Tensor, parent: &Tensor) -> bool {
+    parent.view_src.is_none() || {
+        let span = crate::tensor::checked_nbytes(t.ty, &t.ne, &t.nb).unwrap_or(usize::MAX);
+        t.view_offs >= parent.view_offs && t.view_offs.saturating_add(span) <= parent.view_offs + parent.nbytes()
+    }
 }
 
 /// True if a split result of `p` is held in a device-local packing (its
