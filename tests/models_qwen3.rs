@@ -3,6 +3,9 @@
 //! logits (NMSE ≤ 1e-6 with F32 weights) over a prompt and a sequence of
 //! decode steps, with the KV cache in F16 and Q4_0, ratios 1:1, 3:1, 1:1:1;
 //! and a rollback followed by re-decoding gives the same tokens again.
+//! Under llama.cpp's `--split-mode layer` (each layer whole on one device)
+//! the same, and a decode step moves one hidden state per device boundary;
+//! a device with a zero tensor-split share takes no part.
 
 use shardgraph::split::{Collective, Planner, SplitState};
 use shardgraph::{Context, GgmlType};
@@ -52,14 +55,27 @@ fn tensor_parallel_decoding_equals_one_device() {
             // A decode step under the session's policy (the step graph built
             // in a context of its own): caches stay split by heads, the
             // vocabulary-split head is never gathered (argmax combines 8 bytes
-            // per row), two all-reduces per layer.
+            // per row), and a layer moves at most two all-reduces of the
+            // hidden state (a 1:1 FFN of one 128-row granule lies whole on
+            // one device, which runs it alone: a reduce-scatter to it and a
+            // gather from it, half of that).
             let mut ctx = Context::new();
             let model = Qwen3::new(&mut ctx, hp(), &types, kv, 32).unwrap();
             let step = model.build(&mut ctx, 1, &[]).unwrap();
             let g = ctx.build_forward(&step.outputs()).unwrap();
             let plan = Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap();
-            assert_eq!(plan.count(Collective::AllGather), 0, "{}", plan.report(&ctx));
-            assert_eq!(plan.count(Collective::AllReduce), 2 * hp().n_layer, "{}", plan.report(&ctx));
+            let logits = *step.outputs().first().unwrap();
+            assert!(plan.repartitions.iter().all(|r| r.tensor != logits), "{}", plan.report(&ctx));
+            let n = ratios.len() as u64;
+            let all_reduce = 2 * (hp().core.n_embd as u64 * 4) * (n - 1);
+            let combines: u64 = plan
+                .repartitions
+                .iter()
+                .filter(|r| r.traffic.kind == Collective::RowCombine)
+                .map(|r| r.traffic.total_bytes)
+                .sum();
+            let layers = plan.total_bytes() - combines;
+            assert!(layers <= 2 * hp().n_layer as u64 * all_reduce, "{}", plan.report(&ctx));
         }
     }
 }
@@ -194,4 +210,62 @@ fn a_prompt_with_the_head_on_its_last_token_equals_the_last_row_of_a_full_step()
             tok = a.argmax[0];
         }
     }
+}
+
+/// `--split-mode layer` (each layer's weights and caches whole on one
+/// device, llama.cpp's assignment of 4 layers and the output layer by the
+/// ratios): the same tokens and logits as one device, and a decode step's
+/// plan moves the hidden state (n_embd F32 values) once per device
+/// boundary, nothing else; the runner moves what its plans say.
+#[test]
+fn layer_split_decoding_equals_one_device_and_moves_one_hidden_state_per_boundary() {
+    use shardgraph::split::{layer_device, Devices, SplitMode};
+    let hp = Qwen3Hparams { core: shardgraph_models::hparams::HparamsCore::qwen3(4, 64, 128, 6, 3, 32), ..hp() };
+    let prompt = [3, 17, 42, 5, 88, 1];
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let one = Devices::cpu(1, 1).unwrap();
+    let mut s1 = decode::seeded_session_on(hp.clone(), &one, &types, kv, 32);
+    let (want, want_logits) = generate(&mut s1, &prompt, 6);
+    for ratios in [vec![1.0, 1.0], vec![3.0, 1.0], vec![1.0, 1.0, 1.0], vec![1.0, 0.0, 1.0]] {
+        let devices = Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(&ratios).unwrap();
+        let devices = devices.with_split_mode(SplitMode::Layer);
+        let mut s = decode::seeded_session_on(hp.clone(), &devices, &types, kv, 32);
+        assert_eq!(s.runner().policy().layer_split_of(), Some(4));
+        let (got, logits) = generate(&mut s, &prompt, 6);
+        assert_eq!(got, want, "layer split {ratios:?}");
+        for (a, b) in logits.iter().zip(&want_logits) {
+            // Each op runs on one device as on the one device: the same sums.
+            assert_eq!(nmse(a, b), 0.0, "layer split {ratios:?}");
+        }
+        assert_eq!(s.runner().bytes_moved(), s.runner().bytes_planned(), "{ratios:?}");
+        // Boundaries: layer to layer, and the last layer to the output's device.
+        let on: Vec<usize> = (0..=4).map(|il| layer_device(il, 4, &ratios)).collect();
+        let boundaries = on.windows(2).filter(|w| w[0] != w[1]).count() as u64;
+        assert!(boundaries >= 1, "{ratios:?}: {on:?}");
+        let mut ctx = Context::new();
+        let model = Qwen3::new(&mut ctx, hp.clone(), &types, kv, 32).unwrap();
+        let step = model.build(&mut ctx, 1, &[]).unwrap();
+        let g = ctx.build_forward(&step.outputs()).unwrap();
+        let plan = Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap();
+        assert_eq!(plan.total_bytes(), boundaries * 64 * 4, "{ratios:?} on {on:?}\n{}", plan.report(&ctx));
+        // Device 1 of 1:0:1 holds nothing and receives nothing.
+        if ratios[1] == 0.0 {
+            assert!(plan.repartitions.iter().all(|r| r.to.sole_holder() != Some(1)), "{}", plan.report(&ctx));
+        }
+    }
+}
+
+/// `--tensor-split 1,0` under the tensor policy: every split tensor lies
+/// whole on device 0, which runs the model alone: the same tokens as one
+/// device and nothing moves (it moved what 1:1 moves before).
+#[test]
+fn a_zero_tensor_split_share_takes_no_part() {
+    let prompt = [3, 17, 42, 5, 88, 1];
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let mut one = session(&[1.0], &types, kv);
+    let (want, _) = generate(&mut one, &prompt, 6);
+    let mut s = session(&[1.0, 0.0], &types, kv);
+    let (got, _) = generate(&mut s, &prompt, 6);
+    assert_eq!(got, want);
+    assert_eq!(s.runner().bytes_moved(), 0);
 }

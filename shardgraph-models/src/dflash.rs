@@ -103,7 +103,7 @@ impl DraftHost for Qwen3Session {
     fn policy_with(&self, hp: &DflashHparams, types: &TensorTypes) -> Result<shardgraph::split::SplitPolicy> {
         let ratios = self.runner.policy().ratios().to_vec();
         if let Some(n_layer) = self.runner.policy().layer_split_of() {
-            return Ok(shardgraph::split::SplitPolicy::layer_split(&ratios, n_layer)?);
+            return shardgraph::split::SplitPolicy::layer_split(&ratios, n_layer);
         }
         qwen3_dflash_policy(&self.model.hp, &self.model.types, hp, types, &ratios)
     }
@@ -122,7 +122,7 @@ impl DraftHost for Qwen35Session {
     fn policy_with(&self, hp: &DflashHparams, types: &TensorTypes) -> Result<shardgraph::split::SplitPolicy> {
         let ratios = self.runner.policy().ratios().to_vec();
         if let Some(n_layer) = self.runner.policy().layer_split_of() {
-            return Ok(shardgraph::split::SplitPolicy::layer_split(&ratios, n_layer)?);
+            return shardgraph::split::SplitPolicy::layer_split(&ratios, n_layer);
         }
         qwen35_dflash_policy(&self.model.hp, &self.model.types, hp, types, &ratios)
     }

@@ -45,7 +45,7 @@ pub fn seeded_session(
     )
 }
 
-/// [`seeded_session`] on `devices` (their tensor split).
+/// [`seeded_session`] on `devices` (their tensor split and split mode).
 pub fn seeded_session_on(
     hp: Qwen3Hparams,
     devices: &Devices,
@@ -55,7 +55,7 @@ pub fn seeded_session_on(
 ) -> Qwen3Session {
     let mut ctx = Context::new();
     let model = Qwen3::new(&mut ctx, hp, types, kv, kv_size).unwrap();
-    let policy = qwen3_policy(&model.hp, types, devices.ratios()).unwrap();
+    let policy = devices.model_policy(model.hp.core.n_layer, |r| qwen3_policy(&model.hp, types, r)).unwrap();
     let runner = Runner::new(policy, devices).unwrap();
     let mut s = Qwen3Session::new(model, ctx, runner).unwrap();
     let weights: Vec<(String, GgmlType, [i64; 4])> = s
