@@ -150,6 +150,7 @@ fn run() -> shardgraph::Result<()> {
             draft: FitDraft::None,
             cache_types: kv,
             ratios: ratios.clone(),
+            mode: devices.split_mode(),
             n_batch: n_prompt.min(ubatch) as i64,
             snapshot_slots: 0,
         };

@@ -16,7 +16,7 @@
 //! except for qwen35 + MTP, whose estimate is conservative (the measured
 //! ratio is pinned, see the test).
 
-use shardgraph::split::Devices;
+use shardgraph::split::{Devices, SplitMode};
 use shardgraph::{Backend, Context, GgmlType, Graph, TensorId};
 use shardgraph_models::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams, TargetInfo};
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
@@ -63,6 +63,7 @@ fn specs(n: usize) -> Vec<(&'static str, FitSpec)> {
         draft,
         cache_types: GgmlType::F16.into(),
         ratios: vec![1.0; n],
+        mode: SplitMode::Tensor,
         n_batch: 16,
         snapshot_slots,
     };
@@ -115,6 +116,7 @@ fn run_worst_steps(spec: &FitSpec, cells: i64, backends: Vec<Arc<dyn Backend>>) 
         _ => None,
     };
     let policy = match (&spec.target, &spec.draft) {
+        _ if spec.mode == SplitMode::Layer => shardgraph::split::SplitPolicy::layer_split(r, n_layer)?,
         (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { hp: d, types: dt }) => {
             qwen3_dflash_policy(hp, types, d, dt, r)?
         }
@@ -253,6 +255,43 @@ fn the_chosen_ctx_size_fits_and_256_cells_more_do_not() {
     }
 }
 
+/// `--split-mode layer`: the fit sizes each device's layers from the layer
+/// split's plans: a target's weights are held once (their sum over 2 and 3
+/// devices is one device's, and a byte per empty part), and the worst steps
+/// of every spec (drafters too) run within each device's estimate, as they
+/// do under the tensor split (where a DFlash2 step's zero column, a leaf of
+/// the step, was not counted: one hidden row per device over).
+#[test]
+fn a_layer_split_is_sized_from_its_plans_and_holds_the_weights_once() {
+    let cells = 1024;
+    for (name, spec) in specs(1) {
+        let one = spec.memory(cells).unwrap();
+        for (n, mode) in [2, 3].into_iter().flat_map(|n| [(n, SplitMode::Layer), (n, SplitMode::Tensor)]) {
+            let spec = FitSpec { ratios: vec![1.0; n], mode, ..spec.clone() };
+            let est = spec.memory(cells).unwrap();
+            let what = format!("{name}, {} split over {n} devices", mode.name());
+            // Each device holds its layers' weights; an empty part costs the
+            // one byte the executor allocates for it. (A DFlash drafter's
+            // tensors outside its layers, its `fc` and norms, are mirrored.)
+            let sum = est.iter().map(|m| m.weights).sum::<u64>();
+            if !name.contains("dflash") && mode == SplitMode::Layer {
+                assert!(sum >= one[0].weights && sum - one[0].weights < 64 * n as u64, "{what}: {est:?} vs {one:?}");
+            }
+            assert!(est.iter().all(|m| m.weights > 1), "{what}: a device without layers: {est:?}");
+            let (devs, counters) = counting::devices(n, None);
+            run_worst_steps(&spec, cells, devs).unwrap_or_else(|e| panic!("{what}: {e}"));
+            for (j, (c, m)) in counters.iter().zip(&est).enumerate() {
+                assert!(
+                    c.peak() <= m.total(),
+                    "{what}: device {j} peaked at {} of an estimate {}",
+                    c.peak(),
+                    m.total()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn the_requested_maximum_bounds_the_choice() {
     let (_, spec) = specs(2).remove(1);
@@ -292,6 +331,7 @@ fn bad_specs_are_errors() {
         draft,
         cache_types: GgmlType::F16.into(),
         ratios: vec![1.0],
+        mode: SplitMode::Tensor,
         n_batch: 1,
         snapshot_slots,
     };

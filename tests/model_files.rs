@@ -14,7 +14,7 @@
 //! * a file with a tensor of a type no kernel runs, refused naming it.
 
 use shardgraph::gguf::GgufFile;
-use shardgraph::split::{LeafInfo, SplitState};
+use shardgraph::split::{LeafInfo, SplitMode, SplitState};
 use shardgraph::GgmlType;
 use shardgraph_models::fit::{FitDraft, FitSpec, FitTarget};
 use shardgraph_models::generate::{write_qwen35_gguf_with, write_qwen3_gguf_with, Weights};
@@ -228,6 +228,7 @@ fn a_tied_plan_holds_one_copy_of_the_head() {
                 draft: FitDraft::None,
                 cache_types: GgmlType::F16.into(),
                 ratios: vec![1.0; n],
+                mode: SplitMode::Tensor,
                 n_batch: 1,
                 snapshot_slots: 0,
             };

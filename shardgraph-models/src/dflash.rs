@@ -597,9 +597,12 @@ impl Dflash {
         let unary = ctx.get_rows(l3, cand)?; // [1, K, B]
         let unary = ctx.reshape_2d(unary, k, block)?;
         let gate = ctx.mul_mat(sel.hidden, t_embd)?; // [R, B]
+                                                     // Zeros in the shape of one column (a fill of a view of `t_embd`:
+                                                     // a leaf made here would be a stored tensor of every step's plan,
+                                                     // which the fit, sizing stored tensors from the model's, missed).
         let mut packed = {
-            let z = ctx.new_tensor(GgmlType::F32, &[e, 1])?;
-            ctx.fill(z, 0.0)?
+            let col = ctx.view_2d(t_embd, e, 1, ctx.tensor(t_embd)?.nb[1], 0)?;
+            ctx.fill(col, 0.0)?
         };
         // One run of positions [p0, p0 + n) with `n_pred` predecessor ids per position.
         let run = |ctx: &mut Context, p0: i64, n: i64, preds: TensorId, n_pred: i64| -> Result<TensorId> {

@@ -629,6 +629,7 @@ impl Engine {
             draft: fit_draft,
             cache_types: params.cache_types(),
             ratios: devices.ratios().to_vec(),
+            mode: devices.split_mode(),
             n_batch,
             snapshot_slots: plan.snapshot_slots(),
         };

@@ -20,7 +20,7 @@ use super::step::MAX_DRAFT;
 use super::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::{Context, Graph};
-use shardgraph::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitPolicy, SplitState};
+use shardgraph::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitMode, SplitPolicy, SplitState};
 use shardgraph::tensor::GgmlType;
 use std::collections::HashSet;
 
@@ -96,7 +96,9 @@ pub fn session_memory(
 /// Bytes of a contiguous `ty` tensor of shape `ne`.
 fn part_bytes(ty: GgmlType, ne: [i64; 4]) -> Result<u64> {
     let rows = (ne[1].max(0) as u64).saturating_mul(ne[2].max(0) as u64).saturating_mul(ne[3].max(0) as u64);
-    Ok((ty.row_size(ne[0].max(0))? as u64).saturating_mul(rows))
+    // The executor allocates at least one byte for a part, an empty one (a
+    // layer on another device) too (`Plan::memory` counts the same).
+    Ok((ty.row_size(ne[0].max(0))? as u64).saturating_mul(rows).max(1))
 }
 
 /// The target model of a session to size.
@@ -155,6 +157,9 @@ pub struct FitSpec {
     pub cache_types: KvTypes,
     /// Tensor split ratios, one per device (llama.cpp's `--tensor-split`).
     pub ratios: Vec<f32>,
+    /// How the model is spread over the devices (llama.cpp's `--split-mode`;
+    /// [`SplitMode::Layer`] sizes [`SplitPolicy::layer_split`]'s layout).
+    pub mode: SplitMode,
     /// The most tokens one target step takes (the prompt batch,
     /// `--ubatch-size`), at least 1; a verification batch of a drafter's
     /// block or chain counts too where it is larger.
@@ -168,6 +173,9 @@ impl FitSpec {
     /// The policy for this spec's target and drafter.
     fn policy(&self, model: &Built) -> Result<SplitPolicy> {
         let r = &self.ratios;
+        if self.mode == SplitMode::Layer {
+            return Ok(SplitPolicy::layer_split(r, self.n_layer())?);
+        }
         match (&self.target, &self.draft, &model.dflash) {
             (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { types: dt, .. }, Some(d)) => {
                 qwen3_dflash_policy(hp, types, &d.hp, dt, r)

@@ -68,8 +68,10 @@ impl Plan {
             }
             let st = self.state(l).cloned().unwrap_or(SplitState::Mirrored);
             for (j, m) in out.iter_mut().enumerate() {
-                // Exactly the part the store places (granules, blocks, segments).
-                let b = box_bytes(t.ty, &boxes(t.ne, &st, j)) as u64;
+                // Exactly the part the store places (granules, blocks,
+                // segments); the executor allocates at least one byte for a
+                // part, an empty one (a layer on another device) too.
+                let b = box_bytes(t.ty, &boxes(t.ne, &st, j)).max(1) as u64;
                 if t.flags.input {
                     m.inputs += b;
                 } else if written.contains(&l.index()) {
