@@ -174,7 +174,7 @@ impl FitSpec {
     fn policy(&self, model: &Built) -> Result<SplitPolicy> {
         let r = &self.ratios;
         if self.mode == SplitMode::Layer {
-            return Ok(SplitPolicy::layer_split(r, self.n_layer())?);
+            return SplitPolicy::layer_split(r, self.n_layer());
         }
         match (&self.target, &self.draft, &model.dflash) {
             (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { types: dt, .. }, Some(d)) => {
