@@ -24,7 +24,9 @@
 //! machine's parallelism, and on one device llama.cpp's `--threads`
 //! through `ggml_backend_set_n_threads`; sub-devices take their share of
 //! `SHARDGRAPH_THREADS` when the backend is made), `SHARDGRAPH_DEVICES`,
-//! `SHARDGRAPH_TENSOR_SPLIT`, `SHARDGRAPH_GGML_VERBOSE=1` (translation
+//! `SHARDGRAPH_TENSOR_SPLIT`, `SHARDGRAPH_SPLIT_MODE=layer|tensor`
+//! (llama.cpp's `--split-mode` over the sub-devices; default tensor),
+//! `SHARDGRAPH_GGML_VERBOSE=1` (translation
 //! errors, cache hits, bytes exchanged, on standard error).
 //!
 //! What is not here yet: events and asynchronous copies; a step that

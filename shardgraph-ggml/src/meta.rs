@@ -91,7 +91,8 @@ impl Meta {
     /// The sub-devices from the environment, or `None` for one device.
     ///
     /// # Errors
-    /// A bad `SHARDGRAPH_DEVICES` or `SHARDGRAPH_TENSOR_SPLIT`, or the ratios without the devices.
+    /// A bad `SHARDGRAPH_DEVICES`, `SHARDGRAPH_TENSOR_SPLIT` or
+    /// `SHARDGRAPH_SPLIT_MODE`, or the ratios without the devices.
     pub(crate) fn from_env(threads: usize) -> Result<Option<Meta>, String> {
         let Ok(list) = std::env::var("SHARDGRAPH_DEVICES") else {
             // Ratios without devices would be ignored: say so instead.
@@ -109,6 +110,12 @@ impl Meta {
                 .map(|x| x.trim().parse::<f32>().map_err(|e| format!("SHARDGRAPH_TENSOR_SPLIT {r:?}: {e}")))
                 .collect::<Result<Vec<f32>, String>>()?;
             devices = devices.with_tensor_split(&ratios).map_err(|e| format!("SHARDGRAPH_TENSOR_SPLIT: {e}"))?;
+        }
+        // llama.cpp's --split-mode values (`none` is one device: no SHARDGRAPH_DEVICES).
+        match std::env::var("SHARDGRAPH_SPLIT_MODE").as_deref() {
+            Err(_) | Ok("tensor") => {}
+            Ok("layer") => devices = devices.with_split_mode(shardgraph::split::SplitMode::Layer),
+            Ok(other) => return Err(format!("SHARDGRAPH_SPLIT_MODE={other:?}: use layer or tensor")),
         }
         let policy = crate::policy::llama_policy(&devices, &Context::new())?;
         let description = format!("{} sub-devices: {}", devices.n_devices(), devices.names().join(", "));

@@ -18,8 +18,13 @@
 //! Qwen3.5's per-head K norm); a layer without one, or whose shapes or
 //! block types do not divide into KV-head groups, keeps its attention
 //! mirrored. Everything else is mirrored.
+//!
+//! With `SHARDGRAPH_SPLIT_MODE=layer` the policy is llama.cpp's
+//! `--split-mode layer` instead ([`SplitPolicy::layer_split`]): each layer's
+//! weights and caches whole on one sub-device, the ratios setting each
+//! sub-device's share of the layers (the recurrent layers of a hybrid too).
 
-use shardgraph::split::{Devices, SplitPolicy, SplitSpec};
+use shardgraph::split::{Devices, SplitMode, SplitPolicy, SplitSpec};
 use shardgraph::Context;
 use std::collections::HashMap;
 
@@ -29,11 +34,22 @@ fn axis(axis: usize, granule: i64) -> SplitSpec {
 }
 
 /// The policy for `devices`, with attention rules for each layer whose
-/// tensors `ctx` holds (translated graphs so far).
+/// tensors `ctx` holds (translated graphs so far); under
+/// [`SplitMode::Layer`], the layer split of the layers `ctx` names.
 ///
 /// # Errors
 /// The devices' ratios are invalid ([`Devices::policy`]).
 pub(crate) fn llama_policy(devices: &Devices, ctx: &Context) -> Result<SplitPolicy, String> {
+    if devices.split_mode() == SplitMode::Layer {
+        // llama.cpp's --split-mode layer over the layers the graph has.
+        let n_layer = ctx
+            .ids()
+            .filter_map(|id| ctx.tensor(id).ok())
+            .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok())
+            .max()
+            .map_or(0, |l| l + 1);
+        return SplitPolicy::layer_split(devices.ratios(), n_layer).map_err(|e| e.to_string());
+    }
     let mut policy = devices.policy().map_err(|e| e.to_string())?;
     for (pattern, spec) in attention_rules(ctx).into_iter().chain(ffn_rules(ctx)) {
         policy = policy.rule(&pattern, spec);

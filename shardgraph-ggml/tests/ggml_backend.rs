@@ -261,14 +261,22 @@ fn llama_cpp_runs_models_on_sg() {
         .expect("the GGUF");
         // One CPU device; 2 sub-devices 1:1 and 3 sub-devices 3:2:1
         // through the meta backend (llama.cpp's FFN split by name).
-        let mut configs = vec![(None, None), (Some("CPU,CPU"), None), (Some("CPU,CPU,CPU"), Some("3,2,1"))];
+        // And llama.cpp's layer split over 2 sub-devices (the hybrid's
+        // recurrent layers too) and 3 sub-devices 1:0:1 (one holds nothing).
+        let mut configs = vec![
+            (None, None, None),
+            (Some("CPU,CPU"), None, None),
+            (Some("CPU,CPU,CPU"), Some("3,2,1"), None),
+            (Some("CPU,CPU"), None, Some("layer")),
+            (Some("CPU,CPU,CPU"), Some("1,0,1"), Some("layer")),
+        ];
         if cfg!(feature = "cuda-emu") && kind == 1 {
             // Emulated GPU sub-devices (NVIDIA's 32-wide warps, a CDNA GPU's
             // 64-wide waves): the GPU backend's kernels and copies under
             // llama.cpp's graphs (slow: one file).
-            configs.extend([(Some("EMU,EMU"), None), (Some("EMUHIP,EMUHIP"), None)]);
+            configs.extend([(Some("EMU,EMU"), None, None), (Some("EMUHIP,EMUHIP"), None, None)]);
         }
-        for (devices, split) in configs {
+        for (devices, split, mode) in configs {
             let mut cmd = Command::new(&py);
             cmd.arg(root().join("scripts/llama-on-sg.py"))
                 .arg("--lib")
@@ -278,12 +286,16 @@ fn llama_cpp_runs_models_on_sg() {
                 .args(["--prompt", "11,205,3,99,42,310,7,64", "--n-gen", "32", "--json"])
                 .env("SHARDGRAPH_GGML_VERBOSE", "1")
                 .env_remove("SHARDGRAPH_DEVICES")
-                .env_remove("SHARDGRAPH_TENSOR_SPLIT");
+                .env_remove("SHARDGRAPH_TENSOR_SPLIT")
+                .env_remove("SHARDGRAPH_SPLIT_MODE");
             if let Some(d) = devices {
                 cmd.env("SHARDGRAPH_DEVICES", d);
             }
             if let Some(r) = split {
                 cmd.env("SHARDGRAPH_TENSOR_SPLIT", r);
+            }
+            if let Some(m) = mode {
+                cmd.env("SHARDGRAPH_SPLIT_MODE", m);
             }
             let out = cmd.output().expect("python runs");
             let err = String::from_utf8_lossy(&out.stderr);
@@ -296,8 +308,9 @@ fn llama_cpp_runs_models_on_sg() {
                 .find_map(|l| l.split(" bytes exchanged").next().filter(|_| l.contains("bytes exchanged")))
                 .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
             println!(
-                "{name} on {}: prompt NMSE {nmse:.3e}, steps max NMSE {steps:.3e}, splits {}, bytes exchanged {moved:?}",
+                "{name} on {} {}: prompt NMSE {nmse:.3e}, steps max NMSE {steps:.3e}, splits {}, bytes exchanged {moved:?}",
                 devices.unwrap_or("SG (1 CPU)"),
+                mode.unwrap_or(""),
                 v["splits"]
             );
             assert!(nmse <= 1e-3 && steps <= 1e-3, "{name} on {devices:?}: NMSE {nmse:e} / {steps:e} above 1e-3");
@@ -305,10 +318,11 @@ fn llama_cpp_runs_models_on_sg() {
             let sg = v["splits"]["SG"].as_array().expect("SG's split counts");
             assert!(!sg.is_empty() && sg.iter().all(|s| s.as_u64().is_some_and(|n| n <= 2)), "{name}: splits {sg:?}");
             if devices.is_some() {
-                // The FFN weights are split: each step all-reduces.
+                // The FFN weights are split: each step all-reduces; the
+                // layer split moves the hidden state at the boundary.
                 assert!(moved.is_some_and(|b| b > 0), "{name} on {devices:?}: no bytes exchanged: {err}");
             }
-            if devices == Some("CPU,CPU") {
+            if devices == Some("CPU,CPU") && mode.is_none() {
                 state_roundtrip(&py, &path, name);
             }
         }

@@ -706,6 +706,15 @@ impl<'a> Compiler<'a> {
         let t = ctx.t(node);
         let out_state = self.state_of(node);
         let needs = self.needs(node);
+        if t.nelements() == 0 && self.n > 1 {
+            // An empty result has no values: nothing to compute or read.
+            let lid = self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?;
+            if scratch_copy(ctx, node) {
+                self.set(t.src[1], out_state.clone(), lid);
+            }
+            self.set(node, out_state, lid);
+            return Ok(());
+        }
         // A copy into a scratch destination (what `cast` makes) writes a
         // fresh intermediate, not the store.
         let srcs = if scratch_copy(ctx, node) {
@@ -717,8 +726,7 @@ impl<'a> Compiler<'a> {
             self.fetch_sources(node, &needs)?
         };
         let parent = t.src.first().map(|&p| ctx.t(p));
-        let alone = alone_on(&out_state, &needs, self.n)
-            .filter(|_| t.nelements() > 0 && !super::rules::reads_owner_layout(t, parent));
+        let alone = alone_on(&out_state, &needs, self.n).filter(|_| !super::rules::reads_owner_layout(t, parent));
         let lid = if alone.is_some_and(|h| h != self.j) {
             // It runs on another device alone: nothing of it is here.
             self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?
@@ -770,8 +778,14 @@ impl<'a> Compiler<'a> {
         let t = ctx.t(node);
         let out_state = self.state_of(node);
         let needs = self.needs(node);
+        if t.nelements() == 0 {
+            // An empty write writes nothing; its owner stays as it is.
+            let w = self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?;
+            self.set(node, out_state, w);
+            return Ok(None);
+        }
         let srcs = self.fetch_sources(node, &needs)?;
-        let w = match (t.op.clone(), alone_on(&out_state, &needs, self.n).filter(|_| t.nelements() > 0)) {
+        let w = match (t.op.clone(), alone_on(&out_state, &needs, self.n)) {
             // Another device writes its whole destination alone.
             (_, Some(h)) if h != self.j => Ok(self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?),
             (Op::Cpy, _) => self.l.cpy(srcs[0], srcs[1]),
@@ -782,7 +796,7 @@ impl<'a> Compiler<'a> {
         self.set(node, out_state.clone(), w);
         let Some(owner) = t.view_src else { return Ok(None) };
         self.invalidate_views_of(owner, node);
-        let after = owner_state_after_write(ctx, t, &out_state);
+        let after = owner_state_after_write(ctx, t, &out_state).unwrap_or(SplitState::Mirrored);
         let ot = ctx.t(owner).clone();
         if covers_owner(ctx, t)
             && (after == out_state

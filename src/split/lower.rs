@@ -204,8 +204,8 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             None => seg.push(node),
         }
         if t.op.writes_through_view() {
-            if let Some(o) = t.view_src {
-                avail.insert(o.index(), vec![owner_state_after_write(ctx, t, &out)]);
+            if let Some((o, after)) = t.view_src.zip(owner_state_after_write(ctx, t, &out)) {
+                avail.insert(o.index(), vec![after]);
             }
         }
         avail.insert(node.index(), vec![out]);

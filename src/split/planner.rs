@@ -323,12 +323,13 @@ impl Planner {
             readers: None,
             packed: HashSet::new(),
             pinned,
-            homes: HashMap::new(),
+            runs_at: HashMap::new(),
+            wanted: HashMap::new(),
         };
         for (&l, st) in graph.leafs().iter().zip(leafs) {
             w.states[l.index()] = Some(st);
         }
-        w.homes = homes(ctx, graph, &w.states);
+        (w.runs_at, w.wanted) = homes(ctx, graph, &w.states);
         for &node in graph.nodes() {
             let t = ctx.t(node);
             let cur = w.current(t);
@@ -380,8 +381,10 @@ struct Walk<'a> {
     /// Split weights the policy keeps split ([`SplitPolicy::keep_weights_split`]):
     /// converting one costs [`KEEP_SPLIT_PENALTY`] on top of its traffic.
     pinned: HashSet<usize>,
-    /// Where each node's result is wanted ([`homes`]).
-    homes: HashMap<usize, Home>,
+    /// Where each node runs, by the stored leafs it reads ([`homes`]).
+    runs_at: HashMap<usize, Home>,
+    /// Where each node's result is wanted: where its reader runs ([`homes`]).
+    wanted: HashMap<usize, Home>,
 }
 
 /// Where the weights a node's result meets want it: whole on one device
@@ -393,15 +396,19 @@ enum Home {
     Spread,
 }
 
-/// Each node's [`Home`], by index, from the states of the stored leafs
-/// (`states`; graph inputs and scratch destinations have none): a node
-/// reading such a leaf, directly or through views of it, is at that leaf's
-/// home; any other node is at the home of its first reader that has one.
-/// The greedy walk prices a candidate whose result is not where its home
-/// wants it with the move there ([`Walk::price`]): without it a node whose
-/// sources lie on another device than its consumers' weights would run
-/// where its sources are and move its result, and the next node again.
-fn homes(ctx: &Context, graph: &Graph, states: &[Option<SplitState>]) -> HashMap<usize, Home> {
+/// Where each node runs and where its result is wanted, by index, from the
+/// states of the stored leafs (`states`; graph inputs and scratch
+/// destinations have none): a node reading such a leaf, directly or
+/// through views of it, runs at that leaf's [`Home`] (the first map); a
+/// node's result is wanted where its first reader runs, or, for a reader
+/// that reads no such leaf, where that reader's result is wanted (the
+/// second map; a graph output with no reader is wanted nowhere). The greedy
+/// walk prices a candidate whose result is not where it is wanted with the
+/// move there ([`Walk::price`]) and offers running where a node runs or is
+/// wanted: without it a node whose sources lie on another device than its
+/// consumers' weights would run where its sources are and move its result,
+/// and the next node again.
+fn homes(ctx: &Context, graph: &Graph, states: &[Option<SplitState>]) -> (HashMap<usize, Home>, HashMap<usize, Home>) {
     let mut home: HashMap<usize, Home> = HashMap::new();
     for &l in graph.leafs() {
         let t = ctx.t(l);
@@ -435,25 +442,22 @@ fn homes(ctx: &Context, graph: &Graph, states: &[Option<SplitState>]) -> HashMap
             anchored.insert(n.index(), h);
         }
     }
-    // Backward: a node with no home of its own is wanted where its first
-    // reader is.
+    // Backward: a result is wanted where its first reader runs, else where
+    // that reader's result is wanted.
     let mut first_reader: HashMap<usize, TensorId> = HashMap::new();
     for &n in graph.nodes() {
         for s in &ctx.t(n).src {
             first_reader.entry(s.index()).or_insert(n);
         }
     }
-    let mut out: HashMap<usize, Home> = HashMap::new();
+    let mut wanted: HashMap<usize, Home> = HashMap::new();
     for &n in graph.nodes().iter().rev() {
-        let h = anchored
-            .get(&n.index())
-            .copied()
-            .or_else(|| first_reader.get(&n.index()).and_then(|r| out.get(&r.index()).copied()));
-        if let Some(h) = h {
-            out.insert(n.index(), h);
+        let r = first_reader.get(&n.index()).map(|r| r.index());
+        if let Some(h) = r.and_then(|r| anchored.get(&r).or_else(|| wanted.get(&r)).copied()) {
+            wanted.insert(n.index(), h);
         }
     }
-    out
+    (anchored, wanted)
 }
 
 /// What converting a weight the policy keeps split costs the walk, in
@@ -484,12 +488,14 @@ impl Walk<'_> {
     fn candidates(&mut self, node: TensorId, cur: &[SplitState], scratch: bool) -> Vec<super::rules::Candidate> {
         let (ctx, t) = (self.ctx, self.ctx.t(node));
         let mut cands = candidates(ctx, t, cur, self.n);
-        // Where its consumers' weights lie whole on one device, running
-        // there is a strategy too (first: it wins a tie).
-        if let Some(&Home::On(h)) = self.homes.get(&node.index()) {
-            if !cands.iter().any(|c| c.output.sole_holder() == Some(h)) {
-                if let Some(c) = super::rules::on_device(ctx, t, cur, self.n, h) {
-                    cands.insert(0, c);
+        // Where its own or its consumer's weights lie whole on one device,
+        // running there is a strategy too (first: it wins a tie).
+        for map in [&self.wanted, &self.runs_at] {
+            if let Some(&Home::On(h)) = map.get(&node.index()) {
+                if !cands.iter().any(|c| c.output.sole_holder() == Some(h)) {
+                    if let Some(c) = super::rules::on_device(ctx, t, cur, self.n, h) {
+                        cands.insert(0, c);
+                    }
                 }
             }
         }
@@ -552,7 +558,7 @@ impl Walk<'_> {
         }
         // A result that lies whole on one device where its home is
         // elsewhere, or elsewhere than its home device, will be moved.
-        let wanted = match self.homes.get(&node.index()) {
+        let wanted = match self.wanted.get(&node.index()) {
             Some(Home::On(h)) if c.output.sole_holder() != Some(*h) && !matches!(c.output, SplitState::Partial(_)) => {
                 SplitState::on_device(*h, n, &t.ne)
             }
@@ -616,8 +622,7 @@ impl Walk<'_> {
             });
         }
         if t.op.writes_through_view() {
-            if let Some(o) = t.view_src {
-                let after = owner_state_after_write(ctx, t, &c.output);
+            if let Some((o, after)) = t.view_src.zip(owner_state_after_write(ctx, t, &c.output)) {
                 self.have.insert(o.index(), vec![after.clone()]);
                 self.written.insert(o.index(), after);
             }

@@ -21,8 +21,18 @@ pub(crate) fn covers_owner(ctx: &Context, t: &Tensor) -> bool {
 /// The state the owner of write node `t` is in after the write, given the
 /// write's output state: the output's own state when the write covers the
 /// owner with the same shape (whole on one device when the write was:
-/// [`SplitState::on_device`] in the owner's shape); mirrored otherwise.
-pub(crate) fn owner_state_after_write(ctx: &Context, t: &Tensor, out: &SplitState) -> SplitState {
+/// [`SplitState::on_device`] in the owner's shape); mirrored otherwise;
+/// `None` for an empty write, which leaves the owner as it was.
+pub(crate) fn owner_state_after_write(ctx: &Context, t: &Tensor, out: &SplitState) -> Option<SplitState> {
+    if t.nelements() == 0 {
+        // Nothing is written (llama.cpp copies the states of zero extra
+        // sequences into an empty view of a recurrent cache).
+        return None;
+    }
+    Some(state_after(ctx, t, out))
+}
+
+fn state_after(ctx: &Context, t: &Tensor, out: &SplitState) -> SplitState {
     let Some(o) = t.view_src else { return SplitState::Mirrored };
     let ot = ctx.t(o);
     if !covers_owner(ctx, t) {

@@ -70,6 +70,13 @@ pub(crate) struct Node<'a> {
 pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize) -> Vec<Candidate> {
     let x = Node { ctx, t, src: t.src.iter().map(|&s| ctx.t(s)).collect(), cur, n };
     let mut out = Vec::new();
+    if n > 1 && t.nelements() == 0 {
+        // An empty result has no values: it reads nothing, so its sources
+        // stay as they are, and it is computed nowhere (an empty view or
+        // write, as llama.cpp's copy of zero extra sequences' states).
+        let keep = cur.iter().map(|c| if *c == SplitState::Unknown { SplitState::Mirrored } else { c.clone() });
+        out.push(Candidate::new(keep.collect(), SplitState::Mirrored));
+    }
     on_one_device(&x, &mut out);
     match t.op.family() {
         OpFamily::Elementwise => elementwise::candidates(&x, &mut out),
