@@ -261,15 +261,18 @@ fn llama_cpp_runs_models_on_sg() {
         .expect("the GGUF");
         // One CPU device; 2 sub-devices 1:1 and 3 sub-devices 3:2:1
         // through the meta backend (llama.cpp's FFN split by name).
-        // And llama.cpp's layer split over 2 sub-devices (the hybrid's
-        // recurrent layers too) and 3 sub-devices 1:0:1 (one holds nothing).
+        // And llama.cpp's layer split over 2 sub-devices, and for the
+        // hybrid (its recurrent layers too) over 3 sub-devices 1:0:1 (one
+        // holds nothing).
         let mut configs = vec![
             (None, None, None),
             (Some("CPU,CPU"), None, None),
             (Some("CPU,CPU,CPU"), Some("3,2,1"), None),
             (Some("CPU,CPU"), None, Some("layer")),
-            (Some("CPU,CPU,CPU"), Some("1,0,1"), Some("layer")),
         ];
+        if kind == 2 {
+            configs.push((Some("CPU,CPU,CPU"), Some("1,0,1"), Some("layer")));
+        }
         if cfg!(feature = "cuda-emu") && kind == 1 {
             // Emulated GPU sub-devices (NVIDIA's 32-wide warps, a CDNA GPU's
             // 64-wide waves): the GPU backend's kernels and copies under
