@@ -140,9 +140,10 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
         hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab
     );
     println!(
-        "graph: {} nodes, {} leafs; planned for {n} device(s) (tensor split {ratios:?}) in {:.1} ms",
+        "graph: {} nodes, {} leafs; planned for {n} device(s) ({} split, ratios {ratios:?}) in {:.1} ms",
         graph.n_nodes(),
         graph.leafs().len(),
+        if layer { "layer" } else { "tensor" },
         secs * 1e3
     );
     println!("{}", plan.report(&ctx).trim_end());
@@ -253,8 +254,9 @@ fn plan_qwen35(
         "qwen35-27b: 64 layers (48 gated delta-net + 16 gated attention) + 1 NextN, n_embd 5120, n_ff 17408, 24 heads / 4 KV heads of 256 (IMROPE, 64 rotated), delta-net 16 key / 48 value heads of 128, vocab 248320; weights Q4_K (head Q6_K), KV cache {kv_type} × {kv_size} cells; {tokens} token(s) per step"
     );
     println!(
-        "graph: {} nodes; planned for {n} device(s) (tensor split {ratios:?}) in {:.1} ms",
+        "graph: {} nodes; planned for {n} device(s) ({} split, ratios {ratios:?}) in {:.1} ms",
         graph.n_nodes(),
+        if layer { "layer" } else { "tensor" },
         start.elapsed().as_secs_f64() * 1e3
     );
     println!("{}", plan.report(&ctx).trim_end());
@@ -331,13 +333,19 @@ fn plan_drafter(
         .filter(|r| r.traffic.kind == Collective::RowCombine)
         .map(|r| r.traffic.total_bytes)
         .sum();
+    let where_logits = match bplan.state(b.logits) {
+        Some(st) if st.sole_holder().is_some() => format!("lie whole on device {}", st.sole_holder().unwrap_or(0)),
+        Some(shardgraph::split::SplitState::Split(_)) => "stay split by vocabulary".to_string(),
+        Some(st) => format!("are {}", st.label()),
+        None => "are not in the plan".to_string(),
+    };
     if n > 1 {
         println!(
-        "logits [{}, {}] ({} bytes F32) stay split by vocabulary: {on_logits} bytes of collectives move them; per-row combines (argmax/top_k) move {combines} bytes",
-        n_vocab,
-        d.hp.block_size,
-        logits * 4
-    );
+            "logits [{}, {}] ({} bytes F32) {where_logits}: {on_logits} bytes of collectives move them; per-row combines (argmax/top_k) move {combines} bytes",
+            n_vocab,
+            d.hp.block_size,
+            logits * 4
+        );
     }
     let bmem = bplan.memory(ctx, &g)?;
     ctx.truncate(base);
