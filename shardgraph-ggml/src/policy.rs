@@ -24,7 +24,7 @@
 //! weights and caches whole on one sub-device, the ratios setting each
 //! sub-device's share of the layers (the recurrent layers of a hybrid too).
 
-use shardgraph::split::{Devices, SplitMode, SplitPolicy, SplitSpec};
+use shardgraph::split::{layer_of, Devices, SplitMode, SplitPolicy, SplitSpec};
 use shardgraph::Context;
 use std::collections::HashMap;
 
@@ -42,12 +42,7 @@ fn axis(axis: usize, granule: i64) -> SplitSpec {
 pub(crate) fn llama_policy(devices: &Devices, ctx: &Context) -> Result<SplitPolicy, String> {
     if devices.split_mode() == SplitMode::Layer {
         // llama.cpp's --split-mode layer over the layers the graph has.
-        let n_layer = ctx
-            .ids()
-            .filter_map(|id| ctx.tensor(id).ok())
-            .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok())
-            .max()
-            .map_or(0, |l| l + 1);
+        let n_layer = ctx.ids().filter_map(|id| layer_of(&ctx.tensor(id).ok()?.name)).max().map_or(0, |l| l + 1);
         return SplitPolicy::layer_split(devices.ratios(), n_layer).map_err(|e| e.to_string());
     }
     let mut policy = devices.policy().map_err(|e| e.to_string())?;

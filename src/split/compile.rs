@@ -732,14 +732,8 @@ impl<'a> Compiler<'a> {
             self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?
         } else if alone.is_some() {
             // It runs here alone, over whole sources laid out as on one device.
+            // (`reads_owner_layout` left out the views whose parent's layout matters.)
             let m = vec![SplitState::Mirrored; srcs.len()];
-            if view_owner(&self.l, ctx, t, &srcs, &SplitState::Mirrored).is_some() {
-                return Err(node_err(
-                    t,
-                    &out_state,
-                    Error::Split { detail: "a view of a parent in another layout".into() },
-                ));
-            }
             local_op(&mut self.l, ctx, t, &srcs, &m, &SplitState::Mirrored, self.j)
                 .map_err(|e| node_err(t, &out_state, e))?
         } else if let Some(owner) = view_owner(&self.l, ctx, t, &srcs, &out_state) {

@@ -60,6 +60,6 @@ pub use layout::{assemble, local_ne, slice_local};
 pub use lower::{lower, Lowered, Step};
 pub use memory::DeviceMemory;
 pub use planner::{Plan, Planner, Repartition};
-pub use policy::{glob_match, layer_device, LeafInfo, SplitMode, SplitPolicy, SplitRule, SplitSpec};
+pub use policy::{glob_match, layer_device, layer_of, LeafInfo, SplitMode, SplitPolicy, SplitRule, SplitSpec};
 pub use state::{split_extents, AxisSplit, ReduceOp, SplitState};
 pub use store::SplitStore;

@@ -291,8 +291,9 @@ pub fn layer_device(il: usize, n_layer: usize, ratios: &[f32]) -> usize {
 /// The layer a tensor named as llama.cpp names them belongs to: `blk.<il>.`
 /// anywhere in the name (a weight, with any prefix), or a per-layer cache
 /// `<cache>_l<il>` with an optional `_<suffix>` (`cache_k_l3`,
-/// `cache_r_l3_1`); `None` otherwise.
-fn layer_of(name: &str) -> Option<usize> {
+/// `cache_r_l3_1`); `None` otherwise. [`SplitPolicy::layer_split`] places
+/// tensors by it.
+pub fn layer_of(name: &str) -> Option<usize> {
     let digits = |s: &str| -> Option<(usize, usize)> {
         let n = s.bytes().take_while(u8::is_ascii_digit).count();
         (n > 0).then(|| s[..n].parse().ok().map(|v| (v, n))).flatten()
