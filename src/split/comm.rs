@@ -24,8 +24,12 @@
 //! `comm/nccl.rs`, feature `cuda`) implements the same call with grouped
 //! send/receive.
 
+#[cfg(feature = "mpi")]
+mod mpi;
 #[cfg(sg_gpu)]
 mod nccl;
+#[cfg(feature = "mpi")]
+pub use mpi::{MpiComm, RemoteDevice, World};
 #[cfg(sg_gpu)]
 pub use nccl::NcclComm;
 
@@ -100,6 +104,48 @@ pub trait Comm: Send + Sync {
 
     /// Bytes received by each rank so far (for checking runs against plans).
     fn bytes_received(&self) -> Vec<u64>;
+}
+
+/// The processes a world of devices spans (one rank per process, as
+/// torch.distributed's process group or an MPI communicator): device `j` of
+/// the world belongs to process [`ProcessGroup::owner`]`(j)`, and each
+/// process runs only its own devices. Every method is called by every
+/// process in the same order (from one thread per process, between runs),
+/// like MPI's collectives. [`MpiComm`] (feature `mpi`) is the
+/// implementation; within one process there is no group.
+pub trait ProcessGroup: Send + Sync {
+    /// This process's rank (0-based).
+    fn rank(&self) -> usize;
+
+    /// Number of processes.
+    fn n_processes(&self) -> usize;
+
+    /// The process that runs world device `device`.
+    fn owner(&self, device: usize) -> usize;
+
+    /// Checks that every process passes the same `value` (a hash of what
+    /// it is about to run; `what` names it in the error).
+    ///
+    /// # Errors
+    /// [`Error::Split`] on every process when the values differ, naming the
+    /// processes that disagree with rank 0.
+    fn same_everywhere(&self, value: u64, what: &str) -> Result<()>;
+
+    /// Ends a run on every process: each passes its own outcome (`Err`
+    /// with its error's text, or the bytes its devices received) and gets
+    /// the world's: the bytes all devices received together, or an error.
+    ///
+    /// # Errors
+    /// [`Error::Split`] naming the first process that failed and its
+    /// error, on every process (a process's own error is its own).
+    fn finish_run(&self, outcome: std::result::Result<u64, String>) -> Result<u64>;
+
+    /// Sends `bytes` from process `root` to every process (`bytes` is
+    /// replaced on the others; its length need not be known there).
+    ///
+    /// # Errors
+    /// [`Error::Split`] for a `root` out of range.
+    fn broadcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()>;
 }
 
 /// How long a barrier waiter spins and then yields before it sleeps, as

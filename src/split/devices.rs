@@ -3,7 +3,7 @@
 //! devices and the communicator — from which the split policy, the store and
 //! the executor take their device count, so they cannot disagree.
 
-use super::{Comm, MetaExecutor, SplitMode, SplitPolicy, SplitStore};
+use super::{Comm, MetaExecutor, ProcessGroup, SplitMode, SplitPolicy, SplitStore};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -34,6 +34,9 @@ pub struct Devices {
     ratios: Vec<f32>,
     threads: usize,
     comm: Option<Arc<dyn Comm>>,
+    /// The processes the devices span (feature `mpi`); `None`: all are this
+    /// process's.
+    group: Option<Arc<dyn ProcessGroup>>,
     mode: SplitMode,
 }
 
@@ -44,6 +47,7 @@ impl std::fmt::Debug for Devices {
             .field("ratios", &self.ratios)
             .field("threads", &self.threads)
             .field("comm", &self.comm.is_some())
+            .field("processes", &self.group.as_ref().map_or(1, |g| g.n_processes()))
             .finish()
     }
 }
@@ -58,7 +62,7 @@ impl Devices {
         check_count(n)?;
         check_threads(n, threads)?;
         let backends = (0..n).map(|_| cpu_device(threads)).collect::<Result<Vec<_>>>()?;
-        Ok(Devices { ratios: vec![1.0; n], threads, backends, comm: None, mode: SplitMode::Tensor })
+        Ok(Devices { ratios: vec![1.0; n], threads, backends, comm: None, group: None, mode: SplitMode::Tensor })
     }
 
     /// The devices `names` lists, one per rank, equal ratios (llama.cpp's
@@ -84,7 +88,7 @@ impl Devices {
         }
         let backends = open_backends(&kinds, threads)?;
         let n = backends.len();
-        Ok(Devices { backends, ratios: vec![1.0; n], threads, comm: None, mode: SplitMode::Tensor })
+        Ok(Devices { backends, ratios: vec![1.0; n], threads, comm: None, group: None, mode: SplitMode::Tensor })
     }
 
     /// [`Devices::open`] over a comma-separated list (`"CUDA0,CUDA1"`), as
@@ -105,7 +109,7 @@ impl Devices {
     pub fn from_backends(backends: Vec<Arc<dyn Backend>>) -> Result<Self> {
         check_count(backends.len())?;
         let n = backends.len();
-        Ok(Devices { backends, ratios: vec![1.0; n], threads: 0, comm: None, mode: SplitMode::Tensor })
+        Ok(Devices { backends, ratios: vec![1.0; n], threads: 0, comm: None, group: None, mode: SplitMode::Tensor })
     }
 
     /// The same devices with tensor-split ratios (llama.cpp's
@@ -134,8 +138,14 @@ impl Devices {
     /// device buffers.
     ///
     /// # Errors
-    /// [`Error::Split`] if `comm` has another number of ranks.
+    /// [`Error::Split`] if `comm` has another number of ranks, or the
+    /// devices span processes ([`Devices::across_processes`]).
     pub fn with_comm(mut self, comm: Arc<dyn Comm>) -> Result<Self> {
+        if self.group.is_some() {
+            return Err(Error::Split {
+                detail: "devices across processes exchange over MPI, not another communicator".into(),
+            });
+        }
         if comm.n_ranks() != self.backends.len() {
             return Err(Error::Split {
                 detail: format!("a communicator of {} ranks for {} devices", comm.n_ranks(), self.backends.len()),
@@ -143,6 +153,53 @@ impl Devices {
         }
         self.comm = Some(comm);
         Ok(self)
+    }
+
+    /// The world of every process's devices (one rank per process, started
+    /// by `mpirun -np N`; feature `mpi`): this process's devices (`self`)
+    /// and every other process's, in rank order ([`MpiComm::devices`]), with
+    /// equal ratios (set the world's with [`Devices::with_tensor_split`])
+    /// and the communicator between them. Every process runs the same plan;
+    /// each computes only its own devices' part, and exchanges between
+    /// processes go over MPI. A world of one process is `self` unchanged.
+    ///
+    /// # Errors
+    /// [`Error::Split`] on every process for a world of more than
+    /// [`MAX_DEVICES`] devices, or a communicator given already
+    /// ([`Devices::with_comm`]).
+    ///
+    /// [`MpiComm::devices`]: super::MpiComm::devices
+    #[cfg(feature = "mpi")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mpi")))]
+    pub fn across_processes(self, world: &Arc<super::World>) -> Result<Self> {
+        if world.size() == 1 {
+            return Ok(self);
+        }
+        if self.comm.is_some() {
+            return Err(Error::Split { detail: "devices with a communicator of their own across processes".into() });
+        }
+        let (backends, comm) = super::MpiComm::devices(world, &self.backends)?;
+        let comm = Arc::new(comm);
+        let n = backends.len();
+        Ok(Devices {
+            backends,
+            ratios: vec![1.0; n],
+            threads: self.threads,
+            comm: Some(comm.clone()),
+            group: Some(comm),
+            mode: self.mode,
+        })
+    }
+
+    /// The processes these devices span ([`Devices::across_processes`]);
+    /// `None` when every device is this process's.
+    pub fn process_group(&self) -> Option<&Arc<dyn ProcessGroup>> {
+        self.group.as_ref()
+    }
+
+    /// True if device `j` runs in this process.
+    pub fn is_local(&self, j: usize) -> bool {
+        self.group.as_ref().is_none_or(|g| g.owner(j) == g.rank())
     }
 
     /// Number of devices (1 to 64).
@@ -248,6 +305,9 @@ impl Devices {
         let mut exec = MetaExecutor::with_backends(self.backends.clone(), self.ratios.clone())?;
         if let Some(c) = &self.comm {
             exec.set_comm(Some(c.clone()))?;
+        }
+        if let Some(g) = &self.group {
+            exec.set_group(g.clone());
         }
         Ok(exec)
     }

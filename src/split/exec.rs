@@ -17,7 +17,7 @@
 //! the executor allocates, copies into stored tensors and reads to the host
 //! ([`ExecCounters`]).
 
-use super::comm::{BufSlice, Comm, HostComm};
+use super::comm::{BufSlice, Comm, HostComm, ProcessGroup};
 use super::compile::{Program, Stage};
 use super::layout::{assemble, slice_local};
 use super::lower::{lower, Lowered};
@@ -46,6 +46,11 @@ pub struct MetaExecutor {
     /// The communicator every run uses (NCCL across GPUs); `None`: the
     /// executor's own [`HostComm`].
     comm: Mutex<Option<Arc<dyn Comm>>>,
+    /// The processes the devices span ([`super::Devices::across_processes`]):
+    /// every run ends with all of them; `None`: one process.
+    group: Option<Arc<dyn ProcessGroup>>,
+    /// Per device: true if it runs in this process (all, without a group).
+    local: Vec<bool>,
     /// Programs, arenas and counters; runs are serialised on it.
     state: Mutex<State>,
 }
@@ -238,8 +243,9 @@ struct Key {
 }
 
 /// A program's per-device bindings and what they were made for: the
-/// store's binding key and each device's arena generation.
-type Bindings = ((u64, u64), Vec<u64>, Vec<Bound>);
+/// store's binding key and each device's arena generation (`None` for
+/// another process's device).
+type Bindings = ((u64, u64), Vec<u64>, Vec<Option<Bound>>);
 
 struct Entry {
     key: Key,
@@ -290,7 +296,8 @@ impl MetaExecutor {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let ids = (0..n).map(|_| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).collect();
         let state = State { arenas: (0..n).map(|_| Arena::default()).collect(), ..State::default() };
-        Ok(MetaExecutor { devices, ratios, ids, comm, state: Mutex::new(state) })
+        let local = vec![true; n];
+        Ok(MetaExecutor { devices, ratios, ids, comm, group: None, local, state: Mutex::new(state) })
     }
 
     /// NCCL for CUDA devices on distinct GPUs, when it loads; else `None`
@@ -325,6 +332,14 @@ impl MetaExecutor {
         }
         *self.comm.get_mut().unwrap_or_else(|p| p.into_inner()) = comm;
         Ok(())
+    }
+
+    /// Makes the executor one of `group`'s processes: it runs only its own
+    /// devices, and every run ends with all processes (outcome, bytes moved,
+    /// outputs). Set by [`super::Devices::executor`].
+    pub(crate) fn set_group(&mut self, group: Arc<dyn ProcessGroup>) {
+        self.local = (0..self.devices.len()).map(|j| group.owner(j) == group.rank()).collect();
+        self.group = Some(group);
     }
 
     /// True if runs use a communicator set by [`MetaExecutor::set_comm`] or
@@ -492,7 +507,7 @@ impl MetaExecutor {
         let set = self.comm.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(comm) = set {
             let r = self.execute_with(ctx, graph, plan, store, outputs, &*comm);
-            if let (Err(e), true) = (&r, comm.is_aborted()) {
+            if let (Err(e), true, None) = (&r, comm.is_aborted(), &self.group) {
                 log::warn!("meta backend: a run failed in an exchange ({e}); later runs use a HostComm");
                 *self.comm.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
@@ -547,12 +562,105 @@ impl MetaExecutor {
         let st = &mut *guard;
         let before = st.counters;
         st.counters.runs += 1;
+        let local = self.run_local(st, ctx, graph, plan, store, outputs, comm);
+        let (program, mut devs, moved) = match &self.group {
+            None => local?,
+            Some(g) => {
+                if local.is_err() {
+                    // Whatever failed, the other processes must not wait for this one.
+                    comm.abort();
+                }
+                let text = |e: &Error| match e {
+                    Error::Split { detail } => detail.clone(),
+                    e => e.to_string(),
+                };
+                let total = g.finish_run(local.as_ref().map(|x| x.2).map_err(text))?;
+                let (program, devs, _) = local?;
+                (program, devs, total)
+            }
+        };
+        let counters = &mut st.counters;
+        counters.host_bytes_read += devs.iter().flatten().map(|d| d.read).sum::<u64>();
+        counters.store_bytes_copied += program.devices.iter().map(|d| d.writeback_bytes).sum::<u64>();
+        let mut report = RunReport {
+            outputs: Vec::with_capacity(outputs.len()),
+            bytes_moved: moved,
+            unplanned_bytes: devs.iter().flatten().map(|d| d.unplanned).sum(),
+            subgraphs: program.n_subgraphs,
+            device_conversions: program.n_exchanges,
+            counters: ExecCounters::default(),
+        };
+        for (k, o) in program.outputs.iter().enumerate() {
+            let t = ctx.t(o.tensor);
+            let parts = self.output_parts(&mut devs, k, &o.state)?;
+            let bytes = assemble(t.ty, t.ne, &parts, &o.state)?;
+            let name = ctx.display_name(o.tensor);
+            report.outputs.push(RunOutput { id: o.tensor, name, ty: t.ty, ne: t.ne, bytes });
+        }
+        let c = *counters;
+        report.counters = ExecCounters {
+            bytes_allocated: c.bytes_allocated - before.bytes_allocated,
+            store_bytes_copied: c.store_bytes_copied - before.store_bytes_copied,
+            bytes_mapped: c.bytes_mapped - before.bytes_mapped,
+            host_bytes_read: c.host_bytes_read - before.host_bytes_read,
+            compiles: c.compiles - before.compiles,
+            runs: 1,
+        };
+        Ok(report)
+    }
+
+    /// Every device's part of output `k` (taken out of `devs`): this
+    /// process's from its devices, another process's broadcast from it. A
+    /// mirrored output is read once, from this process's first device.
+    fn output_parts(
+        &self,
+        devs: &mut [Option<DeviceOut>],
+        k: usize,
+        state: &super::SplitState,
+    ) -> Result<Vec<Vec<u8>>> {
+        let n = self.devices.len();
+        let mut parts: Vec<Vec<u8>> = vec![Vec::new(); n];
+        if *state == super::SplitState::Mirrored {
+            let first = self.local.iter().position(|&l| l).unwrap_or(0);
+            if let Some(d) = devs.get_mut(first).and_then(|d| d.as_mut()) {
+                parts[0] = std::mem::take(&mut d.outputs[k]);
+            }
+            return Ok(parts);
+        }
+        for (j, part) in parts.iter_mut().enumerate() {
+            if let Some(d) = devs.get_mut(j).and_then(|d| d.as_mut()) {
+                *part = std::mem::take(&mut d.outputs[k]);
+            }
+            if let Some(g) = &self.group {
+                g.broadcast(g.owner(j), part)?;
+            }
+        }
+        Ok(parts)
+    }
+
+    /// This process's side of a run: the program found or compiled (the
+    /// same on every process), the store and arenas made ready, and this
+    /// process's devices run (a thread each); per device, its part of the
+    /// outputs (`None` for another process's), and the bytes its devices
+    /// received.
+    #[allow(clippy::too_many_arguments)]
+    fn run_local(
+        &self,
+        st: &mut State,
+        ctx: &Context,
+        graph: &Graph,
+        plan: &Plan,
+        store: &mut SplitStore,
+        outputs: &[TensorId],
+        comm: &dyn Comm,
+    ) -> Result<(Arc<Program>, Vec<Option<DeviceOut>>, u64)> {
+        let n = self.devices.len();
         self.find_or_compile(st, ctx, graph, plan, outputs)?;
         let State { programs, arenas, counters, .. } = st;
         let Some(program) = programs.last().map(|e| e.program.clone()) else {
             return Err(Error::Split { detail: "program cache".into() });
         };
-        if Self::arenas_short(&program, arenas) {
+        if self.arenas_short(&program, arenas) {
             // Bindings hold the arenas' buffers: let go of them before a
             // chunk grows, so the grown chunk replaces the old one instead
             // of adding to it (programs are bound again at their next run).
@@ -571,32 +679,41 @@ impl MetaExecutor {
         let store_key = store.binding_key();
         let same_arenas = |gens: &[u64]| gens.iter().copied().eq(arenas.iter().map(|a| a.generation));
         if entry.bound.as_ref().is_none_or(|b| b.0 != store_key || !same_arenas(&b.1)) {
-            let bound = (0..n).map(|j| self.bind(&program, j, store, &arenas[j])).collect::<Result<Vec<_>>>()?;
+            let bound = (0..n)
+                .map(|j| if self.local[j] { self.bind(&program, j, store, &arenas[j]).map(Some) } else { Ok(None) })
+                .collect::<Result<Vec<_>>>()?;
             entry.bound = Some((store_key, arenas.iter().map(|a| a.generation).collect(), bound));
         }
         let Some((_, _, bound)) = entry.bound.as_ref() else { return Err(Error::Split { detail: "binding".into() }) };
-        let moved_before = comm.bytes_received().iter().sum::<u64>();
-        // Device 0 runs on the calling thread, the others on threads of their own.
-        let results: Vec<Result<DeviceOut>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = (1..n)
-                .map(|j| {
-                    let (program, b) = (&program, &bound[j]);
-                    sc.spawn(move || self.run_device(program, j, b, comm))
-                })
-                .collect();
-            let first = self.run_device(&program, 0, &bound[0], comm);
+        let received = |c: &dyn Comm| -> u64 {
+            c.bytes_received().iter().enumerate().filter(|(j, _)| self.local[*j]).map(|(_, b)| b).sum()
+        };
+        let moved_before = received(comm);
+        // This process's first device runs on the calling thread, the others
+        // on threads of their own.
+        let mine: Vec<usize> = (0..n).filter(|&j| self.local[j]).collect();
+        let run = |j: usize| match &bound[j] {
+            Some(b) => self.run_device(&program, j, b, comm),
+            None => Err(Error::Split { detail: format!("device {j} is not bound") }),
+        };
+        let Some((&head, rest)) = mine.split_first() else {
+            return Err(Error::Split { detail: "no device of this process".into() });
+        };
+        let results: Vec<(usize, Result<DeviceOut>)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = rest.iter().map(|&j| (j, sc.spawn(move || run(j)))).collect();
+            let first = (head, run(head));
             std::iter::once(first)
-                .chain(handles.into_iter().map(|h| {
-                    h.join().unwrap_or_else(|_| Err(Error::Split { detail: "a device thread panicked".into() }))
+                .chain(handles.into_iter().map(|(j, h)| {
+                    (j, h.join().unwrap_or_else(|_| Err(Error::Split { detail: "a device thread panicked".into() })))
                 }))
                 .collect()
         });
         store.device_wrote(&program.written);
-        let mut devs = Vec::with_capacity(n);
+        let mut devs: Vec<Option<DeviceOut>> = (0..n).map(|_| None).collect();
         let mut errs = Vec::new();
-        for r in results {
+        for (j, r) in results {
             match r {
-                Ok(d) => devs.push(d),
+                Ok(d) => devs[j] = Some(d),
                 Err(e) => errs.push(e),
             }
         }
@@ -605,34 +722,7 @@ impl MetaExecutor {
             let pick = errs.iter().position(|e| !super::comm::is_peer_failure(e)).unwrap_or(0);
             return Err(errs.swap_remove(pick));
         }
-        let moved = comm.bytes_received().iter().sum::<u64>() - moved_before;
-        counters.host_bytes_read += devs.iter().map(|d| d.read).sum::<u64>();
-        counters.store_bytes_copied += program.devices.iter().map(|d| d.writeback_bytes).sum::<u64>();
-        let mut report = RunReport {
-            outputs: Vec::with_capacity(outputs.len()),
-            bytes_moved: moved,
-            unplanned_bytes: devs.iter().map(|d| d.unplanned).sum(),
-            subgraphs: program.n_subgraphs,
-            device_conversions: program.n_exchanges,
-            counters: ExecCounters::default(),
-        };
-        for (k, o) in program.outputs.iter().enumerate() {
-            let t = ctx.t(o.tensor);
-            let parts: Vec<Vec<u8>> = devs.iter_mut().map(|d| std::mem::take(&mut d.outputs[k])).collect();
-            let bytes = assemble(t.ty, t.ne, &parts, &o.state)?;
-            let name = ctx.display_name(o.tensor);
-            report.outputs.push(RunOutput { id: o.tensor, name, ty: t.ty, ne: t.ne, bytes });
-        }
-        let c = *counters;
-        report.counters = ExecCounters {
-            bytes_allocated: c.bytes_allocated - before.bytes_allocated,
-            store_bytes_copied: c.store_bytes_copied - before.store_bytes_copied,
-            bytes_mapped: c.bytes_mapped - before.bytes_mapped,
-            host_bytes_read: c.host_bytes_read - before.host_bytes_read,
-            compiles: c.compiles - before.compiles,
-            runs: 1,
-        };
-        Ok(report)
+        Ok((program, devs, received(comm) - moved_before))
     }
 
     /// Compiles `plan` for `graph` with `outputs` requested (or finds the
@@ -683,6 +773,11 @@ impl MetaExecutor {
         let key = Key { plan: plan.id, graph_hash: graph.hash(), ctx: ctx.id(), outputs: outputs.to_vec() };
         let bts: Vec<_> = self.devices.iter().map(|d| d.buffer_type()).collect();
         let program = Program::compile(ctx, graph, plan, outputs, &bts)?;
+        if let Some(g) = &self.group {
+            // Every process must run the same program: compared before any
+            // part is moved onto a device.
+            g.same_everywhere(plan.fingerprint(&self.ratios), "plan")?;
+        }
         if log::log_enabled!(log::Level::Trace) {
             for (j, d) in program.devices.iter().enumerate() {
                 for id in d.graph.nodes() {
@@ -731,7 +826,7 @@ impl MetaExecutor {
                     .collect::<Result<Vec<_>>>()?;
                 store.put_stored(b.tensor, Stored { state: b.state.clone(), locals, layout: Some((t.ty, t.ne)) });
             }
-            for j in 0..n {
+            for j in (0..n).filter(|&j| self.local[j]) {
                 self.move_part(store, b.tensor, j, counters)?;
             }
         }
@@ -751,7 +846,7 @@ impl MetaExecutor {
         }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         for id in store.ids() {
-            for j in 0..self.devices.len() {
+            for j in (0..self.devices.len()).filter(|&j| self.local[j]) {
                 self.move_part(store, id, j, &mut st.counters)?;
             }
         }
@@ -784,8 +879,8 @@ impl MetaExecutor {
     }
 
     /// True if some device's arena is too small for `program`.
-    fn arenas_short(program: &Program, arenas: &[Arena]) -> bool {
-        program.devices.iter().zip(arenas).any(|(d, a)| {
+    fn arenas_short(&self, program: &Program, arenas: &[Arena]) -> bool {
+        program.devices.iter().zip(arenas).zip(&self.local).filter(|(_, &l)| l).any(|((d, a), _)| {
             d.chunk_sizes.iter().enumerate().any(|(c, &need)| a.chunks.get(c).map_or(0, |b| b.size()) < need.max(1))
         })
     }
@@ -796,6 +891,9 @@ impl MetaExecutor {
     /// device never holds two generations of its arena.
     fn grow_arenas(&self, program: &Program, arenas: &mut [Arena], counters: &mut ExecCounters) -> Result<()> {
         for (j, (d, a)) in program.devices.iter().zip(arenas.iter_mut()).enumerate() {
+            if !self.local[j] {
+                continue;
+            }
             let old: Vec<usize> = a.chunks.iter().map(|b| b.size()).collect();
             for (c, &need) in d.chunk_sizes.iter().enumerate() {
                 let have = a.chunks.get(c).map_or(0, |b| b.size());
@@ -913,8 +1011,9 @@ impl MetaExecutor {
         let mut outputs = Vec::with_capacity(program.outputs.len());
         let mut read = 0u64;
         for o in &program.outputs {
-            // A mirrored output is read from device 0 only (the others hold copies).
-            if j > 0 && o.state == super::state::SplitState::Mirrored {
+            // A mirrored output is read from this process's first device
+            // only (the others hold copies).
+            if o.state == super::state::SplitState::Mirrored && self.local.iter().position(|&l| l) != Some(j) {
                 outputs.push(Vec::new());
                 continue;
             }

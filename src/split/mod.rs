@@ -52,7 +52,10 @@ mod writes;
 #[cfg(sg_gpu)]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "cuda", feature = "hip"))))]
 pub use comm::NcclComm;
-pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm};
+pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm, ProcessGroup};
+#[cfg(feature = "mpi")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mpi")))]
+pub use comm::{MpiComm, RemoteDevice, World};
 pub use cost::{conversion, Collective, LinkModel, Traffic};
 pub use devices::{Devices, MAX_DEVICES};
 pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunOutput, RunReport};

@@ -68,6 +68,20 @@ impl Plan {
         self.states.get(id.index()).and_then(|s| s.as_ref())
     }
 
+    /// A hash of what the plan does — the graph's structural hash, every
+    /// tensor's state and the states every node reads its sources in —
+    /// with the tensor split `ratios`: equal in every process that planned
+    /// the same graph for the same devices (std's `DefaultHasher::new`: fixed
+    /// keys, the same within one build). Processes compare it before they run a
+    /// plan together.
+    pub fn fingerprint(&self, ratios: &[f32]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        (self.graph_hash, self.n_devices, &self.states, &self.input_states).hash(&mut h);
+        ratios.iter().map(|r| r.to_bits()).collect::<Vec<_>>().hash(&mut h);
+        h.finish()
+    }
+
     /// Bytes received by all devices together per graph run.
     pub fn total_bytes(&self) -> u64 {
         self.repartitions.iter().map(|r| r.traffic.total_bytes).sum()

@@ -1,0 +1,194 @@
+//! Devices in several processes (feature `mpi`): each test starts this test
+//! binary under `mpirun -n 2|3` (Open MPI, as `scripts/setup.sh` installs
+//! it), running one of the `rank_*` functions below in every process, with
+//! MPI forced onto TCP between processes (`OMPI_MCA_btl=tcp,self` with the
+//! `ob1` messaging layer: no shared memory, as if each process were on a
+//! node of its own). Each process has one CPU device with one thread.
+//!
+//! The world's decoding is compared, in every process, with the same model
+//! on one device and on the same devices as threads of one process: tokens
+//! equal, logits bit for bit equal to one process's N devices (the same plan
+//! and kernels: only the transport differs), and the bytes moved between
+//! processes equal to the plan's.
+
+#[path = "common/decode.rs"]
+mod decode;
+use decode::{generate, nmse, tiny_hp};
+use shardgraph::split::{Devices, SplitMode, World};
+use shardgraph::GgmlType;
+use shardgraph_models::hparams::HparamsCore;
+use shardgraph_models::qwen3::Qwen3Hparams;
+use shardgraph_models::types::TensorTypes;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// Set in the processes `mpirun` starts: which split to run.
+const MODE: &str = "SHARDGRAPH_TEST_MPI_MODE";
+
+/// Runs `rank_fn` (a test of this binary) in `np` processes; returns
+/// mpirun's output and how long it ran.
+fn mpirun(np: usize, rank_fn: &str, mode: &str) -> (Output, Duration) {
+    let exe = std::env::current_exe().unwrap();
+    let t = Instant::now();
+    let out = Command::new("mpirun")
+        // As root (CI), and more processes than cores.
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", &np.to_string()])
+        .arg(&exe)
+        .args([rank_fn, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(MODE, mode)
+        .env("OMPI_MCA_pml", "ob1")
+        .env("OMPI_MCA_btl", "tcp,self")
+        .output()
+        .unwrap_or_else(|e| panic!("mpirun (Open MPI: scripts/setup.sh installs it): {e}"));
+    (out, t.elapsed())
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A 4-layer tiny qwen3: layers to spread over 3 processes.
+fn hp() -> Qwen3Hparams {
+    Qwen3Hparams { core: HparamsCore::qwen3(4, 64, 128, 6, 3, 32), ..tiny_hp() }
+}
+
+const PROMPT: [i32; 6] = [3, 17, 42, 5, 88, 1];
+const STEPS: usize = 6;
+
+/// Every process: `mode` is `tensor` or `layer` with the ratios after a
+/// colon (`layer:3,1`); decodes on the world and checks it against one
+/// process.
+#[test]
+#[ignore = "run in every process by mpirun from the tests below"]
+fn rank_decode() {
+    let Ok(mode) = std::env::var(MODE) else { return };
+    let world = World::init().unwrap();
+    let (split, ratios) = mode.split_once(':').unwrap();
+    let ratios: Vec<f32> = ratios.split(',').map(|r| r.parse().unwrap()).collect();
+    let split = if split == "layer" { SplitMode::Layer } else { SplitMode::Tensor };
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let session = |d: &Devices| decode::seeded_session_on(hp(), d, &types, kv, 32);
+
+    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap();
+    assert_eq!(devices.n_devices(), world.size());
+    assert!(devices.is_local(world.rank()));
+    let devices = devices.with_tensor_split(&ratios).unwrap().with_split_mode(split);
+    let mut s = session(&devices);
+    let (got, logits) = generate(&mut s, &PROMPT, STEPS);
+
+    let (want, want_logits) = generate(&mut session(&Devices::cpu(1, 1).unwrap()), &PROMPT, STEPS);
+    let threads = Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(&ratios).unwrap().with_split_mode(split);
+    let mut t = session(&threads);
+    let (in_process, in_process_logits) = generate(&mut t, &PROMPT, STEPS);
+    assert_eq!(got, want, "{mode}: tokens against one device");
+    assert_eq!(got, in_process, "{mode}: tokens against one process's devices");
+    let worst = logits.iter().zip(&want_logits).map(|(a, b)| nmse(a, b)).fold(0.0, f64::max);
+    assert!(worst < 1e-4, "{mode}: logits NMSE {worst} against one device");
+    assert_eq!(logits, in_process_logits, "{mode}: logits against one process's devices");
+    let (moved, planned) = (s.runner().bytes_moved(), s.runner().bytes_planned());
+    assert_eq!(moved, planned, "{mode}: bytes moved between processes against the plan");
+    assert_eq!(moved, t.runner().bytes_moved(), "{mode}: bytes moved against one process's devices");
+    println!(
+        "process {} of {}: {mode}: tokens {got:?} (one device {want:?}), logits NMSE {worst:.2e}, {moved} bytes moved = planned {planned}",
+        world.rank(),
+        world.size()
+    );
+    world.finalize();
+}
+
+fn decodes_equal(np: usize, mode: &str) {
+    let (out, took) = mpirun(np, "rank_decode", mode);
+    let t = text(&out);
+    assert!(out.status.success(), "mpirun -n {np} ({mode}) failed:\n{t}");
+    for r in 0..np {
+        assert!(t.contains(&format!("process {r} of {np}: {mode}:")), "process {r} did not finish:\n{t}");
+    }
+    println!("mpirun -n {np} {mode}: {:.1} s\n{t}", took.as_secs_f64());
+}
+
+#[test]
+fn two_processes_tensor_split_decode_as_one() {
+    decodes_equal(2, "tensor:1,1");
+}
+
+#[test]
+fn three_processes_tensor_split_decode_as_one() {
+    decodes_equal(3, "tensor:3,2,1");
+}
+
+#[test]
+fn two_and_three_processes_layer_split_decode_as_one() {
+    decodes_equal(2, "layer:1,1");
+    decodes_equal(3, "layer:1,1,1");
+}
+
+/// Every process passes its own tensor split: process 1 a different one.
+#[test]
+#[ignore = "run in every process by mpirun from the tests below"]
+fn rank_mismatch() {
+    let Ok(_) = std::env::var(MODE) else { return };
+    let world = World::init().unwrap();
+    let ratios = if world.rank() == 1 { [1.0, 3.0] } else { [1.0, 1.0] };
+    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap().with_tensor_split(&ratios).unwrap();
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let mut s = decode::seeded_session_on(hp(), &devices, &types, kv, 32);
+    let err = s.decode(&PROMPT, &[], true).err().expect("a run with another plan in one process");
+    println!("process {} refused: {err}", world.rank());
+    world.finalize();
+}
+
+/// A process with another tensor split (as with another model file or
+/// option): every process gets an error before its first step runs, none
+/// hangs.
+#[test]
+fn a_process_with_another_plan_is_an_error_on_every_process() {
+    let (out, took) = mpirun(2, "rank_mismatch", "mismatch");
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for r in 0..2 {
+        let line = t.lines().find(|l| l.contains(&format!("process {r} refused:"))).unwrap_or_else(|| panic!("{t}"));
+        assert!(line.contains("differs from process 0's"), "{line}");
+    }
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
+/// Process 1 dies (SIGKILL) in the middle of decoding; process 0 is in an
+/// exchange with it.
+#[test]
+#[ignore = "run in every process by mpirun from the tests below"]
+fn rank_killed() {
+    let Ok(_) = std::env::var(MODE) else { return };
+    let world = World::init().unwrap();
+    // One write, so that the processes' lines do not interleave.
+    let line = format!("process {} is pid {}\n", world.rank(), std::process::id());
+    std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes()).unwrap();
+    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap();
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let mut s = decode::seeded_session_on(hp(), &devices, &types, kv, 32);
+    s.decode(&PROMPT, &[], true).unwrap();
+    for step in 0..1000 {
+        if world.rank() == 1 && step == 2 {
+            let _ = Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        s.decode(&[5], &[], true).unwrap();
+    }
+    panic!("process {} decoded 1000 steps beside a killed process", world.rank());
+}
+
+/// A killed process ends the run: mpirun exits non-zero within 10 s,
+/// naming the killed process's rank.
+#[test]
+fn a_killed_process_ends_the_others_within_10_s() {
+    let (out, took) = mpirun(2, "rank_killed", "kill");
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    let at = t.find("process 1 is pid ").unwrap_or_else(|| panic!("process 1 did not start:\n{t}"));
+    let pid: String = t[at + 17..].chars().take_while(char::is_ascii_digit).collect();
+    assert!(!pid.is_empty(), "{t}");
+    // Open MPI names the rank (its pid there can read 0).
+    assert!(t.contains("process rank 1 with PID") && t.contains("signal 9"), "{t}");
+    // The test's bound (the 10 s) on the whole run, start-up included.
+    assert!(took < Duration::from_secs(10), "{took:?}\n{t}");
+    println!("killed process 1 (pid {pid}): mpirun ended after {:.1} s\n{t}", took.as_secs_f64());
+}
