@@ -86,6 +86,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+    spec::finish();
 }
 
 fn run() -> shardgraph::Result<()> {

@@ -56,6 +56,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+    spec::finish();
 }
 
 fn run() -> shardgraph::Result<()> {

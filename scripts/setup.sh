@@ -6,7 +6,9 @@
 # NVRTC (nvidia-cuda-nvrtc, for the CUDA kernel compile check in
 # tests/cuda_kernels.rs) into ./.venv, and Debian's ROCm 5.2 `hipcc` and
 # `libamdhip64-dev` (for the HIP kernel compile check in tests/hip_kernels.rs;
-# apt-get, when run as root on Debian/Ubuntu, else a message saying how).
+# apt-get, when run as root on Debian/Ubuntu, else a message saying how), and
+# Open MPI with libclang (for the `mpi` feature: its bindings run bindgen;
+# tests/mpi_ranks.rs runs processes under mpirun; apt-get as well).
 # Idempotent: a second run only checks that they are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +67,21 @@ if ! command -v hipcc >/dev/null; then
   else
     echo "setup: hipcc not found: the HIP kernel compile check (tests/hip_kernels.rs) will be skipped;" \
          "install it with: sudo apt-get install hipcc libamdhip64-dev (Debian 12), or ROCm's own packages"
+  fi
+fi
+# Open MPI (the `mpi` feature's library, `mpirun` for tests/mpi_ranks.rs) and
+# libclang (the `mpi` crate generates its bindings with bindgen). Open MPI
+# rather than Debian's MPICH 4.0.2: MPICH's UCX device hangs in
+# MPI_Finalize about one run in five when forced onto TCP.
+if ! command -v mpicc >/dev/null || ! mpirun --version 2>/dev/null | grep -q "Open MPI" \
+   || ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Open MPI and libclang (apt-get: libopenmpi-dev openmpi-bin libclang-dev) for the mpi feature"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenmpi-dev openmpi-bin libclang-dev >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenmpi-dev openmpi-bin libclang-dev >/dev/null; }
+  else
+    echo "setup: Open MPI or libclang not found: the mpi feature will not build;" \
+         "install them with: sudo apt-get install libopenmpi-dev openmpi-bin libclang-dev (Debian 12)"
   fi
 fi
 # llama.cpp's own source and tools, for shardgraph-ggml (the ggml backend

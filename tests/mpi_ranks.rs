@@ -192,3 +192,73 @@ fn a_killed_process_ends_the_others_within_10_s() {
     assert!(took < Duration::from_secs(10), "{took:?}\n{t}");
     println!("killed process 1 (pid {pid}): mpirun ended after {:.1} s\n{t}", took.as_secs_f64());
 }
+
+/// The built example `name` (`cargo test` builds the examples next to the
+/// test binaries, with this run's features).
+fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().and_then(|d| d.parent()).unwrap().join("examples").join(name);
+    assert!(
+        p.is_file(),
+        "{} is not built: run `cargo test --features mpi` or `cargo build --features mpi --examples`",
+        p.display()
+    );
+    p
+}
+
+/// The lines of `out` that hold `key`.
+fn lines_with<'a>(out: &'a str, key: &str) -> Vec<&'a str> {
+    out.lines().filter(|l| l.contains(key)).collect()
+}
+
+/// The main job (`dflash2 --verify`, on the example pair written to a temp
+/// folder) under `mpirun -n 2`, one device per process: it verifies
+/// (tokens equal one device's), and drafts, accepts and moves exactly what
+/// one process with two devices does.
+#[test]
+fn the_main_job_runs_across_two_processes_as_in_one() {
+    let dir = std::env::temp_dir().join(format!("shardgraph-mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (target, drafter) = shardgraph_models::generate::write_example_pair(&dir).unwrap();
+    let args = [
+        "--model",
+        target.to_str().unwrap(),
+        "--model-draft",
+        drafter.to_str().unwrap(),
+        "--n-predict",
+        "24",
+        "--prompt-tokens",
+        "5,17,300,42,7,1000,3,88",
+    ];
+    let exe = example("dflash2");
+    let one = Command::new(&exe).args(args).args(["--devices", "2", "--verify"]).output().unwrap();
+    let one_text = text(&one);
+    assert!(one.status.success(), "{one_text}");
+    let two = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "2"])
+        .arg(&exe)
+        .args(args)
+        .arg("--verify")
+        .env("OMPI_MCA_pml", "ob1")
+        .env("OMPI_MCA_btl", "tcp,self")
+        .output()
+        .unwrap();
+    let two_text = text(&two);
+    assert!(two.status.success(), "{two_text}");
+    assert_eq!(lines_with(&two_text, "verify: identical").len(), 2, "{two_text}");
+    assert!(two_text.contains("verify: layers identical"), "{two_text}");
+    // Only rank 0 prints the results.
+    assert_eq!(lines_with(&two_text, "dflash2: ").len(), 1, "{two_text}");
+    let counts = |t: &str| -> String {
+        let l = lines_with(t, "dflash2: ")[0];
+        l[l.find("drafted").unwrap()..].to_string()
+    };
+    assert_eq!(counts(&two_text), counts(&one_text), "drafts and acceptance:\n{one_text}\n{two_text}");
+    let moved = |t: &str| -> String {
+        let l = lines_with(t, "bytes moved between devices")[0];
+        l[l.find("; ").unwrap()..].to_string()
+    };
+    assert_eq!(moved(&two_text), moved(&one_text), "bytes moved:\n{one_text}\n{two_text}");
+    println!("{two_text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -68,6 +68,103 @@ pub fn check_options(args: &[String], example: &str, options: &[&str]) {
     }
 }
 
+/// This process's place among the processes `mpirun -np N` started
+/// (feature `mpi`): `Some` only under mpirun with more than one process.
+/// The first call initializes MPI; processes other than rank 0 then write
+/// their standard output to /dev/null (rank 0 prints the results; errors
+/// still reach standard error from every process). Exits with a message if
+/// MPI cannot start.
+#[cfg(feature = "mpi")]
+pub fn world() -> Option<std::sync::Arc<shardgraph::split::World>> {
+    static WORLD: std::sync::OnceLock<Option<std::sync::Arc<shardgraph::split::World>>> = std::sync::OnceLock::new();
+    WORLD
+        .get_or_init(|| {
+            // Started by mpirun (Open MPI or MPICH's launcher)?
+            let size = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+                .unwrap_or(1);
+            if size < 2 {
+                return None;
+            }
+            let w = shardgraph::split::World::init().unwrap_or_else(|e| {
+                eprintln!("mpirun: {e}");
+                std::process::exit(2)
+            });
+            if !w.is_root() {
+                quiet_stdout();
+            }
+            let line = format!("process {} of {} is pid {}\n", w.rank(), w.size(), std::process::id());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            Some(w)
+        })
+        .clone()
+}
+
+/// Without the `mpi` feature every run is one process.
+#[cfg(not(feature = "mpi"))]
+pub fn world() -> Option<std::sync::Arc<()>> {
+    None
+}
+
+/// Points standard output at /dev/null (a process other than rank 0).
+#[cfg(feature = "mpi")]
+fn quiet_stdout() {
+    use std::os::fd::AsRawFd;
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else { return };
+    // SAFETY: both descriptors are open (`null` lives across the call, 1 is
+    // standard output); dup2 makes 1 a copy of it and touches no memory.
+    unsafe { libc::dup2(null.as_raw_fd(), 1) };
+}
+
+/// The processes' count and this one's rank (1 and 0 when run alone).
+pub fn processes() -> (usize, usize) {
+    #[cfg(feature = "mpi")]
+    if let Some(w) = world() {
+        return (w.size(), w.rank());
+    }
+    (1, 0)
+}
+
+/// Ends the run's MPI (every process waits for the others); nothing when
+/// run alone. Call it last in `main`.
+pub fn finish() {
+    #[cfg(feature = "mpi")]
+    if let Some(w) = world() {
+        w.finalize();
+    }
+}
+
+/// `f` in rank 0 first, then in the other processes (for the example
+/// model files: rank 0 writes them, the others find them written).
+pub fn one_process_first<T>(f: impl FnOnce() -> T) -> T {
+    #[cfg(feature = "mpi")]
+    if let Some(w) = world() {
+        if w.is_root() {
+            let r = f();
+            w.barrier();
+            return r;
+        }
+        w.barrier();
+        return f();
+    }
+    f()
+}
+
+/// `v` as rank 0 has it, in every process (a seed drawn per process).
+fn from_rank_0(v: u64) -> u64 {
+    #[cfg(feature = "mpi")]
+    if let Some(w) = world() {
+        let mut b = v.to_le_bytes().to_vec();
+        if w.broadcast(0, &mut b).is_ok() {
+            if let Ok(a) = <[u8; 8]>::try_from(&b[..]) {
+                return u64::from_le_bytes(a);
+            }
+        }
+    }
+    v
+}
+
 /// `--devices`, `--tensor-split` and `--split-mode` (llama.cpp's: `none` is
 /// one device, and the other two are then ignored; `layer` puts each layer
 /// whole on one device, the ratios setting the devices' shares of the
@@ -86,6 +183,9 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
         // The whole model on the main device (a --devices given is still
         // checked: 0 or too many is a typo, not ignored).
         "none" => {
+            if processes().0 > 1 {
+                fail("--split-mode none runs in one process, not under mpirun".into());
+            }
             if arg(args, "--devices").is_some() {
                 let n: usize = parsed(args, "--devices", 1);
                 if !(1..=shardgraph::split::MAX_DEVICES).contains(&n) {
@@ -108,12 +208,24 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
             })
             .collect()
     });
-    let n: usize = parsed(args, "--devices", listed.or(split.as_ref().map(Vec::len)).unwrap_or(default_n));
-    if !(1..=shardgraph::split::MAX_DEVICES).contains(&n) {
-        fail(format!("--devices {n}: 1 to {}", shardgraph::split::MAX_DEVICES));
+    // Under mpirun, --devices and --device are each process's (1 device by
+    // default) and --tensor-split lists the world's devices in rank order.
+    let procs = processes().0;
+    let default_n =
+        if procs > 1 { listed.unwrap_or(1) } else { listed.or(split.as_ref().map(Vec::len)).unwrap_or(default_n) };
+    let n_local: usize = parsed(args, "--devices", default_n);
+    if !(1..=shardgraph::split::MAX_DEVICES).contains(&n_local) {
+        fail(format!("--devices {n_local}: 1 to {}", shardgraph::split::MAX_DEVICES));
     }
-    if listed.is_some_and(|k| k != n) {
-        fail(format!("--device names {} device(s) but --devices is {n}", listed.unwrap_or(0)));
+    if listed.is_some_and(|k| k != n_local) {
+        fail(format!("--device names {} device(s) but --devices is {n_local}", listed.unwrap_or(0)));
+    }
+    let n = n_local * procs;
+    if n > shardgraph::split::MAX_DEVICES {
+        fail(format!(
+            "{n_local} device(s) in each of {procs} processes: at most {} in all",
+            shardgraph::split::MAX_DEVICES
+        ));
     }
     let ratios = split.unwrap_or_else(|| vec![1.0; n]);
     if ratios.len() != n {
@@ -148,7 +260,8 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
         }
         std::process::exit(2)
     };
-    let n = ratios.len();
+    let procs = processes().0;
+    let n = ratios.len() / procs;
     let devices = match arg(args, "--device") {
         Some(list) => {
             let mut names: Vec<&str> = list.split(',').map(str::trim).collect();
@@ -171,6 +284,11 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
     let mode = match arg(args, "--split-mode").as_deref() {
         Some("layer") => shardgraph::split::SplitMode::Layer,
         _ => shardgraph::split::SplitMode::Tensor,
+    };
+    #[cfg(feature = "mpi")]
+    let devices = match world() {
+        Some(w) => devices.across_processes(&w).unwrap_or_else(|e| fail("mpirun".into(), &e)),
+        None => devices,
     };
     let devices = devices.with_tensor_split(ratios).unwrap_or_else(|e| fail(format!("--tensor-split {ratios:?}"), &e));
     Ok(devices.with_split_mode(mode))
@@ -329,6 +447,15 @@ pub fn progress(what: &str) -> impl FnMut(u64, u64) + '_ {
 /// Only for the examples' own files in the temp folder: a `--model` path is
 /// the user's and is never written.
 pub fn ensure(
+    path: &Path,
+    current: impl Fn(&shardgraph::gguf::GgufFile) -> bool,
+    write: impl FnOnce(&Path) -> shardgraph::Result<u64>,
+) -> shardgraph::Result<()> {
+    // Under mpirun rank 0 writes it; the others find it written.
+    one_process_first(|| ensure_now(path, current, write))
+}
+
+fn ensure_now(
     path: &Path,
     current: impl Fn(&shardgraph::gguf::GgufFile) -> bool,
     write: impl FnOnce(&Path) -> shardgraph::Result<u64>,
@@ -497,7 +624,7 @@ pub fn sampler(args: &[String]) -> SamplerParams {
         // llama.cpp's seeds are 32-bit; -1 (its LLAMA_DEFAULT_SEED) draws a
         // new one per run, printed with the sampling settings.
         seed: match arg(args, "--seed").as_deref() {
-            Some("-1") => random_seed(),
+            Some("-1") => from_rank_0(random_seed()),
             _ => u64::from(parsed::<u32>(args, "--seed", d.seed as u32)),
         },
     };

@@ -236,10 +236,17 @@ impl Devices {
 
     /// The devices' names, one per rank: the backends' own names, unique in
     /// the process (`CPU5` is the sixth CPU backend made, `CUDA0.1` the
-    /// second virtual device on GPU 0), for messages and logs; not the
-    /// names [`Devices::open`] takes.
+    /// second virtual device on GPU 0; across processes, `@<rank>` follows
+    /// the name its process gave it), for messages and logs; not the names
+    /// [`Devices::open`] takes.
     pub fn names(&self) -> Vec<String> {
-        self.backends.iter().map(|b| b.device().name).collect()
+        match &self.group {
+            // Each process names its own: `CPU0@1` is process 1's CPU0.
+            Some(g) => {
+                self.backends.iter().enumerate().map(|(j, b)| format!("{}@{}", b.device().name, g.owner(j))).collect()
+            }
+            None => self.backends.iter().map(|b| b.device().name).collect(),
+        }
     }
 
     /// True when every device is a CPU backend.
