@@ -154,6 +154,7 @@ fn run() -> shardgraph::Result<()> {
             mode: devices.split_mode(),
             n_batch: n_prompt.min(ubatch) as i64,
             snapshot_slots: 0,
+            link: devices.link_model()?,
         };
         let max = if max > 0 { max } else { spec.max_ctx() }.max(CTX_STEP);
         fit_ctx_size(&spec, max, &devices.executor()?)

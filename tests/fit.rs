@@ -16,7 +16,7 @@
 //! except for qwen35 + MTP, whose estimate is conservative (the measured
 //! ratio is pinned, see the test).
 
-use shardgraph::split::{Devices, SplitMode};
+use shardgraph::split::{Devices, LinkModel, SplitMode};
 use shardgraph::{Backend, Context, GgmlType, Graph, TensorId};
 use shardgraph_models::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams, TargetInfo};
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
@@ -66,6 +66,7 @@ fn specs(n: usize) -> Vec<(&'static str, FitSpec)> {
         mode: SplitMode::Tensor,
         n_batch: 16,
         snapshot_slots,
+        link: LinkModel::default(),
     };
     vec![
         ("qwen3", spec(qwen3_target(), FitDraft::None, 0)),
@@ -334,6 +335,7 @@ fn bad_specs_are_errors() {
         mode: SplitMode::Tensor,
         n_batch: 1,
         snapshot_slots,
+        link: LinkModel::default(),
     };
     // MTP needs a qwen35 target with a NextN layer; snapshots need qwen35.
     assert!(spec(qwen3_target(), FitDraft::Mtp { n_max: 2 }, 0).memory(256).is_err());

@@ -231,6 +231,7 @@ fn a_tied_plan_holds_one_copy_of_the_head() {
                 mode: SplitMode::Tensor,
                 n_batch: 1,
                 snapshot_slots: 0,
+                link: shardgraph::split::LinkModel::default(),
             };
             spec.memory(256).unwrap()
         };

@@ -14,7 +14,7 @@
 #[path = "common/decode.rs"]
 mod decode;
 use decode::{generate, nmse, tiny_hp};
-use shardgraph::split::{Devices, SplitMode, World};
+use shardgraph::split::{Devices, LinkClass, SplitMode, World};
 use shardgraph::GgmlType;
 use shardgraph_models::hparams::HparamsCore;
 use shardgraph_models::qwen3::Qwen3Hparams;
@@ -72,6 +72,10 @@ fn rank_decode() {
     let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap();
     assert_eq!(devices.n_devices(), world.size());
     assert!(devices.is_local(world.rank()));
+    // One machine, one device per process: every pair crosses processes.
+    assert_eq!(devices.slowest_link(), LinkClass::SameNode);
+    assert_eq!(devices.link_class(world.rank(), world.rank()), LinkClass::SameProcess);
+    assert_eq!(devices.link_model().unwrap(), LinkClass::SameNode.default_model());
     let devices = devices.with_tensor_split(&ratios).unwrap().with_split_mode(split);
     let mut s = session(&devices);
     let (got, logits) = generate(&mut s, &PROMPT, STEPS);

@@ -287,7 +287,22 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
     };
     #[cfg(feature = "mpi")]
     let devices = match world() {
-        Some(w) => devices.across_processes(&w).unwrap_or_else(|e| fail("mpirun".into(), &e)),
+        Some(w) => {
+            let d = devices.across_processes(&w).unwrap_or_else(|e| fail("mpirun".into(), &e));
+            let link = d.slowest_link();
+            let m = d.link_model().unwrap_or_else(|e| fail("link model".into(), &e));
+            println!(
+                "{} device(s) in {} processes {:?}; slowest link: {} (priced at {:.0} µs per step, {:.1} GB/s; {})",
+                d.n_devices(),
+                w.size(),
+                d.names(),
+                link.name(),
+                m.latency_s * 1e6,
+                m.bandwidth / 1e9,
+                link.env_var()
+            );
+            d
+        }
         None => devices,
     };
     let devices = devices.with_tensor_split(ratios).unwrap_or_else(|e| fail(format!("--tensor-split {ratios:?}"), &e));

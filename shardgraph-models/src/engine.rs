@@ -632,6 +632,7 @@ impl Engine {
             mode: devices.split_mode(),
             n_batch,
             snapshot_slots: plan.snapshot_slots(),
+            link: devices.link_model()?,
         };
         let bound = if params.ctx_size > 0 { params.ctx_size } else { spec.max_ctx() };
         let max_kv = bound.saturating_add(plan.extra).clamp(CTX_STEP, super::MAX_CTX);

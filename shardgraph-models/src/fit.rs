@@ -20,7 +20,9 @@ use super::step::MAX_DRAFT;
 use super::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::{Context, Graph};
-use shardgraph::split::{local_ne, DeviceMemory, LeafInfo, MetaExecutor, Planner, SplitMode, SplitPolicy, SplitState};
+use shardgraph::split::{
+    local_ne, DeviceMemory, LeafInfo, LinkModel, MetaExecutor, Planner, SplitMode, SplitPolicy, SplitState,
+};
 use shardgraph::tensor::GgmlType;
 use std::collections::HashSet;
 
@@ -167,6 +169,10 @@ pub struct FitSpec {
     /// `qwen35` recurrent-state snapshot slots
     /// ([`super::qwen35::Qwen35Session::enable_snapshots`]); 0 for none.
     pub snapshot_slots: usize,
+    /// The link model the runs' plans are priced with
+    /// ([`shardgraph::split::Devices::link_model`]; the default within one
+    /// process), so the fit sizes the plans the runs make.
+    pub link: LinkModel,
 }
 
 impl FitSpec {
@@ -235,7 +241,7 @@ impl FitSpec {
         let base_len = ctx.len();
         let graphs = self.worst_steps(&mut ctx, &model, kv_size)?;
         let refs: Vec<&Graph> = graphs.iter().collect();
-        session_memory(&ctx, base_len, &policy, &mut Planner::default(), &refs)
+        session_memory(&ctx, base_len, &policy, &mut Planner::new(self.link), &refs)
     }
 
     /// The long-lived tensors of target and drafter in `ctx`.

@@ -6,9 +6,7 @@
 
 use shardgraph::error::Result;
 use shardgraph::graph::{Context, Graph};
-use shardgraph::split::{
-    Devices, LeafInfo, LinkModel, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore,
-};
+use shardgraph::split::{Devices, LeafInfo, MetaExecutor, Planner, RunReport, SplitPolicy, SplitState, SplitStore};
 use shardgraph::tensor::TensorId;
 
 /// N devices with a split policy, a plan cache and device-resident storage:
@@ -66,7 +64,7 @@ impl Runner {
         let n = devices.n_devices();
         Ok(Runner {
             exec: devices.executor()?,
-            planner: Planner::new(LinkModel::default()),
+            planner: Planner::new(devices.link_model()?),
             policy,
             store: SplitStore::new(n),
             bytes_moved: 0,

@@ -123,6 +123,10 @@ pub trait ProcessGroup: Send + Sync {
     /// The process that runs world device `device`.
     fn owner(&self, device: usize) -> usize;
 
+    /// The machine process `process` runs on, as an index (processes on one
+    /// machine have the same).
+    fn node(&self, process: usize) -> usize;
+
     /// Checks that every process passes the same `value` (a hash of what
     /// it is about to run; `what` names it in the error).
     ///

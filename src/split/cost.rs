@@ -100,6 +100,82 @@ impl Default for LinkModel {
     }
 }
 
+/// Which kind of link joins two devices, as the cost model prices it: the
+/// planner prices a world's collectives at its slowest class
+/// ([`super::Devices::link_model`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LinkClass {
+    /// Two devices of one process (memcpy between threads, a peer copy or
+    /// NCCL between GPUs).
+    SameProcess,
+    /// Devices of two processes on one machine (MPI over loopback or
+    /// shared memory).
+    SameNode,
+    /// Devices of processes on two machines (MPI or NCCL over the network).
+    OtherNode,
+}
+
+impl LinkClass {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkClass::SameProcess => "same process",
+            LinkClass::SameNode => "same node",
+            LinkClass::OtherNode => "other node",
+        }
+    }
+
+    /// The environment variable that overrides its model
+    /// (`latency_µs,bandwidth_GB/s`, e.g. `40,12.5`).
+    pub fn env_var(self) -> &'static str {
+        match self {
+            LinkClass::SameProcess => "SHARDGRAPH_LINK_SAME_PROCESS",
+            LinkClass::SameNode => "SHARDGRAPH_LINK_SAME_NODE",
+            LinkClass::OtherNode => "SHARDGRAPH_LINK_OTHER_NODE",
+        }
+    }
+
+    /// Its default model: same process [`LinkModel::default`]; same node 25 µs
+    /// and 5 GB/s per step (an exchange between two processes over TCP on
+    /// loopback measured ~12 µs more than between threads here, with its
+    /// message staged through host memory); other node 40 µs and 12.5 GB/s
+    /// (100 Gb/s; the figure of 23–60 µs per collective across
+    /// nodes).
+    pub fn default_model(self) -> LinkModel {
+        let base = LinkModel::default();
+        match self {
+            LinkClass::SameProcess => base,
+            LinkClass::SameNode => LinkModel { latency_s: 25e-6, bandwidth: 5e9, ..base },
+            LinkClass::OtherNode => LinkModel { latency_s: 40e-6, bandwidth: 12.5e9, ..base },
+        }
+    }
+
+    /// Its model: [`LinkClass::default_model`], or its environment
+    /// variable's `latency_µs,bandwidth_GB/s`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Split`] naming the variable for a value that is not
+    /// two numbers or that [`LinkModel::validate`] refuses.
+    pub fn model(self) -> crate::Result<LinkModel> {
+        match std::env::var(self.env_var()) {
+            Ok(v) => self.parse_model(&v),
+            Err(_) => Ok(self.default_model()),
+        }
+    }
+
+    /// `v` (`latency_µs,bandwidth_GB/s`) as this class's model.
+    fn parse_model(self, v: &str) -> crate::Result<LinkModel> {
+        let bad = || crate::Error::Split {
+            detail: format!("{}={v:?}: give latency in µs and bandwidth in GB/s, e.g. 40,12.5", self.env_var()),
+        };
+        let (a, b) = v.split_once(',').ok_or_else(bad)?;
+        let (lat, bw): (f64, f64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+        let m = LinkModel { latency_s: lat * 1e-6, bandwidth: bw * 1e9, ..self.default_model() };
+        m.validate().map_err(|_| bad())?;
+        Ok(m)
+    }
+}
+
 /// Traffic of one repartition.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Traffic {
@@ -247,5 +323,21 @@ mod tests {
         let ag = conversion(&SplitState::split(1, vec![6, 2]), &SplitState::Mirrored, 800, 2).unwrap();
         assert_eq!((ag.bytes_per_device, ag.total_bytes), (600, 800));
         assert!(ar.time(&LinkModel::default()) > ag.time(&LinkModel::default()) / 2.0);
+    }
+
+    #[test]
+    fn link_classes_are_ordered_and_their_models_parse() {
+        assert!(LinkClass::SameProcess < LinkClass::SameNode && LinkClass::SameNode < LinkClass::OtherNode);
+        let t = |c: LinkClass| {
+            Traffic { kind: Collective::AllReduce, bytes_per_device: 8192, total_bytes: 16384, steps: 2 }
+                .time(&c.default_model())
+        };
+        assert!(t(LinkClass::SameProcess) < t(LinkClass::SameNode) && t(LinkClass::SameNode) < t(LinkClass::OtherNode));
+        let m = LinkClass::OtherNode.parse_model(" 30 , 25 ").unwrap();
+        assert!((m.latency_s - 30e-6).abs() < 1e-12 && m.bandwidth == 25e9, "{m:?}");
+        for bad in ["", "30", "30,", "x,1", "1,0", "-1,1", "1,inf"] {
+            let e = LinkClass::SameNode.parse_model(bad).unwrap_err().to_string();
+            assert!(e.contains("SHARDGRAPH_LINK_SAME_NODE"), "{bad:?}: {e}");
+        }
     }
 }

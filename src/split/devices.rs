@@ -3,7 +3,7 @@
 //! devices and the communicator — from which the split policy, the store and
 //! the executor take their device count, so they cannot disagree.
 
-use super::{Comm, MetaExecutor, ProcessGroup, SplitMode, SplitPolicy, SplitStore};
+use super::{Comm, LinkClass, LinkModel, MetaExecutor, ProcessGroup, SplitMode, SplitPolicy, SplitStore};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -195,6 +195,43 @@ impl Devices {
     /// `None` when every device is this process's.
     pub fn process_group(&self) -> Option<&Arc<dyn ProcessGroup>> {
         self.group.as_ref()
+    }
+
+    /// The link between devices `i` and `j`: the same process, another
+    /// process on the same machine, or another machine.
+    pub fn link_class(&self, i: usize, j: usize) -> LinkClass {
+        match &self.group {
+            Some(g) if g.owner(i) != g.owner(j) => {
+                if g.node(g.owner(i)) == g.node(g.owner(j)) {
+                    LinkClass::SameNode
+                } else {
+                    LinkClass::OtherNode
+                }
+            }
+            _ => LinkClass::SameProcess,
+        }
+    }
+
+    /// The slowest link between two of these devices
+    /// ([`LinkClass::SameProcess`] for one device).
+    pub fn slowest_link(&self) -> LinkClass {
+        let n = self.backends.len();
+        (0..n)
+            .flat_map(|i| (0..n).map(move |j| (i, j)))
+            .map(|(i, j)| self.link_class(i, j))
+            .max()
+            .unwrap_or(LinkClass::SameProcess)
+    }
+
+    /// The link model plans for these devices are priced with: that of
+    /// their slowest link class ([`LinkClass::model`]: its defaults, or its
+    /// environment variable), since a collective over all devices waits
+    /// for its slowest link.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for a link variable that does not parse.
+    pub fn link_model(&self) -> Result<LinkModel> {
+        self.slowest_link().model()
     }
 
     /// True if device `j` runs in this process.

@@ -282,6 +282,8 @@ impl Backend for RemoteDevice {
 pub struct MpiComm {
     world: Arc<World>,
     owner: Vec<usize>,
+    /// Per process: its machine (processes with one host name share one).
+    nodes: Vec<usize>,
     received: Vec<AtomicU64>,
     aborted: AtomicBool,
 }
@@ -330,10 +332,18 @@ impl MpiComm {
                 ),
             });
         }
+        // Each process's machine, by host name.
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_default();
+        let hosts = world.all_gather(host.as_bytes());
+        let nodes = hosts.iter().map(|h| hosts.iter().position(|x| x == h).unwrap_or(0)).collect();
         let n = backends.len();
         let comm = MpiComm {
             world: world.clone(),
             owner,
+            nodes,
             received: (0..n).map(|_| AtomicU64::new(0)).collect(),
             aborted: AtomicBool::new(false),
         };
@@ -516,6 +526,10 @@ impl ProcessGroup for MpiComm {
 
     fn owner(&self, device: usize) -> usize {
         self.owner.get(device).copied().unwrap_or(usize::MAX)
+    }
+
+    fn node(&self, process: usize) -> usize {
+        self.nodes.get(process).copied().unwrap_or(usize::MAX)
     }
 
     fn same_everywhere(&self, value: u64, what: &str) -> Result<()> {
