@@ -56,20 +56,23 @@ const PROMPT: [i32; 6] = [3, 17, 42, 5, 88, 1];
 const STEPS: usize = 6;
 
 /// Every process: `mode` is `tensor` or `layer` with the ratios after a
-/// colon (`layer:3,1`); decodes on the world and checks it against one
-/// process.
+/// colon (`layer:3,1`), `emu-` first for an emulated CUDA device per
+/// process instead of a CPU device; decodes on the world and checks it
+/// against one process (the same kind of devices).
 #[test]
 #[ignore = "run in every process by mpirun from the tests below"]
 fn rank_decode() {
     let Ok(mode) = std::env::var(MODE) else { return };
     let world = World::init().unwrap();
-    let (split, ratios) = mode.split_once(':').unwrap();
+    let (kind, rest) = mode.strip_prefix("emu-").map_or(("CPU", mode.as_str()), |r| ("EMU", r));
+    let open = |n: usize| Devices::open(&vec![kind; n], 1).unwrap();
+    let (split, ratios) = rest.split_once(':').unwrap();
     let ratios: Vec<f32> = ratios.split(',').map(|r| r.parse().unwrap()).collect();
     let split = if split == "layer" { SplitMode::Layer } else { SplitMode::Tensor };
     let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
     let session = |d: &Devices| decode::seeded_session_on(hp(), d, &types, kv, 32);
 
-    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap();
+    let devices = open(1).across_processes(&world).unwrap();
     assert_eq!(devices.n_devices(), world.size());
     assert!(devices.is_local(world.rank()));
     // One machine, one device per process: every pair crosses processes.
@@ -80,8 +83,8 @@ fn rank_decode() {
     let mut s = session(&devices);
     let (got, logits) = generate(&mut s, &PROMPT, STEPS);
 
-    let (want, want_logits) = generate(&mut session(&Devices::cpu(1, 1).unwrap()), &PROMPT, STEPS);
-    let threads = Devices::cpu(ratios.len(), 1).unwrap().with_tensor_split(&ratios).unwrap().with_split_mode(split);
+    let (want, want_logits) = generate(&mut session(&open(1)), &PROMPT, STEPS);
+    let threads = open(ratios.len()).with_tensor_split(&ratios).unwrap().with_split_mode(split);
     let mut t = session(&threads);
     let (in_process, in_process_logits) = generate(&mut t, &PROMPT, STEPS);
     assert_eq!(got, want, "{mode}: tokens against one device");
@@ -118,6 +121,14 @@ fn two_processes_tensor_split_decode_as_one() {
 #[test]
 fn three_processes_tensor_split_decode_as_one() {
     decodes_equal(3, "tensor:3,2,1");
+}
+
+/// GPU devices across processes (emulated: no GPU here): their messages
+/// staged through host memory by the MPI communicator.
+#[cfg(feature = "cuda-emu")]
+#[test]
+fn two_processes_of_emulated_gpus_decode_as_one() {
+    decodes_equal(2, "emu-tensor:1,1");
 }
 
 #[test]
