@@ -147,7 +147,7 @@ fn rank_mismatch() {
     let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap().with_tensor_split(&ratios).unwrap();
     let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
     let mut s = decode::seeded_session_on(hp(), &devices, &types, kv, 32);
-    let err = s.decode(&PROMPT, &[], true).err().expect("a run with another plan in one process");
+    let Err(err) = s.decode(&PROMPT, &[], true) else { panic!("a run with another plan in one process") };
     println!("process {} refused: {err}", world.rank());
     world.finalize();
 }
