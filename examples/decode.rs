@@ -93,7 +93,7 @@ fn run() -> shardgraph::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     check_options(&args, "decode", OPTIONS);
     let verify = args.iter().any(|a| a == "--verify");
-    let (ratios, _) = spec::devices(&args, 1);
+    let (ratios, mode) = spec::devices(&args, 1);
     let n = ratios.len();
     let n_tokens: usize = parsed(&args, "--n-predict", parsed(&args, "--tokens", 32usize));
     let threads: usize = parsed(&args, "--threads", 1);
@@ -172,7 +172,7 @@ fn run() -> shardgraph::Result<()> {
         None => None,
     };
     println!(
-        "{} {n} device(s) {ratios:?}, {threads} thread(s) each, ctx-size {ctx_size}, KV cache {kv}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
+        "{} {n} device(s) {ratios:?} (--split-mode {mode}), {threads} thread(s) each, ctx-size {ctx_size}, KV cache {kv}: prompt {} tokens {:.1} tokens/s; decode {n_tokens} tokens {:.1} tokens/s; {} bytes moved per decode step",
         s.arch(),
         prompt.len(),
         prompt.len() as f64 / run.prompt_s,

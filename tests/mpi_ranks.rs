@@ -167,6 +167,39 @@ fn a_process_with_another_plan_is_an_error_on_every_process() {
     assert!(took < Duration::from_secs(60), "{took:?}");
 }
 
+/// Process 1 decodes one step more than process 0, which has ended.
+#[test]
+#[ignore = "run in every process by mpirun from the tests below"]
+fn rank_diverge() {
+    let Ok(_) = std::env::var(MODE) else { return };
+    let world = World::init().unwrap();
+    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap();
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let mut s = decode::seeded_session_on(hp(), &devices, &types, kv, 32);
+    s.decode(&PROMPT, &[], true).unwrap();
+    for _ in 0..2 + world.rank() {
+        if let Err(e) = s.decode(&[5], &[], true) {
+            println!("process {} refused: {e}", world.rank());
+            break;
+        }
+    }
+    world.finalize();
+}
+
+/// Processes that run different numbers of steps (another `--n-predict`):
+/// the one that goes on gets an error naming the one that ended, at the
+/// start of its extra run, before any exchange; nothing hangs.
+#[test]
+fn a_process_that_runs_more_steps_than_another_gets_an_error() {
+    let (out, took) = mpirun(2, "rank_diverge", "diverge");
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let line = t.lines().find(|l| l.contains("process 1 refused:")).unwrap_or_else(|| panic!("{t}"));
+    assert!(line.contains("process 0 has ended") && line.contains("diverged"), "{line}");
+    assert!(!t.contains("process 0 refused"), "{t}");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
 /// Process 1 dies (SIGKILL) in the middle of decoding; process 0 is in an
 /// exchange with it.
 #[test]

@@ -79,18 +79,14 @@ pub fn world() -> Option<std::sync::Arc<shardgraph::split::World>> {
     static WORLD: std::sync::OnceLock<Option<std::sync::Arc<shardgraph::split::World>>> = std::sync::OnceLock::new();
     WORLD
         .get_or_init(|| {
-            // Started by mpirun (Open MPI or MPICH's launcher)?
-            let size = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
-                .iter()
-                .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
-                .unwrap_or(1);
-            if size < 2 {
+            if launched_processes() < 2 {
                 return None;
             }
             let w = shardgraph::split::World::init().unwrap_or_else(|e| {
                 eprintln!("mpirun: {e}");
                 std::process::exit(2)
             });
+            same_options(&w);
             if !w.is_root() {
                 quiet_stdout();
             }
@@ -101,10 +97,68 @@ pub fn world() -> Option<std::sync::Arc<shardgraph::split::World>> {
         .clone()
 }
 
-/// Without the `mpi` feature every run is one process.
+/// Without the `mpi` feature every run is one process: started by mpirun
+/// with more than one process, it exits with a message (N copies would
+/// each run alone and print).
 #[cfg(not(feature = "mpi"))]
 pub fn world() -> Option<std::sync::Arc<()>> {
+    if launched_processes() > 1 {
+        eprintln!("started by mpirun, but this build has no `mpi` feature: build with --features mpi");
+        std::process::exit(2);
+    }
     None
+}
+
+/// The process count mpirun (Open MPI, or MPICH's launcher) gave this
+/// process, 1 when not started by it.
+fn launched_processes() -> usize {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok()).unwrap_or(1)
+}
+
+/// Exits in every process, naming the first difference, when this
+/// process's options other than its own devices and threads (`--device`,
+/// `--devices`, `--threads`) differ from rank 0's: the processes must run
+/// the same steps on the same inputs.
+#[cfg(feature = "mpi")]
+fn same_options(w: &shardgraph::split::World) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut shared = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        if ["--device", "--devices", "--threads"].contains(&args[i].as_str()) {
+            i += 2;
+            continue;
+        }
+        shared.push(args[i].clone());
+        i += 1;
+    }
+    let all = w.all_gather(shared.join("\u{1f}").as_bytes());
+    if let Some(r) = (1..all.len()).find(|&r| all[r] != all[0]) {
+        let show = |b: &[u8]| String::from_utf8_lossy(b).replace('\u{1f}', " ");
+        eprintln!(
+            "process {}: the options of process {r} ({}) differ from process 0's ({}): every process takes the same \
+             options but for --device, --devices and --threads",
+            w.rank(),
+            show(&all[r]),
+            show(&all[0])
+        );
+        std::process::exit(2);
+    }
+}
+
+/// Exits in every process when the processes open different numbers of
+/// devices (the examples' `--tensor-split` counts the world as
+/// `--devices × processes`); nothing when run alone.
+fn same_count(n_local: usize) {
+    #[cfg(feature = "mpi")]
+    if let Some(w) = world() {
+        let all = w.all_gather(&(n_local as u64).to_le_bytes());
+        if let Some(r) = (1..all.len()).find(|&r| all[r] != all[0]) {
+            eprintln!("process {}: process {r} opens another number of devices than process 0: the examples take the same --devices (or as many --device names) in every process", w.rank());
+            std::process::exit(2);
+        }
+    }
+    let _ = n_local;
 }
 
 /// Points standard output at /dev/null (a process other than rank 0).
@@ -173,8 +227,11 @@ fn from_rank_0(v: u64) -> u64 {
 /// else the number of `--device` names, else the number of `--tensor-split`
 /// ratios, else `default_n`. Exits with a message on bad values.
 pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
+    // Under mpirun every process finds the same fault: rank 0 says it.
     let fail = |m: String| -> ! {
-        eprintln!("{m}");
+        if processes().1 == 0 {
+            eprintln!("{m}");
+        }
         std::process::exit(2)
     };
     let mode = arg(args, "--split-mode").unwrap_or_else(|| "tensor".into());
@@ -220,6 +277,7 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
     if listed.is_some_and(|k| k != n_local) {
         fail(format!("--device names {} device(s) but --devices is {n_local}", listed.unwrap_or(0)));
     }
+    same_count(n_local);
     let n = n_local * procs;
     if n > shardgraph::split::MAX_DEVICES {
         fail(format!(
@@ -229,7 +287,12 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
     }
     let ratios = split.unwrap_or_else(|| vec![1.0; n]);
     if ratios.len() != n {
-        fail(format!("--tensor-split gives {} ratio(s) for {n} device(s)", ratios.len()));
+        let per = if procs > 1 {
+            format!(" ({n_local} per process × {procs} processes: under mpirun --devices and --device count each process's)")
+        } else {
+            String::new()
+        };
+        fail(format!("--tensor-split gives {} ratio(s) for {n} device(s){per}", ratios.len()));
     }
     if ratios.iter().any(|r| !r.is_finite() || *r < 0.0) || ratios.iter().all(|r| *r == 0.0) {
         fail(format!("--tensor-split needs non-negative numbers, not all zero, got {ratios:?}"));

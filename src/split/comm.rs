@@ -135,6 +135,18 @@ pub trait ProcessGroup: Send + Sync {
     /// processes that disagree with rank 0.
     fn same_everywhere(&self, value: u64, what: &str) -> Result<()>;
 
+    /// Starts a run: tells every process this process's run number (runs
+    /// through this group so far) and the fingerprint of the program it is
+    /// about to run, and checks theirs, before any exchange. Processes that
+    /// diverged — another step (another prompt length, sampling, step
+    /// count) or one that has ended ([`ProcessGroup::finish`]) — get an
+    /// error here instead of exchanging mismatched messages.
+    ///
+    /// # Errors
+    /// [`Error::Split`] naming the process that differs, its run and
+    /// program, or that it has ended.
+    fn begin_run(&self, program: u64) -> Result<()>;
+
     /// Ends a run on every process: each passes its own outcome (`Err`
     /// with its error's text, or the bytes its devices received) and gets
     /// the world's: the bytes all devices received together, or an error.

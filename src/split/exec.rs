@@ -251,6 +251,9 @@ struct Entry {
     key: Key,
     program: Arc<Program>,
     bound: Option<Bindings>,
+    /// The plan's fingerprint ([`Plan::fingerprint`]): what processes
+    /// compare before a run.
+    fingerprint: u64,
 }
 
 #[derive(Default)]
@@ -562,7 +565,16 @@ impl MetaExecutor {
         let st = &mut *guard;
         let before = st.counters;
         st.counters.runs += 1;
-        let local = self.run_local(st, ctx, graph, plan, store, outputs, comm);
+        self.find_or_compile(st, ctx, graph, plan, outputs)?;
+        if let (Some(g), Some(e)) = (&self.group, st.programs.last()) {
+            // Processes that diverged stop here, before any exchange (and
+            // without ending the run together: they would not meet).
+            if let Err(e) = g.begin_run(e.fingerprint) {
+                comm.abort();
+                return Err(e);
+            }
+        }
+        let local = self.run_local(st, ctx, graph, plan, store, comm);
         let (program, mut devs, moved) = match &self.group {
             None => local?,
             Some(g) => {
@@ -638,12 +650,11 @@ impl MetaExecutor {
         Ok(parts)
     }
 
-    /// This process's side of a run: the program found or compiled (the
-    /// same on every process), the store and arenas made ready, and this
-    /// process's devices run (a thread each); per device, its part of the
-    /// outputs (`None` for another process's), and the bytes its devices
-    /// received.
-    #[allow(clippy::too_many_arguments)]
+    /// This process's side of a run of the program last found or compiled
+    /// (the same on every process): the store and arenas made ready, and
+    /// this process's devices run (a thread each); per device, its part of
+    /// the outputs (`None` for another process's), and the bytes its
+    /// devices received.
     fn run_local(
         &self,
         st: &mut State,
@@ -651,11 +662,9 @@ impl MetaExecutor {
         graph: &Graph,
         plan: &Plan,
         store: &mut SplitStore,
-        outputs: &[TensorId],
         comm: &dyn Comm,
     ) -> Result<(Arc<Program>, Vec<Option<DeviceOut>>, u64)> {
         let n = self.devices.len();
-        self.find_or_compile(st, ctx, graph, plan, outputs)?;
         let State { programs, arenas, counters, .. } = st;
         let Some(program) = programs.last().map(|e| e.program.clone()) else {
             return Err(Error::Split { detail: "program cache".into() });
@@ -773,10 +782,11 @@ impl MetaExecutor {
         let key = Key { plan: plan.id, graph_hash: graph.hash(), ctx: ctx.id(), outputs: outputs.to_vec() };
         let bts: Vec<_> = self.devices.iter().map(|d| d.buffer_type()).collect();
         let program = Program::compile(ctx, graph, plan, outputs, &bts)?;
+        let fingerprint = plan.fingerprint(&self.ratios);
         if let Some(g) = &self.group {
             // Every process must run the same program: compared before any
             // part is moved onto a device.
-            g.same_everywhere(plan.fingerprint(&self.ratios), "plan")?;
+            g.same_everywhere(fingerprint, "plan")?;
         }
         if log::log_enabled!(log::Level::Trace) {
             for (j, d) in program.devices.iter().enumerate() {
@@ -791,7 +801,7 @@ impl MetaExecutor {
         if st.programs.len() >= MAX_PROGRAMS {
             st.programs.remove(0);
         }
-        st.programs.push(Entry { key, program: Arc::new(program), bound: None });
+        st.programs.push(Entry { key, program: Arc::new(program), bound: None, fingerprint });
         Ok(())
     }
 

@@ -35,6 +35,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// `sender · MAX_DEVICES + receiver`; MPI guarantees tags up to 32767).
 const ABORT_TAG: i32 = 32000;
 
+/// The tag of a run header ([`ProcessGroup::begin_run`]): run number,
+/// program fingerprint, and [`RUN`] or [`ENDED`].
+const HEADER_TAG: i32 = 32001;
+/// A header's kind: a run starts.
+const RUN: u64 = 0;
+/// A header's kind: the process has ended ([`World::finalize`]).
+const ENDED: u64 = 1;
+
 fn world_comm() -> SimpleCommunicator {
     SimpleCommunicator::world()
 }
@@ -109,8 +117,15 @@ impl World {
         self.rank == 0
     }
 
-    /// Every process's `mine`, in rank order (lengths may differ).
+    /// Every process's `mine`, in rank order (lengths may differ, 0
+    /// included).
     pub fn all_gather(&self, mine: &[u8]) -> Vec<Vec<u8>> {
+        // One byte first: MPI refuses the empty buffers of an all-empty gather.
+        let framed: Vec<u8> = std::iter::once(0u8).chain(mine.iter().copied()).collect();
+        self.all_gather_framed(&framed).into_iter().map(|mut v| v.split_off(1.min(v.len()))).collect()
+    }
+
+    fn all_gather_framed(&self, mine: &[u8]) -> Vec<Vec<u8>> {
         let c = world_comm();
         let len = i32::try_from(mine.len()).unwrap_or(i32::MAX);
         let mut lens = vec![0i32; self.size];
@@ -165,11 +180,19 @@ impl World {
     /// the embedding program initialized MPI, it finalizes it instead and
     /// this only waits for every process.
     pub fn finalize(&self) {
-        self.barrier();
-        // Failure notices no exchange read (a run that failed everywhere).
         let c = world_comm();
-        while let Some(status) = c.any_process().immediate_probe_with_tag(ABORT_TAG) {
-            let _ = c.process_at_rank(status.source_rank()).receive_with_tag::<u64>(ABORT_TAG);
+        // A process still starting runs learns that this one has ended.
+        let ended = [u64::MAX, 0, ENDED];
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            c.process_at_rank(mpi_rank(r)).send_with_tag(&ended[..], HEADER_TAG);
+        }
+        self.barrier();
+        // Notices and headers nobody read (a run that failed everywhere, the
+        // others' ends).
+        for tag in [ABORT_TAG, HEADER_TAG] {
+            while let Some(status) = c.any_process().immediate_probe_with_tag(tag) {
+                let _ = c.process_at_rank(status.source_rank()).receive_vec_with_tag::<u64>(tag);
+            }
         }
         drop(UNIVERSE.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
@@ -286,6 +309,8 @@ pub struct MpiComm {
     nodes: Vec<usize>,
     received: Vec<AtomicU64>,
     aborted: AtomicBool,
+    /// Runs begun through this communicator ([`ProcessGroup::begin_run`]).
+    runs: AtomicU64,
 }
 
 impl MpiComm {
@@ -346,6 +371,7 @@ impl MpiComm {
             nodes,
             received: (0..n).map(|_| AtomicU64::new(0)).collect(),
             aborted: AtomicBool::new(false),
+            runs: AtomicU64::new(0),
         };
         Ok((backends, comm))
     }
@@ -544,6 +570,53 @@ impl ProcessGroup for MpiComm {
                  option?): every process must run the same"
             ),
         })
+    }
+
+    fn begin_run(&self, program: u64) -> Result<()> {
+        let seq = self.runs.fetch_add(1, Ordering::Relaxed);
+        let c = world_comm();
+        let me = [seq, program, RUN];
+        let others: Vec<usize> = (0..self.world.size).filter(|&r| r != self.world.rank).collect();
+        for &r in &others {
+            // 24 bytes: sent eagerly, never waits for the receiver.
+            c.process_at_rank(mpi_rank(r)).send_with_tag(&me[..], HEADER_TAG);
+        }
+        let mut spins = 0u32;
+        for &r in &others {
+            let p = c.process_at_rank(mpi_rank(r));
+            loop {
+                if p.immediate_probe_with_tag(HEADER_TAG).is_some() {
+                    break;
+                }
+                if self.check_notice() {
+                    return Err(peer_failed());
+                }
+                spins = spins.saturating_add(1);
+                if spins < 2000 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+            }
+            let (h, _) = p.receive_vec_with_tag::<u64>(HEADER_TAG);
+            let diverged = |what: String| {
+                self.aborted.store(true, Ordering::Release);
+                Err(Error::Split {
+                    detail: format!(
+                        "process {r} {what}, this process {} starts run {seq} of program {program:016x}: the \
+                         processes diverged (every process must be given the same inputs: prompt, sampling, steps)",
+                        self.world.rank
+                    ),
+                })
+            };
+            match h[..] {
+                [_, _, ENDED] => return diverged("has ended".into()),
+                [s, f, RUN] if s == seq && f == program => {}
+                [s, f, RUN] => return diverged(format!("starts run {s} of program {f:016x}")),
+                _ => return diverged(format!("sent the header {h:?}")),
+            }
+        }
+        Ok(())
     }
 
     fn finish_run(&self, outcome: std::result::Result<u64, String>) -> Result<u64> {
