@@ -139,7 +139,7 @@ pub trait ProcessGroup: Send + Sync {
     /// through this group so far) and the fingerprint of the program it is
     /// about to run, and checks theirs, before any exchange. Processes that
     /// diverged — another step (another prompt length, sampling, step
-    /// count) or one that has ended ([`ProcessGroup::finish`]) — get an
+    /// count) or one that has ended (`World::finalize`, feature `mpi`) — get an
     /// error here instead of exchanging mismatched messages.
     ///
     /// # Errors

@@ -141,7 +141,7 @@ impl World {
         let mut at = 0;
         for &l in &lens {
             let l = usize::try_from(l).unwrap_or(0);
-            out.push(all[at..at + l].to_vec());
+            out.push(all.get(at..at + l).map(<[u8]>::to_vec).unwrap_or_default());
             at += l;
         }
         out
@@ -471,6 +471,18 @@ impl Comm for MpiComm {
             return Err(peer_failed());
         }
         let c = world_comm();
+        // Every send staged before any request is posted: a failed read
+        // leaves no request behind (MPI would keep using its buffer).
+        let mut outgoing = Vec::new();
+        for (i, s) in send.iter().enumerate() {
+            let Some(s) = s.as_ref().filter(|_| i != rank) else { continue };
+            let mut v = vec![0u8; s.len];
+            if let Err(e) = s.buf.get(s.offset, &mut v) {
+                self.abort();
+                return Err(e);
+            }
+            outgoing.push((i, v));
+        }
         let mut staged: Vec<*mut [u8]> = Vec::new();
         let mut reqs = Vec::new();
         let mut incoming: Vec<(usize, *mut [u8])> = Vec::new();
@@ -484,10 +496,7 @@ impl Comm for MpiComm {
             let p = c.process_at_rank(mpi_rank(self.owner[i]));
             reqs.push(p.immediate_receive_into_with_tag(StaticScope, b, Self::tag(i, rank)));
         }
-        for (i, s) in send.iter().enumerate() {
-            let Some(s) = s.as_ref().filter(|_| i != rank) else { continue };
-            let mut v = vec![0u8; s.len];
-            s.buf.get(s.offset, &mut v)?;
+        for (i, v) in outgoing {
             let b = leak(v);
             let ptr: *mut [u8] = b;
             staged.push(ptr);
