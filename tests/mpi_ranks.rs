@@ -17,9 +17,10 @@ use decode::{generate, nmse, tiny_hp};
 use shardgraph::split::{Devices, LinkClass, SplitMode, World};
 use shardgraph::GgmlType;
 use shardgraph_models::hparams::HparamsCore;
-use shardgraph_models::qwen3::Qwen3Hparams;
+use shardgraph_models::qwen3::{Qwen3Hparams, Qwen3Session};
 use shardgraph_models::types::TensorTypes;
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Set in the processes `mpirun` starts: which split to run.
@@ -53,6 +54,23 @@ fn hp() -> Qwen3Hparams {
 }
 
 const PROMPT: [i32; 6] = [3, 17, 42, 5, 88, 1];
+
+/// The model's weights and KV cache types in every test.
+fn types() -> (TensorTypes, GgmlType) {
+    (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0)
+}
+
+/// A seeded session on one CPU device per process, the world's tensor
+/// split `ratios` (equal when `None`).
+fn world_session(world: &Arc<World>, ratios: Option<&[f32]>) -> Qwen3Session {
+    let devices = Devices::cpu(1, 1).unwrap().across_processes(world).unwrap();
+    let devices = match ratios {
+        Some(r) => devices.with_tensor_split(r).unwrap(),
+        None => devices,
+    };
+    let (types, kv) = types();
+    decode::seeded_session_on(hp(), &devices, &types, kv, 32)
+}
 const STEPS: usize = 6;
 
 /// Every process: `mode` is `tensor` or `layer` with the ratios after a
@@ -69,7 +87,7 @@ fn rank_decode() {
     let (split, ratios) = rest.split_once(':').unwrap();
     let ratios: Vec<f32> = ratios.split(',').map(|r| r.parse().unwrap()).collect();
     let split = if split == "layer" { SplitMode::Layer } else { SplitMode::Tensor };
-    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let (types, kv) = types();
     let session = |d: &Devices| decode::seeded_session_on(hp(), d, &types, kv, 32);
 
     let devices = open(1).across_processes(&world).unwrap();
@@ -144,9 +162,7 @@ fn rank_mismatch() {
     let Ok(_) = std::env::var(MODE) else { return };
     let world = World::init().unwrap();
     let ratios = if world.rank() == 1 { [1.0, 3.0] } else { [1.0, 1.0] };
-    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap().with_tensor_split(&ratios).unwrap();
-    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
-    let mut s = decode::seeded_session_on(hp(), &devices, &types, kv, 32);
+    let mut s = world_session(&world, Some(&ratios));
     let Err(err) = s.decode(&PROMPT, &[], true) else { panic!("a run with another plan in one process") };
     println!("process {} refused: {err}", world.rank());
     world.finalize();
@@ -173,9 +189,7 @@ fn a_process_with_another_plan_is_an_error_on_every_process() {
 fn rank_diverge() {
     let Ok(_) = std::env::var(MODE) else { return };
     let world = World::init().unwrap();
-    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap();
-    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
-    let mut s = decode::seeded_session_on(hp(), &devices, &types, kv, 32);
+    let mut s = world_session(&world, None);
     s.decode(&PROMPT, &[], true).unwrap();
     for _ in 0..2 + world.rank() {
         if let Err(e) = s.decode(&[5], &[], true) {
@@ -210,9 +224,7 @@ fn rank_killed() {
     // One write, so that the processes' lines do not interleave.
     let line = format!("process {} is pid {}\n", world.rank(), std::process::id());
     std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes()).unwrap();
-    let devices = Devices::cpu(1, 1).unwrap().across_processes(&world).unwrap();
-    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
-    let mut s = decode::seeded_session_on(hp(), &devices, &types, kv, 32);
+    let mut s = world_session(&world, None);
     s.decode(&PROMPT, &[], true).unwrap();
     for step in 0..1000 {
         if world.rank() == 1 && step == 2 {
