@@ -97,6 +97,17 @@ fn rank_decode() {
     assert_eq!(devices.slowest_link(), LinkClass::SameNode);
     assert_eq!(devices.link_class(world.rank(), world.rank()), LinkClass::SameProcess);
     assert_eq!(devices.link_model().unwrap(), LinkClass::SameNode.default_model());
+    // Every process agrees on the transport: MPI, and for GPUs why not NCCL
+    // (emulated devices: process 0 says so first, the same text everywhere).
+    let exchanges = devices.exchanges();
+    assert!(exchanges.starts_with(&format!("MPI between {} processes", world.size())), "{exchanges}");
+    if kind == "EMU" {
+        let why =
+            format!("not NCCL/RCCL: split: process 0 of {}: cuda: EMU0: NCCL/RCCL needs a real GPU", world.size());
+        assert!(exchanges.contains(&why), "{exchanges}");
+    } else {
+        assert!(!exchanges.contains("NCCL"), "{exchanges}");
+    }
     let devices = devices.with_tensor_split(&ratios).unwrap().with_split_mode(split);
     let mut s = session(&devices);
     let (got, logits) = generate(&mut s, &PROMPT, STEPS);

@@ -364,6 +364,7 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
                 m.bandwidth / 1e9,
                 link.env_var()
             );
+            println!("exchanges: {}", d.exchanges());
             d
         }
         None => devices,

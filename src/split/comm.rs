@@ -104,6 +104,12 @@ pub trait Comm: Send + Sync {
 
     /// Bytes received by each rank so far (for checking runs against plans).
     fn bytes_received(&self) -> Vec<u64>;
+
+    /// What carries the messages, in words (for reports and logs), e.g.
+    /// "NCCL (device memory, 4 ranks)".
+    fn describe(&self) -> String {
+        format!("a communicator of {} ranks", self.n_ranks())
+    }
 }
 
 /// The processes a world of devices spans (one rank per process, as
@@ -358,6 +364,10 @@ impl Comm for HostComm {
 
     fn bytes_received(&self) -> Vec<u64> {
         self.received.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+    }
+
+    fn describe(&self) -> String {
+        format!("copies within this process ({} ranks)", self.n_ranks())
     }
 }
 

@@ -38,6 +38,8 @@ pub struct Devices {
     /// process's.
     group: Option<Arc<dyn ProcessGroup>>,
     mode: SplitMode,
+    /// Why GPUs across processes exchange over MPI rather than NCCL/RCCL.
+    why_not_native: Option<String>,
 }
 
 impl std::fmt::Debug for Devices {
@@ -62,7 +64,15 @@ impl Devices {
         check_count(n)?;
         check_threads(n, threads)?;
         let backends = (0..n).map(|_| cpu_device(threads)).collect::<Result<Vec<_>>>()?;
-        Ok(Devices { ratios: vec![1.0; n], threads, backends, comm: None, group: None, mode: SplitMode::Tensor })
+        Ok(Devices {
+            ratios: vec![1.0; n],
+            threads,
+            backends,
+            comm: None,
+            group: None,
+            mode: SplitMode::Tensor,
+            why_not_native: None,
+        })
     }
 
     /// The devices `names` lists, one per rank, equal ratios (llama.cpp's
@@ -88,7 +98,15 @@ impl Devices {
         }
         let backends = open_backends(&kinds, threads)?;
         let n = backends.len();
-        Ok(Devices { backends, ratios: vec![1.0; n], threads, comm: None, group: None, mode: SplitMode::Tensor })
+        Ok(Devices {
+            backends,
+            ratios: vec![1.0; n],
+            threads,
+            comm: None,
+            group: None,
+            mode: SplitMode::Tensor,
+            why_not_native: None,
+        })
     }
 
     /// [`Devices::open`] over a comma-separated list (`"CUDA0,CUDA1"`), as
@@ -109,7 +127,15 @@ impl Devices {
     pub fn from_backends(backends: Vec<Arc<dyn Backend>>) -> Result<Self> {
         check_count(backends.len())?;
         let n = backends.len();
-        Ok(Devices { backends, ratios: vec![1.0; n], threads: 0, comm: None, group: None, mode: SplitMode::Tensor })
+        Ok(Devices {
+            backends,
+            ratios: vec![1.0; n],
+            threads: 0,
+            comm: None,
+            group: None,
+            mode: SplitMode::Tensor,
+            why_not_native: None,
+        })
     }
 
     /// The same devices with tensor-split ratios (llama.cpp's
@@ -178,17 +204,65 @@ impl Devices {
         if self.comm.is_some() {
             return Err(Error::Split { detail: "devices with a communicator of their own across processes".into() });
         }
-        let (backends, comm) = super::MpiComm::devices(world, &self.backends)?;
-        let comm = Arc::new(comm);
+        let (backends, mpi) = super::MpiComm::devices(world, &self.backends)?;
+        let mpi = Arc::new(mpi);
         let n = backends.len();
+        let (comm, why_not) = Self::gpu_comm_across(world, &backends, &*mpi);
         Ok(Devices {
             backends,
             ratios: vec![1.0; n],
             threads: self.threads,
-            comm: Some(comm.clone()),
-            group: Some(comm),
+            comm: Some(comm.unwrap_or_else(|| mpi.clone())),
+            group: Some(mpi),
             mode: self.mode,
+            why_not_native: why_not,
         })
+    }
+
+    /// NCCL/RCCL across processes when every device of the world is a GPU
+    /// and every process can join one ([`super::NcclComm`]'s
+    /// `across_processes`): every process gets the same answer, the
+    /// communicator, or `None` and why not (exchanges then go over MPI,
+    /// staged through host memory).
+    #[cfg(feature = "mpi")]
+    fn gpu_comm_across(
+        world: &super::World,
+        backends: &[Arc<dyn Backend>],
+        group: &dyn ProcessGroup,
+    ) -> (Option<Arc<dyn Comm>>, Option<String>) {
+        if !backends.iter().all(|b| b.device().kind == crate::backend::DeviceKind::Gpu) {
+            return (None, None);
+        }
+        #[cfg(sg_gpu)]
+        {
+            let owner: Vec<usize> = (0..backends.len()).map(|j| group.owner(j)).collect();
+            match super::NcclComm::across_processes(world, backends, &owner) {
+                Ok(c) => (Some(Arc::new(c)), None),
+                Err(e) => {
+                    log::info!("devices across processes: no NCCL/RCCL, MPI instead: {e}");
+                    (None, Some(e.to_string()))
+                }
+            }
+        }
+        #[cfg(not(sg_gpu))]
+        {
+            let _ = (world, group);
+            (None, Some("built without a GPU backend".into()))
+        }
+    }
+
+    /// What exchanges between these devices go through, in words: the
+    /// communicator's ([`Comm::describe`]), and for GPUs across processes
+    /// without NCCL/RCCL, why not.
+    pub fn exchanges(&self) -> String {
+        let what = self.comm.as_ref().map_or_else(
+            || "copies within this process (NCCL/RCCL between GPUs when it loads)".to_string(),
+            |c| c.describe(),
+        );
+        match &self.why_not_native {
+            Some(why) => format!("{what}; not NCCL/RCCL: {why}"),
+            None => what,
+        }
     }
 
     /// The processes these devices span ([`Devices::across_processes`]);

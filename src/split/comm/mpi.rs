@@ -548,6 +548,10 @@ impl Comm for MpiComm {
     fn bytes_received(&self) -> Vec<u64> {
         self.received.iter().map(|a| a.load(Ordering::Relaxed)).collect()
     }
+
+    fn describe(&self) -> String {
+        format!("MPI between {} processes, staged through host memory ({} ranks)", self.world.size, self.n_ranks())
+    }
 }
 
 impl ProcessGroup for MpiComm {
