@@ -182,6 +182,9 @@ fn run() -> shardgraph::Result<()> {
     if let Some(line) = batch_cost {
         println!("{line}");
     }
+    if n > 1 {
+        println!("plans by the slowest link each collective crosses (whole run): {}", s.by_link());
+    }
     // The check: the same run again on these devices, reading the logits
     // (the timed run reads only the tokens).
     let checked = if verify {
@@ -310,6 +313,21 @@ impl Session {
             Session::Qwen3(s) => s.runner().bytes_moved(),
             Session::Qwen35(s) => s.runner().bytes_moved(),
         }
+    }
+
+    /// "same process: 96 collective(s), 22704 B; same node: …" over all
+    /// runs so far (empty when nothing crossed a link).
+    fn by_link(&self) -> String {
+        let r = match self {
+            Session::Qwen3(s) => s.runner(),
+            Session::Qwen35(s) => s.runner(),
+        };
+        let classes = shardgraph::split::LinkClass::ALL.iter().zip(r.planned_by_link());
+        let parts: Vec<String> = classes
+            .filter(|(_, (k, _))| *k > 0)
+            .map(|(c, (k, b))| format!("{}: {k} collective(s), {b} B", c.name()))
+            .collect();
+        parts.join("; ")
     }
 
     fn arch(&self) -> &str {

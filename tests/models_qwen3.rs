@@ -269,3 +269,25 @@ fn a_zero_tensor_split_share_takes_no_part() {
     assert_eq!(got, want);
     assert_eq!(s.runner().bytes_moved(), 0);
 }
+
+/// 3 KV heads over 4 devices: no split of the heads fits, so attention and
+/// the KV caches are mirrored; every device writes its copy of the caches
+/// (a plan that wrote one device's copy made each run mirror the whole
+/// caches again afterwards: 258 336 bytes moved against 9 504 planned).
+/// The runner moves what its plans say, and the tokens are one device's.
+#[test]
+fn mirrored_caches_are_written_on_every_device() {
+    use shardgraph::split::Devices;
+    let hp = Qwen3Hparams { core: shardgraph_models::hparams::HparamsCore::qwen3(4, 64, 128, 6, 3, 32), ..hp() };
+    let prompt = [3, 17, 42, 5, 88, 1];
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let mut one = decode::seeded_session_on(hp.clone(), &Devices::cpu(1, 1).unwrap(), &types, kv, 32);
+    let (want, _) = generate(&mut one, &prompt, 6);
+    let devices = Devices::cpu(4, 1).unwrap();
+    let mut s = decode::seeded_session_on(hp, &devices, &types, kv, 32);
+    let (got, _) = generate(&mut s, &prompt, 6);
+    assert_eq!(got, want);
+    let (moved, planned) = (s.runner().bytes_moved(), s.runner().bytes_planned());
+    assert_eq!(moved, planned);
+    assert!(moved < 258_336 / 2, "{moved}");
+}

@@ -73,16 +73,18 @@ fn world_session(world: &Arc<World>, ratios: Option<&[f32]>) -> Qwen3Session {
 }
 const STEPS: usize = 6;
 
-/// Every process: `mode` is `tensor` or `layer` with the ratios after a
-/// colon (`layer:3,1`), `emu-` first for an emulated CUDA device per
-/// process instead of a CPU device; decodes on the world and checks it
-/// against one process (the same kind of devices).
+/// Every process: `mode` is `tensor` or `layer` with the world's ratios
+/// after a colon (`layer:3,1`), `emu-` first for an emulated CUDA device
+/// per process instead of a CPU device, `x2-` first for two devices per
+/// process; decodes on the world and checks it against one process (the
+/// same kind of devices), and where the plans' bytes cross links.
 #[test]
 #[ignore = "run in every process by mpirun from the tests below"]
 fn rank_decode() {
     let Ok(mode) = std::env::var(MODE) else { return };
     let world = World::init().unwrap();
-    let (kind, rest) = mode.strip_prefix("emu-").map_or(("CPU", mode.as_str()), |r| ("EMU", r));
+    let (per, rest) = mode.strip_prefix("x2-").map_or((1, mode.as_str()), |r| (2, r));
+    let (kind, rest) = rest.strip_prefix("emu-").map_or(("CPU", rest), |r| ("EMU", r));
     let open = |n: usize| Devices::open(&vec![kind; n], 1).unwrap();
     let (split, ratios) = rest.split_once(':').unwrap();
     let ratios: Vec<f32> = ratios.split(',').map(|r| r.parse().unwrap()).collect();
@@ -90,12 +92,13 @@ fn rank_decode() {
     let (types, kv) = types();
     let session = |d: &Devices| decode::seeded_session_on(hp(), d, &types, kv, 32);
 
-    let devices = open(1).across_processes(&world).unwrap();
-    assert_eq!(devices.n_devices(), world.size());
-    assert!(devices.is_local(world.rank()));
-    // One machine, one device per process: every pair crosses processes.
+    let devices = open(per).across_processes(&world).unwrap();
+    assert_eq!(devices.n_devices(), world.size() * per);
+    assert!(devices.is_local(world.rank() * per));
+    // One machine: devices of two processes are on the same node.
     assert_eq!(devices.slowest_link(), LinkClass::SameNode);
-    assert_eq!(devices.link_class(world.rank(), world.rank()), LinkClass::SameProcess);
+    assert_eq!(devices.link_class(world.rank() * per, world.rank() * per), LinkClass::SameProcess);
+    assert_eq!(devices.link_class(0, per), LinkClass::SameNode);
     assert_eq!(devices.link_model().unwrap(), LinkClass::SameNode.default_model());
     // Every process agrees on the transport: MPI, and for GPUs why not NCCL
     // (emulated devices: process 0 says so first, the same text everywhere).
@@ -124,8 +127,25 @@ fn rank_decode() {
     let (moved, planned) = (s.runner().bytes_moved(), s.runner().bytes_planned());
     assert_eq!(moved, planned, "{mode}: bytes moved between processes against the plan");
     assert_eq!(moved, t.runner().bytes_moved(), "{mode}: bytes moved against one process's devices");
+    // Every planned byte crosses a link; with one device per process every
+    // collective crosses processes; with two, a layer split's boundaries
+    // alternate: inside a process, between processes, inside, ...
+    let by_link = s.runner().planned_by_link();
+    assert_eq!(by_link.iter().map(|l| l.1).sum::<u64>(), planned, "{mode}: {by_link:?}");
+    assert_eq!(by_link[2], (0, 0), "{mode}: nothing crosses machines");
+    if per == 1 {
+        assert_eq!(by_link[0], (0, 0), "{mode}: {by_link:?}");
+    } else if split == SplitMode::Layer {
+        let n = world.size() * per;
+        let (inside, across) = (n - world.size(), world.size() - 1);
+        assert_eq!(by_link[0].0 * across as u64, by_link[1].0 * inside as u64, "{mode}: {by_link:?}");
+        assert!(by_link[1].0 > 0, "{mode}: {by_link:?}");
+    }
+    // In one process, every byte stays in it.
+    let one = t.runner().planned_by_link();
+    assert_eq!((one[0].1, one[1], one[2]), (planned, (0, 0), (0, 0)), "{mode}: {one:?}");
     println!(
-        "process {} of {}: {mode}: tokens {got:?} (one device {want:?}), logits NMSE {worst:.2e}, {moved} bytes moved = planned {planned}",
+        "process {} of {}: {mode}: tokens {got:?} (one device {want:?}), logits NMSE {worst:.2e}, {moved} bytes moved = planned {planned}, by link {by_link:?}",
         world.rank(),
         world.size()
     );
@@ -164,6 +184,15 @@ fn two_processes_of_emulated_gpus_decode_as_one() {
 fn two_and_three_processes_layer_split_decode_as_one() {
     decodes_equal(2, "layer:1,1");
     decodes_equal(3, "layer:1,1,1");
+}
+
+/// Two devices in each of two processes: a layer split's boundaries inside
+/// a process and between processes are told apart (by link), a tensor
+/// split's collectives all cross processes.
+#[test]
+fn two_processes_of_two_devices_split_as_one() {
+    decodes_equal(2, "x2-layer:1,1,1,1");
+    decodes_equal(2, "x2-tensor:1,1,1,1");
 }
 
 /// Every process passes its own tensor split: process 1 a different one.
@@ -223,6 +252,59 @@ fn a_process_that_runs_more_steps_than_another_gets_an_error() {
     assert!(line.contains("process 0 has ended") && line.contains("diverged"), "{line}");
     assert!(!t.contains("process 0 refused"), "{t}");
     assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
+/// Every process checks the world's memory before loading: process 1's
+/// device does not fit what it is given (`emu`: an emulated GPU of 1 MiB
+/// given 2 MiB; else its CPU device given more than any host has); every
+/// process gets the same typed out-of-memory error naming it, and a fit
+/// passes everywhere.
+#[test]
+#[ignore = "run in every process by mpirun from the tests below"]
+fn rank_oom() {
+    let Ok(mode) = std::env::var(MODE) else { return };
+    let world = World::init().unwrap();
+    let local = match mode.as_str() {
+        #[cfg(feature = "cuda-emu")]
+        "emu" => {
+            let memory = if world.rank() == 1 { 1 << 20 } else { 64 << 20 };
+            let b: Arc<dyn shardgraph::backend::Backend> =
+                Arc::new(shardgraph::backend::cuda::CudaBackend::emulated(memory));
+            Devices::from_backends(vec![b]).unwrap()
+        }
+        _ => Devices::cpu(1, 1).unwrap(),
+    };
+    let devices = local.across_processes(&world).unwrap();
+    let exec = devices.executor().unwrap();
+    exec.check_memory(&[1 << 20, 1 << 20], "the weights").unwrap();
+    let too_much = if mode == "emu" { 2 << 20 } else { u64::MAX / 4 };
+    let e = exec.check_memory(&[1 << 20, too_much], "the weights").unwrap_err();
+    let shardgraph::Error::OutOfMemory { device, needed, .. } = &e else { panic!("{mode}: {e}") };
+    if mode == "emu" {
+        // Process 1's GPU, by its own memory.
+        assert!(device.starts_with("device 1 (EMU") && device.ends_with("@1)"), "{mode}: {e}");
+        assert_eq!(*needed, too_much, "{mode}: {e}");
+    } else {
+        // One machine: both processes' CPU devices share its host memory.
+        assert_eq!(device, "devices 0+1 (CPU0@0+CPU0@1, host memory)", "{mode}: {e}");
+        assert_eq!(*needed, too_much + (1 << 20), "{mode}: {e}");
+    }
+    println!("process {} of {}: {mode}: {e}", world.rank(), world.size());
+    world.finalize();
+}
+
+#[test]
+fn a_process_whose_device_does_not_fit_is_an_out_of_memory_error_on_every_process() {
+    let modes: &[&str] = if cfg!(feature = "cuda-emu") { &["cpu", "emu"] } else { &["cpu"] };
+    for mode in modes {
+        let (out, _) = mpirun(2, "rank_oom", mode);
+        let t = text(&out);
+        assert!(out.status.success(), "{mode}:\n{t}");
+        let lines: Vec<&str> = t.lines().filter_map(|l| l.split_once(&format!(": {mode}: "))).map(|(_, e)| e).collect();
+        assert_eq!(lines.len(), 2, "{mode}:\n{t}");
+        assert_eq!(lines[0], lines[1], "{mode}: the same error on both processes");
+        println!("{mode}: {}", lines[0]);
+    }
 }
 
 /// Process 1 dies (SIGKILL) in the middle of decoding; process 0 is in an

@@ -91,9 +91,8 @@ const GATHER_PINS: &[(&str, usize)] = &[
     ("get_rows", 8),
     ("get_rows batched", 53),
     ("set_rows", 12),
-    ("set_rows batched", 990),
+    ("set_rows batched", 937),
     ("set_rows f16", 12),
-    ("cpy", 2),
     ("concat 0", 17),
     ("concat 1", 17),
     ("concat 3", 9),
@@ -1461,6 +1460,15 @@ fn run_op(spec: &OpSpec, cap: usize, segments: bool, execs: &[(usize, MetaExecut
             let best = known(&r.ctx, node, &cur, n)
                 .into_iter()
                 .filter_map(|s| {
+                    // A write into a mirrored stored tensor that leaves some
+                    // copies unwritten is no strategy: the run would write the
+                    // whole tensor back (the planner writes every copy).
+                    let stored = t.view_src.is_some_and(|o| r.ctx.tensor(o).unwrap().op.is_leaf());
+                    if let Some(d) = t.op.written_src().filter(|_| stored) {
+                        if cur[d] == SplitState::Mirrored && s.inputs[d] != SplitState::Mirrored {
+                            return None;
+                        }
+                    }
                     let mut cost = 0.0;
                     for (k, need) in s.inputs.iter().enumerate() {
                         let bytes = r.ctx.tensor(t.src[k]).unwrap().data_bytes() as u64;

@@ -32,6 +32,8 @@ pub struct Runner {
     bytes_moved: u64,
     /// The plans' bytes (`Plan::total_bytes`) of all runs so far.
     bytes_planned: u64,
+    /// The plans' collectives and bytes per link class (`Plan::by_link`).
+    planned_by_link: [(u64, u64); 3],
     /// The last graph run and the store it ran on (its leafs are placed).
     placed: Option<(u64, u32, u64, (u64, u64))>,
     /// Step graphs kept for reuse (the models' decode, draft and verify steps).
@@ -64,11 +66,12 @@ impl Runner {
         let n = devices.n_devices();
         Ok(Runner {
             exec: devices.executor()?,
-            planner: Planner::new(devices.link_model()?),
+            planner: Planner::new(devices.link_model()?).with_links(devices.links()?),
             policy,
             store: SplitStore::new(n),
             bytes_moved: 0,
             bytes_planned: 0,
+            planned_by_link: [(0, 0); 3],
             placed: None,
             graphs: GraphCache::default(),
         })
@@ -127,6 +130,14 @@ impl Runner {
     /// lacked).
     pub fn bytes_planned(&self) -> u64 {
         self.bytes_planned
+    }
+
+    /// The collectives and bytes of all runs' plans so far by the slowest
+    /// link each crosses ([`shardgraph::split::LinkClass::ALL`] order: same process, same
+    /// node, other node; `Plan::by_link`): where a run's bytes travel when
+    /// its devices span processes or machines.
+    pub fn planned_by_link(&self) -> [(u64, u64); 3] {
+        self.planned_by_link
     }
 
     /// Number of devices.
@@ -206,9 +217,9 @@ impl Runner {
         outputs: &[TensorId],
     ) -> Result<RunReport> {
         // Disjoint borrows: the cached plan is used in place, not copied per step.
-        let Runner { exec, planner, policy, store, placed, bytes_planned, .. } = self;
+        let Runner { exec, planner, policy, store, placed, bytes_planned, planned_by_link, .. } = self;
         let plan = planner.plan_for(ctx, graph, policy)?;
-        let planned = plan.total_bytes();
+        let (planned, by_link) = (plan.total_bytes(), plan.by_link());
         // New leafs (a step's inputs) are placed before they are written;
         // a graph placed before in an unchanged store needs no check.
         let now = (graph.hash(), ctx.id(), ctx.generation(), store.binding_key());
@@ -226,6 +237,9 @@ impl Runner {
         let wanted: Vec<TensorId> = outputs.iter().filter(|o| !is_write(o)).copied().collect();
         let mut rep = exec.execute(ctx, graph, plan, store, &wanted)?;
         *bytes_planned += planned;
+        for (sum, (k, b)) in planned_by_link.iter_mut().zip(by_link) {
+            *sum = (sum.0 + k, sum.1 + b);
+        }
         *placed = Some((graph.hash(), ctx.id(), ctx.generation(), store.binding_key()));
         // Aligned with `outputs`: a write into a stored tensor has no bytes,
         // and its own type and shape.

@@ -168,6 +168,10 @@ pub trait ProcessGroup: Send + Sync {
     /// # Errors
     /// [`Error::Split`] for a `root` out of range.
     fn broadcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()>;
+
+    /// Every process's `mine`, in rank order (lengths may differ, empty
+    /// included).
+    fn all_gather(&self, mine: &[u8]) -> Vec<Vec<u8>>;
 }
 
 /// How long a barrier waiter spins and then yields before it sleeps, as

@@ -116,6 +116,9 @@ pub enum LinkClass {
 }
 
 impl LinkClass {
+    /// Every class, fastest first (the order of their discriminants).
+    pub const ALL: [LinkClass; 3] = [LinkClass::SameProcess, LinkClass::SameNode, LinkClass::OtherNode];
+
     /// Its name in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -173,6 +176,88 @@ impl LinkClass {
         let m = LinkModel { latency_s: lat * 1e-6, bandwidth: bw * 1e9, ..self.default_model() };
         m.validate().map_err(|_| bad())?;
         Ok(m)
+    }
+}
+
+/// The links between a world's devices: each pair's [`LinkClass`] and each
+/// class's [`LinkModel`]. With them the planner prices each collective at
+/// the slowest link it crosses ([`Links::crossed`]) instead of the world's
+/// slowest, and the plan report names that link ([`super::Plan::report`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Links {
+    n: usize,
+    /// Row-major `n × n`.
+    class: Vec<LinkClass>,
+    /// By class: same process, same node, other node.
+    models: [LinkModel; 3],
+}
+
+impl Links {
+    /// The links among `n` devices, pair `(i, j)`'s class by `class(i, j)`,
+    /// each class priced by `models` (same process, same node, other node).
+    ///
+    /// # Errors
+    /// [`crate::Error::Split`] for a model [`LinkModel::validate`] refuses.
+    pub fn new(n: usize, class: impl Fn(usize, usize) -> LinkClass, models: [LinkModel; 3]) -> crate::Result<Self> {
+        for m in &models {
+            m.validate()?;
+        }
+        let class = (0..n).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| class(i, j)).collect();
+        Ok(Links { n, class, models })
+    }
+
+    /// The class of the link from device `i` to device `j`
+    /// ([`LinkClass::SameProcess`] out of range).
+    pub fn class(&self, i: usize, j: usize) -> LinkClass {
+        if i >= self.n || j >= self.n {
+            return LinkClass::SameProcess;
+        }
+        self.class[i * self.n + j]
+    }
+
+    /// The model a class is priced with.
+    pub fn model(&self, class: LinkClass) -> &LinkModel {
+        &self.models[class as usize]
+    }
+
+    /// The slowest link bytes cross when a tensor goes from state `from` to
+    /// `to` on these devices: over every pair for a reduction (every device
+    /// takes part in the ring), else over the pairs where the sender holds
+    /// part of what the receiver needs and lacks. `None` when nothing
+    /// crosses a link (a local slice, a split that already lies where it is
+    /// wanted).
+    pub fn crossed(&self, from: &SplitState, to: &SplitState) -> Option<LinkClass> {
+        let n = self.n;
+        let pairs = (0..n).flat_map(|i| (0..n).map(move |j| (i, j))).filter(|(i, j)| i != j);
+        let sends = |i: usize, j: usize| -> bool {
+            match (from, to) {
+                (SplitState::Mirrored, _) | (_, SplitState::Unknown) => false,
+                (SplitState::Partial(_), _) | (SplitState::Unknown, _) => true,
+                // A split holds each element on one device: what i holds of
+                // j's new part, j lacks.
+                (SplitState::Split(a), SplitState::Split(c)) if a.axis == c.axis => {
+                    overlap(&c.ranges(j), &a.ranges(i)) > 0
+                }
+                (SplitState::Split(a), _) => a.local_len(i) > 0 && part(1 << 20, to, j) > 0,
+            }
+        };
+        pairs.filter(|&(i, j)| sends(i, j)).map(|(i, j)| self.class(i, j)).max()
+    }
+
+    /// Alpha-beta time of `traffic` taking a tensor from `from` to `to`:
+    /// at the model of the slowest link it crosses (none: no time).
+    pub fn time(&self, traffic: &Traffic, from: &SplitState, to: &SplitState) -> f64 {
+        self.crossed(from, to).map_or(0.0, |c| traffic.time(self.model(c)))
+    }
+
+    /// The values as bits, for plan cache keys.
+    pub(crate) fn key(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&self.class, &mut h);
+        for m in &self.models {
+            std::hash::Hash::hash(&m.key_bits(), &mut h);
+        }
+        std::hash::Hasher::finish(&h)
     }
 }
 
@@ -339,5 +424,49 @@ mod tests {
             let e = LinkClass::SameNode.parse_model(bad).unwrap_err().to_string();
             assert!(e.contains("SHARDGRAPH_LINK_SAME_NODE"), "{bad:?}: {e}");
         }
+    }
+
+    /// Four devices, two processes of two on two machines: 0,1 | 2,3.
+    fn two_by_two() -> Links {
+        let node = |j: usize| j / 2;
+        let class = |i, j| if node(i) == node(j) { LinkClass::SameProcess } else { LinkClass::OtherNode };
+        Links::new(4, class, LinkClass::ALL.map(LinkClass::default_model)).unwrap()
+    }
+
+    #[test]
+    fn a_collective_crosses_the_slowest_link_between_the_devices_it_moves_bytes_between() {
+        let l = two_by_two();
+        let on = |j| SplitState::on_device(j, 4, &[8, 1, 1, 4]).unwrap();
+        // Layer boundaries: inside a machine, then across.
+        assert_eq!(l.crossed(&on(0), &on(1)), Some(LinkClass::SameProcess));
+        assert_eq!(l.crossed(&on(1), &on(2)), Some(LinkClass::OtherNode));
+        assert_eq!(l.crossed(&on(3), &on(3)), None);
+        // A reduction's ring spans every device; a local slice moves nothing.
+        assert_eq!(l.crossed(&SplitState::partial(), &SplitState::Mirrored), Some(LinkClass::OtherNode));
+        assert_eq!(l.crossed(&SplitState::Mirrored, &SplitState::split(0, vec![2, 2, 2, 2])), None);
+        // A rebalance inside the first machine's devices only.
+        let (a, b) = (SplitState::split(0, vec![6, 2, 0, 0]), SplitState::split(0, vec![4, 4, 0, 0]));
+        assert_eq!(l.crossed(&a, &b), Some(LinkClass::SameProcess));
+        // Gathering a tensor spread over both machines crosses between them.
+        assert_eq!(
+            l.crossed(&SplitState::split(0, vec![2, 2, 2, 2]), &SplitState::Mirrored),
+            Some(LinkClass::OtherNode)
+        );
+        // Priced at the crossed link's model: the same bytes cost more across machines.
+        let tr = conversion(&on(0), &on(1), 4096, 4).unwrap();
+        assert_eq!(l.time(&tr, &on(0), &on(1)), tr.time(&LinkClass::SameProcess.default_model()));
+        let across = l.time(&tr, &on(1), &on(2));
+        assert_eq!(across, tr.time(&LinkClass::OtherNode.default_model()));
+        assert!(across > l.time(&tr, &on(0), &on(1)));
+        assert!(Links::new(
+            2,
+            |_, _| LinkClass::SameProcess,
+            [LinkModel { bandwidth: 0.0, ..LinkModel::default() }; 3]
+        )
+        .is_err());
+        assert_ne!(
+            l.key(),
+            Links::new(4, |_, _| LinkClass::SameProcess, LinkClass::ALL.map(LinkClass::default_model)).unwrap().key()
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! devices and the communicator — from which the split policy, the store and
 //! the executor take their device count, so they cannot disagree.
 
-use super::{Comm, LinkClass, LinkModel, MetaExecutor, ProcessGroup, SplitMode, SplitPolicy, SplitStore};
+use super::{Comm, LinkClass, LinkModel, Links, MetaExecutor, ProcessGroup, SplitMode, SplitPolicy, SplitStore};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -306,6 +306,18 @@ impl Devices {
     /// [`Error::Split`] for a link variable that does not parse.
     pub fn link_model(&self) -> Result<LinkModel> {
         self.slowest_link().model()
+    }
+
+    /// Every pair of devices' link class ([`Devices::link_class`]) with
+    /// each class's model ([`LinkClass::model`]): what a planner prices
+    /// each collective by ([`super::Planner::with_links`]).
+    ///
+    /// # Errors
+    /// [`Error::Split`] for a link variable that does not parse.
+    pub fn links(&self) -> Result<Links> {
+        let [a, b, c] = LinkClass::ALL;
+        let models = [a.model()?, b.model()?, c.model()?];
+        Links::new(self.backends.len(), |i, j| self.link_class(i, j), models)
     }
 
     /// True if device `j` runs in this process.

@@ -386,47 +386,72 @@ impl MetaExecutor {
     /// Checks that device `j` can hold `need[j]` more bytes (weights and
     /// caches about to be placed), before anything is allocated: a GPU
     /// against its memory (a virtual device's share), CPU devices together
-    /// against the host's available memory. `what` says what needs it.
+    /// against the host's available memory — for devices across processes
+    /// (one call on every process) the CPU devices of each machine against
+    /// that machine's, as its processes report it, so every process gives
+    /// the same answer. `what` says what needs it.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] naming the device, the bytes needed and the
-    /// bytes available; [`Error::Split`] for a list of another length.
+    /// bytes available (on every process alike); [`Error::Split`] for a
+    /// list of another length.
     pub fn check_memory(&self, need: &[u64], what: &str) -> Result<()> {
         if need.len() != self.devices.len() {
             return Err(Error::Split { detail: format!("{} sizes for {} devices", need.len(), self.devices.len()) });
         }
-        let (mut host, mut ranks, mut names) = (0u64, Vec::new(), Vec::new());
+        // Each machine's available host memory (the least its processes
+        // report), and each device's machine.
+        let here = crate::backend::cpu::host_memory_available();
+        let (node_of, avail): (Vec<usize>, Vec<Option<u64>>) = match &self.group {
+            None => (vec![0; need.len()], vec![here]),
+            Some(g) => {
+                let said = g.all_gather(here.map(|b| b.to_string()).unwrap_or_default().as_bytes());
+                let mut avail: Vec<Option<u64>> = vec![None; g.n_processes()];
+                for (p, b) in said.iter().enumerate() {
+                    let Some(b) = std::str::from_utf8(b).ok().and_then(|t| t.parse::<u64>().ok()) else { continue };
+                    let n = g.node(p).min(avail.len() - 1);
+                    avail[n] = Some(avail[n].map_or(b, |a: u64| a.min(b)));
+                }
+                ((0..need.len()).map(|j| g.node(g.owner(j))).collect(), avail)
+            }
+        };
+        let mut host: Vec<(u64, Vec<String>, Vec<String>)> = vec![(0, Vec::new(), Vec::new()); avail.len()];
         for (j, (d, &b)) in self.devices.iter().zip(need).enumerate() {
             let info = d.device();
+            // Across processes, a device's name says whose it is (`CPU0@1`).
+            let name = match &self.group {
+                Some(g) => format!("{}@{}", info.name, g.owner(j)),
+                None => info.name.clone(),
+            };
             if info.kind == crate::backend::DeviceKind::Gpu && info.memory_total > 0 {
                 if b > info.memory_total as u64 {
                     return Err(Error::OutOfMemory {
-                        device: format!("device {j} ({})", info.name),
+                        device: format!("device {j} ({name})"),
                         detail: what.to_string(),
                         needed: b,
                         available: info.memory_total as u64,
                     });
                 }
             } else if info.kind == crate::backend::DeviceKind::Cpu {
-                host = host.saturating_add(b);
-                ranks.push(j.to_string());
-                names.push(info.name);
+                let Some(h) = host.get_mut(node_of[j]) else { continue };
+                h.0 = h.0.saturating_add(b);
+                h.1.push(j.to_string());
+                h.2.push(name);
             }
         }
-        if let Some(avail) = crate::backend::cpu::host_memory_available() {
-            if host > avail {
-                return Err(Error::OutOfMemory {
-                    device: format!(
-                        "device{} {} ({}, host memory)",
-                        if ranks.len() > 1 { "s" } else { "" },
-                        ranks.join("+"),
-                        names.join("+")
-                    ),
-                    detail: what.to_string(),
-                    needed: host,
-                    available: avail,
-                });
-            }
+        for ((needed, ranks, names), avail) in host.into_iter().zip(avail) {
+            let Some(available) = avail.filter(|&a| needed > a) else { continue };
+            return Err(Error::OutOfMemory {
+                device: format!(
+                    "device{} {} ({}, host memory)",
+                    if ranks.len() > 1 { "s" } else { "" },
+                    ranks.join("+"),
+                    names.join("+")
+                ),
+                detail: what.to_string(),
+                needed,
+                available,
+            });
         }
         Ok(())
     }

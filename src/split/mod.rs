@@ -56,7 +56,7 @@ pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm, ProcessGr
 #[cfg(feature = "mpi")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mpi")))]
 pub use comm::{MpiComm, RemoteDevice, World};
-pub use cost::{conversion, Collective, LinkClass, LinkModel, Traffic};
+pub use cost::{conversion, Collective, LinkClass, LinkModel, Links, Traffic};
 pub use devices::{Devices, MAX_DEVICES};
 pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunOutput, RunReport};
 pub use layout::{assemble, local_ne, slice_local};

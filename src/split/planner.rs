@@ -5,7 +5,7 @@
 //! covers are mirrored (the executor writes them to every device); any other
 //! uncovered leaf is an error — a state is never guessed.
 
-use super::cost::{conversion, Collective, LinkModel, Traffic};
+use super::cost::{conversion, Collective, LinkClass, LinkModel, Links, Traffic};
 use super::policy::{LeafInfo, SplitPolicy};
 use super::rules::{candidates, packed_view};
 use super::state::SplitState;
@@ -29,6 +29,10 @@ pub struct Repartition {
     pub to: SplitState,
     /// Collective and bytes.
     pub traffic: Traffic,
+    /// The slowest link its bytes cross, when the planner knew the
+    /// devices' links ([`Planner::with_links`]); `None` otherwise, or when
+    /// no bytes cross a link.
+    pub link: Option<LinkClass>,
 }
 
 /// A finished plan: a state per tensor of the graph and the repartitions
@@ -85,6 +89,21 @@ impl Plan {
     /// Bytes received by all devices together per graph run.
     pub fn total_bytes(&self) -> u64 {
         self.repartitions.iter().map(|r| r.traffic.total_bytes).sum()
+    }
+
+    /// Per link class ([`LinkClass::ALL`] order: same process, same node,
+    /// other node), the repartitions whose bytes cross it as their slowest
+    /// link and their bytes. All zero for a plan made without
+    /// [`Planner::with_links`]; a repartition that crosses no link is in none.
+    pub fn by_link(&self) -> [(u64, u64); 3] {
+        let mut out = [(0, 0); 3];
+        for r in &self.repartitions {
+            if let Some(c) = r.link {
+                out[c as usize].0 += 1;
+                out[c as usize].1 += r.traffic.total_bytes;
+            }
+        }
+        out
     }
 
     /// The repartitions of one kind.
@@ -171,7 +190,9 @@ impl Plan {
         Ok(s)
     }
 
-    /// A text report: every repartition with its bytes, then the total.
+    /// A text report: every repartition with its bytes (and the slowest
+    /// link it crosses, for a plan made with [`Planner::with_links`]), then
+    /// the total (and the collectives and bytes per link class).
     /// Tensors are named by [`Context::display_name`] (an unnamed node as
     /// its op and nearest named source, `mul_mat(blk.0.ffn_up.weight)#12`).
     pub fn report(&self, ctx: &Context) -> String {
@@ -188,8 +209,21 @@ impl Plan {
                 r.to.label(),
                 name(r.consumer)
             );
+            if let Some(l) = r.link {
+                s.pop();
+                let _ = writeln!(s, " over {}", l.name());
+            }
         }
         let _ = writeln!(s, "total: {} bytes per graph run", self.total_bytes());
+        let parts: Vec<String> = LinkClass::ALL
+            .iter()
+            .zip(self.by_link())
+            .filter(|(_, (k, _))| *k > 0)
+            .map(|(c, (k, b))| format!("{}: {k} collective(s), {b} B", c.name()))
+            .collect();
+        if !parts.is_empty() {
+            let _ = writeln!(s, "by link: {}", parts.join("; "));
+        }
         s
     }
 }
@@ -199,8 +233,11 @@ impl Plan {
 /// does not re-plan.
 #[derive(Debug, Default)]
 pub struct Planner {
-    /// Communication cost model.
+    /// Communication cost model (with [`Planner::with_links`]: for local
+    /// copies and row combines; collectives are priced by their links).
     pub link: LinkModel,
+    /// Each pair of devices' link ([`Planner::with_links`]).
+    links: Option<Links>,
     cache: HashMap<(u64, u64), Plan>,
     /// (graph hash, policy id) → key in `cache`: a graph's hash covers its
     /// leafs' names, types and shapes, which is all a policy reads, so a
@@ -214,7 +251,25 @@ const MAX_PLANS: usize = 512;
 impl Planner {
     /// A planner with link model `link` and an empty cache.
     pub fn new(link: LinkModel) -> Self {
-        Planner { link, cache: HashMap::new(), known: HashMap::new() }
+        Planner { link, links: None, cache: HashMap::new(), known: HashMap::new() }
+    }
+
+    /// Prices each collective at the slowest link it crosses (`links`:
+    /// every pair's class and each class's model, e.g. from
+    /// [`super::Devices::links`]) rather than at [`Planner::link`], and
+    /// names that link in each repartition ([`Repartition::link`]). For
+    /// devices across processes and machines, where a layer boundary
+    /// inside one machine costs less than one between two.
+    pub fn with_links(mut self, links: Links) -> Self {
+        self.links = Some(links);
+        self.cache.clear();
+        self.known.clear();
+        self
+    }
+
+    /// The links set by [`Planner::with_links`].
+    pub fn links(&self) -> Option<&Links> {
+        self.links.as_ref()
     }
 
     /// Number of cached plans.
@@ -248,7 +303,8 @@ impl Planner {
     pub fn plan_for(&mut self, ctx: &Context, graph: &Graph, policy: &SplitPolicy) -> Result<&Plan> {
         let fast = (graph.hash(), {
             let [a, b, c] = self.link.key_bits();
-            policy.id() ^ a.rotate_left(17) ^ b ^ c.rotate_left(41)
+            let l = self.links.as_ref().map_or(0, Links::key);
+            policy.id() ^ a.rotate_left(17) ^ b ^ c.rotate_left(41) ^ l.rotate_left(7)
         });
         let key = match self.known.get(&fast) {
             Some(k) if self.cache.get(k).is_some_and(|p| p.check_graph(ctx, graph).is_ok()) => *k,
@@ -278,6 +334,7 @@ impl Planner {
         std::hash::Hash::hash(&pinned_sorted, &mut h);
         std::hash::Hash::hash(&policy.n_devices(), &mut h);
         std::hash::Hash::hash(&self.link.key_bits(), &mut h);
+        std::hash::Hash::hash(&self.links.as_ref().map(Links::key), &mut h);
         let key = (graph.hash(), std::hash::Hasher::finish(&h));
         if !self.cache.contains_key(&key) {
             let plan = self.plan_with_leafs(ctx, graph, policy.n_devices(), leaf_states, pinned)?;
@@ -329,6 +386,7 @@ impl Planner {
             graph,
             n,
             link: &self.link,
+            links: self.links.as_ref(),
             states: vec![None; ctx.len()],
             input_states: vec![None; ctx.len()],
             repartitions: Vec::new(),
@@ -378,6 +436,7 @@ struct Walk<'a> {
     graph: &'a Graph,
     n: usize,
     link: &'a LinkModel,
+    links: Option<&'a Links>,
     /// Each tensor's state (by index) once decided.
     states: Vec<Option<SplitState>>,
     /// Each node's chosen input states.
@@ -533,6 +592,16 @@ impl Walk<'_> {
             if !matches!(cur.get(d), Some(SplitState::Partial(_) | SplitState::Unknown)) {
                 cands.retain(|c| !matches!(c.inputs.get(d), Some(SplitState::Partial(_))));
             }
+            // A write into a mirrored stored tensor (a cache no split fits)
+            // writes every device's copy: one that wrote only some devices'
+            // would leave the copies apart, and the run would write the
+            // whole tensor back afterwards (an all-gather of all of it, where
+            // mirroring the written rows costs at most as much).
+            let stored = t.view_src.is_some_and(|o| ctx.t(o).op.is_leaf());
+            let mirrored = |c: &super::rules::Candidate| c.inputs.get(d) == Some(&SplitState::Mirrored);
+            if stored && cur.get(d) == Some(&SplitState::Mirrored) && cands.iter().any(mirrored) {
+                cands.retain(mirrored);
+            }
         }
         cands
     }
@@ -561,14 +630,14 @@ impl Walk<'_> {
                 if self.pinned.contains(&s.index()) {
                     cost += KEEP_SPLIT_PENALTY;
                 }
-                cost += tr.time(link) + 1e-12; // any conversion loses a tie
+                cost += self.time(&tr, &cur[k], need) + 1e-12; // any conversion loses a tie
                 if tr.kind != Collective::MirroredToPartial {
                     cost += bytes as f64 / link.local_bandwidth;
                 }
             }
         }
         if let Some(b) = c.combine_bytes {
-            cost += combine_traffic(b, n).time(link);
+            cost += self.time(&combine_traffic(b, n), &SplitState::partial(), &SplitState::Mirrored);
         }
         // A result that lies whole on one device where its home is
         // elsewhere, or elsewhere than its home device, will be moved.
@@ -579,11 +648,13 @@ impl Walk<'_> {
             Some(Home::Spread) if c.output.sole_holder().is_some() => Some(SplitState::Mirrored),
             _ => None,
         };
-        if let Some(tr) = wanted.and_then(|w| conversion(&c.output, &w, t.data_bytes() as u64, n)) {
+        if let Some((w, tr)) =
+            wanted.and_then(|w| conversion(&c.output, &w, t.data_bytes() as u64, n).map(|tr| (w, tr)))
+        {
             // As an input conversion costs, and a little more: between
             // moving the sources to the home and the result from elsewhere
             // (the same bytes), the node runs at its home.
-            cost += tr.time(link) + 2e-12 + t.data_bytes() as f64 / link.local_bandwidth;
+            cost += self.time(&tr, &c.output, &w) + 2e-12 + t.data_bytes() as f64 / link.local_bandwidth;
         }
         // A partial result is reduced later (an all-reduce, or the
         // reduce-scatter/all-reduce of whatever linear consumers carry
@@ -593,10 +664,19 @@ impl Walk<'_> {
         // logits stay partial).
         if matches!(c.output, SplitState::Partial(_)) {
             if let Some(tr) = conversion(&c.output, &SplitState::Mirrored, t.data_bytes() as u64, n) {
-                cost += tr.time(link);
+                cost += self.time(&tr, &c.output, &SplitState::Mirrored);
             }
         }
         cost
+    }
+
+    /// The time of `tr` taking a tensor from `from` to `to`: at the slowest
+    /// link it crosses when the links are known, else at the link model.
+    fn time(&self, tr: &Traffic, from: &SplitState, to: &SplitState) -> f64 {
+        match self.links {
+            Some(l) => l.time(tr, from, to),
+            None => tr.time(self.link),
+        }
     }
 
     /// Records the chosen candidate `c` for `node`: the repartitions of its
@@ -622,7 +702,8 @@ impl Walk<'_> {
             }
             if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n) {
                 let (from, to) = (cur[k].clone(), need.clone());
-                self.repartitions.push(Repartition { tensor: s, consumer: node, from, to, traffic: tr });
+                let link = self.links.and_then(|l| l.crossed(&from, &to));
+                self.repartitions.push(Repartition { tensor: s, consumer: node, from, to, traffic: tr, link });
             }
             list.push(need.clone());
         }
@@ -633,6 +714,7 @@ impl Walk<'_> {
                 from: cur[0].clone(),
                 to: c.output.clone(),
                 traffic: combine_traffic(b, n),
+                link: self.links.and_then(|l| l.crossed(&SplitState::partial(), &SplitState::Mirrored)),
             });
         }
         if t.op.writes_through_view() {

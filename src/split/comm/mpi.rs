@@ -659,4 +659,8 @@ impl ProcessGroup for MpiComm {
     fn broadcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()> {
         self.world.broadcast(root, bytes)
     }
+
+    fn all_gather(&self, mine: &[u8]) -> Vec<Vec<u8>> {
+        self.world.all_gather(mine)
+    }
 }
