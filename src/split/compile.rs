@@ -655,8 +655,12 @@ impl<'a> Compiler<'a> {
         self.l.add_n(&addends)
     }
 
-    /// All-reduce of a partial sum `x`: a reduce-scatter over N near-equal
-    /// element ranges, then an all-gather (`2 (N−1) B` bytes).
+    /// All-reduce of a partial sum `x`. Two devices: one-shot (each sends
+    /// its whole addend to the other and both add them, `2 B` bytes in one
+    /// exchange); more: two-shot, a reduce-scatter over N near-equal element
+    /// ranges, then an all-gather (`2 (N−1) B` bytes in two exchanges).
+    /// Both give every device the same bits (two addends: `a + b` is
+    /// `b + a`; the two-shot sums each range once).
     fn all_reduce(&mut self, ty: GgmlType, ne: [i64; 4], x: TensorId) -> Result<TensorId> {
         let (j, n) = (self.j, self.n);
         let total: i64 = ne.iter().product();
@@ -664,6 +668,18 @@ impl<'a> Compiler<'a> {
             return Ok(x);
         }
         let x = self.contiguous(x)?;
+        if n == 2 {
+            let b = self.l.t(x).nbytes();
+            let other = 1 - j;
+            let mut msgs: Vec<Msg> = vec![None; n];
+            msgs[other] = Some((x, 0, b));
+            let mut recv = vec![None; n];
+            recv[other] = Some((0, b));
+            let theirs = self.exchange(ty, ne, msgs, recv)?;
+            // In device order on both devices.
+            let addends = if j == 0 { [x, theirs] } else { [theirs, x] };
+            return self.l.add_n(&addends);
+        }
         let flat = [total, 1, 1, 1];
         let ext: Vec<i64> = (0..n as i64).map(|d| total * (d + 1) / n as i64 - total * d / n as i64).collect();
         let chunks = SplitState::split(0, ext);

@@ -362,6 +362,9 @@ pub fn conversion(from: &SplitState, to: &SplitState, bytes: u64, n: usize) -> O
         (SplitState::Mirrored, SplitState::Split(_)) => t(Collective::LocalSlice, 0.0, 0.0, 0),
         (SplitState::Mirrored, SplitState::Partial(_)) => t(Collective::MirroredToPartial, 0.0, 0.0, 0),
         (SplitState::Split(_), SplitState::Mirrored | SplitState::Split(_)) => moved(to),
+        // Two devices: one-shot, one exchange of the whole addend (the same
+        // bytes as two-shot's two exchanges of half of it).
+        (SplitState::Partial(_), SplitState::Mirrored) if n == 2 => t(Collective::AllReduce, b, 2.0 * b, 1),
         (SplitState::Partial(_), SplitState::Mirrored) => {
             t(Collective::AllReduce, 2.0 * b * (nn - 1.0) / nn, 2.0 * b * (nn - 1.0), 2 * steps)
         }
@@ -395,6 +398,11 @@ mod tests {
         let sp = SplitState::split(0, vec![5, 5]);
         let ar = conversion(&SplitState::partial(), &SplitState::Mirrored, b, 2).unwrap();
         assert_eq!((ar.kind, ar.bytes_per_device, ar.total_bytes), (Collective::AllReduce, 1000, 2000));
+        // Two devices: one-shot, one step (two-shot's bytes in half its steps);
+        // more: two-shot, 2 (N−1) steps.
+        assert_eq!(ar.steps, 1);
+        let ar4 = conversion(&SplitState::partial(), &SplitState::Mirrored, b, 4).unwrap();
+        assert_eq!((ar4.bytes_per_device, ar4.total_bytes, ar4.steps), (1500, 6000, 6));
         let ag = conversion(&sp, &SplitState::Mirrored, b, 2).unwrap();
         assert_eq!((ag.kind, ag.bytes_per_device, ag.total_bytes), (Collective::AllGather, 500, 1000));
         let rs = conversion(&SplitState::partial(), &sp, b, 4).unwrap();
