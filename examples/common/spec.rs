@@ -122,7 +122,9 @@ fn launched_processes() -> usize {
 #[cfg(feature = "mpi")]
 fn same_options(w: &shardgraph::split::World) {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut shared = Vec::new();
+    // The program first (`mpirun -np 1 decode : -np 1 dflash2` is two programs).
+    let program = std::env::args().next().map(|p| p.rsplit('/').next().unwrap_or(&p).to_string());
+    let mut shared = vec![program.unwrap_or_default()];
     let mut i = 0;
     while i < args.len() {
         if ["--device", "--devices", "--threads"].contains(&args[i].as_str()) {
@@ -136,8 +138,8 @@ fn same_options(w: &shardgraph::split::World) {
     if let Some(r) = (1..all.len()).find(|&r| all[r] != all[0]) {
         let show = |b: &[u8]| String::from_utf8_lossy(b).replace('\u{1f}', " ");
         eprintln!(
-            "process {}: the options of process {r} ({}) differ from process 0's ({}): every process takes the same \
-             options but for --device, --devices and --threads",
+            "process {}: the program and options of process {r} ({}) differ from process 0's ({}): every process \
+             runs the same program with the same options but for --device, --devices and --threads",
             w.rank(),
             show(&all[r]),
             show(&all[0])
@@ -352,10 +354,11 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
     let devices = match world() {
         Some(w) => {
             let d = devices.across_processes(&w).unwrap_or_else(|e| fail("mpirun".into(), &e));
+            d.links().unwrap_or_else(|e| fail("link model".into(), &e));
             let link = d.slowest_link();
             let m = d.link_model().unwrap_or_else(|e| fail("link model".into(), &e));
             println!(
-                "{} device(s) in {} processes {:?}; slowest link: {} (priced at {:.0} µs per step, {:.1} GB/s; {})",
+                "{} device(s) in {} processes {:?}; slowest link: {} (priced at {:.0} µs per step, {:.3} GB/s; {})",
                 d.n_devices(),
                 w.size(),
                 d.names(),
@@ -369,6 +372,9 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
         }
         None => devices,
     };
+    // Every link variable checked before anything loads (the plans price
+    // each collective by its class's).
+    devices.links().unwrap_or_else(|e| fail("link model".into(), &e));
     let devices = devices.with_tensor_split(ratios).unwrap_or_else(|e| fail(format!("--tensor-split {ratios:?}"), &e));
     Ok(devices.with_split_mode(mode))
 }

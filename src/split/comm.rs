@@ -106,9 +106,9 @@ pub trait Comm: Send + Sync {
     fn bytes_received(&self) -> Vec<u64>;
 
     /// What carries the messages, in words (for reports and logs), e.g.
-    /// "NCCL (device memory, 4 ranks)".
+    /// "NCCL (device memory, 4 devices, 2 in this process)".
     fn describe(&self) -> String {
-        format!("a communicator of {} ranks", self.n_ranks())
+        format!("a communicator of {} devices", self.n_ranks())
     }
 }
 
@@ -371,7 +371,7 @@ impl Comm for HostComm {
     }
 
     fn describe(&self) -> String {
-        format!("copies within this process ({} ranks)", self.n_ranks())
+        format!("copies within this process ({} devices)", self.n_ranks())
     }
 }
 

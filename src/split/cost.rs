@@ -169,7 +169,10 @@ impl LinkClass {
     /// `v` (`latency_µs,bandwidth_GB/s`) as this class's model.
     fn parse_model(self, v: &str) -> crate::Result<LinkModel> {
         let bad = || crate::Error::Split {
-            detail: format!("{}={v:?}: give latency in µs and bandwidth in GB/s, e.g. 40,12.5", self.env_var()),
+            detail: format!(
+                "{}={v:?}: give latency in µs (finite, ≥ 0) and bandwidth in GB/s (finite, > 0), e.g. 40,12.5",
+                self.env_var()
+            ),
         };
         let (a, b) = v.split_once(',').ok_or_else(bad)?;
         let (lat, bw): (f64, f64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);

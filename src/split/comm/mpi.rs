@@ -550,7 +550,7 @@ impl Comm for MpiComm {
     }
 
     fn describe(&self) -> String {
-        format!("MPI between {} processes, staged through host memory ({} ranks)", self.world.size, self.n_ranks())
+        format!("MPI between {} processes, staged through host memory ({} devices)", self.world.size, self.n_ranks())
     }
 }
 

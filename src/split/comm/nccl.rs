@@ -469,7 +469,7 @@ impl Comm for NcclComm {
 
     fn describe(&self) -> String {
         let here = self.ranks.iter().filter(|r| r.is_some()).count();
-        format!("{} (device memory, {} ranks, {here} in this process)", self.lib.name, self.n_ranks())
+        format!("{} (device memory, {} devices, {here} in this process)", self.lib.name, self.n_ranks())
     }
 
     /// One NCCL group of every send and receive of this rank, queued on
