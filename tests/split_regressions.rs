@@ -19,7 +19,7 @@ use nmse::nmse;
 use qwen3::fixtures::OneCpu;
 use qwen3::{input, named, qwen3_layers, qwen3_policy, Dims};
 use shardgraph::split::{
-    split_extents, AxisSplit, Collective, Plan, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore,
+    split_extents, AxisSplit, Collective, DeviceSet, Plan, Planner, SplitPolicy, SplitSpec, SplitState, SplitStore,
 };
 use shardgraph::{Context, GgmlType, RopeMode, RopeParams, TensorId};
 
@@ -209,7 +209,11 @@ fn c7_mul_mat_combinations_and_c8_partial_into_non_linear_ops() {
             .rule("a", SplitSpec::Mirrored);
         let plan = check(&ctx, &outs, &policy, &[], &no_ints);
         if n > 1 {
-            assert_eq!(plan.state(p), Some(&SplitState::partial()));
+            // A partial sum over the devices that hold part of `b` (all of
+            // them, or {0, 2} for the ratios 1,0,2: a device with a zero
+            // share holds no addend and takes no part in its reduction).
+            let holders = DeviceSet::of((0..n).filter(|&j| ratios[j] > 0.0));
+            assert_eq!(plan.state(p), Some(&SplitState::partial_on(holders, n)), "{ratios:?}");
             assert!(matches!(plan.state(h), Some(SplitState::Split(s)) if s.axis == 2));
         }
     }
@@ -822,7 +826,17 @@ fn c6_more_devices_than_kv_heads_gives_zero_size_slices() {
             let want = 3 * act * (n - 1);
             gaps.expect(total <= want, &cfg, format!("{total} B, more than {want}"), &plan, &ctx);
         } else {
-            gaps.count(&cfg, Collective::AllGather, 0, &plan, &ctx);
+            // The attention's output is a partial sum on the m devices that
+            // hold KV heads only: all-reduced among them (2 (m−1) × act),
+            // the residual gathered from them where the FFN, split over the
+            // f devices with a share, wants it ((f − m) × act), the FFN's
+            // sum all-reduced among those (2 (f−1) × act). Without device
+            // groups, two all-reduces over all n (4 (n−1) × act), also
+            // through the devices with a zero share.
+            let m = (0..ratios.len()).filter(|&j| wk.local_len(j) > 0).count() as u64;
+            let f = ratios.iter().filter(|&&r| r > 0.0).count() as u64;
+            let want = act * (2 * (m - 1) + (f - m) + 2 * (f - 1));
+            gaps.expect(total == want, &cfg, format!("{total} B, want {want}"), &plan, &ctx);
         }
     }
     gaps.assert_none();

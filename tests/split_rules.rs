@@ -613,11 +613,13 @@ fn combos(lists: &[Vec<(String, SplitState)>], cap: usize) -> Vec<Vec<usize>> {
     set.into_iter().collect()
 }
 
-/// Compact state label for listings: `M`, `P`, `s1[2,2]`.
+/// Compact state label for listings: `M`, `P`, `M{0,1}`, `s1[2,2]`.
 fn short(s: &SplitState) -> String {
     match s {
         SplitState::Mirrored => "M".into(),
         SplitState::Partial(_) => "P".into(),
+        SplitState::MirroredOn(g) => format!("M{}", g.label()),
+        SplitState::PartialOn(g, _) => format!("P{}", g.label()),
         SplitState::Unknown => "?".into(),
         SplitState::Split(a) if a.segments.len() == 1 && a.repeat == 1 => {
             format!("s{}{:?}", a.axis, a.segments[0]).replace(' ', "")

@@ -21,7 +21,7 @@
 use super::layout::{box_bytes, boxes, intersect, lens, local_ne, Boxes};
 use super::lower::{folds, lower, Step};
 use super::planner::Plan;
-use super::state::{AxisSplit, SplitState};
+use super::state::{AxisSplit, DeviceSet, SplitState};
 use super::writes::{covers_owner, owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
@@ -411,36 +411,90 @@ impl<'a> Compiler<'a> {
 
     /// Converts `id` from `from` to `to`.
     fn convert(&mut self, id: TensorId, from: &SplitState, to: &SplitState) -> Result<()> {
+        if matches!((from, to), (SplitState::Unknown, _) | (_, SplitState::Unknown)) {
+            return Err(Error::Split { detail: format!("conversion of #{} with an Unknown state", id.index()) });
+        }
         let t = self.ctx.t(id).clone();
         let x = self.fetch(id, from)?;
-        let y = match (from, to) {
-            // On one device every state holds the whole tensor in one layout
-            // (a split of one extent, a sum of one addend): nothing to do.
-            _ if self.n == 1 && !matches!((from, to), (SplitState::Unknown, _) | (_, SplitState::Unknown)) => x,
-            (a, b) if a == b => x,
-            (SplitState::Mirrored, SplitState::Split(s)) => local_slice(&mut self.l, x, s, self.j)?,
-            (SplitState::Mirrored, SplitState::Partial(_)) => self.held_by_first(x, to)?,
-            (SplitState::Partial(_), SplitState::Mirrored) => self.all_reduce(t.ty, t.ne, x)?,
-            (SplitState::Partial(_), SplitState::Split(_)) => self.reduce_scatter(t.ty, t.ne, to, x)?,
-            (SplitState::Split(_), SplitState::Partial(_)) => {
-                // Gathered, then held by device 0 (the cost model's all-gather).
-                let m = self.redistribute(t.ty, t.ne, from, &SplitState::Mirrored, x)?;
-                self.held_by_first(m, to)?
-            }
-            (SplitState::Unknown, _) | (_, SplitState::Unknown) => {
-                return Err(Error::Split { detail: format!("conversion of #{} with an Unknown state", id.index()) })
-            }
-            _ => self.redistribute(t.ty, t.ne, from, to, x)?,
-        };
+        let y = self.transform(t.ty, t.ne, x, from, to)?;
         self.put(id, to.clone(), y);
         Ok(())
     }
 
-    /// A mirrored tensor as a partial sum: device 0 keeps it, the others hold
-    /// zeros (a local fill where the type has one, F32 and F16 as
-    /// [`folds`] says; otherwise a zero-filled exchange node with no messages).
+    /// This device's part under `to` of a `ty` tensor of shape `ne` whose
+    /// part under `from` is `x`.
+    fn transform(
+        &mut self,
+        ty: GgmlType,
+        ne: [i64; 4],
+        x: TensorId,
+        from: &SplitState,
+        to: &SplitState,
+    ) -> Result<TensorId> {
+        let all = DeviceSet::all(self.n);
+        let mirrored_form = |s: &SplitState| match s {
+            SplitState::PartialOn(g, _) => SplitState::MirroredOn(*g),
+            _ => SplitState::Mirrored,
+        };
+        Ok(match (from, to) {
+            // On one device every state holds the whole tensor in one layout
+            // (a split of one extent, a sum of one addend): nothing to do.
+            _ if self.n == 1 => x,
+            (a, b) if a == b => x,
+            (SplitState::Mirrored, SplitState::Split(s)) => local_slice(&mut self.l, x, s, self.j)?,
+            // The group's members keep their copies, the others drop theirs.
+            (SplitState::Mirrored, SplitState::MirroredOn(_)) => self.restrict(ty, ne, x, to)?,
+            (SplitState::Mirrored, SplitState::Partial(_)) => self.held_by_first(x, to)?,
+            (SplitState::Mirrored, SplitState::PartialOn(..)) => {
+                let m = self.restrict(ty, ne, x, to)?;
+                self.held_by_first(m, to)?
+            }
+            (SplitState::MirroredOn(g), SplitState::PartialOn(h, _)) if h.subset_of(*g) => {
+                let m = self.restrict(ty, ne, x, to)?;
+                self.held_by_first(m, to)?
+            }
+            (SplitState::Partial(_), SplitState::Mirrored) => self.all_reduce(all, ty, ne, x)?,
+            (SplitState::Partial(_), SplitState::Split(_)) => self.reduce_scatter(all, ty, ne, to, x)?,
+            (SplitState::PartialOn(g, _), SplitState::MirroredOn(h)) if g == h => self.all_reduce(*g, ty, ne, x)?,
+            (SplitState::PartialOn(g, _), SplitState::Split(_)) if to.holders(self.n).subset_of(*g) => {
+                self.reduce_scatter(*g, ty, ne, to, x)?
+            }
+            // Reduced where the addends are, then taken on from the value.
+            (SplitState::Partial(_) | SplitState::PartialOn(..), _) => {
+                let (g, on) = match from {
+                    SplitState::PartialOn(g, _) => (*g, SplitState::MirroredOn(*g)),
+                    _ => (all, SplitState::Mirrored),
+                };
+                let m = self.all_reduce(g, ty, ne, x)?;
+                self.transform(ty, ne, m, &on, to)?
+            }
+            (SplitState::Split(_) | SplitState::MirroredOn(_), SplitState::Partial(_) | SplitState::PartialOn(..)) => {
+                // Gathered, then held by the first holder (the cost model's all-gather).
+                let via = mirrored_form(to);
+                let m = self.redistribute(ty, ne, from, &via, x)?;
+                self.held_by_first(m, to)?
+            }
+            _ => self.redistribute(ty, ne, from, to, x)?,
+        })
+    }
+
+    /// A value this device holds (`x`, mirrored) as its part under `to`, a
+    /// state on a group: `x` on a member, an empty part elsewhere.
+    fn restrict(&mut self, ty: GgmlType, ne: [i64; 4], x: TensorId, to: &SplitState) -> Result<TensorId> {
+        if to.outside(self.j) {
+            return self.fresh(ty, local_ne(ne, to, self.j));
+        }
+        Ok(x)
+    }
+
+    /// A mirrored tensor as a partial sum (on every device, or on a group):
+    /// the first holder keeps it, the others hold zeros (a local fill where
+    /// the type has one, F32 and F16 as [`folds`] says; otherwise a
+    /// zero-filled exchange node with no messages); a device outside the
+    /// group keeps its empty part.
     fn held_by_first(&mut self, x: TensorId, to: &SplitState) -> Result<TensorId> {
-        if self.j == 0 {
+        let first = to.holders(self.n).iter().next().unwrap_or(0);
+        if self.j == first || to.outside(self.j) {
             return Ok(x);
         }
         let t = self.l.t(x).clone();
@@ -558,7 +612,7 @@ impl<'a> Compiler<'a> {
     ) -> Result<TensorId> {
         let (j, n) = (self.j, self.n);
         for s in [from, to] {
-            if matches!(s, SplitState::Partial(_) | SplitState::Unknown) {
+            if s.is_partial() || *s == SplitState::Unknown {
                 return Err(Error::Split { detail: format!("redistribute cannot move a {} tensor", s.label()) });
             }
         }
@@ -617,18 +671,32 @@ impl<'a> Compiler<'a> {
         Ok(y)
     }
 
-    /// Reduce-scatter of a partial sum `x` (full shape) into this device's
-    /// part under `to`: each device sends every other one that one's part of
-    /// its addend (`(N−1)·B` bytes in all) and sums what it receives with its
-    /// own, in device order after its own addend.
-    fn reduce_scatter(&mut self, ty: GgmlType, ne: [i64; 4], to: &SplitState, x: TensorId) -> Result<TensorId> {
+    /// Reduce-scatter of a partial sum `x` (full shape) over the devices of
+    /// `members` (every device, or a group) into this device's part under
+    /// `to` (whose parts lie on members only): each member sends every
+    /// other member that one's part of its addend (`(M−1)·B` bytes in all)
+    /// and sums what it receives with its own, in device order after its
+    /// own addend. A device outside `members` takes part in the exchange
+    /// with nothing to send or receive.
+    fn reduce_scatter(
+        &mut self,
+        members: DeviceSet,
+        ty: GgmlType,
+        ne: [i64; 4],
+        to: &SplitState,
+        x: TensorId,
+    ) -> Result<TensorId> {
         let (j, n) = (self.j, self.n);
+        if !members.contains(j) {
+            self.exchange(GgmlType::I8, [0, 1, 1, 1], vec![None; n], vec![None; n])?;
+            return self.fresh(ty, local_ne(ne, to, j));
+        }
         let full = boxes(ne, &SplitState::Mirrored, 0);
         let x = self.contiguous(x)?;
         let mine = boxes(ne, to, j);
         let mut msgs: Vec<Msg> = vec![None; n];
         for (i, m) in msgs.iter_mut().enumerate() {
-            if i != j {
+            if i != j && members.contains(i) {
                 *m = self.message(ty, &boxes(ne, to, i), x, &full)?;
             }
         }
@@ -644,7 +712,7 @@ impl<'a> Compiler<'a> {
             }
         };
         // Every device takes part in the exchange, also one whose part is empty.
-        let (recv, at) = packed_recv(n, j, |_| b);
+        let (recv, at) = packed_recv(n, j, |i| if members.contains(i) { b } else { 0 });
         let area = self.exchange(GgmlType::I8, [at as i64, 1, 1, 1], msgs, recv.clone())?;
         let mn = lens(&mine);
         // This device's own addend first, then the others in device order.
@@ -655,44 +723,59 @@ impl<'a> Compiler<'a> {
         self.l.add_n(&addends)
     }
 
-    /// All-reduce of a partial sum `x`. Two devices: one-shot (each sends
-    /// its whole addend to the other and both add them, `2 B` bytes in one
-    /// exchange); more: two-shot, a reduce-scatter over N near-equal element
-    /// ranges, then an all-gather (`2 (N−1) B` bytes in two exchanges).
-    /// Both give every device the same bits (two addends: `a + b` is
-    /// `b + a`; the two-shot sums each range once).
-    fn all_reduce(&mut self, ty: GgmlType, ne: [i64; 4], x: TensorId) -> Result<TensorId> {
+    /// All-reduce of a partial sum `x` over the devices of `members` (every
+    /// device, or a group). Two members: one-shot (each sends its whole
+    /// addend to the other and both add them, `2 B` bytes in one exchange);
+    /// more: two-shot, a reduce-scatter over M near-equal element ranges,
+    /// then an all-gather (`2 (M−1) B` bytes in two exchanges). Both give
+    /// every member the same bits (two addends: `a + b` is `b + a`; the
+    /// two-shot sums each range once). A device outside `members` takes
+    /// part in the same exchanges with nothing to send and keeps an empty
+    /// part.
+    fn all_reduce(&mut self, members: DeviceSet, ty: GgmlType, ne: [i64; 4], x: TensorId) -> Result<TensorId> {
         let (j, n) = (self.j, self.n);
         let total: i64 = ne.iter().product();
         if total == 0 {
             return Ok(x);
         }
+        let m = members.len();
+        if !members.contains(j) {
+            for _ in 0..if m == 2 { 1 } else { 2 } {
+                self.exchange(GgmlType::I8, [0, 1, 1, 1], vec![None; n], vec![None; n])?;
+            }
+            return self.fresh(ty, [ne[0], ne[1], ne[2], 0]);
+        }
         let x = self.contiguous(x)?;
-        if n == 2 {
+        if m == 2 {
             let b = self.l.t(x).nbytes();
-            let other = 1 - j;
+            let other = members.iter().find(|&i| i != j).unwrap_or(j);
             let mut msgs: Vec<Msg> = vec![None; n];
             msgs[other] = Some((x, 0, b));
             let mut recv = vec![None; n];
             recv[other] = Some((0, b));
             let theirs = self.exchange(ty, ne, msgs, recv)?;
             // In device order on both devices.
-            let addends = if j == 0 { [x, theirs] } else { [theirs, x] };
+            let addends = if j < other { [x, theirs] } else { [theirs, x] };
             return self.l.add_n(&addends);
         }
         let flat = [total, 1, 1, 1];
-        let ext: Vec<i64> = (0..n as i64).map(|d| total * (d + 1) / n as i64 - total * d / n as i64).collect();
+        // M near-equal ranges, one per member, none for the other devices.
+        let mut ext = vec![0i64; n];
+        for (r, d) in members.iter().enumerate() {
+            let (r, mm) = (r as i64, m as i64);
+            ext[d] = total * (r + 1) / mm - total * r / mm;
+        }
         let chunks = SplitState::split(0, ext);
         let xf = self.l.push_view(x, ty, flat, contiguous_strides(ty, &flat), 0, Op::Reshape, &[x])?;
-        let mine = self.reduce_scatter(ty, flat, &chunks, xf)?;
-        // All-gather: every device sends its summed chunk; chunks land in place.
+        let mine = self.reduce_scatter(members, ty, flat, &chunks, xf)?;
+        // All-gather: every member sends its summed chunk; chunks land in place.
         let part = |d: usize| boxes(flat, &chunks, d);
         let span = |d: usize| contiguous_span(ty, &part(d), &boxes(flat, &SplitState::Mirrored, 0));
         let mut msgs: Vec<Msg> = vec![None; n];
         let b = box_bytes(ty, &part(j));
-        for (i, m) in msgs.iter_mut().enumerate() {
-            if i != j && b > 0 {
-                *m = Some((mine, 0, b));
+        for (i, msg) in msgs.iter_mut().enumerate() {
+            if i != j && b > 0 && members.contains(i) {
+                *msg = Some((mine, 0, b));
             }
         }
         let recv = (0..n).map(|d| if d == j { None } else { span(d).filter(|s| s.1 > 0) }).collect();
@@ -743,8 +826,9 @@ impl<'a> Compiler<'a> {
         };
         let parent = t.src.first().map(|&p| ctx.t(p));
         let alone = alone_on(&out_state, &needs, self.n).filter(|_| !super::rules::reads_owner_layout(t, parent));
-        let lid = if alone.is_some_and(|h| h != self.j) {
-            // It runs on another device alone: nothing of it is here.
+        let lid = if alone.is_some_and(|h| h != self.j) || !runs_here(&out_state, &needs, self.j) {
+            // It runs on another device alone, or on a group without this
+            // device: nothing of it is here.
             self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?
         } else if alone.is_some() {
             // It runs here alone, over whole sources laid out as on one device.
@@ -798,6 +882,8 @@ impl<'a> Compiler<'a> {
         let w = match (t.op.clone(), alone_on(&out_state, &needs, self.n)) {
             // Another device writes its whole destination alone.
             (_, Some(h)) if h != self.j => Ok(self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?),
+            // A group without this device writes it.
+            _ if !runs_here(&out_state, &needs, self.j) => Ok(self.fresh(t.ty, local_ne(t.ne, &out_state, self.j))?),
             (Op::Cpy, _) => self.l.cpy(srcs[0], srcs[1]),
             (Op::SetRows, _) => self.l.set_rows(srcs[2], srcs[0], srcs[1]),
             _ => return Err(Error::Split { detail: format!("{} is not a write", t.op.name()) }),
@@ -1001,7 +1087,14 @@ impl<'a> Compiler<'a> {
 
 /// The elements rank `dst` needs under `to` that rank `src` holds under
 /// `from` (for a split `from`, `dst` holds none of them itself).
+/// From a tensor mirrored on a group, each device outside it is served by
+/// one member ([`DeviceSet::server`]), the others owe it nothing.
 fn owed(ne: [i64; 4], from: &SplitState, to: &SplitState, src: usize, dst: usize) -> Boxes {
+    if let SplitState::MirroredOn(g) = from {
+        if src != dst && g.server(dst) != Some(src) {
+            return std::array::from_fn(|_| Vec::new());
+        }
+    }
     intersect(&boxes(ne, from, src), &boxes(ne, to, dst))
 }
 
@@ -1114,6 +1207,14 @@ fn alone_on(out: &SplitState, needs: &[SplitState], n: usize) -> Option<usize> {
     }
     let h = out.sole_holder()?;
     needs.iter().all(|s| *s == SplitState::Mirrored || s.sole_holder() == Some(h)).then_some(h)
+}
+
+/// Whether device `j` takes part in a node whose result is in `out` and
+/// whose sources are read in `needs`: not when a state of them lives on a
+/// device group without `j` (the group's strategies, [`super::rules`]'
+/// `in_groups`, put every state of a node on one group).
+fn runs_here(out: &SplitState, needs: &[SplitState], j: usize) -> bool {
+    std::iter::once(out).chain(needs).find_map(SplitState::group).is_none_or(|g| g.contains(j))
 }
 
 fn node_err(t: &Tensor, st: &SplitState, e: Error) -> Error {

@@ -225,8 +225,9 @@ impl Links {
 
     /// The slowest link bytes cross when a tensor goes from state `from` to
     /// `to` on these devices: over every pair for a reduction (every device
-    /// takes part in the ring), else over the pairs where the sender holds
-    /// part of what the receiver needs and lacks. `None` when nothing
+    /// takes part in the ring; a group's reduction over its members' pairs),
+    /// else over the pairs where the sender holds part of what the receiver
+    /// needs and lacks (a group's member serving a device outside it). `None` when nothing
     /// crosses a link (a local slice, a split that already lies where it is
     /// wanted).
     pub fn crossed(&self, from: &SplitState, to: &SplitState) -> Option<LinkClass> {
@@ -236,6 +237,13 @@ impl Links {
             match (from, to) {
                 (SplitState::Mirrored, _) | (_, SplitState::Unknown) => false,
                 (SplitState::Partial(_), _) | (SplitState::Unknown, _) => true,
+                // Reduced among the group, then moved from a member to
+                // devices outside it that need the value.
+                (SplitState::PartialOn(g, _), _) => {
+                    g.contains(i) && (g.contains(j) || g.server(j) == Some(i) && part(1 << 20, to, j) > 0)
+                }
+                // Each device outside the group is served by one member.
+                (SplitState::MirroredOn(g), _) => g.server(j) == Some(i) && part(1 << 20, to, j) > 0,
                 // A split holds each element on one device: what i holds of
                 // j's new part, j lacks.
                 (SplitState::Split(a), SplitState::Split(c)) if a.axis == c.axis => {
@@ -292,6 +300,7 @@ pub(crate) fn part(bytes: u64, state: &SplitState, j: usize) -> u64 {
             (bytes as u128 * s.local_len(j).max(0) as u128 / s.axis_len() as u128) as u64
         }
         SplitState::Split(_) => 0,
+        s if s.outside(j) => 0,
         _ => bytes,
     }
 }
@@ -314,6 +323,7 @@ fn held(bytes: u64, from: &SplitState, to: &SplitState, j: usize) -> u64 {
             (bytes as u128 * a.local_len(j) as u128 * c.local_len(j) as u128 / (la as u128 * lc as u128)) as u64
         }
         (SplitState::Split(_), _) => part(bytes, from, j),
+        (SplitState::MirroredOn(_), _) if from.outside(j) => 0,
         (_, _) => part(bytes, to, j),
     }
 }
@@ -361,21 +371,66 @@ pub fn conversion(from: &SplitState, to: &SplitState, bytes: u64, n: usize) -> O
         };
         Traffic { kind, bytes_per_device: per, total_bytes: total, steps }
     };
-    Some(match (from, to) {
-        (SplitState::Mirrored, SplitState::Split(_)) => t(Collective::LocalSlice, 0.0, 0.0, 0),
-        (SplitState::Mirrored, SplitState::Partial(_)) => t(Collective::MirroredToPartial, 0.0, 0.0, 0),
-        (SplitState::Split(_), SplitState::Mirrored | SplitState::Split(_)) => moved(to),
-        // Two devices: one-shot, one exchange of the whole addend (the same
-        // bytes as two-shot's two exchanges of half of it).
-        (SplitState::Partial(_), SplitState::Mirrored) if n == 2 => t(Collective::AllReduce, b, 2.0 * b, 1),
-        (SplitState::Partial(_), SplitState::Mirrored) => {
-            t(Collective::AllReduce, 2.0 * b * (nn - 1.0) / nn, 2.0 * b * (nn - 1.0), 2 * steps)
+    // An all-reduce among `m` devices: one-shot on two, else two-shot.
+    let all_reduce = |m: usize| {
+        let mm = m as f64;
+        if m == 2 {
+            t(Collective::AllReduce, b, 2.0 * b, 1)
+        } else {
+            t(Collective::AllReduce, 2.0 * b * (mm - 1.0) / mm, 2.0 * b * (mm - 1.0), 2 * (m as u32 - 1))
         }
-        (SplitState::Partial(_), SplitState::Split(_)) => {
-            t(Collective::ReduceScatter, b * (nn - 1.0) / nn, b * (nn - 1.0), steps)
+    };
+    let reduce_scatter = |m: usize| {
+        let mm = m as f64;
+        t(Collective::ReduceScatter, b * (mm - 1.0) / mm, b * (mm - 1.0), m as u32 - 1)
+    };
+    // One conversion after another (a group's reduction, then a move).
+    let then = |a: Traffic, c: Option<Traffic>| match c {
+        Some(c) => Traffic {
+            kind: a.kind,
+            bytes_per_device: a.bytes_per_device + c.bytes_per_device,
+            total_bytes: a.total_bytes + c.total_bytes,
+            steps: a.steps + c.steps,
+        },
+        None => a,
+    };
+    // The state a target is reached through from a value: a partial
+    // target's mirrored form, any other target itself.
+    let mirrored_form = |s: &SplitState| match s {
+        SplitState::PartialOn(g, _) => SplitState::MirroredOn(*g),
+        SplitState::Partial(_) => SplitState::Mirrored,
+        s => s.clone(),
+    };
+    Some(match (from, to) {
+        (SplitState::Mirrored, SplitState::Split(_) | SplitState::MirroredOn(_)) => {
+            t(Collective::LocalSlice, 0.0, 0.0, 0)
+        }
+        (SplitState::Mirrored, SplitState::Partial(_) | SplitState::PartialOn(..)) => {
+            t(Collective::MirroredToPartial, 0.0, 0.0, 0)
+        }
+        // A group's members already hold the value: the first keeps it.
+        (SplitState::MirroredOn(g), SplitState::PartialOn(h, _)) if h.subset_of(*g) => {
+            t(Collective::MirroredToPartial, 0.0, 0.0, 0)
+        }
+        (
+            SplitState::Split(_) | SplitState::MirroredOn(_),
+            SplitState::Mirrored | SplitState::Split(_) | SplitState::MirroredOn(_),
+        ) => moved(to),
+        (SplitState::Partial(_), SplitState::Mirrored) => all_reduce(n),
+        (SplitState::Partial(_), SplitState::Split(_)) => reduce_scatter(n),
+        // Reduced over every device, then kept on the group.
+        (SplitState::Partial(_), SplitState::MirroredOn(_) | SplitState::PartialOn(..)) => all_reduce(n),
+        (SplitState::PartialOn(g, _), SplitState::MirroredOn(h)) if g == h => all_reduce(g.len()),
+        (SplitState::PartialOn(g, _), SplitState::Split(_)) if to.holders(n).subset_of(*g) => reduce_scatter(g.len()),
+        // Reduced among the group, then moved from there.
+        (SplitState::PartialOn(g, _), _) => {
+            let on = SplitState::MirroredOn(*g);
+            then(all_reduce(g.len()), conversion(&on, &mirrored_form(to), bytes, n))
         }
         // Split → Partial: gather, then keep on one device (never cheaper than the gather).
-        (SplitState::Split(_), SplitState::Partial(_)) => moved(&SplitState::Mirrored),
+        (SplitState::Split(_) | SplitState::MirroredOn(_), SplitState::Partial(_) | SplitState::PartialOn(..)) => {
+            moved(&mirrored_form(to))
+        }
         // Partial → Partial of another op does not occur (one reduce op); Unknown is gathered.
         _ => t(Collective::AllGather, b * (nn - 1.0) / nn, b * (nn - 1.0), steps),
     })

@@ -1048,7 +1048,12 @@ impl MetaExecutor {
         for o in &program.outputs {
             // A mirrored output is read from this process's first device
             // only (the others hold copies).
-            if o.state == super::state::SplitState::Mirrored && self.local.iter().position(|&l| l) != Some(j) {
+            // One on a group: from its first member.
+            let not_first = matches!(o.state, super::state::SplitState::MirroredOn(_))
+                && o.state.holders(self.devices.len()).iter().next() != Some(j);
+            if not_first
+                || o.state == super::state::SplitState::Mirrored && self.local.iter().position(|&l| l) != Some(j)
+            {
                 outputs.push(Vec::new());
                 continue;
             }

@@ -12,10 +12,15 @@ use crate::tensor::GgmlType;
 use half::{bf16, f16};
 
 /// The shape device `j` holds of a tensor of shape `ne` in `state`.
+/// A device outside a group state's group holds an empty part (axis 3
+/// of extent 0, as [`SplitState::on_device`]'s zero extents).
 pub fn local_ne(ne: [i64; 4], state: &SplitState, j: usize) -> [i64; 4] {
     let mut out = ne;
     if let SplitState::Split(s) = state {
         out[s.axis.min(3)] = s.local_len(j);
+    }
+    if state.outside(j) {
+        out[3] = 0;
     }
     out
 }
@@ -55,7 +60,9 @@ fn full_bytes(ty: GgmlType, ne: [i64; 4]) -> Result<usize> {
 /// Device `j`'s contiguous local bytes of the contiguous tensor `full` (type
 /// `ty`, shape `ne`) in `state`: mirrored → all of it; partial → all of it on
 /// device 0 and zeros elsewhere (a mirrored value as a partial sum); split →
-/// its ranges along the axis, in logical order.
+/// its ranges along the axis, in logical order; the group states as
+/// mirrored and partial among the group's members (the first member holds a
+/// partial value) and nothing on the other devices.
 ///
 /// # Errors
 /// [`Error::DataMismatch`] if `full` is not `ne`'s size; [`Error::Split`] if
@@ -70,8 +77,10 @@ pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, 
         });
     }
     match state {
-        SplitState::Mirrored => Ok(full.to_vec()),
+        SplitState::MirroredOn(_) | SplitState::PartialOn(..) if state.outside(j) => Ok(Vec::new()),
+        SplitState::Mirrored | SplitState::MirroredOn(_) => Ok(full.to_vec()),
         SplitState::Partial(_) => Ok(if j == 0 { full.to_vec() } else { vec![0; n] }),
+        SplitState::PartialOn(g, _) => Ok(if g.iter().next() == Some(j) { full.to_vec() } else { vec![0; n] }),
         SplitState::Unknown => Err(Error::Split { detail: "cannot lay out a tensor in the Unknown state".into() }),
         SplitState::Split(s) => {
             s.validate(ne[s.axis.min(3)], s.n_devices().max(j + 1))?;
@@ -116,9 +125,11 @@ pub(crate) enum LocalRun {
 pub(crate) fn local_run(ty: GgmlType, ne: [i64; 4], state: &SplitState, j: usize) -> Result<LocalRun> {
     let n = full_bytes(ty, ne)?;
     match state {
-        SplitState::Mirrored => Ok(LocalRun::Run(0..n)),
+        SplitState::MirroredOn(_) | SplitState::PartialOn(..) if state.outside(j) => Ok(LocalRun::Run(0..0)),
+        SplitState::Mirrored | SplitState::MirroredOn(_) => Ok(LocalRun::Run(0..n)),
         SplitState::Partial(_) if j == 0 => Ok(LocalRun::Run(0..n)),
-        SplitState::Partial(_) => Ok(LocalRun::Zeros),
+        SplitState::PartialOn(g, _) if g.iter().next() == Some(j) => Ok(LocalRun::Run(0..n)),
+        SplitState::Partial(_) | SplitState::PartialOn(..) => Ok(LocalRun::Zeros),
         SplitState::Unknown => Err(Error::Split { detail: "cannot lay out a tensor in the Unknown state".into() }),
         SplitState::Split(s) => {
             s.validate(ne[s.axis.min(3)], s.n_devices().max(j + 1))?;
@@ -137,8 +148,9 @@ pub(crate) fn local_run(ty: GgmlType, ne: [i64; 4], state: &SplitState, j: usize
 }
 
 /// The full contiguous bytes of a tensor from every device's local part
-/// (`locals[j]` as [`slice_local`] lays it out): mirrored → device 0's copy;
-/// partial → the element-wise sum (F32, F16, BF16 summed in f32; I32, I64
+/// (`locals[j]` as [`slice_local`] lays it out): mirrored → device 0's copy
+/// (on a group: its first member's); partial → the element-wise sum (of
+/// the group's members' addends) (F32, F16, BF16 summed in f32; I32, I64
 /// exactly); split →
 /// the ranges put back in place.
 ///
@@ -160,11 +172,20 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
             }
             Ok(first.clone())
         }
-        SplitState::Partial(_) => {
-            if locals.iter().any(|l| l.len() != n) {
+        SplitState::MirroredOn(g) => {
+            let first = g.iter().next().and_then(|j| locals.get(j)).ok_or_else(|| bad("no member's part".into()))?;
+            if first.len() != n {
+                return Err(bad(format!("mirrored part of {} bytes for {n}", first.len())));
+            }
+            Ok(first.clone())
+        }
+        SplitState::Partial(_) | SplitState::PartialOn(..) => {
+            let members: Vec<&Vec<u8>> =
+                locals.iter().enumerate().filter(|(j, _)| !state.outside(*j)).map(|(_, l)| l).collect();
+            if members.is_empty() || members.iter().any(|l| l.len() != n) {
                 return Err(bad(format!("partial parts must all be {n} bytes")));
             }
-            let parts: Vec<&[u8]> = locals.iter().map(|l| l.as_slice()).collect();
+            let parts: Vec<&[u8]> = members.iter().map(|l| l.as_slice()).collect();
             sum_addends(ty, &parts)
         }
         SplitState::Unknown => Err(Error::Split { detail: "cannot assemble a tensor in the Unknown state".into() }),
@@ -201,11 +222,14 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
 pub(crate) type Boxes = [Vec<(i64, i64)>; 4];
 
 /// The ranges device `j` holds of a tensor of shape `ne` in `state`
-/// (everything for mirrored and partial).
+/// (everything for mirrored and partial, nothing outside a group).
 pub(crate) fn boxes(ne: [i64; 4], state: &SplitState, j: usize) -> Boxes {
     let mut b: Boxes = std::array::from_fn(|k| if ne[k] > 0 { vec![(0, ne[k])] } else { Vec::new() });
     if let SplitState::Split(s) = state {
         b[s.axis.min(3)] = s.ranges(j);
+    }
+    if state.outside(j) {
+        b[3] = Vec::new();
     }
     b
 }

@@ -84,13 +84,16 @@ impl Lowered {
 
 /// True if the conversion `from` → `to` of a `ty` tensor needs no
 /// communication and is done inside a subgraph by local ops: a local slice
-/// of a mirrored tensor (views of this device's ranges), or a mirrored
-/// F32/F16 tensor as a partial sum (device 0 keeps it, the others zeros).
+/// of a mirrored tensor (views of this device's ranges, or the whole on a
+/// group's members), or a mirrored F32/F16 tensor as a partial sum (the
+/// first holder keeps it, the others zeros).
 pub(crate) fn folds(from: &SplitState, to: &SplitState, ty: crate::tensor::GgmlType) -> bool {
     use crate::tensor::GgmlType;
     match (from, to) {
-        (SplitState::Mirrored, SplitState::Split(_)) => true,
-        (SplitState::Mirrored, SplitState::Partial(_)) => matches!(ty, GgmlType::F32 | GgmlType::F16),
+        (SplitState::Mirrored, SplitState::Split(_) | SplitState::MirroredOn(_)) => true,
+        (SplitState::Mirrored, SplitState::Partial(_) | SplitState::PartialOn(..)) => {
+            matches!(ty, GgmlType::F32 | GgmlType::F16)
+        }
         _ => false,
     }
 }
@@ -114,7 +117,9 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             SplitState::Split(s) => s.validate(t.ne[s.axis.min(3)], plan.n_devices).map_err(|e| Error::Split {
                 detail: format!("plan state of tensor #{} {}: {e}", id.index(), t.describe()),
             }),
-            _ => Ok(()),
+            _ => st.check_group(plan.n_devices).map_err(|e| Error::Split {
+                detail: format!("plan state of tensor #{} {}: {e}", id.index(), t.describe()),
+            }),
         }
     };
     for &id in graph.leafs().iter().chain(graph.nodes()) {

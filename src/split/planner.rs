@@ -158,7 +158,7 @@ impl Plan {
         };
         let colour = |id: TensorId| match self.state(id) {
             Some(SplitState::Split(_)) => "lightblue",
-            Some(SplitState::Partial(_)) => "orange",
+            Some(SplitState::Partial(_) | SplitState::PartialOn(..)) => "orange",
             _ => "lightgrey",
         };
         for &id in graph.leafs().iter().chain(graph.nodes()) {
@@ -490,7 +490,9 @@ fn homes(ctx: &Context, graph: &Graph, states: &[Option<SplitState>]) -> (HashMa
         }
         let h = match &states[l.index()] {
             Some(s) if s.sole_holder().is_some() => s.sole_holder().map(Home::On),
-            Some(SplitState::Split(_) | SplitState::Partial(_)) => Some(Home::Spread),
+            Some(SplitState::Split(_) | SplitState::Partial(_) | SplitState::MirroredOn(_) | SplitState::PartialOn(..)) => {
+                Some(Home::Spread)
+            }
             _ => None,
         };
         if let Some(h) = h {
@@ -589,8 +591,8 @@ impl Walk<'_> {
         // destination (what `cast` makes) holds no data: it is never
         // converted, whatever state it has.
         if let Some(d) = t.op.written_src().filter(|_| !scratch) {
-            if !matches!(cur.get(d), Some(SplitState::Partial(_) | SplitState::Unknown)) {
-                cands.retain(|c| !matches!(c.inputs.get(d), Some(SplitState::Partial(_))));
+            if !cur.get(d).is_some_and(|c| c.is_partial() || *c == SplitState::Unknown) {
+                cands.retain(|c| !c.inputs.get(d).is_some_and(SplitState::is_partial));
             }
             // A write into a mirrored stored tensor (a cache no split fits)
             // writes every device's copy: one that wrote only some devices'
@@ -598,8 +600,9 @@ impl Walk<'_> {
             // whole tensor back afterwards (an all-gather of all of it, where
             // mirroring the written rows costs at most as much).
             let stored = t.view_src.is_some_and(|o| ctx.t(o).op.is_leaf());
-            let mirrored = |c: &super::rules::Candidate| c.inputs.get(d) == Some(&SplitState::Mirrored);
-            if stored && cur.get(d) == Some(&SplitState::Mirrored) && cands.iter().any(mirrored) {
+            let here = cur.get(d).filter(|c| matches!(c, SplitState::Mirrored | SplitState::MirroredOn(_)));
+            let mirrored = |c: &super::rules::Candidate| here.is_some() && c.inputs.get(d) == here;
+            if stored && here.is_some() && cands.iter().any(mirrored) {
                 cands.retain(mirrored);
             }
         }
@@ -642,7 +645,7 @@ impl Walk<'_> {
         // A result that lies whole on one device where its home is
         // elsewhere, or elsewhere than its home device, will be moved.
         let wanted = match self.wanted.get(&node.index()) {
-            Some(Home::On(h)) if c.output.sole_holder() != Some(*h) && !matches!(c.output, SplitState::Partial(_)) => {
+            Some(Home::On(h)) if c.output.sole_holder() != Some(*h) && !c.output.is_partial() => {
                 SplitState::on_device(*h, n, &t.ne)
             }
             Some(Home::Spread) if c.output.sole_holder().is_some() => Some(SplitState::Mirrored),
@@ -662,9 +665,13 @@ impl Walk<'_> {
         // not buy a cheap gather that forces a dearer all-reduce
         // downstream (a vocabulary-split head gathered so that its
         // logits stay partial).
-        if matches!(c.output, SplitState::Partial(_)) {
-            if let Some(tr) = conversion(&c.output, &SplitState::Mirrored, t.data_bytes() as u64, n) {
-                cost += self.time(&tr, &c.output, &SplitState::Mirrored);
+        if let Some(value) = match &c.output {
+            SplitState::Partial(_) => Some(SplitState::Mirrored),
+            SplitState::PartialOn(g, _) => Some(SplitState::MirroredOn(*g)),
+            _ => None,
+        } {
+            if let Some(tr) = conversion(&c.output, &value, t.data_bytes() as u64, n) {
+                cost += self.time(&tr, &c.output, &value);
             }
         }
         cost
@@ -828,6 +835,8 @@ fn leaf_states(
             if *s == SplitState::Unknown {
                 return Err(Error::Split { detail: format!("explicit state of tensor {:?} is Unknown", t.name) });
             }
+            s.check_group(n)
+                .map_err(|e| Error::Split { detail: format!("explicit state of tensor {:?}: {e}", t.name) })?;
             if let SplitState::Split(sp) = s {
                 sp.validate(t.ne[sp.axis.min(3)], n)
                     .map_err(|e| Error::Split { detail: format!("explicit state of tensor {:?}: {e}", t.name) })?;

@@ -129,6 +129,72 @@ impl AxisSplit {
     }
 }
 
+/// A set of devices of one world (bit `j` is device `j`; at most 64
+/// devices, as [`split_extents`]' ratios allow): the **device group** a
+/// [`SplitState::MirroredOn`] or [`SplitState::PartialOn`] tensor lives on
+/// (`docs/split-design.md`, section 4b).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DeviceSet(pub u64);
+
+impl DeviceSet {
+    /// Devices `0..n` (`n` ≤ 64; more are cut to 64).
+    pub fn all(n: usize) -> Self {
+        DeviceSet(if n >= 64 { u64::MAX } else { (1u64 << n) - 1 })
+    }
+
+    /// The set of the given devices (indices ≥ 64 are ignored).
+    pub fn of(devices: impl IntoIterator<Item = usize>) -> Self {
+        DeviceSet(devices.into_iter().filter(|&j| j < 64).fold(0, |m, j| m | 1 << j))
+    }
+
+    /// Whether device `j` is in the set.
+    pub fn contains(self, j: usize) -> bool {
+        j < 64 && self.0 >> j & 1 == 1
+    }
+
+    /// Number of devices in the set.
+    pub fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    /// True for the empty set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The devices, ascending.
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        (0..64).filter(move |&j| self.contains(j))
+    }
+
+    /// Whether every device is below `n` (the set belongs to a world of `n`).
+    pub fn within(self, n: usize) -> bool {
+        self.0 & !DeviceSet::all(n).0 == 0
+    }
+
+    /// Whether every device of `self` is in `other`.
+    pub fn subset_of(self, other: DeviceSet) -> bool {
+        self.0 & !other.0 == 0
+    }
+
+    /// The device of the set that serves device `j`: `j` itself when it is a
+    /// member, else one member chosen by `j` (spreading the non-members
+    /// over the members). `None` for the empty set.
+    pub fn server(self, j: usize) -> Option<usize> {
+        if self.contains(j) {
+            return Some(j);
+        }
+        let len = self.len();
+        (len > 0).then(|| self.iter().nth(j % len)).flatten()
+    }
+
+    /// `{0,2,3}`.
+    pub fn label(self) -> String {
+        let v: Vec<String> = self.iter().map(|j| j.to_string()).collect();
+        format!("{{{}}}", v.join(","))
+    }
+}
+
 /// The split state of one logical tensor over N devices.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum SplitState {
@@ -136,6 +202,16 @@ pub enum SplitState {
     Mirrored,
     /// Every device holds a full-shape addend; the value is their reduction.
     Partial(ReduceOp),
+    /// Every device of a group (≥ 2 devices, not all of them) holds all
+    /// values; the others hold nothing (an empty part, as a zero extent).
+    /// What a tensor split over some devices only computes its replicated
+    /// ops in: a `--tensor-split` with zero shares, or one machine's devices
+    /// under the hybrid split.
+    MirroredOn(DeviceSet),
+    /// Every device of a group (as [`SplitState::MirroredOn`]) holds a
+    /// full-shape addend; the value is their reduction; the others hold
+    /// nothing. Reduced among the group only.
+    PartialOn(DeviceSet, ReduceOp),
     /// Each device holds a slice along one axis.
     Split(AxisSplit),
     /// Not decided yet: exists only while planning, never in a finished plan.
@@ -151,6 +227,70 @@ impl SplitState {
     /// `Partial(Sum)`.
     pub fn partial() -> Self {
         SplitState::Partial(ReduceOp::Sum)
+    }
+
+    /// Mirrored on `group` of `n` devices: [`SplitState::Mirrored`] when the
+    /// group is every device, else [`SplitState::MirroredOn`].
+    pub fn mirrored_on(group: DeviceSet, n: usize) -> Self {
+        if DeviceSet::all(n).subset_of(group) {
+            SplitState::Mirrored
+        } else {
+            SplitState::MirroredOn(group)
+        }
+    }
+
+    /// A partial sum on `group` of `n` devices: [`SplitState::Partial`] when
+    /// the group is every device, else [`SplitState::PartialOn`].
+    pub fn partial_on(group: DeviceSet, n: usize) -> Self {
+        if DeviceSet::all(n).subset_of(group) {
+            SplitState::partial()
+        } else {
+            SplitState::PartialOn(group, ReduceOp::Sum)
+        }
+    }
+
+    /// The group of a [`SplitState::MirroredOn`] or [`SplitState::PartialOn`] state.
+    pub fn group(&self) -> Option<DeviceSet> {
+        match self {
+            SplitState::MirroredOn(g) | SplitState::PartialOn(g, _) => Some(*g),
+            _ => None,
+        }
+    }
+
+    /// The devices of `n` that hold any of the tensor: every device for the
+    /// whole-world states, a group's members, a split's devices with a
+    /// non-zero extent.
+    pub fn holders(&self, n: usize) -> DeviceSet {
+        match self {
+            SplitState::MirroredOn(g) | SplitState::PartialOn(g, _) => *g,
+            SplitState::Split(s) => DeviceSet::of((0..n).filter(|&j| s.local_len(j) > 0)),
+            _ => DeviceSet::all(n),
+        }
+    }
+
+    /// True for a partial sum, over every device or over a group.
+    pub fn is_partial(&self) -> bool {
+        matches!(self, SplitState::Partial(_) | SplitState::PartialOn(..))
+    }
+
+    /// Whether device `j` holds nothing of a tensor in this state because it
+    /// is outside the state's group.
+    pub fn outside(&self, j: usize) -> bool {
+        self.group().is_some_and(|g| !g.contains(j))
+    }
+
+    /// Checks that a group state's group is one of `n` devices' (members
+    /// below `n`, at least one); every other state passes.
+    ///
+    /// # Errors
+    /// [`Error::Split`] naming the group.
+    pub fn check_group(&self, n: usize) -> Result<()> {
+        match self.group() {
+            Some(g) if g.is_empty() || !g.within(n) => {
+                Err(Error::Split { detail: format!("{}: a device group outside devices 0..{n}", self.label()) })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The split, if this is one.
@@ -198,17 +338,20 @@ impl SplitState {
             return true;
         }
         match self {
-            SplitState::Partial(_) => false,
+            SplitState::Partial(_) | SplitState::PartialOn(..) => false,
             SplitState::Split(s) if s.axis == 0 => s.segments.iter().flatten().all(|&e| e % bs == 0),
-            SplitState::Split(_) | SplitState::Mirrored | SplitState::Unknown => true,
+            SplitState::Split(_) | SplitState::Mirrored | SplitState::MirroredOn(_) | SplitState::Unknown => true,
         }
     }
 
-    /// Short label: `mirrored`, `partial(sum)`, `split(axis=1, [4,4])`, `unknown`.
+    /// Short label: `mirrored`, `partial(sum)`, `mirrored on {0,1}`,
+    /// `partial(sum) on {2,3}`, `split(axis=1, [4,4])`, `unknown`.
     pub fn label(&self) -> String {
         match self {
             SplitState::Mirrored => "mirrored".into(),
             SplitState::Partial(ReduceOp::Sum) => "partial(sum)".into(),
+            SplitState::MirroredOn(g) => format!("mirrored on {}", g.label()),
+            SplitState::PartialOn(g, ReduceOp::Sum) => format!("partial(sum) on {}", g.label()),
             SplitState::Unknown => "unknown".into(),
             SplitState::Split(s) if s.segments.len() == 1 && s.repeat == 1 => {
                 format!("split(axis={}, {:?})", s.axis, s.segments[0])

@@ -241,7 +241,7 @@ impl SplitStore {
         match state {
             SplitState::Unknown => return Err(bad("state Unknown".into())),
             SplitState::Split(s) => s.validate(t.ne[s.axis.min(3)], self.n).map_err(|e| bad(e.to_string()))?,
-            SplitState::Partial(_) if !t.ty.is_float() && !t.ty.is_int() => {
+            SplitState::Partial(_) | SplitState::PartialOn(..) if !t.ty.is_float() && !t.ty.is_int() => {
                 return Err(bad(format!("a partial {} cannot be summed", t.ty)))
             }
             _ => {}
@@ -466,7 +466,8 @@ impl SplitStore {
         let (owner, start) = self.resolve(ctx, id, offset, data.len())?;
         let t = ctx.t(owner).clone();
         let e = self.map.get_mut(&owner).ok_or_else(|| Error::Split { detail: "store".into() })?;
-        let partial = matches!(e.state, SplitState::Partial(_));
+        let partial = e.state.is_partial();
+        let first = e.state.holders(e.locals.len()).iter().next().unwrap_or(0);
         if partial && (start % t.ty.type_size() != 0 || data.len() % t.ty.type_size() != 0) {
             return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
         }
@@ -506,7 +507,7 @@ impl SplitStore {
             }
             let c = copies[j].as_mut().ok_or_else(|| oob(&t.name))?;
             let d = c.get_mut(local..local + src.len()).ok_or_else(|| oob(&t.name))?;
-            if partial && j > 0 {
+            if partial && j != first {
                 d.fill(0);
             } else {
                 d.copy_from_slice(&data[src.clone()]);
@@ -546,13 +547,17 @@ impl SplitStore {
         let (owner, start) = self.resolve(ctx, id, offset, out.len())?;
         let t = ctx.t(owner);
         let e = &self.map[&owner];
-        if matches!(e.state, SplitState::Partial(_)) {
+        let first = e.state.holders(e.locals.len()).iter().next().unwrap_or(0);
+        if e.state.is_partial() {
             if start % t.ty.type_size() != 0 || out.len() % t.ty.type_size() != 0 {
                 return Err(Error::Split { detail: format!("partial {:?}: byte range not on elements", t.name) });
             }
             let parts: Vec<&[u8]> = e
                 .locals
                 .iter()
+                .enumerate()
+                .filter(|(j, _)| !e.state.outside(*j))
+                .map(|(_, l)| l)
                 .map(|l| l.host_slice()?.get(start..start + out.len()).ok_or_else(|| oob(&t.name)))
                 .collect::<Result<_>>()?;
             out.copy_from_slice(&sum_addends(t.ty, &parts)?);
@@ -560,8 +565,8 @@ impl SplitStore {
         }
         for_each_run(t, &e.state, e.locals.len(), start, out.len(), &mut |j, local, dst| {
             let s = e.locals[j].host_slice()?.get(local..local + dst.len()).ok_or_else(|| oob(&t.name))?;
-            // Mirrored: device 0's copy; split: the one owner.
-            if j == 0 || !matches!(e.state, SplitState::Mirrored) {
+            // Mirrored: the first holder's copy; split: the one owner.
+            if j == first || !matches!(e.state, SplitState::Mirrored | SplitState::MirroredOn(_)) {
                 out[dst].copy_from_slice(s);
             }
             Ok(())
@@ -631,7 +636,7 @@ fn for_each_run(
         return Ok(());
     }
     let Some(s) = state.as_split() else {
-        for j in 0..n {
+        for j in (0..n).filter(|&j| !state.outside(j)) {
             f(j, start, 0..len)?;
         }
         return Ok(());
@@ -928,21 +933,25 @@ impl SplitStore {
                     write_whole(p, Arc::new(convert(local, lne0)?))?;
                 }
             }
-            SplitState::Partial(_) => {
+            SplitState::Partial(_) | SplitState::PartialOn(..) => {
                 let bytes = Arc::new(convert(elems.to_vec(), ne0)?);
+                let first = state.holders(e.locals.len()).iter().next().unwrap_or(0);
                 for (j, p) in e.locals.iter_mut().enumerate() {
-                    if j == 0 {
+                    if j == first {
                         write_whole(p, bytes.clone())?;
-                    } else {
+                    } else if !state.outside(j) {
                         write_zeros(p)?;
                     }
                 }
             }
             _ => {
-                // Mirrored: converted once, the same bytes on every device.
+                // Mirrored: converted once, the same bytes on every device
+                // (of the group).
                 let bytes = Arc::new(convert(elems.to_vec(), ne0)?);
-                for p in e.locals.iter_mut() {
-                    write_whole(p, bytes.clone())?;
+                for (j, p) in e.locals.iter_mut().enumerate() {
+                    if !state.outside(j) {
+                        write_whole(p, bytes.clone())?;
+                    }
                 }
             }
         }

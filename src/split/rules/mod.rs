@@ -24,7 +24,7 @@ pub(crate) use data::{partial_lookup, reshape_split, view_geometry};
 
 pub(crate) use ssm::PackedView;
 
-use super::state::{AxisSplit, SplitState};
+use super::state::{AxisSplit, DeviceSet, SplitState};
 use crate::graph::Context;
 use crate::ops::OpFamily;
 use crate::tensor::Tensor;
@@ -78,17 +78,8 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
         out.push(Candidate::new(keep.collect(), SplitState::Mirrored));
     }
     on_one_device(&x, &mut out);
-    match t.op.family() {
-        OpFamily::Elementwise => elementwise::candidates(&x, &mut out),
-        OpFamily::Reduce => reduce::candidates(&x, &mut out),
-        OpFamily::Norm => norm::candidates(&x, &mut out),
-        OpFamily::Rope => rope::candidates(&x, &mut out),
-        OpFamily::Matmul => matmul::candidates(&x, &mut out),
-        OpFamily::Attn => attn::candidates(&x, &mut out),
-        OpFamily::Data => data::candidates(&x, &mut out),
-        OpFamily::Ssm => ssm::candidates(&x, &mut out),
-        OpFamily::Distributed => distributed::candidates(&x, &mut out),
-    }
+    family(&x, &mut out);
+    in_groups(&x, &mut out);
     // A block-typed tensor is never partial nor cut inside a block, whatever
     // a rule derived from its neighbours' states (an F32 operand's K split, a
     // partial addend): such a candidate is dropped here, in one place, and
@@ -96,6 +87,128 @@ pub(crate) fn candidates(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize
     out.retain(|c| c.output.suits(t.ty) && c.inputs.iter().zip(&x.src).all(|(st, s)| st.suits(s.ty)));
     out.push(Candidate::new(vec![SplitState::Mirrored; x.src.len()], SplitState::Mirrored));
     out
+}
+
+/// The candidates of `x`'s op family's rule.
+fn family(x: &Node, out: &mut Vec<Candidate>) {
+    match x.t.op.family() {
+        OpFamily::Elementwise => elementwise::candidates(x, out),
+        OpFamily::Reduce => reduce::candidates(x, out),
+        OpFamily::Norm => norm::candidates(x, out),
+        OpFamily::Rope => rope::candidates(x, out),
+        OpFamily::Matmul => matmul::candidates(x, out),
+        OpFamily::Attn => attn::candidates(x, out),
+        OpFamily::Data => data::candidates(x, out),
+        OpFamily::Ssm => ssm::candidates(x, out),
+        OpFamily::Distributed => distributed::candidates(x, out),
+    }
+}
+
+/// The strategies of a node whose sources live on a **device group** (2 or
+/// more devices, not all): a split with zero extents elsewhere (a
+/// `--tensor-split` with zero shares, fewer heads than devices), or a
+/// tensor mirrored or partial on a group. For each such group the family's
+/// rule runs over the group's devices as if they were all the devices
+/// (every source projected there: mirrored stays mirrored, the group's own
+/// states become whole-world ones, a split keeps its members' extents, any
+/// other state is brought to the group as mirrored), and each strategy is
+/// lifted back: mirrored and partial on the group, splits with zero
+/// extents outside it. The devices outside take no part in the node nor in
+/// the reductions of its partial sums (`docs/split-design.md`, section
+/// 4b). Strategies with a row combine, a vocabulary lookup or a
+/// device-local packing are not lifted (their steps run on every device).
+fn in_groups(x: &Node, out: &mut Vec<Candidate>) {
+    if x.n < 3 || x.t.nelements() == 0 || reads_owner_layout(x.t, x.src.first().copied()) {
+        return;
+    }
+    let all = DeviceSet::all(x.n);
+    let mut groups: Vec<DeviceSet> = Vec::new();
+    for c in x.cur {
+        let g = match c {
+            SplitState::MirroredOn(g) | SplitState::PartialOn(g, _) => *g,
+            SplitState::Split(_) => c.holders(x.n),
+            _ => continue,
+        };
+        if g.len() >= 2 && g != all && !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    for g in groups {
+        let sub: Vec<SplitState> = x.cur.iter().map(|c| project(c, g, x.n)).collect();
+        if x.t.op.is_view_op() {
+            // The tensor whose memory the result is must already be on the
+            // group (a write's deferred destination is laid out as needed).
+            let a = x.t.op.written_src().unwrap_or(0);
+            let anchored = match x.cur.get(a) {
+                Some(SplitState::Unknown) => x.t.op.writes_through_view(),
+                Some(SplitState::Mirrored) => true,
+                Some(c) => c.group() == Some(g) || matches!(c, SplitState::Split(_)) && c.holders(x.n).subset_of(g),
+                None => false,
+            };
+            if !anchored {
+                continue;
+            }
+        }
+        let y = Node { ctx: x.ctx, t: x.t, src: x.src.clone(), cur: &sub, n: g.len() };
+        let mut inner = Vec::new();
+        family(&y, &mut inner);
+        inner.push(Candidate::new(vec![SplitState::Mirrored; x.src.len()], SplitState::Mirrored));
+        for c in inner {
+            if c.packed || c.combine_bytes.is_some() || partial_lookup(x.t, &c.inputs, &c.output) {
+                continue;
+            }
+            let inputs: Option<Vec<SplitState>> = c.inputs.iter().map(|s| lift(s, g, x.n)).collect();
+            if let (Some(inputs), Some(output)) = (inputs, lift(&c.output, g, x.n)) {
+                let c = Candidate::new(inputs, output);
+                if !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+    }
+}
+
+/// `s` (a state over `n` devices) as the devices of group `g` see it when
+/// they are taken for all the devices ([`in_groups`]).
+fn project(s: &SplitState, g: DeviceSet, n: usize) -> SplitState {
+    match s {
+        SplitState::Mirrored => SplitState::Mirrored,
+        SplitState::MirroredOn(h) if *h == g => SplitState::Mirrored,
+        SplitState::PartialOn(h, op) if *h == g => SplitState::Partial(*op),
+        SplitState::Split(a) if s.holders(n).subset_of(g) => SplitState::Split(AxisSplit {
+            axis: a.axis,
+            segments: a.segments.iter().map(|v| g.iter().map(|j| v.get(j).copied().unwrap_or(0)).collect()).collect(),
+            repeat: a.repeat,
+        }),
+        SplitState::Unknown => SplitState::Unknown,
+        _ => SplitState::Mirrored,
+    }
+}
+
+/// A state over group `g`'s devices (as [`project`] gives them) as a state
+/// over all `n` devices; `None` for a split over another device count.
+fn lift(s: &SplitState, g: DeviceSet, n: usize) -> Option<SplitState> {
+    Some(match s {
+        SplitState::Mirrored => SplitState::mirrored_on(g, n),
+        SplitState::Partial(op) => SplitState::PartialOn(g, *op),
+        SplitState::Split(a) => {
+            let members: Vec<usize> = g.iter().collect();
+            let mut segments = Vec::with_capacity(a.segments.len());
+            for v in &a.segments {
+                if v.len() != members.len() {
+                    return None;
+                }
+                let mut w = vec![0; n];
+                for (k, &j) in members.iter().enumerate() {
+                    w[j] = v[k];
+                }
+                segments.push(w);
+            }
+            SplitState::Split(AxisSplit { axis: a.axis, segments, repeat: a.repeat })
+        }
+        SplitState::Unknown => SplitState::Unknown,
+        SplitState::MirroredOn(_) | SplitState::PartialOn(..) => return None,
+    })
 }
 
 /// The strategies of any op whose sources lie whole on one device or are
