@@ -7,7 +7,7 @@
 //!
 //! Options (llama.cpp's names): `--devices N` (default 1, or as many as
 //! `--tensor-split` gives), `--tensor-split r0,r1,..` (default equal),
-//! `--split-mode none|layer|tensor` (none: one device), `--threads N` (per device, default 1),
+//! `--split-mode none|layer|tensor|hybrid` (none: one device), `--threads N` (per device, default 1),
 //! `--ctx-size N` (KV cells, default 4096), `--fit on|off` (on: the largest
 //! context of 256-cell steps up to `--ctx-size` that fits every device,
 //! sized from the plans before anything is allocated; default off),
@@ -152,6 +152,7 @@ fn run() -> shardgraph::Result<()> {
             cache_types: kv,
             ratios: ratios.clone(),
             mode: devices.split_mode(),
+            groups: devices.groups(),
             n_batch: n_prompt.min(ubatch) as i64,
             snapshot_slots: 0,
             link: devices.link_model()?,

@@ -29,7 +29,7 @@
 //!
 //! Options (llama.cpp's names where it has one):
 //! `--target qwen3|qwen35` (default qwen3), `--devices N` (default 2),
-//! `--tensor-split r0,r1,..` (default equal), `--split-mode none|layer|tensor`
+//! `--tensor-split r0,r1,..` (default equal), `--split-mode none|layer|tensor|hybrid`
 //! (default tensor; `none` runs on one device),
 //! `--device CPU|CUDA<i>|HIP<i>|EMU|EMUHIP,..` (one name per device, default
 //! CPU; naming a GPU k times gives k virtual devices on it; needs

@@ -18,7 +18,7 @@
 //! draws), and `--verify` is refused.
 //!
 //! Options: `--devices N` (default 3), `--tensor-split r0,r1,..` (default
-//! equal), `--split-mode none|layer|tensor`, `--device CPU|CUDA<i>|HIP<i>|EMU|EMUHIP,..`
+//! equal), `--split-mode none|layer|tensor|hybrid`, `--device CPU|CUDA<i>|HIP<i>|EMU|EMUHIP,..`
 //! (as in the dflash2 example), `--spec-draft-n-max` (default 3),
 //! `--spec-draft-n-min` (default 0), `--spec-draft-p-min` (default 0),
 //! `--cache-type-k TYPE`, `--cache-type-v TYPE` (as in the dflash2

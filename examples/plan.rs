@@ -16,7 +16,7 @@
 //! drafter with the z-lab Qwen3.8-27B-DFlash2 dimensions
 //! (shardgraph-models/MODELS.md, section 4.8) and its candidate selector; both
 //! Q8_0, their block and injection steps planned too), `--devices N`,
-//! `--tensor-split r0,r1,..`, `--split-mode none|layer|tensor` (default tensor; none
+//! `--tensor-split r0,r1,..`, `--split-mode none|layer|tensor|hybrid` (default tensor; none
 //! plans one device), `--ctx-size` (KV cells, default 4096),
 //! `--cache-type-k TYPE` and `--cache-type-v TYPE` (llama.cpp's cache types,
 //! default f16; q4_0 for qwen35-27b), `--tokens T` (batch, default 1).
@@ -62,6 +62,12 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     let model = arg(args, "--model").unwrap_or_else(|| "qwen3-8b".into());
     let (ratios, mode) = spec::devices(args, 2);
     let layer = mode == "layer";
+    if mode == "hybrid" {
+        // One process's devices are one group: the hybrid split is the
+        // tensor split here (decode under mpirun splits by process).
+        eprintln!("--split-mode hybrid needs device groups (one per process or machine): run decode under mpirun");
+        std::process::exit(2);
+    }
     let n = ratios.len();
     let qwen35 = model == "qwen35-27b";
     let kv_size: i64 = parsed(args, "--ctx-size", if qwen35 { 65536 } else { 4096 });

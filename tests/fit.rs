@@ -16,7 +16,7 @@
 //! except for qwen35 + MTP, whose estimate is conservative (the measured
 //! ratio is pinned, see the test).
 
-use shardgraph::split::{Devices, LinkModel, SplitMode};
+use shardgraph::split::{DeviceSet, Devices, LinkModel, SplitMode};
 use shardgraph::{Backend, Context, GgmlType, Graph, TensorId};
 use shardgraph_models::dflash::{qwen35_dflash_policy, qwen3_dflash_policy, Dflash, DflashHparams, TargetInfo};
 use shardgraph_models::fit::{fit_ctx_size, FitDraft, FitSpec, FitTarget, CTX_STEP};
@@ -64,6 +64,7 @@ fn specs(n: usize) -> Vec<(&'static str, FitSpec)> {
         cache_types: GgmlType::F16.into(),
         ratios: vec![1.0; n],
         mode: SplitMode::Tensor,
+        groups: Vec::new(),
         n_batch: 16,
         snapshot_slots,
         link: LinkModel::default(),
@@ -116,16 +117,20 @@ fn run_worst_steps(spec: &FitSpec, cells: i64, backends: Vec<Arc<dyn Backend>>) 
         FitDraft::Dflash { hp, types } => Some(Dflash::new(&mut ctx, info, hp.clone(), types, kv, cells)?),
         _ => None,
     };
-    let policy = match (&spec.target, &spec.draft) {
-        _ if spec.mode == SplitMode::Layer => shardgraph::split::SplitPolicy::layer_split(r, n_layer)?,
+    let tensor = |r: &[f32]| match (&spec.target, &spec.draft) {
         (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { hp: d, types: dt }) => {
-            qwen3_dflash_policy(hp, types, d, dt, r)?
+            qwen3_dflash_policy(hp, types, d, dt, r)
         }
         (FitTarget::Qwen35 { hp, types }, FitDraft::Dflash { hp: d, types: dt }) => {
-            qwen35_dflash_policy(hp, types, d, dt, r)?
+            qwen35_dflash_policy(hp, types, d, dt, r)
         }
-        (FitTarget::Qwen3 { hp, types }, _) => qwen3_policy(hp, types, r)?,
-        (FitTarget::Qwen35 { hp, types }, _) => qwen35_policy(hp, types, r)?,
+        (FitTarget::Qwen3 { hp, types }, _) => qwen3_policy(hp, types, r),
+        (FitTarget::Qwen35 { hp, types }, _) => qwen35_policy(hp, types, r),
+    };
+    let policy = match spec.mode {
+        SplitMode::Layer => shardgraph::split::SplitPolicy::layer_split(r, n_layer)?,
+        SplitMode::Hybrid => shardgraph::split::SplitPolicy::hybrid(r, &spec.groups, n_layer, &tensor)?,
+        SplitMode::Tensor => tensor(r)?,
     };
     let base = ctx.len();
     let (verify, taps) = match &spec.draft {
@@ -267,8 +272,14 @@ fn a_layer_split_is_sized_from_its_plans_and_holds_the_weights_once() {
     let cells = 1024;
     for (name, spec) in specs(1) {
         let one = spec.memory(cells).unwrap();
-        for (n, mode) in [2, 3].into_iter().flat_map(|n| [(n, SplitMode::Layer), (n, SplitMode::Tensor)]) {
-            let spec = FitSpec { ratios: vec![1.0; n], mode, ..spec.clone() };
+        let modes = [2, 3].into_iter().flat_map(|n| [(n, SplitMode::Layer), (n, SplitMode::Tensor)]);
+        for (n, mode) in modes.chain([(3, SplitMode::Hybrid), (4, SplitMode::Hybrid)]) {
+            // Hybrid: two groups, {0, 1} and the rest.
+            let groups = match mode {
+                SplitMode::Hybrid => vec![DeviceSet::of([0, 1]), DeviceSet::of(2..n)],
+                _ => Vec::new(),
+            };
+            let spec = FitSpec { ratios: vec![1.0; n], mode, groups, ..spec.clone() };
             let est = spec.memory(cells).unwrap();
             let what = format!("{name}, {} split over {n} devices", mode.name());
             // Each device holds its layers' weights; an empty part costs the
@@ -333,6 +344,7 @@ fn bad_specs_are_errors() {
         cache_types: GgmlType::F16.into(),
         ratios: vec![1.0],
         mode: SplitMode::Tensor,
+        groups: Vec::new(),
         n_batch: 1,
         snapshot_slots,
         link: LinkModel::default(),

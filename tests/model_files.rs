@@ -229,6 +229,7 @@ fn a_tied_plan_holds_one_copy_of_the_head() {
                 cache_types: GgmlType::F16.into(),
                 ratios: vec![1.0; n],
                 mode: SplitMode::Tensor,
+                groups: Vec::new(),
                 n_batch: 1,
                 snapshot_slots: 0,
                 link: shardgraph::split::LinkModel::default(),

@@ -291,3 +291,93 @@ fn mirrored_caches_are_written_on_every_device() {
     assert_eq!(moved, planned);
     assert!(moved < 258_336 / 2, "{moved}");
 }
+
+/// `--tensor-split 1,1,0,0` (and 1,0,1,0, 0,1,0,1) over 4 devices: the two
+/// devices with a zero share hold no part of any split weight, so every
+/// tensor lives on the group of the other two (mirrored and partial sums
+/// on that group only, its all-reduces and row combines among its two
+/// devices): the logits are 2 devices' at 1,1 bit for bit (the same
+/// one-shot all-reduces, in the same order), the run moves what its plans
+/// say, and no repartition leaves anything on a device with a zero share.
+/// (Without device groups each all-reduce crossed all four devices:
+/// 1,1,0,0 moved what 1,1,1,1 moves.)
+#[test]
+fn zero_shares_in_a_tensor_split_keep_those_devices_out_of_every_collective() {
+    use shardgraph::split::Devices;
+    let hp = Qwen3Hparams { core: shardgraph_models::hparams::HparamsCore::qwen3(4, 64, 128, 6, 2, 32), ..hp() };
+    let prompt = [3, 17, 42, 5, 88, 1];
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let two = Devices::cpu(2, 1).unwrap();
+    let mut s2 = decode::seeded_session_on(hp.clone(), &two, &types, kv, 32);
+    let (want, want_logits) = generate(&mut s2, &prompt, 6);
+    for ratios in [vec![1.0, 1.0, 0.0, 0.0], vec![1.0, 0.0, 1.0, 0.0], vec![0.0, 1.0, 0.0, 1.0]] {
+        let devices = Devices::cpu(4, 1).unwrap().with_tensor_split(&ratios).unwrap();
+        let mut s = decode::seeded_session_on(hp.clone(), &devices, &types, kv, 32);
+        let (got, logits) = generate(&mut s, &prompt, 6);
+        assert_eq!(got, want, "{ratios:?}");
+        for (a, b) in logits.iter().zip(&want_logits) {
+            assert_eq!(nmse(a, b), 0.0, "{ratios:?}");
+        }
+        assert_eq!(s.runner().bytes_moved(), s.runner().bytes_planned(), "{ratios:?}");
+        let mut ctx = Context::new();
+        let model = Qwen3::new(&mut ctx, hp.clone(), &types, kv, 32).unwrap();
+        let step = model.build(&mut ctx, 1, &[]).unwrap();
+        let g = ctx.build_forward(&step.outputs()).unwrap();
+        let plan = Planner::default().plan(&ctx, &g, s.runner().policy(), &[]).unwrap();
+        // What a repartition leaves on a device with a zero share: nothing.
+        for r in &plan.repartitions {
+            for j in (0..4).filter(|&j| ratios[j] == 0.0) {
+                let part = shardgraph::split::local_ne(g_ne(&ctx, r.tensor), &r.to, j);
+                assert_eq!(part.iter().product::<i64>(), 0, "{ratios:?}: device {j}\n{}", plan.report(&ctx));
+            }
+        }
+    }
+}
+
+fn g_ne(ctx: &Context, id: shardgraph::TensorId) -> [i64; 4] {
+    ctx.tensor(id).unwrap().ne
+}
+
+/// The hybrid split (`--split-mode hybrid`) over 4 devices in two groups,
+/// {0, 1} and {2, 3} (two machines of two GPUs): each layer tensor-split
+/// inside its group, the layers shared between the groups. The tokens are
+/// one device's and the logits within the tensor split's rounding; every
+/// run moves what its plans say; and, priced with the links of two
+/// machines, the only collective between the groups is the hidden state
+/// at the group boundary (one copy to each device of the next group),
+/// every all-reduce staying inside a group.
+#[test]
+fn hybrid_split_keeps_the_all_reduces_inside_each_group() {
+    use shardgraph::split::{DeviceSet, Devices, LinkClass, Links, SplitMode};
+    let hp = Qwen3Hparams { core: shardgraph_models::hparams::HparamsCore::qwen3(4, 64, 128, 6, 2, 32), ..hp() };
+    let prompt = [3, 17, 42, 5, 88, 1];
+    let (types, kv) = (TensorTypes::uniform(GgmlType::Q8_0), GgmlType::Q4_0);
+    let one = Devices::cpu(1, 1).unwrap();
+    let mut s1 = decode::seeded_session_on(hp.clone(), &one, &types, kv, 32);
+    let (want, want_logits) = generate(&mut s1, &prompt, 6);
+    let groups = vec![DeviceSet::of([0, 1]), DeviceSet::of([2, 3])];
+    let devices = Devices::cpu(4, 1).unwrap().with_groups(groups.clone()).unwrap().with_split_mode(SplitMode::Hybrid);
+    let mut s = decode::seeded_session_on(hp.clone(), &devices, &types, kv, 32);
+    assert_eq!(s.runner().policy().hybrid_groups(), Some(groups.clone()));
+    let (got, logits) = generate(&mut s, &prompt, 6);
+    assert_eq!(got, want);
+    for (a, b) in logits.iter().zip(&want_logits) {
+        assert!(nmse(a, b) < 1e-4, "{}", nmse(a, b));
+    }
+    assert_eq!(s.runner().bytes_moved(), s.runner().bytes_planned());
+    let mut ctx = Context::new();
+    let model = Qwen3::new(&mut ctx, hp.clone(), &types, kv, 32).unwrap();
+    let step = model.build(&mut ctx, 1, &[]).unwrap();
+    let g = ctx.build_forward(&step.outputs()).unwrap();
+    let same = |i: usize, j: usize| groups.iter().any(|g| g.contains(i) && g.contains(j));
+    let class = |i: usize, j: usize| if same(i, j) { LinkClass::SameNode } else { LinkClass::OtherNode };
+    let models = LinkClass::ALL.map(|c| c.default_model());
+    let links = Links::new(4, class, models).unwrap();
+    let plan = Planner::default().with_links(links).plan(&ctx, &g, s.runner().policy(), &[]).unwrap();
+    let [_, inside, across] = plan.by_link();
+    // One hidden state of 64 F32 to each of the 2 devices of the next group
+    // (the output head's argmax combines its statistics inside its group).
+    assert_eq!(across, (1, 2 * 64 * 4), "{}", plan.report(&ctx));
+    // Inside the groups: each layer's two all-reduces (attention and FFN).
+    assert!(inside.0 >= 2 * 4, "{}", plan.report(&ctx));
+}

@@ -238,7 +238,7 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
     };
     let mode = arg(args, "--split-mode").unwrap_or_else(|| "tensor".into());
     match mode.as_str() {
-        "tensor" | "layer" => {}
+        "tensor" | "layer" | "hybrid" => {}
         // The whole model on the main device (a --devices given is still
         // checked: 0 or too many is a typo, not ignored).
         "none" => {
@@ -253,7 +253,7 @@ pub fn devices(args: &[String], default_n: usize) -> (Vec<f32>, String) {
             }
             return (vec![1.0], mode);
         }
-        other => fail(format!("--split-mode {other}: use none, layer or tensor")),
+        other => fail(format!("--split-mode {other}: use none, layer, tensor or hybrid")),
     }
     let listed = arg(args, "--device").map(|l| l.split(',').count());
     let split: Option<Vec<f32>> = arg(args, "--tensor-split").map(|s| {
@@ -348,6 +348,7 @@ pub fn open_devices(args: &[String], ratios: &[f32], threads: usize) -> shardgra
     };
     let mode = match arg(args, "--split-mode").as_deref() {
         Some("layer") => shardgraph::split::SplitMode::Layer,
+        Some("hybrid") => shardgraph::split::SplitMode::Hybrid,
         _ => shardgraph::split::SplitMode::Tensor,
     };
     #[cfg(feature = "mpi")]

@@ -115,7 +115,8 @@ impl Meta {
         match std::env::var("SHARDGRAPH_SPLIT_MODE").as_deref() {
             Err(_) | Ok("tensor") => {}
             Ok("layer") => devices = devices.with_split_mode(shardgraph::split::SplitMode::Layer),
-            Ok(other) => return Err(format!("SHARDGRAPH_SPLIT_MODE={other:?}: use layer or tensor")),
+            Ok("hybrid") => devices = devices.with_split_mode(shardgraph::split::SplitMode::Hybrid),
+            Ok(other) => return Err(format!("SHARDGRAPH_SPLIT_MODE={other:?}: use layer, tensor or hybrid")),
         }
         let policy = crate::policy::llama_policy(&devices, &Context::new())?;
         let description = format!("{} sub-devices: {}", devices.n_devices(), devices.names().join(", "));

@@ -35,17 +35,27 @@ fn axis(axis: usize, granule: i64) -> SplitSpec {
 
 /// The policy for `devices`, with attention rules for each layer whose
 /// tensors `ctx` holds (translated graphs so far); under
-/// [`SplitMode::Layer`], the layer split of the layers `ctx` names.
+/// [`SplitMode::Layer`], the layer split of the layers `ctx` names; under
+/// [`SplitMode::Hybrid`], the hybrid split over the devices' groups.
 ///
 /// # Errors
 /// The devices' ratios are invalid ([`Devices::policy`]).
 pub(crate) fn llama_policy(devices: &Devices, ctx: &Context) -> Result<SplitPolicy, String> {
-    if devices.split_mode() == SplitMode::Layer {
-        // llama.cpp's --split-mode layer over the layers the graph has.
-        let n_layer = ctx.ids().filter_map(|id| layer_of(&ctx.tensor(id).ok()?.name)).max().map_or(0, |l| l + 1);
-        return SplitPolicy::layer_split(devices.ratios(), n_layer).map_err(|e| e.to_string());
+    // The layers the graph has.
+    let n_layer = || ctx.ids().filter_map(|id| layer_of(&ctx.tensor(id).ok()?.name)).max().map_or(0, |l| l + 1);
+    let tensor = |r: &[f32]| tensor_policy(r, ctx);
+    match devices.split_mode() {
+        // llama.cpp's --split-mode layer.
+        SplitMode::Layer => SplitPolicy::layer_split(devices.ratios(), n_layer()),
+        SplitMode::Hybrid => SplitPolicy::hybrid(devices.ratios(), &devices.groups(), n_layer(), &tensor),
+        SplitMode::Tensor => tensor(devices.ratios()),
     }
-    let mut policy = devices.policy().map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())
+}
+
+/// The tensor-split policy at `ratios` for the layers `ctx` holds.
+fn tensor_policy(ratios: &[f32], ctx: &Context) -> shardgraph::Result<SplitPolicy> {
+    let mut policy = SplitPolicy::new(ratios)?;
     for (pattern, spec) in attention_rules(ctx).into_iter().chain(ffn_rules(ctx)) {
         policy = policy.rule(&pattern, spec);
     }

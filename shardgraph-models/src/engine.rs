@@ -630,6 +630,7 @@ impl Engine {
             cache_types: params.cache_types(),
             ratios: devices.ratios().to_vec(),
             mode: devices.split_mode(),
+            groups: devices.groups(),
             n_batch,
             snapshot_slots: plan.snapshot_slots(),
             link: devices.link_model()?,

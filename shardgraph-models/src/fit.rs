@@ -21,7 +21,7 @@ use super::types::{KvTypes, TensorTypes};
 use shardgraph::error::{Error, Result};
 use shardgraph::graph::{Context, Graph};
 use shardgraph::split::{
-    local_ne, DeviceMemory, LeafInfo, LinkModel, MetaExecutor, Planner, SplitMode, SplitPolicy, SplitState,
+    local_ne, DeviceMemory, DeviceSet, LeafInfo, LinkModel, MetaExecutor, Planner, SplitMode, SplitPolicy, SplitState,
 };
 use shardgraph::tensor::GgmlType;
 use std::collections::HashSet;
@@ -162,6 +162,9 @@ pub struct FitSpec {
     /// How the model is spread over the devices (llama.cpp's `--split-mode`;
     /// [`SplitMode::Layer`] sizes [`SplitPolicy::layer_split`]'s layout).
     pub mode: SplitMode,
+    /// The device groups of [`SplitMode::Hybrid`]
+    /// ([`shardgraph::split::Devices::groups`]); empty: one group of all.
+    pub groups: Vec<DeviceSet>,
     /// The most tokens one target step takes (the prompt batch,
     /// `--ubatch-size`), at least 1; a verification batch of a drafter's
     /// block or chain counts too where it is larger.
@@ -179,9 +182,19 @@ impl FitSpec {
     /// The policy for this spec's target and drafter.
     fn policy(&self, model: &Built) -> Result<SplitPolicy> {
         let r = &self.ratios;
-        if self.mode == SplitMode::Layer {
-            return SplitPolicy::layer_split(r, self.n_layer());
+        match self.mode {
+            SplitMode::Layer => SplitPolicy::layer_split(r, self.n_layer()),
+            SplitMode::Hybrid => {
+                let all = [DeviceSet::all(r.len())];
+                let groups = if self.groups.is_empty() { &all[..] } else { &self.groups[..] };
+                SplitPolicy::hybrid(r, groups, self.n_layer(), &|r| self.tensor_policy(model, r))
+            }
+            SplitMode::Tensor => self.tensor_policy(model, r),
         }
+    }
+
+    /// The tensor-split policy for this spec's target and drafter at `r`.
+    fn tensor_policy(&self, model: &Built, r: &[f32]) -> Result<SplitPolicy> {
         match (&self.target, &self.draft, &model.dflash) {
             (FitTarget::Qwen3 { hp, types }, FitDraft::Dflash { types: dt, .. }, Some(d)) => {
                 qwen3_dflash_policy(hp, types, &d.hp, dt, r)

@@ -3,7 +3,9 @@
 //! devices and the communicator — from which the split policy, the store and
 //! the executor take their device count, so they cannot disagree.
 
-use super::{Comm, LinkClass, LinkModel, Links, MetaExecutor, ProcessGroup, SplitMode, SplitPolicy, SplitStore};
+use super::{
+    Comm, DeviceSet, LinkClass, LinkModel, Links, MetaExecutor, ProcessGroup, SplitMode, SplitPolicy, SplitStore,
+};
 use crate::backend::cpu::{CpuBackend, CpuConfig};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -38,6 +40,8 @@ pub struct Devices {
     /// process's.
     group: Option<Arc<dyn ProcessGroup>>,
     mode: SplitMode,
+    /// Device groups the embedder set ([`Devices::with_groups`]).
+    groups: Option<Vec<DeviceSet>>,
     /// Why GPUs across processes exchange over MPI rather than NCCL/RCCL.
     why_not_native: Option<String>,
 }
@@ -71,6 +75,7 @@ impl Devices {
             comm: None,
             group: None,
             mode: SplitMode::Tensor,
+            groups: None,
             why_not_native: None,
         })
     }
@@ -105,6 +110,7 @@ impl Devices {
             comm: None,
             group: None,
             mode: SplitMode::Tensor,
+            groups: None,
             why_not_native: None,
         })
     }
@@ -134,6 +140,7 @@ impl Devices {
             comm: None,
             group: None,
             mode: SplitMode::Tensor,
+            groups: None,
             why_not_native: None,
         })
     }
@@ -215,6 +222,8 @@ impl Devices {
             comm: Some(comm.unwrap_or_else(|| mpi.clone())),
             group: Some(mpi),
             mode: self.mode,
+            // The world's groups follow its processes and machines.
+            groups: None,
             why_not_native: why_not,
         })
     }
@@ -390,22 +399,61 @@ impl Devices {
         self.mode
     }
 
+    /// The same devices in the groups `groups` (a partition of the device
+    /// indices) for [`SplitMode::Hybrid`]: tensor split inside a group,
+    /// layers across groups. Set them where the topology is known better
+    /// than the process layout tells (two NVLink islands of one machine,
+    /// say); by default [`Devices::groups`] derives them.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for groups that are not a partition of the devices
+    /// into non-empty sets.
+    pub fn with_groups(mut self, groups: Vec<DeviceSet>) -> Result<Self> {
+        super::policy::check_partition(&groups, self.backends.len())?;
+        self.groups = Some(groups);
+        Ok(self)
+    }
+
+    /// The device groups of [`SplitMode::Hybrid`]: those set by
+    /// [`Devices::with_groups`], else the devices that share the fastest
+    /// link class short of the slowest one present: one group per machine
+    /// when the devices span machines, one per process when they span the
+    /// processes of one machine, and one group of all when they are all
+    /// this process's (the hybrid split is then the tensor split). In
+    /// device order.
+    pub fn groups(&self) -> Vec<DeviceSet> {
+        if let Some(g) = &self.groups {
+            return g.clone();
+        }
+        let n = self.backends.len();
+        let slowest = self.slowest_link();
+        if slowest == LinkClass::SameProcess {
+            return vec![DeviceSet::all(n)];
+        }
+        let mut groups: Vec<DeviceSet> = Vec::new();
+        for j in 0..n {
+            match groups.iter_mut().find(|g| g.iter().next().is_some_and(|i| self.link_class(i, j) < slowest)) {
+                Some(g) => g.0 |= 1 << j,
+                None => groups.push(DeviceSet::of([j])),
+            }
+        }
+        groups
+    }
+
     /// The policy for a model of `n_layer` repeating layers with
     /// llama.cpp's tensor names over these devices: under
     /// [`SplitMode::Layer`], [`SplitPolicy::layer_split`] at their ratios;
     /// under [`SplitMode::Tensor`], `tensor(ratios)` (the model's own
-    /// tensor-split policy).
+    /// tensor-split policy); under [`SplitMode::Hybrid`],
+    /// [`SplitPolicy::hybrid`] over [`Devices::groups`] with `tensor`.
     ///
     /// # Errors
     /// What `tensor` returns; [`Error::Split`] for ratios the policy refuses.
-    pub fn model_policy(
-        &self,
-        n_layer: usize,
-        tensor: impl FnOnce(&[f32]) -> Result<SplitPolicy>,
-    ) -> Result<SplitPolicy> {
+    pub fn model_policy(&self, n_layer: usize, tensor: impl Fn(&[f32]) -> Result<SplitPolicy>) -> Result<SplitPolicy> {
         match self.mode {
             SplitMode::Layer => SplitPolicy::layer_split(&self.ratios, n_layer),
             SplitMode::Tensor => tensor(&self.ratios),
+            SplitMode::Hybrid => SplitPolicy::hybrid(&self.ratios, &self.groups(), n_layer, &tensor),
         }
     }
 

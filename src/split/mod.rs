@@ -64,5 +64,5 @@ pub use lower::{lower, Lowered, Step};
 pub use memory::DeviceMemory;
 pub use planner::{Plan, Planner, Repartition};
 pub use policy::{glob_match, layer_device, layer_of, LeafInfo, SplitMode, SplitPolicy, SplitRule, SplitSpec};
-pub use state::{DeviceSet, split_extents, AxisSplit, ReduceOp, SplitState};
+pub use state::{split_extents, AxisSplit, DeviceSet, ReduceOp, SplitState};
 pub use store::SplitStore;

@@ -8,7 +8,7 @@
 use super::cost::{conversion, Collective, LinkClass, LinkModel, Links, Traffic};
 use super::policy::{LeafInfo, SplitPolicy};
 use super::rules::{candidates, packed_view};
-use super::state::SplitState;
+use super::state::{DeviceSet, ReduceOp, SplitState};
 use super::writes::{owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
@@ -401,7 +401,7 @@ impl Planner {
         for (&l, st) in graph.leafs().iter().zip(leafs) {
             w.states[l.index()] = Some(st);
         }
-        (w.runs_at, w.wanted) = homes(ctx, graph, &w.states);
+        (w.runs_at, w.wanted) = homes(ctx, graph, &w.states, n);
         for &node in graph.nodes() {
             let t = ctx.t(node);
             let cur = w.current(t);
@@ -461,11 +461,14 @@ struct Walk<'a> {
 }
 
 /// Where the weights a node's result meets want it: whole on one device
-/// (weights that lie whole there: a layer of `--split-mode layer`), or
-/// spread over the devices (weights split across them).
+/// (weights that lie whole there: a layer of `--split-mode layer`), on a
+/// device group (weights split over some devices only: a layer of the
+/// hybrid split, a tensor split with zero shares), or spread over all the
+/// devices (weights split across them).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Home {
     On(usize),
+    Group(DeviceSet),
     Spread,
 }
 
@@ -481,7 +484,12 @@ enum Home {
 /// wanted: without it a node whose sources lie on another device than its
 /// consumers' weights would run where its sources are and move its result,
 /// and the next node again.
-fn homes(ctx: &Context, graph: &Graph, states: &[Option<SplitState>]) -> (HashMap<usize, Home>, HashMap<usize, Home>) {
+fn homes(
+    ctx: &Context,
+    graph: &Graph,
+    states: &[Option<SplitState>],
+    n: usize,
+) -> (HashMap<usize, Home>, HashMap<usize, Home>) {
     let mut home: HashMap<usize, Home> = HashMap::new();
     for &l in graph.leafs() {
         let t = ctx.t(l);
@@ -490,9 +498,12 @@ fn homes(ctx: &Context, graph: &Graph, states: &[Option<SplitState>]) -> (HashMa
         }
         let h = match &states[l.index()] {
             Some(s) if s.sole_holder().is_some() => s.sole_holder().map(Home::On),
-            Some(SplitState::Split(_) | SplitState::Partial(_) | SplitState::MirroredOn(_) | SplitState::PartialOn(..)) => {
-                Some(Home::Spread)
+            Some(s) if n > 2 && s.holders(n).len() >= 2 && s.holders(n) != DeviceSet::all(n) => {
+                Some(Home::Group(s.holders(n)))
             }
+            Some(
+                SplitState::Split(_) | SplitState::Partial(_) | SplitState::MirroredOn(_) | SplitState::PartialOn(..),
+            ) => Some(Home::Spread),
             _ => None,
         };
         if let Some(h) = h {
@@ -565,13 +576,22 @@ impl Walk<'_> {
         let mut cands = candidates(ctx, t, cur, self.n);
         // Where its own or its consumer's weights lie whole on one device,
         // running there is a strategy too (first: it wins a tie).
+        // The same for a device group.
         for map in [&self.wanted, &self.runs_at] {
-            if let Some(&Home::On(h)) = map.get(&node.index()) {
-                if !cands.iter().any(|c| c.output.sole_holder() == Some(h)) {
+            match map.get(&node.index()) {
+                Some(&Home::On(h)) if !cands.iter().any(|c| c.output.sole_holder() == Some(h)) => {
                     if let Some(c) = super::rules::on_device(ctx, t, cur, self.n, h) {
                         cands.insert(0, c);
                     }
                 }
+                Some(&Home::Group(g)) => {
+                    for c in super::rules::on_device_group(ctx, t, cur, self.n, g).into_iter().rev() {
+                        if !cands.contains(&c) {
+                            cands.insert(0, c);
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         if cands.iter().any(|c| c.packed) {
@@ -640,7 +660,8 @@ impl Walk<'_> {
             }
         }
         if let Some(b) = c.combine_bytes {
-            cost += self.time(&combine_traffic(b, n), &SplitState::partial(), &SplitState::Mirrored);
+            let (tr, from, to) = combine(c, b, n);
+            cost += self.time(&tr, &from, &to);
         }
         // A result that lies whole on one device where its home is
         // elsewhere, or elsewhere than its home device, will be moved.
@@ -648,7 +669,10 @@ impl Walk<'_> {
             Some(Home::On(h)) if c.output.sole_holder() != Some(*h) && !c.output.is_partial() => {
                 SplitState::on_device(*h, n, &t.ne)
             }
-            Some(Home::Spread) if c.output.sole_holder().is_some() => Some(SplitState::Mirrored),
+            Some(Home::Group(g)) if !on_group(&c.output, *g, n) => Some(SplitState::MirroredOn(*g)),
+            Some(Home::Spread) if c.output.sole_holder().is_some() || c.output.group().is_some() => {
+                Some(SplitState::Mirrored).filter(|_| !c.output.is_partial())
+            }
             _ => None,
         };
         if let Some((w, tr)) =
@@ -715,13 +739,14 @@ impl Walk<'_> {
             list.push(need.clone());
         }
         if let Some(b) = c.combine_bytes {
+            let (traffic, from, to) = combine(c, b, n);
             self.repartitions.push(Repartition {
                 tensor: node,
                 consumer: node,
                 from: cur[0].clone(),
                 to: c.output.clone(),
-                traffic: combine_traffic(b, n),
-                link: self.links.and_then(|l| l.crossed(&SplitState::partial(), &SplitState::Mirrored)),
+                traffic,
+                link: self.links.and_then(|l| l.crossed(&from, &to)),
             });
         }
         if t.op.writes_through_view() {
@@ -736,6 +761,29 @@ impl Walk<'_> {
         self.states[node.index()] = Some(c.output.clone());
         self.input_states[node.index()] = Some(c.inputs.clone());
         self.have.entry(node.index()).or_default().push(c.output.clone());
+    }
+}
+
+/// Whether a result in state `s` is where nodes running on group `g` read
+/// it without a move: mirrored everywhere or on `g`, a partial sum on `g`,
+/// or a split over exactly `g`'s devices.
+fn on_group(s: &SplitState, g: DeviceSet, n: usize) -> bool {
+    match s {
+        SplitState::Mirrored => true,
+        SplitState::Split(_) => s.holders(n) == g,
+        _ => s.group() == Some(g),
+    }
+}
+
+/// The traffic of candidate `c`'s row combine of `total` bytes, and the
+/// reduction whose links it crosses: among every device, or among the
+/// devices of the group the candidate runs on.
+fn combine(c: &super::rules::Candidate, total: u64, n: usize) -> (Traffic, SplitState, SplitState) {
+    match std::iter::once(&c.output).chain(&c.inputs).find_map(SplitState::group) {
+        Some(g) => {
+            (combine_traffic(total, g.len()), SplitState::PartialOn(g, ReduceOp::Sum), SplitState::MirroredOn(g))
+        }
+        None => (combine_traffic(total, n), SplitState::partial(), SplitState::Mirrored),
     }
 }
 

@@ -10,7 +10,7 @@
 //! heads (granule = head size). A rule that cannot be honoured is an error
 //! naming the tensor and the rule, never an abort.
 
-use super::state::{split_extents, AxisSplit, SplitState};
+use super::state::{split_extents, AxisSplit, DeviceSet, SplitState};
 use crate::error::{Error, Result};
 use crate::tensor::GgmlType;
 
@@ -74,6 +74,8 @@ pub struct SplitPolicy {
     keep_weights_split: bool,
     /// The layer count of a [`SplitPolicy::layer_split`] policy.
     layers: Option<usize>,
+    /// The groups of a [`SplitPolicy::hybrid`] policy.
+    hybrid: Option<Box<Hybrid>>,
     /// Process-unique, renewed by every change: what plan caches key the
     /// leaf states this policy gives by.
     id: u64,
@@ -92,6 +94,7 @@ impl std::fmt::Debug for SplitPolicy {
             .field("keep_weights_split", &self.keep_weights_split)
             .field("rules", &self.rules)
             .field("callback", &self.callback.is_some())
+            .field("hybrid_groups", &self.hybrid_groups())
             .finish()
     }
 }
@@ -123,6 +126,7 @@ impl SplitPolicy {
             rules: Vec::new(),
             callback: None,
             layers: None,
+            hybrid: None,
             keep_weights_split: false,
             id: next_policy_id(),
         })
@@ -194,6 +198,11 @@ impl SplitPolicy {
     /// axis/segments, a quantized row split off block boundaries, segments
     /// that do not sum to the axis length.
     pub fn state_for(&self, leaf: &LeafInfo) -> Result<Option<SplitState>> {
+        if let Some(h) = &self.hybrid {
+            if let Some(st) = h.state_for(leaf, self.ratios.len())? {
+                return Ok(Some(st));
+            }
+        }
         let Some((spec, origin)) = self.spec_for(leaf) else {
             return Ok(None);
         };
@@ -258,14 +267,18 @@ pub enum SplitMode {
     /// ([`SplitPolicy::layer_split`]; `--split-mode layer`, llama.cpp's
     /// default multi-GPU mode).
     Layer,
+    /// Tensor split inside each device group (a machine's devices), the
+    /// layers shared among the groups ([`SplitPolicy::hybrid`]).
+    Hybrid,
 }
 
 impl SplitMode {
-    /// `tensor` or `layer` (llama.cpp's spelling of the flag's value).
+    /// `tensor`, `layer` (llama.cpp's spelling of the flag's value) or `hybrid`.
     pub fn name(self) -> &'static str {
         match self {
             SplitMode::Tensor => "tensor",
             SplitMode::Layer => "layer",
+            SplitMode::Hybrid => "hybrid",
         }
     }
 }
@@ -352,6 +365,119 @@ impl SplitPolicy {
     pub fn layer_split_of(&self) -> Option<usize> {
         self.layers
     }
+
+    /// The hybrid split over device groups (tensor split inside a group,
+    /// layers across groups; `--split-mode hybrid`): each group takes a
+    /// share of the layers as [`layer_device`] gives them to devices, by
+    /// the sum of its devices' ratios; a layer's tensors (`blk.<il>.*`,
+    /// `cache_*_l<il>`) get the states `tensor` (the model's tensor-split
+    /// policy) gives them over the group's devices alone (the ratios of the
+    /// devices outside it set to 0), a tensor it mirrors mirrored on the
+    /// group only ([`SplitState::MirroredOn`]; on a group of one device,
+    /// whole there). The output head and final norm follow the output
+    /// layer's group, the token embeddings the first group with a share;
+    /// any other tensor is as `tensor` over all the devices says. Groups are
+    /// typically one machine's devices each ([`super::Devices::groups`]), so
+    /// only the hidden state crosses machines, once per group boundary.
+    ///
+    /// # Errors
+    /// [`Error::Split`] for ratios [`SplitPolicy::new`] refuses, groups
+    /// that are not a partition of the devices into non-empty sets, or
+    /// what `tensor` returns.
+    pub fn hybrid(
+        ratios: &[f32],
+        groups: &[DeviceSet],
+        n_layer: usize,
+        tensor: &dyn Fn(&[f32]) -> Result<SplitPolicy>,
+    ) -> Result<SplitPolicy> {
+        let n = ratios.len();
+        let mut policy = tensor(ratios)?;
+        policy.check_ratios_len(n)?;
+        check_partition(groups, n)?;
+        let mut parts = Vec::with_capacity(groups.len());
+        for &g in groups {
+            let masked: Vec<f32> = (0..n).map(|j| if g.contains(j) { ratios[j] } else { 0.0 }).collect();
+            // A group with no share gets no layer; its policy is never asked.
+            let p = if masked.iter().any(|&r| r > 0.0) { Some(tensor(&masked)?) } else { None };
+            parts.push((g, p));
+        }
+        let shares: Vec<f32> = groups.iter().map(|g| g.iter().map(|j| ratios[j]).sum()).collect();
+        policy.hybrid = Some(Box::new(Hybrid { parts, shares, n_layer }));
+        policy.layers = Some(n_layer);
+        policy.id = next_policy_id();
+        Ok(policy)
+    }
+
+    /// The device groups of a [`SplitPolicy::hybrid`] policy (`None` for
+    /// any other policy).
+    pub fn hybrid_groups(&self) -> Option<Vec<DeviceSet>> {
+        self.hybrid.as_ref().map(|h| h.parts.iter().map(|p| p.0).collect())
+    }
+
+    fn check_ratios_len(&self, n: usize) -> Result<()> {
+        if self.ratios.len() != n {
+            return Err(Error::Split {
+                detail: format!("the tensor policy is over {} devices, the hybrid split over {n}", self.ratios.len()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The groups of a hybrid policy: each group's device set with its tensor
+/// policy (over all the devices, ratios 0 outside the group; none for a
+/// group with no share), the groups' shares, the layer count.
+struct Hybrid {
+    parts: Vec<(DeviceSet, Option<SplitPolicy>)>,
+    shares: Vec<f32>,
+    n_layer: usize,
+}
+
+impl Hybrid {
+    /// The state of a leaf that belongs to a group (a layer's, the head's,
+    /// the embeddings'), `None` for any other.
+    fn state_for(&self, leaf: &LeafInfo, n: usize) -> Result<Option<SplitState>> {
+        let k = if let Some(il) = layer_of(leaf.name) {
+            layer_device(il.min(self.n_layer), self.n_layer, &self.shares)
+        } else {
+            match leaf.name {
+                "output.weight" | "output_norm.weight" => layer_device(self.n_layer, self.n_layer, &self.shares),
+                "token_embd.weight" => self.shares.iter().position(|&s| s > 0.0).unwrap_or(0),
+                _ => return Ok(None),
+            }
+        };
+        let Some((g, Some(p))) = self.parts.get(k) else { return Ok(None) };
+        Ok(p.state_for(leaf)?.map(|st| match st {
+            SplitState::Mirrored if g.len() == 1 => {
+                g.iter().next().and_then(|j| SplitState::on_device(j, n, &leaf.ne)).unwrap_or(SplitState::Mirrored)
+            }
+            SplitState::Mirrored => SplitState::mirrored_on(*g, n),
+            st => st,
+        }))
+    }
+}
+
+/// Checks that `groups` split devices `0..n` into non-empty disjoint sets.
+///
+/// # Errors
+/// [`Error::Split`] naming what is wrong.
+pub(crate) fn check_partition(groups: &[DeviceSet], n: usize) -> Result<()> {
+    let mut seen = DeviceSet::default();
+    for g in groups {
+        if g.is_empty() || !g.within(n) || g.0 & seen.0 != 0 {
+            return Err(Error::Split {
+                detail: format!(
+                    "device groups {:?} are not a partition of devices 0..{n} (empty, out of range or overlapping)",
+                    groups.iter().map(|g| g.label()).collect::<Vec<_>>()
+                ),
+            });
+        }
+        seen.0 |= g.0;
+    }
+    if seen != DeviceSet::all(n) {
+        return Err(Error::Split { detail: format!("device groups {} leave devices of 0..{n} out", seen.label()) });
+    }
+    Ok(())
 }
 
 /// `*` matches any run of characters (including none and dots); everything

@@ -115,8 +115,9 @@ fn family(x: &Node, out: &mut Vec<Candidate>) {
 /// lifted back: mirrored and partial on the group, splits with zero
 /// extents outside it. The devices outside take no part in the node nor in
 /// the reductions of its partial sums (`docs/split-design.md`, section
-/// 4b). Strategies with a row combine, a vocabulary lookup or a
-/// device-local packing are not lifted (their steps run on every device).
+/// 4b); a row combine's statistics are gathered among the group. Strategies
+/// with a vocabulary lookup or a device-local packing are not lifted (their
+/// steps run on every device).
 fn in_groups(x: &Node, out: &mut Vec<Candidate>) {
     if x.n < 3 || x.t.nelements() == 0 || reads_owner_layout(x.t, x.src.first().copied()) {
         return;
@@ -134,6 +135,27 @@ fn in_groups(x: &Node, out: &mut Vec<Candidate>) {
         }
     }
     for g in groups {
+        on_group(x, g, out);
+    }
+}
+
+/// [`in_groups`]' strategies for node `t` (sources in states `cur`, `n`
+/// devices) on group `g`, which no source need be on: what the planner
+/// offers a node whose consumers' weights lie on `g`.
+pub(crate) fn on_device_group(ctx: &Context, t: &Tensor, cur: &[SplitState], n: usize, g: DeviceSet) -> Vec<Candidate> {
+    let x = Node { ctx, t, src: t.src.iter().map(|&s| ctx.t(s)).collect(), cur, n };
+    let mut out = Vec::new();
+    if n >= 3 && t.nelements() > 0 && g.len() >= 2 && g.within(n) && !reads_owner_layout(t, x.src.first().copied()) {
+        on_group(&x, g, &mut out);
+    }
+    out.retain(|c| c.output.suits(t.ty) && c.inputs.iter().zip(&x.src).all(|(st, s)| st.suits(s.ty)));
+    out
+}
+
+/// The family's strategies for `x` over the devices of group `g`, lifted
+/// back to all the devices ([`in_groups`]).
+fn on_group(x: &Node, g: DeviceSet, out: &mut Vec<Candidate>) {
+    {
         let sub: Vec<SplitState> = x.cur.iter().map(|c| project(c, g, x.n)).collect();
         if x.t.op.is_view_op() {
             // The tensor whose memory the result is must already be on the
@@ -146,7 +168,7 @@ fn in_groups(x: &Node, out: &mut Vec<Candidate>) {
                 None => false,
             };
             if !anchored {
-                continue;
+                return;
             }
         }
         let y = Node { ctx: x.ctx, t: x.t, src: x.src.clone(), cur: &sub, n: g.len() };
@@ -154,12 +176,12 @@ fn in_groups(x: &Node, out: &mut Vec<Candidate>) {
         family(&y, &mut inner);
         inner.push(Candidate::new(vec![SplitState::Mirrored; x.src.len()], SplitState::Mirrored));
         for c in inner {
-            if c.packed || c.combine_bytes.is_some() || partial_lookup(x.t, &c.inputs, &c.output) {
+            if c.packed || partial_lookup(x.t, &c.inputs, &c.output) {
                 continue;
             }
             let inputs: Option<Vec<SplitState>> = c.inputs.iter().map(|s| lift(s, g, x.n)).collect();
             if let (Some(inputs), Some(output)) = (inputs, lift(&c.output, g, x.n)) {
-                let c = Candidate::new(inputs, output);
+                let c = Candidate { combine_bytes: c.combine_bytes, ..Candidate::new(inputs, output) };
                 if !out.contains(&c) {
                     out.push(c);
                 }
