@@ -32,7 +32,11 @@ fn tiny_file(tag: &str, ty: GgmlType, seed: u64) -> (std::path::PathBuf, std::pa
 }
 
 fn run(path: &std::path::Path, ratios: &[f32], kv: GgmlType) -> (Vec<f32>, Vec<i32>) {
-    let mut s = Qwen35Session::load(path, &devices::cpu(ratios), kv, 64).unwrap();
+    run_on(path, &devices::cpu(ratios), kv)
+}
+
+fn run_on(path: &std::path::Path, devices: &shardgraph::split::Devices, kv: GgmlType) -> (Vec<f32>, Vec<i32>) {
+    let mut s = Qwen35Session::load(path, devices, kv, 64).unwrap();
     let prompt = [11, 205, 3, 99, 42, 310, 7, 64, 128, 5];
     let out = s.decode(&prompt, &[], true).unwrap();
     let mut gen = vec![*out.argmax.last().unwrap()];
@@ -57,6 +61,29 @@ fn qwen35_on_n_devices_equals_one_device() {
             assert!(e <= 1e-6, "{ratios:?} kv {kv}: NMSE {e:.3e}");
             assert_eq!(gen, want_gen, "{ratios:?} kv {kv}");
         }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Device groups: the hybrid split over two groups of two devices (each
+/// layer, gated attention or Gated DeltaNet, tensor-split inside its
+/// group), and a tensor split whose zero share keeps a device out of every
+/// layer (1,0,1,1): the same logits and tokens as one device.
+#[test]
+fn qwen35_on_device_groups_equals_one_device() {
+    use shardgraph::split::{DeviceSet, SplitMode};
+    let (dir, path) = tiny_file("groups", GgmlType::Q8_0, 5);
+    let (want, want_gen) = run(&path, &[1.0], GgmlType::F16);
+    let hybrid = devices::cpu(&[1.0; 4])
+        .with_groups(vec![DeviceSet::of([0, 1]), DeviceSet::of([2, 3])])
+        .unwrap()
+        .with_split_mode(SplitMode::Hybrid);
+    for (what, d) in [("hybrid", hybrid), ("1,0,1,1", devices::cpu(&[1.0, 0.0, 1.0, 1.0]))] {
+        let (got, gen) = run_on(&path, &d, GgmlType::F16);
+        let e = nmse(&got, &want);
+        eprintln!("{what}: logits NMSE {e:.2e}");
+        assert!(e <= 1e-6, "{what}: NMSE {e:.3e}");
+        assert_eq!(gen, want_gen, "{what}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

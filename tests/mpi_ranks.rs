@@ -77,7 +77,7 @@ fn world_session(world: &Arc<World>, ratios: Option<&[f32]>) -> Qwen3Session {
 }
 const STEPS: usize = 6;
 
-/// Every process: `mode` is `tensor` or `layer` with the world's ratios
+/// Every process: `mode` is `tensor`, `layer` or `hybrid` with the world's ratios
 /// after a colon (`layer:3,1`), `emu-` first for an emulated CUDA device
 /// per process instead of a CPU device, `x2-` first for two devices per
 /// process; decodes on the world and checks it against one process (the
@@ -92,7 +92,11 @@ fn rank_decode() {
     let open = |n: usize| Devices::open(&vec![kind; n], 1).unwrap();
     let (split, ratios) = rest.split_once(':').unwrap();
     let ratios: Vec<f32> = ratios.split(',').map(|r| r.parse().unwrap()).collect();
-    let split = if split == "layer" { SplitMode::Layer } else { SplitMode::Tensor };
+    let split = match split {
+        "layer" => SplitMode::Layer,
+        "hybrid" => SplitMode::Hybrid,
+        _ => SplitMode::Tensor,
+    };
     let (types, kv) = types();
     let session = |d: &Devices| decode::seeded_session_on(hp(), d, &types, kv, 32);
 
@@ -120,7 +124,10 @@ fn rank_decode() {
     let (got, logits) = generate(&mut s, &PROMPT, STEPS);
 
     let (want, want_logits) = generate(&mut session(&open(1)), &PROMPT, STEPS);
+    // The hybrid split's groups are the processes' devices; one process's
+    // devices are grouped alike to compare with it.
     let threads = open(ratios.len()).with_tensor_split(&ratios).unwrap().with_split_mode(split);
+    let threads = if split == SplitMode::Hybrid { threads.with_groups(devices.groups()).unwrap() } else { threads };
     let mut t = session(&threads);
     let (in_process, in_process_logits) = generate(&mut t, &PROMPT, STEPS);
     assert_eq!(got, want, "{mode}: tokens against one device");
@@ -144,6 +151,14 @@ fn rank_decode() {
         let (inside, across) = (n - world.size(), world.size() - 1);
         assert_eq!(by_link[0].0 * across as u64, by_link[1].0 * inside as u64, "{mode}: {by_link:?}");
         assert!(by_link[1].0 > 0, "{mode}: {by_link:?}");
+    } else if split == SplitMode::Hybrid {
+        // Tensor split inside each process, layers across: per run, one
+        // collective crosses processes, the hidden state at the boundary
+        // (64 F32 per token to each of the next process's 2 devices).
+        assert_eq!(devices.groups().len(), world.size(), "{mode}");
+        let runs = s.runner().exec().counters().runs;
+        let tokens = (PROMPT.len() + STEPS - 1) as u64;
+        assert_eq!(by_link[1], (runs, tokens * 2 * 64 * 4), "{mode}: {by_link:?} over {runs} runs");
     }
     // In one process, every byte stays in it.
     let one = t.runner().planned_by_link();
@@ -197,6 +212,15 @@ fn two_and_three_processes_layer_split_decode_as_one() {
 fn two_processes_of_two_devices_split_as_one() {
     decodes_equal(2, "x2-layer:1,1,1,1");
     decodes_equal(2, "x2-tensor:1,1,1,1");
+}
+
+/// The hybrid split over two processes of two devices: tensor split
+/// inside each process, the layers shared between them; the same tokens
+/// and logits as one process's four devices grouped alike, and only the
+/// hidden state crosses processes.
+#[test]
+fn two_processes_of_two_devices_hybrid_split_as_one() {
+    decodes_equal(2, "x2-hybrid:1,1,1,1");
 }
 
 /// Every process passes its own tensor split: process 1 a different one.

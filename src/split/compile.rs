@@ -947,36 +947,43 @@ impl<'a> Compiler<'a> {
         if !reduce.finishes_from_x() && !matches!(out_state, SplitState::Mirrored | SplitState::MirroredOn(_)) {
             return Err(Error::Split { detail: format!("{} combine must give a mirrored result", t.op.name()) });
         }
-        // On a device group (a row split over some devices only), among
-        // its members: a device outside it takes part in the exchange with
+        // The devices holding part of the rows send their statistics (one
+        // slot each, in device order) to the devices holding part of the
+        // result: every device for a mirrored result, a group's members for
+        // one on a group. Any other device takes part in the exchange with
         // nothing to send, and holds nothing of the result.
         let (j, n) = (self.j, self.n);
-        let members = std::iter::once(&out_state).chain(&needs).find_map(SplitState::group);
-        let members: Vec<usize> = members.map_or_else(|| (0..n).collect(), |g| g.iter().collect());
-        let Some(me) = members.iter().position(|&d| d == j) else {
+        let (senders, receivers) = (needs[0].holders(n), out_state.holders(n));
+        if !senders.contains(j) && !receivers.contains(j) {
             self.exchange(GgmlType::I8, [0, 1, 1, 1], vec![None; n], vec![None; n])?;
             let lid = self.fresh(t.ty, local_ne(t.ne, &out_state, j))?;
             self.set(node, out_state, lid);
             return Ok(());
-        };
+        }
+        let members: Vec<usize> = senders.iter().collect();
         let x = self.fetch(t.src[0], &needs[0])?;
         let mask = match (reduce, t.src.get(1)) {
             (RowReduce::SoftMax { .. }, Some(&m)) => Some(self.fetch(m, &needs[1])?),
             _ => None,
         };
         let ranges = if reduce == RowReduce::Sum { Vec::new() } else { s.ranges(self.j) };
+        // (A device with no rows computes the statistics' shape too.)
         let stats = self.l.row_stats(x, mask, reduce, ranges).map_err(|e| node_err(t, &out_state, e))?;
         let st = self.l.t(stats).clone();
         let bytes = st.nbytes();
-        // Slot k of the gathered statistics is the k-th member's.
         let slot = |i: usize| members.iter().position(|&d| d == i);
+        let sends = senders.contains(j) && bytes > 0;
         let msgs: Vec<Msg> =
-            (0..n).map(|i| (i != j && bytes > 0 && slot(i).is_some()).then_some((stats, 0, bytes))).collect();
-        let recv = (0..n).map(|i| slot(i).filter(|_| i != j && bytes > 0).map(|k| (k * bytes, bytes))).collect();
+            (0..n).map(|i| (i != j && sends && receivers.contains(i)).then_some((stats, 0, bytes))).collect();
+        let recv = (0..n)
+            .map(|i| slot(i).filter(|_| i != j && bytes > 0 && receivers.contains(j)).map(|k| (k * bytes, bytes)))
+            .collect();
         let m = members.len();
         let g = self.exchange(GgmlType::F32, [st.ne[0], st.ne[1], m as i64, 1], msgs, recv)?;
-        let own = self.l.push_view(g, GgmlType::F32, st.ne, st.nb, me * bytes, Op::View, &[g])?;
-        self.l.cpy(stats, own)?;
+        if let Some(me) = slot(j) {
+            let own = self.l.push_view(g, GgmlType::F32, st.ne, st.nb, me * bytes, Op::View, &[g])?;
+            self.l.cpy(stats, own)?;
+        }
         let lens = members.iter().map(|&d| s.local_len(d)).collect();
         let xin = reduce.finishes_from_x().then_some(x);
         let ne = local_ne(t.ne, &out_state, j);

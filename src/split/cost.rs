@@ -21,6 +21,9 @@ pub enum Collective {
     ReduceScatter,
     /// `Mirrored` → `Partial`: one device keeps the values, the others zero. No traffic.
     MirroredToPartial,
+    /// `MirroredOn(g)` → a state that needs the value outside the group:
+    /// each device outside `g` that lacks it gets a copy from one member.
+    Broadcast,
     /// The small combine of a distributed per-row op (argmax, top_k,
     /// soft_max, norms, sum_rows/mean over a split row): every device's
     /// few statistics per row (8 bytes, 8·k for top_k) are all-gathered in
@@ -35,6 +38,7 @@ impl Collective {
         match self {
             Collective::LocalSlice => "local-slice",
             Collective::AllGather => "all-gather",
+            Collective::Broadcast => "broadcast",
             Collective::AllToAll => "all-to-all",
             Collective::Rebalance => "rebalance",
             Collective::AllReduce => "all-reduce",
@@ -358,13 +362,15 @@ pub fn conversion(from: &SplitState, to: &SplitState, bytes: u64, n: usize) -> O
         let kind = match (from, to) {
             (SplitState::Split(a), SplitState::Split(c)) if a.axis == c.axis => Collective::Rebalance,
             (SplitState::Split(_), SplitState::Split(_)) => Collective::AllToAll,
+            (SplitState::MirroredOn(_), _) => Collective::Broadcast,
             _ => Collective::AllGather,
         };
         // Nothing to receive (a split that already leaves every element where
         // the new state wants it, e.g. all of it on one device): no link steps.
         let steps = if total == 0 {
             0
-        } else if kind == Collective::Rebalance {
+        } else if matches!(kind, Collective::Rebalance | Collective::Broadcast) {
+            // Every receiver gets its copy in one step (from its own sender).
             1
         } else {
             steps
@@ -474,6 +480,41 @@ mod tests {
         let ag = conversion(&SplitState::split(1, vec![6, 2]), &SplitState::Mirrored, 800, 2).unwrap();
         assert_eq!((ag.bytes_per_device, ag.total_bytes), (600, 800));
         assert!(ar.time(&LinkModel::default()) > ag.time(&LinkModel::default()) / 2.0);
+    }
+
+    #[test]
+    fn a_group_reduces_among_its_members_and_serves_the_others_once() {
+        use crate::split::{DeviceSet, ReduceOp};
+        let (b, n) = (1000u64, 4);
+        let g = DeviceSet::of([0, 2]);
+        let (p, m) = (SplitState::PartialOn(g, ReduceOp::Sum), SplitState::MirroredOn(g));
+        // Two members: one-shot, as two devices.
+        let ar = conversion(&p, &m, b, n).unwrap();
+        assert_eq!((ar.kind, ar.bytes_per_device, ar.total_bytes, ar.steps), (Collective::AllReduce, 1000, 2000, 1));
+        // Reduce-scatter to a split over the members only.
+        let rs = conversion(&p, &SplitState::split(0, vec![5, 0, 5, 0]), b, n).unwrap();
+        assert_eq!((rs.kind, rs.total_bytes, rs.steps), (Collective::ReduceScatter, 1000, 1));
+        // From the group to all: the two others receive a copy each, in one step.
+        let bc = conversion(&m, &SplitState::Mirrored, b, n).unwrap();
+        assert_eq!((bc.kind, bc.bytes_per_device, bc.total_bytes, bc.steps), (Collective::Broadcast, 1000, 2000, 1));
+        // Reduced, then served: both.
+        let both = conversion(&p, &SplitState::Mirrored, b, n).unwrap();
+        assert_eq!((both.total_bytes, both.steps), (4000, 2));
+        // Mirrored everywhere, read on the group: free; the whole world's sum: every device.
+        assert_eq!(conversion(&SplitState::Mirrored, &m, b, n).unwrap().total_bytes, 0);
+        assert_eq!(conversion(&SplitState::partial(), &m, b, n).unwrap().total_bytes, 6000);
+        // Links: the group's reduction crosses only its members' pairs.
+        let links = Links::new(
+            4,
+            |i, j| if i / 2 == j / 2 { LinkClass::SameNode } else { LinkClass::OtherNode },
+            [LinkModel::default(); 3],
+        )
+        .unwrap();
+        let near = SplitState::PartialOn(DeviceSet::of([0, 1]), ReduceOp::Sum);
+        assert_eq!(links.crossed(&near, &SplitState::MirroredOn(DeviceSet::of([0, 1]))), Some(LinkClass::SameNode));
+        assert_eq!(links.crossed(&p, &m), Some(LinkClass::OtherNode));
+        let on = SplitState::MirroredOn(DeviceSet::of([0, 1]));
+        assert_eq!(links.crossed(&on, &SplitState::MirroredOn(DeviceSet::of([2, 3]))), Some(LinkClass::OtherNode));
     }
 
     #[test]

@@ -639,6 +639,16 @@ mod tests {
     }
 
     #[test]
+    fn one_process_is_one_group_unless_told() {
+        let d = Devices::cpu(4, 1).unwrap();
+        assert_eq!(d.groups(), vec![DeviceSet::all(4)]);
+        let two = vec![DeviceSet::of([0, 1]), DeviceSet::of([2, 3])];
+        assert_eq!(d.clone().with_groups(two.clone()).unwrap().groups(), two);
+        assert!(d.clone().with_groups(vec![DeviceSet::of([0, 1])]).is_err());
+        assert!(d.with_groups(vec![DeviceSet::of([0, 1, 2, 3, 4])]).is_err());
+    }
+
+    #[test]
     fn bad_values_are_errors() {
         assert!(Devices::cpu(0, 1).is_err());
         assert!(Devices::cpu(65, 1).is_err());

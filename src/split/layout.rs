@@ -375,4 +375,28 @@ mod tests {
         assert!(slice_local(GgmlType::F32, ne, &a[..8], &SplitState::Mirrored, 0).is_err());
         assert!(slice_local(GgmlType::F32, ne, &a, &SplitState::Unknown, 0).is_err());
     }
+
+    #[test]
+    fn a_group_state_lives_on_its_members_only() {
+        use crate::split::DeviceSet;
+        let ne = [3, 2, 1, 1];
+        let a: Vec<u8> = (0..6).flat_map(|x| (x as f32).to_le_bytes()).collect();
+        let g = DeviceSet::of([1, 3]);
+        let m = SplitState::MirroredOn(g);
+        let parts: Vec<Vec<u8>> = (0..4).map(|j| slice_local(GgmlType::F32, ne, &a, &m, j).unwrap()).collect();
+        assert_eq!(parts.iter().map(Vec::len).collect::<Vec<_>>(), [0, 24, 0, 24]);
+        assert_eq!(local_ne(ne, &m, 0), [3, 2, 1, 0]);
+        assert_eq!(local_ne(ne, &m, 1), ne);
+        assert_eq!(box_bytes(GgmlType::F32, &boxes(ne, &m, 2)), 0);
+        assert_eq!(assemble(GgmlType::F32, ne, &parts, &m).unwrap(), a);
+        // A partial sum on the group: its first member holds the value.
+        let p = SplitState::PartialOn(g, crate::split::ReduceOp::Sum);
+        let parts: Vec<Vec<u8>> = (0..4).map(|j| slice_local(GgmlType::F32, ne, &a, &p, j).unwrap()).collect();
+        assert_eq!(parts[1], a);
+        assert!(parts[3].iter().all(|&b| b == 0) && parts[3].len() == 24);
+        assert!(parts[0].is_empty() && parts[2].is_empty());
+        assert_eq!(assemble(GgmlType::F32, ne, &parts, &p).unwrap(), a);
+        assert_eq!(local_run(GgmlType::F32, ne, &p, 3).unwrap(), LocalRun::Zeros);
+        assert_eq!(local_run(GgmlType::F32, ne, &p, 2).unwrap(), LocalRun::Run(0..0));
+    }
 }

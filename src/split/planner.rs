@@ -8,7 +8,7 @@
 use super::cost::{conversion, Collective, LinkClass, LinkModel, Links, Traffic};
 use super::policy::{LeafInfo, SplitPolicy};
 use super::rules::{candidates, packed_view};
-use super::state::{DeviceSet, ReduceOp, SplitState};
+use super::state::{DeviceSet, SplitState};
 use super::writes::{owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
@@ -731,7 +731,10 @@ impl Walk<'_> {
             if list.contains(need) {
                 continue;
             }
-            if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n) {
+            // A mirrored tensor read on a group only: nothing to do (the
+            // other devices' copies are simply not read), nothing to report.
+            let restricts = matches!((&cur[k], need), (SplitState::Mirrored, SplitState::MirroredOn(_)));
+            if let Some(tr) = conversion(&cur[k], need, ctx.t(s).data_bytes() as u64, n).filter(|_| !restricts) {
                 let (from, to) = (cur[k].clone(), need.clone());
                 let link = self.links.and_then(|l| l.crossed(&from, &to));
                 self.repartitions.push(Repartition { tensor: s, consumer: node, from, to, traffic: tr, link });
@@ -775,27 +778,23 @@ fn on_group(s: &SplitState, g: DeviceSet, n: usize) -> bool {
     }
 }
 
-/// The traffic of candidate `c`'s row combine of `total` bytes, and the
-/// reduction whose links it crosses: among every device, or among the
-/// devices of the group the candidate runs on.
+/// The traffic of candidate `c`'s row combine of `total` bytes (as the
+/// rules price it: `total / n` bytes of statistics per device), and the
+/// states whose links it crosses: the devices holding part of the rows
+/// send their statistics to those holding part of the result (every
+/// device for a mirrored result, a group's for one on a group).
 fn combine(c: &super::rules::Candidate, total: u64, n: usize) -> (Traffic, SplitState, SplitState) {
-    match std::iter::once(&c.output).chain(&c.inputs).find_map(SplitState::group) {
-        Some(g) => {
-            (combine_traffic(total, g.len()), SplitState::PartialOn(g, ReduceOp::Sum), SplitState::MirroredOn(g))
-        }
-        None => (combine_traffic(total, n), SplitState::partial(), SplitState::Mirrored),
-    }
-}
-
-/// A per-row combine: every device contributes `total / n` bytes and receives the rest.
-fn combine_traffic(total: u64, n: usize) -> Traffic {
     let per = total / n.max(1) as u64;
-    Traffic {
+    let from = c.inputs.first().cloned().unwrap_or(SplitState::Mirrored);
+    let (senders, receivers) = (from.holders(n), c.output.holders(n));
+    let got = |j: usize| per * (senders.len() - usize::from(senders.contains(j))) as u64;
+    let traffic = Traffic {
         kind: Collective::RowCombine,
-        bytes_per_device: per * (n as u64).saturating_sub(1),
-        total_bytes: per * (n as u64).saturating_sub(1) * n as u64,
+        bytes_per_device: receivers.iter().map(got).max().unwrap_or(0),
+        total_bytes: receivers.iter().map(got).sum(),
         steps: 1,
-    }
+    };
+    (traffic, from, SplitState::mirrored_on(receivers, n))
 }
 
 /// Every node's readers in `graph` (by the reader's sources).

@@ -519,6 +519,41 @@ mod tests {
     }
 
     #[test]
+    fn hybrid_split_places_each_layer_on_a_group_and_splits_it_there() {
+        // Groups {0,1} and {2}: 4 layers + output by the groups' shares 1:1.
+        let tensor = |r: &[f32]| {
+            Ok(SplitPolicy::new(r)?
+                .rule("blk.*.ffn_up.weight", SplitSpec::Axis { axis: 1, granule: 1, segments: vec![] })
+                .rule("*", SplitSpec::Mirrored))
+        };
+        let groups = [DeviceSet::of([0, 1]), DeviceSet::of([2])];
+        let pol = SplitPolicy::hybrid(&[0.5, 0.5, 1.0], &groups, 4, &tensor).unwrap();
+        assert_eq!(pol.hybrid_groups(), Some(groups.to_vec()));
+        let st = |name: &str| pol.state_for(&leaf(name, GgmlType::F32, [4, 6, 1, 1])).unwrap().unwrap();
+        let on: Vec<usize> = (0..=4).map(|il| layer_device(il, 4, &[1.0, 1.0])).collect();
+        assert_eq!(on, [0, 0, 0, 1, 1]);
+        // Inside group {0,1}: split by its ratios, device 2 none; mirrored on the group.
+        assert_eq!(st("blk.0.ffn_up.weight"), SplitState::split(1, vec![3, 3, 0]));
+        assert_eq!(st("blk.1.attn_norm.weight"), SplitState::MirroredOn(groups[0]));
+        assert_eq!(st("cache_k_l2"), SplitState::MirroredOn(groups[0]));
+        // A group of one device: whole there.
+        assert_eq!(st("blk.3.ffn_up.weight"), SplitState::split(1, vec![0, 0, 6]));
+        assert_eq!(st("blk.3.attn_norm.weight").sole_holder(), Some(2));
+        assert_eq!(st("output.weight").sole_holder(), Some(2));
+        assert_eq!(st("token_embd.weight"), SplitState::MirroredOn(groups[0]));
+        assert_eq!(st("rope_freqs.weight"), SplitState::Mirrored);
+        // Groups that are not a partition of the devices.
+        for bad in [
+            vec![DeviceSet::of([0, 1])],
+            vec![DeviceSet::of([0, 1]), DeviceSet::of([1, 2])],
+            vec![DeviceSet::of([0, 1, 2]), DeviceSet::default()],
+            vec![DeviceSet::of([0, 1, 2, 3])],
+        ] {
+            assert!(SplitPolicy::hybrid(&[1.0, 1.0, 1.0], &bad, 4, &tensor).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn layer_split_places_each_layer_whole_as_llama_cpp_does() {
         // llama.cpp: upper_bound of il / (n_layer + 1) in the cumulative
         // shares [0.5, 1.0]: 28 layers + output over 2 devices.

@@ -185,7 +185,9 @@ impl DeviceSet {
             return Some(j);
         }
         let len = self.len();
-        (len > 0).then(|| self.iter().nth(j % len)).flatten()
+        // The k-th device outside the set goes to member k mod len.
+        let k = (0..j).filter(|&i| !self.contains(i)).count();
+        (len > 0).then(|| self.iter().nth(k % len)).flatten()
     }
 
     /// `{0,2,3}`.
@@ -446,6 +448,31 @@ mod tests {
         assert_eq!(on.sole_holder(), Some(2));
         assert!(SplitState::on_device(3, 3, &[4, 5, 1, 6]).is_none());
         assert!(SplitState::on_device(0, 2, &[4, 5, 1, 0]).is_none());
+    }
+
+    #[test]
+    fn device_sets_and_group_states() {
+        let g = DeviceSet::of([1, 3]);
+        assert_eq!((g.len(), g.contains(1), g.contains(2), g.label()), (2, true, false, "{1,3}".to_string()));
+        assert!(g.within(4) && !g.within(3) && g.subset_of(DeviceSet::all(4)));
+        // Members serve themselves; the others are spread over the members.
+        assert_eq!((0..4).map(|j| g.server(j)).collect::<Vec<_>>(), [Some(1), Some(1), Some(3), Some(3)]);
+        assert_eq!(DeviceSet::default().server(0), None);
+        assert_eq!(DeviceSet::all(64).len(), 64);
+        // Every device is the whole-world state.
+        assert_eq!(SplitState::mirrored_on(DeviceSet::all(3), 3), SplitState::Mirrored);
+        assert_eq!(
+            SplitState::partial_on(DeviceSet::of([0, 2]), 3),
+            SplitState::PartialOn(DeviceSet(5), ReduceOp::Sum)
+        );
+        assert_eq!(SplitState::split(0, vec![2, 0, 3]).holders(3), DeviceSet::of([0, 2]));
+        assert_eq!(SplitState::MirroredOn(g).holders(4), g);
+        assert!(SplitState::MirroredOn(g).outside(0) && !SplitState::MirroredOn(g).outside(3));
+        assert!(SplitState::PartialOn(g, ReduceOp::Sum).is_partial());
+        assert!(!SplitState::PartialOn(g, ReduceOp::Sum).suits(GgmlType::Q8_0));
+        assert!(SplitState::MirroredOn(g).check_group(4).is_ok());
+        assert!(SplitState::MirroredOn(g).check_group(3).is_err());
+        assert!(SplitState::MirroredOn(DeviceSet::default()).check_group(3).is_err());
     }
 
     #[test]

@@ -181,7 +181,9 @@ fn on_group(x: &Node, g: DeviceSet, out: &mut Vec<Candidate>) {
             }
             let inputs: Option<Vec<SplitState>> = c.inputs.iter().map(|s| lift(s, g, x.n)).collect();
             if let (Some(inputs), Some(output)) = (inputs, lift(&c.output, g, x.n)) {
-                let c = Candidate { combine_bytes: c.combine_bytes, ..Candidate::new(inputs, output) };
+                // A combine priced as the rules price one over all the devices.
+                let combine_bytes = c.combine_bytes.map(|b| b / g.len() as u64 * x.n as u64);
+                let c = Candidate { combine_bytes, ..Candidate::new(inputs, output) };
                 if !out.contains(&c) {
                     out.push(c);
                 }
