@@ -328,6 +328,9 @@ impl Session {
             .filter(|(_, (k, _))| *k > 0)
             .map(|(c, (k, b))| format!("{}: {k} collective(s), {b} B", c.name()))
             .collect();
+        if parts.is_empty() {
+            return "none".into();
+        }
         parts.join("; ")
     }
 

@@ -64,9 +64,8 @@ fn run(args: &[String]) -> shardgraph::Result<()> {
     let layer = mode == "layer";
     if mode == "hybrid" {
         // One process's devices are one group: the hybrid split is the
-        // tensor split here (decode under mpirun splits by process).
-        eprintln!("--split-mode hybrid needs device groups (one per process or machine): run decode under mpirun");
-        std::process::exit(2);
+        // tensor split here, as in decode.
+        println!("--split-mode hybrid: the devices of one process are one group: planned as --split-mode tensor");
     }
     let n = ratios.len();
     let qwen35 = model == "qwen35-27b";

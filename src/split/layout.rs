@@ -67,8 +67,9 @@ fn full_bytes(ty: GgmlType, ne: [i64; 4]) -> Result<usize> {
 /// # Errors
 /// [`Error::DataMismatch`] if `full` is not `ne`'s size; [`Error::Split`] if
 /// the state does not fit the shape (or splits a quantized row off block
-/// boundaries); `Unknown` is an error.
+/// boundaries) or names an empty device group; `Unknown` is an error.
 pub fn slice_local(ty: GgmlType, ne: [i64; 4], full: &[u8], state: &SplitState, j: usize) -> Result<Vec<u8>> {
+    state.check_group(64)?;
     let n = full_bytes(ty, ne)?;
     if full.len() != n {
         return Err(Error::DataMismatch {
@@ -123,6 +124,7 @@ pub(crate) enum LocalRun {
 /// # Errors
 /// As [`slice_local`] for a state that does not fit the shape.
 pub(crate) fn local_run(ty: GgmlType, ne: [i64; 4], state: &SplitState, j: usize) -> Result<LocalRun> {
+    state.check_group(64)?;
     let n = full_bytes(ty, ne)?;
     match state {
         SplitState::MirroredOn(_) | SplitState::PartialOn(..) if state.outside(j) => Ok(LocalRun::Run(0..0)),
@@ -155,7 +157,8 @@ pub(crate) fn local_run(ty: GgmlType, ne: [i64; 4], state: &SplitState, j: usize
 /// the ranges put back in place.
 ///
 /// # Errors
-/// [`Error::DataMismatch`] on a part of the wrong size or count;
+/// [`Error::DataMismatch`] on a part of the wrong size or count (a device
+/// outside a group state's group holds an empty part);
 /// [`Error::UnsupportedType`] for a partial sum of a non-float type;
 /// [`Error::Split`] as [`slice_local`].
 pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitState) -> Result<Vec<u8>> {
@@ -163,6 +166,10 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
     let bad = |d: String| Error::DataMismatch { name: String::new(), detail: d };
     if locals.is_empty() {
         return Err(bad("no device parts".into()));
+    }
+    state.check_group(locals.len())?;
+    if let Some(j) = (0..locals.len()).find(|&j| state.outside(j) && !locals[j].is_empty()) {
+        return Err(bad(format!("device {j} is outside {} but holds {} bytes", state.label(), locals[j].len())));
     }
     match state {
         SplitState::Mirrored => {
@@ -173,6 +180,10 @@ pub fn assemble(ty: GgmlType, ne: [i64; 4], locals: &[Vec<u8>], state: &SplitSta
             Ok(first.clone())
         }
         SplitState::MirroredOn(g) => {
+            // The first member's copy; the others' may be left out (empty).
+            if let Some(p) = g.iter().skip(1).filter_map(|j| locals.get(j)).find(|p| !p.is_empty() && p.len() != n) {
+                return Err(bad(format!("mirrored part of {} bytes for {n}", p.len())));
+            }
             let first = g.iter().next().and_then(|j| locals.get(j)).ok_or_else(|| bad("no member's part".into()))?;
             if first.len() != n {
                 return Err(bad(format!("mirrored part of {} bytes for {n}", first.len())));

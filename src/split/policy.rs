@@ -378,12 +378,17 @@ impl SplitPolicy {
     /// layer's group, the token embeddings the first group with a share;
     /// any other tensor is as `tensor` over all the devices says. Groups are
     /// typically one machine's devices each ([`super::Devices::groups`]), so
-    /// only the hidden state crosses machines, once per group boundary.
+    /// only the hidden state crosses machines, once per group boundary. A
+    /// device with a zero ratio holds nothing (as under the tensor split).
+    /// Layers are named as llama.cpp names them ([`layer_of`]); one numbered
+    /// `n_layer` or above goes with the output layer's group (as
+    /// [`SplitPolicy::layer_split`] places it).
     ///
     /// # Errors
     /// [`Error::Split`] for ratios [`SplitPolicy::new`] refuses, groups
-    /// that are not a partition of the devices into non-empty sets, or
-    /// what `tensor` returns.
+    /// that are not a partition of the devices into non-empty sets, a
+    /// policy from `tensor` over another device count, or what `tensor`
+    /// returns.
     pub fn hybrid(
         ratios: &[f32],
         groups: &[DeviceSet],
@@ -399,7 +404,11 @@ impl SplitPolicy {
             let masked: Vec<f32> = (0..n).map(|j| if g.contains(j) { ratios[j] } else { 0.0 }).collect();
             // A group with no share gets no layer; its policy is never asked.
             let p = if masked.iter().any(|&r| r > 0.0) { Some(tensor(&masked)?) } else { None };
-            parts.push((g, p));
+            if let Some(p) = &p {
+                p.check_ratios_len(n)?;
+            }
+            // Its devices with a share hold its layers; the others none.
+            parts.push((g, DeviceSet::of((0..n).filter(|&j| masked[j] > 0.0)), p));
         }
         let shares: Vec<f32> = groups.iter().map(|g| g.iter().map(|j| ratios[j]).sum()).collect();
         policy.hybrid = Some(Box::new(Hybrid { parts, shares, n_layer }));
@@ -424,11 +433,12 @@ impl SplitPolicy {
     }
 }
 
-/// The groups of a hybrid policy: each group's device set with its tensor
-/// policy (over all the devices, ratios 0 outside the group; none for a
-/// group with no share), the groups' shares, the layer count.
+/// The groups of a hybrid policy: each group's device set, its devices with
+/// a share, and its tensor policy (over all the devices, ratios 0 outside
+/// the group; none for a group with no share), the groups' shares, the
+/// layer count.
 struct Hybrid {
-    parts: Vec<(DeviceSet, Option<SplitPolicy>)>,
+    parts: Vec<(DeviceSet, DeviceSet, Option<SplitPolicy>)>,
     shares: Vec<f32>,
     n_layer: usize,
 }
@@ -446,7 +456,7 @@ impl Hybrid {
                 _ => return Ok(None),
             }
         };
-        let Some((g, Some(p))) = self.parts.get(k) else { return Ok(None) };
+        let Some((_, g, Some(p))) = self.parts.get(k) else { return Ok(None) };
         Ok(p.state_for(leaf)?.map(|st| match st {
             SplitState::Mirrored if g.len() == 1 => {
                 g.iter().next().and_then(|j| SplitState::on_device(j, n, &leaf.ne)).unwrap_or(SplitState::Mirrored)
@@ -542,6 +552,14 @@ mod tests {
         assert_eq!(st("output.weight").sole_holder(), Some(2));
         assert_eq!(st("token_embd.weight"), SplitState::MirroredOn(groups[0]));
         assert_eq!(st("rope_freqs.weight"), SplitState::Mirrored);
+        // A device with a zero ratio holds nothing: group {0,1} at 1:0 is device 0's.
+        let zero = SplitPolicy::hybrid(&[1.0, 0.0, 1.0], &groups, 4, &tensor).unwrap();
+        let z = |name: &str| zero.state_for(&leaf(name, GgmlType::F32, [4, 6, 1, 1])).unwrap().unwrap();
+        assert_eq!(z("blk.0.ffn_up.weight"), SplitState::split(1, vec![6, 0, 0]));
+        assert_eq!(z("blk.0.attn_norm.weight").sole_holder(), Some(0));
+        // A tensor policy over another device count.
+        let three = |_: &[f32]| SplitPolicy::new(&[1.0, 1.0]);
+        assert!(SplitPolicy::hybrid(&[1.0, 1.0, 1.0], &groups, 4, &three).is_err());
         // Groups that are not a partition of the devices.
         for bad in [
             vec![DeviceSet::of([0, 1])],

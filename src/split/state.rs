@@ -204,8 +204,10 @@ pub enum SplitState {
     Mirrored,
     /// Every device holds a full-shape addend; the value is their reduction.
     Partial(ReduceOp),
-    /// Every device of a group (≥ 2 devices, not all of them) holds all
-    /// values; the others hold nothing (an empty part, as a zero extent).
+    /// Every device of a group holds all values; the others hold nothing
+    /// (an empty part, as a zero extent). The planner makes groups of 2 or
+    /// more devices, not all (one device's is [`SplitState::on_device`],
+    /// all devices' [`SplitState::Mirrored`]); others are valid too.
     /// What a tensor split over some devices only computes its replicated
     /// ops in: a `--tensor-split` with zero shares, or one machine's devices
     /// under the hybrid split.
