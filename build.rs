@@ -115,6 +115,11 @@ fn emulator(out: &Path, dir: &Path, files: &[PathBuf]) {
     let runtime = dir.join("emu").join("runtime.cpp");
     println!("cargo:rerun-if-changed={}", header.display());
     println!("cargo:rerun-if-changed={}", runtime.display());
+    println!("cargo:rerun-if-env-changed=SHARDGRAPH_EMU_SANITIZE");
+    let sanitize_alignment = std::env::var("SHARDGRAPH_EMU_SANITIZE").is_ok_and(|v| v == "alignment");
+    if sanitize_alignment {
+        println!("cargo:rustc-link-lib=ubsan");
+    }
     let base = || {
         let mut b = cc::Build::new();
         b.cpp(true)
@@ -125,6 +130,12 @@ fn emulator(out: &Path, dir: &Path, files: &[PathBuf]) {
             .flag("-fno-strict-aliasing")
             .flag("-ffp-contract=off")
             .flag("-fno-fast-math");
+        if sanitize_alignment {
+            // A GPU faults on a misaligned access (CUDA_ERROR_MISALIGNED_ADDRESS)
+            // that an x86 host forgives: with SHARDGRAPH_EMU_SANITIZE=alignment
+            // the emulator aborts on the first one, naming the kernel's line.
+            b.flag("-fsanitize=alignment").flag("-fno-sanitize-recover=alignment");
+        }
         b
     };
     let hip_header = dir.join("..").join("kernels-hip").join("sg_hip.h");

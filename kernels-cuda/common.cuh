@@ -53,16 +53,22 @@ __device__ __forceinline__ float sg_h2f(unsigned short h) {
     return f;
 }
 
+// NVIDIA: the f16 leaves the asm zero-extended in a 32-bit register. With
+// a 16-bit ("=h") output, ptxas 13.0 for sm_90 stored the low byte of the
+// wrong half when that register went straight to a byte store (`st.u8`, as
+// sg_st_h below does): every quantized block's f16 scale lost its low byte
+// on an H200 (seen 2026-12-04), while 2-byte stores of the same value were
+// right. The emulator cannot see this; scripts/gpu-check.sh's cuda_diff can.
 __device__ __forceinline__ unsigned short sg_f2h(float f) {
-    unsigned short h;
 #if defined(SG_CUDA_EMU)
-    h = sg_emu_f2h(f);
+    return sg_emu_f2h(f);
 #elif defined(SG_HIP)
-    h = __builtin_bit_cast(unsigned short, (_Float16) f);
+    return __builtin_bit_cast(unsigned short, (_Float16) f);
 #else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    unsigned int h;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; cvt.u32.u16 %0, t; }" : "=r"(h) : "f"(f));
+    return (unsigned short) h;
 #endif
-    return h;
 }
 
 // An f16 stored at any byte address (quant blocks are only 2-byte aligned
@@ -72,9 +78,9 @@ __device__ __forceinline__ float sg_ld_h(const unsigned char *p) {
 }
 
 __device__ __forceinline__ void sg_st_h(unsigned char *p, float v) {
-    const unsigned short h = sg_f2h(v);
-    p[0] = (unsigned char) (h & 0xff);
-    p[1] = (unsigned char) (h >> 8);
+    const unsigned int h = sg_f2h(v);
+    p[0] = (unsigned char) (h & 0xffu);
+    p[1] = (unsigned char) ((h >> 8) & 0xffu);
 }
 
 // BF16: exact widening; narrowing as GGML_FP32_TO_BF16 (round to nearest

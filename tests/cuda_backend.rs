@@ -226,6 +226,40 @@ fn out_of_range_rows_on(d: CudaBackend) {
     assert!(d.stats().host_nodes.is_empty(), "get_rows F32 ran on the device: {:?}", d.stats());
 }
 
+/// A view that starts off its type's alignment (ggml lets `ggml_view_1d`
+/// start at any byte; the random graphs of `tests/split_props.rs` make one)
+/// runs on the host, not on the device: a GPU faults on the misaligned
+/// load (CUDA_ERROR_MISALIGNED_ADDRESS, sticky for the whole context: seen
+/// on an H200, where every later test of the process then failed). Its
+/// result equals the CPU backend's bit for bit, the device works on
+/// afterwards, and aligned views of the same tensor stay on the device.
+#[test]
+fn misaligned_views_run_on_the_host_and_equal_the_cpu() {
+    let Some(mut devs) = devices(1) else { return };
+    let d = devs.remove(0);
+    let mut ctx = Context::new();
+    let a = ctx.new_tensor_1d(GgmlType::F32, 16).unwrap();
+    // F32 values at bytes 10..30 (2 mod 4), then at bytes 8..28.
+    let odd = ctx.view_1d(a, 5, 10).unwrap();
+    let odd_cont = ctx.cont(odd).unwrap();
+    let odd_scaled = ctx.scale(odd, 2.0).unwrap();
+    let even = ctx.view_1d(a, 5, 8).unwrap();
+    let even_cont = ctx.cont(even).unwrap();
+    let outs = [odd_cont, odd_scaled, even_cont];
+    let leafs = [(a, (0..16).map(|i| 1.0 + i as f32 / 8.0).collect::<Vec<f32>>())];
+    let cpu = shardgraph::CpuBackend::with_threads(1).unwrap();
+    let want = run_graph(&cpu, &ctx, &leafs, &outs);
+    for run in 0..2 {
+        let got = run_graph(&d, &ctx, &leafs, &outs);
+        let bits =
+            |v: &[Vec<f32>]| v.iter().map(|r| r.iter().map(|x| x.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "run {run}");
+    }
+    let host = d.stats().host_nodes;
+    assert_eq!(host.values().sum::<u64>(), 4, "the two nodes of the misaligned view, twice, on the host: {host:?}");
+    assert!(d.stats().device_nodes >= 2, "the aligned view's cont on the device: {:?}", d.stats());
+}
+
 /// Attention sinks (gpt-oss) on the device equal the CPU backend: soft_max
 /// with sinks, without a mask and with an F16 mask (ALiBi too), and
 /// flash_attn_ext with sinks over F16 K/V, an F16 mask (a fully masked row)

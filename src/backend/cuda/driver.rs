@@ -135,8 +135,29 @@ impl DriverGpu {
             .ok_or_else(|| Error::Cuda { detail: format!("no kernel named {kernel} in kernels-cuda") })
     }
 
-    /// The error of a failed synchronisation `what`, naming the last
-    /// kernel queued on this stream (a kernel fault shows up here).
+    /// Records `what` (a kernel's name, a library call) as the last work
+    /// queued on this stream, for [`Self::fault`].
+    fn queued(&self, what: &str) {
+        let mut last = self.last_kernel.lock().unwrap_or_else(|p| p.into_inner());
+        last.clear();
+        last.push_str(what);
+    }
+
+    /// With `SHARDGRAPH_GPU_SYNC_EACH_OP`, waits for the stream and names
+    /// `what` (the work just queued) when it failed.
+    fn sync_if_asked(&self, what: &str) -> Result<()> {
+        if self.sync_each_op {
+            // SAFETY: this device's live stream.
+            unsafe { cu::stream::synchronize(self.stream.cu_stream()) }
+                .map_err(|e| cuda_err(format!("GPU {}: {what} failed", self.ordinal), e))?;
+        }
+        Ok(())
+    }
+
+    /// The error of a failed synchronisation or copy `what`, naming the
+    /// last kernel queued on this stream (a kernel fault shows up here; a
+    /// fault is sticky for the whole context, so it can also be another
+    /// stream's, e.g. another virtual device's).
     fn fault(&self, what: &str, e: impl std::fmt::Debug) -> Error {
         let last = self.last_kernel.lock().unwrap_or_else(|p| p.into_inner());
         let hint = if last.is_empty() {
@@ -285,8 +306,7 @@ impl Gpu for DriverGpu {
         // non-blocking stream does not wait for); the stream is synchronised
         // before returning, so `src` is no longer read afterwards.
         // SAFETY: the caller's range guarantee; `src` outlives the synchronisation.
-        unsafe { cu::memcpy_htod_async(dst, src, s) }
-            .map_err(|e| cuda_err(format!("GPU {}: copy to device", self.ordinal), e))?;
+        unsafe { cu::memcpy_htod_async(dst, src, s) }.map_err(|e| self.fault("copy to device", e))?;
         // SAFETY: this device's live stream.
         unsafe { cu::stream::synchronize(s) }.map_err(|e| self.fault("copy to device", e))
     }
@@ -296,8 +316,7 @@ impl Gpu for DriverGpu {
         let s = self.stream.cu_stream();
         // SAFETY: the caller's range guarantee; queued after this stream's
         // earlier work, and `dst` is written before the synchronisation returns.
-        unsafe { cu::memcpy_dtoh_async(dst, src, s) }
-            .map_err(|e| cuda_err(format!("GPU {}: copy to host", self.ordinal), e))?;
+        unsafe { cu::memcpy_dtoh_async(dst, src, s) }.map_err(|e| self.fault("copy to host", e))?;
         // SAFETY: this device's live stream.
         unsafe { cu::stream::synchronize(s) }.map_err(|e| self.fault("a kernel or copy failed", e))
     }
@@ -313,11 +332,7 @@ impl Gpu for DriverGpu {
     unsafe fn launch(&self, kernel: &str, grid: [u32; 3], block: [u32; 3], args: &[KArg]) -> Result<()> {
         let f = self.function(kernel)?;
         self.bind()?;
-        {
-            let mut last = self.last_kernel.lock().unwrap_or_else(|p| p.into_inner());
-            last.clear();
-            last.push_str(kernel);
-        }
+        self.queued(kernel);
         let mut slots: Vec<u64> = args.iter().map(|a| a.slot()).collect();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         // SAFETY: `f` is a loaded function of this context; the parameter
@@ -334,13 +349,7 @@ impl Gpu for DriverGpu {
             )
         }
         .map_err(|e| cuda_err(format!("GPU {}: launching {kernel} grid {grid:?} block {block:?}", self.ordinal), e))?;
-        if self.sync_each_op {
-            // SAFETY: this device's live stream.
-            unsafe { cu::stream::synchronize(self.stream.cu_stream()) }.map_err(|e| {
-                cuda_err(format!("GPU {}: kernel {kernel} grid {grid:?} block {block:?} failed", self.ordinal), e)
-            })?;
-        }
-        Ok(())
+        self.sync_if_asked(&format!("kernel {kernel} grid {grid:?} block {block:?}"))
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -413,6 +422,20 @@ impl Gpu for DriverGpu {
         let Some(h) = self.cublas() else { return Ok(false) };
         let Some(h) = h.as_ref() else { return Ok(false) };
         self.bind()?;
+        // (Addresses modulo 16: cuBLAS picks vectorized kernels by them.)
+        let what = format!(
+            "cublasGemmEx m {} n {} k {} lda {} ldb {} ldc {} (a, b, c mod 16: {}, {}, {})",
+            g.m,
+            g.n,
+            g.k,
+            g.lda,
+            g.ldb,
+            g.ldc,
+            g.a % 16,
+            g.b % 16,
+            g.c % 16
+        );
+        self.queued(&what);
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the caller guarantees the matrices; alpha/beta are host scalars
         // read during the call; the handle is bound to this device's stream.
@@ -439,7 +462,8 @@ impl Gpu for DriverGpu {
                 b::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| cuda_err(format!("GPU {}: cublasGemmEx", self.ordinal), e))?;
+        .map_err(|e| cuda_err(format!("GPU {}: {what}", self.ordinal), e))?;
+        self.sync_if_asked(&what)?;
         Ok(true)
     }
 }

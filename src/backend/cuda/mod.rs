@@ -490,7 +490,17 @@ impl RawDevice {
 /// [`ops::run`] with a dispatcher panic (a bug, never expected: the op
 /// constructors guarantee each op's sources) contained as an error, as the
 /// CPU backend contains its kernels'.
+///
+/// A node with an operand off its type's natural alignment ([`aligned`])
+/// is not the kernels' (`Ok(false)`: the host computes it, as ggml's CPU
+/// reads any view): a GPU faults on a misaligned load
+/// (`CUDA_ERROR_MISALIGNED_ADDRESS`, sticky for the whole context), where
+/// ggml lets a view start at any byte (`ggml_view_1d(a, n, 10)` of an F32
+/// tensor; seen in `tests/split_props.rs` on an H200).
 fn dispatch(cx: &ops::Cx, t: &Tensor, dst: &ops::T, src: &[ops::T]) -> Result<bool> {
+    if !aligned(dst) || !src.iter().all(aligned) {
+        return Ok(false);
+    }
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ops::run(cx, &t.op, dst, src))).map_err(|_| {
         let family = t.op.family();
         Error::Compute {
@@ -503,6 +513,18 @@ fn dispatch(cx: &ops::Cx, t: &Tensor, dst: &ops::T, src: &[ops::T]) -> Result<bo
             ),
         }
     })?
+}
+
+/// Whether operand `x`'s address, view offset and byte strides are all
+/// multiples of its type's natural alignment: the element size (F32 4, F16
+/// 2, I64 8, …) or, for a block type, the largest power of two dividing the
+/// block's size, at most 16 (Q8_0's 34 bytes: 2; Q4_K's 144: 16) — what an
+/// operand laid out by whole elements or blocks from an aligned buffer has.
+fn aligned(x: &ops::T) -> bool {
+    let size = x.t.ty.type_size().max(1);
+    let align = (1usize << size.trailing_zeros()).min(16);
+    let offs = if x.t.view_src.is_some() { x.t.view_offs } else { 0 };
+    (x.p as usize).is_multiple_of(align) && offs.is_multiple_of(align) && x.t.nb.iter().all(|b| b.is_multiple_of(align))
 }
 
 /// The error of node `t` on device `dev`: the device, the op and the cause.
