@@ -1,12 +1,14 @@
-//! Greedy decoding speed of a `qwen3` or `qwen35` model on N CPU devices
-//! (tensor split): a real GGUF file (`--model PATH`, its architecture read
+//! Greedy decoding speed of a `qwen3` or `qwen35` model on N devices (CPU
+//! by default; tensor split): a real GGUF file (`--model PATH`, its architecture read
 //! from `general.architecture`), or a generated `qwen3` written once into
 //! the system temp folder; prints prompt and decode tokens/s.
 //!
 //! `cargo run --release --example decode -- --devices 2 --tensor-split 1,1 --ctx-size 65536`
 //!
-//! Options (llama.cpp's names): `--devices N` (default 1, or as many as
-//! `--tensor-split` gives), `--tensor-split r0,r1,..` (default equal),
+//! Options (llama.cpp's names): `--device LIST` (device names, as in the
+//! speculative examples: `CPU`, `CUDA0`, `CUDA0,CUDA0` for two virtual
+//! devices of one GPU, `HIP0`, `EMU`; default CPU devices), `--devices N`
+//! (default 1, or as many as `--tensor-split` or `--device` gives), `--tensor-split r0,r1,..` (default equal),
 //! `--split-mode none|layer|tensor|hybrid` (none: one device), `--threads N` (per device, default 1),
 //! `--ctx-size N` (KV cells, default 4096), `--fit on|off` (on: the largest
 //! context of 256-cell steps up to `--ctx-size` that fits every device,
@@ -22,7 +24,7 @@
 //! run is repeated on the same devices reading the logits, and compared
 //! with a run of the same file on one CPU device fed the same tokens: the
 //! greedy tokens exactly, and the logits each was chosen from within an
-//! NMSE bound (`spec::verify_tolerance`; on a GPU a close choice may end the comparison): `verify: identical … logits NMSE at
+//! NMSE bound (`spec::verify_tolerance`; on a GPU a token may differ where that step's logits agree): `verify: identical … logits NMSE at
 //! most …`, or `verify: MISMATCH` naming the first token or step that
 //! differs and exit status 1; the logits matter because a model whose
 //! layers write little, such as the permutation models the speculative
@@ -56,6 +58,7 @@ use spec::{check_options, parsed};
 
 /// The options this example takes (each followed by a value).
 const OPTIONS: &[&str] = &[
+    "--device",
     "--devices",
     "--tensor-split",
     "--split-mode",
