@@ -37,10 +37,12 @@
 //! (indices out of range) in one copy.
 //!
 //! Status: the emulator runs every op through this code in the tests, as
-//! CUDA and as HIP (CDNA) devices; the GPU paths (`driver.rs`: cudarc,
-//! cuBLAS; `hip/`: the HIP runtime, hipRTC, hipBLAS) have been compiled but
-//! not yet run on a GPU (`scripts/gpu-check.sh`, `SHARDGRAPH_GPU=hip` for
-//! AMD). The meta backend keeps activations on the devices and moves them
+//! CUDA and as HIP (CDNA) devices. The CUDA path (`driver.rs`: cudarc,
+//! cuBLAS) has run on an NVIDIA H200 (`scripts/gpu-check.sh`, 2026-12-04:
+//! every step ok, virtual devices of the one GPU; NCCL between GPUs needs
+//! two and has not run); the HIP path (`hip/`: the HIP runtime, hipRTC,
+//! hipBLAS) has been compiled but not yet run on an AMD GPU
+//! (`SHARDGRAPH_GPU=hip scripts/gpu-check.sh`). The meta backend keeps activations on the devices and moves them
 //! with stream-ordered device-to-device copies, or NCCL/RCCL across GPUs
 //! (`split::NcclComm`, compiled but not yet run, which reaches the device
 //! through [`CudaBackend`]'s `RawDevice`: the GPU's vendor, ordinal and
