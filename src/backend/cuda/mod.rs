@@ -526,7 +526,8 @@ fn aligned(x: &ops::T) -> bool {
     let size = x.t.ty.type_size().max(1);
     let align = (1usize << size.trailing_zeros()).min(16);
     let offs = if x.t.view_src.is_some() { x.t.view_offs } else { 0 };
-    (x.p as usize).is_multiple_of(align) && offs.is_multiple_of(align) && x.t.nb.iter().all(|b| b.is_multiple_of(align))
+    // (`%`, not `is_multiple_of`: the crate's MSRV is 1.82.)
+    (x.p as usize) % align == 0 && offs % align == 0 && x.t.nb.iter().all(|b| b % align == 0)
 }
 
 /// The error of node `t` on device `dev`: the device, the op and the cause.
