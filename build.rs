@@ -116,7 +116,11 @@ fn emulator(out: &Path, dir: &Path, files: &[PathBuf]) {
     println!("cargo:rerun-if-changed={}", header.display());
     println!("cargo:rerun-if-changed={}", runtime.display());
     println!("cargo:rerun-if-env-changed=SHARDGRAPH_EMU_SANITIZE");
-    let sanitize_alignment = std::env::var("SHARDGRAPH_EMU_SANITIZE").is_ok_and(|v| v == "alignment");
+    let sanitize = std::env::var("SHARDGRAPH_EMU_SANITIZE").ok();
+    let sanitize_alignment = sanitize.as_deref() == Some("alignment");
+    if let Some(other) = sanitize.as_deref().filter(|v| !v.is_empty() && *v != "alignment") {
+        println!("cargo:warning=SHARDGRAPH_EMU_SANITIZE={other:?} ignored: the one check is `alignment` (UBSan, GCC's libubsan)");
+    }
     if sanitize_alignment {
         println!("cargo:rustc-link-lib=ubsan");
     }

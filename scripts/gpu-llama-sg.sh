@@ -22,18 +22,22 @@ pack=.gpu-llama
 case "${1:-}" in
 pack)
   tools="${SHARDGRAPH_CACHE:-$HOME/.cache/shardgraph}/llama-tools/build/bin"
-  [ -x "$tools/llama-speculative-simple" ] || { echo "gpu-llama-sg: no $tools/llama-speculative-simple (run scripts/setup.sh)"; exit 1; }
+  [ -x "$tools/llama-speculative-simple" ] || { echo "gpu-llama-sg: no $tools/llama-speculative-simple (run scripts/setup.sh)" >&2; exit 1; }
   cargo build --release -p shardgraph-ggml --features cuda && cargo build --release --features cuda --example dflash2 || exit 1
+  out="${CARGO_TARGET_DIR:-target}/release"
   rm -rf "$pack" && mkdir -p "$pack" && cp -a "$tools"/. "$pack"/ &&
-    cp target/release/libshardgraph_ggml.so target/release/examples/dflash2 "$pack"/ || exit 1
+    cp "$out/libshardgraph_ggml.so" "$out/examples/dflash2" "$pack"/ || { rm -rf "$pack"; exit 1; }
   strip "$pack"/libshardgraph_ggml.so "$pack"/dflash2 2>/dev/null
   grep -qx "/$pack" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "/$pack" >> .git/info/exclude; }
   echo "gpu-llama-sg: packed $(du -sh "$pack" | cut -f1) in $pack; device call: carry [\"$pack\"], command: scripts/gpu-llama-sg.sh run"
   ;;
 run)
   dev="${2:-CUDA0,CUDA0}" H="$PWD/$pack" W="${TMPDIR:-/tmp}/sg-llama"
-  [ -x "$H/llama-speculative-simple" ] || chmod +x "$H"/llama-speculative-simple "$H"/dflash2 2>/dev/null
-  [ -f "$H/libshardgraph_ggml.so" ] || { echo "gpu-llama-sg: $pack missing (scripts/gpu-llama-sg.sh pack)"; exit 1; }
+  for f in libshardgraph_ggml.so dflash2 llama-speculative-simple; do
+    [ -f "$H/$f" ] || { echo "gpu-llama-sg: $pack/$f missing (scripts/gpu-llama-sg.sh pack)" >&2; exit 1; }
+  done
+  # (In case the copy to the device machine dropped the execute bits.)
+  chmod +x "$H"/llama-speculative-simple "$H"/dflash2 2>/dev/null
   mkdir -p "$W"
   export LD_LIBRARY_PATH="$H:${LD_LIBRARY_PATH:-}" SHARDGRAPH_KERNEL_CACHE="$W/kernels"
   if [ -e /usr/local/cuda/lib64/libnvrtc.so.13 ]; then
@@ -59,5 +63,5 @@ run)
     echo "steps DIFFER:"; diff <(grep '^step ' "$W/cpu.out") <(grep '^step ' "$W/sg.out") | head -8; tail -5 "$W/sg.err"; exit 1
   fi
   ;;
-*) echo "usage: scripts/gpu-llama-sg.sh pack | run [DEVICES]"; exit 2 ;;
+*) echo "usage: scripts/gpu-llama-sg.sh pack | run [DEVICES]" >&2; exit 2 ;;
 esac
