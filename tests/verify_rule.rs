@@ -1,8 +1,6 @@
 //! The examples' `--verify` rule (`examples/common/spec.rs`): where a run on
 //! other devices may choose another greedy token than one CPU device.
 
-#[path = "common/nmse.rs"]
-mod nmse;
 #[path = "../examples/common/spec.rs"]
 mod spec;
 
@@ -47,7 +45,7 @@ fn one_wrong_logit_is_not_a_close_choice() {
     let reference = row(32000, (10, 3.0), (20, 1.0));
     let mut here = reference.clone();
     here[20] += 5.0;
-    let e = nmse::nmse(&here, &reference);
+    let e = spec::nmse(&here, &reference);
     assert!(e < 1e-2, "the row alone passes the bound: {e:e}");
     assert_eq!(rounding_flip(GPU, &here, &reference, 20, 10), None);
     let (tokens, refs) = (vec![1, 20], vec![1, 10]);
