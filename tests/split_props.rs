@@ -942,3 +942,29 @@ fn a_partial_activation_rounded_by_a_product_is_held_to_its_addends() {
     assert!(mm, "the case has a product with F16 weights");
     check_split(&leafs, &steps).unwrap();
 }
+
+/// Fixed defect (seed 14999119299995926029 on emulated CUDA devices, CI of
+/// 2026-12-04): on 3 devices a plan with tensors mirrored on the group
+/// {1,2} failed to run ("rank 0 expects 12 bytes from rank 1, which sends
+/// 0"): device 0, outside the group, paired its exchanges with the
+/// members' in another order.
+#[test]
+fn exchanges_pair_alike_on_a_device_outside_a_group() {
+    let leafs = [Leaf { ty: 0, ne: vec![1, 3] }];
+    let steps: [Step; 13] = [
+        (56, 4166302632, 0, 2559085891),
+        (123, 546072938, 0, 0),
+        (191, 953509528, 2607865785, 3942028801),
+        (173, 260828124, 1131768733, 3969828931),
+        (0, 3954864889, 834091179, 2428964344),
+        (188, 88989120, 3415723545, 272538366),
+        (174, 3324678678, 1563865230, 3917667404),
+        (245, 3943435590, 2493051962, 651149710),
+        (152, 689224286, 296310019, 1285183590),
+        (154, 2485744784, 687176276, 394588572),
+        (204, 1015706838, 3816628207, 2608568552),
+        (118, 1207269258, 2777536304, 2471868172),
+        (123, 2959403473, 756783884, 4137821897),
+    ];
+    check_split(&leafs, &steps).unwrap();
+}

@@ -954,6 +954,15 @@ impl<'a> Compiler<'a> {
         // nothing to send, and holds nothing of the result.
         let (j, n) = (self.j, self.n);
         let (senders, receivers) = (needs[0].holders(n), out_state.holders(n));
+        // Every device fetches the sources, here: the conversions they take
+        // are exchanges, which pair up by their order on every device (a
+        // device outside that fetched them later, for another node, paired
+        // them with other exchanges: seed 14999119299995926029).
+        let x = self.fetch(t.src[0], &needs[0])?;
+        let mask = match (reduce, t.src.get(1)) {
+            (RowReduce::SoftMax { .. }, Some(&m)) => Some(self.fetch(m, &needs[1])?),
+            _ => None,
+        };
         if !senders.contains(j) && !receivers.contains(j) {
             self.exchange(GgmlType::I8, [0, 1, 1, 1], vec![None; n], vec![None; n])?;
             let lid = self.fresh(t.ty, local_ne(t.ne, &out_state, j))?;
@@ -961,11 +970,6 @@ impl<'a> Compiler<'a> {
             return Ok(());
         }
         let members: Vec<usize> = senders.iter().collect();
-        let x = self.fetch(t.src[0], &needs[0])?;
-        let mask = match (reduce, t.src.get(1)) {
-            (RowReduce::SoftMax { .. }, Some(&m)) => Some(self.fetch(m, &needs[1])?),
-            _ => None,
-        };
         let ranges = if reduce == RowReduce::Sum { Vec::new() } else { s.ranges(self.j) };
         // (A device with no rows computes the statistics' shape too.)
         let stats = self.l.row_stats(x, mask, reduce, ranges).map_err(|e| node_err(t, &out_state, e))?;
