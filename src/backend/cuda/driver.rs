@@ -147,11 +147,12 @@ impl DriverGpu {
 
     /// With `SHARDGRAPH_GPU_SYNC_EACH_OP`, waits for the stream and names
     /// `what` (the work just queued) when it failed.
-    fn sync_if_asked(&self, what: &str) -> Result<()> {
+    /// (`what` is formatted only then: launches are the hot path.)
+    fn sync_if_asked(&self, what: impl FnOnce() -> String) -> Result<()> {
         if self.sync_each_op {
             // SAFETY: this device's live stream.
             unsafe { cu::stream::synchronize(self.stream.cu_stream()) }
-                .map_err(|e| cuda_err(format!("GPU {}: {what} failed", self.ordinal), e))?;
+                .map_err(|e| cuda_err(format!("GPU {}: {} failed", self.ordinal, what()), e))?;
         }
         Ok(())
     }
@@ -351,7 +352,7 @@ impl Gpu for DriverGpu {
             )
         }
         .map_err(|e| cuda_err(format!("GPU {}: launching {kernel} grid {grid:?} block {block:?}", self.ordinal), e))?;
-        self.sync_if_asked(&format!("kernel {kernel} grid {grid:?} block {block:?}"))
+        self.sync_if_asked(|| format!("kernel {kernel} grid {grid:?} block {block:?}"))
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -425,19 +426,23 @@ impl Gpu for DriverGpu {
         let Some(h) = h.as_ref() else { return Ok(false) };
         self.bind()?;
         // (Addresses modulo 16: cuBLAS picks vectorized kernels by them.)
-        let what = format!(
-            "cublasGemmEx m {} n {} k {} lda {} ldb {} ldc {} (a, b, c mod 16: {}, {}, {})",
-            g.m,
-            g.n,
-            g.k,
-            g.lda,
-            g.ldb,
-            g.ldc,
-            g.a % 16,
-            g.b % 16,
-            g.c % 16
-        );
-        self.queued(&what);
+        let what = || {
+            format!(
+                "cublasGemmEx m {} n {} k {} lda {} ldb {} ldc {} (a, b, c mod 16: {}, {}, {})",
+                g.m,
+                g.n,
+                g.k,
+                g.lda,
+                g.ldb,
+                g.ldc,
+                g.a % 16,
+                g.b % 16,
+                g.c % 16
+            )
+        };
+        // The call's shape is formatted only for an error (cuBLAS calls are
+        // on the hot path); the fault message names the call.
+        self.queued("cublasGemmEx");
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the caller guarantees the matrices; alpha/beta are host scalars
         // read during the call; the handle is bound to this device's stream.
@@ -464,8 +469,8 @@ impl Gpu for DriverGpu {
                 b::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| cuda_err(format!("GPU {}: {what}", self.ordinal), e))?;
-        self.sync_if_asked(&what)?;
+        .map_err(|e| cuda_err(format!("GPU {}: {}", self.ordinal, what()), e))?;
+        self.sync_if_asked(what)?;
         Ok(true)
     }
 }
