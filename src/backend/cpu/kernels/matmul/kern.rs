@@ -1141,6 +1141,36 @@ mod x86 {
                 prefetch_slice(t, sb, nsb);
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for k in 0..8 {
+                    if !D::VNNI {
+                        // Without VNNI a sub-block's pair sums stay in i16 over
+                        // its 8 steps (each is at most 2·15·128, their sum
+                        // 30 720 < 2¹⁵: exact), and one `madd` with the scale
+                        // pair (the u32 holds it in both halves) widens and
+                        // scales them: one multiply per 32 products instead
+                        // of two, the same integers as `D::ub` then `mullo`.
+                        let mut p16 = [[_mm256_setzero_si256(); NCV]; RM];
+                        for s in 0..8 {
+                            let step = 64 * sb + 8 * k + s;
+                            let mut bv = [_mm256_setzero_si256(); NCV];
+                            for (cv, b) in bv.iter_mut().enumerate() {
+                                *b = _mm256_loadu_si256(t.b[cv].add(32 * step) as *const __m256i);
+                            }
+                            for r in 0..RM {
+                                let av =
+                                    _mm256_set1_epi32(std::ptr::read_unaligned(t.a[r].add(4 * step) as *const i32));
+                                for cv in 0..NCV {
+                                    p16[r][cv] = _mm256_add_epi16(p16[r][cv], _mm256_maddubs_epi16(av, bv[cv]));
+                                }
+                            }
+                        }
+                        for r in 0..RM {
+                            let sc = _mm256_set1_epi32(*t.asc[r].add(8 * sb + k) as i32);
+                            for cv in 0..NCV {
+                                acc[r][cv] = D::w(acc[r][cv], p16[r][cv], sc);
+                            }
+                        }
+                        continue;
+                    }
                     let mut ak = [[_mm256_setzero_si256(); NCV]; RM];
                     for s in 0..8 {
                         let step = 64 * sb + 8 * k + s;
@@ -1355,6 +1385,10 @@ mod x86 {
                 }
                 for j in 0..16 {
                     let mut ak = [[_mm256_setzero_si256(); NCV]; RM];
+                    // Without VNNI two steps' pair sums are added in i16
+                    // (each at most 2·63·128, two 32 256 < 2¹⁵: exact) before
+                    // the `madd` with the scale: 3 multiplies per 64 products.
+                    let mut p16 = [[_mm256_setzero_si256(); NCV]; RM];
                     for s in 0..4 {
                         let step = 64 * sb + 4 * j + s;
                         let mut bv = [_mm256_setzero_si256(); NCV];
@@ -1367,8 +1401,10 @@ mod x86 {
                             for cv in 0..NCV {
                                 if D::VNNI {
                                     ak[r][cv] = D::ub(ak[r][cv], av, bv[cv]);
+                                } else if s % 2 == 0 {
+                                    p16[r][cv] = _mm256_maddubs_epi16(av, bv[cv]);
                                 } else {
-                                    let p = _mm256_maddubs_epi16(av, bv[cv]);
+                                    let p = _mm256_add_epi16(p16[r][cv], _mm256_maddubs_epi16(av, bv[cv]));
                                     acc[r][cv] = D::w(acc[r][cv], p, _mm256_set1_epi16(sc));
                                 }
                             }
