@@ -251,6 +251,39 @@ fn a_process_with_another_plan_is_an_error_on_every_process() {
     assert!(took < Duration::from_secs(60), "{took:?}");
 }
 
+/// Process 1 prices the links between nodes differently
+/// (`SHARDGRAPH_LINK_OTHER_NODE`) from process 0.
+#[test]
+#[ignore = "run in every process by mpirun from the tests below"]
+fn rank_links() {
+    let Ok(_) = std::env::var(MODE) else { return };
+    let world = World::init().unwrap();
+    if world.rank() == 1 {
+        std::env::set_var(LinkClass::OtherNode.env_var(), "40,1");
+    }
+    let Err(err) = Devices::cpu(1, 1).unwrap().across_processes(&world) else { panic!("links differ, no error") };
+    println!("process {} refused: {err}", world.rank());
+    world.finalize();
+}
+
+/// Processes given different link variables: every process gets an error
+/// naming the variable and both values when the world's devices are
+/// gathered, before any plan.
+#[test]
+fn processes_with_other_link_variables_are_an_error_naming_them() {
+    let (out, took) = mpirun(2, "rank_links", "links");
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for r in 0..2 {
+        let line = t.lines().find(|l| l.contains(&format!("process {r} refused:"))).unwrap_or_else(|| panic!("{t}"));
+        assert!(
+            line.contains("SHARDGRAPH_LINK_OTHER_NODE is (unset) in process 0 but 40,1 in process(es) [1]"),
+            "{line}"
+        );
+    }
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
 /// Process 1 decodes one step more than process 0, which has ended.
 #[test]
 #[ignore = "run in every process by mpirun from the tests below"]

@@ -211,6 +211,7 @@ impl Devices {
         if self.comm.is_some() {
             return Err(Error::Split { detail: "devices with a communicator of their own across processes".into() });
         }
+        same_links_everywhere(world)?;
         let (backends, mpi) = super::MpiComm::devices(world, &self.backends)?;
         let mpi = Arc::new(mpi);
         let n = backends.len();
@@ -621,6 +622,39 @@ fn open_backends(names: &[DeviceName], threads: usize) -> Result<Vec<Arc<dyn Bac
             other => Err(Error::Split { detail: format!("device {other:?}: this build cannot open it") }),
         })
         .collect()
+}
+
+/// Every process's link variables ([`LinkClass::env_var`]) as it sees them
+/// are compared (an all-gather): plans are priced by them, so processes
+/// given different values would plan differently and fail later with plans
+/// that differ; this names the variable instead.
+///
+/// # Errors
+/// [`Error::Split`] on every process, naming the first variable whose value
+/// differs from process 0's and the processes that differ.
+#[cfg(feature = "mpi")]
+fn same_links_everywhere(world: &super::World) -> Result<()> {
+    let values: Vec<String> =
+        LinkClass::ALL.iter().map(|c| std::env::var(c.env_var()).unwrap_or_else(|_| "(unset)".into())).collect();
+    let all = world.all_gather(values.join("\n").as_bytes());
+    let seen: Vec<Vec<String>> =
+        all.iter().map(|b| String::from_utf8_lossy(b).split('\n').map(str::to_string).collect()).collect();
+    for (k, class) in LinkClass::ALL.iter().enumerate() {
+        let at = |p: usize| seen.get(p).and_then(|v| v.get(k)).map_or("(unset)", String::as_str);
+        let differ: Vec<usize> = (1..seen.len()).filter(|&p| at(p) != at(0)).collect();
+        if let Some(&p) = differ.first() {
+            return Err(Error::Split {
+                detail: format!(
+                    "{} is {} in process 0 but {} in process(es) {differ:?} (first: {p}): every process must price \
+                     its links alike, or their plans differ",
+                    class.env_var(),
+                    at(0),
+                    at(p)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

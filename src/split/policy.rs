@@ -196,8 +196,21 @@ impl SplitPolicy {
     /// [`Error::Split`] naming the tensor and the rule when the rule cannot
     /// be honoured: axis out of range, granule < 1 or not dividing the
     /// axis/segments, a quantized row split off block boundaries, segments
-    /// that do not sum to the axis length.
+    /// that do not sum to the axis length; for a layer or hybrid split
+    /// ([`SplitPolicy::layer_split`], [`SplitPolicy::hybrid`]), a tensor of
+    /// a layer numbered above the policy's `n_layer`.
     pub fn state_for(&self, leaf: &LeafInfo) -> Result<Option<SplitState>> {
+        if let (Some(n), Some(il)) = (self.layers, layer_of(leaf.name)) {
+            if il > n {
+                return Err(Error::Split {
+                    detail: format!(
+                        "tensor {:?} is in layer {il}, but the layer split was made for {n} layers (0..{n}, and \
+                         {n} for a next-token layer, which goes with the output): give the model's layer count",
+                        leaf.name
+                    ),
+                });
+            }
+        }
         if let Some(h) = &self.hybrid {
             if let Some(st) = h.state_for(leaf, self.ratios.len())? {
                 return Ok(Some(st));
@@ -338,7 +351,11 @@ impl SplitPolicy {
     /// the output layer's, the token embeddings (`token_embd.weight`) on the
     /// first device with a share ([`SplitSpec::OnDevice`]); everything else
     /// mirrored. The planner then runs each layer where its weights are and
-    /// moves the activations between devices at layer boundaries.
+    /// moves the activations between devices at layer boundaries. A layer
+    /// numbered `n_layer` (a next-token layer, as qwen35's MTP layer) goes
+    /// with the output layer; one numbered above it is an error when its
+    /// state is asked ([`SplitPolicy::state_for`]: a wrong `n_layer` would
+    /// otherwise pile the layers past it onto the output layer's device).
     ///
     /// # Errors
     /// [`Error::Split`] for ratios [`SplitPolicy::new`] refuses.
@@ -381,8 +398,10 @@ impl SplitPolicy {
     /// only the hidden state crosses machines, once per group boundary. A
     /// device with a zero ratio holds nothing (as under the tensor split).
     /// Layers are named as llama.cpp names them ([`layer_of`]); one numbered
-    /// `n_layer` or above goes with the output layer's group (as
-    /// [`SplitPolicy::layer_split`] places it).
+    /// `n_layer` (a next-token layer after the repeating ones, as qwen35's
+    /// MTP layer) goes with the output layer's group (as
+    /// [`SplitPolicy::layer_split`] places it); one numbered above it is an
+    /// error when its state is asked ([`SplitPolicy::state_for`]).
     ///
     /// # Errors
     /// [`Error::Split`] for ratios [`SplitPolicy::new`] refuses, groups
@@ -599,6 +618,14 @@ mod tests {
         assert_eq!(st("token_embd.weight").sole_holder(), Some(0));
         assert_eq!(st("rope_freqs.weight"), SplitState::Mirrored);
         assert!(SplitPolicy::new(&[1.0]).unwrap().layer_split_of().is_none());
+        // Layer n_layer (a next-token layer) goes with the output; one past
+        // it is an error naming the tensor and the layer count.
+        assert_eq!(st("blk.4.nextn.eh_proj.weight").sole_holder(), Some(1));
+        let e = p.state_for(&leaf("blk.5.attn_q.weight", GgmlType::Q4_K, [256, 8, 1, 1])).unwrap_err().to_string();
+        assert!(e.contains("blk.5.attn_q.weight") && e.contains("made for 4 layers"), "{e}");
+        let groups = [DeviceSet::of([0]), DeviceSet::of([1])];
+        let h = SplitPolicy::hybrid(&[1.0, 1.0], &groups, 4, &|r| SplitPolicy::new(r)).unwrap();
+        assert!(h.state_for(&leaf("cache_k_l9", GgmlType::F16, [256, 8, 1, 1])).is_err());
         // A device outside the policy is an error naming the tensor.
         let bad = SplitPolicy::new(&[1.0, 1.0]).unwrap().rule("w", SplitSpec::OnDevice(2));
         assert!(bad.state_for(&leaf("w", GgmlType::F32, [4, 1, 1, 1])).is_err());
