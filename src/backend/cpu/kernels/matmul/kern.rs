@@ -101,25 +101,31 @@ impl Default for Tile {
 /// size must be valid for the reads its format implies for `k` elements.
 pub(super) type KernFn = unsafe fn(&mut Tile);
 
-/// A one-column raw-row kernel over a run of rows (decode): row `i` of
-/// `out` is the dot of the raw weight row at `a0 + i·stride` with the
-/// tile's column 0, by the one-row tile kernel's own arithmetic (so
-/// bit-identical to it), with no call, tile set-up or result copy per row
-/// between them.
+/// A raw-row kernel of `RN` columns (1 to 4: decode, small verify
+/// batches) over a run of rows: `out` holds `RN` columns of `out.len() /
+/// RN` results each (column-major), row `i` of column `c` the dot of the
+/// raw weight row at `a0 + i·stride` with the tile's column `c`, by the
+/// one-row tile kernel's own arithmetic (so bit-identical to it), with no
+/// call, tile set-up or result copy per row between them.
 ///
 /// # Safety
-/// As [`KernFn`] for each of the rows `a0 + i·stride`, `i < out.len()`
-/// (row 0 of the tile is overwritten), and column 0 of the tile set.
+/// As [`KernFn`] for each of the rows `a0 + i·stride`, `i < out.len() /
+/// RN` (row 0 of the tile is overwritten), and columns `0..RN` of the tile
+/// set.
 pub(super) type RowRunFn = unsafe fn(&mut Tile, *const u8, usize, &mut [f32]);
 
-/// The [`RowRunFn`] of a raw-row format with one column, if `isa` has one.
-pub(super) fn row_run(isa: Isa, fmt: Fmt) -> Option<RowRunFn> {
+/// The [`RowRunFn`] of a raw-row format with `rn` columns (1 to 4), if
+/// `isa` has one.
+pub(super) fn row_run(isa: Isa, fmt: Fmt, rn: usize) -> Option<RowRunFn> {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::row_run_of::<x86::Avx2>(fmt),
+        Isa::Avx2 => x86::row_run_of::<x86::Avx2>(fmt, rn),
         #[cfg(target_arch = "x86_64")]
-        Isa::Vnni => x86::row_run_of::<x86::Vnni>(fmt),
-        _ => None,
+        Isa::Vnni => x86::row_run_of::<x86::Vnni>(fmt, rn),
+        _ => {
+            let _ = (fmt, rn);
+            None
+        }
     }
 }
 
@@ -1517,36 +1523,56 @@ mod x86 {
     const RAW_Q4K: u8 = 3;
     const RAW_Q6K: u8 = 4;
 
-    /// The [`RowRunFn`](super::RowRunFn) of raw format `F` with dot `D`:
-    /// each row through the one-row, one-column body, inlined into one
-    /// loop. (VNNI's dot is `asm!`, so both dots build with these features.)
+    /// The [`RowRunFn`](super::RowRunFn) of raw format `F` with dot `D`
+    /// and `RN` columns: each row through the one-row body, inlined into
+    /// one loop. (VNNI's dot is `asm!`, so both dots build with these
+    /// features.)
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_rows<D: Dot, const F: u8>(t: &mut Tile, a0: *const u8, stride: usize, out: &mut [f32]) {
-        for (i, o) in out.iter_mut().enumerate() {
+    unsafe fn run_rows<D: Dot, const F: u8, const RN: usize>(
+        t: &mut Tile,
+        a0: *const u8,
+        stride: usize,
+        out: &mut [f32],
+    ) {
+        let nrow = out.len() / RN;
+        for i in 0..nrow {
             t.a[0] = a0.wrapping_add(i * stride);
             // SAFETY: selected only when the CPU has these features;
-            // RowRunFn contract (row i is valid).
+            // RowRunFn contract (row i and columns 0..RN are valid).
             unsafe {
                 match F {
-                    RAW_Q4K => gemv_q4k_body::<D, 1, 1>(t),
-                    RAW_Q6K => gemv_q6k_body::<D, 1, 1>(t),
-                    _ => gemv_q8_body::<D, 1, 1, F>(t),
+                    RAW_Q4K => gemv_q4k_body::<D, 1, RN>(t),
+                    RAW_Q6K => gemv_q6k_body::<D, 1, RN>(t),
+                    _ => gemv_q8_body::<D, 1, RN, F>(t),
                 }
             }
-            *o = t.out[0][0];
+            for c in 0..RN {
+                out[c * nrow + i] = t.out[0][c];
+            }
         }
     }
 
-    /// The [`RowRunFn`](super::RowRunFn) of `fmt` with dot `D`, if `fmt`
-    /// reads raw rows.
-    pub(super) fn row_run_of<D: Dot>(fmt: super::Fmt) -> Option<super::RowRunFn> {
+    /// The [`RowRunFn`](super::RowRunFn) of `fmt` with dot `D` and `rn`
+    /// columns, if `fmt` reads raw rows and `rn` is 1 to 4.
+    pub(super) fn row_run_of<D: Dot>(fmt: super::Fmt, rn: usize) -> Option<super::RowRunFn> {
         use super::Fmt;
+        macro_rules! by_cols {
+            ($f:expr) => {
+                match rn {
+                    1 => run_rows::<D, $f, 1>,
+                    2 => run_rows::<D, $f, 2>,
+                    3 => run_rows::<D, $f, 3>,
+                    4 => run_rows::<D, $f, 4>,
+                    _ => return None,
+                }
+            };
+        }
         Some(match fmt {
-            Fmt::GemvQ4_0 => run_rows::<D, RAW_Q4_0>,
-            Fmt::GemvQ5_0 => run_rows::<D, RAW_Q5_0>,
-            Fmt::GemvQ8_0 => run_rows::<D, RAW_Q8_0>,
-            Fmt::GemvQ4K => run_rows::<D, RAW_Q4K>,
-            Fmt::GemvQ6K => run_rows::<D, RAW_Q6K>,
+            Fmt::GemvQ4_0 => by_cols!(RAW_Q4_0),
+            Fmt::GemvQ5_0 => by_cols!(RAW_Q5_0),
+            Fmt::GemvQ8_0 => by_cols!(RAW_Q8_0),
+            Fmt::GemvQ4K => by_cols!(RAW_Q4K),
+            Fmt::GemvQ6K => by_cols!(RAW_Q6K),
             _ => return None,
         })
     }

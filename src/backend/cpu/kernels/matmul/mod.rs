@@ -15,10 +15,10 @@
 //! 3. inside a task, per weight type and column count:
 //!    * one to four columns (decode, small verify batches): fused kernels
 //!      reading raw Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks, each weight
-//!      row read from memory once for every column; with one column a
-//!      task's rows run in one kernel loop (`RowRunFn`: no call, tile set-up
-//!      or result copy per row, which cost 6-8 % of a small model's decode
-//!      step); one column of dense F32/F16/BF16: 8-row kernels (`kern.rs`);
+//!      row read from memory once for every column; a task's rows run in
+//!      one kernel loop (`RowRunFn`: no call, tile set-up or result copy
+//!      per row, which cost 6-8 % of a small model's decode step, and made
+//!      two Q4_K columns cost 2.4 one-column products); one column of dense F32/F16/BF16: 8-row kernels (`kern.rs`);
 //!    * several columns: a tile of weight rows is decoded once
 //!      (`decode.rs`: u8 quants + f32 scales) and multiplied with
 //!      column-interleaved activations (`packed.rs`: one `vpdpbusd` per 4
@@ -241,8 +241,8 @@ struct Run<'a> {
     jobs: &'a [Job],
     dst: &'a TView,
     kern: KernFn,
-    /// The one-column kernel over a task's whole run of raw rows (decode),
-    /// where the format has one.
+    /// The raw-row kernel of `rn` (1 to 4) columns over a task's whole run
+    /// of rows (decode, small verify batches), where the format has one.
     row_run: Option<RowRunFn>,
     rm: usize,
     rn: usize,
@@ -318,8 +318,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
     let packed = if plan.fmt.packed() { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
-    let row_run =
-        if (rm, rn) == (1, 1) && plan.rows == RowMode::Direct { kern::row_run(plan.isa, plan.fmt) } else { None };
+    let row_run = if rm == 1 && plan.rows == RowMode::Direct { kern::row_run(plan.isa, plan.fmt, rn) } else { None };
     let gemm = plan.fmt == Fmt::F32
         && plan.rows == RowMode::Direct
         && max_cols >= gemm_min_cols()
@@ -434,12 +433,12 @@ impl Run<'_> {
         let one_col_tile = t.c1 - t.c0 <= self.rn;
         if one_col_tile {
             self.set_cols(&mut tile, t, t.c0);
-            if let (Some(run), 1) = (self.row_run, ncol) {
+            if let (Some(run), true) = (self.row_run, ncol == self.rn) {
                 let a0 = self.a[job.a_off + t.r0 * self.nb01..].as_ptr();
                 // SAFETY: rows r0..r1 of this matrix were bounds-checked
                 // against the weights in `execute` (raw rows: `Direct`);
                 // the column was checked by `act_len` and set above.
-                unsafe { run(&mut tile, a0, self.nb01, &mut scr.out[..nrow]) };
+                unsafe { run(&mut tile, a0, self.nb01, &mut scr.out[..nrow * ncol]) };
                 return self.store(t, &scr.out);
             }
         }
