@@ -1541,6 +1541,24 @@ mod x86 {
             // RowRunFn contract (row i and columns 0..RN are valid).
             unsafe {
                 match F {
+                    // Two K-quant columns one after the other: the row is
+                    // read again from L1, and the one-column body keeps its
+                    // constants in registers (the two-column body spills).
+                    RAW_Q4K | RAW_Q6K if RN == 2 => {
+                        let b = t.b;
+                        let (bd, bs) = (t.bd, t.bs);
+                        for c in 0..2 {
+                            (t.b[0], t.bd[0], t.bs[0]) = (b[c], bd[c], bs[c]);
+                            if F == RAW_Q4K {
+                                gemv_q4k_body::<D, 1, 1>(t)
+                            } else {
+                                gemv_q6k_body::<D, 1, 1>(t)
+                            }
+                            out[c * nrow + i] = t.out[0][0];
+                        }
+                        (t.b[0], t.bd[0], t.bs[0]) = (b[0], bd[0], bs[0]);
+                        continue;
+                    }
                     RAW_Q4K => gemv_q4k_body::<D, 1, RN>(t),
                     RAW_Q6K => gemv_q6k_body::<D, 1, RN>(t),
                     _ => gemv_q8_body::<D, 1, RN, F>(t),
