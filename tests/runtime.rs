@@ -237,6 +237,50 @@ fn a_qwen35_decode_step_allocates_nothing_and_copies_only_its_new_cache_rows() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A verify batch on the `qwen35` hybrid with device-side snapshots (4
+/// tokens, 4 slots): each delta-net layer's op writes the state after
+/// every token straight into its snapshot slot and the newest into the
+/// state cache (`cpu/fuse.rs`): per layer and device, 5 copies fused away;
+/// the graph copies only the KV rows and the conv states (the cache and
+/// its 4 snapshots), no recurrent state. On 1 and 2 devices, the second
+/// batch of that shape.
+#[test]
+fn a_qwen35_verify_batch_writes_its_state_snapshots_where_they_are_kept() {
+    use shardgraph_models::generate::write_qwen35_gguf;
+    use shardgraph_models::qwen35::Qwen35Session;
+    let hp = qwen35_tiny::tiny();
+    let dir = std::env::temp_dir().join(format!("shardgraph-runtime-q35-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35-q8_0.gguf");
+    write_qwen35_gguf(&path, &hp, &TensorTypes::uniform(GgmlType::Q8_0), 3).unwrap();
+    let (n_att, n_dn, t) = (2u64, 2u64, 4u64);
+    let kv_rows = n_att * 2 * (hp.core.n_head_kv * hp.core.head_dim) as u64 * 2;
+    let conv = n_dn * ((hp.d_conv - 1) * hp.conv_channels()) as u64 * 4;
+    let state = n_dn * (hp.d_state * hp.d_state * hp.n_v_heads) as u64 * 4;
+    for ratios in [vec![1.0], vec![1.0, 1.0]] {
+        let (devs, counters) = counting::devices(ratios.len(), None);
+        let devices = Devices::from_backends(devs).unwrap().with_tensor_split(&ratios).unwrap();
+        let mut s = Qwen35Session::load(&path, &devices, GgmlType::F16, 256).unwrap();
+        s.enable_snapshots(t as usize).unwrap();
+        s.decode(&[11, 205, 3, 99, 42], &[], false).unwrap();
+        let seen = || -> Vec<[u64; 3]> {
+            counters.iter().map(|c| [c.stored_copy_bytes(), c.in_place_state_bytes(), c.fused_copies()]).collect()
+        };
+        for batch in 0..2 {
+            let before = seen();
+            s.decode(&[7, 8, 9, 10], &[], true).unwrap();
+            let dev: Vec<[u64; 3]> =
+                seen().iter().zip(&before).map(|(a, b)| std::array::from_fn(|k| a[k] - b[k])).collect();
+            let sum = |k: usize| dev.iter().map(|d| d[k]).sum::<u64>();
+            let what = format!("{ratios:?}, batch {batch}: per device {dev:?}");
+            assert_eq!(sum(2), n_dn * (t + 1) * ratios.len() as u64, "{what}: copies fused away");
+            assert_eq!(sum(1), (t + 1) * state, "{what}: state bytes written where they are kept");
+            assert_eq!(sum(0), t * kv_rows + (t + 1) * conv, "{what}: bytes the graph copied");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Speculative decoding on the `qwen35` hybrid, as the `mtp` example runs
 /// it (MTP drafts, 3 per step, verified in one batch whose every token's
 /// recurrent state lands in the device-side snapshots; a rejected draft

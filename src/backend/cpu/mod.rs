@@ -65,9 +65,10 @@ pub struct CpuStats {
     /// view (`cpy`, and `set_rows`' rows): KV cache rows, conv states,
     /// snapshots, a state update that did not run in place.
     pub stored_copy_bytes: u64,
-    /// Bytes of recurrent state written back in place by a
-    /// `gated_delta_net` fused with the copy of its state into the cache
-    /// (`cpu/fuse.rs`): the op's own write, no copy.
+    /// Bytes of recurrent state a `gated_delta_net` wrote straight into the
+    /// caches that keep it, fused with the copies the graph makes of it
+    /// (`cpu/fuse.rs`): its final state back in place, or a verify batch's
+    /// snapshots into their caches; the op's own write, no copy.
     pub in_place_state_bytes: u64,
     /// The copies that fusion skipped.
     pub fused_copies: u64,
@@ -135,8 +136,10 @@ impl CpuBackend {
             return 0;
         }
         match t.op {
+            // One row per row of the source (the indices' element count;
+            // their own row count is 1 for a batch's one-dimensional list).
             crate::ops::Op::SetRows => {
-                t.src.get(1).map_or(0, |&r| ctx.t(r).nrows().max(0) as u64 * t.row_bytes() as u64)
+                t.src.first().map_or(0, |&r| ctx.t(r).nrows().max(0) as u64 * t.row_bytes() as u64)
             }
             _ => t.data_bytes() as u64,
         }
@@ -257,10 +260,25 @@ impl Backend for CpuBackend {
                 if in_place {
                     stats.in_place_state_bytes += t.src.get(5).map_or(0, |&s| ctx.t(s).nbytes() as u64);
                 }
+                let direct = match fused.direct.get(&id.index()) {
+                    Some(slots) => Some(
+                        slots
+                            .iter()
+                            .map(|s| s.iter().map(|&c| self.view(ctx, storage, c)).collect::<Result<Vec<_>>>())
+                            .collect::<Result<Vec<_>>>()?,
+                    ),
+                    None => None,
+                };
+                if let Some(dests) = &direct {
+                    stats.in_place_state_bytes +=
+                        dests.iter().flatten().map(|d| d.addr_range().1 - d.addr_range().0).sum::<usize>() as u64;
+                }
                 stats.stored_copy_bytes += Self::stored_copy_bytes(ctx, t);
                 // Contain a kernel panic (a bug, never expected) as an error.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    if in_place {
+                    if let Some(dests) = &direct {
+                        kernels::ssm::gated_delta_net_direct(&t.op, &dst, &src, dests)
+                    } else if in_place {
                         kernels::ssm::gated_delta_net_in_place(&t.op, &dst, &src)
                     } else {
                         kernels::compute(&t.op, &dst, &src)

@@ -16,7 +16,7 @@ const CONV_CHANNELS_PER_TASK: usize = 64;
 pub(crate) fn compute(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     match *op {
         Op::SsmConv => ssm_conv(op, dst, src),
-        Op::GatedDeltaNet { k_snapshots } => gated_delta_net(op, dst, src, k_snapshots, false),
+        Op::GatedDeltaNet { k_snapshots } => gated_delta_net(op, dst, src, k_snapshots, false, &[]),
         // Not an ssm op: `kernels::compute` routes none here.
         ops_outside!(ssm) => Err(unsupported(op, dst, src)),
     }
@@ -170,6 +170,10 @@ struct GdnRun<'a> {
     /// The final state (one snapshot only) goes back into `state` instead
     /// of the result (see [`gated_delta_net_in_place`]).
     in_place: bool,
+    /// Per snapshot slot, where its state goes instead of the result (each
+    /// seen as rows of `s_v`, laid out as a slot of the result); empty:
+    /// into the result (see [`gated_delta_net_direct`]).
+    dests: &'a [Vec<TView>],
 }
 
 impl GdnRun<'_> {
@@ -177,6 +181,16 @@ impl GdnRun<'_> {
     /// (in place: the final state into the state it was read from).
     fn write_state(&self, m: &[f32], slot: usize, h: usize, b: usize) -> Result<()> {
         let GdnDims { s_v, n_head, n_tok, n_seq, .. } = self.dims;
+        if let Some(dests) = self.dests.get(slot) {
+            // Task (h, b) writes only its own head's rows of each one.
+            let base = (b * n_head + h) * s_v;
+            for d in dests {
+                for (j, row) in m.chunks_exact(s_v).enumerate() {
+                    d.store_row_f32(base + j, 0, 0, row)?;
+                }
+            }
+            return Ok(());
+        }
         if self.in_place {
             // Task (h, b) read all of this head's state before its first token
             // and no other task touches it (invariant 3 of `access.rs`).
@@ -288,16 +302,60 @@ impl GdnRun<'_> {
 pub(crate) fn gated_delta_net_in_place(op: &Op, dst: &TView, src: &[TView]) -> Result<()> {
     match *op {
         Op::GatedDeltaNet { k_snapshots: 1 } if src.get(5).is_some_and(|s| s.is_contiguous()) => {
-            gated_delta_net(op, dst, src, 1, true)
+            gated_delta_net(op, dst, src, 1, true, &[])
         }
         _ => Err(with_reason(unsupported(op, dst, src), "in place: one snapshot, a contiguous state")),
     }
 }
 
+/// `gated_delta_net` with `k ≥ 2` snapshots whose slot `i` state is
+/// written into each tensor of `dests[i]` (contiguous F32, one state's
+/// bytes: a slot of the result as it would be laid out there) instead of
+/// into the result, whose state part is left unwritten: the CPU backend's
+/// fusion of the op with the copies of its slots into the caches that keep
+/// them (`cpu/fuse.rs`; a verify batch's snapshots and the cache of the
+/// final state). The values are those the op and the copies write.
+///
+/// # Errors
+/// [`crate::Error::Unsupported`] for another op, `dests` of another length
+/// or a destination that is not a contiguous F32 state; the op's own
+/// errors.
+pub(crate) fn gated_delta_net_direct(op: &Op, dst: &TView, src: &[TView], dests: &[Vec<TView>]) -> Result<()> {
+    let bad = |why: &str| with_reason(unsupported(op, dst, src), why);
+    let Op::GatedDeltaNet { k_snapshots } = *op else { return Err(bad("not gated_delta_net")) };
+    let state = src.get(5).ok_or_else(|| bad("needs a state"))?;
+    let (s_v, runs) = (state.ne[0], state.nelements() / state.ne[0].max(1));
+    if k_snapshots < 2 || dests.len() as i64 != k_snapshots {
+        return Err(bad("direct: one destination list per snapshot slot, two slots or more"));
+    }
+    let rows = dests
+        .iter()
+        .map(|ds| {
+            ds.iter()
+                .map(|d| {
+                    if d.ty != GgmlType::F32 || !d.is_contiguous() || d.nelements() != state.nelements() {
+                        return None;
+                    }
+                    d.with_layout(GgmlType::F32, [s_v, runs, 1, 1], [4, 4 * s_v, 4 * s_v * runs, 4 * s_v * runs])
+                })
+                .collect::<Option<Vec<_>>>()
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| bad("direct: a destination is not a contiguous F32 state"))?;
+    gated_delta_net(op, dst, src, k_snapshots, false, &rows)
+}
+
 /// The gated delta rule, one (head, sequence) pair per task; see
 /// `Context::gated_delta_net` for the layout of the result (`in_place`:
 /// see [`gated_delta_net_in_place`]).
-fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64, in_place: bool) -> Result<()> {
+fn gated_delta_net(
+    op: &Op,
+    dst: &TView,
+    src: &[TView],
+    k_snapshots: i64,
+    in_place: bool,
+    dests: &[Vec<TView>],
+) -> Result<()> {
     let bad = |why: &str| with_reason(unsupported(op, dst, src), why);
     let (q, k, v, g, beta, state) = match src {
         [q, k, v, g, beta, state, ..] => (q, k, v, g, beta, state),
@@ -326,6 +384,7 @@ fn gated_delta_net(op: &Op, dst: &TView, src: &[TView], k_snapshots: i64, in_pla
         scale: 1.0 / (s_v as f32).sqrt(),
         ops: VecOps::detect(),
         in_place,
+        dests,
     };
     (0..n_head * n_seq).into_par_iter().try_for_each_init(|| GdnScratch::new(s_v, g.ne[0]), |sc, ir| run.task(sc, ir))
 }
@@ -506,7 +565,7 @@ mod tests {
             let srcs = src_views(&mut bufs, s_copy.as_mut_ptr());
             // SAFETY: `want` holds the result's bytes.
             let dst = unsafe { TView::new(want.as_mut_ptr(), ctx.t(out)) };
-            gated_delta_net(&op, &dst, &srcs, 1, false).unwrap();
+            gated_delta_net(&op, &dst, &srcs, 1, false, &[]).unwrap();
             let out_bytes = 4 * s_v * h * n_t * n_s;
             for offset in [0usize, 2] {
                 let mut state = vec![0u8; state0.len() + offset];
