@@ -24,7 +24,7 @@
 //! run is repeated on the same devices reading the logits, and compared
 //! with a run of the same file on one CPU device fed the same tokens: the
 //! greedy tokens exactly, and the logits each was chosen from within an
-//! NMSE bound (`spec::verify_tolerance`; on a GPU a token may differ where that step's logits agree): `verify: identical … logits NMSE at
+//! NMSE bound (`spec::verify_tolerance`; on a GPU or several devices a token may differ where that step's logits agree): `verify: identical … logits NMSE at
 //! most …`, or `verify: MISMATCH` naming the first token or step that
 //! differs and exit status 1; the logits matter because a model whose
 //! layers write little, such as the permutation models the speculative

@@ -37,6 +37,26 @@ fn a_flip_the_rounding_explains_is_a_close_choice_on_a_gpu_only() {
     assert_eq!(rounding_flip(CPU, &here, &reference, 2774, 4619), None, "CPUs alone round alike: exact tokens");
 }
 
+/// Split CPU devices sum each row's partial products in another order than
+/// one device: the `decode` example's random qwen3 on 3 CPU devices chose
+/// 28770 where one device chose 4002 at token 28 (logits 4.2548 and 4.2057,
+/// RMS 1.003, the step's NMSE 2.56e-4): a close choice for the tolerance
+/// of several CPU devices, never for one.
+#[test]
+fn a_split_over_cpu_devices_may_make_a_close_choice_one_cpu_device_may_not() {
+    use shardgraph::split::Devices;
+    let split = spec::verify_tolerance(&Devices::cpu(3, 1).unwrap());
+    let one = spec::verify_tolerance(&Devices::cpu(1, 1).unwrap());
+    assert!((split.nmse, split.close_choices) == (1e-3, true) && (one.nmse, one.close_choices) == (1e-3, false));
+    let reference = row(32000, (4002, 4.2548), (28770, 4.2057));
+    let mut here = perturbed(&reference, 0.016);
+    here[28770] = 4.24;
+    here[4002] = 4.23;
+    let why = rounding_flip(split, &here, &reference, 28770, 4002).expect("a close choice on 3 CPU devices");
+    assert!(why.contains("4002: 4.2548") && why.contains("28770: 4.2057"), "{why}");
+    assert_eq!(rounding_flip(one, &here, &reference, 28770, 4002), None);
+}
+
 /// One wrong logit (+5 on one row of the output head) keeps the row's NMSE
 /// under the GPU bound (1.6e-3 at 32 000 logits) but not the gap test: a
 /// MISMATCH, not a close choice.

@@ -171,7 +171,7 @@ impl LinkClass {
     }
 
     /// `v` (`latency_µs,bandwidth_GB/s`) as this class's model.
-    fn parse_model(self, v: &str) -> crate::Result<LinkModel> {
+    pub(crate) fn parse_model(self, v: &str) -> crate::Result<LinkModel> {
         let bad = || crate::Error::Split {
             detail: format!(
                 "{}={v:?}: give latency in µs (finite, ≥ 0) and bandwidth in GB/s (finite, > 0), e.g. 40,12.5",
@@ -180,7 +180,9 @@ impl LinkClass {
         };
         let (a, b) = v.split_once(',').ok_or_else(bad)?;
         let (lat, bw): (f64, f64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
-        let m = LinkModel { latency_s: lat * 1e-6, bandwidth: bw * 1e9, ..self.default_model() };
+        // Divided by 1e6 (exact), not times 1e-6 (not exact): `25,5` is then
+        // the default's 25e-6 bit for bit, as processes compare them.
+        let m = LinkModel { latency_s: lat / 1e6, bandwidth: bw * 1e9, ..self.default_model() };
         m.validate().map_err(|_| bad())?;
         Ok(m)
     }
@@ -527,6 +529,10 @@ mod tests {
         assert!(t(LinkClass::SameProcess) < t(LinkClass::SameNode) && t(LinkClass::SameNode) < t(LinkClass::OtherNode));
         let m = LinkClass::OtherNode.parse_model(" 30 , 25 ").unwrap();
         assert!((m.latency_s - 30e-6).abs() < 1e-12 && m.bandwidth == 25e9, "{m:?}");
+        // The defaults written out parse to the defaults bit for bit.
+        for (c, v) in [(LinkClass::SameNode, "25,5"), (LinkClass::OtherNode, "40,12.5")] {
+            assert_eq!(c.parse_model(v).unwrap().key_bits(), c.default_model().key_bits(), "{v}");
+        }
         for bad in ["", "30", "30,", "x,1", "1,0", "-1,1", "1,inf"] {
             let e = LinkClass::SameNode.parse_model(bad).unwrap_err().to_string();
             assert!(e.contains("SHARDGRAPH_LINK_SAME_NODE"), "{bad:?}: {e}");

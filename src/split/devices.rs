@@ -627,29 +627,60 @@ fn open_backends(names: &[DeviceName], threads: usize) -> Result<Vec<Arc<dyn Bac
 /// Every process's link variables ([`LinkClass::env_var`]) as it sees them
 /// are compared (an all-gather): plans are priced by them, so processes
 /// given different values would plan differently and fail later with plans
-/// that differ; this names the variable instead.
+/// that differ; this names the variable instead. Values that price alike
+/// are alike (`40,1` and `40.0,1.0`; unset and the default written out); a
+/// value that does not parse is compared as written (each process then
+/// reports its own parse error).
 ///
 /// # Errors
 /// [`Error::Split`] on every process, naming the first variable whose value
 /// differs from process 0's and the processes that differ.
 #[cfg(feature = "mpi")]
 fn same_links_everywhere(world: &super::World) -> Result<()> {
-    let values: Vec<String> =
-        LinkClass::ALL.iter().map(|c| std::env::var(c.env_var()).unwrap_or_else(|_| "(unset)".into())).collect();
-    let all = world.all_gather(values.join("\n").as_bytes());
-    let seen: Vec<Vec<String>> =
-        all.iter().map(|b| String::from_utf8_lossy(b).split('\n').map(str::to_string).collect()).collect();
-    for (k, class) in LinkClass::ALL.iter().enumerate() {
-        let at = |p: usize| seen.get(p).and_then(|v| v.get(k)).map_or("(unset)", String::as_str);
-        let differ: Vec<usize> = (1..seen.len()).filter(|&p| at(p) != at(0)).collect();
+    // Length-prefixed (a value may hold any byte); u32::MAX: unset.
+    let mut mine = Vec::new();
+    for c in LinkClass::ALL {
+        match std::env::var(c.env_var()) {
+            Ok(v) => {
+                mine.extend_from_slice(&u32::try_from(v.len()).unwrap_or(u32::MAX - 1).to_le_bytes());
+                mine.extend_from_slice(v.as_bytes());
+            }
+            Err(_) => mine.extend_from_slice(&u32::MAX.to_le_bytes()),
+        }
+    }
+    let decode = |b: &[u8]| -> Vec<Option<String>> {
+        let mut out = Vec::new();
+        let mut at = 0usize;
+        while let Some(len) = b.get(at..at + 4).and_then(|x| <[u8; 4]>::try_from(x).ok()).map(u32::from_le_bytes) {
+            at += 4;
+            if len == u32::MAX {
+                out.push(None);
+                continue;
+            }
+            let end = at.saturating_add(len as usize).min(b.len());
+            out.push(Some(String::from_utf8_lossy(&b[at..end]).into_owned()));
+            at = end;
+        }
+        out
+    };
+    let seen: Vec<Vec<Option<String>>> = world.all_gather(&mine).iter().map(|b| decode(b)).collect();
+    for (k, &class) in LinkClass::ALL.iter().enumerate() {
+        let value = |p: usize| seen.get(p).and_then(|v| v.get(k)).cloned().flatten();
+        let key = |v: &Option<String>| match v {
+            None => Ok(class.default_model().key_bits()),
+            Some(s) => class.parse_model(s).map(|m| m.key_bits()).map_err(|_| s.clone()),
+        };
+        let show = |v: Option<String>| v.map_or_else(|| "unset".to_string(), |s| format!("{s:?}"));
+        let first = key(&value(0));
+        let differ: Vec<usize> = (1..seen.len()).filter(|&p| key(&value(p)) != first).collect();
         if let Some(&p) = differ.first() {
             return Err(Error::Split {
                 detail: format!(
                     "{} is {} in process 0 but {} in process(es) {differ:?} (first: {p}): every process must price \
                      its links alike, or their plans differ",
                     class.env_var(),
-                    at(0),
-                    at(p)
+                    show(value(0)),
+                    show(value(p))
                 ),
             });
         }

@@ -97,9 +97,10 @@ pub(crate) fn plan(ctx: &Context, graph: &Graph, view: impl Fn(TensorId) -> Resu
 
 /// The copies of a several-snapshot `gated_delta_net` `g`'s slots, per
 /// slot, when its slot states can go straight into their destinations:
-/// every node that reads the result's state part is a whole-slot copy (a
-/// `cpy`, or a `set_rows` of the one row of a one-row tensor at index 0)
-/// into contiguous F32 memory, no output of the graph reaches into the
+/// the op writes every slot (no more slots than tokens), every node that
+/// reads the result's state part is a whole-slot copy (a `cpy`, or a
+/// `set_rows` of the one row of a one-row tensor at an index 0 that is a
+/// leaf no node writes) into contiguous F32 memory, no output of the graph reaches into the
 /// part, the destinations lie apart from each other, from `g`'s result and
 /// from its operands (a destination may be exactly the state operand: each
 /// task has read its head's state before it writes the head's rows), and
@@ -118,7 +119,10 @@ fn snapshot_copies(
     let Some(out_bytes) = k.checked_mul(state_bytes).and_then(|b| gt.nbytes().checked_sub(b)) else {
         return Ok(None);
     };
-    if state_bytes == 0 || gt.flags.output {
+    // Every slot written by the op (slots past the batch's tokens are left
+    // to the caller: their copies would copy whatever the result holds).
+    let n_tok = gt.src.get(2).map_or(0, |&v| ctx.t(v).ne[2]);
+    if state_bytes == 0 || gt.flags.output || *k_snapshots > n_tok {
         return Ok(None);
     }
     let part = (out_bytes, gt.nbytes());
@@ -153,10 +157,15 @@ fn snapshot_copies(
             Op::Cpy if f32c(t) && t.nbytes() == state_bytes => t.src.first().and_then(|&v| slot_of(v)),
             Op::SetRows if f32c(t) && t.nbytes() == state_bytes && t.ne[1] == 1 => {
                 let (v, idx) = (t.src.first().copied(), t.src.get(1).copied());
-                match idx.map(|i| (i, ctx.t(i))) {
-                    Some((i, it)) if it.nelements() == 1 && !reads_part(i) && view(i)?.get_i64(0, 0, 0, 0) == 0 => {
-                        v.and_then(slot_of)
-                    }
+                // The index as the run starts: a leaf that no node of the
+                // graph writes (one computed in the graph is not known yet).
+                let fixed = |i: TensorId| {
+                    ctx.t(i).op.is_leaf()
+                        && !graph.nodes.iter().any(|&x| x == i || ctx.t(x).view_src == Some(i))
+                        && ctx.t(i).nelements() == 1
+                };
+                match idx.filter(|&i| fixed(i)) {
+                    Some(i) if view(i)?.get_i64(0, 0, 0, 0) == 0 => v.and_then(slot_of),
                     _ => None,
                 }
             }
@@ -176,8 +185,10 @@ fn snapshot_copies(
     }
     let Some(&ig) = pos.get(&g.index()) else { return Ok(None) };
     for (i, &(c, d)) in dests.iter().enumerate() {
+        // Exactly the state operand's bytes only when they are laid out as
+        // a slot is (contiguous F32: the rows a task writes are its own).
         let clash = apart.iter().any(|&a| overlaps(a, d))
-            || (d != state && overlaps(d, state))
+            || (overlaps(d, state) && (d != state || !f32c(ctx.t(st))))
             || dests.iter().enumerate().any(|(j, &(_, e))| j != i && overlaps(d, e));
         let Some(&ic) = pos.get(&c.index()) else { return Ok(None) };
         if clash || ic <= ig {
@@ -386,12 +397,13 @@ mod tests {
     /// into the cache (`cpy`). Fused, the op writes the 4 states where they
     /// are kept and the 4 copies are skipped; the caches, snapshots and
     /// output rows equal, bit for bit, the op and the copies run apart (the
-    /// op's result requested); an index other than 0 keeps them apart too.
+    /// op's result requested); an index other than 0, or one the graph
+    /// computes, keeps them apart.
     #[test]
     fn a_verify_batch_writes_its_snapshots_where_they_are_kept() {
         let (s, h, t) = (8i64, 2i64, 3i64);
         let state_bytes = (4 * s * s * h) as u64;
-        let run = |keep_r: bool, index: i64| {
+        let run = |keep_r: bool, index: i64, computed: bool| {
             let mut ctx = Context::new();
             let mut seed = 11u64;
             let mut vals = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
@@ -420,6 +432,9 @@ mod tests {
             let snaps: Vec<TensorId> =
                 (0..t).map(|_| leaf(&mut ctx, [s * s * h, 1, 1, 1], vec![0.0; (s * s * h) as usize])).collect();
             let row0 = ctx.new_tensor(GgmlType::I64, &[1]).unwrap();
+            // `computed`: the index is copied into `row0` by the graph itself.
+            let given = ctx.new_tensor(GgmlType::I64, &[1]).unwrap();
+            let index_node = if computed { ctx.cpy(given, row0).unwrap() } else { row0 };
             let st = ctx.reshape_4d(cache, s, s, h, 1).unwrap();
             let r = ctx.gated_delta_net(q, k, v, g, beta, st, t).unwrap();
             let out_bytes = (4 * s * h * t) as usize;
@@ -433,7 +448,7 @@ mod tests {
             let mut outs = vec![ctx.cpy(last, cache).unwrap(), o];
             for i in 0..t {
                 let sv = slot(&mut ctx, i);
-                outs.push(ctx.set_rows(snaps[(t - 1 - i) as usize], sv, row0).unwrap());
+                outs.push(ctx.set_rows(snaps[(t - 1 - i) as usize], sv, index_node).unwrap());
             }
             if keep_r {
                 outs.push(r);
@@ -446,7 +461,8 @@ mod tests {
             for (id, vals) in &leafs {
                 storage.set_f32(&ctx, *id, vals).unwrap();
             }
-            storage.set_i64(&ctx, row0, &[index]).unwrap();
+            storage.set_i64(&ctx, row0, &[if computed { 0 } else { index }]).unwrap();
+            storage.set_i64(&ctx, given, &[index]).unwrap();
             let done = backend.compute(&ctx, &graph, &storage);
             let bits =
                 |id: TensorId| -> Vec<u32> { storage.get_f32(&ctx, id).unwrap().iter().map(|x| x.to_bits()).collect() };
@@ -454,19 +470,25 @@ mod tests {
                 std::iter::once(cache).chain(snaps.iter().copied()).chain([o]).map(bits).collect();
             (done.is_ok(), kept, backend.stats())
         };
-        let (ok, fused, stats) = run(false, 0);
+        let (ok, fused, stats) = run(false, 0, false);
         assert!(ok);
         assert_eq!(stats, CpuStats { stored_copy_bytes: 0, in_place_state_bytes: 4 * state_bytes, fused_copies: 4 });
-        let (ok, apart, stats) = run(true, 0);
+        let (ok, apart, stats) = run(true, 0, false);
         assert!(ok);
         assert_eq!(stats, CpuStats { stored_copy_bytes: 4 * state_bytes, in_place_state_bytes: 0, fused_copies: 0 });
         assert_eq!(fused, apart, "caches, snapshots and output rows");
         // Every snapshot differs (the state moves every token).
         assert!(fused[1] != fused[2] && fused[2] != fused[3] && fused[3] == fused[0]);
-        // Index 1 of a one-row tensor: set_rows' own error, nothing fused.
-        let (ok, _, stats) = run(false, 1);
-        assert!(!ok);
-        assert_eq!(stats.fused_copies, 0);
+        // Index 1 of a one-row tensor: set_rows' own error, nothing fused;
+        // the same when the graph computes the index (the plan sees the 0
+        // the input held before the run), and 0 computed is not fused.
+        for computed in [false, true] {
+            let (ok, _, stats) = run(false, 1, computed);
+            assert!(!ok, "computed {computed}");
+            assert_eq!(stats.fused_copies, 0, "computed {computed}");
+        }
+        let (ok, kept, stats) = run(false, 0, true);
+        assert!(ok && kept == apart && stats.fused_copies == 0, "{stats:?}");
     }
 
     /// An operand read from the cache's own bytes (the queries here) keeps
