@@ -301,6 +301,36 @@ mod tests {
     /// A context, its leafs' values, the cache and the tensors to compute.
     type Update = (Context, Vec<(TensorId, Vec<f32>)>, TensorId, Vec<TensorId>);
 
+    /// `n` values in `[lo, hi)` from the xorshift state `seed`.
+    fn values(seed: &mut u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                lo + (hi - lo) * ((*seed >> 40) as f32 / (1u64 << 24) as f32)
+            })
+            .collect()
+    }
+
+    /// Every tensor of `ctx` placed on `backend` with the F32 `leafs` set,
+    /// and the graph of `outs`.
+    fn placed(
+        ctx: &Context,
+        backend: &CpuBackend,
+        outs: &[TensorId],
+        leafs: &[(TensorId, Vec<f32>)],
+    ) -> (crate::graph::Graph, TensorStorage) {
+        let graph = ctx.build_forward(outs).unwrap();
+        let mut storage = TensorStorage::new();
+        let all: Vec<TensorId> = ctx.ids().collect();
+        storage.alloc_tensors(backend, ctx, &all).unwrap();
+        for (id, vals) in leafs {
+            storage.set_f32(ctx, *id, vals).unwrap();
+        }
+        (graph, storage)
+    }
+
     /// A one-token state update as llama.cpp writes it (`S = 8`, 3 heads):
     /// the op, its output rows made contiguous, and the copy of its final
     /// state into the cache it read; with `extra` also `scale(state part)`,
@@ -313,16 +343,7 @@ mod tests {
         let mut seed = 5u64;
         let mut leaf = |ctx: &mut Context, ne: [i64; 4], lo: f32, hi: f32| {
             let id = ctx.new_tensor_4d(GgmlType::F32, ne[0], ne[1], ne[2], ne[3]).unwrap();
-            let n = ne.iter().product::<i64>() as usize;
-            let vals = (0..n)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    lo + (hi - lo) * ((seed >> 40) as f32 / (1u64 << 24) as f32)
-                })
-                .collect();
-            leafs.push((id, vals));
+            leafs.push((id, values(&mut seed, ne.iter().product::<i64>() as usize, lo, hi)));
             id
         };
         let q_leaf = leaf(&mut ctx, [s, h, 1, 1], -0.5, 0.5);
@@ -359,13 +380,7 @@ mod tests {
             outs.push(ctx.t(r).view_src.unwrap());
         }
         let backend = CpuBackend::with_threads(2).unwrap();
-        let graph = ctx.build_forward(&outs).unwrap();
-        let mut storage = TensorStorage::new();
-        let all: Vec<TensorId> = ctx.ids().collect();
-        storage.alloc_tensors(&backend, &ctx, &all).unwrap();
-        for (id, vals) in &leafs {
-            storage.set_f32(&ctx, *id, vals).unwrap();
-        }
+        let (graph, storage) = placed(&ctx, &backend, &outs, &leafs);
         backend.compute(&ctx, &graph, &storage).unwrap();
         (storage.get_f32(&ctx, cache).unwrap(), storage.get_f32(&ctx, o).unwrap(), backend.stats())
     }
@@ -406,16 +421,7 @@ mod tests {
         let run = |keep_r: bool, index: i64, computed: bool| {
             let mut ctx = Context::new();
             let mut seed = 11u64;
-            let mut vals = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
-                (0..n)
-                    .map(|_| {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        lo + (hi - lo) * ((seed >> 40) as f32 / (1u64 << 24) as f32)
-                    })
-                    .collect()
-            };
+            let mut vals = |n: usize, lo: f32, hi: f32| values(&mut seed, n, lo, hi);
             let mut leafs = Vec::new();
             let mut leaf = |ctx: &mut Context, ne: [i64; 4], v: Vec<f32>| {
                 let id = ctx.new_tensor_4d(GgmlType::F32, ne[0], ne[1], ne[2], ne[3]).unwrap();
@@ -454,13 +460,7 @@ mod tests {
                 outs.push(r);
             }
             let backend = CpuBackend::with_threads(2).unwrap();
-            let graph = ctx.build_forward(&outs).unwrap();
-            let mut storage = TensorStorage::new();
-            let all: Vec<TensorId> = ctx.ids().collect();
-            storage.alloc_tensors(&backend, &ctx, &all).unwrap();
-            for (id, vals) in &leafs {
-                storage.set_f32(&ctx, *id, vals).unwrap();
-            }
+            let (graph, storage) = placed(&ctx, &backend, &outs, &leafs);
             storage.set_i64(&ctx, row0, &[if computed { 0 } else { index }]).unwrap();
             storage.set_i64(&ctx, given, &[index]).unwrap();
             let done = backend.compute(&ctx, &graph, &storage);

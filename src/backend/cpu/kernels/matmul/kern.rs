@@ -1147,36 +1147,13 @@ mod x86 {
                 prefetch_slice(t, sb, nsb);
                 let mut acc = [[_mm256_setzero_si256(); NCV]; RM];
                 for k in 0..8 {
-                    if !D::VNNI {
-                        // Without VNNI a sub-block's pair sums stay in i16 over
-                        // its 8 steps (each is at most 2·15·128, their sum
-                        // 30 720 < 2¹⁵: exact), and one `madd` with the scale
-                        // pair (the u32 holds it in both halves) widens and
-                        // scales them: one multiply per 32 products instead
-                        // of two, the same integers as `D::ub` then `mullo`.
-                        let mut p16 = [[_mm256_setzero_si256(); NCV]; RM];
-                        for s in 0..8 {
-                            let step = 64 * sb + 8 * k + s;
-                            let mut bv = [_mm256_setzero_si256(); NCV];
-                            for (cv, b) in bv.iter_mut().enumerate() {
-                                *b = _mm256_loadu_si256(t.b[cv].add(32 * step) as *const __m256i);
-                            }
-                            for r in 0..RM {
-                                let av =
-                                    _mm256_set1_epi32(std::ptr::read_unaligned(t.a[r].add(4 * step) as *const i32));
-                                for cv in 0..NCV {
-                                    p16[r][cv] = _mm256_add_epi16(p16[r][cv], _mm256_maddubs_epi16(av, bv[cv]));
-                                }
-                            }
-                        }
-                        for r in 0..RM {
-                            let sc = _mm256_set1_epi32(*t.asc[r].add(8 * sb + k) as i32);
-                            for cv in 0..NCV {
-                                acc[r][cv] = D::w(acc[r][cv], p16[r][cv], sc);
-                            }
-                        }
-                        continue;
-                    }
+                    // A sub-block's 8 steps: VNNI sums them in i32
+                    // (`vpdpbusd`), then `mullo` by the scale. Without VNNI
+                    // the pair sums stay in i16 (each at most 2·15·128, the
+                    // 8 steps' sum 30 720 < 2¹⁵: exact) and one `madd` with
+                    // the scale pair (the u32 holds it in both halves)
+                    // widens and scales them: one multiply per 32 products
+                    // instead of two. The same integers either way.
                     let mut ak = [[_mm256_setzero_si256(); NCV]; RM];
                     for s in 0..8 {
                         let step = 64 * sb + 8 * k + s;
@@ -1187,14 +1164,23 @@ mod x86 {
                         for r in 0..RM {
                             let av = _mm256_set1_epi32(std::ptr::read_unaligned(t.a[r].add(4 * step) as *const i32));
                             for cv in 0..NCV {
-                                ak[r][cv] = D::ub(ak[r][cv], av, bv[cv]);
+                                ak[r][cv] = if D::VNNI {
+                                    D::ub(ak[r][cv], av, bv[cv])
+                                } else {
+                                    _mm256_add_epi16(ak[r][cv], _mm256_maddubs_epi16(av, bv[cv]))
+                                };
                             }
                         }
                     }
                     for r in 0..RM {
-                        let sc = _mm256_set1_epi32((*t.asc[r].add(8 * sb + k) & 0xffff) as i32);
+                        let sc = *t.asc[r].add(8 * sb + k);
                         for cv in 0..NCV {
-                            acc[r][cv] = _mm256_add_epi32(acc[r][cv], _mm256_mullo_epi32(ak[r][cv], sc));
+                            acc[r][cv] = if D::VNNI {
+                                let s1 = _mm256_set1_epi32((sc & 0xffff) as i32);
+                                _mm256_add_epi32(acc[r][cv], _mm256_mullo_epi32(ak[r][cv], s1))
+                            } else {
+                                D::w(acc[r][cv], ak[r][cv], _mm256_set1_epi32(sc as i32))
+                            };
                         }
                     }
                 }
