@@ -164,14 +164,16 @@ impl LinkClass {
     /// [`crate::Error::Split`] naming the variable for a value that is not
     /// two numbers or that [`LinkModel::validate`] refuses.
     pub fn model(self) -> crate::Result<LinkModel> {
-        match std::env::var(self.env_var()) {
-            Ok(v) => self.parse_model(&v),
-            Err(_) => Ok(self.default_model()),
-        }
+        self.model_for(std::env::var(self.env_var()).ok().as_deref())
+    }
+
+    /// The model a value of its variable gives (`None`: unset, the default).
+    pub(crate) fn model_for(self, value: Option<&str>) -> crate::Result<LinkModel> {
+        value.map_or_else(|| Ok(self.default_model()), |v| self.parse_model(v))
     }
 
     /// `v` (`latency_µs,bandwidth_GB/s`) as this class's model.
-    pub(crate) fn parse_model(self, v: &str) -> crate::Result<LinkModel> {
+    fn parse_model(self, v: &str) -> crate::Result<LinkModel> {
         let bad = || crate::Error::Split {
             detail: format!(
                 "{}={v:?}: give latency in µs (finite, ≥ 0) and bandwidth in GB/s (finite, > 0), e.g. 40,12.5",

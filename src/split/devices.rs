@@ -666,10 +666,7 @@ fn same_links_everywhere(world: &super::World) -> Result<()> {
     let seen: Vec<Vec<Option<String>>> = world.all_gather(&mine).iter().map(|b| decode(b)).collect();
     for (k, &class) in LinkClass::ALL.iter().enumerate() {
         let value = |p: usize| seen.get(p).and_then(|v| v.get(k)).cloned().flatten();
-        let key = |v: &Option<String>| match v {
-            None => Ok(class.default_model().key_bits()),
-            Some(s) => class.parse_model(s).map(|m| m.key_bits()).map_err(|_| s.clone()),
-        };
+        let key = |v: &Option<String>| class.model_for(v.as_deref()).map(|m| m.key_bits()).map_err(|_| v.clone());
         let show = |v: Option<String>| v.map_or_else(|| "unset".to_string(), |s| format!("{s:?}"));
         let first = key(&value(0));
         let differ: Vec<usize> = (1..seen.len()).filter(|&p| key(&value(p)) != first).collect();

@@ -269,9 +269,9 @@ impl Backend for CpuBackend {
                     ),
                     None => None,
                 };
-                if let Some(dests) = &direct {
+                if let Some(slots) = fused.direct.get(&id.index()) {
                     stats.in_place_state_bytes +=
-                        dests.iter().flatten().map(|d| d.addr_range().1 - d.addr_range().0).sum::<usize>() as u64;
+                        slots.iter().flatten().map(|&c| ctx.t(c).nbytes() as u64).sum::<u64>();
                 }
                 stats.stored_copy_bytes += Self::stored_copy_bytes(ctx, t);
                 // Contain a kernel panic (a bug, never expected) as an error.
