@@ -27,7 +27,9 @@
 //! `SHARDGRAPH_TENSOR_SPLIT`, `SHARDGRAPH_SPLIT_MODE=layer|tensor`
 //! (llama.cpp's `--split-mode` over the sub-devices; default tensor),
 //! `SHARDGRAPH_GGML_VERBOSE=1` (translation
-//! errors, cache hits, bytes exchanged, on standard error).
+//! errors, cache hits, bytes exchanged, on standard error; `2` adds the
+//! plan of each new graph over sub-devices: every repartition with its
+//! bytes).
 //!
 //! What is not here yet: events and asynchronous copies; a step that
 //! llama.cpp splits into several SG graphs over sub-devices (`-nkvo`) is
@@ -70,8 +72,18 @@ unsafe impl Sync for State {}
 
 static STATE: OnceLock<Option<State>> = OnceLock::new();
 
+/// `SHARDGRAPH_GGML_VERBOSE` is 1 or 2.
 pub(crate) fn verbose() -> bool {
-    std::env::var("SHARDGRAPH_GGML_VERBOSE").is_ok_and(|v| v == "1")
+    verbosity() >= 1
+}
+
+/// `SHARDGRAPH_GGML_VERBOSE`'s level: 0 (unset or another value), 1, 2.
+pub(crate) fn verbosity() -> u8 {
+    match std::env::var("SHARDGRAPH_GGML_VERBOSE").as_deref() {
+        Ok("1") => 1,
+        Ok("2") => 2,
+        _ => 0,
+    }
 }
 
 fn default_threads() -> usize {

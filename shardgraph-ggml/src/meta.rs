@@ -159,9 +159,11 @@ impl Meta {
             self.policy_fixed = false;
             self.stale = false;
         }
+        let mut fresh = false;
         let mg = match self.graphs.iter().find(|(k, _)| *k == key) {
             Some((_, m)) => m.clone(),
             None => {
+                fresh = true;
                 // SAFETY: the caller's promise.
                 let Some(m) = (unsafe { self.translate(g, nodes) })? else { return Ok(()) };
                 if !self.policy_fixed {
@@ -182,6 +184,9 @@ impl Meta {
             }
         };
         let plan = self.planner.plan_for(&self.ctx, &mg.graph, &self.policy).map_err(|e| e.to_string())?;
+        if fresh && crate::verbosity() >= 2 {
+            eprint!("shardgraph-ggml: {}", plan.report(&self.ctx));
+        }
         self.store.place_leafs(&self.ctx, &mg.graph, plan).map_err(|e| e.to_string())?;
         for &(id, t) in &mg.leaves {
             let resident = self.resident.get(&t) == Some(&id);

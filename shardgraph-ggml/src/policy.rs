@@ -14,10 +14,19 @@
 //! - the output head (`output.weight`, or `token_embd.weight` when tied) by
 //!   vocabulary rows.
 //!
+//! - qwen35's Gated-DeltaNet layers by key heads, as the crate's own
+//!   qwen35 policy splits them ([`delta_rules`]; the layout is
+//!   [`shardgraph_models::qwen35::delta_net_rules`]'s): the projections,
+//!   the conv kernel, the per-head gates and both recurrent states, so each
+//!   device runs its heads' recurrence and one all-reduce follows
+//!   `ssm_out`.
+//!
 //! The head size is `blk.N.attn_k_norm.weight`'s length (Qwen3's and
 //! Qwen3.5's per-head K norm); a layer without one, or whose shapes or
 //! block types do not divide into KV-head groups, keeps its attention
-//! mirrored. Everything else is mirrored.
+//! mirrored. A delta-net layer's heads come from its shapes the same way
+//! (`ssm_norm` is one head, `ssm_a` one value per value head). Everything
+//! else is mirrored.
 //!
 //! With `SHARDGRAPH_SPLIT_MODE=layer` the policy is llama.cpp's
 //! `--split-mode layer` instead ([`SplitPolicy::layer_split`]): each layer's
@@ -26,6 +35,7 @@
 
 use shardgraph::split::{layer_of, Devices, SplitMode, SplitPolicy, SplitSpec};
 use shardgraph::Context;
+use shardgraph_models::qwen35::{delta_net_rules, DeltaNetHeads};
 use std::collections::HashMap;
 
 /// A row split (axis 1) or column split (axis 0) in granules of `granule`.
@@ -56,7 +66,7 @@ pub(crate) fn llama_policy(devices: &Devices, ctx: &Context) -> Result<SplitPoli
 /// The tensor-split policy at `ratios` for the layers `ctx` holds.
 fn tensor_policy(ratios: &[f32], ctx: &Context) -> shardgraph::Result<SplitPolicy> {
     let mut policy = SplitPolicy::new(ratios)?;
-    for (pattern, spec) in attention_rules(ctx).into_iter().chain(ffn_rules(ctx)) {
+    for (pattern, spec) in attention_rules(ctx).into_iter().chain(delta_rules(ctx)).chain(ffn_rules(ctx)) {
         policy = policy.rule(&pattern, spec);
     }
     Ok(policy
@@ -67,27 +77,89 @@ fn tensor_policy(ratios: &[f32], ctx: &Context) -> shardgraph::Result<SplitPolic
         .rule("*", SplitSpec::Mirrored))
 }
 
-/// The attention rules (exact names) of every layer that divides into
-/// KV-head groups, in layer order.
-pub(crate) fn attention_rules(ctx: &Context) -> Vec<(String, SplitSpec)> {
-    // Shape and block size by name, of the tensors that matter here.
-    let mut by_name: HashMap<&str, ([i64; 4], i64)> = HashMap::new();
+/// Shape and block size by name, of the layer tensors and caches `ctx`
+/// holds.
+fn shapes_by_name(ctx: &Context) -> HashMap<&str, ([i64; 4], i64)> {
+    let mut by_name = HashMap::new();
     for id in ctx.ids() {
         let Ok(t) = ctx.tensor(id) else { continue };
         if t.name.starts_with("blk.") || t.name.starts_with("cache_") {
             by_name.insert(t.name.as_str(), (t.ne, t.ty.block_size() as i64));
         }
     }
+    by_name
+}
+
+/// The rules `layer` gives each layer (in layer order) that has a tensor
+/// named `blk.N.{marker}`.
+fn rules_per_layer(
+    ctx: &Context,
+    marker: &str,
+    layer: fn(u32, Lookup) -> Vec<(String, SplitSpec)>,
+) -> Vec<(String, SplitSpec)> {
+    let by_name = shapes_by_name(ctx);
     let mut layers: Vec<u32> = by_name
         .keys()
-        .filter_map(|n| n.strip_prefix("blk.")?.strip_suffix(".attn_k_norm.weight")?.parse().ok())
+        .filter_map(|n| n.strip_prefix("blk.")?.strip_suffix(marker)?.strip_suffix('.')?.parse().ok())
         .collect();
     layers.sort_unstable();
-    let mut rules = Vec::new();
-    for l in layers {
-        rules.extend(layer_rules(l, &|n: &str| by_name.get(n).copied()));
+    layers.into_iter().flat_map(|l| layer(l, &|n: &str| by_name.get(n).copied())).collect()
+}
+
+/// The attention rules (exact names) of every layer that divides into
+/// KV-head groups, in layer order.
+pub(crate) fn attention_rules(ctx: &Context) -> Vec<(String, SplitSpec)> {
+    rules_per_layer(ctx, "attn_k_norm.weight", layer_rules)
+}
+
+/// The Gated-DeltaNet rules (exact names) of every delta-net layer (one
+/// with `ssm_out`) whose key heads divide into at least two granules, in
+/// layer order.
+pub(crate) fn delta_rules(ctx: &Context) -> Vec<(String, SplitSpec)> {
+    rules_per_layer(ctx, "ssm_out.weight", delta_layer_rules)
+}
+
+/// Delta-net layer `l`'s rules, or none: the heads from the shapes
+/// (`ssm_norm` `[S]`, `ssm_a` `[H_v]`, `attn_gate` `[E, H_v·S]`,
+/// `attn_qkv` `[E, 2·H_k·S + H_v·S]`, `ssm_conv1d` `[d_conv, channels]`),
+/// every one of them and the caches (`cache_r_lN` `[(d_conv−1)·channels]`,
+/// `cache_s_lN` `[S·S·H_v]` per sequence, F32) consistent with them; the
+/// granule from `ssm_out`'s block ([`DeltaNetHeads::granule`]).
+fn delta_layer_rules(l: u32, get: Lookup) -> Vec<(String, SplitSpec)> {
+    let w = |s: &str| get(&format!("blk.{l}.{s}"));
+    let (Some(norm), Some(a), Some(gate), Some(qkv), Some(conv), Some(out), Some(dt), Some(alpha), Some(beta)) = (
+        w("ssm_norm.weight"),
+        w("ssm_a"),
+        w("attn_gate.weight"),
+        w("attn_qkv.weight"),
+        w("ssm_conv1d.weight"),
+        w("ssm_out.weight"),
+        w("ssm_dt.bias"),
+        w("ssm_alpha.weight"),
+        w("ssm_beta.weight"),
+    ) else {
+        return vec![];
+    };
+    let (s, h_v, d_conv, channels) = (norm.0[0], a.0[0], conv.0[0], qkv.0[1]);
+    let value_dim = gate.0[1];
+    if s < 1
+        || h_v < 1
+        || d_conv < 2
+        || value_dim != h_v * s
+        || channels <= value_dim
+        || (channels - value_dim) % (2 * s) != 0
+    {
+        return vec![];
     }
-    rules
+    let heads = DeltaNetHeads { n_k_heads: (channels - value_dim) / (2 * s), n_v_heads: h_v, d_state: s, d_conv };
+    let fits = conv.0[1] == channels
+        && out.0[0] == value_dim
+        && [dt.0[0], alpha.0[1], beta.0[1]].iter().all(|&n| n == h_v)
+        && [(format!("cache_r_l{l}"), (d_conv - 1) * channels), (format!("cache_s_l{l}"), s * s * h_v)]
+            .iter()
+            .all(|(c, len)| get(c).is_none_or(|(ne, block)| ne[0] == *len && block == 1));
+    let Some(granule) = heads.granule(out.1).filter(|_| fits) else { return vec![] };
+    delta_net_rules("", Some(l as usize), &heads, Some(granule))
 }
 
 /// The feed-forward rules of every layer whose `ffn_down` is in `ctx`:
@@ -236,5 +308,65 @@ mod tests {
             ("blk.1.ffn_up.weight", axis(1, 1)),
         ];
         assert_eq!(r, want.map(|(n, s)| (n.to_string(), s)).to_vec());
+    }
+
+    /// The qwen35 example's delta-net layer (8 key and 16 value heads of
+    /// 128, `d_conv` 4, Q4_K `ssm_out`): split by key heads in granules of
+    /// 256 rows of `key_dim` (2 heads), the tensors over q, k, v or the
+    /// value heads as repeated segments; a shape that disagrees with the
+    /// heads keeps the layer mirrored.
+    #[test]
+    fn a_delta_net_layer_splits_by_key_heads_from_its_shapes() {
+        let t = [
+            ("blk.0.ssm_norm.weight", [128, 1, 1, 1], 1),
+            ("blk.0.ssm_a", [16, 1, 1, 1], 1),
+            ("blk.0.ssm_dt.bias", [16, 1, 1, 1], 1),
+            ("blk.0.ssm_alpha.weight", [1024, 16, 1, 1], 256),
+            ("blk.0.ssm_beta.weight", [1024, 16, 1, 1], 256),
+            ("blk.0.attn_gate.weight", [1024, 2048, 1, 1], 256),
+            ("blk.0.attn_qkv.weight", [1024, 4096, 1, 1], 256),
+            ("blk.0.ssm_conv1d.weight", [4, 4096, 1, 1], 1),
+            ("blk.0.ssm_out.weight", [2048, 1024, 1, 1], 256),
+            ("cache_r_l0", [12288, 1, 1, 1], 1),
+            ("cache_s_l0", [262144, 1, 1, 1], 1),
+        ];
+        let seg = |axis, granule, len: i64, n| SplitSpec::Axis { axis, granule, segments: vec![len; n] };
+        let want = [
+            ("blk.0.attn_qkv.weight", seg(1, 256, 1024, 4)),
+            ("blk.0.ssm_conv1d.weight", seg(1, 256, 1024, 4)),
+            ("blk.0.attn_gate.weight", seg(1, 256, 1024, 2)),
+            ("blk.0.ssm_out.weight", seg(0, 256, 1024, 2)),
+            ("blk.0.ssm_alpha.weight", seg(1, 2, 8, 2)),
+            ("blk.0.ssm_beta.weight", seg(1, 2, 8, 2)),
+            ("blk.0.ssm_a", seg(0, 2, 8, 2)),
+            ("blk.0.ssm_dt.bias", seg(0, 2, 8, 2)),
+            ("cache_r_l0", seg(0, 768, 3072, 4)),
+            ("cache_r_l0_*", seg(0, 768, 3072, 4)),
+            ("cache_s_l0", seg(0, 32768, 131072, 2)),
+            ("cache_s_l0_*", seg(0, 32768, 131072, 2)),
+        ];
+        assert_eq!(delta_layer_rules(0, &shapes(&t)), want.map(|(n, s)| (n.to_string(), s)).to_vec());
+        // A recurrent state of another size, an F16 conv state, gates of
+        // another head count, a missing tensor: mirrored.
+        for (i, bad) in [(10, ([262144 / 2, 1, 1, 1], 1)), (9, ([12288, 1, 1, 1], 2)), (4, ([1024, 8, 1, 1], 256))] {
+            let mut u = t.to_vec();
+            u[i].1 = bad.0;
+            u[i].2 = bad.1;
+            assert!(delta_layer_rules(0, &shapes(&u)).is_empty(), "{:?}", u[i]);
+        }
+        assert!(delta_layer_rules(0, &shapes(&t[1..])).is_empty());
+        // One granule of key heads (a Q4_K block as wide as key_dim): mirrored.
+        let mut u = t.to_vec();
+        u[1] = ("blk.0.ssm_a", [4, 1, 1, 1], 1);
+        for i in [2, 3, 4] {
+            u[i].1[if i == 2 { 0 } else { 1 }] = 4;
+        }
+        u[5].1[1] = 512;
+        u[6].1[1] = 768;
+        u[7].1[1] = 768;
+        u[8].1[0] = 512;
+        u[9].1[0] = 3 * 768;
+        u[10].1[0] = 128 * 128 * 4;
+        assert!(delta_layer_rules(0, &shapes(&u)).is_empty());
     }
 }

@@ -325,6 +325,16 @@ fn llama_cpp_runs_models_on_sg() {
                 // layer split moves the hidden state at the boundary.
                 assert!(moved.is_some_and(|b| b > 0), "{name} on {devices:?}: no bytes exchanged: {err}");
             }
+            if kind == 2 && devices == Some("CPU,CPU") && mode.is_none() {
+                // Every layer split end to end, the delta-net ones by key
+                // heads too: exactly Megatron's two all-reduces of the
+                // hidden state per layer and token (40 tokens, 4 layers,
+                // 256 F32 each way between 2 sub-devices), nothing
+                // gathered (the delta-net states were gathered before:
+                // 443 906 048 B over a run on the qwen35 example).
+                let want = 40 * q35.core.n_layer as u64 * 2 * (2 * q35.core.n_embd as u64 * 4);
+                assert_eq!(moved, Some(want), "{name}: bytes exchanged");
+            }
             if devices == Some("CPU,CPU") && mode.is_none() {
                 state_roundtrip(&py, &path, name);
             }

@@ -22,7 +22,7 @@ use super::layout::{box_bytes, boxes, intersect, lens, local_ne, Boxes};
 use super::lower::{folds, lower, Step};
 use super::planner::Plan;
 use super::state::{AxisSplit, DeviceSet, SplitState};
-use super::writes::{covers_owner, owner_state_after_write, scratch_copy};
+use super::writes::{covers_owner, destination_kept, owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::ops::distributed::local_pos;
@@ -892,9 +892,22 @@ impl<'a> Compiler<'a> {
         self.set(node, out_state.clone(), w);
         let Some(owner) = t.view_src else { return Ok(None) };
         self.invalidate_views_of(owner, node);
-        let after = owner_state_after_write(ctx, t, &out_state).unwrap_or(SplitState::Mirrored);
+        let before = if destination_kept(t, &needs, |id| self.plan.state(id).cloned()) {
+            Some(self.current(owner)?)
+        } else {
+            None
+        };
+        let after =
+            owner_state_after_write(ctx, t, &out_state, before.as_ref().map(|b| &b.0)).unwrap_or(SplitState::Mirrored);
         let ot = ctx.t(owner).clone();
-        if covers_owner(ctx, t)
+        if let Some((b, local)) =
+            before.filter(|b| !covers_owner(ctx, t) && b.0 == after && matches!(after, SplitState::Split(_)))
+        {
+            // A box of the owner on every device, each writing its part in
+            // place through its view of the owner's part: the owner stays
+            // as it was.
+            self.set(owner, b, local);
+        } else if covers_owner(ctx, t)
             && (after == out_state
                 || ot.ne == t.ne
                 || after == SplitState::Mirrored && out_state == SplitState::Mirrored

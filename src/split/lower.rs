@@ -6,7 +6,7 @@
 use super::cost::Collective;
 use super::planner::Plan;
 use super::state::SplitState;
-use super::writes::{owner_state_after_write, scratch_copy};
+use super::writes::{destination_kept, owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::tensor::TensorId;
@@ -209,7 +209,9 @@ pub fn lower(ctx: &Context, graph: &Graph, plan: &Plan) -> Result<Lowered> {
             None => seg.push(node),
         }
         if t.op.writes_through_view() {
-            if let Some((o, after)) = t.view_src.zip(owner_state_after_write(ctx, t, &out)) {
+            let before = t.view_src.filter(|_| destination_kept(t, &needs, |id| plan.state(id).cloned()));
+            let before = before.and_then(|o| avail.get(&o.index())?.first().cloned());
+            if let Some((o, after)) = t.view_src.zip(owner_state_after_write(ctx, t, &out, before.as_ref())) {
                 avail.insert(o.index(), vec![after]);
             }
         }

@@ -9,7 +9,7 @@ use super::cost::{conversion, Collective, LinkClass, LinkModel, Links, Traffic};
 use super::policy::{LeafInfo, SplitPolicy};
 use super::rules::{candidates, packed_view};
 use super::state::{DeviceSet, SplitState};
-use super::writes::{owner_state_after_write, scratch_copy};
+use super::writes::{destination_kept, owner_state_after_write, scratch_copy};
 use crate::error::{Error, Result};
 use crate::graph::{Context, Graph};
 use crate::tensor::TensorId;
@@ -753,7 +753,9 @@ impl Walk<'_> {
             });
         }
         if t.op.writes_through_view() {
-            if let Some((o, after)) = t.view_src.zip(owner_state_after_write(ctx, t, &c.output)) {
+            let before = t.view_src.filter(|_| destination_kept(t, &c.inputs, |id| self.states[id.index()].clone()));
+            let before = before.and_then(|o| self.written.get(&o.index()).or(self.states[o.index()].as_ref()).cloned());
+            if let Some((o, after)) = t.view_src.zip(owner_state_after_write(ctx, t, &c.output, before.as_ref())) {
                 self.have.insert(o.index(), vec![after.clone()]);
                 self.written.insert(o.index(), after);
             }

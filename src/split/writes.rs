@@ -21,21 +21,39 @@ pub(crate) fn covers_owner(ctx: &Context, t: &Tensor) -> bool {
 /// The state the owner of write node `t` is in after the write, given the
 /// write's output state: the output's own state when the write covers the
 /// owner with the same shape (whole on one device when the write was:
-/// [`SplitState::on_device`] in the owner's shape); mirrored otherwise;
-/// `None` for an empty write, which leaves the owner as it was.
-pub(crate) fn owner_state_after_write(ctx: &Context, t: &Tensor, out: &SplitState) -> Option<SplitState> {
+/// [`SplitState::on_device`] in the owner's shape); `before` when the write
+/// is a box of an owner split as `before` (given only when the write's
+/// destination was read in the state it had: on each device a view of the
+/// owner's part) whose split is the owner's clipped to the box, so each
+/// device wrote its own part in place (llama.cpp's copies into one row
+/// of a recurrent cache); mirrored otherwise; `None` for an empty write,
+/// which leaves the owner as it was.
+pub(crate) fn owner_state_after_write(
+    ctx: &Context,
+    t: &Tensor,
+    out: &SplitState,
+    before: Option<&SplitState>,
+) -> Option<SplitState> {
     if t.nelements() == 0 {
         // Nothing is written (llama.cpp copies the states of zero extra
         // sequences into an empty view of a recurrent cache).
         return None;
     }
-    Some(state_after(ctx, t, out))
+    Some(state_after(ctx, t, out, before))
 }
 
-fn state_after(ctx: &Context, t: &Tensor, out: &SplitState) -> SplitState {
+fn state_after(ctx: &Context, t: &Tensor, out: &SplitState, before: Option<&SplitState>) -> SplitState {
     let Some(o) = t.view_src else { return SplitState::Mirrored };
     let ot = ctx.t(o);
     if !covers_owner(ctx, t) {
+        if let (Some(SplitState::Split(so)), SplitState::Split(s)) = (before, out) {
+            let in_place = t.ty == ot.ty
+                && super::rules::view_geometry(ot, t, so).is_some_and(|(q, _, _)| q.ne == ot.ne)
+                && super::rules::view_split(ot, t, so).as_ref() == Some(s);
+            if in_place {
+                return SplitState::Split(so.clone());
+            }
+        }
         return SplitState::Mirrored;
     }
     if let (Some(j), SplitState::Split(s)) = (out.sole_holder(), out) {
@@ -51,6 +69,20 @@ fn state_after(ctx: &Context, t: &Tensor, out: &SplitState) -> SplitState {
         }
         s => s.clone(),
     }
+}
+
+/// Whether write node `t`'s destination (its source `written_src`) is read
+/// in the state the plan gives it (no conversion: on each device a view of
+/// the owner's part), by `needs`, the states `t` reads its sources in.
+pub(crate) fn destination_kept(
+    t: &Tensor,
+    needs: &[SplitState],
+    state: impl Fn(TensorId) -> Option<SplitState>,
+) -> bool {
+    t.op.written_src().is_some_and(|d| {
+        let (Some(&dst), Some(need)) = (t.src.get(d), needs.get(d)) else { return false };
+        state(dst).as_ref() == Some(need)
+    })
 }
 
 /// True if `cpy` node `node` writes a scratch destination (the leaf

@@ -28,6 +28,6 @@ mod session;
 pub use graph::{qwen35_tensors, Qwen35, Qwen35Layer, Qwen35Mixer, Qwen35Nextn, Qwen35Step};
 pub use hparams::Qwen35Hparams;
 pub use mtp::{MtpChain, MtpChainStep, MtpStep};
-pub use policy::qwen35_policy;
 pub(crate) use policy::qwen35_rules;
+pub use policy::{delta_net_rules, qwen35_policy, DeltaNetHeads};
 pub use session::{MtpOutput, Qwen35Session};

@@ -64,7 +64,6 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
     let g = hp.n_head / hp.n_head_kv;
     let (n_embd_q, qd) = (g * hp.head_dim, hp.n_head * hp.head_dim);
     let s = hp.d_state;
-    let ratio = hp.n_v_heads / hp.n_k_heads;
     let key_dim = hp.key_dim();
     let block = |il: usize, name: &str| types.block(&format!("blk.{il}.{name}"));
     let layers = 0..hp.n_layer + hp.n_nextn;
@@ -88,14 +87,9 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
         })
         .collect();
     // Per delta-net layer, from its output projection's block (split on its rows).
-    let delta: Vec<(usize, Option<i64>)> = layers
-        .clone()
-        .filter(|&il| is_delta(il))
-        .map(|il| {
-            let gr = lcm(lcm(block(il, "ssm_out.weight"), 128), s);
-            (il, (key_dim % gr == 0).then_some(gr))
-        })
-        .collect();
+    let heads = DeltaNetHeads { n_k_heads: hp.n_k_heads, n_v_heads: hp.n_v_heads, d_state: s, d_conv: hp.d_conv };
+    let delta: Vec<(usize, Option<i64>)> =
+        layers.clone().filter(|&il| is_delta(il)).map(|il| (il, heads.granule(block(il, "ssm_out.weight")))).collect();
     let ffn: Vec<(usize, Option<i64>)> = layers
         .map(|il| {
             let g = ffn_granule(hp.n_ff, types.get(&format!("blk.{il}.ffn_down.weight")).unwrap_or(GgmlType::F32));
@@ -140,27 +134,8 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
             .flat_map(|c| caches("", l, c))
             .fold(p, |p, c| p.rule(&c, or_mirrored(kvg, &|g| axis(0, g, vec![]))))
     });
-    // Delta-net tensors indexed by heads: segments of key_dim (or H_k)
-    // repeated where the value heads tile the key heads.
-    let (qkv_segs, v_segs) = (vec![key_dim; (2 + ratio) as usize], vec![key_dim; ratio as usize]);
-    let head_segs = vec![hp.n_k_heads; ratio as usize];
-    let conv_segs = vec![key_dim * (hp.d_conv - 1); (2 + ratio) as usize];
-    let state_segs = vec![hp.n_k_heads * s * s; ratio as usize];
     let policy = by_layer(policy, &delta, |p, l, gr| {
-        let spec = |a, per: &dyn Fn(i64) -> i64, segs: &Vec<i64>| or_mirrored(gr, &|g| axis(a, per(g), segs.clone()));
-        let heads = |g: i64| g / s; // rows per key head in `key_dim`-sized segments
-        let p = p
-            .rule(&blk("", l, "attn_qkv.weight"), spec(1, &|g| g, &qkv_segs))
-            .rule(&blk("", l, "ssm_conv1d.weight"), spec(1, &|g| g, &qkv_segs))
-            .rule(&blk("", l, "attn_gate.weight"), spec(1, &|g| g, &v_segs))
-            .rule(&blk("", l, "ssm_out.weight"), spec(0, &|g| g, &v_segs))
-            .rule(&blk("", l, "ssm_alpha.weight"), spec(1, &heads, &head_segs))
-            .rule(&blk("", l, "ssm_beta.weight"), spec(1, &heads, &head_segs))
-            .rule(&blk("", l, "ssm_a"), spec(0, &heads, &head_segs))
-            .rule(&blk("", l, "ssm_dt.bias"), spec(0, &heads, &head_segs));
-        let p =
-            caches("", l, "cache_r").iter().fold(p, |p, c| p.rule(c, spec(0, &|g| g * (hp.d_conv - 1), &conv_segs)));
-        caches("", l, "cache_s").iter().fold(p, |p, c| p.rule(c, spec(0, &|g| g * s, &state_segs)))
+        delta_net_rules("", l, &heads, gr).into_iter().fold(p, |p, (pattern, spec)| p.rule(&pattern, spec))
     });
     let policy = by_layer(policy, &ffn, |p, l, g| {
         p.rule(&blk("", l, "ffn_gate.weight"), or_mirrored(g, &|g| axis(1, g, vec![])))
@@ -169,6 +144,87 @@ pub(crate) fn qwen35_rules(hp: &Qwen35Hparams, types: &TensorTypes, ratios: &[f3
     });
     let head = if types.is_tied() { "token_embd.weight" } else { OUTPUT };
     Ok(policy.rule(head, axis(1, 1, vec![])))
+}
+
+/// The head layout of one Gated-DeltaNet layer (qwen35's linear attention),
+/// which its head-indexed tensors are split by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetHeads {
+    /// Key heads `H_k` (`qwen35.ssm.group_count`).
+    pub n_k_heads: i64,
+    /// Value heads `H_v` (`qwen35.ssm.time_step_rank`), a multiple of `H_k`:
+    /// value head `j` reads key head `j mod H_k` (the value heads tile the
+    /// key heads, as ggml's `gated_delta_net` broadcasts them).
+    pub n_v_heads: i64,
+    /// Head size `S` of keys and values (`qwen35.ssm.state_size`).
+    pub d_state: i64,
+    /// Conv kernel width (`qwen35.ssm.conv_kernel`).
+    pub d_conv: i64,
+}
+
+impl DeltaNetHeads {
+    /// `key_dim = H_k·S`.
+    pub fn key_dim(&self) -> i64 {
+        self.n_k_heads * self.d_state
+    }
+
+    /// The split granule in rows of `key_dim`: whole key heads, a multiple
+    /// of 128 and of `ssm_out_block` (the output projection's block,
+    /// `ssm_out` being split on its columns); `None` when that does not
+    /// divide `key_dim` into at least two parts or the heads do not tile
+    /// (the layer is then mirrored).
+    pub fn granule(&self, ssm_out_block: i64) -> Option<i64> {
+        let (k, s) = (self.key_dim(), self.d_state);
+        if s < 1 || self.n_k_heads < 1 || self.n_v_heads % self.n_k_heads != 0 || ssm_out_block < 1 {
+            return None;
+        }
+        let g = lcm(lcm(ssm_out_block, 128), s);
+        (k % g == 0 && k / g >= 2).then_some(g)
+    }
+}
+
+/// The rules (name pattern, spec) of one delta-net layer's head-indexed
+/// tensors, named as llama.cpp names them under `prefix` (`layer` `None`:
+/// every layer's, `blk.*`), split by key heads in granules of `granule`
+/// rows of `key_dim` (`None`: all mirrored). Tensors whose rows run over
+/// q, k and v, or over the value heads, are split as segments of `key_dim`
+/// (or `H_k`), repeated `2 + H_v/H_k` or `H_v/H_k` times, so each device
+/// holds the same key heads in every segment:
+/// `attn_qkv` and `ssm_conv1d` on axis 1 `(key_dim, ×(2 + H_v/H_k))`,
+/// `attn_gate` on axis 1 and `ssm_out` on axis 0 `(key_dim, ×H_v/H_k)`,
+/// `ssm_alpha`/`ssm_beta` on axis 1 and `ssm_a`/`ssm_dt.bias` on axis 0
+/// `(H_k, ×H_v/H_k)`, the conv state `cache_r_lN` (`[(d_conv−1)·channels]`
+/// per sequence) on axis 0 `(key_dim·(d_conv−1), ×(2 + H_v/H_k))` and the
+/// recurrent state `cache_s_lN` (`[S·S·H_v]`) on axis 0 `(H_k·S·S, ×H_v/H_k)`.
+/// (shardgraph-models/MODELS.md, section 7.4.)
+pub fn delta_net_rules(
+    prefix: &str,
+    layer: Option<usize>,
+    heads: &DeltaNetHeads,
+    granule: Option<i64>,
+) -> Vec<(String, SplitSpec)> {
+    let (s, key_dim, dc) = (heads.d_state, heads.key_dim(), heads.d_conv);
+    let ratio = if heads.n_k_heads > 0 { (heads.n_v_heads / heads.n_k_heads).max(1) as usize } else { 1 };
+    let spec = |axis, per: &dyn Fn(i64) -> i64, seg: i64, n: usize| {
+        granule.map_or(SplitSpec::Mirrored, |g| SplitSpec::Axis { axis, granule: per(g), segments: vec![seg; n] })
+    };
+    let rows = |g: i64| g;
+    let head_rows = |g: i64| g / s.max(1);
+    let mut rules = vec![
+        (blk(prefix, layer, "attn_qkv.weight"), spec(1, &rows, key_dim, 2 + ratio)),
+        (blk(prefix, layer, "ssm_conv1d.weight"), spec(1, &rows, key_dim, 2 + ratio)),
+        (blk(prefix, layer, "attn_gate.weight"), spec(1, &rows, key_dim, ratio)),
+        (blk(prefix, layer, "ssm_out.weight"), spec(0, &rows, key_dim, ratio)),
+        (blk(prefix, layer, "ssm_alpha.weight"), spec(1, &head_rows, heads.n_k_heads, ratio)),
+        (blk(prefix, layer, "ssm_beta.weight"), spec(1, &head_rows, heads.n_k_heads, ratio)),
+        (blk(prefix, layer, "ssm_a"), spec(0, &head_rows, heads.n_k_heads, ratio)),
+        (blk(prefix, layer, "ssm_dt.bias"), spec(0, &head_rows, heads.n_k_heads, ratio)),
+    ];
+    let conv = spec(0, &|g| g * (dc - 1), key_dim * (dc - 1), 2 + ratio);
+    let state = spec(0, &|g| g * s, heads.n_k_heads * s * s, ratio);
+    rules.extend(caches(prefix, layer, "cache_r").into_iter().map(|c| (c, conv.clone())));
+    rules.extend(caches(prefix, layer, "cache_s").into_iter().map(|c| (c, state.clone())));
+    rules
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
             }
         }
         Op::Cpy if x.src[0].ne == x.src[1].ne => cpy(x, out),
+        Op::Cpy => cpy_reshaped(x, out),
         Op::SetRows => set_rows(x, out),
         Op::View => view(x, out),
         Op::Concat { dim } => concat(x, *dim, out),
@@ -33,8 +34,8 @@ pub(super) fn candidates(x: &Node, out: &mut Vec<Candidate>) {
         Op::Reshape => keep_mapped(x, out, |s| reshape_split(s, &x.src[0].ne, &x.t.ne)),
         // Tiling along other axes keeps a split of an axis that is not repeated.
         Op::Repeat => keep_mapped(x, out, |s| (x.t.ne[s.axis] == x.src[0].ne[s.axis]).then(|| s.clone())),
-        // A `cpy` between shapes that differ, `pad` and leafs: replicated only.
-        Op::Cpy | Op::Pad { .. } | Op::None => {}
+        // `pad` and leafs: replicated only.
+        Op::Pad { .. } | Op::None => {}
         // Not a data op: `Op::family` routes none here.
         ops_outside!(data) => {}
     }
@@ -68,6 +69,27 @@ fn cpy(x: &Node, out: &mut Vec<Candidate>) {
     // Or the destination's layout: each device converts the part it holds.
     if let SplitState::Split(_) = &cur[1] {
         out.push(Candidate::new(vec![cur[1].clone(), cur[1].clone()], cur[1].clone()));
+    }
+}
+
+/// `cpy` between shapes that differ (ggml copies in element order, as a
+/// reshape reads): a split of the source that [`reshape_split`] maps onto
+/// the destination's shape, or a split of the destination that maps back,
+/// writes each device's elements into its part of the destination
+/// (llama.cpp stores a delta-net layer's `[d_conv−1, channels]` conv state
+/// and its `[S, S, H_v, B]` recurrent state into flat cache rows).
+fn cpy_reshaped(x: &Node, out: &mut Vec<Candidate>) {
+    let (a, b) = (&x.src[0].ne, &x.src[1].ne);
+    if let SplitState::Split(s) = &x.cur[0] {
+        if let Some(o) = reshape_split(s, a, b) {
+            let o = SplitState::Split(o);
+            out.push(Candidate::new(vec![x.cur[0].clone(), o.clone()], o));
+        }
+    }
+    if let SplitState::Split(o) = &x.cur[1] {
+        if let Some(s) = reshape_split(o, b, a) {
+            out.push(Candidate::new(vec![SplitState::Split(s), x.cur[1].clone()], x.cur[1].clone()));
+        }
     }
 }
 

@@ -20,7 +20,7 @@ mod reduce;
 mod rope;
 mod ssm;
 
-pub(crate) use data::{partial_lookup, reshape_split, view_geometry};
+pub(crate) use data::{partial_lookup, reshape_split, view_geometry, view_split};
 
 pub(crate) use ssm::PackedView;
 

@@ -96,8 +96,12 @@ pub(crate) struct PackedView {
     s: i64,
     t: i64,
     b: i64,
-    /// `None` for the output view; `Some((slot, rows))` for a state view.
-    state: Option<(i64, i64)>,
+    /// `None` for the output view; `Some((slot, rows, slots))` for a view
+    /// of the states of `rows` sequences in `slots` slots from `slot` on.
+    state: Option<(i64, i64, i64)>,
+    /// A state view shaped `[S, S, H_v, rows]` (llama.cpp's `new_state`)
+    /// rather than `[S·S·H_v, rows, slots]`.
+    by_head: bool,
 }
 
 impl PackedView {
@@ -113,11 +117,16 @@ impl PackedView {
                 let nb = [f, s as usize * f, (s * h) as usize * f, (s * h * t) as usize * f];
                 ([s, h, t, b], nb, 0)
             }
-            Some((slot, rows)) => {
+            Some((slot, rows, slots)) => {
                 let state = (s * s * h) as usize * f;
-                let nb = [f, state, state * rows as usize, state * rows as usize];
                 let offs = (s * h * t * b) as usize * f + slot as usize * state * b as usize;
-                ([s * s * h, rows, 1, 1], nb, offs)
+                if self.by_head {
+                    let nb = [f, s as usize * f, (s * s) as usize * f, state];
+                    return ([s, s, h, rows], nb, offs);
+                }
+                let per_slot = state * b as usize;
+                let nb = [f, state, per_slot, per_slot * slots as usize];
+                ([s * s * h, rows, slots, 1], nb, offs)
             }
         }
     }
@@ -144,20 +153,42 @@ pub(super) fn packed_view(ctx: &Context, p: &Tensor, t: &Tensor, sp: &AxisSplit)
     let offs = t.view_offs;
     if offs == 0 && t.ne == [s, hv, t_, b] && t.nb[1] == s as usize * fs && t.nb[2] == (s * hv) as usize * fs {
         let split = AxisSplit { axis: 1, segments: per_head(1)?, repeat: sp.repeat };
-        return Some(PackedView { split, s, t: t_, b, state: None });
+        return Some(PackedView { split, s, t: t_, b, state: None, by_head: false });
     }
     let state = (s * s * hv) as usize * fs;
-    if offs >= out_bytes
-        && (offs - out_bytes) % (state * b as usize) == 0
-        && t.ne[0] == s * s * hv
+    if offs < out_bytes || (offs - out_bytes) % (state * b as usize) != 0 {
+        return None;
+    }
+    let slot = ((offs - out_bytes) / (state * b as usize)) as i64;
+    let slots_left = match p.op {
+        Op::GatedDeltaNet { k_snapshots } => k_snapshots - slot,
+        _ => 0,
+    };
+    // `[S·S·H_v, rows ≤ B, slots]`: the states of `rows` sequences in
+    // consecutive slots (a verify batch's snapshots).
+    if t.ne[0] == s * s * hv
         && t.ne[1] <= b
-        && t.ne[2] == 1
+        && (1..=slots_left).contains(&t.ne[2])
         && t.ne[3] == 1
         && (t.ne[1] == 1 || t.nb[1] == state)
+        && (t.ne[2] == 1 || t.nb[2] == state * b as usize)
     {
-        let slot = ((offs - out_bytes) / (state * b as usize)) as i64;
         let split = AxisSplit { axis: 0, segments: per_head(s * s)?, repeat: sp.repeat };
-        return Some(PackedView { split, s, t: t_, b, state: Some((slot, t.ne[1])) });
+        return Some(PackedView { split, s, t: t_, b, state: Some((slot, t.ne[1], t.ne[2])), by_head: false });
+    }
+    // `[S, S, H_v, rows ≤ B]`: one slot's states by head (llama.cpp's
+    // `new_state` of a plain step).
+    if t.ne[0] == s
+        && t.ne[1] == s
+        && t.ne[2] == hv
+        && t.ne[3] <= b
+        && slots_left >= 1
+        && t.nb[1] == s as usize * fs
+        && t.nb[2] == (s * s) as usize * fs
+        && (t.ne[3] == 1 || t.nb[3] == state)
+    {
+        let split = AxisSplit { axis: 2, segments: per_head(1)?, repeat: sp.repeat };
+        return Some(PackedView { split, s, t: t_, b, state: Some((slot, t.ne[3], 1)), by_head: true });
     }
     None
 }
