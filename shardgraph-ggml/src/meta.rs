@@ -261,6 +261,9 @@ impl Meta {
         let mut last = None;
         let mut result = Ok(());
         let mut flagged_views = Vec::new();
+        // Nodes ggml computes in place (into their source's memory:
+        // `ggml_scale_inplace` of a view of a cache).
+        let mut in_place = Vec::new();
         for &t in nodes {
             // SAFETY: live.
             let tr_ref = unsafe { &*t };
@@ -274,6 +277,9 @@ impl Meta {
             match unsafe { tr.tensor(t) } {
                 Ok(id) => {
                     all.push(id);
+                    if !tr_ref.view_src.is_null() {
+                        in_place.push(id);
+                    }
                     if tr_ref.flags & FLAG_OUTPUT != 0 {
                         outputs.push((id, t as *const ggml_tensor));
                     }
@@ -290,8 +296,25 @@ impl Meta {
         self.ctx = ctx;
         result?;
         let Some(last) = last else { return Ok(None) };
+        // An op computed in place writes its source's bytes: over
+        // sub-devices a copy into that source says so (a cache's part on
+        // each device is written, not ggml's memory the store no longer
+        // reads), and the result is no output of its own.
+        let mut written_in_place = HashSet::new();
+        for id in in_place {
+            let t = self.ctx.tensor(id).map_err(|e| e.to_string())?;
+            if matches!(t.op, Op::None) || t.op.writes_through_view() || t.view_src.is_some() {
+                continue;
+            }
+            let Some(&src) = t.src.first() else { continue };
+            let w = self.ctx.cpy(id, src).map_err(|e| e.to_string())?;
+            let at = all.iter().position(|&a| a == id).map_or(all.len(), |k| k + 1);
+            all.insert(at, w);
+            written_in_place.insert(id);
+        }
         // SAFETY: live.
         unsafe { self.unread_results(g, nodes, &map, &mut outputs) }?;
+        outputs.retain(|o| !written_in_place.contains(&o.0));
         // A view or reshape the caller reads (flagged OUTPUT): its storage
         // owner, when this graph computes it (not a cache write).
         for v in flagged_views {

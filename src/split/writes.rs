@@ -48,7 +48,10 @@ fn state_after(ctx: &Context, t: &Tensor, out: &SplitState, before: Option<&Spli
     if !covers_owner(ctx, t) {
         if let (Some(SplitState::Split(so)), SplitState::Split(s)) = (before, out) {
             let in_place = t.ty == ot.ty
-                && super::rules::view_geometry(ot, t, so).is_some_and(|(q, _, _)| q.ne == ot.ne)
+                // A box of the owner, or of its contiguous bytes in the
+                // shape the view's strides give them (each device's part is
+                // then viewed in that shape, not copied).
+                && super::rules::view_geometry(ot, t, so).is_some_and(|(q, _, _)| q.ne == ot.ne || ot.is_contiguous())
                 && super::rules::view_split(ot, t, so).as_ref() == Some(s);
             if in_place {
                 return SplitState::Split(so.clone());
