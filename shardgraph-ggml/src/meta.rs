@@ -254,16 +254,12 @@ impl Meta {
         let ctx = std::mem::take(&mut self.ctx);
         let mut tr = Translator::within(g, ctx, self.resident.clone(), nodes);
         let mut outputs = Vec::new();
-        // Every node, in ggml's order: a cache write (`set_rows`) is no
-        // ancestor of the attention that reads the cache after it, so the
-        // graph is built from all of them, which keeps ggml's order.
+        // Every node, in ggml's order (a cache write is no ancestor of the
+        // attention that reads the cache after it: build from all of them).
         let mut all = Vec::new();
         let mut last = None;
         let mut result = Ok(());
         let mut flagged_views = Vec::new();
-        // Nodes ggml computes in place (into their source's memory:
-        // `ggml_scale_inplace` of a view of a cache).
-        let mut in_place = Vec::new();
         for &t in nodes {
             // SAFETY: live.
             let tr_ref = unsafe { &*t };
@@ -277,9 +273,6 @@ impl Meta {
             match unsafe { tr.tensor(t) } {
                 Ok(id) => {
                     all.push(id);
-                    if !tr_ref.view_src.is_null() {
-                        in_place.push(id);
-                    }
                     if tr_ref.flags & FLAG_OUTPUT != 0 {
                         outputs.push((id, t as *const ggml_tensor));
                     }
@@ -296,25 +289,10 @@ impl Meta {
         self.ctx = ctx;
         result?;
         let Some(last) = last else { return Ok(None) };
-        // An op computed in place writes its source's bytes: over
-        // sub-devices a copy into that source says so (a cache's part on
-        // each device is written, not ggml's memory the store no longer
-        // reads), and the result is no output of its own.
-        let mut written_in_place = HashSet::new();
-        for id in in_place {
-            let t = self.ctx.tensor(id).map_err(|e| e.to_string())?;
-            if matches!(t.op, Op::None) || t.op.writes_through_view() || t.view_src.is_some() {
-                continue;
-            }
-            let Some(&src) = t.src.first() else { continue };
-            let w = self.ctx.cpy(id, src).map_err(|e| e.to_string())?;
-            let at = all.iter().position(|&a| a == id).map_or(all.len(), |k| k + 1);
-            all.insert(at, w);
-            written_in_place.insert(id);
-        }
         // SAFETY: live.
         unsafe { self.unread_results(g, nodes, &map, &mut outputs) }?;
-        outputs.retain(|o| !written_in_place.contains(&o.0));
+        // SAFETY: live.
+        unsafe { self.write_in_place(nodes, &map, &mut all, &mut outputs) }?;
         // A view or reshape the caller reads (flagged OUTPUT): its storage
         // owner, when this graph computes it (not a cache write).
         for v in flagged_views {
@@ -395,6 +373,44 @@ impl Meta {
 }
 
 impl Meta {
+    /// Makes each op of `nodes` that ggml computes in place (into its
+    /// first source's memory: `ggml_scale_inplace` of a cache row) write
+    /// that source: over sub-devices a copy into it, added to `all` right
+    /// after the op, says so (a cache's part on each device is written, not
+    /// ggml's memory the store no longer reads); those ops leave `outputs`
+    /// (they are no outputs of their own).
+    ///
+    /// # Errors
+    /// The copy's (a shape ggml would not have built).
+    ///
+    /// # Safety
+    /// As [`Meta::compute`].
+    unsafe fn write_in_place(
+        &mut self,
+        nodes: &[*mut ggml_tensor],
+        map: &HashMap<*const ggml_tensor, TensorId>,
+        all: &mut Vec<TensorId>,
+        outputs: &mut Vec<(TensorId, *const ggml_tensor)>,
+    ) -> Result<(), String> {
+        let mut written = HashSet::new();
+        for &n in nodes {
+            // SAFETY: live (the caller's promise).
+            let in_place = unsafe { !(*n).view_src.is_null() };
+            let Some(&id) = map.get(&(n as *const ggml_tensor)).filter(|_| in_place) else { continue };
+            let t = self.ctx.tensor(id).map_err(|e| e.to_string())?;
+            if matches!(t.op, Op::None) || t.op.writes_through_view() || t.view_src.is_some() {
+                continue;
+            }
+            let Some(&src) = t.src.first() else { continue };
+            let w = self.ctx.cpy(id, src).map_err(|e| e.to_string())?;
+            let at = all.iter().position(|&a| a == id).map_or(all.len(), |k| k + 1);
+            all.insert(at, w);
+            written.insert(id);
+        }
+        outputs.retain(|o| !written.contains(&o.0));
+        Ok(())
+    }
+
     /// Adds to `outputs` the results ggml's caller may read besides the
     /// nodes flagged OUTPUT and the last node: every node no other node
     /// reads (ggml's test harness reads those). Writes into a cache
