@@ -291,8 +291,6 @@ impl Meta {
         let Some(last) = last else { return Ok(None) };
         // SAFETY: live.
         unsafe { self.unread_results(g, nodes, &map, &mut outputs) }?;
-        // SAFETY: live.
-        unsafe { self.write_in_place(nodes, &map, &mut all, &mut outputs) }?;
         // A view or reshape the caller reads (flagged OUTPUT): its storage
         // owner, when this graph computes it (not a cache write).
         for v in flagged_views {
@@ -373,44 +371,6 @@ impl Meta {
 }
 
 impl Meta {
-    /// Makes each op of `nodes` that ggml computes in place (into its
-    /// first source's memory: `ggml_scale_inplace` of a cache row) write
-    /// that source: over sub-devices a copy into it, added to `all` right
-    /// after the op, says so (a cache's part on each device is written, not
-    /// ggml's memory the store no longer reads); those ops leave `outputs`
-    /// (they are no outputs of their own).
-    ///
-    /// # Errors
-    /// The copy's (a shape ggml would not have built).
-    ///
-    /// # Safety
-    /// As [`Meta::compute`].
-    unsafe fn write_in_place(
-        &mut self,
-        nodes: &[*mut ggml_tensor],
-        map: &HashMap<*const ggml_tensor, TensorId>,
-        all: &mut Vec<TensorId>,
-        outputs: &mut Vec<(TensorId, *const ggml_tensor)>,
-    ) -> Result<(), String> {
-        let mut written = HashSet::new();
-        for &n in nodes {
-            // SAFETY: live (the caller's promise).
-            let in_place = unsafe { !(*n).view_src.is_null() };
-            let Some(&id) = map.get(&(n as *const ggml_tensor)).filter(|_| in_place) else { continue };
-            let t = self.ctx.tensor(id).map_err(|e| e.to_string())?;
-            if matches!(t.op, Op::None) || t.op.writes_through_view() || t.view_src.is_some() {
-                continue;
-            }
-            let Some(&src) = t.src.first() else { continue };
-            let w = self.ctx.cpy(id, src).map_err(|e| e.to_string())?;
-            let at = all.iter().position(|&a| a == id).map_or(all.len(), |k| k + 1);
-            all.insert(at, w);
-            written.insert(id);
-        }
-        outputs.retain(|o| !written.contains(&o.0));
-        Ok(())
-    }
-
     /// Adds to `outputs` the results ggml's caller may read besides the
     /// nodes flagged OUTPUT and the last node: every node no other node
     /// reads (ggml's test harness reads those). Writes into a cache
