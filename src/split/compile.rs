@@ -901,7 +901,7 @@ impl<'a> Compiler<'a> {
             owner_state_after_write(ctx, t, &out_state, before.as_ref().map(|b| &b.0)).unwrap_or(SplitState::Mirrored);
         let ot = ctx.t(owner).clone();
         if let Some((b, local)) =
-            before.clone().filter(|b| !covers_owner(ctx, t) && b.0 == after && matches!(after, SplitState::Split(_)))
+            before.filter(|b| !covers_owner(ctx, t) && b.0 == after && matches!(after, SplitState::Split(_)))
         {
             // A box of the owner on every device, each writing its part in
             // place through its view of the owner's part: the owner stays
