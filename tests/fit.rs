@@ -406,3 +406,29 @@ fn ratios_other_than_the_devices_are_refused() {
     let e = shardgraph_models::runner::Runner::new(policy, &skewed).unwrap_err();
     assert!(e.to_string().contains("[1.0, 1.0]") && e.to_string().contains("[3.0, 1.0]"), "{e}");
 }
+
+/// A fit leaves 1 GiB of the host's available memory free
+/// (`FIT_HOST_HEADROOM`, llama.cpp's `--fit-target` default), so the load
+/// it sizes, which checks again without it, is not refused because the
+/// host's available memory moved by a few MB in between (a newcomer's
+/// `dflash2 --fit on --ctx-size 2147483647`: the fit chose 457 208 cells,
+/// the load then lacked 34 MB of 24.6 GB). Half a GiB below what the host
+/// has: the load's check passes, the fit's does not.
+#[test]
+fn a_fit_leaves_host_memory_free() {
+    use shardgraph::split::{DeviceMemory, FIT_HOST_HEADROOM};
+    let Some(avail) = shardgraph::backend::cpu::host_memory_available() else { return };
+    if avail < 2 * FIT_HOST_HEADROOM {
+        return;
+    }
+    let exec = Devices::parse("CPU", 1).and_then(|d| d.executor()).unwrap();
+    let need = DeviceMemory { weights: avail - FIT_HOST_HEADROOM / 2, ..DeviceMemory::default() };
+    exec.check_memory(&[need.total()], "the weights").unwrap();
+    match exec.check_fit(&[need], "a context") {
+        Err(shardgraph::Error::OutOfMemory { detail, available, .. }) => {
+            assert!(detail.contains("leaving 1 GiB of host memory free"), "{detail}");
+            assert!(available < avail - FIT_HOST_HEADROOM / 2, "{available} of {avail}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+}

@@ -33,6 +33,13 @@ use std::sync::{Arc, Mutex};
 /// Programs kept per executor (least recently used dropped first).
 const MAX_PROGRAMS: usize = 64;
 
+/// Host memory a fit leaves free, bytes ([`MetaExecutor::check_fit`]): 1
+/// GiB, llama.cpp's `--fit-target` default. Without it a context sized to
+/// the byte against the host's available memory could be refused by the
+/// load a moment later (found on a 24 GB host: the fit chose 457 208 cells,
+/// the load then lacked 34 MB).
+pub const FIT_HOST_HEADROOM: u64 = 1 << 30;
+
 /// N devices that execute plans, made by [`super::Devices::executor`]
 /// (the devices, their order and their communicator come from the
 /// [`super::Devices`]).
@@ -396,12 +403,19 @@ impl MetaExecutor {
     /// bytes available (on every process alike); [`Error::Split`] for a
     /// list of another length.
     pub fn check_memory(&self, need: &[u64], what: &str) -> Result<()> {
+        self.check_memory_leaving(need, what, 0)
+    }
+
+    /// [`MetaExecutor::check_memory`] with `host_headroom` bytes of each
+    /// machine's available host memory left free (counted as not
+    /// available).
+    fn check_memory_leaving(&self, need: &[u64], what: &str, host_headroom: u64) -> Result<()> {
         if need.len() != self.devices.len() {
             return Err(Error::Split { detail: format!("{} sizes for {} devices", need.len(), self.devices.len()) });
         }
         // Each machine's available host memory (the least its processes
         // report), and each device's machine.
-        let here = crate::backend::cpu::host_memory_available();
+        let here = crate::backend::cpu::host_memory_available().map(|b| b.saturating_sub(host_headroom));
         let (node_of, avail): (Vec<usize>, Vec<Option<u64>>) = match &self.group {
             None => (vec![0; need.len()], vec![here]),
             Some(g) => {
@@ -461,14 +475,17 @@ impl MetaExecutor {
     /// `fit::session_memory` in the crate `shardgraph-models`): each device's
     /// [`DeviceMemory::total`] as [`MetaExecutor::check_memory`] checks it
     /// (a GPU against its memory, CPU devices together against the host's
-    /// available memory). `what` says what needs it.
+    /// available memory less [`FIT_HOST_HEADROOM`]: the host's available
+    /// memory moves between a fit and the load it sizes, which checks
+    /// again without it). `what` says what needs it.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] naming the device, the bytes needed and the
-    /// bytes available; [`Error::Split`] for a list of another length.
+    /// bytes available (less the headroom); [`Error::Split`] for a list of
+    /// another length.
     pub fn check_fit(&self, memory: &[DeviceMemory], what: &str) -> Result<()> {
         let need: Vec<u64> = memory.iter().map(DeviceMemory::total).collect();
-        self.check_memory(&need, what)
+        self.check_memory_leaving(&need, &format!("{what}, leaving 1 GiB of host memory free"), FIT_HOST_HEADROOM)
     }
 
     /// What the executor allocated, copied into stored tensors and read to

@@ -58,7 +58,7 @@ pub use comm::{is_peer_failure, peer_failed, BufSlice, Comm, HostComm, ProcessGr
 pub use comm::{MpiComm, RemoteDevice, World};
 pub use cost::{conversion, Collective, LinkClass, LinkModel, Links, Traffic};
 pub use devices::{Devices, MAX_DEVICES};
-pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunOutput, RunReport};
+pub use exec::{ExecCounters, MetaExecutor, ProgramSummary, RunOutput, RunReport, FIT_HOST_HEADROOM};
 pub use layout::{assemble, local_ne, slice_local};
 pub use lower::{lower, Lowered, Step};
 pub use memory::DeviceMemory;
