@@ -4,7 +4,7 @@
 the `SG` device of shardgraph's ggml backend library, and compares them.
 
     .venv/bin/python scripts/llama-on-sg.py --lib target/release/libshardgraph_ggml.so \
-        --model F [--prompt 1,2,3] [--n-gen 32] [--threads 2] [--json]
+        --model F [--prompt 1,2,3] [--n-gen 32] [--threads 2] [--parallel 1] [--json]
 
 Prints, per side, the scheduler's graph splits (llama.cpp's own log line,
 `graph: nodes = N, splits = S`, one per reserved graph),
@@ -30,9 +30,13 @@ def main():
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx-size", type=int, default=512)
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="sequence slots (llama.cpp's --parallel, n_seq_max); the run uses the last one")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="llama.cpp's log on stderr")
     a = ap.parse_args()
+    if a.parallel < 1:
+        ap.error("--parallel must be at least 1")
     prompt = [int(t) for t in a.prompt.split(",") if t]
 
     import llama_cpp as L
@@ -86,6 +90,7 @@ def run(L, a, prompt, dev):
     cp.n_ctx = a.ctx_size
     cp.n_batch = cp.n_ubatch = max(len(prompt), 8)
     cp.n_threads = cp.n_threads_batch = a.threads
+    cp.n_seq_max = a.parallel
     ctx = L.llama_init_from_model(model, cp)
     assert ctx, "llama.cpp could not create a context"
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
@@ -96,7 +101,7 @@ def run(L, a, prompt, dev):
             b.token[i] = t
             b.pos[i] = start + i
             b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
+            b.seq_id[i][0] = a.parallel - 1
             b.logits[i] = 1
         b.n_tokens = len(ids)
         rc = L.llama_decode(ctx, b)

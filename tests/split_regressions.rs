@@ -1153,3 +1153,51 @@ fn llama_cpp_delta_net_layer_writes_its_states_per_device() {
     }
     gaps.assert_none();
 }
+
+/// llama.cpp's `build_rs` zeroes the recurrent state of a sequence that
+/// starts in a cell (`ggml_scale_inplace(view_1d(states, d, rs_zero·nb1),
+/// 0)`, which SG translates as the scale and a copy into that row), then
+/// reads the cache through the same reshape (`get_rows(states, s_copy)`).
+/// Over devices split by key heads the zeroed row is written in place on
+/// each device, and the reshape read after it is that part's memory: the
+/// cache and the read equal one device's, and no byte moves that the plan
+/// did not price. (Before, the reshape read after the write gathered the
+/// whole cache to every device, outside the plan: 6 586 368 B on the first
+/// step of the qwen35 example through SG; with one slot the row covers the
+/// whole cache, with three it is a box of it.)
+#[test]
+fn a_zeroed_recurrent_row_is_written_per_device_and_read_in_place() {
+    let (s, hk, hv, dc) = (16, 4, 8, 4);
+    let d = s * s * hv;
+    for slots in [1i64, 3] {
+        for ratios in [&[1.0f32, 1.0][..], &[3.0, 1.0], &[1.0, 1.0, 2.0]] {
+            let mut ctx = Context::new();
+            let ids = input(&mut ctx, GgmlType::I32, &[1], "s_copy");
+            // llama.cpp's cache: one row of d values per slot.
+            let cache_s = named(&mut ctx, GgmlType::F32, &[d, slots], "cache_s_l0");
+            let states = ctx.reshape_2d(cache_s, d, slots).unwrap();
+            let rs_zero = (slots - 1) as usize;
+            let row = ctx.tensor(states).unwrap().nb[1];
+            let zero_view = ctx.view_1d(states, d, rs_zero * row).unwrap();
+            let zeroed = ctx.scale(zero_view, 0.0).unwrap();
+            let w_zero = ctx.cpy(zeroed, zero_view).unwrap();
+            let state = ctx.get_rows(states, ids).unwrap();
+            let out = ctx.scale(state, 2.0).unwrap();
+            let heads = DeltaNetHeads { n_k_heads: hk, n_v_heads: hv, d_state: s, d_conv: dc };
+            let policy = delta_net_rules("", Some(0), &heads, Some(s))
+                .into_iter()
+                .fold(SplitPolicy::new(ratios).unwrap(), |p, (pattern, spec)| p.rule(&pattern, spec))
+                .rule("*", SplitSpec::Mirrored);
+            // The zeroed row is the one read back: its values are zeros.
+            let outputs = [w_zero, out, cache_s];
+            let plan = check(&ctx, &outputs, &policy, &[], &|_, n| vec![rs_zero as i64; n]);
+            let cfg = format!("slots={slots} {ratios:?}\n{}", plan.report(&ctx));
+            assert_eq!(plan.total_bytes(), 0, "{cfg}");
+            let g = ctx.build_forward(&outputs).unwrap();
+            let exec = devices::executor(ratios.len());
+            let mut store = SplitStore::new(ratios.len());
+            let rep = exec.execute(&ctx, &g, &plan, &mut store, &[out]).unwrap();
+            assert_eq!((rep.bytes_moved, rep.unplanned_bytes), (0, 0), "{cfg}");
+        }
+    }
+}

@@ -175,6 +175,13 @@ impl Meta {
                             .filter(|r| r.0.ends_with("attn_q.weight"))
                             .count();
                         eprintln!("shardgraph-ggml: attention split by KV-head groups in {n} layers");
+                        let n = crate::policy::delta_rules(&self.ctx)
+                            .iter()
+                            .filter(|r| r.0.ends_with("ssm_out.weight"))
+                            .count();
+                        if n > 0 {
+                            eprintln!("shardgraph-ggml: gated delta-net split by key heads in {n} layers");
+                        }
                     }
                 }
                 let m = Arc::new(m);
@@ -260,6 +267,10 @@ impl Meta {
         let mut last = None;
         let mut result = Ok(());
         let mut flagged_views = Vec::new();
+        // Nodes ggml computes in place (into their source's memory:
+        // `ggml_scale_inplace` of a view of a cache) that the caller does
+        // not read.
+        let mut in_place = Vec::new();
         for &t in nodes {
             // SAFETY: live.
             let tr_ref = unsafe { &*t };
@@ -275,6 +286,8 @@ impl Meta {
                     all.push(id);
                     if tr_ref.flags & FLAG_OUTPUT != 0 {
                         outputs.push((id, t as *const ggml_tensor));
+                    } else if !tr_ref.view_src.is_null() {
+                        in_place.push(id);
                     }
                     last = Some((id, t as *const ggml_tensor));
                 }
@@ -289,8 +302,10 @@ impl Meta {
         self.ctx = ctx;
         result?;
         let Some(last) = last else { return Ok(None) };
+        let written_in_place = self.write_in_place(&in_place, &mut all)?;
         // SAFETY: live.
         unsafe { self.unread_results(g, nodes, &map, &mut outputs) }?;
+        outputs.retain(|o| !written_in_place.contains(&o.0) || o.1 == last.1);
         // A view or reshape the caller reads (flagged OUTPUT): its storage
         // owner, when this graph computes it (not a cache write).
         for v in flagged_views {
@@ -330,25 +345,8 @@ impl Meta {
             }
             leaves.push((id, t));
         }
-        // A leaf that is a node of ggml's graph (not an input, not the
-        // scheduler's copy of another backend's result) is a result of an
-        // earlier SG graph of the step (llama.cpp split the step into
-        // several SG graphs: `-nkvo`, or an op SG does not take): only what
-        // that graph wrote back is in ggml's memory.
-        for &(id, t) in &leaves {
-            if self.resident.get(&t) == Some(&id) || self.written_back.contains(&t) {
-                continue;
-            }
-            // SAFETY: live (not a resident of an earlier graph: a leaf of this one).
-            if unsafe { translate::op_name(g, &*t) != "NONE" } {
-                return Err(format!(
-                    "{:?} is a result of an earlier SG graph that stays on the sub-devices: over sub-devices \
-                     a step must be one SG graph (llama.cpp splits it with -nkvo, or around an op SG does \
-                     not take)",
-                    self.ctx.display_name(id)
-                ));
-            }
-        }
+        // SAFETY: live.
+        unsafe { self.check_earlier_results(g, &leaves) }?;
         // Strided inputs: the bytes they span, uploaded every run.
         if let Some(&(id, _)) = spans.iter().find(|s| written.contains(&s.0)) {
             return Err(format!("{:?}: a strided leaf the graph writes", self.ctx.display_name(id)));
@@ -371,6 +369,67 @@ impl Meta {
 }
 
 impl Meta {
+    /// Refuses a leaf that is a node of ggml's graph (not an input, not the
+    /// scheduler's copy of another backend's result): a result of an
+    /// earlier SG graph of the step (llama.cpp split the step into several
+    /// SG graphs: `-nkvo`, or an op SG does not take), of which only what
+    /// that graph wrote back is in ggml's memory.
+    ///
+    /// # Safety
+    /// As [`Meta::compute`]; the leaves not resident from an earlier graph
+    /// are live.
+    unsafe fn check_earlier_results(&self, g: &Ggml, leaves: &[(TensorId, *const ggml_tensor)]) -> Result<(), String> {
+        for &(id, t) in leaves {
+            if self.resident.get(&t) == Some(&id) || self.written_back.contains(&t) {
+                continue;
+            }
+            // SAFETY: live (not a resident of an earlier graph: a leaf of this one).
+            if unsafe { translate::op_name(g, &*t) != "NONE" } {
+                return Err(format!(
+                    "{:?} is a result of an earlier SG graph that stays on the sub-devices: over sub-devices \
+                     a step must be one SG graph (llama.cpp splits it with -nkvo, or around an op SG does \
+                     not take)",
+                    self.ctx.display_name(id)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Over sub-devices, each op of `in_place` (ggml computed it in its
+    /// source's memory) whose source lies in a tensor that exists before
+    /// the graph (a cache, in the store) becomes the op and a copy into
+    /// that source, inserted after it in `all`: each sub-device then writes
+    /// its part of the cache, where later graphs read it (llama.cpp's
+    /// `build_rs` zeroes a reused recurrent cell this way; written as an
+    /// ordinary result, the zeros went to ggml's memory, which the store no
+    /// longer reads, and the new sequence began from the old one's state).
+    /// Returns the ops so written: no output of their own. An op in place
+    /// on an intermediate stays an ordinary node (its readers read it).
+    ///
+    /// # Errors
+    /// The copy's (a source of another size than the op's result).
+    fn write_in_place(&mut self, in_place: &[TensorId], all: &mut Vec<TensorId>) -> Result<HashSet<TensorId>, String> {
+        let mut written = HashSet::new();
+        for &id in in_place {
+            let t = self.ctx.tensor(id).map_err(|e| e.to_string())?;
+            if matches!(t.op, Op::None) || t.op.writes_through_view() || t.view_src.is_some() {
+                continue;
+            }
+            let Some(&src) = t.src.first() else { continue };
+            let st = self.ctx.tensor(src).map_err(|e| e.to_string())?;
+            let owner = st.view_src.unwrap_or(src);
+            if !matches!(self.ctx.tensor(owner).map_err(|e| e.to_string())?.op, Op::None) {
+                continue;
+            }
+            let w = self.ctx.cpy(id, src).map_err(|e| e.to_string())?;
+            let at = all.iter().position(|&a| a == id).map_or(all.len(), |k| k + 1);
+            all.insert(at, w);
+            written.insert(id);
+        }
+        Ok(written)
+    }
+
     /// Adds to `outputs` the results ggml's caller may read besides the
     /// nodes flagged OUTPUT and the last node: every node no other node
     /// reads (ggml's test harness reads those). Writes into a cache

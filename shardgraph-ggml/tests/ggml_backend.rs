@@ -425,7 +425,11 @@ fn llama_cpp_dflash2_on_sg_sub_devices_equals_one_cpu_device() {
 /// left the recurrent state as it was, NMSE 5e-3, and a qwen3 snapshot
 /// read the cache as first uploaded, NMSE 5e-4 to 1.6); so does a context
 /// after another one was made and freed (before, any freed cache buffer
-/// reset every sub-device store: NMSE 5e-4 to 1.3e-3).
+/// reset every sub-device store: NMSE 5e-4 to 1.3e-3); and so does a
+/// sequence dropped and begun again in its cell, with 1 and 3 sequence
+/// slots (before, llama.cpp's in-graph zeroing of a reused recurrent cell
+/// wrote ggml's memory, not the store: the new sequence began from the old
+/// one's state, NMSE 1.1e-4 on the qwen35 examples).
 fn state_roundtrip(py: &Path, model: &Path, name: &str) {
     let out = Command::new(py)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/state_roundtrip.py"))
@@ -448,6 +452,11 @@ fn state_roundtrip(py: &Path, model: &Path, name: &str) {
         );
         assert!(r <= 1e-12 && m <= 1e-12, "{name}: the restored state differs from a fresh context: {v}");
         assert!(o <= 1e-12, "{name}: freeing another context changed this one's: {v}");
+        for slots in [1, 3] {
+            let u = v[format!("reused_{slots}_slots_nmse")].as_f64().unwrap();
+            println!("{name} sequence begun again in a reused cell, {slots} slot(s): NMSE {u:.3e}");
+            assert!(u <= 1e-12, "{name}: a sequence begun again in its cell ({slots} slots) differs: {v}");
+        }
     }
     let e = lines[2]["sg_vs_cpu_nmse"].as_f64().unwrap();
     assert!(e <= 1e-3, "{name}: SG against the CPU backend NMSE {e:e}");

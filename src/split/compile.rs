@@ -339,7 +339,16 @@ impl<'a> Compiler<'a> {
         let r = (|| {
             if !self.data.contains_key(&id.index()) {
                 if let Some(owner) = self.ctx.t(id).view_src {
-                    self.reread_view(id, owner)?;
+                    // A view of a written owner is that owner's memory now:
+                    // a view computed again from its parent, in its planned
+                    // state (nothing moves when the owner was written in that
+                    // state), else the owner read whole.
+                    if self.ctx.t(id).op.is_shape_only() && self.plan.state(id).is_some() {
+                        self.node(id)?;
+                    }
+                    if !self.data.contains_key(&id.index()) {
+                        self.reread_view(id, owner)?;
+                    }
                 }
             }
             if let Some(l) = self.get(id, state) {
@@ -366,12 +375,19 @@ impl<'a> Compiler<'a> {
 
     /// Drops what this device holds of views of `owner` (other than the
     /// writer `writer`): one device would read them from the owner's memory,
-    /// which `writer` just changed.
-    fn invalidate_views_of(&mut self, owner: TensorId, writer: TensorId) {
-        let ctx = self.ctx;
-        self.data.retain(|&i, _| {
+    /// which `writer` just changed. A local view of `part` (the owner's
+    /// local storage, written in place) reads that memory itself and is
+    /// kept; a copy made of it is not.
+    fn invalidate_views_of(&mut self, owner: TensorId, writer: TensorId, part: Option<TensorId>) {
+        let (ctx, l) = (self.ctx, &self.l);
+        let aliases = |lid: TensorId| part.is_some_and(|p| lid == p || l.t(lid).view_src == Some(p));
+        self.data.retain(|&i, held| {
             let id = TensorId { ctx: ctx.id(), idx: i as u32 };
-            i == writer.index() || i == owner.index() || ctx.t(id).view_src != Some(owner)
+            if i == writer.index() || i == owner.index() || ctx.t(id).view_src != Some(owner) {
+                return true;
+            }
+            held.retain(|&(_, lid)| aliases(lid));
+            !held.is_empty()
         });
     }
 
@@ -891,7 +907,6 @@ impl<'a> Compiler<'a> {
         .map_err(|e| node_err(t, &out_state, e))?;
         self.set(node, out_state.clone(), w);
         let Some(owner) = t.view_src else { return Ok(None) };
-        self.invalidate_views_of(owner, node);
         let before = if destination_kept(t, &needs, |id| self.plan.state(id).cloned()) {
             Some(self.current(owner)?)
         } else {
@@ -905,9 +920,14 @@ impl<'a> Compiler<'a> {
         {
             // A box of the owner on every device, each writing its part in
             // place through its view of the owner's part: the owner stays
-            // as it was.
+            // as it was, and so do the views that read its part's memory.
+            let part = self.l.t(local).view_src.unwrap_or(local);
+            self.invalidate_views_of(owner, node, Some(part));
             self.set(owner, b, local);
-        } else if covers_owner(ctx, t)
+            return Ok(Some(owner));
+        }
+        self.invalidate_views_of(owner, node, None);
+        if covers_owner(ctx, t)
             && (after == out_state
                 || ot.ne == t.ne
                 || after == SplitState::Mirrored && out_state == SplitState::Mirrored

@@ -8,8 +8,12 @@ sequence, restore the state and decode one token; also load the saved
 state into a new context and decode the same token; decode the prompt in
 a context A, make a second context, decode in it and free it, then decode
 the token in A (freeing one context must not touch another's caches); and
-decode prompt + token in a fresh context. Prints one JSON line per backend
-with the NMSE of the restored, the moved and A's logits against the fresh
+decode prompt + token in a fresh context; and, in contexts of 1 and 3
+sequence slots, decode other tokens in the last slot's sequence, drop it
+(llama_memory_seq_rm) and decode prompt + token in it again (a recurrent
+cell reused: llama.cpp zeroes its state in the graph), against a fresh
+context of as many slots. Prints one JSON line per backend with the NMSE
+of the restored, the moved, A's and the reused logits against the fresh
 ones, and a last line with SG's fresh logits against the CPU backend's.
 """
 import ctypes
@@ -40,20 +44,21 @@ sg = ggml.ggml_backend_dev_by_name(b"SG")
 PROMPT, OTHER, NEXT = [11, 205, 3, 99, 42, 310, 7, 64], [5, 6, 7, 8], [27]
 
 
-def context(model):
+def context(model, seqs=1):
     p = L.llama_context_default_params()
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_threads, p.n_threads_batch = 256, 16, 16, 2, 2
+    p.n_seq_max = seqs
     c = L.llama_init_from_model(model, p)
     assert c, "context"
     return c
 
 
-def decode(c, model, ids, start):
+def decode(c, model, ids, start, seq=0):
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     b = L.llama_batch_init(len(ids), 0, 1)
     for i, t in enumerate(ids):
         b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, start + i, 1, i == len(ids) - 1
-        b.seq_id[i][0] = 0
+        b.seq_id[i][0] = seq
     b.n_tokens = len(ids)
     rc = L.llama_decode(c, b)
     L.llama_batch_free(b)
@@ -97,8 +102,22 @@ for name, dev in (("CPU", None), ("SG", sg)):
     decode(c, model, PROMPT, 0)
     fresh[name] = decode(c, model, NEXT, len(PROMPT))
     L.llama_free(c)
+    reused = {}
+    for seqs in (1, 3):
+        s = seqs - 1
+        c = context(model, seqs)
+        decode(c, model, OTHER, 0, s)
+        decode(c, model, NEXT, len(OTHER), s)
+        assert L.llama_memory_seq_rm(L.llama_get_memory(c), s, -1, -1)
+        decode(c, model, PROMPT, 0, s)
+        got = decode(c, model, NEXT, len(PROMPT), s)
+        L.llama_free(c)
+        c = context(model, seqs)
+        decode(c, model, PROMPT, 0, s)
+        reused[f"reused_{seqs}_slots_nmse"] = nmse(got, decode(c, model, NEXT, len(PROMPT), s))
+        L.llama_free(c)
     L.llama_model_free(model)
     print(json.dumps({"backend": name, "state_bytes": n, "restored_nmse": nmse(restored, fresh[name]),
                       "moved_nmse": nmse(moved, fresh[name]),
-                      "other_freed_nmse": nmse(after_other, fresh[name])}), flush=True)
+                      "other_freed_nmse": nmse(after_other, fresh[name]), **reused}), flush=True)
 print(json.dumps({"sg_vs_cpu_nmse": nmse(fresh["SG"], fresh["CPU"])}), flush=True)
