@@ -170,8 +170,8 @@ pub struct ggml_backend_i {
     pub graph_plan_update: Option<unsafe extern "C" fn()>,
     pub graph_plan_compute: Option<unsafe extern "C" fn()>,
     pub graph_compute: Option<unsafe extern "C" fn(*mut ggml_backend, *mut ggml_cgraph) -> c_int>,
-    pub event_record: Option<unsafe extern "C" fn()>,
-    pub event_wait: Option<unsafe extern "C" fn()>,
+    pub event_record: Option<unsafe extern "C" fn(*mut ggml_backend, *mut ggml_backend_event)>,
+    pub event_wait: Option<unsafe extern "C" fn(*mut ggml_backend, *mut ggml_backend_event)>,
     pub graph_optimize: Option<unsafe extern "C" fn()>,
 }
 
@@ -181,6 +181,13 @@ pub struct ggml_backend {
     /// `ggml_guid_t`: a pointer to 16 bytes.
     pub guid: *mut [u8; 16],
     pub iface: ggml_backend_i,
+    pub device: *mut ggml_backend_device,
+    pub context: *mut c_void,
+}
+
+/// `struct ggml_backend_event` (made and freed by the device that owns it).
+#[repr(C)]
+pub struct ggml_backend_event {
     pub device: *mut ggml_backend_device,
     pub context: *mut c_void,
 }
@@ -223,9 +230,9 @@ pub struct ggml_backend_device_i {
     pub supports_op: Option<unsafe extern "C" fn(*mut ggml_backend_device, *const ggml_tensor) -> bool>,
     pub supports_buft: Option<unsafe extern "C" fn(*mut ggml_backend_device, *mut ggml_backend_buffer_type) -> bool>,
     pub offload_op: Option<unsafe extern "C" fn(*mut ggml_backend_device, *const ggml_tensor) -> bool>,
-    pub event_new: Option<unsafe extern "C" fn()>,
-    pub event_free: Option<unsafe extern "C" fn()>,
-    pub event_synchronize: Option<unsafe extern "C" fn()>,
+    pub event_new: Option<unsafe extern "C" fn(*mut ggml_backend_device) -> *mut ggml_backend_event>,
+    pub event_free: Option<unsafe extern "C" fn(*mut ggml_backend_device, *mut ggml_backend_event)>,
+    pub event_synchronize: Option<unsafe extern "C" fn(*mut ggml_backend_device, *mut ggml_backend_event)>,
 }
 
 /// `struct ggml_backend_device`.
@@ -284,6 +291,7 @@ mod tests {
             ggml_backend_buffer { iface, buft, context, size, usage }
             ggml_backend_i { get_name, free, set_tensor_async, get_tensor_async, set_tensor_2d_async, get_tensor_2d_async, cpy_tensor_async, synchronize, graph_plan_create, graph_plan_free, graph_plan_update, graph_plan_compute, graph_compute, event_record, event_wait, graph_optimize }
             ggml_backend { guid, iface, device, context }
+            ggml_backend_event { device, context }
             ggml_backend_dev_caps { async_ as async, host_buffer, buffer_from_host_ptr, events, mmap_support }
             ggml_backend_dev_props { name, description, memory_free, memory_total, type_ as type, device_id, caps }
             ggml_backend_device_i { get_name, get_description, get_memory, get_type, get_props, init_backend, get_buffer_type, get_host_buffer_type, buffer_from_host_ptr, supports_op, supports_buft, offload_op, event_new, event_free, event_synchronize }

@@ -31,10 +31,13 @@
 //! plan of each new graph over sub-devices: every repartition with its
 //! bytes).
 //!
-//! What is not here yet: events and asynchronous copies; a step that
-//! llama.cpp splits into several SG graphs over sub-devices (`-nkvo`) is
-//! refused with an error.
+//! SG computes synchronously; its asynchronous copies and events
+//! (`events.rs`) are complete when their calls return, which lets ggml's
+//! scheduler use SG in its parallel mode. What is not here yet: a step
+//! that llama.cpp splits into several SG graphs over sub-devices (`-nkvo`)
+//! is refused with an error.
 
+mod events;
 mod ffi;
 mod ggml;
 mod meta;
@@ -137,9 +140,9 @@ fn init_state() -> Option<State> {
             supports_op: Some(dev_supports_op),
             supports_buft: Some(dev_supports_buft),
             offload_op: None,
-            event_new: None,
-            event_free: None,
-            event_synchronize: None,
+            event_new: Some(events::event_new),
+            event_free: Some(events::event_free),
+            event_synchronize: Some(events::event_synchronize),
         },
         reg,
         context: std::ptr::null_mut(),
@@ -269,10 +272,10 @@ unsafe extern "C" fn dev_get_props(dev: *mut ggml_backend_device, props: *mut gg
             type_: GGML_BACKEND_DEVICE_TYPE_GPU,
             device_id: std::ptr::null(),
             caps: ggml_backend_dev_caps {
-                async_: false,
+                async_: true,
                 host_buffer: false,
                 buffer_from_host_ptr: false,
-                events: false,
+                events: true,
                 mmap_support: false,
             },
         }
@@ -348,19 +351,19 @@ unsafe extern "C" fn dev_init_backend(dev: *mut ggml_backend_device, _params: *c
             iface: ggml_backend_i {
                 get_name: Some(backend_get_name),
                 free: Some(backend_free),
-                set_tensor_async: None,
-                get_tensor_async: None,
+                set_tensor_async: Some(events::set_tensor_async),
+                get_tensor_async: Some(events::get_tensor_async),
                 set_tensor_2d_async: None,
                 get_tensor_2d_async: None,
                 cpy_tensor_async: None,
-                synchronize: None,
+                synchronize: Some(events::synchronize),
                 graph_plan_create: None,
                 graph_plan_free: None,
                 graph_plan_update: None,
                 graph_plan_compute: None,
                 graph_compute: Some(backend_graph_compute),
-                event_record: None,
-                event_wait: None,
+                event_record: Some(events::event_record),
+                event_wait: Some(events::event_wait),
                 graph_optimize: None,
             },
             device: dev,

@@ -267,10 +267,6 @@ impl Meta {
         let mut last = None;
         let mut result = Ok(());
         let mut flagged_views = Vec::new();
-        // Nodes ggml computes in place (into their source's memory:
-        // `ggml_scale_inplace` of a view of a cache) that the caller does
-        // not read.
-        let mut in_place = Vec::new();
         for &t in nodes {
             // SAFETY: live.
             let tr_ref = unsafe { &*t };
@@ -286,8 +282,6 @@ impl Meta {
                     all.push(id);
                     if tr_ref.flags & FLAG_OUTPUT != 0 {
                         outputs.push((id, t as *const ggml_tensor));
-                    } else if !tr_ref.view_src.is_null() {
-                        in_place.push(id);
                     }
                     last = Some((id, t as *const ggml_tensor));
                 }
@@ -302,10 +296,8 @@ impl Meta {
         self.ctx = ctx;
         result?;
         let Some(last) = last else { return Ok(None) };
-        let written_in_place = self.write_in_place(&in_place, &mut all)?;
         // SAFETY: live.
         unsafe { self.unread_results(g, nodes, &map, &mut outputs) }?;
-        outputs.retain(|o| !written_in_place.contains(&o.0) || o.1 == last.1);
         // A view or reshape the caller reads (flagged OUTPUT): its storage
         // owner, when this graph computes it (not a cache write).
         for v in flagged_views {
@@ -394,40 +386,6 @@ impl Meta {
             }
         }
         Ok(())
-    }
-
-    /// Over sub-devices, each op of `in_place` (ggml computed it in its
-    /// source's memory) whose source lies in a tensor that exists before
-    /// the graph (a cache, in the store) becomes the op and a copy into
-    /// that source, inserted after it in `all`: each sub-device then writes
-    /// its part of the cache, where later graphs read it (llama.cpp's
-    /// `build_rs` zeroes a reused recurrent cell this way; written as an
-    /// ordinary result, the zeros went to ggml's memory, which the store no
-    /// longer reads, and the new sequence began from the old one's state).
-    /// Returns the ops so written: no output of their own. An op in place
-    /// on an intermediate stays an ordinary node (its readers read it).
-    ///
-    /// # Errors
-    /// The copy's (a source of another size than the op's result).
-    fn write_in_place(&mut self, in_place: &[TensorId], all: &mut Vec<TensorId>) -> Result<HashSet<TensorId>, String> {
-        let mut written = HashSet::new();
-        for &id in in_place {
-            let t = self.ctx.tensor(id).map_err(|e| e.to_string())?;
-            if matches!(t.op, Op::None) || t.op.writes_through_view() || t.view_src.is_some() {
-                continue;
-            }
-            let Some(&src) = t.src.first() else { continue };
-            let st = self.ctx.tensor(src).map_err(|e| e.to_string())?;
-            let owner = st.view_src.unwrap_or(src);
-            if !matches!(self.ctx.tensor(owner).map_err(|e| e.to_string())?.op, Op::None) {
-                continue;
-            }
-            let w = self.ctx.cpy(id, src).map_err(|e| e.to_string())?;
-            let at = all.iter().position(|&a| a == id).map_or(all.len(), |k| k + 1);
-            all.insert(at, w);
-            written.insert(id);
-        }
-        Ok(written)
     }
 
     /// Adds to `outputs` the results ggml's caller may read besides the

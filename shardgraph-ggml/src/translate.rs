@@ -48,6 +48,10 @@ pub(crate) struct Translator<'a> {
     /// The packed leaves that stand for strided ggml leaves (their bytes
     /// start at the ggml tensor's `data`), see [`Translator::leaf`].
     spans: Vec<(TensorId, *const ggml_tensor)>,
+    /// An op ggml computes in place is the op and a copy into its source
+    /// ([`Translator::in_place`]; over sub-devices, where nothing is bound
+    /// to ggml's memory).
+    writes_in_place: bool,
 }
 
 fn f32_param(t: &ggml_tensor, i: usize) -> f32 {
@@ -160,6 +164,7 @@ impl<'a> Translator<'a> {
             storage: TensorStorage::new(),
             owners: Vec::new(),
             spans: Vec::new(),
+            writes_in_place: false,
         }
     }
 
@@ -172,7 +177,7 @@ impl<'a> Translator<'a> {
         known: HashMap<*const ggml_tensor, TensorId>,
         nodes: &[*mut ggml_tensor],
     ) -> Self {
-        Translator { ctx, map: known, ..Translator::new(g, nodes, None) }
+        Translator { ctx, map: known, writes_in_place: true, ..Translator::new(g, nodes, None) }
     }
 
     /// The context and every ggml tensor translated (with its id), ending a
@@ -253,7 +258,11 @@ impl<'a> Translator<'a> {
                 srcs[1] = self.ctx.tensor(id).ok().and_then(|x| x.src.get(1).copied());
             }
             self.check(tr, id, &op, &srcs)?;
-            id
+            if self.writes_in_place && !tr.view_src.is_null() {
+                self.in_place(id).map_err(|e| format!("{op} {:?} in place: {e}", tensor_name(tr)))?
+            } else {
+                id
+            }
         } else {
             self.leaf(tr, t)?
         };
@@ -262,6 +271,31 @@ impl<'a> Translator<'a> {
         }
         self.map.insert(t, id);
         Ok(id)
+    }
+
+    /// For op `id`, which ggml computes in its first source's memory
+    /// (`ggml_scale_inplace`, `ggml_add_inplace`: the node is a view of
+    /// that source): the op and a copy of its result into that source,
+    /// standing for the node, when the source's storage exists before the
+    /// graph (a leaf: llama.cpp's caches, an input). Each sub-device then
+    /// writes its part of the storage, where later graphs (and ggml's
+    /// `get_tensor`, through the store) read it, and a chain of in-place ops
+    /// writes into it one after the other, as ggml does (llama.cpp's
+    /// `build_rs` zeroes a reused recurrent cell this way: as an ordinary
+    /// result the zeros went to ggml's memory, which the store no longer
+    /// reads, and the new sequence began from the old one's state). An op
+    /// in place on an intermediate stays as it is (its readers read it).
+    fn in_place(&mut self, id: TensorId) -> shardgraph::Result<TensorId> {
+        let t = self.ctx.tensor(id)?;
+        if matches!(t.op, Op::None) || t.op.is_view_op() || t.view_src.is_some() {
+            return Ok(id);
+        }
+        let Some(&src) = t.src.first() else { return Ok(id) };
+        let owner = self.ctx.tensor(src)?.view_src.unwrap_or(src);
+        if !matches!(self.ctx.tensor(owner)?.op, Op::None) {
+            return Ok(id);
+        }
+        self.ctx.cpy(id, src)
     }
 
     /// `ggml_cast` (a CPY whose destination is the node itself): a copy of

@@ -188,6 +188,35 @@ fn deep_chains_casts_and_strided_inputs_compute_on_sg() {
     }
 }
 
+/// `tests/c/async_events.c`, on one device and on 2 sub-devices: SG
+/// reports asynchronous copies and events (llama.cpp's pipeline
+/// parallelism needs both on every non-CPU device); `set_tensor_async` /
+/// `get_tensor_async` round-trip bytes at an offset; an event is made,
+/// recorded, waited for, synchronized and freed; and ggml's scheduler in
+/// its parallel mode (4 copies of each input, events between the splits)
+/// computes `y = 0.5 · (2x + x)` over SG and the CPU backend right on 6
+/// steps with new inputs. (Before, SG had neither: no event, and
+/// llama.cpp turned pipeline parallelism off beside SG.)
+#[test]
+fn asynchronous_copies_and_events_serve_the_parallel_scheduler() {
+    for devices in [None, Some("CPU,CPU")] {
+        let Some(text) = run_c_program("async_events", devices) else { return };
+        let mut want = vec![
+            "caps async 1 events 1".to_string(),
+            "roundtrip = 0 2 3 4".to_string(),
+            "events ok".to_string(),
+            "copies 4 splits 3".to_string(),
+        ];
+        for k in 0..6 {
+            let ys: Vec<String> = (0..8).map(|i| format!("{}", 1.5 * (i + 10 * k) as f64)).collect();
+            want.push(format!("run {k}: y = {}", ys.join(" ")));
+        }
+        for w in &want {
+            assert!(text.lines().any(|l| l == w), "{devices:?}: no line {w:?} in:\n{text}");
+        }
+    }
+}
+
 /// Compiles `tests/c/<name>.c` with `cc` against the pinned headers and the
 /// set-up's libggml, runs it on the library (SG over `devices`, if given),
 /// and returns its output; `None` when the tools are missing (skipped).
