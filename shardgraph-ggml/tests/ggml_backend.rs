@@ -367,9 +367,36 @@ fn llama_cpp_runs_models_on_sg() {
             if devices == Some("CPU,CPU") && mode.is_none() {
                 state_roundtrip(&py, &path, name);
             }
+            if devices.is_none() {
+                pipeline_parallel(&py, &path, name);
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// llama.cpp's pipeline parallelism with the devices [SG, SG] and
+/// `--split-mode layer` (`tests/py/pipeline_parallel.py`): llama.cpp turns
+/// it on (it needs asynchronous copies and events from every non-CPU
+/// device; before, SG had neither and llama.cpp ran without it), and the
+/// logits and greedy tokens equal its CPU backend's.
+fn pipeline_parallel(py: &Path, model: &Path, name: &str) {
+    let out = Command::new(py)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pipeline_parallel.py"))
+        .arg(model)
+        .arg(library())
+        .env_remove("SHARDGRAPH_DEVICES")
+        .env_remove("SHARDGRAPH_TENSOR_SPLIT")
+        .env_remove("SHARDGRAPH_SPLIT_MODE")
+        .output()
+        .expect("python runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{name}: pipeline parallel: {text}{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or_default()).expect("json");
+    let e = v["max_nmse"].as_f64().unwrap();
+    println!("{name} on [SG, SG], llama.cpp's pipeline parallelism: {v}");
+    assert_eq!(v["pipeline_parallel"].as_bool(), Some(true), "{name}: llama.cpp did not enable it: {v}");
+    assert!(e <= 1e-3 && v["tokens_equal"].as_bool() == Some(true), "{name}: {v}");
 }
 
 /// One run of llama.cpp's speculative loop: its step lines, `n_drafted`,
