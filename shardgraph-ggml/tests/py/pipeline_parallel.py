@@ -13,30 +13,15 @@ greedy tokens are equal.
 """
 import ctypes
 import json
-import os
 import sys
 
 import llama_cpp as L
 
+import sg as sg_lib
+
 model_path, lib = sys.argv[1], sys.argv[2]
-lines = []
-
-
-@L.llama_log_callback
-def keep(level, text, user):
-    lines.append(text.decode(errors="replace") if text else "")
-
-
-L.llama_log_set(keep, None)
-L.llama_backend_init()
-ggml = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml.so"))
-ggml.ggml_backend_load.restype = ctypes.c_void_p
-ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
-ggml.ggml_backend_dev_by_name.restype = ctypes.c_void_p
-ggml.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
-if not ggml.ggml_backend_load(lib.encode()):
-    sys.exit(f"cannot load {lib}")
-sg = ggml.ggml_backend_dev_by_name(b"SG")
+lines = sg_lib.lines
+sg = sg_lib.load(lib)
 PROMPT, STEPS = [11, 205, 3, 99, 42, 310, 7, 64], 16
 
 
