@@ -38,6 +38,8 @@ def main():
     if a.parallel < 1:
         ap.error("--parallel must be at least 1")
     prompt = [int(t) for t in a.prompt.split(",") if t]
+    if not prompt:
+        ap.error("--prompt needs at least one token id")
 
     import llama_cpp as L
 
@@ -88,7 +90,9 @@ def run(L, a, prompt, dev):
     assert model, f"llama.cpp could not load {a.model}"
     cp = L.llama_context_default_params()
     cp.n_ctx = a.ctx_size
-    cp.n_batch = cp.n_ubatch = max(len(prompt), 8)
+    # Every slot may output a row (llama.cpp sizes its output buffer by
+    # n_batch and checks it against n_seq_max).
+    cp.n_batch = cp.n_ubatch = max(len(prompt), 8, a.parallel)
     cp.n_threads = cp.n_threads_batch = a.threads
     cp.n_seq_max = a.parallel
     ctx = L.llama_init_from_model(model, cp)
