@@ -299,7 +299,6 @@ unsafe extern "C" fn dev_supports_op(_: *mut ggml_backend_device, op: *const ggm
         let mut tr = translate::Translator::new(g, &[op as *mut ggml_tensor], None);
         // SAFETY: ggml passes a live tensor whose sources are live.
         match unsafe { tr.tensor(op) } {
-            Ok(_) if meta_copy_into_strided(g, op) => false,
             Ok(id) => s.alloc.supports_op(tr.context(), id),
             Err(e) => {
                 if verbose() {
@@ -309,17 +308,6 @@ unsafe extern "C" fn dev_supports_op(_: *mut ggml_backend_device, op: *const ggm
             }
         }
     })
-}
-
-/// Over sub-devices a copy's destination lives in the store and is read
-/// back where ggml put the node: only a packed destination is.
-fn meta_copy_into_strided(g: &ggml::Ggml, op: *const ggml_tensor) -> bool {
-    // SAFETY: ggml passes a live tensor whose sources are live.
-    let t = unsafe { &*op };
-    std::env::var_os("SHARDGRAPH_DEVICES").is_some()
-        && translate::op_name(g, t) == "CPY"
-        // SAFETY: as above (a CPY has two sources).
-        && (t.src[1].is_null() || !translate::is_packed(unsafe { &*t.src[1] }))
 }
 
 unsafe extern "C" fn dev_init_backend(dev: *mut ggml_backend_device, _params: *const c_char) -> *mut ggml_backend {

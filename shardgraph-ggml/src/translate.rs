@@ -125,11 +125,6 @@ pub(crate) unsafe fn fingerprint(
     (h.finish() as u128) << 64 | h2.finish() as u128
 }
 
-/// True when `t` is laid out packed (ggml's `ggml_is_contiguous`).
-pub(crate) fn is_packed(t: &ggml_tensor) -> bool {
-    GgmlType::from_id(t.type_ as u32).is_ok_and(|ty| packed_nb(ty, &t.ne) == Some(t.nb))
-}
-
 /// True for ggml's shape-only ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE),
 /// which compute nothing.
 pub(crate) fn is_shape_only(g: &Ggml, t: &ggml_tensor) -> bool {

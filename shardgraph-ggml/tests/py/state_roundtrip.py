@@ -9,7 +9,7 @@ state into a new context and decode the same token; decode the prompt in
 a context A, make a second context, decode in it and free it, then decode
 the token in A (freeing one context must not touch another's caches); and
 decode prompt + token in a fresh context; and, in contexts of 1 and 3
-sequence slots, decode other tokens in the last slot's sequence, drop it
+sequence slots (the 3 with 2 rollback snapshots each), decode other tokens in the last slot's sequence, drop it
 (llama_memory_seq_rm) and decode prompt + token in it again (a recurrent
 cell reused: llama.cpp zeroes its state in the graph), against a fresh
 context of as many slots. Prints one JSON line per backend with the NMSE
@@ -29,10 +29,10 @@ sg = sg_lib.load(lib)
 PROMPT, OTHER, NEXT = [11, 205, 3, 99, 42, 310, 7, 64], [5, 6, 7, 8], [27]
 
 
-def context(model, seqs=1):
+def context(model, seqs=1, rs=0):
     p = L.llama_context_default_params()
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_threads, p.n_threads_batch = 256, 16, 16, 2, 2
-    p.n_seq_max = seqs
+    p.n_seq_max, p.n_rs_seq = seqs, rs
     c = L.llama_init_from_model(model, p)
     assert c, "context"
     return c
@@ -88,16 +88,18 @@ for name, dev in (("CPU", None), ("SG", sg)):
     fresh[name] = decode(c, model, NEXT, len(PROMPT))
     L.llama_free(c)
     reused = {}
-    for seqs in (1, 3):
+    # 3 slots with 2 rollback snapshots each (llama.cpp's n_rs_seq, which
+    # its speculative decoding sets): the snapshot planes are strided views.
+    for seqs, rs in ((1, 0), (3, 2)):
         s = seqs - 1
-        c = context(model, seqs)
+        c = context(model, seqs, rs)
         decode(c, model, OTHER, 0, s)
         decode(c, model, NEXT, len(OTHER), s)
         assert L.llama_memory_seq_rm(L.llama_get_memory(c), s, -1, -1)
         decode(c, model, PROMPT, 0, s)
         got = decode(c, model, NEXT, len(PROMPT), s)
         L.llama_free(c)
-        c = context(model, seqs)
+        c = context(model, seqs, rs)
         decode(c, model, PROMPT, 0, s)
         reused[f"reused_{seqs}_slots_nmse"] = nmse(got, decode(c, model, NEXT, len(PROMPT), s))
         L.llama_free(c)
