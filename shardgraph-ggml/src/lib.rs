@@ -26,6 +26,9 @@
 //! `SHARDGRAPH_THREADS` when the backend is made), `SHARDGRAPH_DEVICES`,
 //! `SHARDGRAPH_TENSOR_SPLIT`, `SHARDGRAPH_SPLIT_MODE=layer|tensor`
 //! (llama.cpp's `--split-mode` over the sub-devices; default tensor),
+//! `SHARDGRAPH_GGML_MAX_GRAPHS` (graphs translated over sub-devices before
+//! the meta backend starts again, caches kept: bounds what new graph
+//! shapes hold; default 64),
 //! `SHARDGRAPH_GGML_VERBOSE=1` (translation
 //! errors, cache hits, bytes exchanged, on standard error; `2` adds the
 //! plan of each new graph over sub-devices: every repartition with its

@@ -81,7 +81,19 @@ pub(crate) struct Meta {
     /// Runs, and bytes the sub-devices exchanged over them.
     pub(crate) runs: u64,
     pub(crate) bytes_moved: u64,
+    /// Graphs translated into `ctx` since it started, and how many it
+    /// takes before it starts again ([`Meta::restart_keeping_caches`]).
+    translations: usize,
+    max_translations: usize,
 }
+
+/// Graphs translated into one context before it starts again (each new
+/// shape adds its tensors to it, and its plan and program): llama.cpp's
+/// graphs change shape with the prompt's last chunk and every 256 cache
+/// cells, so a long run would otherwise grow without bound (a newcomer saw
+/// 491 → 975 MB over 120 prompts of different lengths).
+/// `SHARDGRAPH_GGML_MAX_GRAPHS` sets it.
+const MAX_TRANSLATIONS: usize = 64;
 
 // SAFETY: the raw pointers are keys only (compared, never dereferenced
 // outside a compute of the graph they came from).
@@ -118,6 +130,12 @@ impl Meta {
             Ok("hybrid") => devices = devices.with_split_mode(shardgraph::split::SplitMode::Hybrid),
             Ok(other) => return Err(format!("SHARDGRAPH_SPLIT_MODE={other:?}: use layer, tensor or hybrid")),
         }
+        let max_translations = match std::env::var("SHARDGRAPH_GGML_MAX_GRAPHS") {
+            Err(_) => MAX_TRANSLATIONS,
+            Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                format!("SHARDGRAPH_GGML_MAX_GRAPHS={v:?}: give a whole number of graphs, at least 1")
+            })?,
+        };
         let policy = crate::policy::llama_policy(&devices, &Context::new())?;
         let description = format!("{} sub-devices: {}", devices.n_devices(), devices.names().join(", "));
         Ok(Some(Meta {
@@ -137,6 +155,8 @@ impl Meta {
             description,
             runs: 0,
             bytes_moved: 0,
+            translations: 0,
+            max_translations,
         }))
     }
 
@@ -149,21 +169,19 @@ impl Meta {
             // A buffer of a resident tensor was freed: its tensors'
             // addresses may now name others. Start again (weights are
             // uploaded anew).
-            self.store = self.devices.store();
-            self.ctx = Context::new();
-            self.resident.clear();
-            self.uploaded.clear();
-            self.graphs.clear();
-            self.written_back.clear();
-            self.planner = Planner::default();
-            self.policy_fixed = false;
-            self.stale = false;
+            self.restart()?;
+        }
+        let known = self.graphs.iter().any(|(k, _)| *k == key);
+        if !known && self.translations >= self.max_translations {
+            // SAFETY: not stale, so every resident tensor's buffer is live.
+            unsafe { self.restart_keeping_caches() }?;
         }
         let mut fresh = false;
         let mg = match self.graphs.iter().find(|(k, _)| *k == key) {
             Some((_, m)) => m.clone(),
             None => {
                 fresh = true;
+                self.translations += 1;
                 // SAFETY: the caller's promise.
                 let Some(m) = (unsafe { self.translate(g, nodes) })? else { return Ok(()) };
                 if !self.policy_fixed {
@@ -217,6 +235,61 @@ impl Meta {
             unsafe { write_host(&*t, &out.bytes) }?;
         }
         Ok(())
+    }
+
+    /// Starts again with nothing resident: a new store and context, every
+    /// graph translated and planned anew, weights and caches uploaded from
+    /// ggml's memory at their next use.
+    ///
+    /// # Errors
+    /// The executor's (a device that cannot be opened again).
+    fn restart(&mut self) -> Result<(), String> {
+        // The programs of the old context's graphs are never run again.
+        self.exec = self.devices.executor().map_err(|e| e.to_string())?;
+        self.store = self.devices.store();
+        self.ctx = Context::new();
+        self.resident.clear();
+        self.uploaded.clear();
+        self.graphs.clear();
+        self.written_back.clear();
+        self.planner = Planner::default();
+        self.policy_fixed = false;
+        self.stale = false;
+        self.translations = 0;
+        Ok(())
+    }
+
+    /// [`Meta::restart`] after writing every cache the graphs wrote (a
+    /// resident tensor outside a weights buffer) from the store back to
+    /// ggml's memory, whence the next graph uploads it: what the context
+    /// held is dropped, what the caches hold is kept.
+    ///
+    /// # Safety
+    /// Not stale: the resident tensors and their buffers are live.
+    ///
+    /// # Errors
+    /// The store's or the buffer's (nothing is restarted then).
+    unsafe fn restart_keeping_caches(&mut self) -> Result<(), String> {
+        for (&t, &id) in &self.resident {
+            // SAFETY: the caller's promise.
+            let b = unsafe { (*t).buffer };
+            // SAFETY: a live tensor's buffer.
+            if !self.uploaded.contains(&id) || b.is_null() || unsafe { (*b).usage } == USAGE_WEIGHTS {
+                continue;
+            }
+            let n = self.ctx.tensor(id).map_err(|e| e.to_string())?.nbytes();
+            let mut bytes = vec![0u8; n];
+            self.store.get_tensor(&self.ctx, id, 0, &mut bytes).map_err(|e| e.to_string())?;
+            // SAFETY: live (the caller's promise).
+            unsafe { write_host(&*t, &bytes) }?;
+        }
+        if crate::verbose() {
+            eprintln!(
+                "shardgraph-ggml: {} graphs translated: the context starts again (caches kept)",
+                self.translations
+            );
+        }
+        self.restart()
     }
 
     /// The resident tensors made since the last call (ggml tensor, its
