@@ -107,9 +107,12 @@ impl Meta {
     /// `SHARDGRAPH_SPLIT_MODE`, or the ratios without the devices.
     pub(crate) fn from_env(threads: usize) -> Result<Option<Meta>, String> {
         let Ok(list) = std::env::var("SHARDGRAPH_DEVICES") else {
-            // Ratios without devices would be ignored: say so instead.
-            if let Ok(r) = std::env::var("SHARDGRAPH_TENSOR_SPLIT") {
-                return Err(format!("SHARDGRAPH_TENSOR_SPLIT={r:?} needs SHARDGRAPH_DEVICES (e.g. CPU,CPU)"));
+            // Ratios or a graph bound without devices would be ignored:
+            // say so instead.
+            for var in ["SHARDGRAPH_TENSOR_SPLIT", "SHARDGRAPH_GGML_MAX_GRAPHS"] {
+                if let Ok(r) = std::env::var(var) {
+                    return Err(format!("{var}={r:?} needs SHARDGRAPH_DEVICES (e.g. CPU,CPU)"));
+                }
             }
             return Ok(None);
         };
@@ -133,7 +136,7 @@ impl Meta {
         let max_translations = match std::env::var("SHARDGRAPH_GGML_MAX_GRAPHS") {
             Err(_) => MAX_TRANSLATIONS,
             Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| {
-                format!("SHARDGRAPH_GGML_MAX_GRAPHS={v:?}: give a whole number of graphs, at least 1")
+                format!("SHARDGRAPH_GGML_MAX_GRAPHS={v:?}: give a whole number of graphs from 1 to {}", usize::MAX)
             })?,
         };
         let policy = crate::policy::llama_policy(&devices, &Context::new())?;
