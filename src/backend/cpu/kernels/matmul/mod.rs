@@ -25,7 +25,10 @@
 //!      elements × 8 columns; without VNNI `maddubs`, and for Q8_0 rows,
 //!      whose u8 form would overflow its i16 pair sums, signed rows with
 //!      the sign trick: `Q8SI`, 1.5× the register-blocked tiles it
-//!      replaced on an AVX2 EPYC) or register-blocked tiles (2-3 columns of
+//!      replaced on an AVX2 EPYC; up to 16 columns those Q8_0 rows are read
+//!      in place, `Q8SR`, as the decode pass cost more than its reuse saves;
+//!      a last column tile of one group runs the one-group kernel) or
+//!      register-blocked tiles (2-3 columns of
 //!      Q4_0/Q5_0/Q8_0/Q4_K; dense rows; the `gemm` crate for F32 only on
 //!      request: `gemm_min_cols`);
 //!    * batch invariance: every path of a weight type sums a column's block
@@ -186,6 +189,7 @@ fn packed_plan(p: Plan, max_cols: usize) -> Plan {
     }
     match p.fmt {
         Fmt::Q8 => Plan { fmt: Fmt::Q8I, ..p },
+        Fmt::Q8S if max_cols <= kern::RAW_Q8_MAX_COLS => Plan { fmt: Fmt::Q8SR, rows: RowMode::Direct, ..p },
         Fmt::Q8S => Plan { fmt: Fmt::Q8SI, ..p },
         Fmt::Q4K => Plan { fmt: Fmt::Q4KI, ..p },
         Fmt::Q6K => Plan { fmt: Fmt::Q6KI, ..p },
@@ -241,6 +245,9 @@ struct Run<'a> {
     jobs: &'a [Job],
     dst: &'a TView,
     kern: KernFn,
+    /// For packed tiles of two groups: the one-group kernel of the same
+    /// rows, for a last column tile of at most one group.
+    kern_tail: Option<KernFn>,
     /// The raw-row kernel of `rn` (1 to 4) columns over a task's whole run
     /// of rows (decode, small verify batches), where the format has one.
     row_run: Option<RowRunFn>,
@@ -318,6 +325,9 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
     let packed = if plan.fmt.packed() { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
+    // A last column tile of at most one packed group (17 columns: 16 + 1)
+    // runs the one-group kernel instead of computing a second, empty group.
+    let kern_tail = (plan.fmt.packed() && rn == 2 * packed::G).then(|| kern::kernel(plan.isa, plan.fmt, rm, packed::G));
     let row_run = if rm == 1 && plan.rows == RowMode::Direct { kern::row_run(plan.isa, plan.fmt, rn) } else { None };
     let gemm = plan.fmt == Fmt::F32
         && plan.rows == RowMode::Direct
@@ -336,6 +346,7 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
         jobs,
         dst,
         kern,
+        kern_tail,
         row_run,
         rm,
         rn,
@@ -447,7 +458,7 @@ impl Run<'_> {
             let rows = self.rm.min(t.r1 - r);
             self.load_rows(job.a_off, r, rows, scr, &mut tile)?;
             let next = self.rm.min(t.r1.saturating_sub(r + rows));
-            if self.plan.rows != RowMode::Direct && self.plan.isa != Isa::Scalar {
+            if (self.plan.rows != RowMode::Direct || self.plan.fmt.packed()) && self.plan.isa != Isa::Scalar {
                 // The next tile's rows stream in while this one computes,
                 // a slice per step of K inside the SIMD kernels (a burst
                 // of hints at once stalls the core once its line fill
@@ -461,11 +472,16 @@ impl Run<'_> {
                 if !one_col_tile {
                     self.set_cols(&mut tile, t, c);
                 }
+                let kern = match self.kern_tail {
+                    Some(k) if cols <= packed::G => k,
+                    _ => self.kern,
+                };
                 // SAFETY: rows were bounds-checked against the weights in
                 // `execute` or point into `scr` (decoded above, not resized
                 // until the next row tile); columns were checked by
-                // `act_len`; padding repeats valid pointers.
-                unsafe { (self.kern)(&mut tile) };
+                // `act_len`; padding repeats valid pointers (the one-group
+                // kernel reads only the first group).
+                unsafe { kern(&mut tile) };
                 for jj in 0..cols {
                     let o = &mut scr.out[(c - t.c0 + jj) * nrow + (r - t.r0)..][..rows];
                     for (ii, v) in o.iter_mut().enumerate() {
