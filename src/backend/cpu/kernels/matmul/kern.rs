@@ -176,6 +176,9 @@ pub(super) enum Fmt {
     /// `Q8SI` (x86 only, without VNNI): for up to [`RAW_Q8_MAX_COLS`] columns, where a
     /// decode pass would cost more than the columns gain from it.
     Q8SR,
+    /// Raw Q8_0 rows, read in place, × one group of 4 Q8 columns (x86
+    /// only, without VNNI: products of 4 columns, [`x86::q8g4_avx2`]).
+    Q8G4,
     /// `Q4K` rows × packed groups of 8 Q8_K columns (x86 only).
     Q4KI,
     /// `Q6K` rows × packed groups of 8 Q8_K columns (x86 only).
@@ -185,7 +188,7 @@ pub(super) enum Fmt {
 impl Fmt {
     /// True for the formats whose columns are packed groups (`packed.rs`).
     pub(super) fn packed(self) -> bool {
-        matches!(self, Fmt::Q8I | Fmt::Q8SI | Fmt::Q8SR | Fmt::Q4KI | Fmt::Q6KI)
+        matches!(self, Fmt::Q8I | Fmt::Q8SI | Fmt::Q8SR | Fmt::Q8G4 | Fmt::Q4KI | Fmt::Q6KI)
     }
 }
 
@@ -323,6 +326,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8I => pick2!(q8i_avx2),
                 Fmt::Q8SI => pick2!(q8si_avx2),
                 Fmt::Q8SR => pick2!(q8sr_avx2),
+                Fmt::Q8G4 => q8g4_avx2::<4> as KernFn,
                 Fmt::Q4KI => pick2!(q4ki_avx2),
                 Fmt::Q6KI => pick2!(q6ki_avx2),
                 Fmt::VecDot => unreachable_kernel,
@@ -347,6 +351,7 @@ pub(super) fn kernel(isa: Isa, fmt: Fmt, rm: usize, rn: usize) -> KernFn {
                 Fmt::Q8I => pick2!(q8i_vnni),
                 Fmt::Q8SI => pick2!(q8si_vnni),
                 Fmt::Q8SR => pick2!(q8sr_vnni),
+                Fmt::Q8G4 => q8g4_avx2::<4> as KernFn,
                 Fmt::Q4KI => pick2!(q4ki_vnni),
                 Fmt::Q6KI => pick2!(q6ki_vnni),
                 Fmt::VecDot => unreachable_kernel,
@@ -374,6 +379,7 @@ fn scalar_kernel(fmt: Fmt, rm: usize, rn: usize) -> KernFn {
         | Fmt::Q8I
         | Fmt::Q8SI
         | Fmt::Q8SR
+        | Fmt::Q8G4
         | Fmt::Q4KI
         | Fmt::Q6KI
         | Fmt::VecDot => unreachable_kernel,
@@ -399,6 +405,10 @@ pub(super) fn tile_shape(isa: Isa, fmt: Fmt, ncols: usize) -> (usize, usize) {
     }
     if matches!(fmt, Fmt::GemvQ4_0 | Fmt::GemvQ5_0 | Fmt::GemvQ8_0 | Fmt::GemvQ4K | Fmt::GemvQ6K) {
         return (1, ncols.min(4));
+    }
+    if fmt == Fmt::Q8G4 {
+        // 4 rows: 1.07 ms at 2, 0.83 at 4, 0.89 at 6 and 8 (kernel bench).
+        return (4, 4);
     }
     if ncols == 2 {
         return (4, 2);
@@ -1155,6 +1165,72 @@ mod x86 {
                 }
             }
         }
+    }
+
+    /// Raw Q8_0 rows, read in place, × one group of 4 Q8 columns in the
+    /// [`super::packed::Packed::new_g4`] layout, without VNNI (a verify
+    /// batch of 4 tokens): per step of 8 elements one broadcast of each
+    /// row's 8 quants against the 4 columns' 8 quants, the sign trick's
+    /// exact products, as a packed group of 8 columns does per step of 4
+    /// (the one-column kernels re-read a block per column and reduce 8
+    /// block dots per column with `vphaddd`). At a block's end the two
+    /// partial sums of each column of two rows fold with one `vphaddd` into
+    /// the lanes `r0c0 r0c1 r1c0 r1c1 r0c2 r0c3 r1c2 r1c3`, scaled and
+    /// summed as [`q8i_body`] does (bit-identical to one column). `RM` is
+    /// even.
+    #[inline(always)]
+    unsafe fn q8g4_body<const RM: usize>(t: &mut Tile) {
+        // SAFETY: KernFn contract (raw rows of k/32 34-byte Q8_0 blocks; one
+        // group as in `Packed::new_g4` at `b[0]`, its scales at `bd[0]`).
+        unsafe {
+            let nb = t.k / 32;
+            let full = nb - nb % 8;
+            let ones = _mm256_set1_epi16(1);
+            let spread = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+            let mut lane = [[_mm256_setzero_ps(); 8]; RM];
+            let mut tail = [_mm256_setzero_ps(); RM];
+            for blk in 0..nb {
+                prefetch_slice(t, blk, nb);
+                let mut acc = [_mm256_setzero_si256(); RM];
+                for s in 0..4 {
+                    let bv = _mm256_loadu_si256(t.b[0].add(32 * (4 * blk + s)) as *const __m256i);
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let av = _mm256_set1_epi64x(std::ptr::read_unaligned(
+                            t.a[r].add(34 * blk + 2 + 8 * s) as *const i64
+                        ));
+                        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(av, av), _mm256_sign_epi8(bv, av));
+                        *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
+                    }
+                }
+                let db = _mm256_loadu_ps(t.bd[0].add(8 * blk));
+                for pr in 0..RM / 2 {
+                    let (r0, r1) = (2 * pr, 2 * pr + 1);
+                    let v = _mm256_cvtepi32_ps(_mm256_hadd_epi32(acc[r0], acc[r1]));
+                    let h = |r: usize| std::ptr::read_unaligned(t.a[r].add(34 * blk) as *const i16);
+                    let d2 = _mm_cvtph_ps(_mm_setr_epi16(h(r0), h(r1), 0, 0, 0, 0, 0, 0));
+                    let sc = _mm256_mul_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), spread), db);
+                    if blk < full {
+                        let l = &mut lane[pr][blk % 8];
+                        *l = _mm256_fmadd_ps(v, sc, *l);
+                    } else {
+                        tail[pr] = _mm256_add_ps(tail[pr], _mm256_mul_ps(v, sc));
+                    }
+                }
+            }
+            for pr in 0..RM / 2 {
+                let mut o = [0f32; 8];
+                _mm256_storeu_ps(o.as_mut_ptr(), lanes_sum(&lane[pr], tail[pr]));
+                t.out[2 * pr][..4].copy_from_slice(&[o[0], o[1], o[4], o[5]]);
+                t.out[2 * pr + 1][..4].copy_from_slice(&[o[2], o[3], o[6], o[7]]);
+            }
+        }
+    }
+
+    /// [`q8g4_body`] for CPUs with AVX2 (selected without VNNI).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8g4_avx2<const RM: usize>(t: &mut Tile) {
+        // SAFETY: selected only when the CPU has these features; KernFn contract.
+        unsafe { q8g4_body::<RM>(t) }
     }
 
     /// `Q4K` rows × `NCV` packed groups of 8 Q8_K columns (lane = column),

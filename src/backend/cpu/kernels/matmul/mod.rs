@@ -27,7 +27,8 @@
 //!      the sign trick: `Q8SI`, 1.5× the register-blocked tiles it
 //!      replaced on an AVX2 EPYC; up to 16 columns those Q8_0 rows are read
 //!      in place, `Q8SR`, as the decode pass cost more than its reuse saves;
-//!      a last column tile of one group runs the one-group kernel) or
+//!      a last column tile of one group runs the one-group kernel; 4
+//!      columns of Q8_0 without VNNI: one group of 4, `Q8G4`) or
 //!      register-blocked tiles (2-3 columns of
 //!      Q4_0/Q5_0/Q8_0/Q4_K; dense rows; the `gemm` crate for F32 only on
 //!      request: `gemm_min_cols`);
@@ -285,6 +286,12 @@ fn refine(plan: Plan, jobs: &[Job]) -> Plan {
         // registers, Q4_0/Q5_0/Q8_0 blocks re-read from L1 per column):
         // measured faster than tiles up to 4 columns (Q8_0, 1.7B shape: a
         // batch of 4 tokens 2.0 → 1.5 single steps), slower from 5.
+        // Q8_0 without VNNI: 4 columns as one packed group of 4 (kernel
+        // bench, 4096², AVX2 EPYC: 1.13 → 0.83 ms; 3 columns stay on the
+        // raw-row kernel, 0.74-0.76 ms against 0.74-0.93 as a group).
+        4 if plan.wt == GgmlType::Q8_0 && plan.isa == Isa::Avx2 => {
+            Plan { fmt: Fmt::Q8G4, rows: RowMode::Direct, ..plan }
+        }
         2..=4
             if matches!(
                 plan.wt,
@@ -323,7 +330,11 @@ fn execute(dst: &TView, a: &TView, plan: Plan, acts: &Acts, jobs: &[Job]) -> Res
     }
     let max_cols = max_cols(jobs);
     let (rm, rn) = kern::tile_shape(plan.isa, plan.fmt, max_cols);
-    let packed = if plan.fmt.packed() { Packed::new(acts, plan.act, jobs) } else { Packed::default() };
+    let packed = match plan.fmt {
+        Fmt::Q8G4 => Packed::new_g4(acts, jobs),
+        f if f.packed() => Packed::new(acts, plan.act, jobs),
+        _ => Packed::default(),
+    };
     let kern = kern::kernel(plan.isa, plan.fmt, rm, rn);
     // A last column tile of at most one packed group (17 columns: 16 + 1)
     // runs the one-group kernel instead of computing a second, empty group.
@@ -655,9 +666,10 @@ impl Run<'_> {
     fn set_cols(&self, tile: &mut Tile, t: &Task, c: usize) {
         let job = &self.jobs[t.job];
         if self.plan.fmt.packed() {
-            let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / packed::G);
-            for jj in 0..self.rn / packed::G {
-                let g = first + (c / packed::G + jj).min(last);
+            let pg = self.packed.g;
+            let (first, last) = (self.packed.first[t.job], (job.cols.len() - 1) / pg);
+            for jj in 0..self.rn / pg {
+                let g = first + (c / pg + jj).min(last);
                 tile.b[jj] = self.packed.q[g * self.packed.q_len..].as_ptr() as *const u8;
                 tile.bd[jj] = self.packed.d[g * self.packed.d_len..].as_ptr();
                 tile.bc[jj] = self.packed.c[g * self.packed.c_len..].as_ptr();

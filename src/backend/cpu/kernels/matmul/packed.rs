@@ -21,9 +21,14 @@ use rayon::prelude::*;
 /// Columns per group.
 pub(super) const G: usize = 8;
 
+/// Columns per group of the four-column layout ([`Packed::new_g4`]).
+pub(super) const G4: usize = 4;
+
 /// Packed groups of all jobs.
 #[derive(Default)]
 pub(super) struct Packed {
+    /// Columns per group: [`G`], or [`G4`].
+    pub g: usize,
     /// Quants, `q_len` per group.
     pub q: Vec<i8>,
     /// Scales, `d_len` per group.
@@ -62,6 +67,7 @@ impl Packed {
         }
         let n = groups.len();
         let mut p = Packed {
+            g: G,
             q: vec![0; n * q_len],
             d: vec![0.0; n * d_len],
             c: vec![0; n * c_len],
@@ -112,6 +118,60 @@ impl Packed {
                     }
                 }
             });
+        p
+    }
+
+    /// Packs the Q8 columns of every job in groups of 4 (signed Q8_0 rows
+    /// of 3-4 columns without VNNI, `kern::Fmt::Q8G4`): per group `q`
+    /// `[K/8][4][8]` i8 (each step of 8 elements holds the 8 quants of each
+    /// column side by side: one register, against one broadcast of 8
+    /// weight quants) and `d` `[K/32][8]`, each block's column scales in
+    /// the kernel's lane order `c0 c1 c0 c1 c2 c3 c2 c3`; no corrections.
+    pub(super) fn new_g4(acts: &Acts, jobs: &[Job]) -> Packed {
+        let k = acts.k;
+        let nb = k / 32;
+        let (q_len, d_len) = (k * G4, nb * 8);
+        let mut first = Vec::with_capacity(jobs.len());
+        let mut groups = Vec::new();
+        for (ji, j) in jobs.iter().enumerate() {
+            first.push(groups.len());
+            for g in 0..j.cols.len().div_ceil(G4) {
+                groups.push((ji, g));
+            }
+        }
+        let n = groups.len();
+        let mut p = Packed {
+            g: G4,
+            q: vec![0; n * q_len],
+            d: vec![0.0; n * d_len],
+            c: Vec::new(),
+            first,
+            q_len,
+            d_len,
+            c_len: 0,
+        };
+        if n == 0 || nb == 0 {
+            return p;
+        }
+        p.q.par_chunks_mut(q_len).zip(p.d.par_chunks_mut(d_len)).zip(groups.par_iter()).for_each(
+            |((q, d), &(ji, g))| {
+                let cols = &jobs[ji].cols;
+                let src: [usize; G4] = std::array::from_fn(|j| cols[(G4 * g + j).min(cols.len() - 1)].act);
+                for (j, &a) in src.iter().enumerate() {
+                    let col = &acts.q[a * k..(a + 1) * k];
+                    for (step, eight) in col.chunks_exact(8).enumerate() {
+                        q[(step * G4 + j) * 8..][..8].copy_from_slice(eight);
+                    }
+                    for blk in 0..nb {
+                        let v = acts.d[a * nb + blk];
+                        // Lanes of column j: (j / 2) · 4 + j % 2 and 2 past it.
+                        let l = (j / 2) * 4 + j % 2;
+                        d[blk * 8 + l] = v;
+                        d[blk * 8 + l + 2] = v;
+                    }
+                }
+            },
+        );
         p
     }
 }

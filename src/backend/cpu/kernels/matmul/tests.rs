@@ -235,7 +235,9 @@ fn mul_mat_case(ty: GgmlType, k: usize, m: usize, n: usize, transposed_b: bool) 
 #[test]
 fn mul_mat_all_kernel_types_match_reference() {
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
-        for &(k, m, n) in &[(64, 7, 1), (32, 9, 2), (96, 13, 7), (64, 33, 17), (256, 9, 1), (288, 6, 1), (544, 3, 1)] {
+        for &(k, m, n) in
+            &[(64, 7, 1), (32, 9, 2), (800, 11, 4), (96, 13, 7), (64, 33, 17), (256, 9, 1), (288, 6, 1), (544, 3, 1)]
+        {
             mul_mat_case(ty, k, m, n, false);
         }
     }
@@ -308,6 +310,7 @@ fn mul_mat_k0_is_rejected_like_ggml() {
 fn mul_mat_transposed_activations() {
     mul_mat_case(GgmlType::F32, 40, 6, 5, true);
     mul_mat_case(GgmlType::Q8_0, 64, 6, 3, true);
+    mul_mat_case(GgmlType::Q8_0, 96, 6, 4, true);
 }
 
 #[test]
