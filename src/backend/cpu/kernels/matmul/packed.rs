@@ -56,15 +56,7 @@ impl Packed {
             ActKind::Q8K { .. } => (k * G, (k / 256) * G, (k / 256) * pairs * G),
             _ => (k * G, (k / 32) * G, (k / 32) * G),
         };
-        let mut first = Vec::with_capacity(jobs.len());
-        // (job, group within job) of every group.
-        let mut groups = Vec::new();
-        for (ji, j) in jobs.iter().enumerate() {
-            first.push(groups.len());
-            for g in 0..j.cols.len().div_ceil(G) {
-                groups.push((ji, g));
-            }
-        }
+        let (first, groups) = groups_of(jobs, G);
         let n = groups.len();
         let mut p = Packed {
             g: G,
@@ -131,14 +123,7 @@ impl Packed {
         let k = acts.k;
         let nb = k / 32;
         let (q_len, d_len) = (k * G4, nb * 8);
-        let mut first = Vec::with_capacity(jobs.len());
-        let mut groups = Vec::new();
-        for (ji, j) in jobs.iter().enumerate() {
-            first.push(groups.len());
-            for g in 0..j.cols.len().div_ceil(G4) {
-                groups.push((ji, g));
-            }
-        }
+        let (first, groups) = groups_of(jobs, G4);
         let n = groups.len();
         let mut p = Packed {
             g: G4,
@@ -174,4 +159,16 @@ impl Packed {
         );
         p
     }
+}
+
+/// The first group of each job, and (job, group within the job) of every
+/// group of `g` columns.
+fn groups_of(jobs: &[Job], g: usize) -> (Vec<usize>, Vec<(usize, usize)>) {
+    let mut first = Vec::with_capacity(jobs.len());
+    let mut groups = Vec::new();
+    for (ji, j) in jobs.iter().enumerate() {
+        first.push(groups.len());
+        groups.extend((0..j.cols.len().div_ceil(g)).map(|gi| (ji, gi)));
+    }
+    (first, groups)
 }
