@@ -968,3 +968,24 @@ fn exchanges_pair_alike_on_a_device_outside_a_group() {
     ];
     check_split(&leafs, &steps).unwrap();
 }
+
+/// Fixed defect (seed 12476086154006984900 on CPU devices, a local CI run of
+/// 2026-12-05): two `set_rows` into the same view of a `flash_attn_ext`
+/// result split `[1, 0]` over its heads. After the second write, device 0
+/// kept the first write's result (a view of its part, written in place) and
+/// device 1, whose part is empty, dropped its empty one and read it again
+/// mirrored: "device 1 holds an output in another state". A device with an
+/// empty part now keeps its empty views, as the others keep theirs.
+#[test]
+fn a_device_with_an_empty_part_keeps_the_views_the_others_keep() {
+    let leafs = [Leaf { ty: 10, ne: vec![0] }];
+    let steps: [Step; 6] = [
+        (104, 0, 0, 115710737),
+        (101, 0, 0, 0),
+        (162, 686458390, 340145155, 1412206636),
+        (60, 1768291639, 1967061380, 0),
+        (101, 1902453678, 0, 0),
+        (101, 1088327961, 0, 0),
+    ];
+    check_split(&leafs, &steps).unwrap();
+}

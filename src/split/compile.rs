@@ -199,7 +199,13 @@ impl Program {
             }
             for (o, (_, st, lid)) in outs.iter_mut().zip(&out_locals) {
                 if *st != o.state {
-                    return Err(Error::Split { detail: format!("device {j} holds an output in another state") });
+                    return Err(Error::Split {
+                        detail: format!(
+                            "device {j} holds output #{} as {st:?}, device 0 as {:?}",
+                            o.tensor.index(),
+                            o.state
+                        ),
+                    });
                 }
                 o.local.push(*lid);
             }
@@ -377,10 +383,18 @@ impl<'a> Compiler<'a> {
     /// writer `writer`): one device would read them from the owner's memory,
     /// which `writer` just changed. A local view of `part` (the owner's
     /// local storage, written in place) reads that memory itself and is
-    /// kept; a copy made of it is not.
+    /// kept; a copy made of it is not. Where this device's part is empty
+    /// (a split held by the others), its empty views are kept as the other
+    /// devices keep their views of their parts: every device then holds
+    /// such a view in the same state, as the executor requires of an
+    /// output and an exchange of every member.
     fn invalidate_views_of(&mut self, owner: TensorId, writer: TensorId, part: Option<TensorId>) {
         let (ctx, l) = (self.ctx, &self.l);
-        let aliases = |lid: TensorId| part.is_some_and(|p| lid == p || l.t(lid).view_src == Some(p));
+        let aliases = |lid: TensorId| {
+            part.is_some_and(|p| {
+                lid == p || l.t(lid).view_src == Some(p) || (l.t(p).nelements() == 0 && l.t(lid).nelements() == 0)
+            })
+        };
         self.data.retain(|&i, held| {
             let id = TensorId { ctx: ctx.id(), idx: i as u32 };
             if i == writer.index() || i == owner.index() || ctx.t(id).view_src != Some(owner) {

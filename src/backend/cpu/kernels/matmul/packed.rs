@@ -114,7 +114,7 @@ impl Packed {
     }
 
     /// Packs the Q8 columns of every job in groups of 4 (signed Q8_0 rows
-    /// of 3-4 columns without VNNI, `kern::Fmt::Q8G4`): per group `q`
+    /// of 4 columns without VNNI, `kern::Fmt::Q8G4`): per group `q`
     /// `[K/8][4][8]` i8 (each step of 8 elements holds the 8 quants of each
     /// column side by side: one register, against one broadcast of 8
     /// weight quants) and `d` `[K/32][8]`, each block's column scales in
